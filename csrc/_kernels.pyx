@@ -1,0 +1,333 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""In-place update kernels of rudra_zmq's parameter server (compiled; see rudra_zmq.kernels).
+
+Every kernel:
+- works in place on 1-D C-contiguous float32 or float64 NumPy arrays (all arguments of one call
+  share the dtype and length); inputs are ``const`` so read-only buffers, such as
+  ``np.frombuffer(zmq_frame, np.float32)``, are accepted;
+- checks its arguments with the GIL held and raises ``ValueError``/``TypeError`` naming the bad
+  size, dtype or flag before anything is written;
+- then releases the GIL and runs one pass over memory, split statically over OpenMP threads
+  (``set_num_threads``) when the buffer is large enough to amortise starting them;
+- never allocates.
+Kernels are thread-safe as long as two threads do not write the same array at once.
+"""
+from cython.parallel cimport prange
+from libc.string cimport memcpy
+
+import numpy as np
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    #define RZ_OPENMP 1
+    #else
+    #define RZ_OPENMP 0
+    static int omp_get_max_threads(void) { return 1; }
+    #endif
+    #ifndef RZ_CYTHON_VERSION
+    #define RZ_CYTHON_VERSION "unknown"
+    #endif
+    #ifndef RZ_NUMPY_BUILD_VERSION
+    #define RZ_NUMPY_BUILD_VERSION "unknown"
+    #endif
+    #ifndef RZ_COMPILE_ARGS
+    #define RZ_COMPILE_ARGS ""
+    #endif
+    """
+    int RZ_OPENMP
+    int omp_get_max_threads() noexcept nogil
+    const char* RZ_CYTHON_VERSION
+    const char* RZ_NUMPY_BUILD_VERSION
+    const char* RZ_COMPILE_ARGS
+
+ctypedef fused real:
+    float
+    double
+
+# Below this many elements a pass takes a few microseconds, about what waking a second
+# OpenMP thread costs, so small models (e.g. the 90k-parameter CIFAR-10 CNN at ~20 us/step)
+# gain little from threads; above it the pass is memory-bound and two cores add bandwidth.
+cdef Py_ssize_t _parallel_min = 1 << 16
+cdef int _num_threads = omp_get_max_threads() if RZ_OPENMP else 1
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+# ----------------------------------------------------------------------------- settings
+def openmp_enabled():
+    """True when the extension was compiled with OpenMP. Does not block."""
+    return bool(RZ_OPENMP)
+
+
+def set_num_threads(int n):
+    """Set how many OpenMP threads the kernels use (>= 1; 1 when built without OpenMP).
+
+    Not thread-safe against kernels running in other threads: set it at start-up.
+    """
+    global _num_threads
+    if n < 1:
+        raise ValueError(f"set_num_threads: need at least 1 thread, got {n}")
+    _num_threads = n if RZ_OPENMP else 1
+
+
+def get_num_threads():
+    """The number of OpenMP threads a large kernel call uses."""
+    return _num_threads
+
+
+def set_parallel_threshold(Py_ssize_t n):
+    """Buffers shorter than ``n`` elements run on one thread (default 65,536)."""
+    global _parallel_min
+    if n < 0:
+        raise ValueError(f"set_parallel_threshold: need n >= 0, got {n}")
+    _parallel_min = n
+
+
+def get_parallel_threshold():
+    """Element count from which kernels use all ``get_num_threads()`` threads."""
+    return _parallel_min
+
+
+def compile_info():
+    """Compile-time facts for ``rudra_zmq.build_info()``."""
+    return {
+        "openmp": bool(RZ_OPENMP),
+        "cython_version": RZ_CYTHON_VERSION.decode(),
+        "numpy_build_version": RZ_NUMPY_BUILD_VERSION.decode(),
+        "compile_args": RZ_COMPILE_ARGS.decode(),
+    }
+
+
+cdef inline int _threads_for(Py_ssize_t n) noexcept nogil:
+    return _num_threads if n >= _parallel_min else 1
+
+
+# ----------------------------------------------------------------------------- checks
+cdef object _check(str op, tuple names, tuple arrays, int n_out):
+    """Validate arguments; the first ``n_out`` arrays are written. Returns the shared dtype."""
+    cdef Py_ssize_t i
+    ref_name = names[0]
+    ref = arrays[0]
+    for i in range(len(arrays)):
+        name = names[i]
+        x = arrays[i]
+        if not isinstance(x, np.ndarray):
+            raise TypeError(
+                f"{op}: {name} must be a numpy.ndarray, got {type(x).__name__} "
+                "(wrap raw buffers with np.frombuffer(buf, np.float32))")
+        if x.dtype != _F32 and x.dtype != _F64:
+            raise ValueError(
+                f"{op}: {name} has dtype {x.dtype}; kernels take float32 or float64")
+        if x.ndim != 1 or not x.flags.c_contiguous:
+            raise ValueError(
+                f"{op}: {name} must be 1-D and C-contiguous, got shape {x.shape} "
+                f"(contiguous={x.flags.c_contiguous}); pass x.reshape(-1) of a contiguous buffer")
+        if i < n_out and not x.flags.writeable:
+            raise ValueError(f"{op}: {name} is read-only but is written in place")
+        if i > 0:
+            if x.dtype != ref.dtype:
+                raise ValueError(
+                    f"{op}: {name} is {x.dtype} but {ref_name} is {ref.dtype}; "
+                    "all arrays of one call must share a dtype")
+            if x.shape[0] != ref.shape[0]:
+                raise ValueError(
+                    f"{op}: {name} has {x.shape[0]:,} elements but {ref_name} has "
+                    f"{ref.shape[0]:,}; all arrays of one call must have the same length")
+    return ref.dtype
+
+
+cdef inline void _finite(str op, str name, double v) except *:
+    if v != v or v == float("inf") or v == float("-inf"):
+        raise ValueError(f"{op}: {name} must be finite, got {v}")
+
+
+# ----------------------------------------------------------------------------- impls
+cdef int _accumulate(real[::1] acc, const real[::1] g) except -1:
+    cdef Py_ssize_t i, n = acc.shape[0]
+    cdef int nt = _threads_for(n)
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=nt):
+            acc[i] = acc[i] + g[i]
+    return 0
+
+
+cdef int _accumulate_scaled(real[::1] acc, const real[::1] g, double s) except -1:
+    cdef Py_ssize_t i, n = acc.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef real s_ = <real>s
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=nt):
+            acc[i] = acc[i] + s_ * g[i]
+    return 0
+
+
+cdef int _scale(real[::1] x, double s) except -1:
+    cdef Py_ssize_t i, n = x.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef real s_ = <real>s
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=nt):
+            x[i] = s_ * x[i]
+    return 0
+
+
+cdef int _copy_into(real[::1] dst, const real[::1] src) except -1:
+    cdef Py_ssize_t n = dst.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef Py_ssize_t t, start, stop, chunk
+    if n == 0:
+        return 0
+    # One memcpy per thread over a contiguous slice: libc's memcpy already uses the widest
+    # stores (and non-temporal ones for huge sizes); threads add the second core's bandwidth.
+    chunk = (n + nt - 1) // nt
+    with nogil:
+        for t in prange(nt, schedule="static", num_threads=nt):
+            start = t * chunk
+            stop = start + chunk
+            if stop > n:
+                stop = n
+            if stop > start:
+                memcpy(&dst[start], &src[start], (stop - start) * sizeof(real))
+    return 0
+
+
+cdef int _sgd_momentum(real[::1] w, real[::1] v, const real[::1] acc, double lr,
+                       double momentum, double weight_decay, double g_scale) except -1:
+    # Caffe's SGD: v = m*v + lr*(g_scale*acc + wd*w); w -= v   (one read of w, v, acc)
+    cdef Py_ssize_t i, n = w.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef real m = <real>momentum
+    cdef real a = <real>(lr * g_scale)
+    cdef real b = <real>(lr * weight_decay)
+    cdef real vi
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=nt):
+            vi = m * v[i] + a * acc[i] + b * w[i]
+            v[i] = vi
+            w[i] = w[i] - vi
+    return 0
+
+
+cdef int _sgd_momentum_zero(real[::1] w, real[::1] v, real[::1] acc, double lr,
+                            double momentum, double weight_decay, double g_scale) except -1:
+    # Same step, and acc = 0 in the same pass so the next update starts from a clean sum
+    # without a second sweep over memory.
+    cdef Py_ssize_t i, n = w.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef real m = <real>momentum
+    cdef real a = <real>(lr * g_scale)
+    cdef real b = <real>(lr * weight_decay)
+    cdef real vi
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=nt):
+            vi = m * v[i] + a * acc[i] + b * w[i]
+            v[i] = vi
+            w[i] = w[i] - vi
+            acc[i] = 0
+    return 0
+
+
+cdef int _sgd(real[::1] w, const real[::1] acc, double lr, double weight_decay,
+              double g_scale) except -1:
+    # Plain SGD: w -= lr*(g_scale*acc + wd*w)
+    cdef Py_ssize_t i, n = w.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef real a = <real>(lr * g_scale)
+    cdef real keep = <real>(1.0 - lr * weight_decay)
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=nt):
+            w[i] = keep * w[i] - a * acc[i]
+    return 0
+
+
+cdef int _sgd_zero(real[::1] w, real[::1] acc, double lr, double weight_decay,
+                   double g_scale) except -1:
+    cdef Py_ssize_t i, n = w.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef real a = <real>(lr * g_scale)
+    cdef real keep = <real>(1.0 - lr * weight_decay)
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=nt):
+            w[i] = keep * w[i] - a * acc[i]
+            acc[i] = 0
+    return 0
+
+
+# ----------------------------------------------------------------------------- public
+def accumulate(acc, g):
+    """acc += g, in place. Releases the GIL; does not allocate."""
+    if _check("accumulate", ("acc", "g"), (acc, g), 1) == _F32:
+        _accumulate[float](acc, g)
+    else:
+        _accumulate[double](acc, g)
+
+
+def accumulate_scaled(acc, g, double s):
+    """acc += s*g, in place (the per-gradient staleness-scaled sum). Releases the GIL."""
+    _finite("accumulate_scaled", "s", s)
+    if _check("accumulate_scaled", ("acc", "g"), (acc, g), 1) == _F32:
+        _accumulate_scaled[float](acc, g, s)
+    else:
+        _accumulate_scaled[double](acc, g, s)
+
+
+def scale(x, double s):
+    """x *= s, in place. Releases the GIL; does not allocate."""
+    _finite("scale", "s", s)
+    if _check("scale", ("x",), (x,), 1) == _F32:
+        _scale[float](x, s)
+    else:
+        _scale[double](x, s)
+
+
+def copy_into(dst, src):
+    """dst[:] = src, split over threads for large buffers. Releases the GIL.
+
+    ``dst`` and ``src`` must not overlap (it is memcpy, not memmove).
+    """
+    if _check("copy_into", ("dst", "src"), (dst, src), 1) == _F32:
+        _copy_into[float](dst, src)
+    else:
+        _copy_into[double](dst, src)
+
+
+def sgd_momentum_step(w, v, acc, double lr, double momentum, double weight_decay=0.0,
+                      double g_scale=1.0, bint zero_acc=False):
+    """Caffe-semantics momentum SGD with weight decay, fused in one pass over memory.
+
+    v = momentum*v + lr*(g_scale*acc + weight_decay*w);  w -= v;  and acc = 0 if zero_acc.
+    ``g_scale`` turns a sum of c gradients into their mean (1/c). Releases the GIL.
+    """
+    for name, val in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),
+                      ("g_scale", g_scale)):
+        _finite("sgd_momentum_step", name, val)
+    dt = _check("sgd_momentum_step", ("w", "v", "acc"), (w, v, acc), 3 if zero_acc else 2)
+    if zero_acc:
+        if dt == _F32:
+            _sgd_momentum_zero[float](w, v, acc, lr, momentum, weight_decay, g_scale)
+        else:
+            _sgd_momentum_zero[double](w, v, acc, lr, momentum, weight_decay, g_scale)
+    elif dt == _F32:
+        _sgd_momentum[float](w, v, acc, lr, momentum, weight_decay, g_scale)
+    else:
+        _sgd_momentum[double](w, v, acc, lr, momentum, weight_decay, g_scale)
+
+
+def sgd_step(w, acc, double lr, double weight_decay=0.0, double g_scale=1.0,
+             bint zero_acc=False):
+    """Plain SGD: w -= lr*(g_scale*acc + weight_decay*w); acc = 0 if zero_acc. Releases the GIL."""
+    for name, val in (("lr", lr), ("weight_decay", weight_decay), ("g_scale", g_scale)):
+        _finite("sgd_step", name, val)
+    dt = _check("sgd_step", ("w", "acc"), (w, acc), 2 if zero_acc else 1)
+    if zero_acc:
+        if dt == _F32:
+            _sgd_zero[float](w, acc, lr, weight_decay, g_scale)
+        else:
+            _sgd_zero[double](w, acc, lr, weight_decay, g_scale)
+    elif dt == _F32:
+        _sgd[float](w, acc, lr, weight_decay, g_scale)
+    else:
+        _sgd[double](w, acc, lr, weight_decay, g_scale)

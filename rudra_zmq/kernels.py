@@ -1,0 +1,32 @@
+"""The compiled update kernels (``rudra_zmq._kernels``, built from ``csrc/_kernels.pyx``).
+
+There is no pure-Python fallback: the parameter server's speed rests on these one-pass,
+GIL-releasing loops, so a missing extension is an import error that says how to build it.
+NumPy twins of every kernel live in ``tests/oracles.py`` (test oracle, benchmark baseline).
+"""
+try:
+    from . import _kernels
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(
+        "rudra_zmq's compiled kernels (rudra_zmq._kernels) are not built or do not load: "
+        f"{exc}. Build them with `pip install -e .` from the repository root (needs a C "
+        "compiler and Cython>=3), or `python setup.py build_ext --inplace`."
+    ) from exc
+
+accumulate = _kernels.accumulate
+accumulate_scaled = _kernels.accumulate_scaled
+scale = _kernels.scale
+copy_into = _kernels.copy_into
+sgd_momentum_step = _kernels.sgd_momentum_step
+sgd_step = _kernels.sgd_step
+set_num_threads = _kernels.set_num_threads
+get_num_threads = _kernels.get_num_threads
+set_parallel_threshold = _kernels.set_parallel_threshold
+get_parallel_threshold = _kernels.get_parallel_threshold
+openmp_enabled = _kernels.openmp_enabled
+
+__all__ = [
+    "accumulate", "accumulate_scaled", "scale", "copy_into", "sgd_momentum_step", "sgd_step",
+    "set_num_threads", "get_num_threads", "set_parallel_threshold", "get_parallel_threshold",
+    "openmp_enabled",
+]

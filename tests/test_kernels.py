@@ -1,0 +1,163 @@
+"""Every compiled kernel against its NumPy twin (tests/oracles.py)."""
+import numpy as np
+import pytest
+
+import oracles
+import rudra_zmq
+from rudra_zmq import kernels
+
+SIZES = [0, 1, 7, 1001, 70_001, 10_000_000]
+DTYPES = [np.float32, np.float64]
+TOL = {np.float32: dict(rtol=2e-6, atol=2e-6), np.float64: dict(rtol=1e-13, atol=1e-13)}
+
+
+def _arrays(n, dtype, k, seed=0):
+    rng = np.random.default_rng(seed + n)
+    return [rng.standard_normal(n).astype(dtype) for _ in range(k)]
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    old = kernels.get_num_threads()
+    kernels.set_num_threads(request.param)
+    yield request.param
+    kernels.set_num_threads(old)
+
+
+def test_extension_is_the_compiled_module():
+    from rudra_zmq import _kernels
+
+    assert _kernels.__file__.endswith((".so", ".pyd")), _kernels.__file__
+    info = rudra_zmq.build_info()
+    assert info["module_file"] == _kernels.__file__
+    assert info["cython_version"].startswith("3")
+    assert info["num_threads"] >= 1
+    assert isinstance(info["openmp"], bool)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_accumulate_matches_numpy(n, dtype, threads):
+    acc, g = _arrays(n, dtype, 2)
+    ref = acc.copy()
+    oracles.accumulate(ref, g)
+    kernels.accumulate(acc, g)
+    np.testing.assert_allclose(acc, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_accumulate_scaled_matches_numpy(n, dtype, threads):
+    acc, g = _arrays(n, dtype, 2)
+    ref = acc.copy()
+    oracles.accumulate_scaled(ref, g, 0.37)
+    kernels.accumulate_scaled(acc, g, 0.37)
+    np.testing.assert_allclose(acc, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scale_matches_numpy(n, dtype, threads):
+    (x,) = _arrays(n, dtype, 1)
+    ref = x.copy()
+    oracles.scale(ref, -1.5)
+    kernels.scale(x, -1.5)
+    np.testing.assert_allclose(x, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_copy_into_is_exact(n, dtype, threads):
+    dst, src = _arrays(n, dtype, 2)
+    kernels.copy_into(dst, src)
+    assert np.array_equal(dst, src)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_acc", [False, True])
+def test_sgd_momentum_step_matches_numpy(n, dtype, zero_acc, threads):
+    w, v, acc = _arrays(n, dtype, 3)
+    rw, rv, racc = w.copy(), v.copy(), acc.copy()
+    args = dict(lr=0.01, momentum=0.9, weight_decay=0.004, g_scale=0.25, zero_acc=zero_acc)
+    for _ in range(3):  # several steps so momentum carries over
+        oracles.sgd_momentum_step(rw, rv, racc, **args)
+        kernels.sgd_momentum_step(w, v, acc, **args)
+        if zero_acc:
+            acc += 1.0
+            racc += 1.0
+    np.testing.assert_allclose(v, rv, **TOL[dtype])
+    np.testing.assert_allclose(w, rw, **TOL[dtype])
+    np.testing.assert_array_equal(acc, racc)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_acc", [False, True])
+def test_sgd_step_matches_numpy(n, dtype, zero_acc, threads):
+    w, acc = _arrays(n, dtype, 2)
+    rw, racc = w.copy(), acc.copy()
+    args = dict(lr=0.05, weight_decay=0.004, g_scale=0.5, zero_acc=zero_acc)
+    oracles.sgd_step(rw, racc, **args)
+    kernels.sgd_step(w, acc, **args)
+    np.testing.assert_allclose(w, rw, **TOL[dtype])
+    np.testing.assert_array_equal(acc, racc)
+
+
+def test_read_only_zmq_like_inputs_are_accepted():
+    g = np.arange(10, dtype=np.float32)
+    frame = np.frombuffer(g.tobytes(), dtype=np.float32)  # read-only, as from a zmq.Frame
+    assert not frame.flags.writeable
+    acc = np.ones(10, np.float32)
+    kernels.accumulate(acc, frame)
+    kernels.accumulate_scaled(acc, frame, 2.0)
+    w, v = np.zeros(10, np.float32), np.zeros(10, np.float32)
+    kernels.sgd_momentum_step(w, v, frame, lr=1.0, momentum=0.0)
+    kernels.sgd_step(w, frame, lr=1.0)
+    kernels.copy_into(acc, frame)
+    np.testing.assert_array_equal(w, -2 * g)
+    np.testing.assert_array_equal(acc, g)
+
+
+def test_mismatched_length_names_both_sizes_and_writes_nothing():
+    acc = np.zeros(89_578, np.float32)
+    g = np.ones(89_570, np.float32)
+    with pytest.raises(ValueError, match=r"g has 89,570 elements but acc has 89,578"):
+        kernels.accumulate(acc, g)
+    assert not acc.any()
+
+
+def test_mismatched_dtype_is_a_value_error_naming_dtypes():
+    with pytest.raises(ValueError, match="g is float64 but acc is float32"):
+        kernels.accumulate(np.zeros(4, np.float32), np.zeros(4, np.float64))
+    with pytest.raises(ValueError, match="dtype int32"):
+        kernels.scale(np.zeros(4, np.int32), 2.0)
+
+
+def test_read_only_output_and_zeroed_read_only_acc_are_refused():
+    ro = np.frombuffer(np.zeros(4, np.float32).tobytes(), np.float32)
+    with pytest.raises(ValueError, match="acc is read-only"):
+        kernels.accumulate(ro, np.zeros(4, np.float32))
+    w, v = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="acc is read-only"):
+        kernels.sgd_momentum_step(w, v, ro, lr=0.1, momentum=0.9, zero_acc=True)
+    assert not w.any()
+
+
+def test_non_contiguous_non_array_and_nonfinite_arguments_are_refused():
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.scale(x[::2], 2.0)
+    with pytest.raises(ValueError, match="1-D"):
+        kernels.scale(np.zeros((2, 2), np.float32), 2.0)
+    with pytest.raises(TypeError, match="numpy.ndarray, got bytes"):
+        kernels.accumulate(x, b"\0" * 40)
+    with pytest.raises(ValueError, match="lr must be finite, got nan"):
+        kernels.sgd_step(x, x.copy(), lr=float("nan"))
+
+
+def test_thread_settings_are_validated():
+    with pytest.raises(ValueError, match="at least 1 thread, got 0"):
+        kernels.set_num_threads(0)
+    with pytest.raises(ValueError, match="n >= 0"):
+        kernels.set_parallel_threshold(-1)
