@@ -1,0 +1,234 @@
+"""One typed configuration, loaded once from YAML (``yaml.safe_load``) into dataclasses.
+
+Unknown keys and wrong types are errors that quote the key, the value and what is allowed;
+``--set section.key=value`` overrides must name existing keys (values parse as YAML, so
+``optimizer.lr_steps=[120,130]`` is a list). The resolved config is saved in every run dir.
+All defaults are visible here, in one place.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value or key that is not accepted; the message says which and why."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "digits_cnn"           # cifar10_full | digits_cnn | alexnet | mlp
+    seed: int = 0                      # initial weights (the PS builds them)
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "digits"            # digits | cifar10 | imagefolder | synthetic
+    root: str | None = None            # cifar-10-batches-py dir, ImageFolder tree or .tar.gz
+    download: bool = False             # torchvision download (needs internet)
+    image_size: int | None = None      # imagefolder resize/crop (default 224)
+    synthetic_shape: list[int] = field(default_factory=lambda: [3, 32, 32])
+    synthetic_train: int = 4096
+    synthetic_test: int = 512
+    num_classes: int = 10
+    augment: bool = False              # random crop + horizontal flip on the learner
+    prefetch: int = 2                  # minibatches each learner keeps in flight
+
+
+@dataclass
+class SyncConfig:
+    protocol: str = "hardsync"         # hardsync | softsync | async
+    n: int = 1                         # the n of n-softsync (c = floor(learners / n))
+    learners: int = 4                  # λ
+    batch_size: int = 32               # µ, per learner
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 0.05                   # α0
+    lr_policy: str = "constant"        # constant | staleness (α0/<σ>) | per_gradient
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_steps: list[float] = field(default_factory=list)   # epochs where α0 *= lr_gamma
+    lr_gamma: float = 0.1
+    param_multipliers: bool = True     # Caffe per-layer lr_mult/decay_mult where the model has them
+
+
+@dataclass
+class TrainConfig:
+    epochs: float = 10.0
+    eval_every_epochs: float = 1.0     # test error this often (0 = never by epoch)
+    eval_every_updates: int = 0        # and/or every k updates (0 = off)
+    seed: int = 0                      # data order
+
+
+@dataclass
+class RuntimeConfig:
+    host: str = "127.0.0.1"            # address the servers bind and learners connect to
+    transport: str = "tcp"             # tcp | ipc (same host only)
+    run_dir: str = "runs"              # parent folder of run directories
+    threads_per_learner: int = 0       # torch threads per learner; 0 = cores / λ, at least 1
+    ps_threads: int = 0                # kernel OpenMP threads on the PS; 0 = all cores
+    chunk_mib: int = 8                 # max payload frame size for model-sized messages
+    timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
+    learners_per_process: int = 1      # >1 hosts several learner threads per process
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def validate(self) -> "Config":
+        """Cross-field checks; raises ConfigError naming the value and what to do."""
+        s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
+        _one_of("sync.protocol", s.protocol, ("hardsync", "softsync", "async"))
+        _one_of("optimizer.lr_policy", o.lr_policy, ("constant", "staleness", "per_gradient"))
+        _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
+        _one_of("data.dataset", d.dataset, ("digits", "cifar10", "imagefolder", "synthetic"))
+        if s.learners < 1:
+            raise ConfigError(f"sync.learners must be >= 1, got {s.learners}")
+        if s.protocol == "softsync" and not 1 <= s.n <= s.learners:
+            raise ConfigError(f"sync.n must be between 1 and sync.learners={s.learners} for "
+                              f"softsync, got {s.n} (n = learners is async)")
+        for key, val in (("sync.batch_size", s.batch_size), ("data.num_classes", d.num_classes),
+                         ("runtime.chunk_mib", r.chunk_mib),
+                         ("runtime.learners_per_process", r.learners_per_process)):
+            if val < 1:
+                raise ConfigError(f"{key} must be >= 1, got {val}")
+        if not o.lr > 0:
+            raise ConfigError(f"optimizer.lr must be > 0, got {o.lr}")
+        if not 0 <= o.momentum < 1:
+            raise ConfigError(f"optimizer.momentum must be in [0, 1), got {o.momentum}")
+        if o.weight_decay < 0:
+            raise ConfigError(f"optimizer.weight_decay must be >= 0, got {o.weight_decay}")
+        if list(o.lr_steps) != sorted(o.lr_steps):
+            raise ConfigError(f"optimizer.lr_steps must be ascending, got {o.lr_steps}")
+        if not self.train.epochs > 0:
+            raise ConfigError(f"train.epochs must be > 0, got {self.train.epochs}")
+        if len(d.synthetic_shape) != 3 or min(d.synthetic_shape) < 1:
+            raise ConfigError(f"data.synthetic_shape must be [C, H, W], got {d.synthetic_shape}")
+        if r.timeout_s <= 0:
+            raise ConfigError(f"runtime.timeout_s must be > 0, got {r.timeout_s}")
+        return self
+
+
+def _one_of(key, value, allowed):
+    if value not in allowed:
+        raise ConfigError(f"{key} is {value!r}; expected one of {', '.join(allowed)}")
+
+
+# ----------------------------------------------------------------------------- typed loading
+def _check_type(key: str, value, tp):
+    """Return ``value`` converted to ``tp`` (int -> float only) or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_type(key, value, inner)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_check_type(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
+    if tp is float and type(value) in (int, float):
+        return float(value)
+    if tp is bool and type(value) is bool or tp in (int, str) and type(value) is tp:
+        return value
+    raise ConfigError(f"{key} must be {tp.__name__}, got {value!r} ({type(value).__name__})")
+
+
+def _build(cls, data: dict, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'the config'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        where = f"section {prefix!r}" if prefix else "the top level"
+        raise ConfigError(f"unknown key(s) {', '.join(map(repr, sorted(unknown)))} in {where}; "
+                          f"valid keys: {', '.join(sorted(known))}")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, value, key)
+        else:
+            kwargs[name] = _check_type(key, value, tp)
+    return cls(**kwargs)
+
+
+def _apply_override(data: dict, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    path, raw = item.split("=", 1)
+    keys = path.strip().split(".")
+    cls, node = Config, data
+    for i, k in enumerate(keys):
+        fields_ = {f.name: f for f in dataclasses.fields(cls)}
+        if k not in fields_:
+            raise ConfigError(f"override {path!r}: {k!r} is not a key of "
+                              f"{'.'.join(keys[:i]) or 'the config'}; valid keys: "
+                              f"{', '.join(sorted(fields_))}")
+        tp = typing.get_type_hints(cls)[k]
+        if i == len(keys) - 1:
+            if dataclasses.is_dataclass(tp):
+                raise ConfigError(f"override {path!r} names a section; name one of its keys")
+            try:
+                node[k] = yaml.safe_load(raw) if raw.strip() else ""
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+            return
+        if not dataclasses.is_dataclass(tp):
+            raise ConfigError(f"override {path!r}: {k!r} is a value, not a section")
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {path!r}: section {k!r} is not a mapping in the file")
+        cls = tp
+
+
+def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
+    """Load a YAML config (or the defaults when ``path`` is None), apply ``key=value``
+    overrides, type-check and validate it. Raises ConfigError / FileNotFoundError."""
+    data = {}
+    if path is not None:
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {str(path)!r} does not exist "
+                                    "(see configs/ for examples)") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping, got {data!r}")
+    for item in overrides:
+        _apply_override(data, item)
+    return _build(Config, data, "").validate()
+
+
+def to_dict(config: Config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def dump(config: Config) -> str:
+    """The resolved config as YAML text (every key, defaults included)."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def save(config: Config, path: str | os.PathLike) -> None:
+    with open(path, "w") as f:
+        f.write(dump(config))

@@ -1,0 +1,219 @@
+"""The synchronization protocol engine: pure logic, no sockets, threads or clocks.
+
+The parameter server (and the tree nodes, and the in-process simulator) feed it each gradient's
+arrival as ``(learner, gradient timestamp)``; it answers, deterministically:
+
+- the gradient's staleness σ = (PS timestamp at arrival) − (gradient timestamp);
+- the factor to scale this gradient by before it is summed (``per_gradient`` policy);
+- whether the sum is now complete, and if so an :class:`Update`: which gradients it averages
+  (the vector clock), ⟨σ⟩, the learning rate α for this update and the averaging factor 1/c.
+
+Protocols (λ learners):
+
+=============  =================================================================  ==========
+protocol       an update happens after                                            expected σ
+=============  =================================================================  ==========
+``hardsync``   exactly one gradient from every learner (c = λ)                    0
+``softsync``   c = ⌊λ/n⌋ gradients from any learners (n-softsync, 1 ≤ n ≤ λ)       ≈ n
+``async``      every gradient (λ-softsync, c = 1)                                  ≈ λ
+=============  =================================================================  ==========
+
+Learning-rate policies (α0 = ``base_lr`` times the step schedule's factor at this epoch):
+
+- ``constant``: α = α0;
+- ``staleness``: α = α0 / ⟨σ⟩ per update (the paper's staleness-aware rate); ⟨σ⟩ < 1 counts as 1
+  so α never exceeds α0 (hardsync keeps α0);
+- ``per_gradient``: each gradient is scaled by 1 / max(σᵢ, 1) before the sum; α = α0.
+
+The step schedule multiplies α0 by ``gamma`` at each epoch in ``steps`` (the paper's CIFAR-10
+runs: ÷10 at epochs 120 and 130). The epoch is counted from gradients received:
+epoch = gradients × µ / samples-per-epoch.
+
+Not thread-safe: one owner (the PS loop) drives an engine.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+PROTOCOLS = ("hardsync", "softsync", "async")
+LR_POLICIES = ("constant", "staleness", "per_gradient")
+
+
+class ProtocolViolation(ValueError):
+    """A gradient that the protocol cannot accept; the engine's state is unchanged."""
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """α0 and its step schedule; see the module docstring for the policies."""
+
+    base_lr: float
+    policy: str = "constant"
+    steps: tuple[float, ...] = ()
+    gamma: float = 0.1
+
+    def __post_init__(self):
+        if not (math.isfinite(self.base_lr) and self.base_lr > 0):
+            raise ValueError(f"base_lr must be a positive finite number, got {self.base_lr!r}")
+        if self.policy not in LR_POLICIES:
+            raise ValueError(f"lr policy {self.policy!r} is not one of {', '.join(LR_POLICIES)}")
+        if list(self.steps) != sorted(self.steps) or any(s < 0 for s in self.steps):
+            raise ValueError(f"lr steps must be ascending epochs >= 0, got {list(self.steps)}")
+        if not (math.isfinite(self.gamma) and self.gamma > 0):
+            raise ValueError(f"lr gamma must be positive, got {self.gamma!r}")
+
+    def base_at(self, epoch: float) -> float:
+        """α0 after the step schedule at ``epoch`` (steps take effect once the epoch is reached)."""
+        return self.base_lr * self.gamma ** bisect.bisect_right(self.steps, epoch)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One weight update as decided by the engine.
+
+    ``timestamp`` is the PS timestamp the update produces (the previous one + 1);
+    ``learners``/``timestamps``/``sigmas`` are the vector clock of the gradients it averages,
+    in arrival order; the PS applies ``w ← step(w, lr, g_scale · Σ scaleᵢ·gᵢ)``.
+    """
+
+    timestamp: int
+    learners: tuple[int, ...]
+    timestamps: tuple[int, ...]
+    sigmas: tuple[int, ...]
+    mean_sigma: float
+    lr: float
+    g_scale: float
+    epoch: float
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """The engine's answer to one gradient: its σ, its scale, and the update it completes."""
+
+    learner: int
+    timestamp: int
+    sigma: int
+    scale: float
+    update: Update | None
+
+
+@dataclass
+class SyncEngine:
+    """Decides when the PS updates, with which gradients and at which learning rate.
+
+    Args:
+        protocol: ``hardsync``, ``softsync`` or ``async``.
+        n_learners: λ.
+        lr: the learning-rate schedule and policy.
+        n: the n of n-softsync (ignored by hardsync and async).
+        batch_size: µ, samples per gradient (to count epochs).
+        epoch_size: samples per epoch (to count epochs); 0 leaves the epoch at 0.
+        timestamp: the starting weights timestamp.
+
+    Not thread-safe; performs no I/O and never blocks.
+    """
+
+    protocol: str
+    n_learners: int
+    lr: LRSchedule
+    n: int = 1
+    batch_size: int = 1
+    epoch_size: int = 0
+    timestamp: int = 0
+    gradients_received: int = 0
+    updates: int = 0
+    _pending: list = field(default_factory=list, repr=False)
+    _pending_learners: set = field(default_factory=set, repr=False)
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.n_learners < 1:
+            raise ValueError(f"need at least 1 learner, got {self.n_learners}")
+        if self.protocol == "softsync" and not 1 <= self.n <= self.n_learners:
+            raise ValueError(
+                f"n-softsync needs 1 <= n <= λ; got n={self.n} with λ={self.n_learners} "
+                "(n = λ is async)")
+        if self.batch_size < 1 or self.epoch_size < 0:
+            raise ValueError(
+                f"batch_size must be >= 1 and epoch_size >= 0, got {self.batch_size}, "
+                f"{self.epoch_size}")
+
+    @property
+    def gradients_per_update(self) -> int:
+        """c: λ for hardsync, ⌊λ/n⌋ for n-softsync, 1 for async."""
+        if self.protocol == "hardsync":
+            return self.n_learners
+        if self.protocol == "async":
+            return 1
+        return self.n_learners // self.n
+
+    @property
+    def epoch(self) -> float:
+        """Epochs of data consumed by the gradients received so far."""
+        if not self.epoch_size:
+            return 0.0
+        return self.gradients_received * self.batch_size / self.epoch_size
+
+    @property
+    def pending(self) -> int:
+        """Gradients summed since the last update."""
+        return len(self._pending)
+
+    def check(self, learner: int, grad_ts: int) -> None:
+        """Raise :class:`ProtocolViolation` if ``receive`` would refuse this gradient."""
+        if not 0 <= learner < self.n_learners:
+            raise ProtocolViolation(
+                f"learner id {learner} is out of range: this run has λ={self.n_learners} "
+                f"learners (ids 0..{self.n_learners - 1})")
+        if grad_ts > self.timestamp:
+            raise ProtocolViolation(
+                f"learner {learner} pushed a gradient with timestamp {grad_ts}, newer than the "
+                f"server's {self.timestamp} (is it talking to a restarted server?)")
+        if grad_ts < 0:
+            raise ProtocolViolation(f"learner {learner} sent a negative timestamp {grad_ts}")
+        if self.protocol == "hardsync":
+            if grad_ts != self.timestamp:
+                raise ProtocolViolation(
+                    f"hardsync: learner {learner} pushed a gradient of timestamp {grad_ts} but "
+                    f"the server is at {self.timestamp}; hardsync learners must pull the new "
+                    "weights before computing the next gradient")
+            if learner in self._pending_learners:
+                raise ProtocolViolation(
+                    f"hardsync: learner {learner} pushed twice for timestamp {self.timestamp}; "
+                    "each update takes exactly one gradient from every learner")
+
+    def receive(self, learner: int, grad_ts: int) -> Arrival:
+        """Account one gradient; return its σ, its scale and the update it completes, if any.
+
+        Raises :class:`ProtocolViolation` (state unchanged) for a gradient the protocol refuses.
+        When an update is returned the engine's timestamp has already advanced: the caller must
+        apply it before answering any pull.
+        """
+        self.check(learner, grad_ts)
+        sigma = self.timestamp - grad_ts
+        scale = 1.0 / max(sigma, 1) if self.lr.policy == "per_gradient" else 1.0
+        self._pending.append((learner, grad_ts, sigma))
+        self._pending_learners.add(learner)
+        self.gradients_received += 1
+        update = None
+        if len(self._pending) >= self.gradients_per_update:
+            update = self._make_update()
+        return Arrival(learner, grad_ts, sigma, scale, update)
+
+    def _make_update(self) -> Update:
+        learners, stamps, sigmas = zip(*self._pending)
+        mean_sigma = sum(sigmas) / len(sigmas)
+        epoch = self.epoch
+        lr = self.lr.base_at(epoch)
+        if self.lr.policy == "staleness":
+            lr /= max(mean_sigma, 1.0)
+        self.timestamp += 1
+        self.updates += 1
+        update = Update(self.timestamp, learners, stamps, sigmas, mean_sigma, lr,
+                        1.0 / len(sigmas), epoch)
+        self._pending.clear()
+        self._pending_learners.clear()
+        return update

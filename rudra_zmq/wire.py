@@ -1,0 +1,256 @@
+"""The wire protocol: the only module that builds or parses rudra_zmq's ZeroMQ frames.
+
+Every message is a ZeroMQ multipart message::
+
+    ROUTER side only:  +----------------+
+                       | routing id     |   (added/stripped by ZeroMQ's ROUTER socket)
+                       +----------------+
+    always:            | header         |   msgpack map, <= MAX_HEADER_BYTES
+                       +----------------+
+    0..N payload:      | payload 0      |   raw little-endian array bytes, sent zero-copy
+                       | payload 1 ...  |
+                       +----------------+
+
+Header keys (short, because they travel with every gradient):
+
+    v    int   protocol version (PROTOCOL_VERSION); a mismatch is refused
+    k    int   message kind (Kind)
+    s    int   sender id: learner id >= 0; -1 the PS, -2 the data server, -3 stats, -4 tools
+    q    int   sequence number, per sender, increasing (for reliability work and logging)
+    ts   int   weights timestamp: a gradient's, a pull's "I have", or the weights sent
+    inc  int   the parameter server's incarnation (random per PS start; 0 = unknown)
+    p    list  one [dtype, count] per payload frame, dtype in PAYLOAD_DTYPES
+    x    map   kind-specific fields (see KIND_FIELDS), validated by type
+
+A model-sized vector (gradient, weights) may be split into several payload frames, all
+float32; their counts add up to the model size. Chunks let the PS accumulate each frame as it
+is, at its offset, with no reassembly copy (see :func:`chunk`).
+
+Nothing here is pickled: headers are msgpack with strict limits and payloads are raw arrays
+interpreted only after their length and dtype were checked. :func:`decode` validates a message
+completely before any role may act on it and raises :class:`WireError` otherwise.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+MAX_HEADER_BYTES = 64 * 1024
+# Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
+DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
+PAYLOAD_DTYPES = {"f4": np.dtype("<f4"), "u1": np.dtype("u1"), "i8": np.dtype("<i8")}
+_DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
+
+SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
+
+
+class Kind(enum.IntEnum):
+    """Message kinds. Requests get exactly one reply from the server they were sent to."""
+
+    HELLO = 1        # learner -> PS: x{model, numel}; reply WELCOME (weights) or ERROR
+    WELCOME = 2      # PS -> learner: weights payload; x{learners, protocol}
+    PUSH = 3         # learner -> PS: gradient payload, ts = weights it was computed on; ACK
+    ACK = 4          # PS -> learner: x{sigma}
+    PULL = 5         # learner -> PS: ts = weights it has; x{wait}; WEIGHTS or UPTODATE
+    PUSHPULL = 6     # PUSH and PULL in one round trip; reply WEIGHTS or UPTODATE with x{sigma}
+    WEIGHTS = 7      # PS -> learner: weights payload at ts
+    UPTODATE = 8     # PS -> learner: no newer weights than the pull's ts
+    STOP = 9         # any server -> client: training is over; x{reason}
+    ERROR = 10       # reply to a refused request: x{code, error}
+    BATCH_REQ = 11   # learner -> data server: x{step}; reply BATCH
+    BATCH = 12       # data server -> learner: payloads [images u1, labels i8]; x{shape, epoch, step}
+    METRIC = 13      # any -> stats server (one-way): x{metric: map}
+    EVAL = 14        # PS -> stats server (one-way): weights payload at ts; x{epoch}
+    BYE = 15         # learner -> PS: leaving cleanly; reply ACK
+
+
+# Kind-specific fields: name -> allowed Python types, and whether it is required.
+_INT, _FLOAT, _STR, _BOOL, _LIST, _MAP = (int,), (int, float), (str,), (bool,), (list,), (dict,)
+KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
+    Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True)},
+    Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True)},
+    Kind.PUSH: {},
+    Kind.ACK: {"sigma": (_INT, False)},
+    Kind.PULL: {"wait": (_BOOL, True)},
+    Kind.PUSHPULL: {"wait": (_BOOL, True)},
+    Kind.WEIGHTS: {"sigma": (_INT, False)},
+    Kind.UPTODATE: {"sigma": (_INT, False)},
+    Kind.STOP: {"reason": (_STR, True)},
+    Kind.ERROR: {"code": (_STR, True), "error": (_STR, True)},
+    Kind.BATCH_REQ: {"step": (_INT, True)},
+    Kind.BATCH: {"shape": (_LIST, True), "epoch": (_FLOAT, True), "step": (_INT, True)},
+    Kind.METRIC: {"metric": (_MAP, True)},
+    Kind.EVAL: {"epoch": (_FLOAT, True)},
+    Kind.BYE: {},
+}
+# How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
+_MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL}
+_PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
+_PAYLOAD_FRAMES.update({k: (1, 4096) for k in _MODEL_SIZED})
+_PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
+
+_UNPACK_LIMITS = dict(max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024,
+                      max_map_len=256, max_ext_len=0)
+
+
+class WireError(ValueError):
+    """A message that failed validation. ``code`` is a short machine-readable reason."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Message:
+    """A validated message. ``payloads`` are read-only NumPy views of the frames (no copy)."""
+
+    kind: Kind
+    sender: int
+    seq: int
+    ts: int
+    inc: int
+    fields: dict
+    payloads: list
+
+    @property
+    def payload_numel(self) -> int:
+        return sum(int(p.shape[0]) for p in self.payloads)
+
+
+def chunk(vector: np.ndarray, max_bytes: int = DEFAULT_CHUNK_BYTES) -> list[np.ndarray]:
+    """Split a 1-D contiguous array into views of at most ``max_bytes`` each (no copy)."""
+    if max_bytes <= 0:
+        raise ValueError(f"chunk size must be positive, got {max_bytes}")
+    step = max(1, max_bytes // vector.itemsize)
+    n = vector.shape[0]
+    if n <= step:
+        return [vector]
+    return [vector[i:i + step] for i in range(0, n, step)]
+
+
+def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
+           payloads=(), **fields) -> list:
+    """Build the frames of one message: [header, *payloads] (payload arrays are not copied).
+
+    Send the result with ``socket.send_multipart(frames, copy=False)``. Raises ValueError if a
+    field or payload does not fit the kind (a programming error, never network input).
+    """
+    spec = KIND_FIELDS[kind]
+    for name in fields:
+        if name not in spec:
+            raise ValueError(f"{kind.name} has no field {name!r}")
+    descr = []
+    for arr in payloads:
+        code = _DTYPE_CODES.get(arr.dtype)
+        if code is None or arr.ndim != 1 or not arr.flags.c_contiguous:
+            raise ValueError(
+                f"{kind.name}: payloads must be 1-D contiguous {list(PAYLOAD_DTYPES)}, got "
+                f"{arr.dtype} shape {arr.shape}")
+        descr.append([code, int(arr.shape[0])])
+    header = {"v": PROTOCOL_VERSION, "k": int(kind), "s": int(sender), "q": int(seq),
+              "ts": int(ts), "inc": int(inc), "p": descr, "x": fields}
+    return [msgpack.packb(header, use_bin_type=True), *payloads]
+
+
+def _buffer(frame):
+    # zmq.Frame (copy=False receive) exposes .buffer; bytes/memoryview are buffers already.
+    return frame.buffer if hasattr(frame, "buffer") else frame
+
+
+def decode(frames, *, kinds=None, numel: int | None = None) -> Message:
+    """Validate and parse one message (without the ROUTER routing id).
+
+    Args:
+        frames: the message's frames (``zmq.Frame``, bytes or memoryview).
+        kinds: if given, the kinds this receiver accepts.
+        numel: if given, the model size that model-sized payloads must add up to.
+
+    Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
+    """
+    if not frames:
+        raise WireError("empty", "empty message (no header frame)")
+    raw = _buffer(frames[0])
+    if len(raw) > MAX_HEADER_BYTES:
+        raise WireError("header_too_large",
+                        f"header of {len(raw):,} bytes exceeds {MAX_HEADER_BYTES:,}")
+    try:
+        h = msgpack.unpackb(raw, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise WireError("bad_header", f"header is not valid msgpack: {exc}") from None
+    if not isinstance(h, dict):
+        raise WireError("bad_header", f"header must be a map, got {type(h).__name__}")
+    for key in ("v", "k", "s", "q", "ts", "inc"):
+        val = h.get(key)
+        if type(val) is not int:
+            raise WireError("bad_header", f"header field {key!r} must be an integer, got {val!r}")
+    if h["v"] != PROTOCOL_VERSION:
+        raise WireError("version", f"protocol version {h['v']} is not {PROTOCOL_VERSION} "
+                                   "(are all roles running the same rudra_zmq release?)")
+    try:
+        kind = Kind(h["k"])
+    except ValueError:
+        raise WireError("bad_kind", f"unknown message kind {h['k']}") from None
+    if kinds is not None and kind not in kinds:
+        names = ", ".join(sorted(k.name for k in kinds))
+        raise WireError("unexpected_kind", f"{kind.name} is not accepted here (expects {names})")
+    extra = set(h) - {"v", "k", "s", "q", "ts", "inc", "p", "x"}
+    if extra:
+        raise WireError("bad_header", f"unknown header fields {sorted(extra)}")
+    fields = h.get("x", {})
+    if not isinstance(fields, dict):
+        raise WireError("bad_header", f"field map 'x' must be a map, got {type(fields).__name__}")
+    _check_fields(kind, fields)
+    payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel)
+    return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
+
+
+def _check_fields(kind: Kind, fields: dict) -> None:
+    spec = KIND_FIELDS[kind]
+    for name, val in fields.items():
+        if name not in spec:
+            raise WireError("bad_field", f"{kind.name} has no field {name!r}")
+        types, _ = spec[name]
+        if type(val) not in types:
+            raise WireError("bad_field", f"{kind.name} field {name!r} has type "
+                                         f"{type(val).__name__}, expected {types[0].__name__}")
+    for name, (_, required) in spec.items():
+        if required and name not in fields:
+            raise WireError("bad_field", f"{kind.name} is missing field {name!r}")
+
+
+def _check_payloads(kind: Kind, descr, frames, numel):
+    lo, hi = _PAYLOAD_FRAMES[kind]
+    if not isinstance(descr, list) or len(descr) != len(frames):
+        raise WireError("bad_payload", f"{kind.name}: header describes "
+                        f"{len(descr) if isinstance(descr, list) else descr!r} payload frames "
+                        f"but {len(frames)} arrived")
+    if not lo <= len(frames) <= hi:
+        raise WireError("bad_payload", f"{kind.name} carries {lo}..{hi} payload frames, "
+                                       f"got {len(frames)}")
+    out = []
+    for i, (d, frame) in enumerate(zip(descr, frames)):
+        if (not isinstance(d, list) or len(d) != 2 or d[0] not in PAYLOAD_DTYPES
+                or type(d[1]) is not int or d[1] < 0):
+            raise WireError("bad_payload", f"{kind.name}: payload {i} descriptor {d!r} is not "
+                                           f"[dtype in {list(PAYLOAD_DTYPES)}, count >= 0]")
+        dtype = PAYLOAD_DTYPES[d[0]]
+        buf = _buffer(frame)
+        if len(buf) != d[1] * dtype.itemsize:
+            raise WireError("bad_length", f"{kind.name}: payload {i} has {len(buf):,} bytes, "
+                                          f"its header says {d[1]:,} x {d[0]}")
+        if kind in _MODEL_SIZED and d[0] != "f4":
+            raise WireError("bad_dtype", f"{kind.name}: model payloads are f4 (float32), "
+                                         f"payload {i} is {d[0]}")
+        out.append(np.frombuffer(buf, dtype=dtype))
+    if numel is not None and kind in _MODEL_SIZED:
+        total = sum(d[1] for d in descr)
+        if total != numel:
+            raise WireError("bad_length", f"{kind.name} carries {total:,} floats; the model has "
+                                          f"{numel:,} (is the sender running another model "
+                                          "config?)")
+    return out

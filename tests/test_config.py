@@ -1,0 +1,65 @@
+"""Typed config loading: unknown keys, wrong types and bad overrides are named errors."""
+import pathlib
+
+import pytest
+
+from rudra_zmq.config import ConfigError, load_config, dump
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_load_and_overrides_apply(tmp_path):
+    cfg = load_config(write(tmp_path, "name: x\nsync: {learners: 3}\n"),
+                      ["optimizer.lr=0.5", "optimizer.lr_steps=[120, 130]", "data.root=/d"])
+    assert cfg.sync.learners == 3 and cfg.optimizer.lr == 0.5
+    assert cfg.optimizer.lr_steps == [120.0, 130.0] and cfg.data.root == "/d"
+    assert "learners: 3" in dump(cfg)
+
+
+def test_unknown_key_is_named_with_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'lerners' in section 'sync'.*learners"):
+        load_config(write(tmp_path, "sync: {lerners: 3}\n"))
+
+
+def test_wrong_type_quotes_the_value(tmp_path):
+    with pytest.raises(ConfigError, match=r"sync.learners must be int, got '3' \(str\)"):
+        load_config(write(tmp_path, "sync: {learners: '3'}\n"))
+    with pytest.raises(ConfigError, match="sync.learners must be int, got True"):
+        load_config(write(tmp_path, "sync: {learners: true}\n"))
+
+
+def test_int_is_accepted_where_a_float_is_expected(tmp_path):
+    assert load_config(write(tmp_path, "optimizer: {lr: 1}\n")).optimizer.lr == 1.0
+
+
+def test_override_must_name_an_existing_key():
+    with pytest.raises(ConfigError, match="'lrr' is not a key of optimizer"):
+        load_config(None, ["optimizer.lrr=1"])
+    with pytest.raises(ConfigError, match="names a section"):
+        load_config(None, ["optimizer=1"])
+    with pytest.raises(ConfigError, match="must look like"):
+        load_config(None, ["optimizer.lr"])
+
+
+def test_cross_field_validation_names_the_value():
+    with pytest.raises(ConfigError, match="sync.n must be between 1 and sync.learners=4.*got 5"):
+        load_config(None, ["sync.protocol=softsync", "sync.n=5"])
+    with pytest.raises(ConfigError, match="sync.protocol is 'sometimes'"):
+        load_config(None, ["sync.protocol=sometimes"])
+
+
+def test_missing_file_says_where_to_look(tmp_path):
+    with pytest.raises(FileNotFoundError, match="see configs/"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_every_shipped_config_loads():
+    paths = sorted(CONFIGS.glob("*.yaml"))
+    for p in paths:
+        load_config(p)

@@ -1,0 +1,145 @@
+"""The synchronization protocol engine, driven directly and deterministically."""
+import pytest
+
+from rudra_zmq.sync import LRSchedule, ProtocolViolation, SyncEngine
+
+
+def engine(protocol, learners, n=1, lr=0.1, policy="constant", **kw):
+    return SyncEngine(protocol, learners, LRSchedule(lr, policy, **kw), n=n)
+
+
+def run_round_robin(eng, rounds, learners):
+    """Equal-speed learners: each pushes on the weights it last pulled, in turn."""
+    have = [0] * learners
+    updates, arrivals = [], []
+    for _ in range(rounds):
+        for i in range(learners):
+            a = eng.receive(i, have[i])
+            arrivals.append(a)
+            have[i] = eng.timestamp  # pull whatever is newest after the push
+            if a.update:
+                updates.append(a.update)
+    return updates, arrivals
+
+
+def test_hardsync_updates_once_every_learner_pushed_with_zero_staleness():
+    eng = engine("hardsync", 3)
+    assert eng.receive(0, 0).update is None
+    assert eng.receive(2, 0).update is None
+    a = eng.receive(1, 0)
+    assert a.update is not None
+    u = a.update
+    assert (u.timestamp, u.learners, u.timestamps, u.sigmas) == (1, (0, 2, 1), (0, 0, 0), (0, 0, 0))
+    assert u.mean_sigma == 0 and u.g_scale == pytest.approx(1 / 3) and u.lr == 0.1
+    assert eng.timestamp == 1
+
+
+def test_hardsync_refuses_a_second_gradient_from_the_same_learner_and_keeps_state():
+    eng = engine("hardsync", 2)
+    eng.receive(0, 0)
+    with pytest.raises(ProtocolViolation, match="learner 0 pushed twice for timestamp 0"):
+        eng.receive(0, 0)
+    assert eng.pending == 1 and eng.gradients_received == 1
+
+
+def test_hardsync_refuses_stale_gradients():
+    eng = engine("hardsync", 1)
+    eng.receive(0, 0)
+    with pytest.raises(ProtocolViolation, match="must pull the new weights"):
+        eng.receive(0, 0)
+
+
+def test_gradients_from_the_future_or_unknown_learners_are_refused():
+    eng = engine("async", 2)
+    with pytest.raises(ProtocolViolation, match="newer than the server's 0"):
+        eng.receive(0, 5)
+    with pytest.raises(ProtocolViolation, match="learner id 2 is out of range"):
+        eng.receive(2, 0)
+    assert eng.gradients_received == 0
+
+
+@pytest.mark.parametrize("learners,n,c", [(30, 1, 30), (30, 2, 15), (30, 4, 7), (30, 30, 1), (5, 2, 2)])
+def test_softsync_updates_after_lambda_over_n_gradients(learners, n, c):
+    eng = engine("softsync", learners, n=n)
+    assert eng.gradients_per_update == c
+    got = [eng.receive(i % learners, eng.timestamp).update is not None for i in range(3 * c)]
+    assert got == ([False] * (c - 1) + [True]) * 3
+
+
+def test_softsync_n_out_of_range_is_an_error():
+    with pytest.raises(ValueError, match="1 <= n <= λ"):
+        engine("softsync", 4, n=5)
+
+
+@pytest.mark.parametrize("learners,n", [(4, 1), (8, 2), (8, 4), (30, 30)])
+def test_softsync_with_equal_speed_learners_has_mean_staleness_about_n(learners, n):
+    eng = engine("softsync", learners, n=n)
+    updates, _ = run_round_robin(eng, 40, learners)
+    steady = updates[len(updates) // 2:]
+    mean = sum(u.mean_sigma for u in steady) / len(steady)
+    # Between a learner's pull and its next push the other λ-1 gradients arrive, i.e.
+    # (λ-1)/c = n(λ-1)/λ updates: ≈ n, as the paper measured.
+    assert mean == pytest.approx(n * (learners - 1) / learners, abs=0.05)
+    assert mean == pytest.approx(n, rel=0.3)
+
+
+def test_async_updates_on_every_gradient_with_staleness_about_lambda():
+    eng = engine("async", 6)
+    updates, arrivals = run_round_robin(eng, 30, 6)
+    assert len(updates) == len(arrivals) == 180
+    steady = updates[60:]
+    assert sum(u.mean_sigma for u in steady) / len(steady) == pytest.approx(5)  # λ-1 ≈ λ
+
+
+def test_staleness_policy_divides_lr_by_mean_staleness_and_never_raises_it():
+    eng = engine("softsync", 4, n=2, lr=0.8, policy="staleness")
+    eng.receive(0, 0)
+    u = eng.receive(1, 0).update          # <σ> = 0 -> counts as 1
+    assert u.lr == pytest.approx(0.8)
+    eng.receive(2, 0)                      # σ = 1
+    u = eng.receive(3, 0).update           # σ = 1 -> <σ> = 1
+    assert u.sigmas == (1, 1) and u.lr == pytest.approx(0.8)
+    eng.receive(0, 0)                      # σ = 2
+    u = eng.receive(1, 0).update           # <σ> = 2
+    assert u.mean_sigma == 2 and u.lr == pytest.approx(0.4)
+    eng.receive(0, 3)                      # σ = 0
+    u = eng.receive(1, 0).update           # σ = 3, <σ> = 1.5
+    assert u.lr == pytest.approx(0.8 / 1.5)
+
+
+def test_per_gradient_policy_scales_each_gradient_by_inverse_staleness():
+    eng = engine("async", 3, lr=0.3, policy="per_gradient")
+    assert eng.receive(0, 0).scale == 1.0         # σ=0 -> 1/max(0,1)
+    assert eng.receive(1, 0).scale == 1.0         # σ=1
+    a = eng.receive(2, 0)                          # σ=2
+    assert a.sigma == 2 and a.scale == 0.5 and a.update.lr == pytest.approx(0.3)
+
+
+def test_constant_policy_ignores_staleness():
+    eng = engine("async", 3, lr=0.3)
+    eng.receive(0, 0), eng.receive(1, 0)
+    a = eng.receive(2, 0)
+    assert a.scale == 1.0 and a.update.lr == pytest.approx(0.3)
+
+
+def test_step_schedule_divides_lr_by_ten_at_given_epochs():
+    s = LRSchedule(0.001, steps=(120, 130))
+    assert [s.base_at(e) for e in (0, 119.9, 120, 129, 130, 139)] == pytest.approx(
+        [1e-3, 1e-3, 1e-4, 1e-4, 1e-5, 1e-5])
+
+
+def test_engine_counts_epochs_from_gradients_and_applies_the_schedule():
+    eng = SyncEngine("async", 1, LRSchedule(1.0, steps=(1.0,)), batch_size=25, epoch_size=100)
+    lrs = [eng.receive(0, eng.timestamp).update.lr for _ in range(8)]
+    # lr is decided with the epoch after this gradient: 0.25 0.5 0.75 1.0(step) ...
+    assert lrs == [1.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1, 0.1]
+    assert eng.epoch == 2.0
+
+
+def test_bad_lr_schedule_values_are_named():
+    with pytest.raises(ValueError, match="base_lr must be a positive"):
+        LRSchedule(0.0)
+    with pytest.raises(ValueError, match="policy 'fast'"):
+        LRSchedule(0.1, "fast")
+    with pytest.raises(ValueError, match="ascending"):
+        LRSchedule(0.1, steps=(130, 120))
