@@ -62,7 +62,7 @@ class Kind(enum.IntEnum):
     STOP = 9         # any server -> client: training is over; x{reason}
     ERROR = 10       # reply to a refused request: x{code, error}
     BATCH_REQ = 11   # learner -> data server: x{step}; reply BATCH
-    BATCH = 12       # data server -> learner: payloads [images u1, labels i8]; x{shape, epoch, step}
+    BATCH = 12       # data server -> learner: [images u1, labels i8]; x{shape, epoch, step, mean?, std?}
     METRIC = 13      # any -> stats server (one-way): x{metric: map}
     EVAL = 14        # PS -> stats server (one-way): weights payload at ts; x{epoch}
     BYE = 15         # learner -> PS: leaving cleanly; reply ACK
@@ -82,7 +82,8 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.STOP: {"reason": (_STR, True)},
     Kind.ERROR: {"code": (_STR, True), "error": (_STR, True)},
     Kind.BATCH_REQ: {"step": (_INT, True)},
-    Kind.BATCH: {"shape": (_LIST, True), "epoch": (_FLOAT, True), "step": (_INT, True)},
+    Kind.BATCH: {"shape": (_LIST, True), "epoch": (_FLOAT, True), "step": (_INT, True),
+                 "mean": (_LIST, False), "std": (_LIST, False)},  # per-channel, 0..1 scale
     Kind.METRIC: {"metric": (_MAP, True)},
     Kind.EVAL: {"epoch": (_FLOAT, True)},
     Kind.BYE: {},

@@ -1,0 +1,498 @@
+"""Training data as uint8 arrays in memory: digits, CIFAR-10, ImageFolder trees, synthetic.
+
+``load_dataset(name, ...)`` returns a ``Dataset``: images (N, C, H, W) uint8, labels int64,
+class names and the per-channel mean/std of the training images (0..1 scale). Learners keep the
+uint8 arrays and normalize each minibatch with ``to_float`` (4x less memory than float32).
+
+Where the images come from:
+  digits      sklearn's bundled 8x8 digits (offline), split 1437/360 stratified by ``seed``.
+  cifar10     ``root`` is, in order of preference: a folder holding ``cifar-10-batches-py``
+              (or that folder itself), an ImageFolder tree ``train/<class>/*`` + ``test/<class>/*``,
+              or a ``.tar.gz`` of such a tree; else ``download=True`` fetches the pickle release
+              with torchvision. ``root=None`` means ``<cache dir>/cifar10``.
+  imagefolder ``root`` is such a tree (``val/`` may stand in for ``test/``) or a tarball of one;
+              images are resized (shorter side) and center-cropped to ``image_size`` (224).
+  synthetic   random images whose class sets their mean pattern (learnable), from ``seed``.
+
+Image files are decoded once; the arrays are cached as one uncompressed ``.npz`` under the cache
+dir (``$RUDRA_ZMQ_CACHE``, default ``~/.cache/rudra_zmq``), so later loads take a fraction of a
+second. A tarball is read as a stream and never extracted: writing 60,000 small files costs
+more than decoding them (CIFAR-10: about 9 s to extract against under 2 s to stream).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import multiprocessing
+import os
+import pickle
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+
+DATASET_NAMES = ("digits", "cifar10", "imagefolder", "synthetic")
+CACHE_ENV = "RUDRA_ZMQ_CACHE"
+CACHE_VERSION = 1
+DEFAULT_IMAGE_SIZE = 224
+DEFAULT_SYNTHETIC_SHAPE = (3, 32, 32)
+DIGITS_TEST = 360          # of sklearn's 1,797 digits; the other 1,437 train
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")
+SPLITS = ("train", "test", "val")
+TARBALL_EXTS = (".tar.gz", ".tgz", ".tar")
+DECODE_CHUNK = 1000        # images per task sent to a decode worker
+PARALLEL_MIN_IMAGES = 2000  # below this a pool costs more than it saves
+
+
+@dataclass
+class Dataset:
+    """Images and labels of one dataset, held in memory. ``mean``/``std`` are per channel of
+    the training images on the 0..1 scale (feed them to ``to_float``)."""
+    name: str
+    x_train: np.ndarray  # uint8 (N, C, H, W)
+    y_train: np.ndarray  # int64 (N,)
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __post_init__(self):
+        k = len(self.classes)
+        for split, x, y in (("train", self.x_train, self.y_train),
+                            ("test", self.x_test, self.y_test)):
+            if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != self.x_train.shape[1:]:
+                raise ValueError(f"{self.name}: x_{split} is {x.dtype} {x.shape}; both splits "
+                                 "need uint8 (N, C, H, W) with one image shape")
+            if y.dtype != np.int64 or y.shape != x.shape[:1] or (
+                    y.size and not 0 <= y.min() <= y.max() < k):
+                raise ValueError(f"{self.name}: y_{split} must be int64 ({x.shape[0]},) with "
+                                 f"labels in 0..{k - 1}, got {y.dtype} {y.shape}")
+        if not len(self.mean) == len(self.std) == self.x_train.shape[1]:
+            raise ValueError(f"{self.name}: mean/std need one value per channel")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one image."""
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def default_cache_dir() -> Path:
+    """``$RUDRA_ZMQ_CACHE`` if set, else ``~/.cache/rudra_zmq``. Does not create it."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rudra_zmq"
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: int | None = None,
+                 synthetic_shape: tuple[int, int, int] | None = None,
+                 synthetic_n: tuple[int, int] = (1024, 256), num_classes: int = 10,
+                 seed: int = 0, download: bool = False, limit_per_class: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, workers: int = 2,
+                 progress: bool = True) -> Dataset:
+    """Load dataset ``name`` (see the module docstring for names and sources). Blocks.
+
+    ``seed`` fixes the digits split and the synthetic images; ``num_classes``,
+    ``synthetic_shape`` (default 3x32x32) and ``synthetic_n`` (train, test) apply to synthetic
+    only. ``limit_per_class`` keeps the first n images of each class per split (by file name
+    for image files), decoding only those. ``workers`` processes decode image files; progress
+    goes to stderr. Raises ValueError for bad arguments, FileNotFoundError when no data is found.
+    """
+    if name not in DATASET_NAMES:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+    _check_int("image_size", image_size, optional=True)
+    _check_int("limit_per_class", limit_per_class, optional=True)
+    _check_int("num_classes", num_classes)
+    _check_int("workers", workers)
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    opts = dict(limit=limit_per_class, cache=cache, workers=workers, progress=progress)
+    if name == "digits":
+        return _limit_dataset(_load_digits(seed), limit_per_class)
+    if name == "synthetic":
+        shape = DEFAULT_SYNTHETIC_SHAPE if synthetic_shape is None else tuple(synthetic_shape)
+        _check_ints("synthetic_shape", shape, "three positive ints (C, H, W)", 3)
+        _check_ints("synthetic_n", tuple(synthetic_n), "two positive ints (train, test)", 2)
+        ds = _load_synthetic(shape, tuple(synthetic_n), num_classes, seed)
+        return _limit_dataset(ds, limit_per_class)
+    if name == "imagefolder":
+        if root is None:
+            raise ValueError("imagefolder needs root: a folder with train/<class>/* and "
+                             "val/<class>/* (or test/), or a .tar.gz of one")
+        root = Path(root).expanduser()
+        if not (_is_tarball(root) or (root / "train").is_dir()):
+            raise FileNotFoundError(f"imagefolder: {root} is neither a folder with train/ "
+                                    "inside nor a tarball (.tar.gz, .tgz, .tar) of one")
+        return _load_images(name, root, image_size or DEFAULT_IMAGE_SIZE, **opts)
+    if image_size not in (None, 32):
+        raise ValueError(f"cifar10 images are 32x32, got image_size={image_size}; use the "
+                         "imagefolder dataset to resize a tree of images")
+    root = Path(root).expanduser() if root is not None else cache / "cifar10"
+    return _load_cifar10(root, download, opts)
+
+
+def dataset_shape(data) -> tuple[int, int, int]:
+    """(C, H, W) of the images a DataConfig ``data`` describes (fields dataset, image_size,
+    synthetic_shape), without loading them. Does not block."""
+    if data.dataset == "synthetic":
+        return tuple(int(d) for d in data.synthetic_shape)
+    if data.dataset == "imagefolder":
+        return (3, data.image_size or DEFAULT_IMAGE_SIZE, data.image_size or DEFAULT_IMAGE_SIZE)
+    shapes = {"digits": (1, 8, 8), "cifar10": (3, 32, 32)}
+    if data.dataset not in shapes:
+        raise ValueError(f"unknown dataset {data.dataset!r}; valid names: "
+                         f"{', '.join(DATASET_NAMES)}")
+    return shapes[data.dataset]
+
+
+def dataset_size(data) -> int:
+    """Training examples (the epoch size) of the dataset a DataConfig ``data`` describes.
+
+    digits and synthetic are known up front; cifar10 and imagefolder are loaded (from the npz
+    cache after the first time), so this may block as long as ``load_dataset``.
+    """
+    if data.dataset == "digits":
+        return 1797 - DIGITS_TEST
+    if data.dataset == "synthetic":
+        return int(data.synthetic_train)
+    dataset_shape(data)  # rejects unknown names
+    ds = load_dataset(data.dataset, root=data.root, image_size=data.image_size,
+                      download=data.download, progress=False)
+    return len(ds.y_train)
+
+
+def to_float(x, mean, std):
+    """(x / 255 - mean) / std per channel, as a new float32 torch tensor. Blocks.
+
+    ``x``: uint8 ndarray or tensor, (..., C, H, W); ``mean``/``std``: C floats each.
+    """
+    import torch
+
+    is_array = isinstance(x, np.ndarray)
+    if not (is_array or isinstance(x, torch.Tensor)) \
+            or x.dtype != (np.uint8 if is_array else torch.uint8):
+        raise TypeError(f"to_float takes a uint8 ndarray or tensor, got "
+                        f"{type(x).__name__} of {getattr(x, 'dtype', None)}")
+    # One float32 allocation, then in-place arithmetic.
+    t = torch.from_numpy(x.astype(np.float32)) if is_array else x.to(torch.float32)
+    if t.ndim < 3 or not len(mean) == len(std) == t.shape[-3]:
+        raise ValueError(f"to_float: images of shape {tuple(t.shape)} need (..., C, H, W) with C "
+                         f"equal to len(mean)={len(mean)} and len(std)={len(std)}")
+    s = torch.tensor(std, dtype=torch.float64)
+    if not bool((s > 0).all()):
+        raise ValueError(f"to_float: std must be positive, got {tuple(std)}")
+    m = torch.tensor(mean, dtype=torch.float64)
+    scale = (1.0 / (255.0 * s)).to(torch.float32).view(-1, 1, 1)
+    shift = (m / s).to(torch.float32).view(-1, 1, 1)
+    return t.mul_(scale).sub_(shift)
+
+
+# ---------------------------------------------------------------------------------- sources
+def _load_digits(seed: int) -> Dataset:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    # Pixel values are 0..16; spread them over 0..255 so every dataset shares the uint8 scale.
+    x = np.rint(d.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
+    y = d.target.astype(np.int64)
+    idx_tr, idx_te = train_test_split(np.arange(len(y)), test_size=DIGITS_TEST, stratify=y,
+                                      random_state=seed)
+    return _make("digits", x[idx_tr], y[idx_tr], x[idx_te], y[idx_te],
+                 [str(c) for c in d.target_names])
+
+
+def _load_synthetic(shape, n, num_classes: int, seed: int) -> Dataset:
+    rng = np.random.default_rng(seed)
+    templates = rng.uniform(0, 255, size=(num_classes, *shape))
+
+    def draw(count):
+        # Balanced labels; each image is its class template plus noise, so a model can learn
+        # the labels and a smoke test can watch the loss fall.
+        y = rng.permutation(np.arange(count) % num_classes).astype(np.int64)
+        x = templates[y] + rng.normal(0.0, 64.0, size=(count, *shape))
+        return np.clip(np.rint(x), 0, 255).astype(np.uint8), y
+
+    x_tr, y_tr = draw(n[0])
+    x_te, y_te = draw(n[1])
+    return _make("synthetic", x_tr, y_tr, x_te, y_te, [f"class{i}" for i in range(num_classes)])
+
+
+def _load_cifar10(root: Path, download: bool, opts: dict) -> Dataset:
+    limit = opts["limit"]
+    for folder in (root / "cifar-10-batches-py", root):
+        if (folder / "data_batch_1").is_file():
+            return _limit_dataset(_load_cifar_pickle(folder), limit)
+    if (root / "train").is_dir() or _is_tarball(root):
+        return _load_images("cifar10", root, None, **opts)
+    if download:
+        try:
+            import torchvision
+
+            for train in (True, False):
+                torchvision.datasets.CIFAR10(str(root), train=train, download=True)
+        except Exception as exc:
+            raise RuntimeError(f"downloading CIFAR-10 into {root} failed: {exc}. Offline, point "
+                               "root at a cifar-10-batches-py folder, an ImageFolder tree or a "
+                               ".tar.gz of one instead") from exc
+        return _limit_dataset(_load_cifar_pickle(root / "cifar-10-batches-py"), limit)
+    raise FileNotFoundError(
+        "cifar10: no data found. Tried:\n"
+        f"  {root / 'cifar-10-batches-py'} (the python pickle release)\n"
+        f"  {root} (as a cifar-10-batches-py folder itself)\n"
+        f"  {root / 'train'} and {root / 'test'} (an ImageFolder tree)\n"
+        f"  {root} (as a .tar.gz of such a tree)\n"
+        "Get the data with download: true (needs internet; fetches into root), or point root at "
+        "a cifar-10-batches-py folder, an ImageFolder tree with train/ and test/, or a .tar.gz "
+        "of one (e.g. ../shared/data/cifar10-jpeg.tar.gz).")
+
+
+def _load_cifar_pickle(folder: Path) -> Dataset:
+    # The pickle release is a local file the user chose to trust, not data off the network.
+    def read(fname):
+        with open(folder / fname, "rb") as f:
+            return pickle.load(f, encoding="bytes")
+
+    def arrays(fnames):
+        batches = [read(f) for f in fnames]
+        x = np.concatenate([b[b"data"] for b in batches]).astype(np.uint8, copy=False)
+        y = np.concatenate([np.asarray(b[b"labels"]) for b in batches]).astype(np.int64)
+        return x.reshape(-1, 3, 32, 32), y
+
+    classes = [c.decode() for c in read("batches.meta")[b"label_names"]]
+    train = arrays([f"data_batch_{i}" for i in range(1, 6)])
+    return _make("cifar10", *train, *arrays(["test_batch"]), classes)
+
+
+def _load_images(name, root: Path, image_size, limit, cache, workers, progress) -> Dataset:
+    """Decode an ImageFolder tree or tarball into a Dataset, through the npz cache."""
+    stat = root.stat()
+    key = [str(root.resolve()), stat.st_size, stat.st_mtime_ns]
+    if not _is_tarball(root):  # folder mtimes change when files are added or removed
+        key += [(str(d), d.stat().st_mtime_ns) for s in SPLITS if (root / s).is_dir()
+                for d in sorted((root / s).iterdir()) if d.is_dir()]
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+    stem = root.name.split(".")[0] or "data"
+    path = (cache / f"{stem}-{digest}" /
+            f"{name}-v{CACHE_VERSION}-{image_size or 'native'}-{limit or 'all'}.npz")
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return Dataset(name, z["x_train"], z["y_train"], z["x_test"], z["y_test"],
+                               [str(c) for c in z["classes"]], tuple(z["mean"].tolist()),
+                               tuple(z["std"].tolist()))
+        except (OSError, ValueError, KeyError) as exc:  # damaged cache: rebuild it
+            print(f"rudra_zmq: ignoring unreadable cache {path} ({exc})", file=sys.stderr)
+    items = _tar_items(root, limit) if _is_tarball(root) else _tree_items(root, limit)
+    ds = _decode_dataset(name, root, items, image_size, workers, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
+        np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test, y_test=ds.y_test,
+                 classes=np.array(ds.classes), mean=np.array(ds.mean), std=np.array(ds.std))
+    os.replace(tmp, path)  # atomic: concurrent learners never read a half-written cache
+    return ds
+
+
+# ------------------------------------------------------------------------- image decoding
+def _is_tarball(p: Path) -> bool:
+    return p.is_file() and p.name.lower().endswith(TARBALL_EXTS)
+
+
+def _is_image(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTS)
+
+
+def _tree_items(root: Path, limit) -> dict:
+    """{(split, class): [(name, path)]} of an ImageFolder tree, sorted by file name."""
+    found = {}
+    for split in SPLITS:
+        if not (root / split).is_dir():
+            continue
+        for d in sorted((root / split).iterdir()):
+            if d.is_dir() and not d.name.startswith("."):
+                files = sorted(f.name for f in d.iterdir() if _is_image(f.name))
+                found[(split, d.name)] = [(str(d / f), str(d / f)) for f in files[:limit]]
+    return found
+
+
+def _tar_items(path: Path, limit) -> dict:
+    """{(split, class): [(member name, bytes)]} of a tarball holding split/class/image files."""
+    found = {}
+    with tarfile.open(path, "r:*") as tf:
+        for m in tf:
+            parts = PurePosixPath(m.name).parts
+            if not m.isfile() or len(parts) < 3 or parts[-3] not in SPLITS \
+                    or not _is_image(parts[-1]):
+                continue
+            got = found.setdefault((parts[-3], parts[-2]), [])
+            got.append((m.name, tf.extractfile(m).read()))
+            if limit and len(got) >= 2 * limit:  # bound memory: keep the first names only
+                got.sort(key=lambda t: t[0])
+                del got[limit:]
+    for got in found.values():
+        got.sort(key=lambda t: t[0])
+        if limit:
+            del got[limit:]
+    return found
+
+
+def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> Dataset:
+    classes = sorted(c for s, c in items if s == "train")
+    test_split = "test" if any(s == "test" for s, _ in items) else "val"
+    for split in ("train", test_split):
+        if not any(lst for (s, _), lst in items.items() if s == split):
+            raise FileNotFoundError(f"{name}: {root} has no images under {split}/<class>/; it "
+                                    "needs train/<class>/* and test/<class>/* (or val/)")
+    extra = sorted(c for s, c in items if s == test_split and c not in classes)
+    if extra:
+        raise ValueError(f"{name}: {root} has {test_split} classes with no train folder: {extra}")
+    label = {c: i for i, c in enumerate(classes)}
+    flat = {split: [(label[c], n, src) for (s, c), lst in sorted(items.items()) if s == split
+                    for n, src in lst] for split in ("train", test_split)}
+    everything = flat["train"] + flat[test_split]
+    x = _decode_all([(n, src) for _, n, src in everything], image_size, workers, progress)
+    y = np.array([lab for lab, _, _ in everything], dtype=np.int64)
+    k = len(flat["train"])
+    return _make(name, x[:k], y[:k], x[k:], y[k:], classes)
+
+
+def _decode_all(items: list, image_size, workers: int, progress: bool) -> np.ndarray:
+    """Decode [(name, path or bytes)] to one uint8 (N, 3, H, W) array, in order. Blocks."""
+    chunks = [items[i:i + DECODE_CHUNK] for i in range(0, len(items), DECODE_CHUNK)]
+    tasks = [(chunk, image_size) for chunk in chunks]
+    bar = _Progress(len(items), progress and len(items) >= PARALLEL_MIN_IMAGES)
+    out = []
+    if workers > 1 and len(items) >= PARALLEL_MIN_IMAGES:
+        with multiprocessing.get_context().Pool(min(workers, len(chunks))) as pool:
+            for arr in pool.imap(_decode_chunk, tasks):
+                out.append(arr)
+                bar.update(len(arr))
+    else:
+        for task in tasks:
+            out.append(_decode_chunk(task))
+            bar.update(len(out[-1]))
+    bar.close()
+    shapes = {a.shape[1:] for a in out}
+    if len(shapes) > 1:
+        raise ValueError(f"images differ in size ({sorted(shapes)}); pass image_size to resize")
+    return np.concatenate(out) if out else np.zeros((0, 3, 1, 1), np.uint8)
+
+
+def _decode_chunk(task) -> np.ndarray:
+    # Runs in a worker process: top level so that it pickles under spawn as well as fork.
+    from PIL import Image
+
+    items, image_size = task
+    arrays = []
+    for name, src in items:
+        try:
+            with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
+                im = im.convert("RGB")
+                if image_size:
+                    im = _resize_center_crop(im, image_size)
+                arrays.append(np.asarray(im).transpose(2, 0, 1))
+        except Exception as exc:
+            raise ValueError(f"cannot decode image {name}: {exc}") from None
+    if len({a.shape for a in arrays}) > 1:
+        sizes = sorted({f"{a.shape[2]}x{a.shape[1]}" for a in arrays})
+        raise ValueError(f"images differ in size ({', '.join(sizes)}), e.g. {items[0][0]}; "
+                         "pass image_size to resize them")
+    return np.stack(arrays)
+
+
+def _resize_center_crop(im, size: int):
+    from PIL import Image
+
+    w, h = im.size
+    scale = size / min(w, h)
+    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+    im = im.resize((nw, nh), Image.Resampling.BILINEAR)
+    left, top = (nw - size) // 2, (nh - size) // 2
+    return im.crop((left, top, left + size, top + size))
+
+
+class _Progress:
+    """tqdm on stderr if installed, else a line per 10%; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.shown, self.bar = total, 0, 0, None
+        self.enabled = enabled
+        try:
+            from tqdm import tqdm
+
+            if enabled:
+                self.bar = tqdm(total=total, desc="decoding images", unit="img", file=sys.stderr)
+        except ImportError:
+            pass
+
+    def update(self, n: int):
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.enabled and 10 * self.done // self.total > self.shown:
+            self.shown = 10 * self.done // self.total
+            print(f"decoding images: {self.done:,}/{self.total:,}", file=sys.stderr)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ------------------------------------------------------------------------------- helpers
+def _check_int(what: str, value, optional: bool = False):
+    if not (optional and value is None) and not _positive_int(value):
+        raise ValueError(f"{what} must be a positive int{' or None' if optional else ''}, "
+                         f"got {value!r}")
+
+
+def _check_ints(what: str, values: tuple, expected: str, n: int):
+    if len(values) != n or not all(map(_positive_int, values)):
+        raise ValueError(f"{what} must be {expected}, got {values!r}")
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0
+
+
+def _channel_stats(x: np.ndarray):
+    """Exact per-channel mean and std (0..1 scale) of uint8 images via a 256-bin histogram,
+    which avoids a float64 copy of the whole training set."""
+    v = np.arange(256, dtype=np.float64) / 255.0
+    mean, std = [], []
+    for c in range(x.shape[1]):
+        h = np.bincount(x[:, c].ravel(), minlength=256).astype(np.float64)
+        n = max(h.sum(), 1.0)
+        m = float(h @ v / n)
+        mean.append(m)
+        std.append(float(math.sqrt(max(h @ (v * v) / n - m * m, 0.0))))
+    return tuple(mean), tuple(std)
+
+
+def _make(name, x_tr, y_tr, x_te, y_te, classes) -> Dataset:
+    mean, std = _channel_stats(x_tr)
+    return Dataset(name, np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_te), y_te,
+                   list(classes), mean, std)
+
+
+def _limit_dataset(ds: Dataset, limit) -> Dataset:
+    """Keep the first ``limit`` examples of each class per split (mean/std recomputed)."""
+    if not limit:
+        return ds
+
+    def keep(y):
+        return np.sort(np.concatenate([np.flatnonzero(y == c)[:limit]
+                                       for c in range(len(ds.classes))]))
+
+    tr, te = keep(ds.y_train), keep(ds.y_test)
+    return _make(ds.name, ds.x_train[tr], ds.y_train[tr], ds.x_test[te], ds.y_test[te],
+                 ds.classes)
+
+
+__all__ = ["Dataset", "DATASET_NAMES", "load_dataset", "to_float", "default_cache_dir",
+           "dataset_shape", "dataset_size"]

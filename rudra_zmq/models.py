@@ -1,0 +1,187 @@
+"""The networks learners train, by name, and their per-parameter learning-rate multipliers.
+
+``build_model(name, num_classes, in_shape)`` is the only constructor the rest of the package
+uses; ``MODEL_NAMES`` lists what it knows. ``param_multipliers(model)`` gives, for each tensor in
+``model.parameters()`` order, ``(numel, lr_mult, decay_mult)``: the parameter server applies
+them per segment of the flat weight vector (see ``rudra_zmq.flat.FlatModel.segments``).
+
+Models:
+  cifar10_full  Caffe's ``examples/cifar10/cifar10_full_train_test.prototxt``, layer for layer,
+                with its fillers and its ``lr_mult``/``decay_mult`` (89,578 parameters at 3x32x32).
+  digits_cnn    two 3x3 convolutions and a linear layer for sklearn's 8x8 digits (~10k params).
+  alexnet       torchvision's AlexNet (ImageNet-shaped configs, 3x224x224).
+  mlp           Flatten -> Linear -> ReLU -> Linear, for any input shape (tests, benchmarks).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+MODEL_NAMES = ("cifar10_full", "digits_cnn", "alexnet", "mlp")
+
+MLP_HIDDEN = 64
+
+# Set by build_model on the modules it makes: parameter name -> (lr_mult, decay_mult).
+# Parameters missing from it (and modules not built here) get (1.0, 1.0).
+_MULTS_ATTR = "rudra_param_mults"
+
+
+class WithinChannelLRN(nn.Module):
+    """Caffe's LRN layer with ``norm_region: WITHIN_CHANNEL``.
+
+    y = x / (1 + alpha * mean_{local_size x local_size}(x^2))^beta, where the mean runs over a
+    zero-padded square window of the same channel and always divides by local_size^2 (Caffe
+    builds it from an AVE pooling layer with pad (local_size-1)/2, whose divisor counts padding).
+    PyTorch's ``nn.LocalResponseNorm`` is the ACROSS_CHANNELS variant, hence this class.
+    """
+
+    def __init__(self, local_size: int = 3, alpha: float = 5e-5, beta: float = 0.75):
+        super().__init__()
+        if local_size < 1 or local_size % 2 == 0:
+            raise ValueError(f"WithinChannelLRN: local_size must be odd and >= 1, got {local_size}")
+        self.local_size, self.alpha, self.beta = local_size, alpha, beta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize ``x`` (N, C, H, W). Blocks (runs the computation)."""
+        avg = F.avg_pool2d(x * x, self.local_size, stride=1, padding=self.local_size // 2,
+                           count_include_pad=True)
+        return x / (1.0 + self.alpha * avg).pow(self.beta)
+
+    def extra_repr(self) -> str:
+        return f"local_size={self.local_size}, alpha={self.alpha}, beta={self.beta}"
+
+
+def _caffe_pool_out(size: int, kernel: int = 3, stride: int = 2) -> int:
+    # Caffe rounds pooling output up (ceil) where PyTorch's default rounds down.
+    return int(math.ceil((size - kernel) / stride)) + 1
+
+
+class Cifar10Full(nn.Module):
+    """Caffe's cifar10_full network; see the module docstring. Input (N, C, H, W) floats."""
+
+    def __init__(self, num_classes: int = 10, in_shape: tuple[int, int, int] = (3, 32, 32)):
+        super().__init__()
+        c, h, w = in_shape
+        if min(h, w) < 3:
+            raise ValueError(f"cifar10_full needs images of at least 3x3, got in_shape={in_shape}")
+        self.conv1 = nn.Conv2d(c, 32, 5, padding=2)
+        self.pool1 = nn.MaxPool2d(3, stride=2, ceil_mode=True)
+        self.norm1 = WithinChannelLRN(3, 5e-5, 0.75)
+        self.conv2 = nn.Conv2d(32, 32, 5, padding=2)
+        # count_include_pad is moot with pad 0: like Caffe, PyTorch then divides the windows
+        # that overhang the right/bottom edge (ceil mode) by the pixels actually covered.
+        self.pool2 = nn.AvgPool2d(3, stride=2, ceil_mode=True)
+        self.norm2 = WithinChannelLRN(3, 5e-5, 0.75)
+        self.conv3 = nn.Conv2d(32, 64, 5, padding=2)
+        self.pool3 = nn.AvgPool2d(3, stride=2, ceil_mode=True)
+        for _ in range(3):
+            h, w = _caffe_pool_out(h), _caffe_pool_out(w)
+        self.ip1 = nn.Linear(64 * h * w, num_classes)
+        # Caffe fillers: gaussian weights (conv1 deliberately tiny), constant-0 biases.
+        for layer, std in ((self.conv1, 1e-4), (self.conv2, 0.01), (self.conv3, 0.01),
+                           (self.ip1, 0.01)):
+            nn.init.normal_(layer.weight, 0.0, std)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class scores (N, num_classes), no softmax. Blocks."""
+        x = self.norm1(F.relu(self.pool1(self.conv1(x))))
+        x = self.norm2(self.pool2(F.relu(self.conv2(x))))
+        x = self.pool3(F.relu(self.conv3(x)))
+        return self.ip1(torch.flatten(x, 1))
+
+
+# Copied from the prototxt: conv1/conv2 say `param { lr_mult: 1 } param { lr_mult: 2 }` (so
+# decay_mult keeps its default 1, biases included); conv3 has no param block at all (all 1);
+# only ip1 sets decay_mult (250 on the weights, 0 on the bias).
+CIFAR10_FULL_MULTS = {
+    "conv1.weight": (1.0, 1.0), "conv1.bias": (2.0, 1.0),
+    "conv2.weight": (1.0, 1.0), "conv2.bias": (2.0, 1.0),
+    "conv3.weight": (1.0, 1.0), "conv3.bias": (1.0, 1.0),
+    "ip1.weight": (1.0, 250.0), "ip1.bias": (2.0, 0.0),
+}
+
+
+class DigitsCNN(nn.Module):
+    """conv3x3(16) -> ReLU -> conv3x3(32) -> ReLU -> maxpool 2 -> Linear. Sized for 1x8x8."""
+
+    def __init__(self, num_classes: int = 10, in_shape: tuple[int, int, int] = (1, 8, 8)):
+        super().__init__()
+        c, h, w = in_shape
+        if min(h, w) < 2:
+            raise ValueError(f"digits_cnn needs images of at least 2x2, got in_shape={in_shape}")
+        self.conv1 = nn.Conv2d(c, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc = nn.Linear(32 * (h // 2) * (w // 2), num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class scores (N, num_classes). Blocks."""
+        x = F.relu(self.conv2(F.relu(self.conv1(x))))
+        return self.fc(torch.flatten(F.max_pool2d(x, 2), 1))
+
+
+def _mlp(num_classes: int, in_shape: tuple[int, int, int]) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), MLP_HIDDEN), nn.ReLU(),
+                         nn.Linear(MLP_HIDDEN, num_classes))
+
+
+def _alexnet(num_classes: int, in_shape: tuple[int, int, int]) -> nn.Module:
+    if in_shape[0] != 3 or min(in_shape[1:]) < 63:
+        raise ValueError(f"alexnet takes 3-channel images of at least 63x63 (ImageNet: 3x224x224),"
+                         f" got in_shape={in_shape}")
+    import torchvision  # imported here: it is slow to import and only AlexNet needs it
+
+    return torchvision.models.alexnet(weights=None, num_classes=num_classes)
+
+
+_BUILDERS = {
+    "cifar10_full": lambda k, s: Cifar10Full(k, s),
+    "digits_cnn": lambda k, s: DigitsCNN(k, s),
+    "alexnet": _alexnet,
+    "mlp": _mlp,
+}
+_MULTS = {"cifar10_full": CIFAR10_FULL_MULTS}
+
+
+def build_model(name: str, num_classes: int, in_shape: tuple[int, int, int],
+                seed: int | None = 0) -> nn.Module:
+    """Construct model ``name`` for ``num_classes`` classes and inputs of shape ``in_shape``.
+
+    With an integer ``seed`` the initial weights depend only on (name, num_classes, in_shape,
+    seed), and the global torch RNG is left untouched; ``seed=None`` draws from the global RNG.
+    Blocks while it initializes (AlexNet: about a second). Raises ValueError for an unknown
+    name or a shape the model cannot take.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+    shape = tuple(in_shape)
+    if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise ValueError(f"in_shape must be three positive ints (C, H, W), got {in_shape!r}")
+    if seed is None:
+        model = _BUILDERS[name](num_classes, shape)
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = _BUILDERS[name](num_classes, shape)
+    setattr(model, _MULTS_ATTR, dict(_MULTS.get(name, {})))
+    return model
+
+
+def param_multipliers(model: nn.Module) -> list[tuple[int, float, float]]:
+    """(numel, lr_mult, decay_mult) for each tensor of ``model.parameters()``, in that order.
+
+    Models from ``build_model`` carry their multipliers; any other module gets (1.0, 1.0)
+    everywhere. Does not block.
+    """
+    mults = getattr(model, _MULTS_ATTR, None) or {}
+    # named_parameters() and parameters() walk the same tensors in the same order.
+    return [(p.numel(), *mults.get(n, (1.0, 1.0))) for n, p in model.named_parameters()]
+
+
+__all__ = ["MODEL_NAMES", "build_model", "param_multipliers", "WithinChannelLRN", "Cifar10Full",
+           "DigitsCNN", "CIFAR10_FULL_MULTS"]
