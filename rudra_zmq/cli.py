@@ -1,0 +1,234 @@
+"""The ``rudra-zmq`` command line (also ``python -m rudra_zmq``).
+
+``rudra-zmq run CONFIG`` starts a whole run on this machine (see :mod:`rudra_zmq.launcher`);
+``rudra-zmq ps|learner|data|stats`` start one role each, with explicit endpoints, so the same
+run can be spread over several machines by hand. ``rudra-zmq info`` reports the build.
+
+Role modules (and torch) are imported inside their subcommand only, so ``--help`` and
+``info`` stay fast. Config problems print ``rudra-zmq: error: MESSAGE`` and exit 2; a role
+that fails at run time raises, and its traceback is what its log should show.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+
+from .config import ConfigError, load_config
+
+PROG = "rudra-zmq"
+
+
+class _UsageError(Exception):
+    """A bad config or argument value: printed as ``rudra-zmq: error: ...``, exit code 2."""
+
+
+# ----------------------------------------------------------------------------- helpers
+def _load(args):
+    """The config named by --config with the --set overrides applied, or _UsageError."""
+    try:
+        return load_config(args.config, args.set)
+    except (ConfigError, FileNotFoundError) as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _parse_ids(text: str) -> list[int]:
+    """``"3"`` or ``"0,1,2"`` -> list of learner ids (argparse type)."""
+    try:
+        ids = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--id must be learner ids separated by commas, like 0 or 0,1,2; got {text!r}"
+        ) from None
+    if len(set(ids)) != len(ids) or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"--id must be distinct ids >= 0, got {text!r}")
+    return ids
+
+
+def learner_threads(cfg) -> int:
+    """Torch threads per learner: runtime.threads_per_learner, or cores / λ (at least 1)."""
+    return cfg.runtime.threads_per_learner or max(1, (os.cpu_count() or 1) // cfg.sync.learners)
+
+
+def ps_threads(cfg) -> int:
+    """OpenMP threads for the parameter server's kernels: runtime.ps_threads or all cores."""
+    return cfg.runtime.ps_threads or (os.cpu_count() or 1)
+
+
+def _set_threads(n: int, *, torch_too: bool) -> None:
+    """Use ``n`` threads in the compiled kernels and, if ``torch_too`` or torch is already
+    imported, in torch (intra-op ``n``, inter-op 1). Call before the role starts work."""
+    from . import kernels
+
+    kernels.set_num_threads(n)
+    if not torch_too and "torch" not in sys.modules:
+        return  # do not pay for `import torch` in a role that never uses it
+    import torch
+
+    torch.set_num_threads(n)
+    try:  # allowed only once per process, and only before any inter-op work started
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signum)
+
+
+def _serve(role_module: str, threads: int, torch_too: bool, call):
+    """Prepare this process for a role and run ``call(module)``; blocks until it returns.
+
+    SIGTERM raises KeyboardInterrupt here, like Ctrl-C, so the role's ``finally`` blocks close
+    their sockets when a launcher stops it (a role may install its own handler instead).
+    """
+    from . import transport
+
+    transport.tune_malloc()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    module = importlib.import_module(f"rudra_zmq.roles.{role_module}")
+    _set_threads(threads, torch_too=torch_too)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return call(module)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# ----------------------------------------------------------------------------- subcommands
+def cmd_run(args) -> int:
+    from . import launcher
+
+    try:
+        return launcher.run(args.config, args.set, run_dir=args.run_dir)
+    except (ConfigError, FileNotFoundError) as exc:  # raised before any process starts
+        raise _UsageError(str(exc)) from None
+
+
+def cmd_ps(args) -> int:
+    cfg = _load(args)
+    return _serve("ps", ps_threads(cfg), True,
+                  lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir))
+
+
+def cmd_learner(args) -> int:
+    cfg = _load(args)
+    bad = [i for i in args.id if i >= cfg.sync.learners]
+    if bad:
+        raise _UsageError(f"--id {','.join(map(str, bad))}: learner ids run from 0 to "
+                          f"sync.learners-1 = {cfg.sync.learners - 1}")
+    return _serve("learner", learner_threads(cfg), True,
+                  lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats))
+
+
+def cmd_data(args) -> int:
+    cfg = _load(args)
+    return _serve("data_server", 1, False, lambda m: m.serve(cfg, args.bind))
+
+
+def cmd_stats(args) -> int:
+    cfg = _load(args)
+    return _serve("stats_server", 1, False, lambda m: m.serve(cfg, args.bind, args.run_dir))
+
+
+def cmd_info(args) -> int:
+    """Print the kernel build facts and library versions (does not import torch)."""
+    from importlib import metadata
+
+    import zmq
+
+    import rudra_zmq
+
+    def version(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    rows = [("rudra_zmq", rudra_zmq.__version__), ("python", sys.version.split()[0]),
+            ("torch", version("torch")), ("pyzmq", zmq.pyzmq_version()),
+            ("libzmq", zmq.zmq_version()), ("numpy", version("numpy"))]
+    rows += sorted((f"build.{k}", v) for k, v in rudra_zmq.build_info().items())
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- parser
+def _config_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
+    if positional:
+        p.add_argument("config", metavar="CONFIG", help="YAML config file")
+    else:
+        p.add_argument("--config", required=True, metavar="C", help="YAML config file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set sync.learners=8 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Parameter-server distributed deep learning on ZeroMQ (Rudra).",
+        epilog="Run `rudra-zmq COMMAND --help` for the options of one command.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("run", help="run every role on this machine (one command, one run)",
+                       description="Start the stats server, data server, parameter server "
+                                   "and learners as processes on this machine, show progress,"
+                                   " and stop them all when training ends or anything fails.")
+    _config_args(p, positional=True)
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="run directory (default: runtime.run_dir/NAME-YYYYmmdd-HHMMSS)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("ps", help="run the parameter server")
+    _config_args(p)
+    p.add_argument("--bind", required=True, metavar="ENDPOINT",
+                   help="endpoint to bind, e.g. tcp://0.0.0.0:5555")
+    p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
+    p.add_argument("--run-dir", metavar="DIR", help="where to write the PS's records")
+    p.set_defaults(func=cmd_ps)
+
+    p = sub.add_parser("learner", help="run one or more learners in this process")
+    _config_args(p)
+    p.add_argument("--id", required=True, type=_parse_ids, metavar="I[,J,...]",
+                   help="learner id(s), 0 .. sync.learners-1")
+    p.add_argument("--ps", required=True, metavar="ENDPOINT", help="parameter server")
+    p.add_argument("--data", required=True, metavar="ENDPOINT", help="data server")
+    p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
+    p.set_defaults(func=cmd_learner)
+
+    p = sub.add_parser("data", help="run the data server (until SIGTERM or Ctrl-C)")
+    _config_args(p)
+    p.add_argument("--bind", required=True, metavar="ENDPOINT", help="endpoint to bind")
+    p.set_defaults(func=cmd_data)
+
+    p = sub.add_parser("stats", help="run the statistics server (until training ends)")
+    _config_args(p)
+    p.add_argument("--bind", required=True, metavar="ENDPOINT", help="endpoint to bind")
+    p.add_argument("--run-dir", required=True, metavar="DIR",
+                   help="run directory for metrics, summary and plots")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("info", help="show the kernel build and library versions")
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Entry point of ``rudra-zmq``; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except _UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
+        print(f"{PROG} {args.command}: stopped by {signal.Signals(signum).name}",
+              file=sys.stderr)
+        return 128 + signum

@@ -1,0 +1,529 @@
+"""Run every role of one training run on this machine, supervise them, stop them all.
+
+``rudra-zmq run CONFIG`` (:func:`run`) creates a run directory, saves the resolved config
+there as ``config.yaml``, and starts one process per role, in this order::
+
+    stats server   rudra-zmq stats   --config RUN/config.yaml --bind STATS --run-dir RUN
+    data server    rudra-zmq data    --config RUN/config.yaml --bind DATA
+    param. server  rudra-zmq ps      --config RUN/config.yaml --bind PS --stats STATS --run-dir RUN
+    learners       rudra-zmq learner --config RUN/config.yaml --id 0[,1,...] --ps PS --data DATA
+                                     --stats STATS
+
+one learner process per ``runtime.learners_per_process`` learners. Each server accepts
+connections before anything that connects to it is started. Each process writes
+stdout and stderr to ``RUN/logs/ROLE.log``; the stats server's stdout is also echoed here, as
+the progress display. ``RUN/processes.json`` lists every role's pid and command line.
+
+The run succeeds when the PS and every learner exit 0: the data server is then sent SIGTERM,
+the stats server finishes by itself (it hears the end of training from the PS; one still busy
+after ``STATS_EXIT_TIMEOUT_S`` is stopped with a warning), and the launcher prints
+``run directory: RUN``. If any process exits non-zero, the data server exits before training
+ended, or a server does not listen within runtime.timeout_s, the launcher names it with its
+exit code and the tail of its log, stops all others (SIGTERM, then SIGKILL of the whole
+process tree after ``TERM_GRACE_S``) and returns 1. Ctrl-C, SIGTERM or SIGHUP to the
+launcher stops everything the same way and returns 130; a second Ctrl-C skips the grace
+period. Children run in their own sessions, so a terminal's Ctrl-C reaches only the
+launcher, which stops them in order (learners, PS, data, stats).
+
+Running across machines: start the same commands by hand, with endpoints the other machines
+can reach, in the order above, each server printing its "listening on" line before its
+clients start (ZeroMQ reconnects, but records that a finished PS or learner had queued for a
+stats server that was not up yet are dropped when it exits). With the same config file on
+every machine (``--set`` overrides work on each command)::
+
+    host-a$ rudra-zmq stats --config c.yaml --bind tcp://0.0.0.0:5557 --run-dir runs/r1
+    host-a$ rudra-zmq data  --config c.yaml --bind tcp://0.0.0.0:5556
+    host-a$ rudra-zmq ps    --config c.yaml --bind tcp://0.0.0.0:5555 \\
+                --stats tcp://host-a:5557 --run-dir runs/r1
+    host-b$ rudra-zmq learner --config c.yaml --id 0,1 --ps tcp://host-a:5555 \\
+                --data tcp://host-a:5556 --stats tcp://host-a:5557
+    host-c$ rudra-zmq learner --config c.yaml --id 2,3 --ps tcp://host-a:5555 \\
+                --data tcp://host-a:5556 --stats tcp://host-a:5557
+
+Every learner id in 0 .. sync.learners-1 must be started exactly once. The role commands
+set their own thread counts and malloc tuning (``transport.tune_malloc``); when training
+ends, stop the data server with Ctrl-C.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from . import config as config_mod
+from . import transport
+from .config import ConfigError
+
+POLL_S = 0.2                 # how often the supervisor looks at its children
+TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
+STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
+LOG_TAIL_LINES = 20
+
+# glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
+# message, MEASURED.md); these make it reuse heap memory instead, from process start.
+MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_MAX_": "0",
+              "MALLOC_TRIM_THRESHOLD_": "2147483647"}
+
+_IPC_PATH_MAX = 107          # sun_path is 108 bytes on Linux, including the NUL
+
+
+def _role_command(role: str, args: list[str]) -> list[str]:
+    """The command line that starts ``role`` (stats | data | ps | learner) with ``args``.
+
+    A module-level function so that tests can replace the real roles with small fakes.
+    """
+    return [sys.executable, "-m", "rudra_zmq", role, *args]
+
+
+@dataclass
+class Child:
+    label: str               # stats | data | ps | learner3 | learner0-3
+    role: str                # stats | data | ps | learner
+    command: list[str]
+    log: Path
+    proc: subprocess.Popen
+    echo: threading.Thread | None = None
+    last_line: str = ""      # the last stdout line echoed (stats server only)
+
+    def describe_exit(self) -> str:
+        rc = self.proc.returncode
+        how = f"exited with code {rc}"
+        if rc < 0:
+            try:
+                how += f" ({signal.Signals(-rc).name})"
+            except ValueError:
+                pass
+        return f"{self.label} (pid {self.proc.pid}) {how}"
+
+
+@dataclass
+class Plan:
+    """What :func:`run` will start: the config, the run directory, the endpoints of the
+    servers (ps, data, stats) and the learner ids of each learner process."""
+    cfg: config_mod.Config
+    run_dir: Path
+    endpoints: dict[str, str]
+    learner_groups: list[list[int]]
+
+
+# ----------------------------------------------------------------------------- planning
+def make_run_dir(cfg, run_dir=None) -> Path:
+    """Create and return the run directory (``logs/`` inside it). Without ``run_dir`` it is
+    ``runtime.run_dir/NAME-YYYYmmdd-HHMMSS``, made unique with a ``-2``, ``-3`` suffix."""
+    try:
+        if run_dir is not None:
+            path = Path(run_dir).absolute()
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            parent = Path(cfg.runtime.run_dir).absolute()
+            parent.mkdir(parents=True, exist_ok=True)
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            base = f"{cfg.name}-{stamp}"
+            for i in range(1, 1000):
+                path = parent / (base if i == 1 else f"{base}-{i}")
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise ConfigError(f"could not find a free run directory name {base}-N in "
+                                  f"{parent}")
+        (path / "logs").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run directory ({exc}); set runtime.run_dir "
+                          "or --run-dir to a writable folder") from None
+    return path
+
+
+def endpoints(cfg, run_dir: Path) -> dict[str, str]:
+    """Endpoints for ps, data and stats: free tcp ports on runtime.host, or ipc sockets in
+    the run directory when runtime.transport is ipc."""
+    if cfg.runtime.transport == "ipc":
+        eps = {role: f"ipc://{run_dir}/{role}.sock" for role in ("ps", "data", "stats")}
+        longest = max(eps.values(), key=len)
+        if len(longest) - len("ipc://") > _IPC_PATH_MAX:
+            raise ConfigError(f"the ipc socket path {longest[6:]!r} is longer than "
+                              f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
+                              "shorter runtime.run_dir or --run-dir, or runtime.transport=tcp")
+        return eps
+    try:
+        return {role: transport.free_tcp_endpoint(cfg.runtime.host)
+                for role in ("ps", "data", "stats")}
+    except OSError as exc:
+        raise ConfigError(f"runtime.host {cfg.runtime.host!r}: cannot bind a port there "
+                          f"({exc}); use an address of this machine") from None
+
+
+def learner_groups(cfg) -> list[list[int]]:
+    """Learner ids per process: ceil(λ / runtime.learners_per_process) contiguous groups."""
+    n, k = cfg.sync.learners, cfg.runtime.learners_per_process
+    return [list(range(i * k, min((i + 1) * k, n))) for i in range(math.ceil(n / k))]
+
+
+def role_env(cfg, role: str) -> dict[str, str]:
+    """The child environment: thread counts per role, unbuffered output, malloc tuning."""
+    from .cli import learner_threads, ps_threads  # one definition of the thread counts
+
+    threads = {"learner": learner_threads(cfg), "ps": ps_threads(cfg)}.get(role, 1)
+    env = dict(os.environ)
+    env.update(MALLOC_ENV, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def summary(plan: Plan) -> str:
+    cfg = plan.cfg
+    s = cfg.sync
+    proto = f"{s.protocol} n={s.n}" if s.protocol == "softsync" else s.protocol
+    lines = [
+        f"rudra-zmq run {cfg.name!r}: {proto}, lambda={s.learners} learners "
+        f"({len(plan.learner_groups)} processes), mu={s.batch_size} per learner",
+        f"  model {cfg.model.name}, dataset {cfg.data.dataset}, {cfg.train.epochs:g} epochs",
+        f"  run directory {plan.run_dir}",
+        "  endpoints " + ", ".join(f"{r} {ep}" for r, ep in plan.endpoints.items()),
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- processes
+def _echo_lines(pipe, log_path: Path, child: "Child") -> None:
+    """Copy a child's stdout, line by line, to its log and to our stdout (progress display).
+    Runs in its own thread until the child's stdout closes."""
+    echo = True
+    with pipe, open(log_path, "a", buffering=1, errors="replace") as log:
+        for line in pipe:
+            log.write(line)
+            child.last_line = line.rstrip("\n")
+            if echo:
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                except (OSError, ValueError):  # our stdout is gone (closed pipe): keep logging
+                    echo = False
+
+
+def _tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()[-n:]
+    except OSError:
+        return []
+
+
+def _accepting(endpoint: str) -> bool:
+    """Whether something accepts connections on a ``tcp://`` or ``ipc://`` endpoint (a bare
+    connect and close, which a ZeroMQ socket shrugs off). Blocks at most ~0.5 s."""
+    scheme, _, where = endpoint.partition("://")
+    try:
+        if scheme == "ipc":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(0.5)
+                s.connect(where)
+        else:
+            host, _, port = where.rpartition(":")
+            host = host.strip("[]")
+            if host in ("*", "0.0.0.0", "::", ""):
+                host = "127.0.0.1" if host != "::" else "::1"
+            socket.create_connection((host, int(port)), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+def _kill_tree(child: Child) -> None:
+    """SIGKILL the child, its descendants and its process group, and reap the child. Never
+    signals a pid that is no longer ours: psutil is asked only while the child is unreaped
+    (alive or a zombie), so its pid cannot have been reused."""
+    procs = []
+    if child.proc.poll() is None:
+        try:
+            procs = psutil.Process(child.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        try:
+            child.proc.kill()
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _kill_group(child)
+    _wait_gone(procs, timeout=2)
+    try:
+        child.proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL not delivered
+        pass
+
+
+def _wait_gone(procs, timeout: float) -> None:
+    """Wait until ``procs`` (not our children) are gone or zombies. Orphans are reaped by
+    pid 1, which in some containers never does, so a zombie counts as gone."""
+    deadline = time.monotonic() + timeout
+    while procs and time.monotonic() < deadline:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        procs = alive
+        if procs:
+            time.sleep(0.02)
+
+
+def _kill_group(child: Child) -> None:
+    """SIGKILL whatever is left in the child's process group (its session leader's pgid is
+    its pid, and Linux does not reuse a pid that is still some group's id)."""
+    try:
+        os.killpg(child.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class Launcher:
+    """Starts and supervises the processes of one run. Use once, from one thread."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.children: list[Child] = []
+        self.interrupted = False
+        self.hurry = False  # a second interrupt: skip the SIGTERM grace period
+
+    # -- signals -----------------------------------------------------------------------
+    def _on_signal(self, signum, frame):
+        if self.interrupted:
+            self.hurry = True
+        self.interrupted = True
+
+    def _install_signals(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # signals can't be caught here; KeyboardInterrupt still works
+        return {s: signal.signal(s, self._on_signal)
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    # -- starting ------------------------------------------------------------------------
+    def start(self, label: str, role: str, args: list[str]) -> Child:
+        """Start one role; blocks only for the fork/exec."""
+        cfg = self.plan.cfg
+        command = _role_command(role, args)
+        log_path = self.plan.run_dir / "logs" / f"{label}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if role == "stats" else log, stderr=log,
+                env=role_env(cfg, role), start_new_session=True,
+                text=role == "stats", errors="replace" if role == "stats" else None)
+        child = Child(label, role, command, log_path, proc)
+        self.children.append(child)
+        if role == "stats":
+            child.echo = threading.Thread(target=_echo_lines, name="stats-echo", daemon=True,
+                                          args=(proc.stdout, log_path, child))
+            child.echo.start()
+        self._write_processes()
+        return child
+
+    def _write_processes(self) -> None:
+        rows = [{"role": c.label, "pid": c.proc.pid, "command": c.command, "log": str(c.log)}
+                for c in self.children]
+        tmp = self.plan.run_dir / "processes.json.tmp"
+        tmp.write_text(json.dumps(rows, indent=1) + "\n")
+        tmp.replace(self.plan.run_dir / "processes.json")
+
+    def start_all(self) -> int | None:
+        """Start stats, data, PS, learners, each server accepting connections before anyone
+        that connects to it starts (a PUSH that closes before its peer is up loses its
+        messages). Returns None when all run, else the run's exit code (all stopped)."""
+        p, ep = self.plan, self.plan.endpoints
+        conf = ["--config", str(p.run_dir / "config.yaml")]
+        learners = []
+        for ids in p.learner_groups:
+            label = f"learner{ids[0]}" if len(ids) == 1 else f"learner{ids[0]}-{ids[-1]}"
+            learners.append((label, "learner", ["--id", ",".join(map(str, ids)), "--ps", ep["ps"],
+                                                "--data", ep["data"], "--stats", ep["stats"]]))
+        steps = [
+            ([("stats", "stats", ["--bind", ep["stats"], "--run-dir", str(p.run_dir)]),
+              ("data", "data", ["--bind", ep["data"]])], ["stats"]),
+            ([("ps", "ps", ["--bind", ep["ps"], "--stats", ep["stats"],
+                            "--run-dir", str(p.run_dir)])], ["data", "ps"]),
+            (learners, []),
+        ]
+        for specs, ready in steps:
+            for label, role, args in specs:
+                if self.interrupted:
+                    return self.interrupt()
+                try:
+                    self.start(label, role, conf + args)
+                except OSError as exc:
+                    print(f"rudra-zmq: could not start {label}: {exc}", file=sys.stderr)
+                    self.stop_all()
+                    return 1
+            rc = self.wait_ready([c for c in self.children if c.label in ready])
+            if rc is not None:
+                return rc
+        return None
+
+    def wait_ready(self, servers: list[Child]) -> int | None:
+        """Block until every server accepts connections on its endpoint (None), or a child
+        exits, we are interrupted, or runtime.timeout_s passes (the run's exit code)."""
+        pending = list(servers)
+        deadline = time.monotonic() + self.plan.cfg.runtime.timeout_s
+        while pending:
+            if self.interrupted:
+                return self.interrupt()
+            for c in self.children:
+                if c.proc.poll() is not None:
+                    self._report(c, early=c.proc.returncode == 0)
+                    self.stop_all()
+                    return 1
+            pending = [c for c in pending if not _accepting(self.plan.endpoints[c.role])]
+            if pending and time.monotonic() > deadline:
+                c = pending[0]
+                print(f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting connections "
+                      f"on {self.plan.endpoints[c.role]} after {self.plan.cfg.runtime.timeout_s:g}"
+                      " s (runtime.timeout_s)", file=sys.stderr)
+                self._print_tail(c)
+                self.stop_all()
+                return 1
+            if pending:
+                time.sleep(0.05)
+        return None
+
+    # -- supervising ---------------------------------------------------------------------
+    def _report(self, child: Child, early: bool = False) -> None:
+        what = child.describe_exit()
+        if early:
+            what = what.replace(" exited", " exited before training ended,", 1)
+        print(f"rudra-zmq: {what}", file=sys.stderr)
+        if child.echo is not None:
+            child.echo.join(timeout=2)
+        self._print_tail(child)
+
+    def _print_tail(self, child: Child) -> None:
+        tail = _tail(child.log)
+        if tail:
+            print(f"--- last {len(tail)} lines of {child.log}:", file=sys.stderr)
+            for line in tail:
+                print(f"    {line}", file=sys.stderr)
+
+    def supervise(self) -> int:
+        """Poll the children until training ends (0), something fails (1), or we are
+        interrupted (130). Blocks; returns with every child stopped."""
+        trainers = [c for c in self.children if c.role in ("ps", "learner")]
+        while True:
+            if self.interrupted:
+                return self.interrupt()
+            for c in self.children:
+                rc = c.proc.poll()
+                if rc is None:
+                    continue
+                if c.role == "data" or rc != 0:
+                    self._report(c, early=(c.role == "data" and rc == 0))
+                    self.stop_all()
+                    return 1
+                # rc == 0 of the stats server is fine: it returns once the PS announced
+                # the end of training, which may be a little before the PS itself exits.
+            if all(c.proc.returncode == 0 for c in trainers):
+                return self.finish()
+            time.sleep(POLL_S)
+
+    def finish(self) -> int:
+        """Training ended well: stop the data server, let the stats server finish."""
+        for c in self.children:
+            if c.role == "data" and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        stats = [c for c in self.children if c.role == "stats"]
+        deadline = time.monotonic() + STATS_EXIT_TIMEOUT_S
+        while any(c.proc.poll() is None for c in stats):
+            if self.interrupted:
+                return self.interrupt()
+            if time.monotonic() > deadline:
+                # Training itself succeeded and the weights are saved; only the records
+                # (summary.csv, plots) may be incomplete, so this is a warning, not a failure.
+                print(f"rudra-zmq: warning: the stats server did not finish within "
+                      f"{STATS_EXIT_TIMEOUT_S:g} s after training ended; stopping it (its "
+                      f"summary may be incomplete, see {stats[0].log})", file=sys.stderr)
+                break
+            time.sleep(POLL_S)
+        for c in stats:
+            if c.proc.returncode is None:
+                continue
+            if c.echo is not None:
+                c.echo.join(timeout=2)  # the last lines, up to "run directory: ..."
+            if c.proc.returncode != 0:
+                self._report(c)
+                self.stop_all()
+                return 1
+        self.stop_all()  # the data server, and a stats server that did not finish
+        final = f"run directory: {self.plan.run_dir}"
+        if stats[0].last_line != final:  # the stats server usually said it already
+            print(final)
+        print(f"logs: {self.plan.run_dir / 'logs'}")
+        return 0
+
+    def interrupt(self) -> int:
+        print("interrupted", file=sys.stderr)
+        self.stop_all()
+        return 130
+
+    def stop_all(self) -> None:
+        """SIGTERM every live child, newest first (learners, PS, data, stats); after
+        TERM_GRACE_S (or a second interrupt) SIGKILL the process trees. Blocks."""
+        live = [c for c in reversed(self.children) if c.proc.poll() is None]
+        for c in live:
+            try:
+                c.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + TERM_GRACE_S
+        while any(c.proc.poll() is None for c in live) and time.monotonic() < deadline \
+                and not self.hurry:
+            time.sleep(0.05)
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        """SIGKILL anything of ours still alive, grandchildren included, and reap. Idempotent;
+        safe to call from ``finally``."""
+        for c in self.children:
+            _kill_tree(c)
+            if c.echo is not None:  # it closes the pipe at EOF, which the kills ensure
+                c.echo.join(timeout=2)
+
+    def run(self) -> int:
+        """Start everything and supervise; returns 0, 1 or 130. Blocks until all stopped."""
+        previous = self._install_signals()
+        try:
+            rc = self.start_all()
+            return self.supervise() if rc is None else rc
+        finally:
+            # Signals are still ours here, so an interrupt cannot cut the cleanup short.
+            self.cleanup()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+# ----------------------------------------------------------------------------- entry point
+def run(config_path, overrides=(), run_dir=None) -> int:
+    """Launch a whole run on this machine; blocks until it ends. Returns the exit code: 0
+    success, 1 a role failed, 130 interrupted. Raises ConfigError / FileNotFoundError (before
+    any process starts) for a bad config, run directory or endpoint."""
+    cfg = config_mod.load_config(config_path, list(overrides))
+    path = make_run_dir(cfg, run_dir)
+    config_mod.save(cfg, path / "config.yaml")
+    plan = Plan(cfg, path, endpoints(cfg, path), learner_groups(cfg))
+    print(summary(plan), flush=True)
+    return Launcher(plan).run()

@@ -1,0 +1,343 @@
+"""Read a run's ``metrics.jsonl`` and turn it into ``summary.csv`` and PNG plots.
+
+The statistics server appends one JSON object per line, each with a ``"type"``:
+
+    update   {"ts", "t", "epoch", "mean_sigma", "sigmas": [int, ...], "lr", "n_grads"}
+    eval     {"ts", "t", "epoch", "test_error" (0..1), "test_loss"}
+    learner  {"learner", "t", "step", "samples_per_s", "loss"}
+    ps       {"t", "ts", "updates_per_s", "gradients_per_s", "invalid"}
+
+``t`` is wall seconds since the start of the run (absolute Unix times are accepted too: they are
+shifted so the earliest record is 0). ``ts`` is the weights timestamp, i.e. updates applied.
+
+Plots use matplotlib's object API (``Figure`` + ``FigureCanvasAgg``), never pyplot, so nothing
+global (backend, current figure) changes for other users in the process, and it is safe to call
+from a background thread. Every function here blocks on file I/O only.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+KNOWN_TYPES = ("update", "eval", "learner", "ps")
+SUMMARY_FIELDS = ("epoch", "wall_s", "ts", "test_error", "test_loss", "mean_sigma",
+                  "updates_per_s")
+_ABSOLUTE_T = 1e9  # t values beyond this are Unix times (after 2001), not seconds since start
+
+
+class Metrics(dict):
+    """``{type: [record, ...]}`` in file order; the four known types are always present.
+
+    ``malformed`` counts the lines that were skipped (not JSON, not an object, no ``type``);
+    ``truncated`` says whether the last line was cut off (a crash mid-write); it is one of them.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.malformed = 0
+        self.truncated = False
+
+
+def read_metrics(path) -> Metrics:
+    """Parse ``metrics.jsonl`` (or the one inside a run directory) into records by type.
+
+    Tolerates a truncated last line and skips malformed lines, counting them (and logging a
+    warning) rather than failing: a crashed run's metrics are still worth plotting. Records of
+    type ``batch`` (``{"type": "batch", "items": [...]}``) are unpacked into their items.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    out = Metrics({k: [] for k in KNOWN_TYPES})
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.split(b"\n")
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            rec = None
+        if isinstance(rec, dict) and rec.get("type") == "batch" and \
+                isinstance(rec.get("items"), list):
+            records = rec["items"]
+        else:
+            records = [rec]
+        for r in records:
+            if not isinstance(r, dict) or not isinstance(r.get("type"), str):
+                out.malformed += 1
+                if i == len(lines) - 1:  # no newline after it: the writer died mid-line
+                    out.truncated = True
+                elif out.malformed <= 5:
+                    log.warning("%s:%d: skipping a malformed metrics line: %.80r",
+                                path, i + 1, raw)
+                continue
+            out.setdefault(r["type"], []).append(r)
+    if out.truncated:
+        log.warning("%s: the last line is truncated (did the run crash?); skipped it", path)
+    if out.malformed - out.truncated > 5:
+        log.warning("%s: skipped %d malformed lines in all", path, out.malformed - out.truncated)
+    return out
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _t0(metrics) -> float:
+    """What to subtract from ``t``: 0, or the earliest t when the records hold Unix times."""
+    ts = [t for recs in metrics.values() for r in recs if (t := _num(r.get("t"))) is not None]
+    return min(ts) if ts and min(ts) > _ABSOLUTE_T else 0.0
+
+
+def _series(records, xkey, ykey, t0=0.0):
+    """Sorted (x, y) arrays from the records that have numeric values for both keys."""
+    pts = []
+    for r in records:
+        x, y = _num(r.get(xkey)), _num(r.get(ykey))
+        if x is not None and y is not None:
+            pts.append((x - t0 if xkey == "t" else x, y))
+    pts.sort()
+    return np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+
+
+def _sigma_sum(update) -> tuple[float, int]:
+    """(sum of per-gradient staleness, number of gradients) of one update record."""
+    sigmas = update.get("sigmas")
+    if isinstance(sigmas, list) and sigmas:
+        vals = [s for s in map(_num, sigmas) if s is not None]
+        return sum(vals), len(vals)
+    mean, n = _num(update.get("mean_sigma")), _num(update.get("n_grads"))
+    if mean is None:
+        return 0.0, 0
+    n = int(n) if n else 1
+    return mean * n, n
+
+
+def summary_rows(metrics) -> list[dict]:
+    """One dict per eval (``SUMMARY_FIELDS``), in timestamp order; missing values are None.
+
+    ``mean_sigma`` averages every gradient's staleness over the updates since the previous eval
+    (previous eval's ts < update ts <= this eval's ts); ``updates_per_s`` is the updates applied
+    since the previous eval over the wall time since it (from the start for the first eval).
+    """
+    t0 = _t0(metrics)
+    evals = sorted((e for e in metrics.get("eval", []) if _num(e.get("ts")) is not None),
+                   key=lambda e: (e["ts"], _num(e.get("t")) or 0.0))
+    updates = sorted((u for u in metrics.get("update", []) if _num(u.get("ts")) is not None),
+                     key=lambda u: u["ts"])
+    rows, j = [], 0
+    prev_ts, prev_t = 0, 0.0
+    for e in evals:
+        total, count = 0.0, 0
+        while j < len(updates) and updates[j]["ts"] <= e["ts"]:
+            s, n = _sigma_sum(updates[j])  # updates up to prev_ts were taken by earlier evals
+            total, count = total + s, count + n
+            j += 1
+        t = _num(e.get("t"))
+        wall = t - t0 if t is not None else None
+        rate = None
+        if wall is not None and wall - prev_t > 0:
+            rate = (e["ts"] - prev_ts) / (wall - prev_t)
+        rows.append({"epoch": _num(e.get("epoch")), "wall_s": wall, "ts": int(e["ts"]),
+                     "test_error": _num(e.get("test_error")),
+                     "test_loss": _num(e.get("test_loss")),
+                     "mean_sigma": total / count if count else None, "updates_per_s": rate})
+        prev_ts = e["ts"]
+        prev_t = wall if wall is not None else prev_t
+    return rows
+
+
+def write_summary_csv(metrics, path) -> Path:
+    """Write ``summary_rows(metrics)`` as CSV (header ``SUMMARY_FIELDS``; blanks for missing)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
+        w.writeheader()
+        for row in summary_rows(metrics):
+            w.writerow({k: ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+                        for k, v in row.items()})
+    return path
+
+
+# ----------------------------------------------------------------------------- plots
+def _figure(ncols=1, nrows=1, size=(6.4, 4.0), **kw):
+    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)
+
+
+def _save(fig, path: Path) -> Path:
+    """Write a PNG atomically, so a viewer never sees half a file while plots refresh."""
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path
+
+
+def _plot_error(ax, x, y, label=None):
+    ax.plot(x, 100 * y, marker="o", markersize=3, label=label)
+    ax.set_ylabel("test error (%)")
+    ax.grid(True, alpha=0.3)
+
+
+def plot_run(run_dir, out_dir=None) -> list[Path]:
+    """Write a run's PNG plots into ``out_dir`` (default: the run directory).
+
+    ``test_error_vs_epoch.png`` and ``test_error_vs_time.png`` need eval records,
+    ``staleness_hist.png`` update records with ``sigmas``, ``throughput.png`` learner or ps
+    records; a plot whose data is missing is skipped. Returns the paths written.
+    """
+    run_dir = Path(run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else run_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    m = read_metrics(run_dir)
+    name = run_label(run_dir)
+    t0 = _t0(m)
+    written = []
+
+    for xkey, xlabel, fname in (("epoch", "epoch", "test_error_vs_epoch.png"),
+                                ("t", "wall time (s)", "test_error_vs_time.png")):
+        x, y = _series(m["eval"], xkey, "test_error", t0)
+        if len(x):
+            fig, ax = _figure()
+            _plot_error(ax[0, 0], x, y)
+            ax[0, 0].set_xlabel(xlabel)
+            ax[0, 0].set_title(f"{name}: test error vs {xlabel.split(' (')[0]} "
+                               f"(last {100 * y[-1]:.2f} %)")
+            written.append(_save(fig, out_dir / fname))
+
+    sigmas = [s for u in m["update"] if isinstance(u.get("sigmas"), list)
+              for s in map(_num, u["sigmas"]) if s is not None]
+    if sigmas:
+        sig = np.array(sigmas)
+        mean = float(sig.mean())
+        fig, ax = _figure()
+        a = ax[0, 0]
+        lo, hi = math.floor(sig.min()), math.ceil(sig.max())
+        bins = np.arange(lo - 0.5, hi + 1.5) if hi - lo <= 200 else 100
+        a.hist(sig, bins=bins, color="tab:blue", alpha=0.8, edgecolor="white")
+        mean_tex = rf"$\langle\sigma\rangle$ = {mean:.2f}"
+        a.axvline(mean, color="tab:red", linestyle="--", label=mean_tex)
+        a.set_xlabel(r"staleness $\sigma$ of each gradient (updates)")
+        a.set_ylabel("gradients")
+        a.set_title(f"{name}: staleness, {mean_tex} over {len(sig):,} gradients")
+        a.legend()
+        written.append(_save(fig, out_dir / "staleness_hist.png"))
+
+    if m["learner"] or m["ps"]:
+        panels = int(bool(m["learner"])) + int(bool(m["ps"]))
+        fig, ax = _figure(nrows=panels, sharex=True)
+        row = 0
+        if m["learner"]:
+            a = ax[row, 0]
+            by_id = {}
+            for r in m["learner"]:
+                by_id.setdefault(r.get("learner"), []).append(r)
+            for lid in sorted(by_id, key=str):
+                x, y = _series(by_id[lid], "t", "samples_per_s", t0)
+                a.plot(x, y, linewidth=1, alpha=0.7, label=f"learner {lid}")
+            x, y = _total_rate(m["learner"], t0)
+            a.plot(x, y, color="black", linewidth=2, drawstyle="steps-post", label="total")
+            a.set_ylabel("samples / s")
+            a.set_title(f"{name}: throughput")
+            a.legend(fontsize="small", ncol=2)
+            a.grid(True, alpha=0.3)
+            row += 1
+        if m["ps"]:
+            a = ax[row, 0]
+            for key, label in (("updates_per_s", "PS updates / s"),
+                               ("gradients_per_s", "PS gradients / s")):
+                x, y = _series(m["ps"], "t", key, t0)
+                if len(x):
+                    a.plot(x, y, linewidth=1.5, label=label)
+            a.set_ylabel("per second")
+            a.legend(fontsize="small")
+            a.grid(True, alpha=0.3)
+            if not m["learner"]:
+                a.set_title(f"{name}: parameter server throughput")
+        ax[-1, 0].set_xlabel("wall time (s)")
+        written.append(_save(fig, out_dir / "throughput.png"))
+    return written
+
+
+def _total_rate(records, t0):
+    """Sum over learners of each one's latest samples/s, at every report time (step-hold)."""
+    latest, xs, ys = {}, [], []
+    pts = sorted(((t, r) for r in records if (t := _num(r.get("t"))) is not None
+                  and _num(r.get("samples_per_s")) is not None), key=lambda p: p[0])
+    for t, r in pts:
+        latest[r.get("learner")] = r["samples_per_s"]
+        xs.append(t - t0)
+        ys.append(sum(latest.values()))
+    return np.array(xs), np.array(ys)
+
+
+def run_label(run_dir) -> str:
+    """The run's config ``name`` from ``config.yaml`` in its directory, else the folder name."""
+    run_dir = Path(run_dir)
+    cfg = run_dir / "config.yaml"
+    if cfg.is_file():
+        import yaml
+
+        try:
+            data = yaml.safe_load(cfg.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            log.warning("%s: cannot read the run name (%s); using the folder name", cfg, exc)
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
+            return data["name"]
+    return run_dir.resolve().name
+
+
+def compare_runs(run_dirs, out_png) -> Path | None:
+    """Overlay test error vs epoch (left) and vs wall time (right) of several runs.
+
+    Legend labels come from ``run_label``; runs with no eval records are left out (with a
+    warning). Returns ``out_png``, or None, writing nothing, when no run has eval records.
+    """
+    runs = [Path(d) for d in run_dirs]
+    labels = [run_label(d) for d in runs]
+    dup = {lab for lab in labels if labels.count(lab) > 1}
+    labels = [f"{lab} ({d.resolve().name})" if lab in dup else lab for lab, d in zip(labels, runs)]
+    fig, ax = _figure(ncols=2)
+    plotted = 0
+    for d, label in zip(runs, labels):
+        m = read_metrics(d)
+        t0 = _t0(m)
+        xe, ye = _series(m["eval"], "epoch", "test_error")
+        xt, yt = _series(m["eval"], "t", "test_error", t0)
+        if not len(xe) and not len(xt):
+            log.warning("%s: no eval records; left out of the comparison", d)
+            continue
+        _plot_error(ax[0, 0], xe, ye, label)
+        _plot_error(ax[0, 1], xt, yt, label)
+        plotted += 1
+    if not plotted:
+        return None
+    ax[0, 0].set_xlabel("epoch")
+    ax[0, 1].set_xlabel("wall time (s)")
+    ax[0, 0].set_title("test error vs epoch")
+    ax[0, 1].set_title("test error vs wall time")
+    for a in ax[0]:
+        a.legend(fontsize="small")
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, out_png)
+
+
+__all__ = ["read_metrics", "summary_rows", "write_summary_csv", "plot_run", "compare_runs",
+           "run_label", "Metrics"]

@@ -1,0 +1,354 @@
+"""The Rudra-base parameter server: holds the weights, sums gradients, applies updates.
+
+One thread owns everything (the ROUTER socket, the weights, the sync engine), so the update
+needs no lock; the heavy work runs in the compiled kernels with the GIL released and, for
+large models, on ``runtime.ps_threads`` OpenMP threads. ZeroMQ's I/O thread moves the bytes.
+
+Per request (all validated by ``wire.decode`` and ``SyncEngine.check`` before any state is
+touched; a refused request gets an ERROR reply and leaves the weights bit-identical):
+
+- HELLO: check the learner's model signature and size, reply WELCOME with the weights;
+- PUSH / PUSHPULL: the gradient frames are read in place (no copy) and either
+  accumulated into ``acc`` with their staleness scale, or — when this one gradient completes
+  an update (async, c = 1) — fed straight into the update kernel, skipping the sum;
+- PULL / PUSHPULL: answered with WEIGHTS if the server's timestamp is newer than the learner's,
+  else UPTODATE, or (hardsync: ``wait``) parked until the next update.
+
+Copies, and why: each weight version that someone pulls is copied once into a fresh snapshot
+array, because a zero-copy send may still be reading it when the next update writes ``w``;
+snapshots are never written again and are freed when ZeroMQ releases the last send.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from .. import kernels, transport, wire
+from ..sync import LRSchedule, ProtocolViolation, SyncEngine
+from ..wire import Kind
+
+log = logging.getLogger("rudra_zmq.ps")
+
+_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE}
+_METRIC_FLUSH_S = 0.5
+
+
+def initial_model(cfg):
+    """Build the configured model; return (weights copy, segments, signature, input shape)."""
+    from ..datasets import dataset_shape
+    from ..flat import FlatModel
+    from ..models import build_model
+
+    shape = dataset_shape(cfg.data)
+    flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, shape,
+                                 seed=cfg.model.seed))
+    segments = flat.segments() if cfg.optimizer.param_multipliers else [(0, flat.numel, 1.0, 1.0)]
+    return flat.weights.copy(), segments, flat.signature, shape
+
+
+class ParameterServer:
+    """A parameter server bound at ``bind``; ``serve_forever()`` runs it in the calling thread.
+
+    Args:
+        cfg: the run's Config.
+        bind: endpoint to bind (``tcp://HOST:0`` picks a port; see ``.endpoint``).
+        stats: the statistics server's endpoint, or None.
+        run_dir: where to write ``weights.npy`` at the end, or None.
+        model: optional (weights, segments, signature) to skip building the torch model
+            (benchmarks with synthetic gradients).
+    Not thread-safe: construct and serve from one thread.
+    """
+
+    def __init__(self, cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
+                 ctx: zmq.Context | None = None, model=None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir else None
+        if model is None:
+            weights, segments, signature, _ = initial_model(cfg)
+        else:
+            weights, segments, signature = model
+        self.w = np.ascontiguousarray(weights, dtype=np.float32)
+        self.numel = self.w.shape[0]
+        self.v = np.zeros_like(self.w)
+        self.acc = np.zeros_like(self.w)
+        self.segments = segments
+        self.signature = signature
+        self.inc = secrets.randbits(62) + 1
+        s, o = cfg.sync, cfg.optimizer
+        from ..datasets import dataset_size
+        self.engine = SyncEngine(
+            s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
+            n=s.n, batch_size=s.batch_size, epoch_size=dataset_size(cfg.data))
+        self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        self.sock = transport.make_socket(self.ctx, zmq.ROUTER, hwm=max(64, 4 * s.learners))
+        self.endpoint = transport.bind(self.sock, bind)
+        self.stats = None
+        if stats:
+            from .stats_server import StatsClient
+            self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
+        self.identities: dict[int, bytes] = {}
+        self.parked: list[tuple[bytes, int]] = []   # (routing id, learner) waiting for ts+1
+        self.stopped: set[int] = set()
+        self.done = False
+        self.invalid = 0
+        self._warned: set = set()
+        self._seq = 0
+        self._snapshot = (-1, None)
+        self._pending_metrics: list[dict] = []
+        self._last_flush = self._last_report = time.time()
+        self._report_counts = (0, 0)
+        self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
+
+    # ------------------------------------------------------------------ sending
+    def _send(self, ident: bytes, kind: Kind, payloads=(), **fields) -> None:
+        self._seq += 1
+        frames = wire.encode(kind, wire.SENDER_PS, self._seq, self.engine.timestamp, self.inc,
+                             payloads, **fields)
+        try:
+            self.sock.send_multipart([ident, *frames], copy=False)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: that learner is gone (ROUTER_MANDATORY)
+            log.warning("could not reply %s to %r: %s", kind.name, ident, exc)
+
+    def _snapshot_now(self) -> np.ndarray:
+        """The current weights as an array nobody will write again (safe to send zero-copy)."""
+        ts = self.engine.timestamp
+        if self._snapshot[0] != ts:
+            snap = np.empty_like(self.w)
+            kernels.copy_into(snap, self.w)
+            self._snapshot = (ts, snap)
+        return self._snapshot[1]
+
+    def _weights_payload(self) -> list[np.ndarray]:
+        return wire.chunk(self._snapshot_now(), self.chunk_bytes)
+
+    def _refuse(self, ident: bytes, sender, code: str, message: str) -> None:
+        self.invalid += 1
+        key = (ident, code)
+        if key not in self._warned:  # log once per sender and reason, count all
+            self._warned.add(key)
+            log.warning("refused a message from %s (%r): %s", sender, ident, message)
+        self._send(ident, Kind.ERROR, code=code, error=message)
+
+    # ------------------------------------------------------------------ handling
+    def handle(self, frames) -> None:
+        """Process one ROUTER message (routing id first). Never raises for bad input."""
+        if len(frames) < 2:
+            return  # no routing id + header: nothing to answer
+        ident = bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
+        try:
+            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel)
+        except wire.WireError as exc:
+            self._refuse(ident, "unknown sender", exc.code, str(exc))
+            return
+        if self.done:
+            self._stop(ident, msg.sender)
+            return
+        try:
+            if msg.kind == Kind.HELLO:
+                self._hello(ident, msg)
+                return
+            self._check_sender(ident, msg)
+            if msg.kind == Kind.BYE:
+                self.stopped.add(msg.sender)
+                self._send(ident, Kind.ACK)
+                return
+            sigma = None
+            if msg.kind in (Kind.PUSH, Kind.PUSHPULL):
+                sigma = self._push(msg)
+            if self.done:  # this gradient completed training
+                self._stop(ident, msg.sender)
+            elif msg.kind == Kind.PUSH:
+                self._send(ident, Kind.ACK, sigma=sigma)
+            else:
+                self._pull(ident, msg, sigma)
+        except ProtocolViolation as exc:
+            self._refuse(ident, msg.sender, "protocol", str(exc))
+
+    def _hello(self, ident: bytes, msg: wire.Message) -> None:
+        learner, f = msg.sender, msg.fields
+        if not 0 <= learner < self.cfg.sync.learners:
+            raise ProtocolViolation(f"learner id {learner} is out of range 0.."
+                                    f"{self.cfg.sync.learners - 1} (sync.learners)")
+        if f["numel"] != self.numel or f["model"] != self.signature:
+            raise ProtocolViolation(
+                f"learner {learner} runs a model with {f['numel']:,} parameters (signature "
+                f"{f['model']}); this server holds {self.numel:,} ({self.signature}). Is learner "
+                f"{learner} running another model config?")
+        self.identities[learner] = ident
+        self._send(ident, Kind.WELCOME, self._weights_payload(), learners=self.cfg.sync.learners,
+                   protocol=self.cfg.sync.protocol)
+
+    def _check_sender(self, ident: bytes, msg: wire.Message) -> None:
+        if self.identities.get(msg.sender) != ident:
+            raise ProtocolViolation(f"learner {msg.sender} has not said HELLO on this connection")
+        if msg.inc not in (0, self.inc):
+            raise ProtocolViolation(f"learner {msg.sender} talks to server incarnation {msg.inc}, "
+                                    f"this is {self.inc} (the server restarted): say HELLO again")
+
+    def _push(self, msg: wire.Message) -> int:
+        arrival = self.engine.receive(msg.sender, msg.ts)   # raises before touching weights
+        update = arrival.update
+        if update is not None and len(update.learners) == 1:
+            # c = 1: step straight from the received frames, no pass over acc.
+            self._step(msg.payloads, update.g_scale * arrival.scale, update.lr, zero_acc=False)
+        else:
+            off = 0
+            for part in msg.payloads:
+                n = part.shape[0]
+                if arrival.scale == 1.0:
+                    kernels.accumulate(self.acc[off:off + n], part)
+                else:
+                    kernels.accumulate_scaled(self.acc[off:off + n], part, arrival.scale)
+                off += n
+            if update is not None:
+                self._step([self.acc], update.g_scale, update.lr, zero_acc=True)
+        if update is not None:
+            self._after_update(update)
+        return arrival.sigma
+
+    def _step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
+        """Apply one update from gradient ``sources`` (contiguous pieces covering the model)."""
+        o = self.cfg.optimizer
+        off = 0
+        for src in sources:
+            end = off + src.shape[0]
+            for start, stop, lr_mult, decay_mult in self.segments:
+                a, b = max(start, off), min(stop, end)
+                if a >= b:
+                    continue
+                g = src[a - off:b - off]
+                if o.momentum:
+                    kernels.sgd_momentum_step(self.w[a:b], self.v[a:b], g, lr * lr_mult,
+                                              o.momentum, o.weight_decay * decay_mult, g_scale,
+                                              zero_acc)
+                else:
+                    kernels.sgd_step(self.w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
+                                     g_scale, zero_acc)
+            off = end
+
+    def _after_update(self, update) -> None:
+        now = time.time()
+        self._pending_metrics.append({
+            "type": "update", "ts": update.timestamp, "t": now, "epoch": update.epoch,
+            "mean_sigma": update.mean_sigma, "sigmas": list(update.sigmas), "lr": update.lr,
+            "n_grads": len(update.sigmas)})
+        t = self.cfg.train
+        if update.epoch >= t.epochs:
+            self.done = True
+        if (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0) or \
+                update.epoch >= self._next_eval_epoch or self.done:
+            while update.epoch >= self._next_eval_epoch:
+                self._next_eval_epoch += t.eval_every_epochs
+            self._eval()
+        parked, self.parked = self.parked, []
+        for ident, learner in parked:
+            if self.done:
+                self._stop(ident, learner)
+            else:
+                self._send(ident, Kind.WEIGHTS, self._weights_payload())
+
+    def _pull(self, ident: bytes, msg: wire.Message, sigma) -> None:
+        extra = {} if sigma is None else {"sigma": sigma}
+        if self.engine.timestamp > msg.ts:
+            self._send(ident, Kind.WEIGHTS, self._weights_payload(), **extra)
+        elif msg.fields["wait"]:
+            self.parked.append((ident, msg.sender))
+        else:
+            self._send(ident, Kind.UPTODATE, **extra)
+
+    def _stop(self, ident: bytes, learner: int) -> None:
+        self.stopped.add(learner)
+        self._send(ident, Kind.STOP, reason=f"training finished at epoch {self.engine.epoch:.2f}")
+
+    # ------------------------------------------------------------------ statistics
+    def _eval(self) -> None:
+        if self.stats:
+            self.stats.eval_weights(self.engine.timestamp, self.engine.epoch,
+                                    self._snapshot_now(), self.chunk_bytes)
+
+    def _report(self, force: bool = False) -> None:
+        now = time.time()
+        if self.stats and self._pending_metrics and (
+                force or now - self._last_flush >= _METRIC_FLUSH_S):
+            items, self._pending_metrics = self._pending_metrics, []
+            for i in range(0, len(items), 200):
+                self.stats.metric({"type": "batch", "items": items[i:i + 200]})
+            self._last_flush = now
+        if self.stats and (force or now - self._last_report >= 1.0):
+            dt = max(now - self._last_report, 1e-9)
+            upd, grads = self.engine.updates, self.engine.gradients_received
+            self.stats.metric({
+                "type": "ps", "t": now, "ts": self.engine.timestamp,
+                "updates_per_s": (upd - self._report_counts[0]) / dt,
+                "gradients_per_s": (grads - self._report_counts[1]) / dt,
+                "invalid": self.invalid})
+            self._report_counts = (upd, grads)
+            self._last_report = now
+        elif not self.stats:
+            self._pending_metrics.clear()
+
+    # ------------------------------------------------------------------ loop
+    def serve_forever(self, stop_event=None) -> int:
+        """Serve until training is done and every learner was told, or ``stop_event`` is set.
+
+        Blocks. Raises TimeoutError if no learner sends anything for ``runtime.timeout_s``.
+        """
+        timeout = self.cfg.runtime.timeout_s
+        last_msg = time.time()
+        if self.stats:
+            self._eval()  # test error of the initial weights (epoch 0)
+        try:
+            while not (stop_event is not None and stop_event.is_set()):
+                if self.done and len(self.stopped) >= self.cfg.sync.learners:
+                    break
+                if self.sock.poll(100):
+                    while True:  # drain what is queued before looking at clocks again
+                        try:
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                        except zmq.Again:
+                            break
+                        self.handle(frames)
+                    last_msg = time.time()
+                elif time.time() - last_msg > timeout:
+                    if self.done:
+                        log.warning("training is done but learners %s never came back; exiting",
+                                    sorted(set(range(self.cfg.sync.learners)) - self.stopped))
+                        break
+                    raise TimeoutError(
+                        f"parameter server: no message from any learner for {timeout:.0f} s at "
+                        f"timestamp {self.engine.timestamp} (learners registered: "
+                        f"{sorted(self.identities)}); is a learner dead?")
+                self._report()
+        finally:
+            self._finish()
+        return 0
+
+    def _finish(self) -> None:
+        self._report(force=True)
+        if self.stats:
+            if self.done:
+                self.stats.metric({"type": "done", "t": time.time(), "ts": self.engine.timestamp,
+                                   "epoch": self.engine.epoch, "invalid": self.invalid})
+            self.stats.close()
+        if self.run_dir is not None:
+            np.save(self.run_dir / "weights.npy", self.w)
+        self.sock.close(linger=transport.LINGER_MS)
+        if self._own_ctx:
+            self.ctx.term()
+
+
+def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None) -> int:
+    """Entry point of ``rudra-zmq ps``: run one parameter server until training ends."""
+    threads = cfg.runtime.ps_threads or kernels.get_num_threads()
+    kernels.set_num_threads(threads)
+    ps = ParameterServer(cfg, bind, stats, run_dir)
+    print(f"parameter server listening on {ps.endpoint} ({ps.numel:,} parameters, "
+          f"{cfg.sync.protocol}, λ={cfg.sync.learners}, {threads} kernel threads)", flush=True)
+    return ps.serve_forever()

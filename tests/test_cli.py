@@ -1,0 +1,160 @@
+"""The rudra-zmq command line: help, info, config errors, and how role commands call serve()."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+
+from rudra_zmq import cli, transport
+from rudra_zmq.config import load_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def rudra(*args, timeout=20):
+    """Run ``python -m rudra_zmq ARGS`` the way a user would; returns the CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "rudra_zmq", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def write_config(tmp_path, text="name: t\nsync: {learners: 2}\n"):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_help_lists_every_command():
+    res = rudra("--help")
+    assert res.returncode == 0, res.stderr
+    for command in ("run", "ps", "learner", "data", "stats", "info"):
+        assert f"\n    {command} " in res.stdout
+
+
+def test_info_prints_the_build_and_versions_without_importing_torch():
+    res = rudra("info")
+    assert res.returncode == 0, res.stderr
+    for key in ("rudra_zmq", "torch", "pyzmq", "libzmq", "numpy", "build.openmp"):
+        assert key in res.stdout
+    code = ("import sys, contextlib, io; from rudra_zmq.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(['info'])\n"
+            "print('torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=20)
+    assert res.stdout.strip() == "False", res.stderr
+
+
+@pytest.mark.parametrize("command", ["run", "ps", "learner", "data", "stats"])
+def test_an_unknown_config_key_exits_2_with_the_message_and_no_traceback(tmp_path, command):
+    cfg = write_config(tmp_path, "sync: {lerners: 3}\n")
+    args = {"run": [cfg], "ps": ["--config", cfg, "--bind", "tcp://127.0.0.1:1"],
+            "learner": ["--config", cfg, "--id", "0", "--ps", "x", "--data", "y"],
+            "data": ["--config", cfg, "--bind", "x"],
+            "stats": ["--config", cfg, "--bind", "x", "--run-dir", str(tmp_path)]}[command]
+    res = rudra(command, *args)
+    assert res.returncode == 2
+    assert res.stderr.startswith("rudra-zmq: error: unknown key(s) 'lerners' in section 'sync'")
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_override_and_a_missing_file_exit_2(tmp_path):
+    res = rudra("run", write_config(tmp_path), "--set", "sync.lerners=3")
+    assert res.returncode == 2 and "rudra-zmq: error: override 'sync.lerners'" in res.stderr
+    res = rudra("run", str(tmp_path / "nope.yaml"))
+    assert res.returncode == 2 and "rudra-zmq: error: config file" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_learner_ids_must_be_below_lambda_and_well_formed(tmp_path):
+    cfg = write_config(tmp_path)
+    res = rudra("learner", "--config", cfg, "--id", "1,2", "--ps", "x", "--data", "y")
+    assert res.returncode == 2
+    assert "--id 2: learner ids run from 0 to sync.learners-1 = 1" in res.stderr
+    res = rudra("learner", "--config", cfg, "--id", "0,a", "--ps", "x", "--data", "y")
+    assert res.returncode == 2 and "learner ids separated by commas" in res.stderr
+
+
+@pytest.fixture
+def fake_roles(monkeypatch):
+    """Fake rudra_zmq.roles.* modules whose serve() records its arguments; no torch."""
+    calls = {}
+    package = types.ModuleType("rudra_zmq.roles")
+    monkeypatch.setitem(sys.modules, "rudra_zmq.roles", package)
+
+    def recorder(name):
+        def serve(*args):
+            calls[name] = args
+            return 0
+        return serve
+
+    for name in ("ps", "learner", "data_server", "stats_server"):
+        module = types.ModuleType(f"rudra_zmq.roles.{name}")
+        module.serve = recorder(name)
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    threads = []
+    monkeypatch.setattr(cli, "_set_threads", lambda n, torch_too: threads.append(n))
+    monkeypatch.setattr(transport, "tune_malloc", lambda: calls.update(malloc=True))
+    monkeypatch.setattr(cli.logging, "basicConfig", lambda **kw: None)
+    return calls, threads
+
+
+def test_role_commands_pass_their_endpoints_and_overrides_to_serve(tmp_path, fake_roles):
+    calls, threads = fake_roles
+    cfg = write_config(tmp_path, "name: t\nsync: {learners: 4}\n")
+    common = ["--config", cfg, "--set", "optimizer.lr=0.5", "--set", "runtime.ps_threads=3"]
+    assert cli.main(["ps", *common, "--bind", "tcp://h:1", "--stats", "tcp://h:3",
+                     "--run-dir", "r"]) == 0
+    assert cli.main(["learner", *common, "--id", "0,2", "--ps", "tcp://h:1",
+                     "--data", "tcp://h:2"]) == 0
+    assert cli.main(["data", *common, "--bind", "tcp://h:2"]) == 0
+    assert cli.main(["stats", *common, "--bind", "tcp://h:3", "--run-dir", "r"]) == 0
+
+    expected = load_config(cfg, ["optimizer.lr=0.5", "runtime.ps_threads=3"])
+    assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r")
+    assert calls["learner"] == (expected, [0, 2], "tcp://h:1", "tcp://h:2", None)
+    assert calls["data_server"] == (expected, "tcp://h:2")
+    assert calls["stats_server"] == (expected, "tcp://h:3", "r")
+    assert calls["malloc"] is True
+    assert threads == [3, cli.learner_threads(expected), 1, 1]
+
+
+def test_learner_threads_default_to_cores_over_lambda_and_at_least_one():
+    cfg = load_config(None, ["sync.learners=64"])
+    assert cli.learner_threads(cfg) == 1
+    cfg = load_config(None, ["sync.learners=1"])
+    assert cli.learner_threads(cfg) == os.cpu_count()
+    cfg = load_config(None, ["runtime.threads_per_learner=3"])
+    assert cli.learner_threads(cfg) == 3
+
+
+def test_sigterm_stops_a_role_command_with_exit_code_143(tmp_path):
+    cfg = write_config(tmp_path)
+    ready = tmp_path / "ready"
+    driver = textwrap.dedent(f"""
+        import sys, time, types
+        mod = types.ModuleType("rudra_zmq.roles.data_server")
+        def serve(cfg, bind):
+            open({str(ready)!r}, "w").close()
+            time.sleep(60)
+        mod.serve = serve
+        sys.modules["rudra_zmq.roles"] = types.ModuleType("rudra_zmq.roles")
+        sys.modules[mod.__name__] = mod
+        from rudra_zmq.cli import main
+        sys.exit(main(["data", "--config", {cfg!r}, "--bind", "tcp://127.0.0.1:1"]))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", driver], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "rudra-zmq data: stopped by SIGTERM" in err and "Traceback" not in err

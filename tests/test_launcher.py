@@ -1,0 +1,276 @@
+"""The launcher, with small fake role processes: success, a failing learner, a hanging child,
+an interrupted run. Every test checks that no process it started is left behind."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from rudra_zmq import launcher
+from rudra_zmq.config import load_config
+
+pytestmark = pytest.mark.timeout(30)
+
+# A fake for every role. argv: BEHAVIOUR-JSON ROLE ARGS...; the behaviour of a process is
+# looked up by its label (stats, data, ps, learner0, learner2-3) and defaults to "ok".
+# Servers listen on their --bind endpoint, as the launcher waits for that before going on.
+FAKE_ROLE = textwrap.dedent("""
+    import json, os, pathlib, signal, socket, subprocess, sys, time
+    behaviour, role, args = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    opt = lambda name: args[args.index(name) + 1] if name in args else None
+    run_dir = pathlib.Path(opt("--config")).parent
+    label = role if role != "learner" else "learner" + opt("--id").replace(",", "-")
+    action = behaviour.get(label, "ok")
+    print(f"{label} starting: {action}", file=sys.stderr)
+    (run_dir / f"{label}.started").write_text(repr(time.time()))
+    if opt("--bind") and not action.startswith(("exit:", "signal:", "deaf")):
+        time.sleep(0.2)  # a server takes a while to listen
+        host, port = opt("--bind")[len("tcp://"):].rsplit(":", 1)
+        server = socket.create_server((host, int(port)))
+        (run_dir / f"{label}.listening").write_text(repr(time.time()))
+    if action.startswith("exit:"):
+        time.sleep(0.2)
+        print(f"{label} failing on purpose", file=sys.stderr)
+        sys.exit(int(action[5:]))
+    if action.startswith("signal:"):
+        time.sleep(0.2)
+        os.kill(os.getpid(), int(action[7:]))
+    if action in ("sleep", "deaf"):
+        time.sleep(60)
+    if action in ("hang", "hang_tree"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if action == "hang_tree":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            (run_dir / f"{label}.grandchild").write_text(str(child.pid))
+        while True:
+            time.sleep(1)
+    # "ok": what the real role does, minus the work
+    if role == "stats":
+        print("epoch 0.0 starting", flush=True)
+        while not (run_dir / "ps.done").exists():
+            time.sleep(0.05)
+        print("epoch 1.0 test error 0.5", flush=True)
+        print(f"run directory: {run_dir}", flush=True)
+    elif role == "data":
+        time.sleep(60)  # until SIGTERM
+    elif role == "ps":
+        time.sleep(0.5)
+        (run_dir / "ps.done").write_text("")
+    else:
+        time.sleep(0.3)
+""")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """Make the launcher start FAKE_ROLE; returns a function that sets the behaviours.
+    Afterwards, kills anything still alive that processes.json lists (and fails the test)."""
+    script = tmp_path / "fake_role.py"
+    script.write_text(FAKE_ROLE)
+    behaviour = {}
+    monkeypatch.setattr(launcher, "_role_command", lambda role, args: [
+        sys.executable, str(script), json.dumps(behaviour), role, *args])
+    monkeypatch.setattr(launcher, "TERM_GRACE_S", 1.0)
+    yield behaviour.update
+    leftovers = [pid for pid in all_pids(tmp_path) if not gone(pid)]
+    for pid in leftovers:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def all_pids(root: pathlib.Path) -> list[int]:
+    pids = []
+    for path in root.rglob("processes.json"):
+        pids += [row["pid"] for row in json.loads(path.read_text())]
+    pids += [int(p.read_text()) for p in root.rglob("*.grandchild")]
+    return pids
+
+
+def gone(pid: int) -> bool:
+    """True if ``pid`` no longer runs (a zombie awaiting a reaper counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def write_config(tmp_path, *lines):
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(["name: t", f"runtime: {{run_dir: {tmp_path / 'runs'}}}",
+                               *lines]) + "\n")
+    return str(path)
+
+
+def only_run_dir(tmp_path) -> pathlib.Path:
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    return run_dir
+
+
+def test_a_successful_run_returns_0_with_config_logs_and_progress(tmp_path, fake, capsys):
+    fake({})
+    cfg = write_config(tmp_path, "sync: {learners: 3}")
+    assert launcher.run(cfg, ["optimizer.lr=0.25"]) == 0
+    out = capsys.readouterr().out
+
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir.name.startswith("t-")
+    saved = load_config(run_dir / "config.yaml")
+    assert saved == load_config(cfg, ["optimizer.lr=0.25"])
+    rows = json.loads((run_dir / "processes.json").read_text())
+    assert [r["role"] for r in rows] == ["stats", "data", "ps", "learner0", "learner1",
+                                         "learner2"]
+    assert {p.name for p in (run_dir / "logs").iterdir()} == {f"{r['role']}.log" for r in rows}
+    assert "epoch 1.0 test error 0.5" in (run_dir / "logs" / "stats.log").read_text()
+    # the summary, the stats server's progress echoed as it came, and the final lines
+    assert "hardsync, lambda=3 learners" in out and "endpoints ps tcp://127.0.0.1:" in out
+    assert out.index("epoch 0.0 starting") < out.index("epoch 1.0 test error 0.5")
+    assert out.rstrip().endswith(f"run directory: {run_dir}\nlogs: {run_dir / 'logs'}")
+    assert out.count("run directory: ") == 1  # the stats server's line is not repeated
+
+
+def test_learners_are_grouped_per_process_and_given_their_ids(tmp_path, fake):
+    fake({})
+    run_dir = tmp_path / "mine"
+    cfg = write_config(tmp_path, "sync: {learners: 5}")
+    assert launcher.run(cfg, ["runtime.learners_per_process=2"], run_dir=run_dir) == 0
+    rows = json.loads((run_dir / "processes.json").read_text())
+    learners = {r["role"]: r["command"] for r in rows if r["role"].startswith("learner")}
+    assert sorted(learners) == ["learner0-1", "learner2-3", "learner4"]
+    cmd = learners["learner2-3"]
+    assert cmd[cmd.index("--id") + 1] == "2,3"
+    assert cmd[cmd.index("--config") + 1] == str(run_dir.absolute() / "config.yaml")
+
+
+def test_each_server_listens_before_anything_that_connects_to_it_starts(tmp_path, fake):
+    fake({})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 2}")) == 0
+    run_dir = only_run_dir(tmp_path)
+    t = {p.name: float(p.read_text())
+         for p in [*run_dir.glob("*.started"), *run_dir.glob("*.listening")]}
+    assert t["stats.listening"] < t["ps.started"]
+    assert max(t["ps.listening"], t["data.listening"]) < min(t["learner0.started"],
+                                                             t["learner1.started"])
+
+
+def test_a_server_that_never_listens_fails_the_run_after_the_timeout(tmp_path, fake, capsys):
+    fake({"data": "deaf", "ps": "sleep"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
+                        ["runtime.timeout_s=1"]) == 1
+    err = capsys.readouterr().err
+    assert "data (pid" in err and "is not accepting connections on tcp://127.0.0.1:" in err
+    assert "after 1 s (runtime.timeout_s)" in err
+    assert not (only_run_dir(tmp_path) / "learner0.started").exists()
+
+
+def test_a_failing_learner_stops_the_run_quickly_and_every_other_process(tmp_path, fake,
+                                                                         capsys):
+    fake({"learner1": "exit:3", "ps": "sleep", "learner0": "sleep", "learner2": "hang"})
+    cfg = write_config(tmp_path, "sync: {learners: 3}")
+    start = time.monotonic()
+    assert launcher.run(cfg) == 1
+    assert time.monotonic() - start < 6  # 1 s grace for the SIGTERM-ignoring learner2
+    err = capsys.readouterr().err
+    pid = {r["role"]: r["pid"] for r in
+           json.loads((only_run_dir(tmp_path) / "processes.json").read_text())}
+    assert f"rudra-zmq: learner1 (pid {pid['learner1']}) exited with code 3" in err
+    assert "learner1 failing on purpose" in err  # the tail of its log
+    assert all(gone(p) for p in all_pids(tmp_path))
+
+
+def test_a_child_killed_by_a_signal_is_named_by_it(tmp_path, fake, capsys):
+    fake({"ps": "signal:9", "learner0": "sleep"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}")) == 1
+    assert "ps (pid" in (err := capsys.readouterr().err)
+    assert "exited with code -9 (SIGKILL)" in err
+
+
+def test_a_hanging_process_tree_is_killed_grandchildren_included(tmp_path, fake, capsys):
+    fake({"data": "hang_tree", "learner0": "exit:1"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}")) == 1
+    run_dir = only_run_dir(tmp_path)
+    assert (run_dir / "data.grandchild").exists()
+    assert all(gone(p) for p in all_pids(tmp_path))
+
+
+def test_the_data_server_exiting_during_training_is_a_failure(tmp_path, fake, capsys):
+    fake({"data": "exit:0", "ps": "sleep", "learner0": "sleep"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}")) == 1
+    assert "exited before training ended, with code 0" in capsys.readouterr().err
+
+
+def test_a_stats_server_that_never_finishes_is_stopped(tmp_path, fake, monkeypatch, capsys):
+    monkeypatch.setattr(launcher, "STATS_EXIT_TIMEOUT_S", 0.5)
+    fake({"stats": "hang"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}")) == 0  # training was fine
+    out, err = capsys.readouterr()
+    assert "the stats server did not finish within 0.5 s after training ended" in err
+    assert f"run directory: {only_run_dir(tmp_path)}" in out
+    assert all(gone(p) for p in all_pids(tmp_path))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, signum):
+    """A real launcher process (with the fake roles), stopped like a user would."""
+    script = tmp_path / "fake_role.py"
+    script.write_text(FAKE_ROLE)
+    behaviour = json.dumps({"ps": "sleep", "learner0": "hang"})
+    driver = textwrap.dedent(f"""
+        import sys
+        from rudra_zmq import launcher
+        launcher.TERM_GRACE_S = 1.0
+        launcher._role_command = lambda role, args: [sys.executable, {str(script)!r},
+                                                     {behaviour!r}, role, *args]
+        sys.exit(launcher.run({write_config(tmp_path, "sync: {learners: 2}")!r}))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and len(all_pids(tmp_path)) < 5:
+            time.sleep(0.05)
+        time.sleep(0.3)  # let the children get going
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+        proc.wait()
+        pids = all_pids(tmp_path)
+        for pid in pids:
+            if not gone(pid):
+                os.killpg(pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert len(pids) == 5 and all(gone(p) for p in pids)
+
+
+def test_ipc_endpoints_live_in_the_run_directory(tmp_path):
+    cfg = load_config(None, ["runtime.transport=ipc"])
+    assert launcher.endpoints(cfg, pathlib.Path("/r")) == {
+        "ps": "ipc:///r/ps.sock", "data": "ipc:///r/data.sock", "stats": "ipc:///r/stats.sock"}
+    with pytest.raises(launcher.ConfigError, match="longer than 107 bytes"):
+        launcher.endpoints(cfg, pathlib.Path("/" + "x" * 100))
+
+
+def test_children_get_thread_counts_and_malloc_settings():
+    cfg = load_config(None, ["sync.learners=1", "runtime.threads_per_learner=2",
+                             "runtime.ps_threads=3"])
+    assert launcher.role_env(cfg, "learner")["OMP_NUM_THREADS"] == "2"
+    assert launcher.role_env(cfg, "ps")["MKL_NUM_THREADS"] == "3"
+    env = launcher.role_env(cfg, "stats")
+    assert env["OMP_NUM_THREADS"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["MALLOC_MMAP_MAX_"] == "0" and env["MALLOC_ARENA_MAX"] == "2"
+
+
+def test_run_directories_are_unique(tmp_path):
+    cfg = load_config(None, [f"runtime.run_dir={tmp_path}"])
+    first, second = launcher.make_run_dir(cfg), launcher.make_run_dir(cfg)
+    assert first != second and (first / "logs").is_dir() and (second / "logs").is_dir()

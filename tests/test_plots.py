@@ -1,0 +1,160 @@
+"""rudra_zmq.plots on synthetic metrics.jsonl files: parsing, summary.csv, PNGs, comparisons."""
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from rudra_zmq import plots
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# Two evals bracket six updates: ts 1-3 (σ 0,1,2 | 1,1 | 3) then ts 4-6 (σ 2 | 4,0 | 1,1,1).
+UPDATES = [(1, [0, 1, 2]), (2, [1, 1]), (3, [3]), (4, [2]), (5, [4, 0]), (6, [1, 1, 1])]
+
+
+def _records():
+    recs = [{"type": "eval", "ts": 0, "t": 0.5, "epoch": 0.0, "test_error": 0.9,
+             "test_loss": 2.3}]
+    for ts, sig in UPDATES:
+        recs.append({"type": "update", "ts": ts, "t": 1.0 + ts, "epoch": ts / 6,
+                     "mean_sigma": sum(sig) / len(sig), "sigmas": sig, "lr": 0.01,
+                     "n_grads": len(sig)})
+        if ts == 3:
+            recs.append({"type": "eval", "ts": 3, "t": 4.5, "epoch": 0.5, "test_error": 0.4,
+                         "test_loss": 1.2})
+    recs.append({"type": "eval", "ts": 6, "t": 8.5, "epoch": 1.0, "test_error": 0.25,
+                 "test_loss": 0.8})
+    for i, t in enumerate([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]):
+        for learner in (0, 1):
+            recs.append({"type": "learner", "learner": learner, "t": t + 0.1 * learner,
+                         "step": i, "samples_per_s": 100.0 + 10 * learner + i, "loss": 2.0 / t})
+        recs.append({"type": "ps", "t": t, "ts": i, "updates_per_s": 1.0 + i,
+                     "gradients_per_s": 2.0 + i, "invalid": 0})
+    return recs
+
+
+def _write_run(path, records, tail="", name=None):
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / "metrics.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+        f.write(tail)
+    if name is not None:
+        (path / "config.yaml").write_text(f"name: {name}\nsync:\n  learners: 2\n")
+    return path
+
+
+def _assert_png(path):
+    from matplotlib.image import imread
+
+    data = path.read_bytes()
+    assert len(data) > 1000 and data.startswith(PNG_MAGIC), path
+    h, w = imread(path).shape[:2]
+    assert h > 100 and w > 100, (path, h, w)
+
+
+@pytest.fixture
+def run(tmp_path):
+    # A crash mid-write leaves half a record and no newline at the end of the file.
+    return _write_run(tmp_path / "run1", _records(), tail='{"type": "update", "ts": 7, "t"',
+                      name="softsync_n2")
+
+
+def test_read_metrics_groups_records_by_type_and_skips_a_truncated_last_line(run):
+    m = plots.read_metrics(run / "metrics.jsonl")
+    assert [len(m[k]) for k in ("update", "eval", "learner", "ps")] == [6, 3, 12, 6]
+    assert m.truncated and m.malformed == 1
+    assert m["update"][-1]["ts"] == 6
+    assert plots.read_metrics(run)["eval"] == m["eval"]  # a run directory works too
+
+
+def test_read_metrics_counts_malformed_lines_and_keeps_going(tmp_path):
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"type": "eval", "ts": 1, "t": 1.0, "epoch": 0.1, "test_error": 0.5}\n'
+                 "not json\n[1, 2]\n{\"no_type\": 1}\n\n"
+                 '{"type": "batch", "items": [{"type": "ps", "t": 2.0, "ts": 1}, 5]}\n'
+                 '{"type": "done", "t": 3.0}')
+    m = plots.read_metrics(p)
+    assert m.malformed == 4 and not m.truncated
+    assert len(m["eval"]) == 1 and len(m["ps"]) == 1 and m["update"] == []
+    assert m["done"] == [{"type": "done", "t": 3.0}]  # unknown types are kept, last line too
+
+
+def test_summary_csv_has_one_row_per_eval_with_window_mean_sigma_and_update_rate(run, tmp_path):
+    out = plots.write_summary_csv(plots.read_metrics(run), tmp_path / "out" / "summary.csv")
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(plots.SUMMARY_FIELDS)
+    assert [r["ts"] for r in rows] == ["0", "3", "6"]
+    assert [float(r["test_error"]) for r in rows] == [0.9, 0.4, 0.25]
+    assert [float(r["epoch"]) for r in rows] == [0.0, 0.5, 1.0]
+    assert [float(r["wall_s"]) for r in rows] == [0.5, 4.5, 8.5]
+    # No update before the first eval: no σ, and 0 updates in its 0.5 s.
+    assert rows[0]["mean_sigma"] == "" and float(rows[0]["updates_per_s"]) == 0.0
+    assert math.isclose(float(rows[1]["mean_sigma"]), 8 / 6)  # σ 0,1,2,1,1,3
+    assert math.isclose(float(rows[2]["mean_sigma"]), 9 / 6)  # σ 2,4,0,1,1,1
+    assert math.isclose(float(rows[1]["updates_per_s"]), 3 / 4.0)
+    assert math.isclose(float(rows[2]["updates_per_s"]), 3 / 4.0)
+
+
+def test_summary_shifts_absolute_unix_times_to_seconds_since_start(tmp_path):
+    start = 1_780_000_000.0
+    recs = [dict(r, t=r["t"] + start) for r in _records()]
+    rows = plots.summary_rows(plots.read_metrics(_write_run(tmp_path / "abs", recs)))
+    assert [r["wall_s"] for r in rows] == pytest.approx([0.0, 4.0, 8.0])  # earliest t is 0.5
+
+
+def test_plot_run_writes_the_four_plots_as_valid_pngs(run):
+    written = plots.plot_run(run)
+    assert sorted(p.name for p in written) == sorted([
+        "test_error_vs_epoch.png", "test_error_vs_time.png", "staleness_hist.png",
+        "throughput.png"])
+    for p in written:
+        assert p.parent == run
+        _assert_png(p)
+    assert not list(run.glob("*.tmp"))
+
+
+def test_plot_run_skips_the_plots_whose_data_is_missing(tmp_path):
+    evals_only = [r for r in _records() if r["type"] == "eval"]
+    written = plots.plot_run(_write_run(tmp_path / "evals", evals_only), tmp_path / "png")
+    assert sorted(p.name for p in written) == ["test_error_vs_epoch.png",
+                                               "test_error_vs_time.png"]
+    assert all(p.parent == tmp_path / "png" for p in written)
+    ps_only = [r for r in _records() if r["type"] == "ps"]
+    assert [p.name for p in plots.plot_run(_write_run(tmp_path / "ps", ps_only))] == \
+        ["throughput.png"]
+    assert plots.plot_run(_write_run(tmp_path / "empty", [], tail="{trunc")) == []
+
+
+def test_run_label_is_the_config_name_or_else_the_folder_name(tmp_path):
+    assert plots.run_label(_write_run(tmp_path / "a", [], name="hardsync_n4")) == "hardsync_n4"
+    assert plots.run_label(_write_run(tmp_path / "b", [])) == "b"
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "config.yaml").write_text("name: [unclosed\n")
+    assert plots.run_label(tmp_path / "c") == "c"
+
+
+def test_compare_runs_overlays_runs_and_leaves_out_runs_without_evals(run, tmp_path):
+    slower = [dict(r, t=2 * r["t"], test_error=min(1.0, 1.2 * r["test_error"]))
+              if r["type"] == "eval" else r for r in _records()]
+    other = _write_run(tmp_path / "run2", slower)
+    no_evals = _write_run(tmp_path / "run3", [r for r in _records() if r["type"] != "eval"])
+    out = plots.compare_runs([run, other, no_evals], tmp_path / "cmp" / "compare.png")
+    assert out == tmp_path / "cmp" / "compare.png"
+    _assert_png(out)
+    assert plots.compare_runs([no_evals], tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_plotting_leaves_pyplot_and_the_global_backend_alone(run):
+    code = ("import sys, matplotlib\n"
+            "before = dict.__getitem__(matplotlib.rcParams, 'backend')\n"
+            "from rudra_zmq import plots\n"
+            f"assert len(plots.plot_run({str(run)!r})) == 4\n"
+            "assert 'matplotlib.pyplot' not in sys.modules\n"
+            "assert dict.__getitem__(matplotlib.rcParams, 'backend') == before\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

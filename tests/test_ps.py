@@ -1,0 +1,156 @@
+"""The parameter server against hand-driven fake learners (real ZeroMQ sockets)."""
+import numpy as np
+import pytest
+import zmq
+
+import oracles
+from cluster import FakeLearner, running, small_config
+from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.wire import Kind
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)  # closes any socket a failed test left open, so teardown cannot hang
+
+
+def make_ps(ctx, *overrides):
+    cfg = small_config(*overrides)
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
+    return cfg, ps
+
+
+def expected_step(w, v, grads, cfg, segments, lr=None):
+    """One update with the NumPy oracle, segment by segment (Caffe multipliers)."""
+    w, v = w.copy(), v.copy()
+    g = np.mean(grads, axis=0, dtype=np.float64).astype(np.float32)
+    o = cfg.optimizer
+    for a, b, lm, dm in segments:
+        oracles.sgd_momentum_step(w[a:b], v[a:b], g[a:b], (lr or o.lr) * lm, o.momentum,
+                                  o.weight_decay * dm)
+    return w, v
+
+
+def test_hardsync_answers_both_learners_after_the_second_gradient(ctx):
+    cfg, ps = make_ps(ctx, "sync.protocol=hardsync")
+    with running(ps) as errors:
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        w0, ts = a.hello(ps.signature, ps.numel)
+        b.hello(ps.signature, ps.numel)
+        rng = np.random.default_rng(0)
+        ga, gb = (rng.standard_normal(ps.numel).astype(np.float32) for _ in range(2))
+        a.send(Kind.PUSHPULL, ts, [ga], wait=True)
+        assert not a.has_reply(300), "hardsync must wait for every learner"
+        b.send(Kind.PUSHPULL, ts, [gb], wait=True)
+        ra, rb = a.recv(), b.recv()
+        assert ra.kind == rb.kind == Kind.WEIGHTS and ra.ts == rb.ts == 1
+        w1, _ = expected_step(w0, np.zeros_like(w0), [ga, gb], cfg, ps.segments)
+        np.testing.assert_allclose(np.concatenate(ra.payloads), w1, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(np.concatenate(ra.payloads), np.concatenate(rb.payloads))
+        a.close(), b.close()
+    assert not errors
+
+
+def test_async_reports_staleness_and_returns_newer_weights_at_once(ctx):
+    cfg, ps = make_ps(ctx, "sync.protocol=async")
+    with running(ps):
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        _, ts = a.hello(ps.signature, ps.numel)
+        b.hello(ps.signature, ps.numel)
+        g = np.ones(ps.numel, np.float32)
+        a.send(Kind.PUSHPULL, ts, [g], wait=False)
+        r = a.recv()
+        assert (r.kind, r.ts, r.fields["sigma"]) == (Kind.WEIGHTS, 1, 0)
+        b.send(Kind.PUSHPULL, 0, [g], wait=False)   # computed on ts 0, arrives at ts 1
+        r = b.recv()
+        assert (r.kind, r.ts, r.fields["sigma"]) == (Kind.WEIGHTS, 2, 1)
+        b.send(Kind.PULL, 2, wait=False)
+        assert b.recv().kind == Kind.UPTODATE
+        a.close(), b.close()
+
+
+def _bad_messages(ps, numel):
+    good = np.zeros(numel, np.float32)
+    return [
+        ("garbage bytes", [b"\x93\xff\x00garbage", good.tobytes()], "bad_header"),
+        ("wrong kind", None, "unexpected_kind"),
+        ("wrong length", "short", "bad_length"),
+        ("wrong dtype", "f8", "bad_payload"),
+    ]
+
+
+def test_malformed_and_mismatched_messages_are_refused_and_leave_weights_bit_identical(ctx):
+    cfg, ps = make_ps(ctx, "sync.protocol=async")
+    with running(ps):
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        _, ts = a.hello(ps.signature, ps.numel)
+        before = ps.w.copy(), ps.v.copy(), ps.acc.copy()
+        from rudra_zmq import wire
+        import msgpack
+        good = np.ones(ps.numel, np.float32)
+        hdr = lambda **kw: msgpack.packb({"v": 1, "k": int(Kind.PUSH), "s": 0, "q": 9, "ts": 0,
+                                          "inc": 0, "p": [["f4", ps.numel]], "x": {}, **kw})
+        cases = [
+            ([b"\x93\xff\x00garbage", good.tobytes()], "bad_header"),
+            (wire.encode(Kind.BATCH_REQ, 0, 1, step=0), "unexpected_kind"),
+            ([hdr(), good.tobytes()[:-4]], "bad_length"),
+            ([hdr(p=[["u1", ps.numel * 4]]), good.tobytes()], "bad_dtype"),
+            (wire.encode(Kind.PUSH, 0, 1, 0, 0, [good[:-8]]), "bad_length"),
+            (wire.encode(Kind.PUSH, 0, 1, 5, 0, [good]), "protocol"),        # from the future
+            (wire.encode(Kind.PUSH, 7, 1, 0, 0, [good]), "protocol"),        # unknown learner
+            (wire.encode(Kind.HELLO, 1, 1, model="deadbeef", numel=ps.numel), "protocol"),
+            (wire.encode(Kind.HELLO, 1, 1, model=ps.signature, numel=ps.numel - 8), "protocol"),
+        ]
+        for frames, code in cases:
+            a.send_raw(frames)
+            r = a.recv()
+            assert r.kind == Kind.ERROR and r.fields["code"] == code, (code, r.fields)
+        assert ps.invalid == len(cases)
+        for arr, ref in zip((ps.w, ps.v, ps.acc), before):
+            assert arr.tobytes() == ref.tobytes()
+        assert ps.engine.timestamp == 0 and ps.engine.gradients_received == 0
+        # and a valid push still works afterwards
+        a.send(Kind.PUSH, 0, [good])
+        assert a.recv().kind == Kind.ACK and ps.engine.timestamp == 1
+        a.close()
+
+
+def test_hello_from_another_model_names_both_sizes(ctx):
+    cfg, ps = make_ps(ctx)
+    with running(ps):
+        a = FakeLearner(ctx, ps.endpoint, 1)
+        a.send(Kind.HELLO, model="0123456789abcdef", numel=89_570)
+        r = a.recv()
+        assert r.kind == Kind.ERROR
+        assert "89,570 parameters" in r.fields["error"] and f"{ps.numel:,}" in r.fields["error"]
+        a.close()
+
+
+def test_push_before_hello_is_refused(ctx):
+    cfg, ps = make_ps(ctx)
+    with running(ps):
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        a.send(Kind.PUSH, 0, [np.zeros(ps.numel, np.float32)])
+        r = a.recv()
+        assert r.kind == Kind.ERROR and "has not said HELLO" in r.fields["error"]
+        a.close()
+
+
+def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
+    cfg, ps = make_ps(ctx, "sync.protocol=async", "train.epochs=0.011")  # 2 gradients of 8
+    import threading
+    done = threading.Event()
+    with running(ps):
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        a.hello(ps.signature, ps.numel), b.hello(ps.signature, ps.numel)
+        g = np.zeros(ps.numel, np.float32)
+        a.send(Kind.PUSHPULL, 0, [g], wait=False)
+        assert a.recv().kind == Kind.WEIGHTS
+        b.send(Kind.PUSHPULL, 1, [g], wait=False)
+        assert b.recv().kind == Kind.STOP       # this gradient reached train.epochs
+        a.send(Kind.PUSHPULL, 1, [g], wait=False)
+        assert a.recv().kind == Kind.STOP
+        a.close(), b.close()
+    assert ps.done and ps.stopped == {0, 1}
