@@ -102,7 +102,7 @@ class Learner:
         self.flat.zero_grad()
         loss = self.loss_fn(self.model(xf), y)
         loss.backward()
-        self._loss_sum += float(loss)
+        self._loss_sum += loss.item()
         reply = self.ps.request(Kind.PUSHPULL, self.ts, wire.chunk(self.flat.grads,
                                                                    self.chunk_bytes),
                                 reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},

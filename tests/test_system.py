@@ -1,0 +1,118 @@
+"""Whole runs: `rudra-zmq run` starts the real roles as processes on loopback, as a user would.
+
+Each run takes ~10 s on 2 cores (mostly importing torch in every process).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+DIGITS = ["model.name=digits_cnn", "data.dataset=digits", "train.eval_every_epochs=0",
+          "optimizer.momentum=0.9", "optimizer.weight_decay=0.001", "runtime.timeout_s=60"]
+
+
+def rudra_run(tmp_path, name, overrides, config=None, timeout=150):
+    run_dir = tmp_path / name
+    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(config or ROOT / "configs/quickstart.yaml"),
+           "--run-dir", str(run_dir)]
+    for o in overrides:
+        cmd += ["--set", o]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return run_dir, proc.stdout
+
+
+def updates(run_dir):
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["type"] == "update":
+            out.append(rec)
+    return sorted(out, key=lambda r: r["ts"])
+
+
+def test_hardsync_lambda_learners_match_one_learner_with_lambda_times_the_minibatch(tmp_path):
+    common = [*DIGITS, "sync.protocol=hardsync", "train.epochs=0.12", "optimizer.lr=0.05"]
+    one, _ = rudra_run(tmp_path, "one", [*common, "sync.learners=1", "sync.batch_size=16"])
+    two, _ = rudra_run(tmp_path, "two", [*common, "sync.learners=2", "sync.batch_size=8"])
+    w1, w2 = np.load(one / "weights.npy"), np.load(two / "weights.npy")
+    u1, u2 = updates(one), updates(two)
+    assert len(u1) == len(u2) >= 10
+    from rudra_zmq.config import load_config
+    from rudra_zmq.roles.ps import initial_model
+    w0 = initial_model(load_config(two / "config.yaml"))[0]
+    moved = np.linalg.norm(w1 - w0) / np.linalg.norm(w0)
+    rel = np.linalg.norm(w1 - w2) / np.linalg.norm(w1)
+    print(f"training moved the weights by {moved:.2e}; one vs two learners differ by {rel:.2e}")
+    assert moved > 1e-2, "training must move the weights for the comparison to mean anything"
+    assert rel <= 1e-5, f"relative difference {rel:.2e}"
+    # hardsync: every gradient of every update has staleness 0, from every learner once
+    assert all(r["sigmas"] == [0, 0] and r["n_grads"] == 2 for r in u2)
+    assert all(r["sigmas"] == [0] for r in u1)
+
+
+def test_softsync_and_async_staleness_is_about_n_and_lambda(tmp_path):
+    base = [*DIGITS, "train.epochs=3", "sync.learners=4", "sync.batch_size=8",
+            "optimizer.lr=0.02", "optimizer.lr_policy=staleness"]
+    soft, _ = rudra_run(tmp_path, "soft2", [*base, "sync.protocol=softsync", "sync.n=2"])
+    asyn, _ = rudra_run(tmp_path, "async", [*base, "sync.protocol=async"])
+    s_soft = [s for r in updates(soft)[20:] for s in r["sigmas"]]
+    s_async = [s for r in updates(asyn)[20:] for s in r["sigmas"]]
+    # Equal-speed learners give n(λ-1)/λ: 1.5 for 2-softsync and 3 for async with λ=4; four
+    # processes on two cores are not equal-speed, so allow scheduling noise around it.
+    assert 0.8 <= np.mean(s_soft) <= 2.6, np.mean(s_soft)
+    assert 2.0 <= np.mean(s_async) <= 5.0, np.mean(s_async)
+    assert all(r["n_grads"] == 2 for r in updates(soft))
+    assert all(r["n_grads"] == 1 for r in updates(asyn))
+    # the staleness-aware rate: α = α0 / max(<σ>, 1), exactly, per update
+    for r in updates(asyn) + updates(soft):
+        assert r["lr"] == pytest.approx(0.02 / max(r["mean_sigma"], 1.0), rel=1e-12)
+
+
+def test_quickstart_reaches_95_percent_test_accuracy(tmp_path):
+    run_dir, out = rudra_run(tmp_path, "quick", [])
+    evals = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in l]
+    assert evals and evals[-1]["test_error"] <= 0.05, evals[-1]
+    assert "run directory:" in out
+    for name in ("config.yaml", "summary.csv", "test_error_vs_epoch.png", "staleness_hist.png"):
+        assert (run_dir / name).is_file(), name
+
+
+def test_a_learner_that_dies_stops_the_run_with_a_clear_message(tmp_path):
+    run_dir = tmp_path / "dies"
+    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml"),
+           "--run-dir", str(run_dir), "--set", "train.epochs=1000", "--set", "sync.protocol=hardsync"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    try:
+        deadline = time.time() + 90
+        victim = None
+        while time.time() < deadline and victim is None:
+            time.sleep(0.5)
+            procs = run_dir / "processes.json"
+            metrics = run_dir / "metrics.jsonl"
+            if procs.exists() and metrics.exists() and '"update"' in metrics.read_text():
+                entries = json.loads(procs.read_text())
+                entries = entries if isinstance(entries, list) else entries.get("processes", [])
+                learners = [e for e in entries if e["role"].startswith("learner")]
+                if len(learners) == 4:
+                    victim = learners[2]
+        assert victim is not None, "the run never started training"
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, out
+    assert "exited with code -9 (SIGKILL)" in out and "learner" in out
