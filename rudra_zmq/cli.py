@@ -2,7 +2,8 @@
 
 ``rudra-zmq run CONFIG`` starts a whole run on this machine (see :mod:`rudra_zmq.launcher`);
 ``rudra-zmq ps|learner|data|stats`` start one role each, with explicit endpoints, so the same
-run can be spread over several machines by hand. ``rudra-zmq info`` reports the build.
+run can be spread over several machines by hand. ``rudra-zmq simulate CONFIG`` runs the sync protocol in one process with
+simulated learner speeds (see :mod:`rudra_zmq.simulator`); ``rudra-zmq info`` reports the build.
 
 Role modules (and torch) are imported inside their subcommand only, so ``--help`` and
 ``info`` stay fast. Config problems print ``rudra-zmq: error: MESSAGE`` and exit 2; a role
@@ -16,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from .config import ConfigError, load_config
 
@@ -135,6 +137,28 @@ def cmd_stats(args) -> int:
     return _serve("stats_server", 1, False, lambda m: m.serve(cfg, args.bind, args.run_dir))
 
 
+def cmd_simulate(args) -> int:
+    cfg = _load(args)
+    speeds = None
+    if args.speeds:
+        try:
+            speeds = [float(x) for x in args.speeds.split(",")]
+        except ValueError:
+            raise _UsageError(f"--speeds must be numbers separated by commas, got "
+                              f"{args.speeds!r}") from None
+    run_dir = args.run_dir or os.path.join(cfg.runtime.run_dir,
+                                           f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
+    from . import simulator
+
+    # The simulator computes one gradient at a time: give it every core.
+    _set_threads(os.cpu_count() or 1, torch_too=args.train)
+    try:
+        return simulator.main_simulate(cfg, run_dir, jitter=args.jitter, speeds=speeds,
+                                       seed=args.seed, train=args.train)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
 def cmd_info(args) -> int:
     """Print the kernel build facts and library versions (does not import torch)."""
     from importlib import metadata
@@ -213,6 +237,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", required=True, metavar="DIR",
                    help="run directory for metrics, summary and plots")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("simulate", help="simulate a run in one process (no sockets)",
+                       description="Drive the same sync protocol engine as the parameter "
+                                   "server with simulated learner speeds: staleness, updates "
+                                   "and (with --train) accuracy, deterministically.")
+    _config_args(p, positional=True)
+    p.add_argument("--train", action="store_true",
+                   help="compute real gradients and test error (else protocol only)")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="relative std of each gradient's compute time (default 0)")
+    p.add_argument("--speeds", metavar="T0,T1,...",
+                   help="relative compute time per learner (default all 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated timing")
+    p.add_argument("--run-dir", metavar="DIR", help="where to write metrics and plots")
+    p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("info", help="show the kernel build and library versions")
     p.set_defaults(func=cmd_info)

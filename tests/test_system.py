@@ -55,6 +55,12 @@ def test_hardsync_lambda_learners_match_one_learner_with_lambda_times_the_miniba
     print(f"training moved the weights by {moved:.2e}; one vs two learners differ by {rel:.2e}")
     assert moved > 1e-2, "training must move the weights for the comparison to mean anything"
     assert rel <= 1e-5, f"relative difference {rel:.2e}"
+    # the in-process simulator drives the same engine and kernels: same weights
+    from rudra_zmq.simulator import simulate
+    sim = simulate(load_config(two / "config.yaml"), train=True)
+    assert len(sim.updates) == len(u2)
+    sim_rel = np.linalg.norm(sim.weights - w2) / np.linalg.norm(w2)
+    assert sim_rel <= 1e-5, f"simulator vs real run: relative difference {sim_rel:.2e}"
     # hardsync: every gradient of every update has staleness 0, from every learner once
     assert all(r["sigmas"] == [0, 0] and r["n_grads"] == 2 for r in u2)
     assert all(r["sigmas"] == [0] for r in u1)

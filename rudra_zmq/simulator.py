@@ -1,0 +1,223 @@
+"""A deterministic in-process simulator of a Rudra-base run: no sockets, threads or clocks.
+
+It drives the same :class:`~rudra_zmq.sync.SyncEngine` as the parameter server with learners
+whose compute times are simulated (a speed per learner, optional random jitter), so staleness
+distributions, updates per epoch and — with ``train=True`` — the accuracy that a protocol and
+learning-rate policy reach can be studied reproducibly on one core, for any λ (30 learners
+need neither 30 processes nor 30 copies of torch).
+
+With ``train=True`` each learner computes its real gradient (PyTorch) on the weights it last
+pulled, on its own strided minibatches of the dataset, and the PS update runs the same
+compiled kernels as the parameter server; only time is simulated. Hardsync learners wait
+for the update after their push; softsync/async learners go on at once with the newest
+weights, as in the real system's PUSHPULL.
+
+Results go to a run directory in the statistics server's ``metrics.jsonl`` schema (``t`` is
+simulated seconds), so ``plots.plot_run`` draws them like a real run.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import config as config_mod
+from . import kernels
+from .sync import LRSchedule, SyncEngine
+
+
+@dataclass
+class SimResult:
+    """What a simulation produced: per-update records and (if trained) evaluation records."""
+
+    updates: list = field(default_factory=list)
+    evals: list = field(default_factory=list)
+    sim_time: float = 0.0
+    weights: np.ndarray | None = None  # final weights (train=True)
+
+    @property
+    def mean_staleness(self) -> float:
+        sig = [s for u in self.updates for s in u["sigmas"]]
+        return float(np.mean(sig)) if sig else 0.0
+
+
+class _Trainer:
+    """Real gradients for simulated learners: one model, loaded with each learner's weights."""
+
+    def __init__(self, cfg):
+        import torch
+
+        from .datasets import to_float
+        from .flat import FlatModel
+        from .models import build_model
+        from .roles.data_server import SampleStream, load_data
+
+        self.torch, self.to_float = torch, to_float
+        self.ds = load_data(cfg)  # the same data, split and order as the data server's
+        self.flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, self.ds.shape,
+                                          seed=cfg.model.seed))
+        self.loss = torch.nn.CrossEntropyLoss()
+        self.cfg = cfg
+        self.n = len(self.ds.y_train)
+        self.stream = SampleStream(self.n, cfg.train.seed)
+
+    def _indices(self, learner: int, step: int) -> np.ndarray:
+        # The data server's strided assignment (DataServer.batch_indices).
+        lam, mu = self.cfg.sync.learners, self.cfg.sync.batch_size
+        return self.stream.indices((step * lam + learner) * mu, mu)
+
+    def gradient(self, weights: np.ndarray, learner: int, step: int) -> np.ndarray:
+        idx = self._indices(learner, step)
+        x = self.to_float(self.torch.from_numpy(self.ds.x_train[idx]), self.ds.mean, self.ds.std)
+        y = self.torch.from_numpy(self.ds.y_train[idx])
+        kernels.copy_into(self.flat.weights, weights)
+        self.flat.zero_grad()
+        self.loss(self.flat.module(x), y).backward()
+        return self.flat.grads.copy()
+
+    def evaluate(self, weights: np.ndarray) -> tuple[float, float]:
+        kernels.copy_into(self.flat.weights, weights)
+        errors, loss_sum = 0, 0.0
+        with self.torch.no_grad():
+            for i in range(0, len(self.ds.y_test), 500):
+                x = self.to_float(self.torch.from_numpy(self.ds.x_test[i:i + 500]),
+                                  self.ds.mean, self.ds.std)
+                y = self.torch.from_numpy(self.ds.y_test[i:i + 500])
+                out = self.flat.module(x)
+                loss_sum += float(self.loss(out, y)) * len(y)
+                errors += int((out.argmax(1) != y).sum())
+        n = len(self.ds.y_test)
+        return errors / n, loss_sum / n
+
+
+def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: bool = False,
+             max_updates: int | None = None, progress=None) -> SimResult:
+    """Simulate a run of ``cfg`` (Rudra-base) and return its records. Blocks; CPU only.
+
+    Args:
+        speeds: relative compute time of each learner's gradient (default all 1.0).
+        jitter: relative standard deviation of each gradient's compute time (0 = exact).
+        train: compute real gradients and test error (else only the protocol is simulated).
+        max_updates: stop after this many updates (default: ``train.epochs`` of data).
+        progress: optional callable(str) for one line per evaluation.
+    """
+    lam = cfg.sync.learners
+    speeds = list(speeds) if speeds is not None else [1.0] * lam
+    if len(speeds) != lam or min(speeds) <= 0:
+        raise ValueError(f"speeds must give a positive compute time for each of the {lam} "
+                         f"learners, got {speeds}")
+    if jitter < 0:
+        raise ValueError(f"jitter must be >= 0, got {jitter}")
+    o = cfg.optimizer
+    trainer = _Trainer(cfg) if train else None
+    from .datasets import dataset_size
+    epoch_size = trainer.n if trainer else dataset_size(cfg.data)
+    engine = SyncEngine(cfg.sync.protocol, lam,
+                        LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
+                        n=cfg.sync.n, batch_size=cfg.sync.batch_size, epoch_size=epoch_size)
+    rng = np.random.default_rng(seed)
+    result = SimResult()
+    if trainer:
+        w = trainer.flat.weights.copy()
+        v, acc = np.zeros_like(w), np.zeros_like(w)
+        segments = trainer.flat.segments() if o.param_multipliers else [(0, w.size, 1.0, 1.0)]
+        have = [w.copy() for _ in range(lam)]
+        next_eval = cfg.train.eval_every_epochs or math.inf
+        _record_eval(result, trainer, w, engine, 0.0, progress)
+
+    have_ts = [0] * lam
+    steps = [0] * lam
+    waiting: list[int] = []
+    events = [(_duration(speeds[i], jitter, rng), i) for i in range(lam)]
+    heapq.heapify(events)
+    limit = max_updates if max_updates is not None else math.inf
+    while events and engine.updates < limit:
+        t, i = heapq.heappop(events)
+        arrival = engine.receive(i, have_ts[i])
+        if trainer:
+            g = trainer.gradient(have[i], i, steps[i])
+            kernels.accumulate_scaled(acc, g, arrival.scale)
+        steps[i] += 1
+        update = arrival.update
+        if update is not None:
+            result.updates.append({"type": "update", "ts": update.timestamp, "t": t,
+                                   "epoch": update.epoch, "mean_sigma": update.mean_sigma,
+                                   "sigmas": list(update.sigmas), "lr": update.lr,
+                                   "n_grads": len(update.sigmas)})
+            if trainer:
+                for a, b, lm, dm in segments:
+                    kernels.sgd_momentum_step(w[a:b], v[a:b], acc[a:b], update.lr * lm,
+                                              o.momentum, o.weight_decay * dm, update.g_scale,
+                                              zero_acc=True)
+                if update.epoch >= next_eval or update.epoch >= cfg.train.epochs:
+                    while update.epoch >= next_eval:
+                        next_eval += cfg.train.eval_every_epochs
+                    _record_eval(result, trainer, w, engine, t, progress)
+            if update.epoch >= cfg.train.epochs and max_updates is None:
+                break
+        if cfg.sync.protocol == "hardsync":
+            waiting.append(i)
+            if update is None:
+                continue
+            resume, waiting = waiting, []
+        else:
+            resume = [i]
+        for j in resume:  # pull the newest weights, start the next gradient
+            have_ts[j] = engine.timestamp
+            if trainer:
+                kernels.copy_into(have[j], w)
+            heapq.heappush(events, (t + _duration(speeds[j], jitter, rng), j))
+        result.sim_time = t
+    if trainer:
+        result.weights = w
+    return result
+
+
+def _duration(speed: float, jitter: float, rng) -> float:
+    return speed * max(0.05, 1.0 + jitter * rng.standard_normal()) if jitter else speed
+
+
+def _record_eval(result, trainer, w, engine, t, progress):
+    err, loss = trainer.evaluate(w)
+    result.evals.append({"type": "eval", "ts": engine.timestamp, "t": t, "epoch": engine.epoch,
+                         "test_error": err, "test_loss": loss})
+    if progress:
+        progress(f"epoch {engine.epoch:7.2f}  ts {engine.timestamp:6d}  "
+                 f"test error {100 * err:6.2f}%  loss {loss:.4f}")
+
+
+def write_run(cfg, result: SimResult, run_dir: str | Path) -> Path:
+    """Write config.yaml, metrics.jsonl, summary.csv and plots for a simulation."""
+    from . import plots
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_mod.save(cfg, run_dir / "config.yaml")
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for rec in sorted(result.updates + result.evals, key=lambda r: (r["t"], r["ts"])):
+            f.write(json.dumps(rec) + "\n")
+    metrics = plots.read_metrics(run_dir / "metrics.jsonl")
+    plots.write_summary_csv(metrics, run_dir / "summary.csv")
+    plots.plot_run(run_dir)
+    return run_dir
+
+
+def main_simulate(cfg, run_dir, *, jitter, speeds, seed, train) -> int:
+    """Entry point of ``rudra-zmq simulate``: simulate, print a summary, write the run dir."""
+    t0 = time.time()
+    res = simulate(cfg, speeds=speeds, jitter=jitter, seed=seed, train=train,
+                   progress=lambda line: print(line, flush=True))
+    s = cfg.sync
+    print(f"simulated {s.protocol}{f' n={s.n}' if s.protocol == 'softsync' else ''}, "
+          f"λ={s.learners}, µ={s.batch_size}: {len(res.updates)} updates, "
+          f"<σ> = {res.mean_staleness:.2f}"
+          + (f", final test error {100 * res.evals[-1]['test_error']:.2f}%" if res.evals else "")
+          + f" ({time.time() - t0:.1f} s)")
+    out = write_run(cfg, res, run_dir)
+    print(f"run directory: {out}")
+    return 0
