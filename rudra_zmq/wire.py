@@ -163,6 +163,11 @@ def _buffer(frame):
     return frame.buffer if hasattr(frame, "buffer") else frame
 
 
+def _nbytes(buf) -> int:
+    # len() of a typed buffer (a float32 array) counts elements, not bytes.
+    return memoryview(buf).nbytes
+
+
 def decode(frames, *, kinds=None, numel: int | None = None) -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
@@ -176,9 +181,9 @@ def decode(frames, *, kinds=None, numel: int | None = None) -> Message:
     if not frames:
         raise WireError("empty", "empty message (no header frame)")
     raw = _buffer(frames[0])
-    if len(raw) > MAX_HEADER_BYTES:
+    if _nbytes(raw) > MAX_HEADER_BYTES:
         raise WireError("header_too_large",
-                        f"header of {len(raw):,} bytes exceeds {MAX_HEADER_BYTES:,}")
+                        f"header of {_nbytes(raw):,} bytes exceeds {MAX_HEADER_BYTES:,}")
     try:
         h = msgpack.unpackb(raw, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises several types for malformed input
@@ -241,8 +246,8 @@ def _check_payloads(kind: Kind, descr, frames, numel):
                                            f"[dtype in {list(PAYLOAD_DTYPES)}, count >= 0]")
         dtype = PAYLOAD_DTYPES[d[0]]
         buf = _buffer(frame)
-        if len(buf) != d[1] * dtype.itemsize:
-            raise WireError("bad_length", f"{kind.name}: payload {i} has {len(buf):,} bytes, "
+        if _nbytes(buf) != d[1] * dtype.itemsize:
+            raise WireError("bad_length", f"{kind.name}: payload {i} has {_nbytes(buf):,} bytes, "
                                           f"its header says {d[1]:,} x {d[0]}")
         if kind in _MODEL_SIZED and d[0] != "f4":
             raise WireError("bad_dtype", f"{kind.name}: model payloads are f4 (float32), "

@@ -88,6 +88,9 @@ class ParameterServer:
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER, hwm=max(64, 4 * s.learners))
+        # A restarted learner reconnects with the same routing id: let it take over the name
+        # instead of being silently refused while the old connection lingers.
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.endpoint = transport.bind(self.sock, bind)
         self.stats = None
         if stats:
@@ -98,6 +101,7 @@ class ParameterServer:
         self.stopped: set[int] = set()
         self.done = False
         self.invalid = 0
+        self.undelivered = 0
         self._warned: set = set()
         self._seq = 0
         self._snapshot = (-1, None)
@@ -112,8 +116,11 @@ class ParameterServer:
         frames = wire.encode(kind, wire.SENDER_PS, self._seq, self.engine.timestamp, self.inc,
                              payloads, **fields)
         try:
-            self.sock.send_multipart([ident, *frames], copy=False)
+            # NOBLOCK: each learner has at most one request in flight, so its queue is never
+            # full unless it misbehaves; then the reply is dropped rather than stalling the PS.
+            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that learner is gone (ROUTER_MANDATORY)
+            self.undelivered += 1
             log.warning("could not reply %s to %r: %s", kind.name, ident, exc)
 
     def _snapshot_now(self) -> np.ndarray:

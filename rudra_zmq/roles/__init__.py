@@ -1,0 +1,10 @@
+"""The processes of a rudra_zmq run, one module per role.
+
+- ``ps``           the parameter server: holds the weights, applies the sync protocol's updates.
+- ``learner``      a learner: pulls weights, computes gradients on minibatches, pushes them.
+- ``data_server``  the data server: serves each learner its disjoint, deterministic minibatches.
+- ``stats_server`` the statistics server: records metrics, evaluates test error off the
+                   training path, writes ``metrics.jsonl``, ``summary.csv`` and plots.
+
+Each role module has a ``serve(...)``-style entry point used by the CLI (``rudra-zmq ROLE``).
+"""

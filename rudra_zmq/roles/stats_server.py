@@ -1,0 +1,440 @@
+"""The statistics server: records every role's metrics and measures test error off the
+training path.
+
+Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
+
+- METRIC x{metric: record}: one record dict with a ``"type"`` (``update``, ``eval``,
+  ``learner``, ``ps``, ``done``; see ``rudra_zmq.plots`` for the fields), or
+  ``{"type": "batch", "items": [record, ...]}``, expanded here. Records carry an absolute
+  ``"t"`` (``time.time()``); they are written to ``RUN/metrics.jsonl``, one JSON line each, with
+  ``t`` made relative to the server's start ``t0``, and flushed at least every 0.5 s.
+- EVAL (weights payload at ts) x{epoch}: the weights are evaluated on the whole test split and
+  an ``eval`` record is written. When several EVALs queue up, only the newest is evaluated (the
+  others are counted in ``evals_skipped``). Metrics keep flowing during a long evaluation: the
+  socket is drained between test batches.
+- ``{"type": "done", "evals_sent": n}`` from the parameter server ends the run: the server waits
+  (at most ``DONE_WAIT_S``) for the n EVALs that sender announced, since they travel on another
+  connection, evaluates the last one, writes ``summary.csv`` and the PNG plots
+  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns.
+
+Senders must never be slowed by statistics, so :class:`StatsClient` sends with NOBLOCK and small
+high-water marks and drops (and counts) what does not fit. The server validates everything with
+``wire.decode``; a bad message is counted and logged once per sender and reason, never fatal.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from .. import kernels, plots, transport, wire
+from ..wire import Kind
+
+log = logging.getLogger("rudra_zmq.stats")
+
+METRIC_HWM = 100       # metric messages a client queues before it drops new ones
+EVAL_HWM = 2           # weight snapshots a client queues (model-sized: keep it tiny)
+RECV_HWM = 2           # per connection on the server; adds to the sender's queue
+DONE_SEND_WAIT_MS = 1000  # the final "done" record may wait this long for room, no longer
+CLOSE_LINGER_MS = 1000    # time ZeroMQ gets at close to deliver what is queued
+POLL_MS = 100
+DRAIN_MAX = 1000       # messages taken per wake-up before the loop looks at clocks again
+FLUSH_S = 0.5          # metrics.jsonl is flushed at least this often
+DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
+DONE_WAIT_S = 10.0     # ... and at most this long for announced EVALs still in flight
+EVAL_BATCH = 500
+
+
+def _plain(obj):
+    """``obj`` with NumPy scalars and arrays turned into Python numbers and lists."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, (np.generic, np.ndarray)):
+        return obj.tolist()
+    return obj
+
+
+class StatsClient:
+    """Sends METRIC and EVAL messages to the statistics server; never blocks the caller.
+
+    Two PUSH sockets: metrics (HWM ``METRIC_HWM``) and weights (HWM ``EVAL_HWM``), so small
+    records never wait behind model-sized messages. A message that does not fit the queue (the
+    server is slow, busy or absent) is dropped and counted: ``dropped`` (metrics),
+    ``evals_dropped``; ``evals_sent`` counts EVALs handed to ZeroMQ. Not thread-safe.
+    """
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, sender: int):
+        self.endpoint = endpoint
+        self.sender = sender
+        self.dropped = self.evals_sent = self.evals_dropped = 0
+        self._seq = 0
+        self._warned: set = set()
+        self._metrics = transport.make_socket(ctx, zmq.PUSH, hwm=METRIC_HWM)
+        self._evals = transport.make_socket(ctx, zmq.PUSH, hwm=EVAL_HWM)
+        for sock in (self._metrics, self._evals):
+            sock.connect(endpoint)
+
+    def metric(self, record: dict) -> bool:
+        """Queue one record (plain JSON-like values; NumPy scalars are converted). Returns
+        False if it was dropped. Does not block, except that a ``{"type": "done"}`` record
+        (which gets ``evals_sent`` added) waits up to ``DONE_SEND_WAIT_MS`` for room."""
+        if not isinstance(record, dict):
+            raise TypeError(f"a metric record is a dict, got {type(record).__name__}")
+        if record.get("type") == "done":
+            record = {**record, "evals_sent": self.evals_sent}
+            if not self._metrics.poll(DONE_SEND_WAIT_MS, zmq.POLLOUT):
+                return self._drop("done", "the final 'done' record: the queue stayed full")
+        try:
+            frames = self._encode(record)
+        except TypeError:  # msgpack takes no NumPy types: convert (rare, so not up front)
+            frames = self._encode(_plain(record))
+        if len(frames[0]) > wire.MAX_HEADER_BYTES:
+            items = record.get("items") if record.get("type") == "batch" else None
+            if isinstance(items, list) and len(items) > 1:
+                half = len(items) // 2  # too big for one header: send it in two halves
+                first = self.metric({**record, "items": items[:half]})
+                return self.metric({**record, "items": items[half:]}) and first
+            return self._drop("size", f"a {record.get('type')!r} record of {len(frames[0]):,} "
+                                      f"bytes (the limit is {wire.MAX_HEADER_BYTES:,})")
+        try:
+            self._metrics.send_multipart(frames, flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return self._drop("full", None)
+
+    def _encode(self, record):
+        self._seq += 1
+        return wire.encode(Kind.METRIC, self.sender, self._seq, metric=record)
+
+    def _drop(self, reason: str, text: str | None) -> bool:
+        self.dropped += 1
+        if text and reason not in self._warned:
+            self._warned.add(reason)
+            log.warning("statistics client %d: dropped %s", self.sender, text)
+        return False
+
+    def eval_weights(self, ts: int, epoch: float, weights: np.ndarray,
+                     chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES) -> bool:
+        """Queue ``weights`` (1-D float32) for evaluation, zero-copy, in frames of at most
+        ``chunk_bytes``. Returns False if dropped (EVAL_HWM snapshots already queued).
+
+        Does not block. ``weights`` is sent without a copy: do not modify it until ZeroMQ has
+        sent it; pass a snapshot that is never written again (as the parameter server does).
+        """
+        if not self._evals.poll(0, zmq.POLLOUT):  # full: do not even encode
+            self.evals_dropped += 1
+            return False
+        self._seq += 1
+        frames = wire.encode(Kind.EVAL, self.sender, self._seq, ts=ts,
+                             payloads=wire.chunk(weights, chunk_bytes), epoch=float(epoch))
+        try:
+            self._evals.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.evals_dropped += 1
+            return False
+        self.evals_sent += 1
+        return True
+
+    def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
+        """Close both sockets, giving ZeroMQ up to ``linger_ms`` (in ``ctx.term()``) to deliver
+        what is queued, e.g. the final "done" record."""
+        for sock in (self._metrics, self._evals):
+            if not sock.closed:
+                sock.close(linger=linger_ms)
+
+
+class StatsServer:
+    """The statistics server bound at ``bind`` (PULL; see ``.endpoint``), writing ``run_dir``.
+
+    Args:
+        cfg: the run's Config (data and model, to evaluate EVALs).
+        bind: endpoint to bind; ``tcp://HOST:0`` picks a free port.
+        run_dir: where ``metrics.jsonl``, ``summary.csv`` and the PNGs go (created).
+        ctx: ZeroMQ context; a private one (terminated at the end) if None.
+        t0: the time the records' ``t`` is made relative to; default: now.
+        dataset: an already loaded ``datasets.Dataset``; default ``data_server.load_data``.
+        out: where progress lines go (default stdout).
+    Construct in any thread, then use only from the thread that runs ``serve_forever``.
+    Counters: ``records``, ``invalid``, ``evals_done``, ``evals_skipped``.
+    """
+
+    def __init__(self, cfg, bind: str, run_dir, ctx: zmq.Context | None = None, *,
+                 t0: float | None = None, dataset=None, out=None):
+        from ..flat import FlatModel
+        from ..models import build_model
+        from .data_server import load_data
+
+        self.cfg = cfg
+        self.t0 = time.time() if t0 is None else float(t0)
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.out = out if out is not None else sys.stdout
+        ds = dataset if dataset is not None else load_data(cfg)
+        self.x_test, self.y_test = ds.x_test, ds.y_test
+        self.mean, self.std = tuple(ds.mean), tuple(ds.std)
+        self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
+                                 seed=cfg.model.seed)
+        self.flat = FlatModel(self.model)
+        self.records = self.invalid = self.evals_done = self.evals_skipped = 0
+        self._warned: set = set()
+        self._pending: tuple[wire.Message, float] | None = None   # newest EVAL, arrival time
+        self._evals_received: dict[int, int] = {}
+        self._done: tuple[float, int, int] | None = None  # (arrival, sender, EVALs announced)
+        self._sigma = [0.0, 0]                           # since the previous eval
+        self._last_sigma = "-"                           # as last printed
+        self._rates: dict = {}                           # learner -> latest samples/s
+        self._own_ctx = ctx is None
+        self.ctx = ctx if ctx is not None else zmq.Context()
+        self.sock = transport.make_socket(self.ctx, zmq.PULL, hwm=RECV_HWM)
+        try:
+            self.endpoint = transport.bind(self.sock, bind)
+            self.metrics_path = self.run_dir / plots.METRICS_FILE
+            self._file = open(self.metrics_path, "a")
+        except BaseException:
+            self.sock.close(linger=0)
+            if self._own_ctx:
+                self.ctx.term()
+            raise
+        self._last_flush = time.time()
+
+    # ------------------------------------------------------------------ receiving
+    def _drain(self) -> int:
+        """Take every queued message (up to DRAIN_MAX): METRICs are written at once, EVALs
+        become pending. Does not block. Returns how many messages it took."""
+        taken = 0
+        while taken < DRAIN_MAX:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            taken += 1
+            self.handle(frames)
+        self._maybe_flush()
+        return taken
+
+    def handle(self, frames) -> None:
+        """Process one message. Never raises for bad input (counts and logs it)."""
+        now = time.time()
+        try:
+            msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL}, numel=self.flat.numel)
+        except wire.WireError as exc:
+            self._refuse("an unknown sender", exc.code, str(exc))
+            return
+        if msg.kind == Kind.EVAL:
+            self._evals_received[msg.sender] = self._evals_received.get(msg.sender, 0) + 1
+            if self._pending is not None:
+                self.evals_skipped += 1  # a newer one arrived before we got to it
+            self._pending = (msg, now)
+            return
+        rec = msg.fields["metric"]
+        items = rec.get("items") if rec.get("type") == "batch" else [rec]
+        if not isinstance(items, list):
+            self._refuse(f"sender {msg.sender}", "bad_metric", "a 'batch' record without a "
+                                                               "list of 'items'")
+            return
+        for r in items:
+            if not isinstance(r, dict) or not isinstance(r.get("type"), str) or \
+                    r["type"] == "batch":
+                self._refuse(f"sender {msg.sender}", "bad_metric",
+                             f"a record that is not a map with a string 'type': {r!r:.80}")
+                continue
+            self._record(r, now, msg.sender)
+
+    def _record(self, r: dict, now: float, sender: int) -> None:
+        t = r.get("t")
+        rel = (t if _is_number(t) else now) - self.t0
+        r = {**r, "t": round(rel, 6)}
+        try:
+            line = json.dumps(r, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
+            self._refuse(f"sender {sender}", "bad_metric", f"a record JSON cannot hold: {exc}")
+            return
+        kind = r["type"]
+        if kind == "update":
+            mean = r.get("mean_sigma")
+            n = r.get("n_grads")
+            n = n if _is_number(n) and n >= 1 else 1
+            if _is_number(mean):  # weighted by gradients, as summary.csv's mean_sigma
+                self._sigma[0] += mean * n
+                self._sigma[1] += n
+        elif kind == "learner" and _is_number(r.get("samples_per_s")):
+            self._rates[r.get("learner", sender)] = r["samples_per_s"]
+        elif kind == "done" and self._done is None:
+            announced = r.get("evals_sent")
+            self._done = (now, sender, announced if _is_number(announced) else 0)
+        self._write(line)
+
+    def _write(self, line: str) -> None:
+        self._file.write(line + "\n")
+        self.records += 1
+
+    def _maybe_flush(self, force: bool = False) -> None:
+        now = time.time()
+        if force or now - self._last_flush >= FLUSH_S:
+            self._file.flush()
+            self._last_flush = now
+
+    def _refuse(self, who: str, code: str, message: str) -> None:
+        self.invalid += 1
+        if (who, code) not in self._warned:  # log once per sender and reason, count all
+            self._warned.add((who, code))
+            log.warning("statistics server: ignored a message from %s: %s", who, message)
+
+    # ------------------------------------------------------------------ evaluating
+    def evaluate(self, weights_parts, stop_event=None) -> tuple[float, float] | None:
+        """Load the weights (one float32 array, or a list of the chunks of an EVAL) and return
+        (test error 0..1, mean test loss) over the whole test split, or None if ``stop_event``
+        was set meanwhile. Blocks (torch releases the GIL while it computes); drains metrics
+        between test batches."""
+        import torch
+        import torch.nn.functional as F
+
+        from ..datasets import to_float
+
+        if isinstance(weights_parts, np.ndarray):
+            weights_parts = [weights_parts]
+        off = 0
+        for part in weights_parts:
+            n = part.shape[0]
+            kernels.copy_into(self.flat.weights[off:off + n], part)
+            off += n
+        if off != self.flat.numel:
+            raise ValueError(f"evaluate got {off:,} floats; the model has {self.flat.numel:,}")
+        self.model.eval()
+        wrong, loss_sum, total = 0, 0.0, self.y_test.shape[0]
+        with torch.no_grad():
+            for i in range(0, total, EVAL_BATCH):
+                x = to_float(self.x_test[i:i + EVAL_BATCH], self.mean, self.std)
+                y = torch.from_numpy(self.y_test[i:i + EVAL_BATCH])
+                out = self.model(x)
+                loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
+                wrong += int((out.argmax(1) != y).sum())
+                self._drain()  # a long evaluation must not stall the metrics
+                if stop_event is not None and stop_event.is_set():
+                    return None  # SIGTERM mid-evaluation: finish promptly instead
+        return wrong / max(total, 1), loss_sum / max(total, 1)
+
+    def _evaluate_pending(self, stop_event) -> None:
+        msg, arrived = self._pending
+        self._pending = None
+        ts, epoch = msg.ts, float(msg.fields["epoch"])
+        result = self.evaluate(msg.payloads, stop_event)
+        del msg  # frees the weights frames
+        if result is None:
+            self.evals_skipped += 1
+            return
+        error, loss = result
+        # self._pending may hold a newer EVAL now: it arrived during the evaluation.
+        rec = {"type": "eval", "ts": ts, "t": round(arrived - self.t0, 6),
+               "epoch": epoch, "test_error": error, "test_loss": loss}
+        self._write(json.dumps(rec, separators=(",", ":")))
+        self.evals_done += 1
+        self._maybe_flush(force=True)
+        # Update records come in batches (every 0.5 s from the PS) and may trail the EVAL:
+        # with none new since the last line, repeat the last value; "-" = nothing known yet.
+        if self._sigma[1]:
+            self._last_sigma = f"{self._sigma[0] / self._sigma[1]:.2f}"
+            self._sigma = [0.0, 0]
+        rate = f"{sum(self._rates.values()):.0f}" if self._rates else "-"
+        self._print(f"epoch {epoch:6.2f}  ts {ts:6d}  test error "
+                    f"{100 * error:5.2f}%  loss {loss:.4f}  <σ> {self._last_sigma}  "
+                    f"samples/s {rate}")
+
+    def _print(self, line: str) -> None:
+        try:
+            print(line, file=self.out, flush=True)
+        except UnicodeEncodeError:  # a terminal without UTF-8
+            print(line.replace("σ", "sigma"), file=self.out, flush=True)
+
+    # ------------------------------------------------------------------ loop
+    def serve_forever(self, stop_event: threading.Event | None = None) -> str:
+        """Record and evaluate until a "done" record (and the EVALs it announced) or
+        ``stop_event``; then write summary.csv and the plots and close. Blocks.
+        Returns ``"done"`` or ``"stopped"``."""
+        reason = "stopped"
+        try:
+            while stop_event is None or not stop_event.is_set():
+                if self._pending is not None:
+                    self._evaluate_pending(stop_event)
+                    continue  # look for more messages before deciding anything else
+                if self._finished():
+                    reason = "done"
+                    break
+                if self.sock.poll(POLL_MS):
+                    self._drain()
+                else:
+                    self._maybe_flush()
+        finally:
+            if self._pending is not None:
+                self.evals_skipped += 1  # stopped before it was evaluated
+                self._pending = None
+            self._finish()
+        return reason
+
+    def _finished(self) -> bool:
+        """Training is over and every EVAL the PS announced has arrived (or waited long)."""
+        if self._done is None:
+            return False
+        arrived, sender, announced = self._done
+        waited = time.time() - arrived
+        if waited < DONE_QUIET_S:
+            return False
+        if self._evals_received.get(sender, 0) < announced and waited < DONE_WAIT_S:
+            return False
+        return True
+
+    def _finish(self) -> None:
+        self._maybe_flush(force=True)
+        self._file.close()
+        try:
+            metrics = plots.read_metrics(self.metrics_path)
+            plots.write_summary_csv(metrics, self.run_dir / "summary.csv")
+            plots.plot_run(self.run_dir)
+        except Exception:  # the metrics are safe on disk; plots can be redrawn from them
+            log.exception("statistics server: could not write summary.csv or the plots")
+        if self.invalid or self.evals_skipped:
+            log.info("statistics server: %d invalid messages ignored, %d evaluations skipped",
+                     self.invalid, self.evals_skipped)
+        self._print(f"run directory: {self.run_dir}")
+        if not self.sock.closed:
+            self.sock.close(linger=0)
+        if self._own_ctx and not self.ctx.closed:
+            self.ctx.term()
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def serve(cfg, bind: str, run_dir) -> int:
+    """Entry point of ``rudra-zmq stats``: run until the PS reports "done" or SIGTERM/SIGINT;
+    either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
+    import torch
+
+    torch.set_num_threads(1)  # evaluation shares the machine with the learners
+    stop = threading.Event()
+    server = StatsServer(cfg, bind, run_dir)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        print(f"statistics server listening on {server.endpoint}", flush=True)
+        server.serve_forever(stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+__all__ = ["StatsClient", "StatsServer", "serve"]

@@ -1,0 +1,239 @@
+"""The data server: strided deterministic assignment, refusals, and the learner's client."""
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from rudra_zmq import transport, wire
+from rudra_zmq.config import load_config
+from rudra_zmq.roles.data_server import DataClient, DataServer, SampleStream, load_data
+from rudra_zmq.wire import Kind
+
+N_TRAIN = 100
+
+
+def make_cfg(learners, batch_size, seed=0):
+    return load_config(overrides=[
+        "data.dataset=synthetic", "data.synthetic_shape=[1,8,8]",
+        f"data.synthetic_train={N_TRAIN}", "data.synthetic_test=20",
+        f"sync.learners={learners}", f"sync.batch_size={batch_size}", f"train.seed={seed}"])
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    ds = load_data(make_cfg(1, 1))
+    rows = {bytes(img) for img in ds.x_train.reshape(N_TRAIN, -1)}
+    assert len(rows) == N_TRAIN, "synthetic images must be distinct to identify samples"
+    return ds
+
+
+def sample_ids(ds, x: torch.Tensor) -> list[int]:
+    """Which training samples a batch holds, identified by their pixels."""
+    index = {bytes(img): i for i, img in enumerate(ds.x_train.reshape(ds.x_train.shape[0], -1))}
+    return [index[bytes(img)] for img in x.numpy().reshape(x.shape[0], -1)]
+
+
+@contextlib.contextmanager
+def running_server(cfg, dataset=None):
+    """A DataServer on a random loopback port, served by a background thread."""
+    ctx = zmq.Context()
+    stop = threading.Event()
+    thread = None
+    try:
+        server = DataServer(cfg, "tcp://127.0.0.1:0", ctx, dataset=dataset)
+        thread = threading.Thread(target=server.serve_forever, args=(stop,), daemon=True)
+        thread.start()
+        yield server, ctx
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=5)
+            assert not thread.is_alive(), "data server thread did not stop"
+        ctx.destroy(linger=0)  # closes any client socket a failing test left open, then terms
+
+
+@contextlib.contextmanager
+def clients(ctx, endpoint, ids, **kw):
+    made = [DataClient(ctx, endpoint, i, timeout_ms=5000, **kw) for i in ids]
+    try:
+        yield made
+    finally:
+        for c in made:
+            c.close()
+
+
+def take(client, steps):
+    return [client.next_batch() for _ in range(steps)]
+
+
+def test_two_learners_of_mu_see_exactly_what_one_learner_of_two_mu_sees(dataset):
+    steps = 20  # 20 x 16 = 3.2 epochs of 100, so batches straddle epoch boundaries
+    with running_server(make_cfg(2, 8), dataset) as (server, ctx), \
+            clients(ctx, server.endpoint, [0, 1], prefetch=3) as (c0, c1):
+        late = take(c1, steps)   # learner 1 runs ahead of learner 0: timing must not matter
+        early = take(c0, steps)
+    with running_server(make_cfg(1, 16), dataset) as (server, ctx), \
+            clients(ctx, server.endpoint, [0]) as (big,):
+        together = take(big, steps)
+    for k in range(steps):
+        x0, y0, e0, s0 = early[k]
+        x1, y1, e1, s1 = late[k]
+        xb, yb, eb, sb = together[k]
+        assert s0 == s1 == sb == k
+        assert sample_ids(dataset, torch.cat([x0, x1])) == sample_ids(dataset, xb)
+        assert torch.equal(torch.cat([y0, y1]), yb)
+        assert e0 == eb and e1 == pytest.approx(eb + 8 / N_TRAIN)
+
+
+def test_batches_are_disjoint_within_an_epoch_cover_it_and_epochs_advance(dataset):
+    mu, lam = 10, 2
+    per_epoch = N_TRAIN // (mu * lam)
+    with running_server(make_cfg(lam, mu), dataset) as (server, ctx), \
+            clients(ctx, server.endpoint, range(lam)) as learners:
+        got = {i: take(c, 2 * per_epoch) for i, c in enumerate(learners)}
+        for epoch in range(2):
+            ids = []
+            for k in range(epoch * per_epoch, (epoch + 1) * per_epoch):
+                for i in range(lam):
+                    x, y, e, step = got[i][k]
+                    assert step == k
+                    assert e == pytest.approx((k * lam + i) * mu / N_TRAIN)
+                    assert int(e) == epoch
+                    batch = sample_ids(dataset, x)
+                    assert torch.equal(y, torch.from_numpy(dataset.y_train[batch]))
+                    ids += batch
+            assert sorted(ids) == list(range(N_TRAIN))  # disjoint and covering
+            if epoch == 0:
+                first_order = ids
+        assert ids != first_order, "each epoch must have its own permutation"
+        in_flight = lam * mu * learners[0].prefetch  # prefetched, maybe not served yet
+        assert 2 * N_TRAIN <= server.samples_served <= 2 * N_TRAIN + in_flight
+        assert server.epochs_served == pytest.approx(server.samples_served / N_TRAIN)
+
+
+def test_the_sample_stream_is_a_concatenation_of_seeded_permutations():
+    s = SampleStream(7, seed=3)
+    whole = np.concatenate([np.random.default_rng([3, e]).permutation(7) for e in range(3)])
+    assert np.array_equal(s.indices(0, 21), whole)
+    assert np.array_equal(s.indices(5, 10), whole[5:15])  # crosses an epoch boundary
+    assert not np.array_equal(SampleStream(7, seed=4).indices(0, 7), whole[:7])
+
+
+def test_batches_are_tensors_the_learner_owns_with_the_datasets_normalisation(dataset):
+    with running_server(make_cfg(1, 4), dataset) as (server, ctx), \
+            clients(ctx, server.endpoint, [0]) as (c,):
+        x, y, epoch, step = c.next_batch()
+        assert (x.dtype, tuple(x.shape), y.dtype, tuple(y.shape)) == \
+            (torch.uint8, (4, 1, 8, 8), torch.int64, (4,))
+        assert (epoch, step) == (0.0, 0)
+        x.add_(1)  # writable: the client copied it out of ZeroMQ's read-only frame
+        assert c.mean == pytest.approx(dataset.mean) and c.std == pytest.approx(dataset.std)
+
+
+def raw_request(sock, frames):
+    sock.send_multipart(frames)
+    assert sock.poll(5000), "no reply from the data server"
+    return wire.decode(sock.recv_multipart())
+
+
+def test_invalid_requests_get_error_and_do_not_disturb_the_next_valid_request(dataset):
+    with running_server(make_cfg(2, 4), dataset) as (server, ctx):
+        sock = transport.make_socket(ctx, zmq.DEALER)
+        try:
+            sock.connect(server.endpoint)
+            bad = [
+                ([b"\xc1 garbage"], "bad_header", "not valid msgpack"),
+                (wire.encode(Kind.BATCH_REQ, 5, 1, step=0), "bad_learner", "learner id 5"),
+                (wire.encode(Kind.BATCH_REQ, -3, 2, step=0), "bad_learner", "learner id -3"),
+                (wire.encode(Kind.BATCH_REQ, 1, 3, step=-2), "bad_step", "step -2"),
+                (wire.encode(Kind.PULL, 0, 4, wait=False), "unexpected_kind", "PULL"),
+            ]
+            for frames, code, text in bad:
+                reply = raw_request(sock, frames)
+                assert reply.kind == Kind.ERROR and reply.fields["code"] == code
+                assert text in reply.fields["error"]
+            reply = raw_request(sock, wire.encode(Kind.BATCH_REQ, 1, 5, step=3))
+            assert reply.kind == Kind.BATCH and reply.fields["step"] == 3
+            assert list(reply.payloads[1]) == list(
+                dataset.y_train[server.batch_indices(1, 3)])
+            assert server.invalid == len(bad) and server.batches_served == 1
+        finally:
+            sock.close(linger=0)
+
+
+def test_a_refused_learner_gets_a_server_error_naming_its_id(dataset):
+    with running_server(make_cfg(2, 4), dataset) as (server, ctx), \
+            clients(ctx, server.endpoint, [7]) as (c,):
+        with pytest.raises(transport.ServerError, match="learner id 7 is out of range 0..1"):
+            c.next_batch()
+
+
+def test_data_client_times_out_naming_the_endpoint_when_no_server_listens():
+    endpoint = transport.free_tcp_endpoint()
+    ctx = zmq.Context()
+    try:
+        c = DataClient(ctx, endpoint, 0, timeout_ms=200)
+        try:
+            with pytest.raises(TimeoutError, match=f"data server at {endpoint} within 0.2 s"):
+                c.next_batch()
+        finally:
+            c.close()
+    finally:
+        ctx.term()
+
+
+def test_data_client_refuses_replies_out_of_step_order():
+    ctx = zmq.Context()
+    router = transport.make_socket(ctx, zmq.ROUTER)
+    try:
+        endpoint = transport.bind(router, "tcp://127.0.0.1:0")
+        c = DataClient(ctx, endpoint, 0, prefetch=2, timeout_ms=5000)
+        try:
+            assert router.poll(5000)
+            ident = router.recv_multipart()[0]
+            frames = wire.encode(Kind.BATCH, wire.SENDER_DATA, 1,
+                                 payloads=[np.zeros(4, np.uint8), np.zeros(1, np.int64)],
+                                 shape=[1, 1, 2, 2], epoch=0.0, step=1)
+            router.send_multipart([ident, *frames])
+            with pytest.raises(wire.WireError, match="answered step 1; learner 0 expected step 0"):
+                c.next_batch()
+        finally:
+            c.close()
+    finally:
+        router.close(linger=0)
+        ctx.term()
+
+
+def test_serve_prints_its_endpoint_and_exits_cleanly_on_sigterm():
+    code = ("from rudra_zmq.config import load_config\n"
+            "from rudra_zmq.roles.data_server import serve\n"
+            "cfg = load_config(overrides=['data.dataset=synthetic', 'data.synthetic_train=64',"
+            " 'data.synthetic_test=8', 'data.synthetic_shape=[1,4,4]'])\n"
+            "raise SystemExit(serve(cfg, 'tcp://127.0.0.1:0'))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("data server listening on tcp://127.0.0.1:")
+        endpoint = line.split()[-1]
+        ctx = zmq.Context()
+        try:
+            c = DataClient(ctx, endpoint, 0, timeout_ms=5000)
+            x, *_ = c.next_batch()
+            assert tuple(x.shape) == (32, 1, 4, 4)
+            c.close()
+        finally:
+            ctx.term()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=5)
+        assert proc.returncode == 0
+        assert "served" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
