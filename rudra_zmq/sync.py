@@ -203,6 +203,41 @@ class SyncEngine:
             update = self._make_update()
         return Arrival(learner, grad_ts, sigma, scale, update)
 
+    def receive_many(self, entries) -> Arrival:
+        """Account one relayed sum of several learners' gradients (Rudra-adv tree nodes).
+
+        ``entries`` is the vector clock of the sum: one ``(learner, gradient timestamp)`` per
+        gradient it contains. Each counts as one gradient toward c (c counts learner
+        gradients, not relayed messages), so an update happens at the first arrival that
+        brings the count to c or beyond, and averages every gradient it holds (g_scale =
+        1/count). All entries are checked before any is accounted (state unchanged on
+        :class:`ProtocolViolation`). The ``per_gradient`` policy is refused: its per-gradient
+        scale depends on σ at the root, which the node that summed the gradients cannot know.
+        The returned Arrival's ``sigma`` is the largest σ of the entries; its ``scale`` is 1.
+        """
+        entries = [(int(l), int(t)) for l, t in entries]
+        if not entries:
+            raise ProtocolViolation("a relayed gradient must contain at least one gradient")
+        if self.lr.policy == "per_gradient":
+            raise ProtocolViolation("the per_gradient learning-rate policy needs each gradient "
+                                    "separately; relayed sums support constant or staleness")
+        seen = set()
+        for learner, ts in entries:
+            self.check(learner, ts)
+            if self.protocol == "hardsync" and learner in seen:
+                raise ProtocolViolation(f"hardsync: learner {learner} appears twice in one "
+                                        "relayed gradient")
+            seen.add(learner)
+        for learner, ts in entries:
+            self._pending.append((learner, ts, self.timestamp - ts))
+            self._pending_learners.add(learner)
+        self.gradients_received += len(entries)
+        sigma = max(self.timestamp - ts for _, ts in entries)
+        update = None
+        if len(self._pending) >= self.gradients_per_update:
+            update = self._make_update()
+        return Arrival(entries[0][0], min(t for _, t in entries), sigma, 1.0, update)
+
     def _make_update(self) -> Update:
         learners, stamps, sigmas = zip(*self._pending)
         mean_sigma = sum(sigmas) / len(sigmas)

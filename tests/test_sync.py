@@ -143,3 +143,35 @@ def test_bad_lr_schedule_values_are_named():
         LRSchedule(0.1, "fast")
     with pytest.raises(ValueError, match="ascending"):
         LRSchedule(0.1, steps=(130, 120))
+
+
+def test_relayed_sums_count_learner_gradients_toward_c():
+    eng = engine("softsync", 8, n=2)                     # c = 4 learner gradients
+    assert eng.receive_many([(0, 0), (1, 0), (2, 0)]).update is None
+    u = eng.receive_many([(3, 0), (4, 0)]).update        # 5 >= 4: update with all 5
+    assert u.learners == (0, 1, 2, 3, 4) and u.g_scale == pytest.approx(1 / 5)
+
+
+def test_hardsync_through_relays_needs_every_learner_once():
+    eng = engine("hardsync", 4)
+    assert eng.receive_many([(0, 0), (1, 0)]).update is None
+    with pytest.raises(ProtocolViolation, match="learner 1 pushed twice"):
+        eng.receive_many([(1, 0), (2, 0)])
+    assert eng.pending == 2                               # the refused relay changed nothing
+    u = eng.receive_many([(2, 0), (3, 0)]).update
+    assert u.sigmas == (0, 0, 0, 0) and u.timestamp == 1
+
+
+def test_relayed_staleness_is_per_gradient_and_drives_the_staleness_rate():
+    eng = engine("async", 4, lr=0.9, policy="staleness")
+    for i in range(3):
+        eng.receive(i, eng.timestamp)
+    u = eng.receive_many([(3, 0), (0, 3)]).update         # σ = 3 and 0
+    assert u.sigmas == (3, 0) and u.mean_sigma == 1.5 and u.lr == pytest.approx(0.6)
+
+
+def test_relays_refuse_the_per_gradient_policy_and_empty_sums():
+    with pytest.raises(ProtocolViolation, match="per_gradient"):
+        engine("async", 2, policy="per_gradient").receive_many([(0, 0)])
+    with pytest.raises(ProtocolViolation, match="at least one"):
+        engine("async", 2).receive_many([])
