@@ -127,6 +127,21 @@ def cmd_learner(args) -> int:
                   lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats))
 
 
+def cmd_node(args) -> int:
+    cfg = _load(args)
+    if cfg.architecture.kind != "adv":
+        raise _UsageError("rudra-zmq node runs a node of a PS tree: set architecture.kind=adv "
+                          f"(the config says {cfg.architecture.kind!r})")
+    from .topology import plan
+
+    try:
+        plan(cfg).node(args.id)
+    except ValueError as exc:
+        raise _UsageError(f"--id {args.id}: {exc}") from None
+    return _serve("tree_node", 1, False,
+                  lambda m: m.serve(cfg, args.id, args.bind, args.parent))
+
+
 def cmd_data(args) -> int:
     cfg = _load(args)
     return _serve("data_server", 1, False, lambda m: m.serve(cfg, args.bind))
@@ -225,6 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, metavar="ENDPOINT", help="data server")
     p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
     p.set_defaults(func=cmd_learner)
+
+    p = sub.add_parser("node", help="run one node of a PS tree (architecture.kind=adv)",
+                       description="A Rudra-adv tree node: sums the gradients of its children "
+                                   "(learners, or tree nodes) and relays them to its parent "
+                                   "(a tree node or the parameter server). Node ids: leaves "
+                                   "first, then each level above (see `rudra-zmq run`'s plan).")
+    _config_args(p)
+    p.add_argument("--id", required=True, type=int, metavar="K", help="tree node id")
+    p.add_argument("--bind", required=True, metavar="ENDPOINT",
+                   help="endpoint its children connect to, e.g. ipc:///tmp/rudra-node0.sock")
+    p.add_argument("--parent", required=True, metavar="ENDPOINT",
+                   help="its parent: the parameter server or a tree node")
+    p.set_defaults(func=cmd_node)
 
     p = sub.add_parser("data", help="run the data server (until SIGTERM or Ctrl-C)")
     _config_args(p)

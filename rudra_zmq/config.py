@@ -80,6 +80,15 @@ class RuntimeConfig:
 
 
 @dataclass
+class ArchitectureConfig:
+    kind: str = "base"                 # base (one PS) | adv (a tree of PS nodes, Rudra-adv)
+    fanout: int = 4                    # adv: learners per leaf and children per inner node
+    depth: int = 1                     # adv: node levels below the root (1: leaves -> root)
+    leaves: list[list[int]] = field(default_factory=list)  # adv: learners per leaf (default:
+    #                                    consecutive groups of fanout)
+
+
+@dataclass
 class Config:
     name: str = "run"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -88,6 +97,7 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    architecture: ArchitectureConfig = field(default_factory=ArchitectureConfig)
 
     def validate(self) -> "Config":
         """Cross-field checks; raises ConfigError naming the value and what to do."""
@@ -120,7 +130,40 @@ class Config:
             raise ConfigError(f"data.synthetic_shape must be [C, H, W], got {d.synthetic_shape}")
         if r.timeout_s <= 0:
             raise ConfigError(f"runtime.timeout_s must be > 0, got {r.timeout_s}")
+        self._validate_architecture()
         return self
+
+    def _validate_architecture(self) -> None:
+        a, lam = self.architecture, self.sync.learners
+        _one_of("architecture.kind", a.kind, ("base", "adv"))
+        for key, val in (("architecture.fanout", a.fanout), ("architecture.depth", a.depth)):
+            if val < 1:
+                raise ConfigError(f"{key} must be >= 1, got {val}")
+        if a.kind == "base":
+            if a.leaves:
+                raise ConfigError("architecture.leaves is used only by the PS tree: set "
+                                  "architecture.kind=adv, or remove architecture.leaves")
+            return
+        if self.optimizer.lr_policy == "per_gradient":
+            raise ConfigError("optimizer.lr_policy per_gradient needs every gradient separately "
+                              "at the root; a PS tree (architecture.kind=adv) relays sums: use "
+                              "constant or staleness")
+        if a.leaves:
+            flat = [i for leaf in a.leaves for i in leaf]
+            empty = [k for k, leaf in enumerate(a.leaves) if not leaf]
+            if empty:
+                raise ConfigError(f"architecture.leaves[{empty[0]}] is empty; every leaf needs "
+                                  "at least one learner")
+            bad = sorted({i for i in flat if not 0 <= i < lam})
+            twice = sorted({i for i in flat if flat.count(i) > 1})
+            missing = sorted(set(range(lam)) - set(flat))
+            if bad or twice or missing:
+                raise ConfigError(
+                    f"architecture.leaves must place every learner 0..{lam - 1} "
+                    f"(sync.learners={lam}) in exactly one leaf; got {a.leaves}: "
+                    + "; ".join(f"{what} {ids}" for what, ids in (
+                        ("out of range", bad), ("in two leaves", twice),
+                        ("in no leaf", missing)) if ids))
 
 
 def _one_of(key, value, allowed):

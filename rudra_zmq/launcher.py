@@ -9,7 +9,14 @@ there as ``config.yaml``, and starts one process per role, in this order::
     learners       rudra-zmq learner --config RUN/config.yaml --id 0[,1,...] --ps PS --data DATA
                                      --stats STATS
 
-one learner process per ``runtime.learners_per_process`` learners. Each server accepts
+one learner process per ``runtime.learners_per_process`` learners. With
+``architecture.kind: adv`` (a Rudra-adv PS tree, see :mod:`rudra_zmq.topology`) the tree nodes
+start between the PS and the learners, top level first, each learner process pointed at its
+leaf instead of the PS::
+
+    tree nodes     rudra-zmq node    --config RUN/config.yaml --id K --bind NODE --parent PARENT
+
+(leaves bind ipc sockets in the run directory, inner nodes tcp ports). Each server accepts
 connections before anything that connects to it is started. Each process writes
 stdout and stderr to ``RUN/logs/ROLE.log``; the stats server's stdout is also echoed here, as
 the progress display. ``RUN/processes.json`` lists every role's pid and command line.
@@ -23,7 +30,7 @@ exit code and the tail of its log, stops all others (SIGTERM, then SIGKILL of th
 process tree after ``TERM_GRACE_S``) and returns 1. Ctrl-C, SIGTERM or SIGHUP to the
 launcher stops everything the same way and returns 130; a second Ctrl-C skips the grace
 period. Children run in their own sessions, so a terminal's Ctrl-C reaches only the
-launcher, which stops them in order (learners, PS, data, stats).
+launcher, which stops them in order (learners, tree nodes, PS, data, stats).
 
 Running across machines: start the same commands by hand, with endpoints the other machines
 can reach, in the order above, each server printing its "listening on" line before its
@@ -62,7 +69,7 @@ from pathlib import Path
 import psutil
 
 from . import config as config_mod
-from . import transport
+from . import topology, transport
 from .config import ConfigError
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
@@ -113,8 +120,9 @@ class Plan:
     servers (ps, data, stats) and the learner ids of each learner process."""
     cfg: config_mod.Config
     run_dir: Path
-    endpoints: dict[str, str]
+    endpoints: dict[str, str]        # by label: ps, data, stats, node0, node1, ...
     learner_groups: list[list[int]]
+    tree: topology.Tree | None = None  # architecture.kind adv
 
 
 # ----------------------------------------------------------------------------- planning
@@ -192,8 +200,12 @@ def summary(plan: Plan) -> str:
         f"({len(plan.learner_groups)} processes), mu={s.batch_size} per learner",
         f"  model {cfg.model.name}, dataset {cfg.data.dataset}, {cfg.train.epochs:g} epochs",
         f"  run directory {plan.run_dir}",
-        "  endpoints " + ", ".join(f"{r} {ep}" for r, ep in plan.endpoints.items()),
+        "  endpoints " + ", ".join(f"{r} {ep}" for r, ep in plan.endpoints.items()
+                                   if not r.startswith("node")),
     ]
+    if plan.tree is not None:
+        lines += [f"  {line}, {plan.endpoints[f'node{n.id}']}"
+                  for n, line in zip(plan.tree.nodes, plan.tree.describe())]
     return "\n".join(lines)
 
 
@@ -353,13 +365,17 @@ class Launcher:
         learners = []
         for ids in p.learner_groups:
             label = f"learner{ids[0]}" if len(ids) == 1 else f"learner{ids[0]}-{ids[-1]}"
-            learners.append((label, "learner", ["--id", ",".join(map(str, ids)), "--ps", ep["ps"],
+            if ids != list(range(ids[0], ids[0] + len(ids))):  # a leaf of architecture.leaves
+                label = "learner" + "+".join(map(str, ids))
+            ps = ep["ps"] if p.tree is None else ep[f"node{p.tree.leaf_of(ids[0]).id}"]
+            learners.append((label, "learner", ["--id", ",".join(map(str, ids)), "--ps", ps,
                                                 "--data", ep["data"], "--stats", ep["stats"]]))
         steps = [
             ([("stats", "stats", ["--bind", ep["stats"], "--run-dir", str(p.run_dir)]),
               ("data", "data", ["--bind", ep["data"]])], ["stats"]),
             ([("ps", "ps", ["--bind", ep["ps"], "--stats", ep["stats"],
                             "--run-dir", str(p.run_dir)])], ["data", "ps"]),
+            *self._node_steps(),
             (learners, []),
         ]
         for specs, ready in steps:
@@ -377,6 +393,21 @@ class Launcher:
                 return rc
         return None
 
+    def _node_steps(self) -> list:
+        """Start steps for the tree nodes: one per level, the top level (the root's
+        children) first, each level accepting connections before the one below starts."""
+        tree, ep = self.plan.tree, self.plan.endpoints
+        if tree is None:
+            return []
+        steps = []
+        for level in range(max(n.level for n in tree.nodes), 0, -1):
+            specs = [(f"node{n.id}", "node", [
+                "--id", str(n.id), "--bind", ep[f"node{n.id}"],
+                "--parent", ep["ps"] if n.parent is None else ep[f"node{n.parent}"]])
+                for n in tree.nodes if n.level == level]
+            steps.append((specs, [label for label, _, _ in specs]))
+        return steps
+
     def wait_ready(self, servers: list[Child]) -> int | None:
         """Block until every server accepts connections on its endpoint (None), or a child
         exits, we are interrupted, or runtime.timeout_s passes (the run's exit code)."""
@@ -390,11 +421,11 @@ class Launcher:
                     self._report(c, early=c.proc.returncode == 0)
                     self.stop_all()
                     return 1
-            pending = [c for c in pending if not _accepting(self.plan.endpoints[c.role])]
+            pending = [c for c in pending if not _accepting(self.plan.endpoints[c.label])]
             if pending and time.monotonic() > deadline:
                 c = pending[0]
                 print(f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting connections "
-                      f"on {self.plan.endpoints[c.role]} after {self.plan.cfg.runtime.timeout_s:g}"
+                      f"on {self.plan.endpoints[c.label]} after {self.plan.cfg.runtime.timeout_s:g}"
                       " s (runtime.timeout_s)", file=sys.stderr)
                 self._print_tail(c)
                 self.stop_all()
@@ -423,7 +454,7 @@ class Launcher:
     def supervise(self) -> int:
         """Poll the children until training ends (0), something fails (1), or we are
         interrupted (130). Blocks; returns with every child stopped."""
-        trainers = [c for c in self.children if c.role in ("ps", "learner")]
+        trainers = [c for c in self.children if c.role in ("ps", "node", "learner")]
         while True:
             if self.interrupted:
                 return self.interrupt()
@@ -524,6 +555,13 @@ def run(config_path, overrides=(), run_dir=None) -> int:
     cfg = config_mod.load_config(config_path, list(overrides))
     path = make_run_dir(cfg, run_dir)
     config_mod.save(cfg, path / "config.yaml")
-    plan = Plan(cfg, path, endpoints(cfg, path), learner_groups(cfg))
+    tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+    eps = endpoints(cfg, path)
+    if tree is None:
+        plan = Plan(cfg, path, eps, learner_groups(cfg))
+    else:
+        eps.update(topology.node_endpoints(cfg, tree, path))
+        plan = Plan(cfg, path, eps, topology.learner_groups(tree, cfg.runtime.learners_per_process),
+                    tree)
     print(summary(plan), flush=True)
     return Launcher(plan).run()

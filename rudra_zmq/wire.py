@@ -15,12 +15,22 @@ Header keys (short, because they travel with every gradient):
 
     v    int   protocol version (PROTOCOL_VERSION); a mismatch is refused
     k    int   message kind (Kind)
-    s    int   sender id: learner id >= 0; -1 the PS, -2 the data server, -3 stats, -4 tools
+    s    int   sender id: learner id >= 0; -1 the PS, -2 the data server, -3 stats, -4 tools,
+               <= -100 a tree node (node k is -100 - k; see node_sender)
     q    int   sequence number, per sender, increasing (for reliability work and logging)
     ts   int   weights timestamp: a gradient's, a pull's "I have", or the weights sent
     inc  int   the parameter server's incarnation (random per PS start; 0 = unknown)
     p    list  one [dtype, count] per payload frame, dtype in PAYLOAD_DTYPES
     x    map   kind-specific fields (see KIND_FIELDS), validated by type
+
+Rudra-adv tree nodes speak to their parent (another node or the root PS) as learners do,
+with HELLO x{subtree: [learner, ...]} and RELAY instead of PUSHPULL::
+
+    RELAY  header x{wait: bool, clock: [[learner, ts], ...]}   ts = weights the node holds
+           payload: the SUM of the gradients listed in clock (float32, model-sized)
+
+``clock`` is the vector clock of the sum: one [learner id, gradient timestamp] pair per
+gradient, so the root computes every gradient's staleness as if it had arrived alone.
 
 A model-sized vector (gradient, weights) may be split into several payload frames, all
 float32; their counts add up to the model size. Chunks let the PS accumulate each frame as it
@@ -46,12 +56,34 @@ PAYLOAD_DTYPES = {"f4": np.dtype("<f4"), "u1": np.dtype("u1"), "i8": np.dtype("<
 _DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
 
 SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
+SENDER_NODE0 = -100          # tree node k sends as SENDER_NODE0 - k
+MAX_CLOCK = 16384            # entries in one RELAY's clock (the header must stay < 64 KiB)
+
+
+def node_sender(node: int) -> int:
+    """The sender id of tree node ``node`` (>= 0)."""
+    return SENDER_NODE0 - node
+
+
+def node_id(sender: int) -> int | None:
+    """The tree node id behind ``sender``, or None if it is not a tree node."""
+    return SENDER_NODE0 - sender if sender <= SENDER_NODE0 else None
+
+
+def sender_name(sender: int) -> str:
+    """``"learner 3"``, ``"tree node 0"``, ``"parameter server"``... for messages."""
+    if sender >= 0:
+        return f"learner {sender}"
+    if node_id(sender) is not None:
+        return f"tree node {node_id(sender)}"
+    return {SENDER_PS: "parameter server", SENDER_DATA: "data server",
+            SENDER_STATS: "statistics server"}.get(sender, f"sender {sender}")
 
 
 class Kind(enum.IntEnum):
     """Message kinds. Requests get exactly one reply from the server they were sent to."""
 
-    HELLO = 1        # learner -> PS: x{model, numel}; reply WELCOME (weights) or ERROR
+    HELLO = 1        # learner/node -> PS: x{model, numel, subtree?}; WELCOME or ERROR
     WELCOME = 2      # PS -> learner: weights payload; x{learners, protocol}
     PUSH = 3         # learner -> PS: gradient payload, ts = weights it was computed on; ACK
     ACK = 4          # PS -> learner: x{sigma}
@@ -66,12 +98,13 @@ class Kind(enum.IntEnum):
     METRIC = 13      # any -> stats server (one-way): x{metric: map}
     EVAL = 14        # PS -> stats server (one-way): weights payload at ts; x{epoch}
     BYE = 15         # learner -> PS: leaving cleanly; reply ACK
+    RELAY = 16       # tree node -> parent: sum of gradients, x{wait, clock}; like PUSHPULL
 
 
 # Kind-specific fields: name -> allowed Python types, and whether it is required.
 _INT, _FLOAT, _STR, _BOOL, _LIST, _MAP = (int,), (int, float), (str,), (bool,), (list,), (dict,)
 KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
-    Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True)},
+    Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False)},
     Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True)},
     Kind.PUSH: {},
     Kind.ACK: {"sigma": (_INT, False)},
@@ -87,9 +120,10 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.METRIC: {"metric": (_MAP, True)},
     Kind.EVAL: {"epoch": (_FLOAT, True)},
     Kind.BYE: {},
+    Kind.RELAY: {"wait": (_BOOL, True), "clock": (_LIST, True)},
 }
 # How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
-_MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL}
+_MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL, Kind.RELAY}
 _PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
 _PAYLOAD_FRAMES.update({k: (1, 4096) for k in _MODEL_SIZED})
 _PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
@@ -121,6 +155,11 @@ class Message:
     @property
     def payload_numel(self) -> int:
         return sum(int(p.shape[0]) for p in self.payloads)
+
+    @property
+    def clock(self) -> list[tuple[int, int]]:
+        """A RELAY's vector clock as (learner, gradient timestamp) pairs (validated)."""
+        return [(e[0], e[1]) for e in self.fields.get("clock", ())]
 
 
 def chunk(vector: np.ndarray, max_bytes: int = DEFAULT_CHUNK_BYTES) -> list[np.ndarray]:
@@ -168,13 +207,16 @@ def _nbytes(buf) -> int:
     return memoryview(buf).nbytes
 
 
-def decode(frames, *, kinds=None, numel: int | None = None) -> Message:
+def decode(frames, *, kinds=None, numel: int | None = None,
+           learners: int | None = None) -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
     Args:
         frames: the message's frames (``zmq.Frame``, bytes or memoryview).
         kinds: if given, the kinds this receiver accepts.
         numel: if given, the model size that model-sized payloads must add up to.
+        learners: if given, λ: learner ids in a RELAY clock or HELLO subtree must be below it
+            (and a clock may list at most λ gradients).
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
@@ -211,6 +253,7 @@ def decode(frames, *, kinds=None, numel: int | None = None) -> Message:
     if not isinstance(fields, dict):
         raise WireError("bad_header", f"field map 'x' must be a map, got {type(fields).__name__}")
     _check_fields(kind, fields)
+    _check_learner_lists(kind, fields, learners)
     payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel)
     return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
 
@@ -227,6 +270,37 @@ def _check_fields(kind: Kind, fields: dict) -> None:
     for name, (_, required) in spec.items():
         if required and name not in fields:
             raise WireError("bad_field", f"{kind.name} is missing field {name!r}")
+
+
+def _check_learner_lists(kind: Kind, fields: dict, learners: int | None) -> None:
+    """RELAY clocks are non-empty lists of [learner, ts] int pairs, HELLO subtrees lists of
+    learner ids; ids in 0..learners-1, timestamps >= 0, lengths bounded."""
+    limit = MAX_CLOCK if learners is None else min(MAX_CLOCK, learners)
+    top = "" if learners is None else f" (λ = {learners})"
+    if kind == Kind.RELAY:
+        clock = fields["clock"]
+        if not 1 <= len(clock) <= limit:
+            raise WireError("bad_clock", f"RELAY clock has {len(clock)} entries; expected "
+                                         f"1..{limit}{top}")
+        for e in clock:
+            if not (isinstance(e, list) and len(e) == 2 and all(type(v) is int for v in e)):
+                raise WireError("bad_clock", f"RELAY clock entry {e!r:.60} is not a "
+                                             "[learner, timestamp] pair of integers")
+        ids, what = [e[0] for e in clock], "RELAY clock"
+        if min(e[1] for e in clock) < 0:
+            raise WireError("bad_clock", f"RELAY clock has a negative timestamp: {clock!r:.80}")
+    elif kind == Kind.HELLO and "subtree" in fields:
+        ids, what = fields["subtree"], "HELLO subtree"
+        if not 1 <= len(ids) <= limit or any(type(v) is not int for v in ids):
+            raise WireError("bad_field", f"HELLO subtree must list 1..{limit} learner ids"
+                                         f"{top}, got {ids!r:.80}")
+    else:
+        return
+    bad = [i for i in ids if i < 0 or (learners is not None and i >= learners)]
+    if bad:
+        span = f"0..{learners - 1}{top}" if learners is not None else "ids >= 0"
+        raise WireError("bad_clock" if kind == Kind.RELAY else "bad_field",
+                        f"{what} names learner {bad[0]}, outside {span}")
 
 
 def _check_payloads(kind: Kind, descr, frames, numel):

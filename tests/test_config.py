@@ -63,3 +63,30 @@ def test_every_shipped_config_loads():
     paths = sorted(CONFIGS.glob("*.yaml"))
     for p in paths:
         load_config(p)
+
+
+def test_architecture_defaults_to_base_and_adv_takes_fanout_depth_and_leaves(tmp_path):
+    assert load_config(None).architecture.kind == "base"
+    cfg = load_config(write(tmp_path, "sync: {learners: 4, protocol: softsync}\n"
+                                      "architecture: {kind: adv, fanout: 2, depth: 2, "
+                                      "leaves: [[0, 3], [1, 2]]}\n"))
+    assert (cfg.architecture.fanout, cfg.architecture.depth) == (2, 2)
+    assert cfg.architecture.leaves == [[0, 3], [1, 2]]
+
+
+def test_architecture_errors_name_the_value_and_what_to_do():
+    adv = ["architecture.kind=adv", "sync.learners=4"]
+    with pytest.raises(ConfigError, match="architecture.kind is 'tree'; expected one of base, adv"):
+        load_config(None, ["architecture.kind=tree"])
+    with pytest.raises(ConfigError, match="architecture.fanout must be >= 1, got 0"):
+        load_config(None, [*adv, "architecture.fanout=0"])
+    with pytest.raises(ConfigError, match=r"in two leaves \[1\]; in no leaf \[3\]"):
+        load_config(None, [*adv, "architecture.leaves=[[0,1],[1,2]]"])
+    with pytest.raises(ConfigError, match=r"out of range \[7\]"):
+        load_config(None, [*adv, "architecture.leaves=[[0,1,2,3,7]]"])
+    with pytest.raises(ConfigError, match=r"architecture.leaves\[1\] is empty"):
+        load_config(None, [*adv, "architecture.leaves=[[0,1,2,3],[]]"])
+    with pytest.raises(ConfigError, match="per_gradient needs every gradient separately"):
+        load_config(None, [*adv, "optimizer.lr_policy=per_gradient"])
+    with pytest.raises(ConfigError, match="set architecture.kind=adv"):
+        load_config(None, ["architecture.leaves=[[0,1,2,3]]"])

@@ -1,6 +1,8 @@
 """The processes of a rudra_zmq run, one module per role.
 
 - ``ps``           the parameter server: holds the weights, applies the sync protocol's updates.
+- ``tree_node``    a Rudra-adv PS tree node: sums its children's gradients, relays the sum
+                   with its vector clock to its parent, serves its children cached weights.
 - ``learner``      a learner: pulls weights, computes gradients on minibatches, pushes them.
 - ``data_server``  the data server: serves each learner its disjoint, deterministic minibatches.
 - ``stats_server`` the statistics server: records metrics, evaluates test error off the

@@ -13,6 +13,13 @@ touched; a refused request gets an ERROR reply and leaves the weights bit-identi
   an update (async, c = 1) — fed straight into the update kernel, skipping the sum;
 - PULL / PUSHPULL: answered with WEIGHTS if the server's timestamp is newer than the learner's,
   else UPTODATE, or (hardsync: ``wait``) parked until the next update.
+- RELAY (Rudra-adv, ``architecture.kind: adv``): a tree node's sum of several learners'
+  gradients with their vector clock; the sync engine accounts every gradient of the clock
+  (``receive_many``: c counts learner gradients), the sum is added to ``acc`` and the update
+  averages by the number of gradients; answered like PUSHPULL. A tree node's HELLO names the
+  learners below it, checked against the tree the config plans; a STOP to a node counts as a
+  STOP to each of those learners (the node passes it on), so the server ends when every
+  learner was told, directly or through its node.
 
 Copies, and why: each weight version that someone pulls is copied once into a fresh snapshot
 array, because a zero-copy send may still be reading it when the next update writes ``w``;
@@ -28,13 +35,13 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from .. import kernels, transport, wire
+from .. import kernels, topology, transport, wire
 from ..sync import LRSchedule, ProtocolViolation, SyncEngine
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.ps")
 
-_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE}
+_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
 _METRIC_FLUSH_S = 0.5
 
 
@@ -97,6 +104,9 @@ class ParameterServer:
             from .stats_server import StatsClient
             self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
         self.identities: dict[int, bytes] = {}
+        # Rudra-adv: the planned tree, and the learners below each registered tree node
+        self.tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+        self.subtrees: dict[int, frozenset] = {}
         self.parked: list[tuple[bytes, int]] = []   # (routing id, learner) waiting for ts+1
         self.stopped: set[int] = set()
         self.done = False
@@ -150,7 +160,8 @@ class ParameterServer:
             return  # no routing id + header: nothing to answer
         ident = bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
         try:
-            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel)
+            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel,
+                              learners=self.cfg.sync.learners)
         except wire.WireError as exc:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
@@ -163,12 +174,14 @@ class ParameterServer:
                 return
             self._check_sender(ident, msg)
             if msg.kind == Kind.BYE:
-                self.stopped.add(msg.sender)
+                self._stopped(msg.sender)
                 self._send(ident, Kind.ACK)
                 return
             sigma = None
             if msg.kind in (Kind.PUSH, Kind.PUSHPULL):
                 sigma = self._push(msg)
+            elif msg.kind == Kind.RELAY:
+                sigma = self._relay(msg)
             if self.done:  # this gradient completed training
                 self._stop(ident, msg.sender)
             elif msg.kind == Kind.PUSH:
@@ -180,45 +193,75 @@ class ParameterServer:
 
     def _hello(self, ident: bytes, msg: wire.Message) -> None:
         learner, f = msg.sender, msg.fields
-        if not 0 <= learner < self.cfg.sync.learners:
+        who = wire.sender_name(learner)
+        if self.tree is not None:
+            below = self.tree.check_child(None, learner, f.get("subtree"))
+        elif wire.node_id(learner) is not None or "subtree" in f:
+            raise ProtocolViolation(f"{who} says HELLO as a tree node, but this server runs "
+                                    "architecture.kind=base (is it running another config?)")
+        elif not 0 <= learner < self.cfg.sync.learners:
             raise ProtocolViolation(f"learner id {learner} is out of range 0.."
                                     f"{self.cfg.sync.learners - 1} (sync.learners)")
         if f["numel"] != self.numel or f["model"] != self.signature:
             raise ProtocolViolation(
-                f"learner {learner} runs a model with {f['numel']:,} parameters (signature "
-                f"{f['model']}); this server holds {self.numel:,} ({self.signature}). Is learner "
-                f"{learner} running another model config?")
+                f"{who} runs a model with {f['numel']:,} parameters (signature "
+                f"{f['model']}); this server holds {self.numel:,} ({self.signature}). Is "
+                f"{who} running another model config?")
         self.identities[learner] = ident
+        if wire.node_id(learner) is not None:
+            self.subtrees[learner] = below
         self._send(ident, Kind.WELCOME, self._weights_payload(), learners=self.cfg.sync.learners,
                    protocol=self.cfg.sync.protocol)
 
     def _check_sender(self, ident: bytes, msg: wire.Message) -> None:
         if self.identities.get(msg.sender) != ident:
-            raise ProtocolViolation(f"learner {msg.sender} has not said HELLO on this connection")
+            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} has not said HELLO on "
+                                    "this connection")
         if msg.inc not in (0, self.inc):
-            raise ProtocolViolation(f"learner {msg.sender} talks to server incarnation {msg.inc}, "
-                                    f"this is {self.inc} (the server restarted): say HELLO again")
+            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} talks to server incarnation "
+                                    f"{msg.inc}, this is {self.inc} (the server restarted): say "
+                                    "HELLO again")
+        is_node = msg.sender in self.subtrees
+        if msg.kind == Kind.RELAY and not is_node:
+            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent RELAY; only tree "
+                                    "nodes relay gradient sums")
+        if msg.kind in (Kind.PUSH, Kind.PUSHPULL) and is_node:
+            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent {msg.kind.name}; "
+                                    "tree nodes send their gradient sums as RELAY")
 
     def _push(self, msg: wire.Message) -> int:
         arrival = self.engine.receive(msg.sender, msg.ts)   # raises before touching weights
-        update = arrival.update
-        if update is not None and len(update.learners) == 1:
-            # c = 1: step straight from the received frames, no pass over acc.
-            self._step(msg.payloads, update.g_scale * arrival.scale, update.lr, zero_acc=False)
+        self._add(msg.payloads, arrival.scale, arrival.update, 1)
+        return arrival.sigma
+
+    def _relay(self, msg: wire.Message) -> int:
+        """A tree node's sum of gradients: account its clock, add the sum, maybe update."""
+        entries = msg.clock
+        topology.Tree.check_clock(msg.sender, entries, self.subtrees[msg.sender])
+        arrival = self.engine.receive_many(entries)   # raises before touching weights
+        self._add(msg.payloads, 1.0, arrival.update, len(entries))
+        return arrival.sigma
+
+    def _add(self, payloads, scale: float, update, count: int) -> None:
+        """Add one message's ``count`` gradients (summed in ``payloads``) to ``acc``, and apply
+        ``update`` if they complete one."""
+        if update is not None and len(update.learners) == count:
+            # they alone make the update (async, c = 1; or one relay): step straight from the
+            # received frames, no pass over acc.
+            self._step(payloads, update.g_scale * scale, update.lr, zero_acc=False)
         else:
             off = 0
-            for part in msg.payloads:
+            for part in payloads:
                 n = part.shape[0]
-                if arrival.scale == 1.0:
+                if scale == 1.0:
                     kernels.accumulate(self.acc[off:off + n], part)
                 else:
-                    kernels.accumulate_scaled(self.acc[off:off + n], part, arrival.scale)
+                    kernels.accumulate_scaled(self.acc[off:off + n], part, scale)
                 off += n
             if update is not None:
                 self._step([self.acc], update.g_scale, update.lr, zero_acc=True)
         if update is not None:
             self._after_update(update)
-        return arrival.sigma
 
     def _step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
         """Apply one update from gradient ``sources`` (contiguous pieces covering the model)."""
@@ -270,8 +313,11 @@ class ParameterServer:
         else:
             self._send(ident, Kind.UPTODATE, **extra)
 
+    def _stopped(self, sender: int) -> None:
+        self.stopped |= self.tree.below(sender) if self.tree else {sender}  # nodes pass it on
+
     def _stop(self, ident: bytes, learner: int) -> None:
-        self.stopped.add(learner)
+        self._stopped(learner)
         self._send(ident, Kind.STOP, reason=f"training finished at epoch {self.engine.epoch:.2f}")
 
     # ------------------------------------------------------------------ statistics
@@ -313,7 +359,7 @@ class ParameterServer:
             self._eval()  # test error of the initial weights (epoch 0)
         try:
             while not (stop_event is not None and stop_event.is_set()):
-                if self.done and len(self.stopped) >= self.cfg.sync.learners:
+                if self.done and self.stopped >= set(range(self.cfg.sync.learners)):
                     break
                 if self.sock.poll(100):
                     while True:  # drain what is queued before looking at clocks again
@@ -331,7 +377,9 @@ class ParameterServer:
                     raise TimeoutError(
                         f"parameter server: no message from any learner for {timeout:.0f} s at "
                         f"timestamp {self.engine.timestamp} (learners registered: "
-                        f"{sorted(self.identities)}); is a learner dead?")
+                        f"{sorted(i for i in self.identities if i >= 0)}, tree nodes: "
+                        f"{sorted(wire.node_id(s) for s in self.subtrees)}); is a learner or "
+                        "tree node dead?")
                 self._report()
         finally:
             self._finish()

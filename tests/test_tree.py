@@ -1,0 +1,396 @@
+"""Rudra-adv PS tree: the plan, the relay clock, RELAY on the wire, the root PS accepting
+relayed sums, and tree nodes driven by hand (fake learners, a fake or real parent)."""
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from cluster import FakeLearner, running, small_config
+from rudra_zmq import topology, wire
+from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.roles.tree_node import TreeNode
+from rudra_zmq.sync import ProtocolViolation, RelayClock
+from rudra_zmq.wire import Kind, WireError
+from test_ps import expected_step
+
+pytestmark = pytest.mark.timeout(60)
+SIG, NUMEL = "feedface", 12
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+def adv(*overrides, learners=4, fanout=2, depth=1):
+    return small_config("architecture.kind=adv", f"architecture.fanout={fanout}",
+                        f"architecture.depth={depth}", f"sync.learners={learners}", *overrides)
+
+
+class FakeParent:
+    """A raw ROUTER standing in for a node's parent, to see exactly what the node relays."""
+
+    def __init__(self, ctx):
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.seq = 0
+
+    def recv(self, timeout_ms=5000):
+        assert self.sock.poll(timeout_ms), "the node sent nothing to its parent"
+        ident, *frames = self.sock.recv_multipart()
+        return ident, wire.decode(frames)
+
+    def reply(self, ident, kind, ts=0, payloads=(), **fields):
+        self.seq += 1
+        self.sock.send_multipart([ident, *wire.encode(kind, wire.SENDER_PS, self.seq, ts, 7,
+                                                      payloads, **fields)])
+
+    def quiet(self, timeout_ms=300):
+        return not self.sock.poll(timeout_ms)
+
+
+def grads(k, n=NUMEL, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(n).astype(np.float32) for _ in range(k)]
+
+
+def welcome_leaf(ctx, cfg, node_id=0, learner_ids=(0, 1)):
+    """A running leaf under a FakeParent, its learners welcomed; returns the pieces."""
+    parent = FakeParent(ctx)
+    node = TreeNode(cfg, node_id, "tcp://127.0.0.1:0", parent.endpoint, ctx=ctx)
+    learners = [FakeLearner(ctx, node.endpoint, i) for i in learner_ids]
+    learners[0].send(Kind.HELLO, model=SIG, numel=NUMEL)
+    return parent, node, learners
+
+
+# ----------------------------------------------------------------------------- the plan
+def test_the_plan_groups_learners_into_leaves_and_leaves_into_levels():
+    t = topology.plan(adv(learners=5, fanout=2, depth=2))
+    assert [n.learners for n in t.leaves] == [(0, 1), (2, 3), (4,)]
+    assert [(n.id, n.children, n.parent) for n in t.nodes[3:]] == [(3, (0, 1), None),
+                                                                 (4, (2,), None)]
+    assert [n.parent for n in t.leaves] == [3, 3, 4] and t.leaf_of(4).id == 2
+    assert t.nodes[3].subtree == {0, 1, 2, 3}
+    t = topology.plan(adv("architecture.leaves=[[0,3],[1,2]]", learners=4))
+    assert [n.learners for n in t.leaves] == [(0, 3), (1, 2)]
+    assert topology.learner_groups(t, 1) == [[0], [3], [1], [2]]
+    assert topology.learner_groups(t, 2) == [[0, 3], [1, 2]]
+
+
+# ----------------------------------------------------------------------------- relay clock
+def test_hardsync_relays_once_every_learner_below_contributed_exactly_once():
+    c = RelayClock("hardsync", frozenset({0, 1, 2}), timestamp=3)
+    c.add([(0, 3)])
+    c.add([(2, 3), (1, 3)])
+    assert c.ready and c.take() == [(0, 3), (2, 3), (1, 3)] and not c.ready
+    assert c.answered(4) == [(0, 3), (2, 3), (1, 3)] and c.timestamp == 4
+    c.add([(1, 4)])
+    assert not c.ready                                   # 0 and 2 still missing
+
+
+def test_softsync_relays_what_is_pending_whenever_no_relay_is_in_flight():
+    c = RelayClock("softsync", frozenset({0, 1}), timestamp=5)
+    c.add([(0, 4)])
+    assert c.ready and c.take() == [(0, 4)]
+    c.add([(1, 5)])
+    assert not c.ready                                   # one relay at a time
+    c.answered(7)
+    assert c.ready and c.take() == [(1, 5)]
+
+
+@pytest.mark.parametrize("entries, match", [
+    ([(3, 0)], "learner 3 is not below"),
+    ([(0, 2), (0, 2)], "previous one was not answered"),
+    ([(1, 2)], "previous one was not answered"),          # 1 is pending already
+    ([(0, 9)], "only served weights up to 2"),
+    ([(0, 1)], "hardsync: learner 0 pushed a gradient of timestamp 1"),
+    ([], "at least one"),
+])
+def test_the_relay_clock_refuses_bad_gradients_and_stays_unchanged(entries, match):
+    c = RelayClock("hardsync", frozenset({0, 1, 2}), timestamp=2)
+    c.add([(1, 2)])
+    with pytest.raises(ProtocolViolation, match=match):
+        c.add(entries)
+    assert c.pending == 1 and not c.in_flight
+
+
+# ----------------------------------------------------------------------------- wire
+def test_relay_roundtrip_carries_the_sum_and_its_vector_clock():
+    g = np.arange(6, dtype=np.float32)
+    frames = wire.encode(Kind.RELAY, wire.node_sender(2), 1, 4, 0, [g], wait=True,
+                         clock=[[0, 4], [3, 2]])
+    msg = wire.decode([bytes(memoryview(f)) for f in frames], numel=6, learners=4)
+    assert msg.clock == [(0, 4), (3, 2)] and wire.node_id(msg.sender) == 2
+    assert wire.sender_name(msg.sender) == "tree node 2"
+    np.testing.assert_array_equal(msg.payloads[0], g)
+
+
+@pytest.mark.parametrize("clock, match", [
+    ([], "0 entries"),
+    ([[0, 1, 2]], "not a \\[learner, timestamp\\] pair"),
+    ([[0, 1.5]], "not a \\[learner, timestamp\\] pair"),
+    ([[0, -1]], "negative timestamp"),
+    ([[4, 0]], "names learner 4, outside 0..3"),
+    ([[-1, 0]], "names learner -1"),
+    ([[0, 0]] * 5, "5 entries; expected 1..4"),
+    ("0,0", "field 'clock' has type str"),
+])
+def test_malformed_relay_clocks_are_refused_by_the_wire(clock, match):
+    hdr = msgpack.packb({"v": 1, "k": int(Kind.RELAY), "s": -100, "q": 1, "ts": 0, "inc": 0,
+                         "p": [["f4", 2]], "x": {"wait": False, "clock": clock}})
+    with pytest.raises(WireError, match=match):
+        wire.decode([hdr, np.zeros(2, np.float32).tobytes()], numel=2, learners=4)
+
+
+# ----------------------------------------------------------------------------- the root
+def node_hello(ctx, ps, node_id, subtree):
+    n = FakeLearner(ctx, ps.endpoint, wire.node_sender(node_id))
+    n.send(Kind.HELLO, model=ps.signature, numel=ps.numel, subtree=subtree)
+    msg = n.recv()
+    assert msg.kind == Kind.WELCOME, msg.fields
+    return n, np.concatenate(msg.payloads)
+
+
+def test_the_root_averages_relayed_sums_like_flat_hardsync(ctx):
+    cfg = adv("sync.protocol=hardsync")
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
+    with running(ps) as errors:
+        (a, w0), (b, _) = node_hello(ctx, ps, 0, [0, 1]), node_hello(ctx, ps, 1, [2, 3])
+        g = grads(4, ps.numel)
+        a.send(Kind.RELAY, 0, [g[0] + g[1]], wait=True, clock=[[0, 0], [1, 0]])
+        assert not a.has_reply(300), "hardsync: the root waits for every learner's gradient"
+        b.send(Kind.RELAY, 0, [g[2] + g[3]], wait=True, clock=[[3, 0], [2, 0]])
+        ra, rb = a.recv(), b.recv()
+        assert ra.kind == rb.kind == Kind.WEIGHTS and ra.ts == rb.ts == 1
+        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.segments)
+        np.testing.assert_allclose(np.concatenate(ra.payloads), w1, rtol=1e-5, atol=1e-6)
+        a.close(), b.close()
+    assert not errors
+    assert ps.engine.gradients_received == 4 and ps.engine.updates == 1
+
+
+def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ctx):
+    cfg = adv("sync.protocol=hardsync")
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
+    with running(ps):
+        a, _ = node_hello(ctx, ps, 0, [0, 1])
+        before = ps.w.copy(), ps.v.copy(), ps.acc.copy()
+        good = np.ones(ps.numel, np.float32)
+        relay = lambda clock, ts=0, g=good, s=-100: wire.encode(
+            Kind.RELAY, s, 1, ts, 0, [g], wait=True, clock=clock)
+        cases = [
+            (relay([[2, 0]]), "protocol", "learner 2, which is not below it"),
+            (relay([[0, 0], [0, 0]]), "protocol", "two gradients of learner 0"),
+            (relay([[9, 0]]), "bad_clock", "outside 0..3"),
+            (relay([[0, 0]], g=good[:-4]), "bad_length", "the model has"),
+            (relay([[0, 1]], ts=1), "protocol", "newer than the server's"),
+            (wire.encode(Kind.PUSHPULL, -100, 1, 0, 0, [good], wait=True), "protocol",
+             "tree nodes send their gradient sums as RELAY"),
+            (relay([[2, 0]], s=-101), "protocol", "tree node 1 has not said HELLO"),
+            (wire.encode(Kind.HELLO, 0, 1, model=ps.signature, numel=ps.numel), "protocol",
+             "belongs under tree node 0"),
+            (wire.encode(Kind.HELLO, -101, 1, model=ps.signature, numel=ps.numel,
+                         subtree=[2]), "protocol", "places learners [2, 3] below it"),
+            (wire.encode(Kind.HELLO, -107, 1, model=ps.signature, numel=ps.numel,
+                         subtree=[2]), "protocol", "tree node 7 is not a child of the root"),
+        ]
+        for frames, code, text in cases:
+            a.send_raw(frames)
+            r = a.recv()
+            assert r.kind == Kind.ERROR and r.fields["code"] == code, (code, r.fields)
+            assert text in r.fields["error"], r.fields["error"]
+        for arr, ref in zip((ps.w, ps.v, ps.acc), before):
+            assert arr.tobytes() == ref.tobytes()
+        assert ps.engine.gradients_received == 0 and ps.engine.timestamp == 0
+        a.close()
+
+
+def test_a_stop_to_a_node_counts_for_every_learner_below_it(ctx):
+    cfg = adv("sync.protocol=async", "train.epochs=0.022")        # 4 gradients of 8 samples
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
+    with running(ps):
+        (a, _), (b, _) = node_hello(ctx, ps, 0, [0, 1]), node_hello(ctx, ps, 1, [2, 3])
+        g = np.zeros(ps.numel, np.float32)
+        a.send(Kind.RELAY, 0, [g], wait=False, clock=[[0, 0], [1, 0]])
+        assert a.recv().kind == Kind.WEIGHTS
+        b.send(Kind.RELAY, 0, [g], wait=False, clock=[[2, 0], [3, 0]])
+        assert b.recv().kind == Kind.STOP
+        assert ps.stopped == {2, 3}
+        a.send(Kind.RELAY, 1, [g], wait=False, clock=[[0, 1]])
+        assert a.recv().kind == Kind.STOP
+        deadline = time.time() + 5
+        while ps.sock and not ps.sock.closed and time.time() < deadline:
+            time.sleep(0.05)                                       # the server returns by itself
+        assert ps.sock.closed and ps.stopped == {0, 1, 2, 3}
+        a.close(), b.close()
+
+
+# ----------------------------------------------------------------------------- tree nodes
+def test_a_leaf_says_hello_upstream_with_its_learners_and_welcomes_its_children(ctx):
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv())
+    with running(node) as errors:
+        ident, hello = parent.recv()
+        assert (hello.kind, hello.sender, hello.fields) == (
+            Kind.HELLO, -100, {"model": SIG, "numel": NUMEL, "subtree": [0, 1]})
+        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
+        w = np.arange(NUMEL, dtype=np.float32)
+        parent.reply(ident, Kind.WELCOME, 3, [w], learners=4, protocol="hardsync")
+        for l in (l0, l1):
+            msg = l.recv()
+            assert msg.kind == Kind.WELCOME and msg.ts == 3 and msg.fields["learners"] == 4
+            np.testing.assert_array_equal(msg.payloads[0], w)
+        l2 = FakeLearner(ctx, node.endpoint, 2)
+        l2.send(Kind.HELLO, model=SIG, numel=NUMEL)
+        assert "belongs under tree node 1" in l2.recv().fields["error"]
+        l0.close(), l1.close(), l2.close()
+    assert not errors
+
+
+def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_answered(ctx):
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=hardsync"))
+    with running(node) as errors:
+        ident, _ = parent.recv()
+        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
+        parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
+                     protocol="hardsync")
+        l0.recv(), l1.recv()
+        for step in range(2):                                   # the buffers swap each round
+            g0, g1 = grads(2, seed=step)
+            l1.send(Kind.PUSHPULL, step, [g1], wait=True)
+            assert parent.quiet(), "a hardsync leaf waits for every learner below it"
+            l0.send(Kind.PUSHPULL, step, [g0], wait=True)
+            _, relay = parent.recv()
+            assert relay.kind == Kind.RELAY and relay.fields["wait"] is True
+            assert relay.clock == [(1, step), (0, step)] and relay.ts == step
+            np.testing.assert_array_equal(relay.payloads[0], g1 + g0)
+            assert not l0.has_reply(200) and not l1.has_reply(0), "children wait for the root"
+            w = np.full(NUMEL, step + 1, np.float32)
+            parent.reply(ident, Kind.WEIGHTS, step + 1, [w])
+            for l in (l0, l1):
+                msg = l.recv()
+                assert msg.kind == Kind.WEIGHTS and msg.ts == step + 1
+                np.testing.assert_array_equal(msg.payloads[0], w)
+        l0.close(), l1.close()
+    assert not errors and node.relays == 2 and node.gradients == 4
+
+
+def test_a_softsync_leaf_relays_at_once_and_sends_what_arrived_meanwhile_next(ctx):
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=softsync", "sync.n=2"))
+    with running(node):
+        ident, _ = parent.recv()
+        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
+        parent.reply(ident, Kind.WELCOME, 4, [np.zeros(NUMEL, np.float32)], learners=4,
+                     protocol="softsync")
+        l0.recv(), l1.recv()
+        g0, g1 = grads(2)
+        l0.send(Kind.PUSHPULL, 4, [g0], wait=False)
+        _, first = parent.recv()
+        assert first.clock == [(0, 4)] and first.fields["wait"] is False
+        l1.send(Kind.PUSHPULL, 3, [g1], wait=False)             # arrives during the relay
+        assert parent.quiet() and not l0.has_reply(0)
+        parent.reply(ident, Kind.UPTODATE, 4)
+        assert l0.recv().kind == Kind.UPTODATE                  # l0 holds ts 4 already
+        _, second = parent.recv()
+        assert second.clock == [(1, 3)]
+        np.testing.assert_array_equal(second.payloads[0], g1)
+        parent.reply(ident, Kind.WEIGHTS, 6, [np.ones(NUMEL, np.float32)])
+        assert l1.recv().ts == 6
+        l0.send(Kind.PULL, 4, wait=False)                       # a pull is served from cache
+        msg = l0.recv()
+        assert (msg.kind, msg.ts) == (Kind.WEIGHTS, 6) and parent.quiet()
+        l0.close(), l1.close()
+
+
+def test_a_leaf_refuses_bad_gradients_and_its_sum_stays_unchanged(ctx):
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=softsync", "sync.n=1"))
+    with running(node):
+        ident, _ = parent.recv()
+        parent.reply(ident, Kind.WELCOME, 2, [np.zeros(NUMEL, np.float32)], learners=4,
+                     protocol="softsync")
+        l0.recv()
+        g = np.ones(NUMEL, np.float32)
+        cases = [
+            (l1, wire.encode(Kind.PUSHPULL, 1, 1, 2, 0, [g], wait=False), "has not said HELLO"),
+            (l0, wire.encode(Kind.PUSHPULL, 0, 1, 5, 0, [g], wait=False), "up to 2"),
+            (l0, wire.encode(Kind.PUSHPULL, 0, 1, 2, 0, [g[:-1]], wait=False), "the model has"),
+            (l0, wire.encode(Kind.RELAY, 0, 1, 2, 0, [g], wait=False, clock=[[0, 2]]),
+             "learners push gradients"),
+            (l0, wire.encode(Kind.HELLO, 0, 1, model="other", numel=NUMEL), "another model"),
+        ]
+        for who, frames, text in cases:
+            who.send_raw(frames)
+            r = who.recv()
+            assert r.kind == Kind.ERROR and text in r.fields["error"], r.fields
+        assert parent.quiet(100) and node.clock.pending == 0 and node.gradients == 0
+        assert node.invalid == len(cases)
+        l0.close(), l1.close()
+
+
+def test_a_stop_from_the_parent_reaches_every_child_and_the_node_returns(ctx):
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=async"))
+    with running(node) as errors:
+        ident, _ = parent.recv()
+        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
+        parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
+                     protocol="async")
+        l0.recv(), l1.recv()
+        l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
+        parent.recv()
+        parent.reply(ident, Kind.STOP, reason="training finished")
+        assert l0.recv().kind == Kind.STOP
+        l1.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
+        assert l1.recv().fields["reason"] == "training finished"
+        deadline = time.time() + 5
+        while not node.sock.closed and time.time() < deadline:
+            time.sleep(0.05)
+        assert node.sock.closed, "the node returns once every learner below was told"
+        l0.close(), l1.close()
+    assert not errors
+
+
+def test_a_silent_parent_is_an_error_naming_it_not_a_hang(ctx):
+    parent, node, _ = welcome_leaf(ctx, adv("runtime.timeout_s=1"))
+    t0 = time.time()
+    with pytest.raises(TimeoutError, match=r"tree node 0: no reply from its parent \(the root\)"):
+        node.serve_forever()
+    assert time.time() - t0 < 5
+
+
+def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
+    cfg = adv("sync.protocol=hardsync", depth=2)
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
+    inner = TreeNode(cfg, 2, "tcp://127.0.0.1:0", ps.endpoint, ctx=ctx)
+    leaves = [TreeNode(cfg, k, "tcp://127.0.0.1:0", inner.endpoint, ctx=ctx) for k in (0, 1)]
+    with running(ps) as e0, running(inner) as e1, running(leaves[0]) as e2, \
+            running(leaves[1]) as e3:
+        ls = [FakeLearner(ctx, leaves[i // 2].endpoint, i) for i in range(4)]
+        w0 = [l.hello(ps.signature, ps.numel)[0] for l in ls][0]
+        g = grads(4, ps.numel)
+        for i in (3, 0, 2, 1):
+            ls[i].send(Kind.PUSHPULL, 0, [g[i]], wait=True)
+        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.segments)
+        for l in ls:
+            msg = l.recv()
+            assert msg.kind == Kind.WEIGHTS and msg.ts == 1
+            np.testing.assert_allclose(np.concatenate(msg.payloads), w1, rtol=1e-5, atol=1e-6)
+        assert ps.engine.updates == 1 and ps.engine.gradients_received == 4
+        for l in ls:
+            l.close()
+    assert not (e0 or e1 or e2 or e3)
+
+
+def test_a_base_parameter_server_refuses_tree_nodes(ctx):
+    ps = ParameterServer(small_config(), "tcp://127.0.0.1:0", ctx=ctx)
+    with running(ps):
+        n = FakeLearner(ctx, ps.endpoint, wire.node_sender(0))
+        n.send(Kind.HELLO, model=ps.signature, numel=ps.numel, subtree=[0, 1])
+        r = n.recv()
+        assert r.kind == Kind.ERROR and "runs architecture.kind=base" in r.fields["error"]
+        n.close()
