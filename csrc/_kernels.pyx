@@ -46,10 +46,11 @@ ctypedef fused real:
     float
     double
 
-# Below this many elements a pass takes a few microseconds, about what waking a second
-# OpenMP thread costs, so small models (e.g. the 90k-parameter CIFAR-10 CNN at ~20 us/step)
-# gain little from threads; above it the pass is memory-bound and two cores add bandwidth.
-cdef Py_ssize_t _parallel_min = 1 << 16
+# Below this many elements (1 MiB of float32) a pass takes tens of microseconds, comparable
+# to waking and joining OpenMP threads, and on a machine shared with learners the extra
+# threads cost more than they give (the 90k CIFAR-10 CNN's PS step was slower on 2 threads);
+# above it the pass is memory-bound and a second core adds bandwidth (10M: 4.5 -> 3.5 ms).
+cdef Py_ssize_t _parallel_min = 1 << 18
 cdef int _num_threads = omp_get_max_threads() if RZ_OPENMP else 1
 
 _F32 = np.dtype(np.float32)
@@ -79,7 +80,7 @@ def get_num_threads():
 
 
 def set_parallel_threshold(Py_ssize_t n):
-    """Buffers shorter than ``n`` elements run on one thread (default 65,536)."""
+    """Buffers shorter than ``n`` elements run on one thread (default 262,144)."""
     global _parallel_min
     if n < 0:
         raise ValueError(f"set_parallel_threshold: need n >= 0, got {n}")

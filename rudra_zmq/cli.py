@@ -56,8 +56,11 @@ def learner_threads(cfg) -> int:
 
 
 def ps_threads(cfg) -> int:
-    """OpenMP threads for the parameter server's kernels: runtime.ps_threads or all cores."""
-    return cfg.runtime.ps_threads or (os.cpu_count() or 1)
+    """OpenMP threads for the parameter server's kernels: runtime.ps_threads, else what the
+    launcher chose for a PS sharing its machine with learners (RUDRA_ZMQ_PS_THREADS), else all
+    cores (a PS started by hand on its own host)."""
+    return (cfg.runtime.ps_threads or int(os.environ.get("RUDRA_ZMQ_PS_THREADS", 0))
+            or (os.cpu_count() or 1))
 
 
 def _set_threads(n: int, *, torch_too: bool) -> None:

@@ -184,10 +184,23 @@ def role_env(cfg, role: str) -> dict[str, str]:
     """The child environment: thread counts per role, unbuffered output, malloc tuning."""
     from .cli import learner_threads, ps_threads  # one definition of the thread counts
 
-    threads = {"learner": learner_threads(cfg), "ps": ps_threads(cfg)}.get(role, 1)
+    cores = os.cpu_count() or 1
+    busy = cfg.sync.learners * learner_threads(cfg)
+    # The PS shares this machine with the learners: by default give its kernels the cores the
+    # learners leave (at least 1, at most 4 — memory bandwidth saturates before that). Two
+    # kernel threads on a box the learners keep busy were 1.7x slower than one and burned
+    # 1.8-3.4x the CPU per update (bench/RESULTS.md, push+pull).
+    ps = cfg.runtime.ps_threads or max(1, min(4, cores - busy))
+    threads = {"learner": learner_threads(cfg), "ps": ps}.get(role, 1)
     env = dict(os.environ)
     env.update(MALLOC_ENV, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads))
+    if busy + ps > cores:
+        # Oversubscribed: OpenMP threads that spin while waiting steal the cores other
+        # processes compute on (2 learners x 2 threads on 2 cores: 0.49x; passive: 1.15x).
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if role == "ps":
+        env["RUDRA_ZMQ_PS_THREADS"] = str(ps)
     return env
 
 

@@ -274,3 +274,21 @@ def test_run_directories_are_unique(tmp_path):
     cfg = load_config(None, [f"runtime.run_dir={tmp_path}"])
     first, second = launcher.make_run_dir(cfg), launcher.make_run_dir(cfg)
     assert first != second and (first / "logs").is_dir() and (second / "logs").is_dir()
+
+
+def test_role_env_gives_the_ps_the_cores_the_learners_leave(monkeypatch):
+    from rudra_zmq.config import load_config
+    from rudra_zmq.launcher import role_env
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cfg = load_config(None, ["sync.learners=2", "runtime.threads_per_learner=2"])
+    env = role_env(cfg, "ps")
+    assert env["OMP_NUM_THREADS"] == "4" and env["RUDRA_ZMQ_PS_THREADS"] == "4"
+    assert "OMP_WAIT_POLICY" not in env
+    busy = load_config(None, ["sync.learners=8"])      # 8 learners x 1 thread on 8 cores
+    env = role_env(busy, "ps")
+    assert env["OMP_NUM_THREADS"] == "1" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert role_env(busy, "learner")["OMP_NUM_THREADS"] == "1"
+    pinned = load_config(None, ["sync.learners=8", "runtime.ps_threads=3"])
+    assert role_env(pinned, "ps")["OMP_NUM_THREADS"] == "3"

@@ -1,0 +1,275 @@
+"""End-to-end training throughput: ``rudra-zmq run`` beside a plain PyTorch loop, same cores.
+
+Each distributed case is a real ``rudra-zmq run`` (stats, data, PS and learner processes,
+started as a user would, in a temporary run directory) of cifar10_full on CIFAR-10-shaped
+synthetic data, 1-softsync, µ = 128 per learner, momentum 0.9, no evaluation during training.
+Its throughput is measured from the PS's ``update`` records in ``metrics.jsonl``: samples of
+the updates in the steady-state window (after the first ``--skip-s`` seconds of updates and
+before the last ``--trim-s``) over the window's duration, so start-up (imports, first batches)
+and shutdown are excluded. The learners' own ``samples_per_s`` records are shown as a cross
+check.
+
+The baseline is the loop a user would write instead, in this process: ``torch.set_num_threads
+(2)``, the same model from ``rudra_zmq.models.build_model``, the same synthetic data and
+``to_float`` preprocessing, µ = 128, ``torch.optim.SGD(momentum=0.9)``. It is timed before
+and after the distributed cases (load drifts on this shared box) and the two are pooled.
+
+    python bench/train_throughput.py                    # defaults below, ~4 minutes
+    python bench/train_throughput.py --cases default --epochs 6 --csv bench/out/train.csv
+"""
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import yaml
+
+import rudra_zmq
+from rudra_zmq.datasets import load_dataset, to_float
+from rudra_zmq.models import build_model
+
+# ----------------------------------------------------------------------------- defaults
+MODEL, SHAPE, CLASSES = "cifar10_full", [3, 32, 32], 10
+TRAIN_N, TEST_N = 8192, 512
+MU = 128
+LR, MOMENTUM, WD = 0.001, 0.9, 0.004
+EPOCHS = 4.0                     # per distributed run (8192 samples/epoch)
+SKIP_S, TRIM_S = 5.0, 1.0        # steady-state window of the update records
+BASELINE_S = 15.0                # timed seconds per baseline measurement (two of them)
+BASELINE_THREADS = 2
+WARMUP_STEPS = 3
+GOAL = 0.95                      # distributed images/s >= GOAL x baseline
+# name -> (extra --set overrides, extra environment of the run, whether the goal applies)
+PASSIVE = {"OMP_WAIT_POLICY": "passive"}
+CASES = {
+    "default": (["sync.learners=2"], {}, True),                  # threads_per_learner 0 -> 1
+    "tpl1": (["sync.learners=2", "runtime.threads_per_learner=1"], {}, False),
+    "tpl2": (["sync.learners=2", "runtime.threads_per_learner=2"], {}, False),
+    "tpl2_passive": (["sync.learners=2", "runtime.threads_per_learner=2"], PASSIVE, False),
+    "ps1": (["sync.learners=2", "runtime.ps_threads=1"], {}, False),
+    "lambda1": (["sync.learners=1"], {}, False),                 # one learner on 2 threads
+}
+DEFAULT_CASES = ["default", "tpl2", "tpl2_passive", "lambda1"]
+
+
+def run_config(run_root, epochs):
+    return {
+        "name": "bench-throughput",
+        "model": {"name": MODEL},
+        "data": {"dataset": "synthetic", "synthetic_shape": SHAPE, "synthetic_train": TRAIN_N,
+                 "synthetic_test": TEST_N, "num_classes": CLASSES},
+        "sync": {"protocol": "softsync", "n": 1, "learners": 2, "batch_size": MU},
+        "optimizer": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WD},
+        "train": {"epochs": float(epochs), "eval_every_epochs": 0.0},
+        "runtime": {"run_dir": str(run_root)},
+    }
+
+
+# ----------------------------------------------------------------------------- baseline
+def baseline(seconds, threads, data):
+    """Images/s (and per-step seconds) of a plain single-process training loop."""
+    torch.set_num_threads(threads)
+    x_tr, y_tr, mean, std = data
+    model = build_model(MODEL, CLASSES, tuple(SHAPE), seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(y_tr))
+    pos = 0
+
+    def step():
+        nonlocal pos, order
+        if pos + MU > len(order):
+            order, pos = rng.permutation(len(y_tr)), 0
+        idx = order[pos:pos + MU]
+        pos += MU
+        xb = to_float(x_tr[idx], mean, std)
+        yb = torch.from_numpy(y_tr[idx])
+        opt.zero_grad()
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    times, t_start = [], time.perf_counter()
+    while time.perf_counter() - t_start < seconds or len(times) < 5:
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    total = time.perf_counter() - t_start
+    return {"images_per_s": len(times) * MU / total, "steps": len(times),
+            "step_median_s": statistics.median(times), "seconds": total}
+
+
+# ----------------------------------------------------------------------------- distributed
+def distributed(name, overrides, env, epochs, skip_s, trim_s, keep):
+    """Run one ``rudra-zmq run`` and measure its steady-state throughput."""
+    root = tempfile.mkdtemp(prefix=f"bench-train-{name}-")
+    cfg_path = os.path.join(root, "config.yaml")
+    with open(cfg_path, "w") as f:
+        yaml.safe_dump(run_config(root, epochs), f)
+    run_dir = os.path.join(root, "run")
+    cmd = [sys.executable, "-m", "rudra_zmq", "run", cfg_path, "--run-dir", run_dir,
+           *(a for o in overrides for a in ("--set", o))]
+    t0 = time.time()
+    with open(os.path.join(root, "launcher.log"), "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, **env})
+    wall = time.time() - t0
+    if rc != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {rc}; see {root}/launcher.log and "
+                           f"{run_dir}/logs")
+    recs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    ups = sorted((r for r in recs if r["type"] == "update"), key=lambda r: r["t"])
+    t_first, t_last = ups[0]["t"], ups[-1]["t"]
+    win = [r for r in ups if t_first + skip_s <= r["t"] <= t_last - trim_s]
+    if len(win) < 10:
+        raise RuntimeError(f"case {name}: only {len(win)} updates in the steady-state window "
+                           f"({len(ups)} in all over {t_last - t_first:.1f} s); raise --epochs")
+    samples = sum(r["n_grads"] for r in win[1:]) * MU
+    rate = samples / (win[-1]["t"] - win[0]["t"])
+    lrn = {}
+    for r in recs:
+        if r["type"] == "learner" and win[0]["t"] <= r["t"] <= win[-1]["t"]:
+            lrn.setdefault(r["learner"], []).append(r["samples_per_s"])
+    lrn_rate = sum(statistics.median(v) for v in lrn.values()) if lrn else float("nan")
+    resolved = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
+    if not keep:
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)
+    return {"images_per_s": rate, "learner_records_images_per_s": lrn_rate,
+            "updates": len(ups), "window_updates": len(win),
+            "window_s": win[-1]["t"] - win[0]["t"], "startup_s": t_first, "wall_s": wall,
+            "learners": resolved["sync"]["learners"],
+            "threads_per_learner": resolved["runtime"]["threads_per_learner"],
+            "ps_threads": resolved["runtime"]["ps_threads"], "root": root}
+
+
+def scaling(r, one):
+    """' | 0.93 of 2 x 1-thread' where each learner has one thread and the reference ran."""
+    threads = r["threads_per_learner"] or max(1, (os.cpu_count() or 1) // r["learners"])
+    if one is None or threads != 1:
+        return ""
+    return (f" | {r['images_per_s'] / (r['learners'] * one['images_per_s']):4.2f} of "
+            f"{r['learners']} x 1-thread reference")
+
+
+# ----------------------------------------------------------------------------- main
+def machine_facts():
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                         model)
+    except OSError:
+        pass
+    env = {k: os.environ.get(k, "(unset)") for k in (
+        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS")}
+    return {"nproc": os.cpu_count(), "cpu_model": model, "loadavg": os.getloadavg(),
+            "python": platform.python_version(), "numpy": np.__version__,
+            "torch": torch.__version__, "build_info": rudra_zmq.build_info(), "env": env}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
+    ap.add_argument("--epochs", type=float, default=EPOCHS, help="epochs per distributed run")
+    ap.add_argument("--skip-s", type=float, default=SKIP_S)
+    ap.add_argument("--trim-s", type=float, default=TRIM_S)
+    ap.add_argument("--baseline-s", type=float, default=BASELINE_S)
+    ap.add_argument("--baseline-threads", type=int, default=BASELINE_THREADS)
+    ap.add_argument("--no-one-thread-ref", dest="one_thread_ref", action="store_false",
+                    help="skip the 1-thread reference loop (printed for scale, not a baseline)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary run directories")
+    ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
+    args = ap.parse_args(argv)
+
+    f = machine_facts()
+    print(f"# rudra_zmq training throughput benchmark  {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+          f"# cpu: {f['cpu_model']} x{f['nproc']}  loadavg: "
+          f"{' '.join(f'{x:.2f}' for x in f['loadavg'])}\n"
+          f"# python {f['python']}  numpy {f['numpy']}  torch {f['torch']}\n"
+          f"# build_info: {f['build_info']}\n"
+          f"# env: {' '.join(f'{k}={v}' for k, v in f['env'].items())}\n"
+          f"# {MODEL}, synthetic {SHAPE} x {TRAIN_N}, mu={MU}, SGD momentum {MOMENTUM}, wd {WD}; "
+          f"runs: 1-softsync, {args.epochs:g} epochs, window = updates after {args.skip_s:g} s, "
+          f"before the last {args.trim_s:g} s\n"
+          f"# baseline: one process, torch.set_num_threads({args.baseline_threads}), timed "
+          f"before and after the runs and pooled; ratio = run / baseline (goal >= {GOAL})\n"
+          f"# runs: the launcher gives each learner OMP_NUM_THREADS = torch threads = "
+          f"runtime.threads_per_learner (0: cores / lambda, at least 1), interop 1; the PS "
+          f"OMP_NUM_THREADS = runtime.ps_threads (0: all cores); loadavg includes our own runs",
+          flush=True)
+
+    ds = load_dataset("synthetic", synthetic_shape=tuple(SHAPE), synthetic_n=(TRAIN_N, TEST_N),
+                      num_classes=CLASSES)
+    data = (ds.x_train, ds.y_train, ds.mean, ds.std)
+    one = None
+    if args.one_thread_ref:   # reference only: what one learner's compute alone can do
+        one = baseline(args.baseline_s, 1, data)
+        print(f"reference 1 thread {one['images_per_s']:7.1f} images/s  step median "
+              f"{one['step_median_s'] * 1e3:6.1f} ms  ({one['steps']} steps)  loadavg "
+              f"{os.getloadavg()[0]:.2f}  (not the baseline; 2 x this = perfect 2-learner "
+              f"scaling)", flush=True)
+    b1 = baseline(args.baseline_s, args.baseline_threads, data)
+    print(f"baseline (before)  {b1['images_per_s']:7.1f} images/s  step median "
+          f"{b1['step_median_s'] * 1e3:6.1f} ms  ({b1['steps']} steps)  loadavg "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    results = {}
+    for name in args.cases:
+        overrides, env, _ = CASES[name]
+        results[name] = distributed(name, overrides, env, args.epochs, args.skip_s, args.trim_s,
+                                    args.keep)
+        r = results[name]
+        print(f"# ran {name}: lambda={r['learners']} threads_per_learner={r['threads_per_learner']}"
+              f" ps_threads={r['ps_threads']} env={env or '-'}: {r['images_per_s']:.1f} images/s"
+              f" over {r['window_s']:.1f} s ({r['window_updates']} updates), start-up "
+              f"{r['startup_s']:.1f} s, wall {r['wall_s']:.1f} s, loadavg "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
+    b2 = baseline(args.baseline_s, args.baseline_threads, data)
+    print(f"baseline (after)   {b2['images_per_s']:7.1f} images/s  step median "
+          f"{b2['step_median_s'] * 1e3:6.1f} ms  ({b2['steps']} steps)  loadavg "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    base = (b1["steps"] + b2["steps"]) * MU / (b1["seconds"] + b2["seconds"])
+
+    rows = [{"case": "baseline", "images_per_s": base, "before": b1["images_per_s"],
+             "after": b2["images_per_s"]}]
+    if one:
+        rows.append({"case": "reference_1thread", "images_per_s": one["images_per_s"]})
+    for name, r in results.items():
+        ratio = r["images_per_s"] / base
+        tpl = r["threads_per_learner"] or "0(auto)"
+        print(f"train {name:<12} lambda={r['learners']} threads/learner={tpl:<7} "
+              f"rudra-zmq {r['images_per_s']:7.1f} images/s (learner records "
+              f"{r['learner_records_images_per_s']:7.1f}) | plain torch {base:7.1f} images/s | "
+              f"ratio {ratio:4.2f}x" + scaling(r, one), flush=True)
+        rows.append({"case": name, "ratio": ratio, **r})
+    if args.csv:
+        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        with open(args.csv, "w", newline="") as fh:
+            wr = csv.DictWriter(fh, fieldnames=keys)
+            wr.writeheader()
+            wr.writerows(rows)
+    print(f"# goal: rudra-zmq (lambda=2, default threads) >= {GOAL:.2f}x plain torch  "
+          f"(loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    for name, r in results.items():
+        if CASES[name][2]:
+            ratio = r["images_per_s"] / base
+            print(f"{'PASS' if ratio >= GOAL else 'MISS'}  {name}  want >= {GOAL:.2f}x  "
+                  f"got {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
