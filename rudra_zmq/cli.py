@@ -286,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="show the kernel build and library versions")
     p.set_defaults(func=cmd_info)
+
+    from .benchmarks.cli import add_parser as add_bench_parser
+    add_bench_parser(sub)   # rudra-zmq bench thr|lat|pushpull|allreduce|kernels
     return parser
 
 

@@ -1,0 +1,146 @@
+"""``rudra-zmq bench lat``: raw ZeroMQ latency, like libzmq's ``local_lat``/``remote_lat``.
+
+The passive side (``--bind``, libzmq's ``local_lat``) binds a REP socket per transport and
+mode and echoes every message; the measuring side (``--connect``, ``remote_lat``) connects a
+REQ socket, sends ``count`` messages of ``size`` bytes one at a time and prints libzmq's
+figure, the average one-way latency (round-trip time / 2)::
+
+    message size: 64 [B]  roundtrip count: 20000  average latency: 27.123 [us]
+
+plus the p50/p99 of single round trips (also halved) and min/median/max of the average over
+``--repeat`` runs. Modes: ``copy`` (``copy=True`` both ways) and ``zerocopy`` (``copy=False``;
+the echo sends the received frame back without copying; pyzmq copies frames under 64 KiB
+anyway). An empty message ends a case (sizes are >= 1 byte). inproc runs both sides in this
+process as threads (they share the GIL).
+
+    rudra-zmq bench lat                                   # tcp, ipc, inproc; 64 B .. 4 MiB
+    host-a$ rudra-zmq bench lat --bind tcp://0.0.0.0:5555
+    host-b$ rudra-zmq bench lat --connect tcp://host-a:5555 --sizes 64 1Ki 64Ki 1Mi
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from .. import transport
+from . import common, sides
+
+TRANSPORTS = ["tcp", "ipc", "inproc"]
+MODES = ["copy", "zerocopy"]
+
+
+# ----------------------------------------------------------------------------- passive side
+def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
+    """echo: bind a REP socket, hand out its endpoint, then echo until an empty message."""
+
+    def echo(req):
+        copy = req["copy"]
+        sock = transport.make_socket(ctx, zmq.REP, rcvtimeo=int(sides.CONTROL_TIMEOUT_S * 1e3))
+        endpoint = transport.bind(sock, agent.data_endpoint(req["transport"]))
+
+        def serve():
+            try:
+                while True:
+                    msg = sock.recv(copy=copy)
+                    sock.send(msg, copy=copy)
+                    if len(msg) == 0:
+                        break
+            except zmq.Again:   # the measuring side went away: back to the control loop
+                pass
+            finally:
+                sock.close(linger=0)
+        return {"endpoint": endpoint}, serve
+
+    return {"echo": echo}
+
+
+# ----------------------------------------------------------------------------- measuring side
+def trips(req, buf, copy: bool, count: int, out: list | None = None) -> float:
+    """``count`` round trips of ``buf``; appends each one's seconds to ``out``; returns the
+    total seconds."""
+    size = len(buf)
+    perf = time.perf_counter
+    t_start = perf()
+    for _ in range(count):
+        t0 = perf()
+        req.send(buf, copy=copy)
+        reply = req.recv(copy=copy)
+        if out is not None:
+            out.append(perf() - t0)
+        if len(reply) != size:
+            raise RuntimeError(f"echo returned {len(reply)} bytes, sent {size}")
+    return perf() - t_start
+
+
+def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
+    """Every size of one transport and mode on one REQ socket; yields one record per size."""
+    copy = mode == "copy"
+    ep = ctl.reachable(ctl.request("echo", transport=kind, copy=copy)["endpoint"])
+    req = transport.make_socket(ctx, zmq.REQ, rcvtimeo=int(sides.CONTROL_TIMEOUT_S * 1e3))
+    req.connect(ep)
+    try:
+        for size in sizes:
+            buf = np.full(size, 0x5A, np.uint8)
+            per = common.warm_up(lambda: trips(req, buf, copy, 10), args.warmup) / 10
+            count = common.calibrate(per, args.seconds, lo=10)
+            samples, averages = [], []
+            for _ in range(args.repeat):
+                averages.append(trips(req, buf, copy, count, samples) / (2 * count) * 1e6)
+            one_way = common.summary(np.asarray(samples) / 2 * 1e6)
+            lo, med, hi = common.mmm(averages)
+            yield {"bench": "lat", "label": f"{kind} {mode}", "transport": kind, "mode": mode,
+                   "size": size, "count": count, "bytes": size * count, "repeat": args.repeat,
+                   "latency_us": med, "latency_min_us": lo, "latency_max_us": hi,
+                   "p50_us": one_way["p50"], "p99_us": one_way["p99"],
+                   "mb_per_s": size / med}                     # bytes per µs = MB/s one way
+    finally:
+        req.send(b"")
+        req.poll(2000)
+        req.close(linger=0)
+
+
+def line(r: dict) -> str:
+    return (f"lat {r['transport']:<6} {r['mode']:<8} message size: {r['size']} [B] "
+            f"roundtrip count: {r['count']} average latency: {r['latency_us']:.3f} [us]  "
+            f"(one way; p50 {r['p50_us']:.1f} p99 {r['p99_us']:.1f} µs; min "
+            f"{r['latency_min_us']:.1f} max {r['latency_max_us']:.1f} of {r['repeat']})")
+
+
+def add_arguments(p) -> None:
+    sides.add_side_args(p, "binds a REP socket and echoes")
+    common.add_size_args(p, "64", "4Mi", 16, "message size in bytes")
+    p.add_argument("--transports", nargs="+", default=None, choices=TRANSPORTS,
+                   help="default: tcp ipc inproc (tcp only with --connect)")
+    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    common.add_timing_args(p)
+    common.add_output_args(p)
+
+
+def run(args) -> int:
+    if args.bind:
+        return sides.serve_agent("lat server", args.bind, handlers, args.idle_timeout,
+                                 args.exit_with_parent)
+    kinds = args.transports or (["tcp"] if args.connect else TRANSPORTS)
+    if args.connect and "inproc" in kinds:
+        raise ValueError("inproc needs both sides in one process: drop --connect")
+    sizes = common.sizes_from_args(args)
+    transport.tune_malloc()
+    report = common.Report(args, "bench lat (ZeroMQ REQ <-> REP latency)", notes=[
+        "libzmq local_lat figure: average latency = round-trip time / 2 (one way), µs",
+        f"other side: {args.connect or 'spawned on this machine (inproc: a thread)'}"],
+        plot=("size", [("latency_us", "one-way latency (µs)"), ("mb_per_s", "MB/s one way")],
+              "label"))
+    ctx = zmq.Context()
+    peers = sides.Sides(ctx, "lat", args.connect, handlers)
+    try:
+        for kind in kinds:
+            for mode in args.modes:
+                for r in run_mode(peers.control(kind), ctx, kind, mode, sizes, args):
+                    report.case(r, line(r))
+    finally:
+        peers.close()
+        ctx.term()
+    report.close()
+    return 0
