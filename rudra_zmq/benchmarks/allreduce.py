@@ -232,7 +232,7 @@ def run(args) -> int:
             clients.close()
         if peers is not None:
             peers.close()
-        ctx.destroy(linger=0)   # closes what an error left open, never hangs
+        ctx.term()
     report.close()
     return 0
 

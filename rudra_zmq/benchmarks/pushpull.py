@@ -299,6 +299,6 @@ def run(args) -> int:
     finally:
         clients.close()
         peers.close()
-        ctx.destroy(linger=0)   # closes what an error left open, never hangs
+        ctx.term()
     report.close()
     return 0

@@ -49,9 +49,8 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
     def open_(req):
         sock = transport.make_socket(ctx, zmq.PULL, hwm=req["hwm"],
                                      rcvtimeo=int(sides.CONTROL_TIMEOUT_S * 1000))
-        endpoint = transport.bind(sock, agent.data_endpoint(req["transport"]))
-        state.update(sock=sock, copy=req["copy"], endpoint=endpoint)
-        return {"endpoint": endpoint}
+        state.update(sock=sock, copy=req["copy"])
+        return {"endpoint": transport.bind(sock, agent.data_endpoint(req["transport"]))}
 
     def recv(req):
         sock, copy, count = state["sock"], state["copy"], req["count"]
@@ -62,7 +61,7 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
         return {"elapsed_s": time.perf_counter() - t0, "count": count, "bytes": nbytes}
 
     def close(req):
-        sides.close_bound(state.pop("sock"), state["endpoint"])
+        state.pop("sock").close(linger=0)
         return {}
 
     return {"open": open_, "recv": recv, "close": close}
@@ -147,6 +146,6 @@ def run(args) -> int:
                     report.case(r, line(r))
     finally:
         peers.close()
-        ctx.destroy(linger=0)   # closes what an error left open, never hangs
+        ctx.term()
     report.close()
     return 0
