@@ -232,7 +232,7 @@ def run(args) -> int:
             clients.close()
         if peers is not None:
             peers.close()
-        ctx.term()
+        ctx.destroy(linger=0)   # closes what an error left open, never hangs
     report.close()
     return 0
 

@@ -50,7 +50,7 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
             except zmq.Again:   # the measuring side went away: back to the control loop
                 pass
             finally:
-                sock.close(linger=0)
+                sides.close_bound(sock, endpoint)
         return {"endpoint": endpoint}, serve
 
     return {"echo": echo}
@@ -96,8 +96,11 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
                    "p50_us": one_way["p50"], "p99_us": one_way["p99"],
                    "mb_per_s": size / med}                     # bytes per µs = MB/s one way
     finally:
-        req.send(b"")
-        req.poll(2000)
+        try:    # end the echo loop (an empty message); REQ can send only after a reply
+            req.send(b"", zmq.NOBLOCK)
+            req.poll(2000)
+        except zmq.ZMQError:
+            pass
         req.close(linger=0)
 
 
@@ -141,6 +144,6 @@ def run(args) -> int:
                     report.case(r, line(r))
     finally:
         peers.close()
-        ctx.term()
+        ctx.destroy(linger=0)   # closes what an error left open, never hangs
     report.close()
     return 0

@@ -299,6 +299,6 @@ def run(args) -> int:
     finally:
         clients.close()
         peers.close()
-        ctx.term()
+        ctx.destroy(linger=0)   # closes what an error left open, never hangs
     report.close()
     return 0

@@ -59,7 +59,7 @@ def raw_server(conn, stop, bind: str, io_threads: int = 1) -> None:
                 sock.send_multipart([frames[0], frames[1], *parts], copy=False)
     finally:
         sock.close(linger=0)
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 class _Client:
@@ -162,7 +162,7 @@ def _client_process(conn, learner: int) -> None:
     finally:
         if client is not None:
             client.close()
-        ctx.term()
+        ctx.destroy(linger=0)
 
 
 class Clients:

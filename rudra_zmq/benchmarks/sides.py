@@ -173,6 +173,16 @@ def add_side_args(p, what: str) -> None:
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
 
 
+def close_bound(sock: zmq.Socket, endpoint: str) -> None:
+    """Close a socket this side bound, and remove its ipc socket file (libzmq leaves it)."""
+    sock.close(linger=0)
+    if endpoint.startswith("ipc://"):
+        try:
+            os.unlink(endpoint[len("ipc://"):])
+        except OSError:
+            pass
+
+
 def exit_with_parent(interval_s: float = 1.0) -> None:
     """Exit this process when its parent is gone (checked every ``interval_s`` from a daemon
     thread, even while the main thread blocks in C): a benchmark's helper process must not
@@ -249,5 +259,5 @@ def serve_agent(what: str, bind: str, handlers_for, idle_s: float,
     finally:
         if "_close" in agent.handlers:   # what the handlers started (processes)
             agent.handlers["_close"]()
-        ctx.term()
+        ctx.destroy(linger=0)   # a data socket an error left open must not block the exit
     return 0

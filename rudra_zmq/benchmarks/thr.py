@@ -49,8 +49,9 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
     def open_(req):
         sock = transport.make_socket(ctx, zmq.PULL, hwm=req["hwm"],
                                      rcvtimeo=int(sides.CONTROL_TIMEOUT_S * 1000))
-        state.update(sock=sock, copy=req["copy"])
-        return {"endpoint": transport.bind(sock, agent.data_endpoint(req["transport"]))}
+        endpoint = transport.bind(sock, agent.data_endpoint(req["transport"]))
+        state.update(sock=sock, copy=req["copy"], endpoint=endpoint)
+        return {"endpoint": endpoint}
 
     def recv(req):
         sock, copy, count = state["sock"], state["copy"], req["count"]
@@ -61,7 +62,7 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
         return {"elapsed_s": time.perf_counter() - t0, "count": count, "bytes": nbytes}
 
     def close(req):
-        state.pop("sock").close(linger=0)
+        sides.close_bound(state.pop("sock"), state["endpoint"])
         return {}
 
     return {"open": open_, "recv": recv, "close": close}
@@ -146,6 +147,6 @@ def run(args) -> int:
                     report.case(r, line(r))
     finally:
         peers.close()
-        ctx.term()
+        ctx.destroy(linger=0)   # closes what an error left open, never hangs
     report.close()
     return 0
