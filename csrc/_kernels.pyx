@@ -195,9 +195,11 @@ cdef int _copy_into(real[::1] dst, const real[::1] src) except -1:
     return 0
 
 
-cdef int _sgd_momentum(real[::1] w, real[::1] v, const real[::1] acc, double lr,
-                       double momentum, double weight_decay, double g_scale) except -1:
-    # Caffe's SGD: v = m*v + lr*(g_scale*acc + wd*w); w -= v   (one read of w, v, acc)
+cdef int _sgd_momentum(real[::1] w_out, const real[::1] w, real[::1] v, const real[::1] acc,
+                       double lr, double momentum, double weight_decay, double g_scale) except -1:
+    # Caffe's SGD: v = m*v + lr*(g_scale*acc + wd*w); w_out = w - v   (one read of w, v, acc).
+    # w_out is w itself (in place) or another buffer, so that the parameter server can write
+    # the next weight version while the current one is still being sent zero-copy.
     cdef Py_ssize_t i, n = w.shape[0]
     cdef int nt = _threads_for(n)
     cdef real m = <real>momentum
@@ -208,12 +210,13 @@ cdef int _sgd_momentum(real[::1] w, real[::1] v, const real[::1] acc, double lr,
         for i in prange(n, schedule="static", num_threads=nt):
             vi = m * v[i] + a * acc[i] + b * w[i]
             v[i] = vi
-            w[i] = w[i] - vi
+            w_out[i] = w[i] - vi
     return 0
 
 
-cdef int _sgd_momentum_zero(real[::1] w, real[::1] v, real[::1] acc, double lr,
-                            double momentum, double weight_decay, double g_scale) except -1:
+cdef int _sgd_momentum_zero(real[::1] w_out, const real[::1] w, real[::1] v, real[::1] acc,
+                            double lr, double momentum, double weight_decay,
+                            double g_scale) except -1:
     # Same step, and acc = 0 in the same pass so the next update starts from a clean sum
     # without a second sweep over memory.
     cdef Py_ssize_t i, n = w.shape[0]
@@ -226,35 +229,51 @@ cdef int _sgd_momentum_zero(real[::1] w, real[::1] v, real[::1] acc, double lr,
         for i in prange(n, schedule="static", num_threads=nt):
             vi = m * v[i] + a * acc[i] + b * w[i]
             v[i] = vi
-            w[i] = w[i] - vi
+            w_out[i] = w[i] - vi
             acc[i] = 0
     return 0
 
 
-cdef int _sgd(real[::1] w, const real[::1] acc, double lr, double weight_decay,
-              double g_scale) except -1:
-    # Plain SGD: w -= lr*(g_scale*acc + wd*w)
+cdef int _sgd(real[::1] w_out, const real[::1] w, const real[::1] acc, double lr,
+              double weight_decay, double g_scale) except -1:
+    # Plain SGD: w_out = w - lr*(g_scale*acc + wd*w)   (w_out may be w)
     cdef Py_ssize_t i, n = w.shape[0]
     cdef int nt = _threads_for(n)
     cdef real a = <real>(lr * g_scale)
     cdef real keep = <real>(1.0 - lr * weight_decay)
     with nogil:
         for i in prange(n, schedule="static", num_threads=nt):
-            w[i] = keep * w[i] - a * acc[i]
+            w_out[i] = keep * w[i] - a * acc[i]
     return 0
 
 
-cdef int _sgd_zero(real[::1] w, real[::1] acc, double lr, double weight_decay,
-                   double g_scale) except -1:
+cdef int _sgd_zero(real[::1] w_out, const real[::1] w, real[::1] acc, double lr,
+                   double weight_decay, double g_scale) except -1:
     cdef Py_ssize_t i, n = w.shape[0]
     cdef int nt = _threads_for(n)
     cdef real a = <real>(lr * g_scale)
     cdef real keep = <real>(1.0 - lr * weight_decay)
     with nogil:
         for i in prange(n, schedule="static", num_threads=nt):
-            w[i] = keep * w[i] - a * acc[i]
+            w_out[i] = keep * w[i] - a * acc[i]
             acc[i] = 0
     return 0
+
+
+cdef object _check_out(str op, w, out):
+    """The buffer an update writes: ``w`` itself (out=None), or ``out`` — writable, the same
+    dtype and length (checked with the rest), and either exactly ``w`` or not overlapping it
+    (a partly overlapping ``out`` would read weights it has already written)."""
+    if out is None:
+        return w
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{op}: out must be a numpy.ndarray or None, got {type(out).__name__}")
+    if out is not w and np.may_share_memory(out, w) and not (
+            out.__array_interface__["data"][0] == w.__array_interface__["data"][0]
+            and out.shape == w.shape):
+        raise ValueError(f"{op}: out overlaps w without being w; pass out=None to update in "
+                         "place or a separate buffer")
+    return out
 
 
 # ----------------------------------------------------------------------------- public
@@ -296,39 +315,56 @@ def copy_into(dst, src):
 
 
 def sgd_momentum_step(w, v, acc, double lr, double momentum, double weight_decay=0.0,
-                      double g_scale=1.0, bint zero_acc=False):
+                      double g_scale=1.0, bint zero_acc=False, out=None):
     """Caffe-semantics momentum SGD with weight decay, fused in one pass over memory.
 
-    v = momentum*v + lr*(g_scale*acc + weight_decay*w);  w -= v;  and acc = 0 if zero_acc.
-    ``g_scale`` turns a sum of c gradients into their mean (1/c). Releases the GIL.
+    v = momentum*v + lr*(g_scale*acc + weight_decay*w);  out = w - v;  and acc = 0 if zero_acc.
+    ``out`` is ``w`` when None (in place); otherwise the new weights go to ``out`` and ``w`` is
+    only read (it may be read-only), at the cost of the same single pass.
+    ``g_scale`` turns a sum of c gradients into their mean (1/c). Releases the GIL; does not
+    allocate.
     """
     for name, val in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),
                       ("g_scale", g_scale)):
         _finite("sgd_momentum_step", name, val)
-    dt = _check("sgd_momentum_step", ("w", "v", "acc"), (w, v, acc), 3 if zero_acc else 2)
+    oname = "w" if out is None else "out"
+    out = _check_out("sgd_momentum_step", w, out)
+    if zero_acc:
+        dt = _check("sgd_momentum_step", (oname, "v", "acc", "w"), (out, v, acc, w), 3)
+    else:
+        dt = _check("sgd_momentum_step", (oname, "v", "w", "acc"), (out, v, w, acc), 2)
     if zero_acc:
         if dt == _F32:
-            _sgd_momentum_zero[float](w, v, acc, lr, momentum, weight_decay, g_scale)
+            _sgd_momentum_zero[float](out, w, v, acc, lr, momentum, weight_decay, g_scale)
         else:
-            _sgd_momentum_zero[double](w, v, acc, lr, momentum, weight_decay, g_scale)
+            _sgd_momentum_zero[double](out, w, v, acc, lr, momentum, weight_decay, g_scale)
     elif dt == _F32:
-        _sgd_momentum[float](w, v, acc, lr, momentum, weight_decay, g_scale)
+        _sgd_momentum[float](out, w, v, acc, lr, momentum, weight_decay, g_scale)
     else:
-        _sgd_momentum[double](w, v, acc, lr, momentum, weight_decay, g_scale)
+        _sgd_momentum[double](out, w, v, acc, lr, momentum, weight_decay, g_scale)
 
 
 def sgd_step(w, acc, double lr, double weight_decay=0.0, double g_scale=1.0,
-             bint zero_acc=False):
-    """Plain SGD: w -= lr*(g_scale*acc + weight_decay*w); acc = 0 if zero_acc. Releases the GIL."""
+             bint zero_acc=False, out=None):
+    """Plain SGD: out = w - lr*(g_scale*acc + weight_decay*w); acc = 0 if zero_acc.
+
+    ``out`` is ``w`` when None (in place), else a separate buffer (``w`` is only read).
+    Releases the GIL; does not allocate.
+    """
     for name, val in (("lr", lr), ("weight_decay", weight_decay), ("g_scale", g_scale)):
         _finite("sgd_step", name, val)
-    dt = _check("sgd_step", ("w", "acc"), (w, acc), 2 if zero_acc else 1)
+    oname = "w" if out is None else "out"
+    out = _check_out("sgd_step", w, out)
+    if zero_acc:
+        dt = _check("sgd_step", (oname, "acc", "w"), (out, acc, w), 2)
+    else:
+        dt = _check("sgd_step", (oname, "w", "acc"), (out, w, acc), 1)
     if zero_acc:
         if dt == _F32:
-            _sgd_zero[float](w, acc, lr, weight_decay, g_scale)
+            _sgd_zero[float](out, w, acc, lr, weight_decay, g_scale)
         else:
-            _sgd_zero[double](w, acc, lr, weight_decay, g_scale)
+            _sgd_zero[double](out, w, acc, lr, weight_decay, g_scale)
     elif dt == _F32:
-        _sgd[float](w, acc, lr, weight_decay, g_scale)
+        _sgd[float](out, w, acc, lr, weight_decay, g_scale)
     else:
-        _sgd[double](w, acc, lr, weight_decay, g_scale)
+        _sgd[double](out, w, acc, lr, weight_decay, g_scale)

@@ -104,6 +104,49 @@ def test_sgd_step_matches_numpy(n, dtype, zero_acc, threads):
     np.testing.assert_array_equal(acc, racc)
 
 
+@pytest.mark.parametrize("n", [1, 1001, 300_000])
+@pytest.mark.parametrize("zero_acc", [False, True])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, momentum,
+                                                                   threads):
+    """The PS writes the next weight version into another buffer (out=) while the current
+    one is being sent: the result must be bit-identical to the in-place step, and the
+    input weights (read-only here, like a buffer in flight) must not change."""
+    w, v, acc = _arrays(n, np.float32, 3)
+    w_in = w.copy()
+    w_in.flags.writeable = False
+    v2, acc2, out = v.copy(), acc.copy(), np.full(n, np.nan, np.float32)
+    if momentum:
+        kernels.sgd_momentum_step(w, v, acc, 0.01, momentum, 0.004, 0.5, zero_acc)
+        kernels.sgd_momentum_step(w_in, v2, acc2, 0.01, momentum, 0.004, 0.5, zero_acc, out=out)
+    else:
+        kernels.sgd_step(w, acc, 0.01, 0.004, 0.5, zero_acc)
+        kernels.sgd_step(w_in, acc2, 0.01, 0.004, 0.5, zero_acc, out=out)
+    np.testing.assert_array_equal(out, w)
+    np.testing.assert_array_equal(v2, v)
+    np.testing.assert_array_equal(acc2, acc)
+    assert not np.array_equal(w_in, w)
+
+
+def test_out_must_be_writable_same_shape_and_not_partly_overlap_w():
+    w, v, acc = _arrays(100, np.float32, 3)
+    before = w.copy()
+    ro = np.zeros(100, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        kernels.sgd_momentum_step(w, v, acc, 0.1, 0.9, out=ro)
+    with pytest.raises(ValueError, match="has 100 elements but out has 99"):
+        kernels.sgd_step(w, acc, 0.1, out=np.zeros(99, np.float32))
+    big = np.zeros(101, np.float32)
+    with pytest.raises(ValueError, match="out overlaps w"):
+        kernels.sgd_step(big[:100], acc, 0.1, out=big[1:])
+    with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
+        kernels.sgd_step(w, acc, 0.1, out=[0.0] * 100)
+    np.testing.assert_array_equal(w, before)
+    kernels.sgd_step(w, acc, 0.1, out=w)  # out is w: in place
+    assert not np.array_equal(w, before)
+
+
 def test_read_only_zmq_like_inputs_are_accepted():
     g = np.arange(10, dtype=np.float32)
     frame = np.frombuffer(g.tobytes(), dtype=np.float32)  # read-only, as from a zmq.Frame

@@ -105,6 +105,64 @@ def test_softsync_relays_what_is_pending_whenever_no_relay_is_in_flight():
     assert c.ready and c.take() == [(1, 5)]
 
 
+def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400, seed=0):
+    """Mean σ of an equal-speed n-softsync run, event by event, with no sockets or clocks:
+    flat (every learner talks to the root) or through leaves of 2 whose relay round trip to
+    the root takes ``relay_s`` (compute takes 1.0 ± 5 %). The same SyncEngine and RelayClock
+    as the parameter server and the tree nodes."""
+    import heapq
+
+    from rudra_zmq.sync import LRSchedule, SyncEngine
+
+    rng = np.random.default_rng(seed)
+    eng = SyncEngine("softsync", learners, LRSchedule(0.1, "staleness"), n=n, batch_size=1,
+                     epoch_size=10**9)
+    leaves = [RelayClock("softsync", frozenset({2 * k, 2 * k + 1}), timestamp=0)
+              for k in range(learners // 2)]
+    sigmas, ts_of = [], [0] * learners
+    events = [(rng.uniform(0.95, 1.05), "push", i) for i in range(learners)]
+    heapq.heapify(events)
+
+    def compute(t, i, ts):
+        ts_of[i] = ts
+        heapq.heappush(events, (t + rng.uniform(0.95, 1.05), "push", i))
+
+    while len(sigmas) < steps:
+        t, what, who = heapq.heappop(events)
+        if what == "push" and not tree:
+            a = eng.receive(who, ts_of[who])
+            sigmas.append(a.sigma)
+            compute(t, who, eng.timestamp)
+        elif what == "push":
+            leaf = leaves[who // 2]
+            leaf.add([(who, ts_of[who])])
+            what, who = "relay?", who // 2
+        if what == "relay?" and leaves[who].ready:
+            heapq.heappush(events, (t + relay_s / 2, "root", who))
+            leaves[who].take()
+        elif what == "root":
+            a = eng.receive_many(leaves[who]._in_flight)
+            sigmas += [eng.timestamp - (1 if a.update else 0) - ts
+                       for _, ts in leaves[who]._in_flight]
+            heapq.heappush(events, (t + relay_s / 2, "answer", (who, eng.timestamp)))
+        elif what == "answer":
+            k, ts = who
+            for learner, _ in leaves[k].answered(ts):
+                compute(t, learner, ts)
+            heapq.heappush(events, (t, "relay?", k))
+    return float(np.mean(sigmas))
+
+
+def test_softsync_staleness_through_a_tree_is_that_of_flat():
+    """c counts learner gradients and each gradient keeps its own timestamp through the
+    relay, so for equal-speed learners the root sees flat's ⟨σ⟩ = n(λ-1)/λ = 1.5, whether the
+    leaf-root round trip is negligible or nearly a whole compute step."""
+    flat = _simulated_staleness(tree=False, relay_s=0.0)
+    assert flat == pytest.approx(1.5, abs=0.15)
+    for relay_s in (0.001, 0.3, 0.9):
+        assert _simulated_staleness(tree=True, relay_s=relay_s) == pytest.approx(flat, abs=0.1)
+
+
 @pytest.mark.parametrize("entries, match", [
     ([(3, 0)], "learner 3 is not below"),
     ([(0, 2), (0, 2)], "previous one was not answered"),

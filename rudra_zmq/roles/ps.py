@@ -21,9 +21,10 @@ touched; a refused request gets an ERROR reply and leaves the weights bit-identi
   STOP to each of those learners (the node passes it on), so the server ends when every
   learner was told, directly or through its node.
 
-Copies, and why: each weight version that someone pulls is copied once into a fresh snapshot
-array, because a zero-copy send may still be reading it when the next update writes ``w``;
-snapshots are never written again and are freed when ZeroMQ releases the last send.
+Copies, and why: none for weights. Pulls are answered with the current weight array itself,
+zero-copy, so a version must never be written again once handed out: the update writes the
+next version into another buffer instead of in place (``versions.WeightVersions``; the kernels'
+``out=``, the same single pass over memory). A buffer is reused once no send holds it.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import numpy as np
 import zmq
 
 from .. import kernels, topology, transport, wire
+from ..versions import WeightVersions
 from ..sync import LRSchedule, ProtocolViolation, SyncEngine
 from ..wire import Kind
 
@@ -79,10 +81,16 @@ class ParameterServer:
             weights, segments, signature, _ = initial_model(cfg)
         else:
             weights, segments, signature = model
-        self.w = np.ascontiguousarray(weights, dtype=np.float32)
+        self.versions = WeightVersions(np.ascontiguousarray(weights, dtype=np.float32).copy())
         self.numel = self.w.shape[0]
         self.v = np.zeros_like(self.w)
         self.acc = np.zeros_like(self.w)
+        bounds = [(a, b) for a, b, *_ in segments]
+        starts, stops = [a for a, _ in bounds], [b for _, b in bounds]
+        if starts != [0] + stops[:-1] or stops[-1] != self.numel:
+            # the update writes a fresh buffer: a gap would leave garbage in the new weights
+            raise ValueError(f"parameter segments {bounds[:4]}... must cover 0..{self.numel} "
+                             "in order without gaps")
         self.segments = segments
         self.signature = signature
         self.inc = secrets.randbits(62) + 1
@@ -114,7 +122,6 @@ class ParameterServer:
         self.undelivered = 0
         self._warned: set = set()
         self._seq = 0
-        self._snapshot = (-1, None)
         self._pending_metrics: list[dict] = []
         self._last_flush = self._last_report = time.time()
         self._report_counts = (0, 0)
@@ -133,17 +140,14 @@ class ParameterServer:
             self.undelivered += 1
             log.warning("could not reply %s to %r: %s", kind.name, ident, exc)
 
-    def _snapshot_now(self) -> np.ndarray:
-        """The current weights as an array nobody will write again (safe to send zero-copy)."""
-        ts = self.engine.timestamp
-        if self._snapshot[0] != ts:
-            snap = np.empty_like(self.w)
-            kernels.copy_into(snap, self.w)
-            self._snapshot = (ts, snap)
-        return self._snapshot[1]
+    @property
+    def w(self) -> np.ndarray:
+        """The current weights. Never written again (the next update writes another buffer),
+        so they are safe to send zero-copy; do not modify them."""
+        return self.versions.current
 
     def _weights_payload(self) -> list[np.ndarray]:
-        return wire.chunk(self._snapshot_now(), self.chunk_bytes)
+        return wire.chunk(self.w, self.chunk_bytes)
 
     def _refuse(self, ident: bytes, sender, code: str, message: str) -> None:
         self.invalid += 1
@@ -158,7 +162,7 @@ class ParameterServer:
         """Process one ROUTER message (routing id first). Never raises for bad input."""
         if len(frames) < 2:
             return  # no routing id + header: nothing to answer
-        ident = bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
+        ident = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
         try:
             msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel,
                               learners=self.cfg.sync.learners)
@@ -264,8 +268,10 @@ class ParameterServer:
             self._after_update(update)
 
     def _step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
-        """Apply one update from gradient ``sources`` (contiguous pieces covering the model)."""
+        """Apply one update from gradient ``sources`` (contiguous pieces covering the model):
+        the new weights go to a free buffer, which then becomes the current version."""
         o = self.cfg.optimizer
+        w, out = self.w, self.versions.next_buffer()
         off = 0
         for src in sources:
             end = off + src.shape[0]
@@ -275,13 +281,14 @@ class ParameterServer:
                     continue
                 g = src[a - off:b - off]
                 if o.momentum:
-                    kernels.sgd_momentum_step(self.w[a:b], self.v[a:b], g, lr * lr_mult,
+                    kernels.sgd_momentum_step(w[a:b], self.v[a:b], g, lr * lr_mult,
                                               o.momentum, o.weight_decay * decay_mult, g_scale,
-                                              zero_acc)
+                                              zero_acc, out=out[a:b])
                 else:
-                    kernels.sgd_step(self.w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
-                                     g_scale, zero_acc)
+                    kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
+                                     g_scale, zero_acc, out=out[a:b])
             off = end
+        self.versions.publish(out)
 
     def _after_update(self, update) -> None:
         now = time.time()
@@ -324,7 +331,7 @@ class ParameterServer:
     def _eval(self) -> None:
         if self.stats:
             self.stats.eval_weights(self.engine.timestamp, self.engine.epoch,
-                                    self._snapshot_now(), self.chunk_bytes)
+                                    self.w, self.chunk_bytes)
 
     def _report(self, force: bool = False) -> None:
         now = time.time()
