@@ -364,11 +364,13 @@ class ParameterServer:
         last_msg = time.time()
         if self.stats:
             self._eval()  # test error of the initial weights (epoch 0)
+        poller = zmq.Poller()  # one Poller: Socket.poll() would build one per call
+        poller.register(self.sock, zmq.POLLIN)
         try:
             while not (stop_event is not None and stop_event.is_set()):
                 if self.done and self.stopped >= set(range(self.cfg.sync.learners)):
                     break
-                if self.sock.poll(100):
+                if poller.poll(100):
                     while True:  # drain what is queued before looking at clocks again
                         try:
                             frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
