@@ -15,7 +15,6 @@ peaks beside the machine's total RAM (the baseline: it must fit) and the run's w
 import argparse
 import csv
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import time
 
 import psutil
 
-import rudra_zmq
+from rudra_zmq.benchmarks import common
 
 # ----------------------------------------------------------------------------- defaults
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
@@ -111,19 +110,6 @@ def measure(name, overrides, interval, config, keep):
             "by_role": by_role, "root": root}
 
 
-def machine_facts():
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                         model)
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu_model": model, "loadavg": os.getloadavg(),
-            "python": platform.python_version(), "psutil": psutil.__version__,
-            "build_info": rudra_zmq.build_info(), "mem": psutil.virtual_memory()}
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
@@ -133,17 +119,14 @@ def main(argv=None):
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
     args = ap.parse_args(argv)
 
-    f = machine_facts()
-    total = f["mem"].total
-    print(f"# rudra_zmq memory benchmark  {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-          f"# cpu: {f['cpu_model']} x{f['nproc']}  loadavg: "
-          f"{' '.join(f'{x:.2f}' for x in f['loadavg'])}\n"
-          f"# python {f['python']}  psutil {f['psutil']}  RAM total {total / GIB:.1f} GiB, "
-          f"available {f['mem'].available / GIB:.1f} GiB\n"
-          f"# build_info: {f['build_info']}\n"
-          f"# config {os.path.relpath(args.config)}; sampled every {args.interval:g} s: launcher "
-          f"+ all descendants; sys = peak (total - available) minus its value before launch",
-          flush=True)
+    mem = psutil.virtual_memory()
+    total = mem.total
+    facts = common.machine_facts(psutil=psutil.__version__)
+    print(common.header_text("memory benchmark", facts, notes=[
+        f"RAM total {total / GIB:.1f} GiB, available {mem.available / GIB:.1f} GiB",
+        f"config {os.path.relpath(args.config)}; sampled every {args.interval:g} s: launcher "
+        f"+ all descendants; sys = peak (total - available) minus its value before launch"]),
+        flush=True)
     rows = []
     for name in args.cases:
         r = measure(name, CASES[name], args.interval, args.config, args.keep)

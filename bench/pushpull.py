@@ -10,28 +10,37 @@ and the ratio. The raw round trip is timed twice: as one N-byte frame ("raw", th
 baseline) and split into the same ``runtime.chunk_mib`` frames the PS uses ("raw chunked";
 only where that differs). A third server, "echo", speaks the PS's protocol (wire.decode,
 wire.encode, the same socket calls) but answers from a preallocated array without updating
-or copying: PS - echo is the PS's own work, echo - raw the protocol's cost. Every process
-calls ``transport.tune_malloc()`` first. The cases of one size are timed round-robin in short
+or copying, in the same messages (streamed in the same parts where the PS streams): PS - echo
+is the PS's own work, echo - raw the protocol's cost. Every process calls
+``transport.tune_malloc()`` first. The cases of one size are timed round-robin in short
 blocks, so load from other users hits all alike. The goal's verdict compares the PS with the
 faster of the two raw variants.
 
+The PS sends its weights zero-copy with no snapshot copy per version: the update writes the
+next version into a free buffer (``rudra_zmq/versions.py``, ``WeightVersions``; the kernels'
+``out=``), and a reply that follows its update is streamed in up to ``runtime.stream_parts``
+parts (``--stream-parts``, default 8; WPART messages, then WEIGHTS) while the update computes
+the rest. The clients here receive through ``transport.Channel``, which gathers such parts
+(``wire.assemble``). The ``--cow`` prototype this script used to time (copy-on-write weights
+instead of a snapshot) is therefore gone: the PS itself now does that.
+
 After the timed lines comes a PS-side breakdown per size: "warm", the pieces called in a loop
-in this process (wire.decode of a PUSHPULL, the update ``ParameterServer._push``: sync engine +
-momentum kernel, the snapshot copy that makes the weights safe to send zero-copy, wire.encode
-of the reply, and the learner's copy of the received weights, which is not in the timed trip);
-and "live", the same pieces timed inside a serving PS process (a subclass with timers, used
-for nothing else) while a client runs round trips: caches are cold there, as in real use.
-Per-trip CPU time and page faults of every process are printed under each case. ``--cow``
-adds a prototype PS (a proposed change, see ``ps_cow_main``) to the timed cases.
+in this process (wire.decode of a PUSHPULL; the update ``ParameterServer._push``: sync engine
++ momentum kernel in one pass, unstreamed, of which next_buffer = ``versions.next_buffer``;
+wire.encode of the reply in the messages the PS sends; and the learner's copy of the received
+weights, which is not in the timed trip); and "live", the pieces of each PUSHPULL timed inside
+a serving PS process (a subclass with timers, used for nothing else) while a client runs round
+trips, summed per request (a streamed reply encodes and sends once per part, inside the update):
+caches are cold there, as in real use. Per-trip CPU time and page faults of every process are
+printed under each case.
 
     python bench/pushpull.py                          # defaults below, ~1-2 minutes
-    python bench/pushpull.py --sizes 89578 10M --ps-threads 1 --seconds 5 --cow --csv out.csv
+    python bench/pushpull.py --sizes 89578 10M --ps-threads 1 --seconds 5 --csv out.csv
+    python bench/pushpull.py --stream-parts 1         # replies unstreamed (one WEIGHTS message)
 """
 import argparse
-import csv
 import multiprocessing as mp
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -40,8 +49,8 @@ import time
 import numpy as np
 import zmq
 
-import rudra_zmq
 from rudra_zmq import kernels, transport, wire
+from rudra_zmq.benchmarks import common
 from rudra_zmq.wire import Kind
 
 # ----------------------------------------------------------------------------- defaults
@@ -52,6 +61,7 @@ MIN_TRIPS, MAX_TRIPS = 30, 20_000
 WARMUP_S = 0.5                       # untimed round trips per case, at least 10
 BLOCK_S = 0.05                       # round-robin block length
 CHUNK_MIB = 8                        # runtime.chunk_mib (the default)
+STREAM_PARTS = 8                     # runtime.stream_parts (the default; 1 = unstreamed)
 LIVE_S = 2.0                         # round trips for the live (instrumented) PS breakdown
 GOAL = 1.15                          # PS round trip <= GOAL x raw round trip
 SIGNATURE = "bench-pushpull"
@@ -70,7 +80,7 @@ def fmt_n(n):
     return f"{n:,}"
 
 
-def ps_config(ps_threads, chunk_mib):
+def ps_config(ps_threads, chunk_mib, stream_parts):
     """Async, λ = 1, momentum 0.9, no evaluation, an epoch so long that training never ends."""
     from rudra_zmq.config import load_config
     return load_config(None, [
@@ -79,37 +89,68 @@ def ps_config(ps_threads, chunk_mib):
         "train.epochs=1.0e+12", "train.eval_every_epochs=0", "train.eval_every_updates=0",
         "data.dataset=synthetic", "data.synthetic_train=1000000000",
         f"runtime.ps_threads={ps_threads}", f"runtime.chunk_mib={chunk_mib}",
-        "runtime.timeout_s=3600"])
+        f"runtime.stream_parts={stream_parts}", "runtime.timeout_s=3600"])
 
 
 def initial_weights(n):
     return (np.random.default_rng(0).standard_normal(n, dtype=np.float32) * 0.01)
 
 
+def part_floats(n, chunk_mib, stream_parts):
+    """Floats per part of a streamed WEIGHTS reply, as ``ParameterServer.part_floats`` computes
+    it (breakdown() checks the two agree); >= n means the reply is not streamed."""
+    if stream_parts == 1:
+        return n
+    return min(max(-(-n // stream_parts), (1 << 20) // 4), (chunk_mib << 20) // 4)
+
+
+def weights_messages(kind, seq, ts, inc, w, chunk_bytes, pf, **fields):
+    """The frames of each message of a reply carrying ``w``, as the PS sends it: one message
+    (``w`` in chunks) if ``pf >= len(w)``, else WPART messages of ``pf`` floats and a last
+    ``kind`` message with ``parts`` = how many came before it."""
+    n = w.shape[0]
+    if pf >= n:
+        return [wire.encode(kind, wire.SENDER_PS, seq, ts, inc, wire.chunk(w, chunk_bytes),
+                            **fields)]
+    starts = range(0, n, pf)
+    out = [wire.encode(Kind.WPART, wire.SENDER_PS, seq + i, ts, inc, [w[lo:lo + pf]], offset=lo)
+           for i, lo in enumerate(starts[:-1])]
+    out.append(wire.encode(kind, wire.SENDER_PS, seq + len(out), ts, inc, [w[starts[-1]:]],
+                           parts=len(out), **fields))
+    return out
+
+
 # ----------------------------------------------------------------------------- server processes
-def ps_main(conn, stop, n, ps_threads, chunk_mib):
+def ps_main(conn, stop, n, ps_threads, chunk_mib, stream_parts):
     """The PS process: a real ParameterServer with a synthetic model (no torch model)."""
     transport.tune_malloc()
     kernels.set_num_threads(ps_threads)
     from rudra_zmq.roles.ps import ParameterServer
-    ps = ParameterServer(ps_config(ps_threads, chunk_mib), "tcp://127.0.0.1:0",
+    ps = ParameterServer(ps_config(ps_threads, chunk_mib, stream_parts), "tcp://127.0.0.1:0",
                          model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
     conn.send(ps.endpoint)
     ps.serve_forever(stop_event=stop)
 
 
-LIVE_PIECES = ("handle", "decode", "push", "kernel", "snapshot", "encode", "send")
+# per PUSHPULL, summed over its calls: handle = all of ParameterServer.handle; push = _push
+# (engine + update, and the streamed reply's encodes/sends); next_buffer = versions.next_buffer;
+# kernel = _step_range (all parts); encode = wire.encode; send = the zmq send_multipart calls;
+# sends = how many messages went out (a count, not µs)
+LIVE_PIECES = ("handle", "decode", "push", "next_buffer", "kernel", "encode", "send", "sends")
 
 
-def ps_live_main(conn, stop, n, ps_threads, chunk_mib):
-    """Like ps_main, but the PS times the pieces of each request as it serves them (used only
-    for the "live" breakdown, never for the timed lines): medians go back over ``conn``."""
+def ps_live_main(conn, stop, n, ps_threads, chunk_mib, stream_parts):
+    """Like ps_main, but the PS times the pieces of each PUSHPULL as it serves it (used only
+    for the "live" breakdown, never for the timed lines): each piece is summed over its calls
+    within one request; medians over requests (and the buffers WeightVersions allocated) go
+    back over ``conn``."""
     import types
 
     from rudra_zmq.roles import ps as ps_mod
     transport.tune_malloc()
     kernels.set_num_threads(ps_threads)
     spans = {k: [] for k in LIVE_PIECES}
+    cur = {}                                    # this request's sums
 
     def timed(name, fn):
         def call(*a, **k):
@@ -117,7 +158,7 @@ def ps_live_main(conn, stop, n, ps_threads, chunk_mib):
             try:
                 return fn(*a, **k)
             finally:
-                spans[name].append(time.perf_counter() - t0)
+                cur[name] = cur.get(name, 0.0) + time.perf_counter() - t0
         return call
 
     proxy = types.ModuleType("wire_timed")      # ps.py looks up wire.decode at call time
@@ -126,55 +167,35 @@ def ps_live_main(conn, stop, n, ps_threads, chunk_mib):
     ps_mod.wire = proxy
 
     class TimedPS(ps_mod.ParameterServer):
-        handle = timed("handle", ps_mod.ParameterServer.handle)
         _push = timed("push", ps_mod.ParameterServer._push)
-        _step = timed("kernel", ps_mod.ParameterServer._step)
-        _snapshot_now = timed("snapshot", ps_mod.ParameterServer._snapshot_now)
+        _step_range = timed("kernel", ps_mod.ParameterServer._step_range)
 
-    ps = TimedPS(ps_config(ps_threads, chunk_mib), "tcp://127.0.0.1:0",
+        def handle(self, frames):
+            cur.clear()
+            t0 = time.perf_counter()
+            try:
+                return super().handle(frames)
+            finally:
+                cur["handle"] = time.perf_counter() - t0
+                if "push" in cur:               # a PUSHPULL (not the HELLO)
+                    for k, v in cur.items():
+                        spans[k].append(v)
+
+    ps = TimedPS(ps_config(ps_threads, chunk_mib, stream_parts), "tcp://127.0.0.1:0",
                  model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
-    ps.sock.send_multipart = timed("send", ps.sock.send_multipart)
+    ps.versions.next_buffer = timed("next_buffer", ps.versions.next_buffer)
+    send = timed("send", ps.sock.send_multipart)
+
+    def counted_send(*a, **k):
+        cur["sends"] = cur.get("sends", 0) + 1
+        return send(*a, **k)
+
+    ps.sock.send_multipart = counted_send
     conn.send(ps.endpoint)
     ps.serve_forever(stop_event=stop)
-    conn.send({k: statistics.median(v[len(v) // 5:]) * 1e6 for k, v in spans.items() if v})
-
-
-def ps_cow_main(conn, stop, n, ps_threads, chunk_mib):
-    """``--cow`` only: a PROTOTYPE of a proposed ps.py change, not the shipped PS. It sends
-    ``w`` itself zero-copy (tracked) instead of a fresh snapshot, and copies ``w`` before an
-    update only if a send of it is still in flight (copy-on-write). Sending the weights to
-    the stats server (EVAL) is not covered: it is off in this benchmark."""
-    from rudra_zmq.roles.ps import ParameterServer
-    transport.tune_malloc()
-    kernels.set_num_threads(ps_threads)
-
-    class CowPS(ParameterServer):
-        _trackers = ()
-
-        def _snapshot_now(self):
-            return self.w
-
-        def _send(self, ident, kind, payloads=(), **fields):
-            self._seq += 1
-            frames = wire.encode(kind, wire.SENDER_PS, self._seq, self.engine.timestamp,
-                                 self.inc, payloads, **fields)
-            tracker = self.sock.send_multipart([ident, *frames], copy=False,
-                                               track=bool(payloads))
-            if payloads:
-                self._trackers = (*self._trackers, tracker)
-
-        def _step(self, sources, g_scale, lr, zero_acc):
-            if any(not t.done for t in self._trackers):   # ZeroMQ still reads w: write a copy
-                w = np.empty_like(self.w)
-                kernels.copy_into(w, self.w)
-                self.w = w
-            self._trackers = ()
-            super()._step(sources, g_scale, lr, zero_acc)
-
-    ps = CowPS(ps_config(ps_threads, chunk_mib), "tcp://127.0.0.1:0",
-               model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
-    conn.send(ps.endpoint)
-    ps.serve_forever(stop_event=stop)
+    out = {k: statistics.median(v[len(v) // 5:]) * (1 if k == "sends" else 1e6)
+           for k, v in spans.items() if v}
+    conn.send({**out, "buffers": ps.versions.allocated})
 
 
 def raw_main(conn, stop, nbytes):
@@ -202,16 +223,18 @@ def raw_main(conn, stop, nbytes):
     ctx.term()
 
 
-def echo_main(conn, stop, n, chunk_mib):
+def echo_main(conn, stop, n, chunk_mib, stream_parts):
     """The protocol-only server: the PS's framing and validation (wire.decode / wire.encode,
     one ROUTER, the same send/receive calls) answering every PUSHPULL with WEIGHTS from one
-    preallocated array, without the update or the snapshot copy. PS - echo = the PS's work."""
+    preallocated array, in the same messages as the PS (WPART parts, then WEIGHTS, where it
+    streams), without the update. PS - echo = the PS's work."""
     transport.tune_malloc()
     ctx = zmq.Context()
     sock = transport.make_socket(ctx, zmq.ROUTER, hwm=64)
     conn.send(transport.bind(sock, "tcp://127.0.0.1:0"))
     weights = initial_weights(n)
-    parts = wire.chunk(weights, chunk_mib << 20)
+    chunk_bytes = chunk_mib << 20
+    pf = part_floats(n, chunk_mib, stream_parts)
     ts = seq = 0
     while not stop.is_set():
         if sock.poll(100):
@@ -221,14 +244,16 @@ def echo_main(conn, stop, n, chunk_mib):
                 except zmq.Again:
                     break
                 msg = wire.decode(frames[1:], kinds={Kind.HELLO, Kind.PUSHPULL}, numel=n)
-                seq += 1
-                if msg.kind == Kind.HELLO:
-                    out = wire.encode(Kind.WELCOME, wire.SENDER_PS, seq, ts, 1, parts,
-                                      learners=1, protocol="async")
+                if msg.kind == Kind.HELLO:   # the PS never streams a WELCOME
+                    msgs = weights_messages(Kind.WELCOME, seq + 1, ts, 1, weights, chunk_bytes,
+                                            n, learners=1, protocol="async")
                 else:
                     ts += 1
-                    out = wire.encode(Kind.WEIGHTS, wire.SENDER_PS, seq, ts, 1, parts, sigma=0)
-                sock.send_multipart([frames[0], *out], copy=False)
+                    msgs = weights_messages(Kind.WEIGHTS, seq + 1, ts, 1, weights, chunk_bytes,
+                                            pf, sigma=0)
+                seq += len(msgs)
+                for out in msgs:
+                    sock.send_multipart([frames[0], *out], zmq.NOBLOCK, copy=False)
     sock.close(linger=0)
     ctx.term()
 
@@ -276,7 +301,8 @@ def stop_all(servers):
 # ----------------------------------------------------------------------------- clients
 class PSClient:
     """A learner's side of the PS protocol, as roles/learner.py does it (Channel, zero-copy
-    send of the gradient chunks, copy=False receive), minus the model."""
+    send of the gradient chunks, copy=False receive; Channel.recv gathers a streamed reply's
+    WPART messages and its WEIGHTS into one message), minus the model."""
 
     def __init__(self, ctx, endpoint, n, chunk_bytes):
         self.ch = transport.Channel(ctx, endpoint, 0, name="parameter server",
@@ -286,7 +312,7 @@ class PSClient:
         self.parts = wire.chunk(self.grad, chunk_bytes)
         self.ch.send(Kind.HELLO, model=SIGNATURE, numel=n)
         self.ts = self.ch.recv({Kind.WELCOME}, numel=n).ts
-        self.last = None
+        self.last, self.msgs = None, 0
 
     def trip(self):
         reply = self.ch.request(Kind.PUSHPULL, self.ts, self.parts,
@@ -295,6 +321,7 @@ class PSClient:
         if reply.kind != Kind.WEIGHTS:
             raise RuntimeError(f"expected WEIGHTS after an async push, got {reply.kind.name}")
         self.ts = reply.ts
+        self.msgs = reply.fields.get("parts", 0) + 1   # messages the reply came in
         self.last = reply   # keep the frames alive until the next trip, as a learner would
 
     def close(self):
@@ -372,17 +399,34 @@ def stats(ts):
 
 
 # ----------------------------------------------------------------------------- PS breakdown
-def breakdown(n, ps_threads, chunk_mib, reps):
-    """Median µs of each piece of the PS's work for one PUSHPULL of ``n`` floats, in-process."""
+def breakdown(n, ps_threads, chunk_mib, stream_parts, reps):
+    """Median µs of each piece of the PS's work for one PUSHPULL of ``n`` floats, in-process.
+    The update runs as one unstreamed pass (``_push`` with no one to stream to); the reply is
+    encoded in the messages the PS sends (streamed parts where it streams)."""
     from rudra_zmq.roles.ps import ParameterServer
     kernels.set_num_threads(ps_threads)
     ctx = zmq.Context()
-    ps = ParameterServer(ps_config(ps_threads, chunk_mib), "tcp://127.0.0.1:0", ctx=ctx,
-                         model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
+    ps = ParameterServer(ps_config(ps_threads, chunk_mib, stream_parts), "tcp://127.0.0.1:0",
+                         ctx=ctx, model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
+    pf = part_floats(n, chunk_mib, stream_parts)
+    if ps.part_floats != pf:
+        raise RuntimeError(f"part_floats() here gives {pf} floats, ParameterServer.part_floats "
+                           f"{ps.part_floats}: update bench/pushpull.py to match ps.py")
+    nb_spans = []
+    next_buffer = ps.versions.next_buffer
+
+    def timed_next_buffer():
+        t0 = time.perf_counter()
+        try:
+            return next_buffer()
+        finally:
+            nb_spans.append(time.perf_counter() - t0)
+
+    ps.versions.next_buffer = timed_next_buffer
     grad = np.random.default_rng(1).standard_normal(n, dtype=np.float32) * 0.01
     chunk_bytes = chunk_mib << 20
     learner_w = np.empty(n, np.float32)
-    out = {k: [] for k in ("decode", "update", "snapshot", "encode", "learner_load")}
+    out = {k: [] for k in ("decode", "update", "next_buffer", "encode", "learner_load")}
     for i in range(reps + 3):
         frames = wire.encode(Kind.PUSHPULL, 0, i + 1, ps.engine.timestamp, 0,
                              wire.chunk(grad, chunk_bytes), wait=False)
@@ -391,30 +435,34 @@ def breakdown(n, ps_threads, chunk_mib, reps):
         t0 = time.perf_counter()
         msg = wire.decode(frames, kinds={Kind.HELLO, Kind.PUSHPULL}, numel=n)
         t1 = time.perf_counter()
-        ps._push(msg)
+        ps._push(msg, None)
         t2 = time.perf_counter()
-        snap = ps._snapshot_now()
+        reply = weights_messages(Kind.WEIGHTS, i, ps.engine.timestamp, ps.inc, ps.w,
+                                 chunk_bytes, pf, sigma=0)
         t3 = time.perf_counter()
-        reply = wire.encode(Kind.WEIGHTS, wire.SENDER_PS, i, ps.engine.timestamp, ps.inc,
-                            wire.chunk(snap, chunk_bytes), sigma=0)
-        t4 = time.perf_counter()
         off = 0
-        for part in reply[1:]:
-            kernels.copy_into(learner_w[off:off + part.shape[0]], part)
-            off += part.shape[0]
-        t5 = time.perf_counter()
+        for m in reply:
+            for part in m[1:]:
+                kernels.copy_into(learner_w[off:off + part.shape[0]], part)
+                off += part.shape[0]
+        t4 = time.perf_counter()
         if i >= 3:
-            for k, a, b in (("decode", t0, t1), ("update", t1, t2), ("snapshot", t2, t3),
-                            ("encode", t3, t4), ("learner_load", t4, t5)):
+            for k, a, b in (("decode", t0, t1), ("update", t1, t2), ("encode", t2, t3),
+                            ("learner_load", t3, t4)):
                 out[k].append(b - a)
+            out["next_buffer"].append(nb_spans[-1])
+    if not np.array_equal(learner_w, ps.w):
+        raise RuntimeError("the learner's copy differs from the PS's weights")
+    buffers = ps.versions.allocated
     ps.sock.close(linger=0)
     ctx.term()
-    return {k: statistics.median(v) * 1e6 for k, v in out.items()}
+    return {k: statistics.median(v) * 1e6 for k, v in out.items()}, buffers
 
 
-def live_breakdown(n, ps_threads, chunk_mib, seconds, env=None):
+def live_breakdown(n, ps_threads, chunk_mib, stream_parts, seconds, env=None):
     """Median µs of each piece inside a serving PS process during ``seconds`` of round trips."""
-    proc, stop, endpoint, conn = start(ps_live_main, n, ps_threads, chunk_mib, env=env)
+    proc, stop, endpoint, conn = start(ps_live_main, n, ps_threads, chunk_mib, stream_parts,
+                                       env=env)
     ctx = zmq.Context()
     client = PSClient(ctx, endpoint, n, chunk_mib << 20)
     try:
@@ -432,23 +480,6 @@ def live_breakdown(n, ps_threads, chunk_mib, seconds, env=None):
 
 
 # ----------------------------------------------------------------------------- main
-def machine_facts():
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                         model)
-    except OSError:
-        pass
-    env = {k: os.environ.get(k, "(unset)") for k in (
-        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MALLOC_ARENA_MAX",
-        "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_")}
-    return {"nproc": os.cpu_count(), "cpu_model": model, "loadavg": os.getloadavg(),
-            "python": platform.python_version(), "numpy": np.__version__,
-            "pyzmq": zmq.pyzmq_version(), "libzmq": zmq.zmq_version(),
-            "build_info": rudra_zmq.build_info(), "env": env}
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", nargs="+", default=SIZES, help="float32 counts, e.g. 89578 1M 10M")
@@ -459,40 +490,41 @@ def main(argv=None):
                     help="calls per piece in the PS breakdown (default by size)")
     ap.add_argument("--live-seconds", type=float, default=LIVE_S,
                     help="seconds of round trips for the live PS breakdown (0 = skip)")
-    ap.add_argument("--cow", action="store_true",
-                    help="also time a prototype PS that sends w copy-on-write (no snapshot)")
+    ap.add_argument("--stream-parts", type=int, default=STREAM_PARTS,
+                    help="runtime.stream_parts: a weights reply that follows its update goes "
+                         "out in up to this many parts as they are computed (1 = unstreamed)")
     ap.add_argument("--ps-env", nargs="*", default=[], metavar="KEY=VALUE",
                     help="environment of the PS process only, e.g. OMP_WAIT_POLICY=passive")
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
     args = ap.parse_args(argv)
+    if args.stream_parts < 1:
+        ap.error("--stream-parts must be >= 1")
     ps_env = dict(kv.split("=", 1) for kv in args.ps_env)
     sizes = [parse_size(s) for s in args.sizes]
     chunk_bytes = args.chunk_mib << 20
     transport.tune_malloc()
 
-    f = machine_facts()
-    print(f"# rudra_zmq push+pull benchmark  {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-          f"# cpu: {f['cpu_model']} x{f['nproc']}  loadavg: "
-          f"{' '.join(f'{x:.2f}' for x in f['loadavg'])}\n"
-          f"# python {f['python']}  numpy {f['numpy']}  pyzmq {f['pyzmq']}  libzmq {f['libzmq']}\n"
-          f"# build_info: {f['build_info']}\n"
-          f"# env: {' '.join(f'{k}={v}' for k, v in f['env'].items())}\n"
-          f"# tcp loopback, separate processes (spawn), tune_malloc() in all; PS: async λ=1, "
-          f"momentum 0.9, chunk_mib={args.chunk_mib}, PS env: {ps_env or 'as above'}\n"
-          f"# times per round trip (push N bytes + reply N bytes): median [p90]; "
-          f"ratio = PS median / raw median (goal <= {GOAL:.2f});\n"
-          f"# echo = the PS's wire protocol and Python path with no update and no snapshot copy",
-          flush=True)
+    facts = common.machine_facts(env_keys=(
+        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MALLOC_ARENA_MAX",
+        "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"))
+    print(common.header_text("push+pull benchmark", facts, notes=[
+        f"tcp loopback, separate processes (spawn), tune_malloc() in all; PS: async λ=1, "
+        f"momentum 0.9, chunk_mib={args.chunk_mib}, stream_parts={args.stream_parts}, "
+        f"PS env: {ps_env or 'as above'}",
+        f"times per round trip (push N bytes + reply N bytes): median [p90]; "
+        f"ratio = PS median / raw median (goal <= {GOAL:.2f});",
+        "echo = the PS's wire protocol and Python path (same reply messages) with no update; "
+        "msgs = messages per reply (WPART parts + WEIGHTS) ps/echo"]),
+        flush=True)
 
     rows, verdicts = [], []
     for n in sizes:
         nbytes = 4 * n
         chunked = nbytes > chunk_bytes
         raw = start(raw_main, nbytes)
-        echo = start(echo_main, n, args.chunk_mib)
+        echo = start(echo_main, n, args.chunk_mib, args.stream_parts)
         for nt in args.ps_threads:
-            ps = start(ps_main, n, nt, args.chunk_mib, env=ps_env)
-            cow = start(ps_cow_main, n, nt, args.chunk_mib, env=ps_env) if args.cow else None
+            ps = start(ps_main, n, nt, args.chunk_mib, args.stream_parts, env=ps_env)
             ctx = zmq.Context()
             clients = {"ps": PSClient(ctx, ps[2], n, chunk_bytes),
                        "echo": PSClient(ctx, echo[2], n, chunk_bytes),
@@ -500,19 +532,17 @@ def main(argv=None):
             if chunked:
                 clients["raw_chunked"] = RawClient(ctx, raw[2], nbytes, chunk_bytes)
             pids = {"ps": ps[0].pid, "echo": echo[0].pid, "raw": raw[0].pid}
-            if cow:
-                clients["ps_cow"] = PSClient(ctx, cow[2], n, chunk_bytes)
-                pids["ps_cow"] = cow[0].pid
             cost = {}
             srv0 = {k: proc_counters(pid) for k, pid in pids.items()}
             try:
                 times = time_cases(clients, args.seconds, cost)
                 srv1 = {k: proc_counters(pid) for k, pid in pids.items()}
+                msgs = f"{clients['ps'].msgs}/{clients['echo'].msgs}"
             finally:
                 for c in clients.values():
                     c.close()
                 ctx.term()
-                stop_all([ps, cow] if cow else [ps])
+                stop_all([ps])
             st = {k: stats(v) for k, v in times.items()}
             ratio = st["ps"]["median"] / st["raw"]["median"]
             best = min(("raw", "raw_chunked") if chunked else ("raw",),
@@ -529,22 +559,18 @@ def main(argv=None):
                 line += (f" | raw chunked {us['raw_chunked'][0]:9.1f} µs "
                          f"[{us['raw_chunked'][1]:9.1f}] (PS/raw chunked "
                          f"{st['ps']['median'] / st['raw_chunked']['median']:4.2f}x)")
-            if cow:
-                line += (f" | PROTOTYPE ps_cow {us['ps_cow'][0]:9.1f} µs [{us['ps_cow'][1]:9.1f}] "
-                         f"(ps_cow/best raw {st['ps_cow']['median'] / st[best]['median']:4.2f}x)")
-            print(line + "  trips " + "/".join(str(v["trips"]) for v in st.values()), flush=True)
+            print(line + f"  msgs {msgs}  trips " + "/".join(str(v["trips"]) for v in st.values()), flush=True)
             raw_trips = st["raw"]["trips"] + st.get("raw_chunked", {"trips": 0})["trips"]
             srv = {k: ((srv1[k][0] - srv0[k][0]) * 1e6 / t, (srv1[k][1] - srv0[k][1]) / t)
                    for k, t in (("ps", st["ps"]["trips"]), ("echo", st["echo"]["trips"]),
-                                ("raw", raw_trips), ("ps_cow", st.get("ps_cow", {}).get("trips")))
+                                ("raw", raw_trips))
                    if t}
             cli = {k: (v[0] * 1e6 / st[k]["trips"], v[1] / st[k]["trips"])
                    for k, v in cost.items()}
-            print(f"#   per trip: server CPU µs " + " ".join(f"{k} {v[0]:.0f}" for k, v in
+            print("#   per trip: server CPU µs " + " ".join(f"{k} {v[0]:.0f}" for k, v in
                                                       srv.items()) +
                   ", faults " + " ".join(f"{k} {v[1]:.1f}" for k, v in srv.items()) +
-                  " | client CPU "
-                  f"µs " + " ".join(f"{k} {v[0]:.0f}" for k, v in cli.items()) +
+                  " | client CPU µs " + " ".join(f"{k} {v[0]:.0f}" for k, v in cli.items()) +
                   ", faults " + " ".join(f"{k} {v[1]:.1f}" for k, v in cli.items()) +
                   f" | loadavg {os.getloadavg()[0]:.2f}", flush=True)
             for impl, s in st.items():
@@ -556,36 +582,39 @@ def main(argv=None):
 
     print("# PS-side breakdown, median µs per PUSHPULL. warm: pieces called in a loop in this "
           "process (decode = wire.decode; update = ParameterServer._push: engine + momentum "
-          "kernel; snapshot = copy of w for the zero-copy reply; encode = wire.encode of "
-          "WEIGHTS; learner_load = the learner's copy of the received weights, outside the "
-          "timed trip). live: the same pieces timed inside a serving PS process during "
-          f"{args.live_seconds:g} s of round trips (handle = all of ParameterServer.handle; "
-          "push includes kernel = _step; send = the zmq send_multipart call)", flush=True)
+          "kernel writing the next version, one unstreamed pass, of which next_buffer = "
+          "versions.next_buffer; encode = wire.encode of the reply's messages; learner_load = "
+          "the learner's copy of the received weights, outside the timed trip). live: pieces "
+          "timed inside a serving PS process during "
+          f"{args.live_seconds:g} s of round trips, summed per request (handle = all of "
+          "ParameterServer.handle; push = _push, including next_buffer, kernel = _step_range "
+          "and, when the reply is streamed, its encodes and sends; send = the zmq "
+          "send_multipart calls; sends = messages sent, a count). buffers = weight buffers "
+          "WeightVersions allocated in all", flush=True)
     for n in sizes:
         for nt in args.ps_threads:
             reps = args.breakdown_reps or max(20, min(2000, int(2e8 / n)))
-            b = breakdown(n, nt, args.chunk_mib, reps)
+            b, buffers = breakdown(n, nt, args.chunk_mib, args.stream_parts, reps)
             print(f"breakdown n={fmt_n(n):>6} ps_threads={nt} warm  " +
                   "  ".join(f"{k} {v:8.1f}" for k, v in b.items()) +
-                  f"  | PS total {b['decode'] + b['update'] + b['snapshot'] + b['encode']:8.1f}",
-                  flush=True)
+                  f"  | PS total {b['decode'] + b['update'] + b['encode']:8.1f}  "
+                  f"buffers {buffers}", flush=True)
             rows.append({"n": n, "bytes": 4 * n, "ps_threads": nt, "impl": "breakdown_warm",
-                         **{f"{k}_us": v for k, v in b.items()}})
+                         **{f"{k}_us": v for k, v in b.items()}, "buffers": buffers})
             if args.live_seconds > 0:
-                lv = live_breakdown(n, nt, args.chunk_mib, args.live_seconds, ps_env)
+                lv = live_breakdown(n, nt, args.chunk_mib, args.stream_parts,
+                                    args.live_seconds, ps_env)
                 print(f"breakdown n={fmt_n(n):>6} ps_threads={nt} live  " +
-                      "  ".join(f"{k} {lv[k]:8.1f}" for k in LIVE_PIECES if k in lv) +
+                      "  ".join(f"{k} {lv[k]:8.1f}" for k in LIVE_PIECES
+                                if k in lv and k != "sends") +
+                      f"  sends {lv.get('sends', 0):g}  buffers {lv.get('buffers', '?')}"
                       f"  | loadavg {os.getloadavg()[0]:.2f}", flush=True)
                 rows.append({"n": n, "bytes": 4 * n, "ps_threads": nt, "impl": "breakdown_live",
-                             **{f"{k}_us": v for k, v in lv.items()}})
+                             **{k if k in ("sends", "buffers") else f"{k}_us": v
+                                for k, v in lv.items()}})
 
     if args.csv:
-        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        with open(args.csv, "w", newline="") as fh:
-            wr = csv.DictWriter(fh, fieldnames=keys)
-            wr.writeheader()
-            wr.writerows(rows)
+        common.write_csv(args.csv, rows)
 
     print(f"# goal: PS round trip <= {GOAL:.2f}x the faster raw round trip (one frame or "
           f"chunked)  (loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")

@@ -18,10 +18,8 @@ and after the distributed cases (load drifts on this shared box) and the two are
     python bench/train_throughput.py --cases default --epochs 6 --csv bench/out/train.csv
 """
 import argparse
-import csv
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,8 +30,8 @@ import numpy as np
 import torch
 import yaml
 
-import rudra_zmq
 from rudra_zmq.datasets import load_dataset, to_float
+from rudra_zmq.benchmarks import common
 from rudra_zmq.models import build_model
 
 # ----------------------------------------------------------------------------- defaults
@@ -165,22 +163,6 @@ def scaling(r, one):
 
 
 # ----------------------------------------------------------------------------- main
-def machine_facts():
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                         model)
-    except OSError:
-        pass
-    env = {k: os.environ.get(k, "(unset)") for k in (
-        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS")}
-    return {"nproc": os.cpu_count(), "cpu_model": model, "loadavg": os.getloadavg(),
-            "python": platform.python_version(), "numpy": np.__version__,
-            "torch": torch.__version__, "build_info": rudra_zmq.build_info(), "env": env}
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
@@ -195,22 +177,19 @@ def main(argv=None):
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
     args = ap.parse_args(argv)
 
-    f = machine_facts()
-    print(f"# rudra_zmq training throughput benchmark  {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-          f"# cpu: {f['cpu_model']} x{f['nproc']}  loadavg: "
-          f"{' '.join(f'{x:.2f}' for x in f['loadavg'])}\n"
-          f"# python {f['python']}  numpy {f['numpy']}  torch {f['torch']}\n"
-          f"# build_info: {f['build_info']}\n"
-          f"# env: {' '.join(f'{k}={v}' for k, v in f['env'].items())}\n"
-          f"# {MODEL}, synthetic {SHAPE} x {TRAIN_N}, mu={MU}, SGD momentum {MOMENTUM}, wd {WD}; "
-          f"runs: 1-softsync, {args.epochs:g} epochs, window = updates after {args.skip_s:g} s, "
-          f"before the last {args.trim_s:g} s\n"
-          f"# baseline: one process, torch.set_num_threads({args.baseline_threads}), timed "
-          f"before and after the runs and pooled; ratio = run / baseline (goal >= {GOAL})\n"
-          f"# runs: the launcher gives each learner OMP_NUM_THREADS = torch threads = "
-          f"runtime.threads_per_learner (0: cores / lambda, at least 1), interop 1; the PS "
-          f"OMP_NUM_THREADS = runtime.ps_threads (0: all cores); loadavg includes our own runs",
-          flush=True)
+    facts = common.machine_facts(env_keys=(
+        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS"), torch=torch.__version__)
+    print(common.header_text("training throughput benchmark", facts, notes=[
+        f"{MODEL}, synthetic {SHAPE} x {TRAIN_N}, mu={MU}, SGD momentum {MOMENTUM}, wd {WD}; "
+        f"runs: 1-softsync, {args.epochs:g} epochs, window = updates after {args.skip_s:g} s, "
+        f"before the last {args.trim_s:g} s",
+        f"baseline: one process, torch.set_num_threads({args.baseline_threads}), timed "
+        f"before and after the runs and pooled; ratio = run / baseline (goal >= {GOAL})",
+        "runs: the launcher gives each learner OMP_NUM_THREADS = torch threads = "
+        "runtime.threads_per_learner (0: cores / lambda, at least 1), interop 1; the PS "
+        "OMP_NUM_THREADS = runtime.ps_threads (0: all cores); loadavg includes our own runs"]),
+        flush=True)
 
     ds = load_dataset("synthetic", synthetic_shape=tuple(SHAPE), synthetic_n=(TRAIN_N, TEST_N),
                       num_classes=CLASSES)
@@ -256,12 +235,7 @@ def main(argv=None):
               f"ratio {ratio:4.2f}x" + scaling(r, one), flush=True)
         rows.append({"case": name, "ratio": ratio, **r})
     if args.csv:
-        os.makedirs(os.path.dirname(os.path.abspath(args.csv)), exist_ok=True)
-        keys = list(dict.fromkeys(k for row in rows for k in row))
-        with open(args.csv, "w", newline="") as fh:
-            wr = csv.DictWriter(fh, fieldnames=keys)
-            wr.writeheader()
-            wr.writerows(rows)
+        common.write_csv(args.csv, rows)
     print(f"# goal: rudra-zmq (lambda=2, default threads) >= {GOAL:.2f}x plain torch  "
           f"(loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
     for name, r in results.items():

@@ -1,7 +1,7 @@
 """The ``rudra-zmq`` command line (also ``python -m rudra_zmq``).
 
 ``rudra-zmq run CONFIG`` starts a whole run on this machine (see :mod:`rudra_zmq.launcher`);
-``rudra-zmq ps|learner|data|stats`` start one role each, with explicit endpoints, so the same
+``rudra-zmq ps|learner|node|data|stats`` start one role each, with explicit endpoints, so the same
 run can be spread over several machines by hand. ``rudra-zmq simulate CONFIG`` runs the sync protocol in one process with
 simulated learner speeds (see :mod:`rudra_zmq.simulator`); ``rudra-zmq info`` reports the build.
 
@@ -116,8 +116,38 @@ def cmd_run(args) -> int:
 
 def cmd_ps(args) -> int:
     cfg = _load(args)
+    if (cfg.architecture.kind == "advstar") != bool(args.bcast_bind):
+        raise _UsageError("--bcast-bind (the endpoint the broadcast root binds) is needed with "
+                          "architecture.kind=advstar, and only then (the config says "
+                          f"{cfg.architecture.kind!r})")
+    extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
     return _serve("ps", ps_threads(cfg), True,
-                  lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir))
+                  lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir, **extra))
+
+
+def _bcast_args(cfg, args) -> tuple[list | None, list | None]:
+    """The learners' broadcast endpoints (advstar): one upstream and one bind (or none) per
+    --id, checked against the plan; (None, None) for other architectures."""
+    from .topology import broadcast_children
+
+    if cfg.architecture.kind != "advstar":
+        if args.bcast_upstream or args.bcast_bind:
+            raise _UsageError("--bcast-upstream/--bcast-bind are for architecture.kind=advstar "
+                              f"(the config says {cfg.architecture.kind!r})")
+        return None, None
+    ups = args.bcast_upstream.split(",") if args.bcast_upstream else []
+    binds = args.bcast_bind.split(",") if args.bcast_bind else ["none"] * len(args.id)
+    if len(ups) != len(args.id) or len(binds) != len(args.id):
+        raise _UsageError(f"architecture.kind=advstar: give one --bcast-upstream and one "
+                          f"--bcast-bind endpoint per learner id ({len(args.id)}), separated by "
+                          f"commas; got {len(ups)} and {len(binds)}")
+    binds = [None if b.lower() == "none" else b for b in binds]
+    for i, b in zip(args.id, binds):
+        kids = broadcast_children(cfg, i)
+        if kids and b is None:
+            raise _UsageError(f"learner {i} forwards the broadcast to learners "
+                              f"{','.join(map(str, kids))}: give it a --bcast-bind endpoint")
+    return ups, binds
 
 
 def cmd_learner(args) -> int:
@@ -126,15 +156,17 @@ def cmd_learner(args) -> int:
     if bad:
         raise _UsageError(f"--id {','.join(map(str, bad))}: learner ids run from 0 to "
                           f"sync.learners-1 = {cfg.sync.learners - 1}")
+    ups, binds = _bcast_args(cfg, args)
+    extra = {} if ups is None else {"bcast_upstream": ups, "bcast_bind": binds}
     return _serve("learner", learner_threads(cfg), True,
-                  lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats))
+                  lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats, **extra))
 
 
 def cmd_node(args) -> int:
     cfg = _load(args)
-    if cfg.architecture.kind != "adv":
+    if cfg.architecture.kind not in ("adv", "advstar"):
         raise _UsageError("rudra-zmq node runs a node of a PS tree: set architecture.kind=adv "
-                          f"(the config says {cfg.architecture.kind!r})")
+                          f"or advstar (the config says {cfg.architecture.kind!r})")
     from .topology import plan
 
     try:
@@ -233,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="endpoint to bind, e.g. tcp://0.0.0.0:5555")
     p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
     p.add_argument("--run-dir", metavar="DIR", help="where to write the PS's records")
+    p.add_argument("--bcast-bind", metavar="ENDPOINT",
+                   help="advstar: endpoint the broadcast root binds (its first members "
+                        "connect there)")
     p.set_defaults(func=cmd_ps)
 
     p = sub.add_parser("learner", help="run one or more learners in this process")
@@ -242,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ps", required=True, metavar="ENDPOINT", help="parameter server")
     p.add_argument("--data", required=True, metavar="ENDPOINT", help="data server")
     p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
+    p.add_argument("--bcast-upstream", metavar="EP[,EP...]",
+                   help="advstar: per --id, the broadcast upstream (the PS's --bcast-bind or "
+                        "its upstream learner's --bcast-bind)")
+    p.add_argument("--bcast-bind", metavar="EP[,EP...]",
+                   help="advstar: per --id, the endpoint it binds for its broadcast children, "
+                        "or none (default: none for all)")
     p.set_defaults(func=cmd_learner)
 
     p = sub.add_parser("node", help="run one node of a PS tree (architecture.kind=adv)",

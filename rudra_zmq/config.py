@@ -75,17 +75,23 @@ class RuntimeConfig:
     threads_per_learner: int = 0       # torch threads per learner; 0 = cores / λ, at least 1
     ps_threads: int = 0                # kernel OpenMP threads on the PS; 0 = all cores
     chunk_mib: int = 8                 # max payload frame size for model-sized messages
+    stream_parts: int = 8              # PS: send a weights reply that follows its update in up
+    #                                    to this many parts as they are computed (1 = off)
     timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
     learners_per_process: int = 1      # >1 hosts several learner threads per process
 
 
 @dataclass
 class ArchitectureConfig:
-    kind: str = "base"                 # base (one PS) | adv (a tree of PS nodes, Rudra-adv)
+    kind: str = "base"                 # base (one PS) | adv (a tree of PS nodes, Rudra-adv) |
+    #                                    advstar (adv + weights broadcast through the learners)
     fanout: int = 4                    # adv: learners per leaf and children per inner node
     depth: int = 1                     # adv: node levels below the root (1: leaves -> root)
     leaves: list[list[int]] = field(default_factory=list)  # adv: learners per leaf (default:
     #                                    consecutive groups of fanout)
+    broadcast_fanout: int = 1          # advstar: members each member forwards to (1: a chain)
+    relay: str = "eager"               # adv/advstar softsync: eager (relay what is pending when
+    #                                    no relay is in flight) | gather (relay whole subtrees)
 
 
 @dataclass
@@ -113,7 +119,8 @@ class Config:
                               f"softsync, got {s.n} (n = learners is async)")
         for key, val in (("sync.batch_size", s.batch_size), ("data.num_classes", d.num_classes),
                          ("runtime.chunk_mib", r.chunk_mib),
-                         ("runtime.learners_per_process", r.learners_per_process)):
+                         ("runtime.learners_per_process", r.learners_per_process),
+                         ("runtime.stream_parts", r.stream_parts)):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
         if not o.lr > 0:
@@ -135,10 +142,20 @@ class Config:
 
     def _validate_architecture(self) -> None:
         a, lam = self.architecture, self.sync.learners
-        _one_of("architecture.kind", a.kind, ("base", "adv"))
-        for key, val in (("architecture.fanout", a.fanout), ("architecture.depth", a.depth)):
+        if a.kind == "adv*":
+            raise ConfigError("architecture.kind is 'adv*'; write it advstar (the YAML-friendly "
+                              "spelling of Rudra-adv*)")
+        _one_of("architecture.kind", a.kind, ("base", "adv", "advstar"))
+        _one_of("architecture.relay", a.relay, ("eager", "gather"))
+        for key, val in (("architecture.fanout", a.fanout), ("architecture.depth", a.depth),
+                         ("architecture.broadcast_fanout", a.broadcast_fanout)):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
+        if a.kind == "advstar" and self.sync.protocol == "hardsync":
+            raise ConfigError("architecture.kind=advstar is asynchronous by design (learners "
+                              "never wait for weights; they adopt whatever the broadcast brought)"
+                              ", so sync.protocol=hardsync is not supported: use softsync or "
+                              "async, or architecture.kind=adv for hardsync through a PS tree")
         if a.kind == "base":
             if a.leaves:
                 raise ConfigError("architecture.leaves is used only by the PS tree: set "

@@ -17,22 +17,25 @@ Where the images come from:
 Image files are decoded once; the arrays are cached as one uncompressed ``.npz`` under the cache
 dir (``$RUDRA_ZMQ_CACHE``, default ``~/.cache/rudra_zmq``), so later loads take a fraction of a
 second. A tarball is read as a stream and never extracted: writing 60,000 small files costs
-more than decoding them (CIFAR-10: about 9 s to extract against under 2 s to stream).
+more than decoding them (CIFAR-10: about 9 s to extract against under 2 s to stream). Finding
+and decoding image files is :mod:`rudra_zmq.images`; this module turns them into a Dataset.
 """
 from __future__ import annotations
 
 import hashlib
-import io
 import math
-import multiprocessing
 import os
 import pickle
 import sys
-import tarfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
+
+# Image files -> arrays lives in .images; these names stay importable from here.
+from .images import (DECODE_CHUNK, IMAGE_EXTS, PARALLEL_MIN_IMAGES, SPLITS, TARBALL_EXTS,
+                     decode_all as _decode_all, is_tarball as _is_tarball,
+                     tar_items as _tar_items, tree_items as _tree_items)
 
 DATASET_NAMES = ("digits", "cifar10", "imagefolder", "synthetic")
 CACHE_ENV = "RUDRA_ZMQ_CACHE"
@@ -40,11 +43,6 @@ CACHE_VERSION = 1
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_SYNTHETIC_SHAPE = (3, 32, 32)
 DIGITS_TEST = 360          # of sklearn's 1,797 digits; the other 1,437 train
-IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")
-SPLITS = ("train", "test", "val")
-TARBALL_EXTS = (".tar.gz", ".tgz", ".tar")
-DECODE_CHUNK = 1000        # images per task sent to a decode worker
-PARALLEL_MIN_IMAGES = 2000  # below this a pool costs more than it saves
 
 
 @dataclass
@@ -299,49 +297,7 @@ def _load_images(name, root: Path, image_size, limit, cache, workers, progress) 
     return ds
 
 
-# ------------------------------------------------------------------------- image decoding
-def _is_tarball(p: Path) -> bool:
-    return p.is_file() and p.name.lower().endswith(TARBALL_EXTS)
-
-
-def _is_image(name: str) -> bool:
-    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTS)
-
-
-def _tree_items(root: Path, limit) -> dict:
-    """{(split, class): [(name, path)]} of an ImageFolder tree, sorted by file name."""
-    found = {}
-    for split in SPLITS:
-        if not (root / split).is_dir():
-            continue
-        for d in sorted((root / split).iterdir()):
-            if d.is_dir() and not d.name.startswith("."):
-                files = sorted(f.name for f in d.iterdir() if _is_image(f.name))
-                found[(split, d.name)] = [(str(d / f), str(d / f)) for f in files[:limit]]
-    return found
-
-
-def _tar_items(path: Path, limit) -> dict:
-    """{(split, class): [(member name, bytes)]} of a tarball holding split/class/image files."""
-    found = {}
-    with tarfile.open(path, "r:*") as tf:
-        for m in tf:
-            parts = PurePosixPath(m.name).parts
-            if not m.isfile() or len(parts) < 3 or parts[-3] not in SPLITS \
-                    or not _is_image(parts[-1]):
-                continue
-            got = found.setdefault((parts[-3], parts[-2]), [])
-            got.append((m.name, tf.extractfile(m).read()))
-            if limit and len(got) >= 2 * limit:  # bound memory: keep the first names only
-                got.sort(key=lambda t: t[0])
-                del got[limit:]
-    for got in found.values():
-        got.sort(key=lambda t: t[0])
-        if limit:
-            del got[limit:]
-    return found
-
-
+# ------------------------------------------------------------------------- image datasets
 def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> Dataset:
     classes = sorted(c for s, c in items if s == "train")
     test_split = "test" if any(s == "test" for s, _ in items) else "val"
@@ -361,87 +317,6 @@ def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> D
     k = len(flat["train"])
     return _make(name, x[:k], y[:k], x[k:], y[k:], classes)
 
-
-def _decode_all(items: list, image_size, workers: int, progress: bool) -> np.ndarray:
-    """Decode [(name, path or bytes)] to one uint8 (N, 3, H, W) array, in order. Blocks."""
-    chunks = [items[i:i + DECODE_CHUNK] for i in range(0, len(items), DECODE_CHUNK)]
-    tasks = [(chunk, image_size) for chunk in chunks]
-    bar = _Progress(len(items), progress and len(items) >= PARALLEL_MIN_IMAGES)
-    out = []
-    if workers > 1 and len(items) >= PARALLEL_MIN_IMAGES:
-        with multiprocessing.get_context().Pool(min(workers, len(chunks))) as pool:
-            for arr in pool.imap(_decode_chunk, tasks):
-                out.append(arr)
-                bar.update(len(arr))
-    else:
-        for task in tasks:
-            out.append(_decode_chunk(task))
-            bar.update(len(out[-1]))
-    bar.close()
-    shapes = {a.shape[1:] for a in out}
-    if len(shapes) > 1:
-        raise ValueError(f"images differ in size ({sorted(shapes)}); pass image_size to resize")
-    return np.concatenate(out) if out else np.zeros((0, 3, 1, 1), np.uint8)
-
-
-def _decode_chunk(task) -> np.ndarray:
-    # Runs in a worker process: top level so that it pickles under spawn as well as fork.
-    from PIL import Image
-
-    items, image_size = task
-    arrays = []
-    for name, src in items:
-        try:
-            with Image.open(io.BytesIO(src) if isinstance(src, bytes) else src) as im:
-                im = im.convert("RGB")
-                if image_size:
-                    im = _resize_center_crop(im, image_size)
-                arrays.append(np.asarray(im).transpose(2, 0, 1))
-        except Exception as exc:
-            raise ValueError(f"cannot decode image {name}: {exc}") from None
-    if len({a.shape for a in arrays}) > 1:
-        sizes = sorted({f"{a.shape[2]}x{a.shape[1]}" for a in arrays})
-        raise ValueError(f"images differ in size ({', '.join(sizes)}), e.g. {items[0][0]}; "
-                         "pass image_size to resize them")
-    return np.stack(arrays)
-
-
-def _resize_center_crop(im, size: int):
-    from PIL import Image
-
-    w, h = im.size
-    scale = size / min(w, h)
-    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-    im = im.resize((nw, nh), Image.Resampling.BILINEAR)
-    left, top = (nw - size) // 2, (nh - size) // 2
-    return im.crop((left, top, left + size, top + size))
-
-
-class _Progress:
-    """tqdm on stderr if installed, else a line per 10%; silent when disabled."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.done, self.shown, self.bar = total, 0, 0, None
-        self.enabled = enabled
-        try:
-            from tqdm import tqdm
-
-            if enabled:
-                self.bar = tqdm(total=total, desc="decoding images", unit="img", file=sys.stderr)
-        except ImportError:
-            pass
-
-    def update(self, n: int):
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        elif self.enabled and 10 * self.done // self.total > self.shown:
-            self.shown = 10 * self.done // self.total
-            print(f"decoding images: {self.done:,}/{self.total:,}", file=sys.stderr)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -495,4 +370,6 @@ def _limit_dataset(ds: Dataset, limit) -> Dataset:
 
 
 __all__ = ["Dataset", "DATASET_NAMES", "load_dataset", "to_float", "default_cache_dir",
-           "dataset_shape", "dataset_size"]
+           "dataset_shape", "dataset_size",
+           # re-exported from .images
+           "DECODE_CHUNK", "IMAGE_EXTS", "PARALLEL_MIN_IMAGES", "SPLITS", "TARBALL_EXTS"]

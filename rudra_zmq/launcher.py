@@ -16,7 +16,12 @@ leaf instead of the PS::
 
     tree nodes     rudra-zmq node    --config RUN/config.yaml --id K --bind NODE --parent PARENT
 
-(leaves bind ipc sockets in the run directory, inner nodes tcp ports). Each server accepts
+(leaves bind ipc sockets in the run directory, inner nodes tcp ports). With
+``architecture.kind: advstar`` (Rudra-adv*) the same tree carries the gradients, and the
+weights go down a broadcast among the learners (:mod:`rudra_zmq.roles.broadcast`): the PS
+gets ``--bcast-bind BCAST`` and each learner ``--bcast-upstream`` (the root's or its upstream
+learner's endpoint) and ``--bcast-bind`` (its own, or ``none`` without broadcast children),
+one per learner id. Each server accepts
 connections before anything that connects to it is started. Each process writes
 stdout and stderr to ``RUN/logs/ROLE.log``; the stats server's stdout is also echoed here, as
 the progress display. ``RUN/processes.json`` lists every role's pid and command line.
@@ -182,7 +187,7 @@ def learner_groups(cfg) -> list[list[int]]:
 
 def role_env(cfg, role: str) -> dict[str, str]:
     """The child environment: thread counts per role, unbuffered output, malloc tuning."""
-    from .cli import learner_threads, ps_threads  # one definition of the thread counts
+    from .cli import learner_threads  # one definition of the thread count
 
     cores = os.cpu_count() or 1
     busy = cfg.sync.learners * learner_threads(cfg)
@@ -214,11 +219,13 @@ def summary(plan: Plan) -> str:
         f"  model {cfg.model.name}, dataset {cfg.data.dataset}, {cfg.train.epochs:g} epochs",
         f"  run directory {plan.run_dir}",
         "  endpoints " + ", ".join(f"{r} {ep}" for r, ep in plan.endpoints.items()
-                                   if not r.startswith("node")),
+                                   if r in ("ps", "data", "stats")),
     ]
     if plan.tree is not None:
         lines += [f"  {line}, {plan.endpoints[f'node{n.id}']}"
                   for n, line in zip(plan.tree.nodes, plan.tree.describe())]
+    if cfg.architecture.kind == "advstar":
+        lines += [f"  {line}" for line in topology.describe_broadcast(cfg)]
     return "\n".join(lines)
 
 
@@ -382,12 +389,15 @@ class Launcher:
                 label = "learner" + "+".join(map(str, ids))
             ps = ep["ps"] if p.tree is None else ep[f"node{p.tree.leaf_of(ids[0]).id}"]
             learners.append((label, "learner", ["--id", ",".join(map(str, ids)), "--ps", ps,
-                                                "--data", ep["data"], "--stats", ep["stats"]]))
+                                                "--data", ep["data"], "--stats", ep["stats"],
+                                                *self._bcast_args(ids)]))
         steps = [
             ([("stats", "stats", ["--bind", ep["stats"], "--run-dir", str(p.run_dir)]),
               ("data", "data", ["--bind", ep["data"]])], ["stats"]),
             ([("ps", "ps", ["--bind", ep["ps"], "--stats", ep["stats"],
-                            "--run-dir", str(p.run_dir)])], ["data", "ps"]),
+                            "--run-dir", str(p.run_dir),
+                            *(["--bcast-bind", ep["bcast"]] if "bcast" in ep else [])])],
+             ["data", "ps"]),
             *self._node_steps(),
             (learners, []),
         ]
@@ -405,6 +415,16 @@ class Launcher:
             if rc is not None:
                 return rc
         return None
+
+    def _bcast_args(self, ids: list[int]) -> list[str]:
+        """advstar: each learner's broadcast upstream and bind endpoints (none: no children)."""
+        cfg, ep = self.plan.cfg, self.plan.endpoints
+        if cfg.architecture.kind != "advstar":
+            return []
+        ups = [topology.broadcast_upstream(cfg, i) for i in ids]
+        return ["--bcast-upstream", ",".join(ep["bcast" if u is None else f"bcast{u}"]
+                                             for u in ups),
+                "--bcast-bind", ",".join(ep.get(f"bcast{i}", "none") for i in ids)]
 
     def _node_steps(self) -> list:
         """Start steps for the tree nodes: one per level, the top level (the root's
@@ -568,8 +588,10 @@ def run(config_path, overrides=(), run_dir=None) -> int:
     cfg = config_mod.load_config(config_path, list(overrides))
     path = make_run_dir(cfg, run_dir)
     config_mod.save(cfg, path / "config.yaml")
-    tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+    tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
     eps = endpoints(cfg, path)
+    if cfg.architecture.kind == "advstar":
+        eps.update(topology.broadcast_endpoints(cfg, path))
     if tree is None:
         plan = Plan(cfg, path, eps, learner_groups(cfg))
     else:

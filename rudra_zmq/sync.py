@@ -270,7 +270,11 @@ class RelayClock:
     - hardsync: once every learner below has contributed exactly one gradient at the node's
       weights timestamp (the root then updates after one relay from each of its children);
     - softsync/async: as soon as anything is pending and no relay is in flight, so gradients
-      that arrive during a relay's round trip go together in the next one.
+      that arrive during a relay's round trip go together in the next one;
+    - softsync/async with ``gather`` (``architecture.relay: gather``): once every learner
+      below has a gradient pending (timestamps may differ), so each relay carries the whole
+      subtree and the root's ingress falls by the fan-out factor, at the price of a
+      barrier among the learners of one node (c still counts learner gradients at the root).
 
     A child is answered only when the relay carrying its gradient is answered, so each learner
     has at most one gradient anywhere in the tree: a clock never lists a learner twice, never
@@ -281,6 +285,7 @@ class RelayClock:
     protocol: str
     learners: frozenset
     timestamp: int = -1            # the newest weights timestamp this node holds
+    gather: bool = False           # softsync/async: relay only sums of the whole subtree
     _pending: list = field(default_factory=list, repr=False)
     _in_flight: list = field(default_factory=list, repr=False)
 
@@ -325,7 +330,7 @@ class RelayClock:
         """Whether to relay now (see the class docstring)."""
         if self._in_flight or not self._pending:
             return False
-        if self.protocol == "hardsync":
+        if self.protocol == "hardsync" or self.gather:
             return len(self._pending) == len(self.learners)
         return True
 

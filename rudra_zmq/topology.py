@@ -198,3 +198,57 @@ def node_endpoints(cfg, tree: Tree, run_dir: Path) -> dict[str, str]:
                 raise ConfigError(f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
                                   f"there ({exc}); use an address of this machine") from None
     return eps
+
+
+# ----------------------------------------------------------------------------- Rudra-adv*
+def broadcast_upstream(cfg, learner: int) -> int | None:
+    """The member that learner ``learner`` receives weight versions from in the advstar
+    broadcast (None: the root PS). Members form a k-ary tree in learner order, k =
+    ``architecture.broadcast_fanout``: the root feeds learners 0..k-1 and learner i feeds
+    k(i+1) .. k(i+1)+k-1, so k = 1 is the chain root -> 0 -> 1 -> ... -> λ-1."""
+    k = cfg.architecture.broadcast_fanout
+    return None if learner < k else learner // k - 1
+
+
+def broadcast_children(cfg, learner: int | None) -> list[int]:
+    """The learners that ``learner`` (None: the root) forwards every version to."""
+    k, lam = cfg.architecture.broadcast_fanout, cfg.sync.learners
+    first = 0 if learner is None else k * (learner + 1)
+    return list(range(first, min(first + k, lam)))
+
+
+def describe_broadcast(cfg) -> list[str]:
+    """One line per member with children, e.g. ``broadcast: root -> learners 0``."""
+    lines = []
+    for who in [None, *range(cfg.sync.learners)]:
+        kids = broadcast_children(cfg, who)
+        if kids:
+            name = "root" if who is None else f"learner {who}"
+            lines.append(f"broadcast: {name} -> learner{'s' if len(kids) > 1 else ''} "
+                         f"{_ids(kids)}")
+    return lines
+
+
+def broadcast_endpoints(cfg, run_dir: Path) -> dict[str, str]:
+    """``{"bcast": root, "bcastI": learner I}`` for ``rudra-zmq run``: a free tcp port of
+    runtime.host (ipc sockets in the run directory when runtime.transport is ipc) for the
+    root and every learner that has children in the broadcast. Raises ConfigError."""
+    eps = {}
+    for who in [None, *range(cfg.sync.learners)]:
+        if not broadcast_children(cfg, who):
+            continue
+        label = "bcast" if who is None else f"bcast{who}"
+        if cfg.runtime.transport == "ipc":
+            path = os.path.join(run_dir, f"{label}.sock")
+            if len(path) > _IPC_PATH_MAX:
+                raise ConfigError(f"the ipc socket path {path!r} is longer than "
+                                  f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
+                                  "shorter runtime.run_dir or --run-dir")
+            eps[label] = f"ipc://{path}"
+        else:
+            try:
+                eps[label] = transport.free_tcp_endpoint(cfg.runtime.host)
+            except OSError as exc:
+                raise ConfigError(f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
+                                  f"there ({exc}); use an address of this machine") from None
+    return eps

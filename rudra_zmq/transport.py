@@ -114,12 +114,21 @@ class Channel:
     def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
         ``ServerError`` for an ERROR reply."""
-        try:
-            frames = self.sock.recv_multipart(copy=False)
-        except zmq.Again:
-            raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} within "
-                               f"{self.timeout_ms / 1000:g} s (is it running?)") from None
-        msg = wire.decode(frames, numel=numel)
+        parts = []
+        while True:   # a streamed WEIGHTS reply comes as WPART messages, then WEIGHTS
+            try:
+                frames = self.sock.recv_multipart(copy=False)
+            except zmq.Again:
+                raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} within "
+                                   f"{self.timeout_ms / 1000:g} s (is it running?)") from None
+            msg = wire.decode(frames)
+            if msg.kind != wire.Kind.WPART:
+                break
+            if len(parts) >= wire.MAX_PARTS:
+                raise wire.WireError("bad_parts", f"{self.name} sent more than "
+                                                  f"{wire.MAX_PARTS} WPART messages in a row")
+            parts.append(msg)
+        msg = wire.assemble(parts, msg, numel)
         if msg.kind == wire.Kind.ERROR:
             raise ServerError(msg.fields["code"], f"{self.name} refused the request: "
                                                   f"{msg.fields['error']}")

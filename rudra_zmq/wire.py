@@ -32,9 +32,28 @@ with HELLO x{subtree: [learner, ...]} and RELAY instead of PUSHPULL::
 ``clock`` is the vector clock of the sum: one [learner id, gradient timestamp] pair per
 gradient, so the root computes every gradient's staleness as if it had arrived alone.
 
+Rudra-adv* (``architecture.kind: advstar``) broadcasts each weight version from the root
+through the learners (``roles/broadcast.py``) as BCAST chunks; each member grants its
+upstream credit in chunks::
+
+    BCAST   header ts = version, s = -1 (the root; members forward the frames unchanged),
+            x{chunk: i, offset: o, total: n}      payload: weights[o : o + count] (float32)
+    CREDIT  header s = member, x{credit: k, reset: bool}   (member -> upstream, no payload)
+
 A model-sized vector (gradient, weights) may be split into several payload frames, all
 float32; their counts add up to the model size. Chunks let the PS accumulate each frame as it
 is, at its offset, with no reassembly copy (see :func:`chunk`).
+
+A WEIGHTS reply that follows the update it answers may be streamed: the PS sends each part as
+soon as the update has computed it, so the transfer overlaps the rest of the update (ZeroMQ
+hands a multipart message to its I/O thread only once the last frame is queued)::
+
+    WPART    ts, x{offset: o}        payload: weights[o : o + count]    (first part: o = 0)
+    ...      (each part starts where the previous one ended, same ts)
+    WEIGHTS  ts, x{parts: k, sigma}  payload(s): the rest, up to the model size
+
+:func:`assemble` checks such a sequence (offsets contiguous from 0, one ts, the count of
+parts, the total size) and returns one WEIGHTS message whose payloads are all the parts.
 
 Nothing here is pickled: headers are msgpack with strict limits and payloads are raw arrays
 interpreted only after their length and dtype were checked. :func:`decode` validates a message
@@ -58,6 +77,7 @@ _DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
 SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
 SENDER_NODE0 = -100          # tree node k sends as SENDER_NODE0 - k
 MAX_CLOCK = 16384            # entries in one RELAY's clock (the header must stay < 64 KiB)
+MAX_PARTS = 4096             # WPART messages before one WEIGHTS (as many as payload frames)
 
 
 def node_sender(node: int) -> int:
@@ -99,6 +119,9 @@ class Kind(enum.IntEnum):
     EVAL = 14        # PS -> stats server (one-way): weights payload at ts; x{epoch}
     BYE = 15         # learner -> PS: leaving cleanly; reply ACK
     RELAY = 16       # tree node -> parent: sum of gradients, x{wait, clock}; like PUSHPULL
+    BCAST = 17       # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
+    CREDIT = 18      # broadcast member -> upstream: may send k more chunks; x{credit, reset}
+    WPART = 19       # PS -> learner: leading part of a WEIGHTS reply at ts; x{offset}
 
 
 # Kind-specific fields: name -> allowed Python types, and whether it is required.
@@ -110,7 +133,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.ACK: {"sigma": (_INT, False)},
     Kind.PULL: {"wait": (_BOOL, True)},
     Kind.PUSHPULL: {"wait": (_BOOL, True)},
-    Kind.WEIGHTS: {"sigma": (_INT, False)},
+    Kind.WEIGHTS: {"sigma": (_INT, False), "parts": (_INT, False)},
     Kind.UPTODATE: {"sigma": (_INT, False)},
     Kind.STOP: {"reason": (_STR, True)},
     Kind.ERROR: {"code": (_STR, True), "error": (_STR, True)},
@@ -121,12 +144,18 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.EVAL: {"epoch": (_FLOAT, True)},
     Kind.BYE: {},
     Kind.RELAY: {"wait": (_BOOL, True), "clock": (_LIST, True)},
+    Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
+    Kind.CREDIT: {"credit": (_INT, True), "reset": (_BOOL, True)},
+    Kind.WPART: {"offset": (_INT, True)},
 }
 # How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
 _MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL, Kind.RELAY}
 _PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
 _PAYLOAD_FRAMES.update({k: (1, 4096) for k in _MODEL_SIZED})
 _PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
+_PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
+_PAYLOAD_FRAMES[Kind.WPART] = (1, 1)
+_F4_ONLY = _MODEL_SIZED | {Kind.BCAST, Kind.WPART}
 
 _UNPACK_LIMITS = dict(max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024,
                       max_map_len=256, max_ext_len=0)
@@ -199,12 +228,20 @@ def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
 
 def _buffer(frame):
     # zmq.Frame (copy=False receive) exposes .buffer; bytes/memoryview are buffers already.
-    return frame.buffer if hasattr(frame, "buffer") else frame
+    try:
+        return frame.buffer
+    except AttributeError:
+        return frame
 
 
 def _nbytes(buf) -> int:
     # len() of a typed buffer (a float32 array) counts elements, not bytes.
     return memoryview(buf).nbytes
+
+
+_INT_KEYS = ("v", "k", "s", "q", "ts", "inc")
+_HEADER_KEYS = frozenset(_INT_KEYS + ("p", "x"))
+_KINDS = {int(k): k for k in Kind}
 
 
 def decode(frames, *, kinds=None, numel: int | None = None,
@@ -232,23 +269,21 @@ def decode(frames, *, kinds=None, numel: int | None = None,
         raise WireError("bad_header", f"header is not valid msgpack: {exc}") from None
     if not isinstance(h, dict):
         raise WireError("bad_header", f"header must be a map, got {type(h).__name__}")
-    for key in ("v", "k", "s", "q", "ts", "inc"):
+    for key in _INT_KEYS:
         val = h.get(key)
         if type(val) is not int:
             raise WireError("bad_header", f"header field {key!r} must be an integer, got {val!r}")
     if h["v"] != PROTOCOL_VERSION:
         raise WireError("version", f"protocol version {h['v']} is not {PROTOCOL_VERSION} "
                                    "(are all roles running the same rudra_zmq release?)")
-    try:
-        kind = Kind(h["k"])
-    except ValueError:
-        raise WireError("bad_kind", f"unknown message kind {h['k']}") from None
+    kind = _KINDS.get(h["k"])   # a dict lookup: Kind(k) costs microseconds per message
+    if kind is None:
+        raise WireError("bad_kind", f"unknown message kind {h['k']}")
     if kinds is not None and kind not in kinds:
         names = ", ".join(sorted(k.name for k in kinds))
         raise WireError("unexpected_kind", f"{kind.name} is not accepted here (expects {names})")
-    extra = set(h) - {"v", "k", "s", "q", "ts", "inc", "p", "x"}
-    if extra:
-        raise WireError("bad_header", f"unknown header fields {sorted(extra)}")
+    if not _HEADER_KEYS.issuperset(h):
+        raise WireError("bad_header", f"unknown header fields {sorted(set(h) - _HEADER_KEYS)}")
     fields = h.get("x", {})
     if not isinstance(fields, dict):
         raise WireError("bad_header", f"field map 'x' must be a map, got {type(fields).__name__}")
@@ -320,17 +355,55 @@ def _check_payloads(kind: Kind, descr, frames, numel):
                                            f"[dtype in {list(PAYLOAD_DTYPES)}, count >= 0]")
         dtype = PAYLOAD_DTYPES[d[0]]
         buf = _buffer(frame)
-        if _nbytes(buf) != d[1] * dtype.itemsize:
-            raise WireError("bad_length", f"{kind.name}: payload {i} has {_nbytes(buf):,} bytes, "
+        nbytes = _nbytes(buf)
+        if nbytes != d[1] * dtype.itemsize:
+            raise WireError("bad_length", f"{kind.name}: payload {i} has {nbytes:,} bytes, "
                                           f"its header says {d[1]:,} x {d[0]}")
-        if kind in _MODEL_SIZED and d[0] != "f4":
+        if kind in _F4_ONLY and d[0] != "f4":
             raise WireError("bad_dtype", f"{kind.name}: model payloads are f4 (float32), "
                                          f"payload {i} is {d[0]}")
         out.append(np.frombuffer(buf, dtype=dtype))
     if numel is not None and kind in _MODEL_SIZED:
-        total = sum(d[1] for d in descr)
-        if total != numel:
-            raise WireError("bad_length", f"{kind.name} carries {total:,} floats; the model has "
-                                          f"{numel:,} (is the sender running another model "
-                                          "config?)")
+        _check_numel(kind, sum(d[1] for d in descr), numel)
     return out
+
+
+def _check_numel(kind: Kind, total: int, numel: int) -> None:
+    if total != numel:
+        raise WireError("bad_length", f"{kind.name} carries {total:,} floats; the model has "
+                                      f"{numel:,} (is the sender running another model "
+                                      "config?)")
+
+
+def assemble(parts: list, final: Message, numel: int | None = None) -> Message:
+    """Join a streamed reply: the WPART messages ``parts`` (in arrival order) and the message
+    that ended it. Returns ``final`` itself when there were no parts, else a WEIGHTS message
+    carrying every part's payload (no copy). Checks the sequence and, if ``numel`` is given,
+    that a model-sized reply adds up to it; raises :class:`WireError`. Thread-safe."""
+    declared = final.fields.get("parts", 0) if final.kind == Kind.WEIGHTS else 0
+    if not parts and not declared:
+        if numel is not None and final.kind in _MODEL_SIZED:
+            _check_numel(final.kind, final.payload_numel, numel)
+        return final
+    if final.kind != Kind.WEIGHTS:
+        raise WireError("bad_parts", f"{len(parts)} WPART messages ended by {final.kind.name}, "
+                                     "not WEIGHTS")
+    if declared != len(parts):
+        raise WireError("bad_parts", f"WEIGHTS says {declared} parts came before it; "
+                                     f"{len(parts)} arrived")
+    payloads, offset = [], 0
+    for i, part in enumerate(parts):
+        if part.ts != final.ts:
+            raise WireError("bad_parts", f"WPART {i} has timestamp {part.ts}, the WEIGHTS it "
+                                         f"belongs to {final.ts}")
+        if part.fields["offset"] != offset:
+            raise WireError("bad_parts", f"WPART {i} starts at {part.fields['offset']:,}; the "
+                                         f"parts before it end at {offset:,}")
+        payloads.extend(part.payloads)
+        offset += part.payload_numel
+    payloads.extend(final.payloads)
+    msg = Message(Kind.WEIGHTS, final.sender, final.seq, final.ts, final.inc,
+                  final.fields, payloads)
+    if numel is not None:
+        _check_numel(Kind.WEIGHTS, msg.payload_numel, numel)
+    return msg

@@ -3,7 +3,12 @@
 Every helper owns its context and sockets, binds random loopback ports and cleans up.
 """
 import contextlib
+import json
+import os
+import signal
+import subprocess
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -76,3 +81,32 @@ class FakeLearner:
 
     def close(self):
         self.sock.close(0)
+
+
+def kill_during_training(cmd, run_dir, pick, cwd=None, start_timeout=90, stop_timeout=60):
+    """Start ``cmd`` (a ``rudra-zmq run ... --run-dir run_dir``), wait until the PS has made an
+    update, SIGKILL the process that ``pick(entries of processes.json)`` returns (None: not
+    yet, keep waiting), and wait for the run to stop. Returns (exit code, output, victim).
+
+    Blocks up to ``start_timeout + stop_timeout`` seconds; kills the run on every exit path.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=cwd)
+    try:
+        deadline = time.time() + start_timeout
+        victim = None
+        while time.time() < deadline and victim is None:
+            time.sleep(0.5)
+            procs, metrics = run_dir / "processes.json", run_dir / "metrics.jsonl"
+            if procs.exists() and metrics.exists() and '"update"' in metrics.read_text():
+                entries = json.loads(procs.read_text())
+                entries = entries if isinstance(entries, list) else entries.get("processes", [])
+                victim = pick(entries)
+        assert victim is not None, "the run never started training"
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=stop_timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, victim

@@ -6,6 +6,7 @@ import zmq
 import oracles
 from cluster import FakeLearner, running, small_config
 from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq import wire
 from rudra_zmq.wire import Kind
 
 
@@ -140,8 +141,6 @@ def test_push_before_hello_is_refused(ctx):
 
 def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
     cfg, ps = make_ps(ctx, "sync.protocol=async", "train.epochs=0.011")  # 2 gradients of 8
-    import threading
-    done = threading.Event()
     with running(ps):
         a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
         a.hello(ps.signature, ps.numel), b.hello(ps.signature, ps.numel)
@@ -154,3 +153,80 @@ def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
         assert a.recv().kind == Kind.STOP
         a.close(), b.close()
     assert ps.done and ps.stopped == {0, 1}
+
+
+def _synthetic_ps(ctx, n, *overrides):
+    cfg = small_config("sync.learners=2", *overrides)
+    rng = np.random.default_rng(1)
+    w0 = rng.standard_normal(n).astype(np.float32)
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx,
+                         model=(w0, [(0, n // 3, 1.0, 1.0), (n // 3, n, 2.0, 0.0)], "synth"))
+    return cfg, ps, w0
+
+
+def _kinds_until_weights(learner):
+    """Receive one streamed reply raw: the kinds in order, and the assembled message."""
+    msgs = []
+    while not msgs or msgs[-1].kind == Kind.WPART:
+        msgs.append(learner.recv())
+    return [m.kind for m in msgs], wire.assemble(msgs[:-1], msgs[-1])
+
+
+@pytest.mark.parametrize("protocol", ["async", "hardsync"])
+def test_weights_after_an_update_stream_in_parts_that_assemble_to_the_update(ctx, protocol):
+    """A 2.4 MiB model with stream_parts=8 goes out as 1 MiB parts (WPART, WPART, WEIGHTS) to
+    the sender and to every parked learner; the parts join into exactly the updated weights."""
+    n = 600_000
+    cfg, ps, w0 = _synthetic_ps(ctx, n, f"sync.protocol={protocol}", "runtime.stream_parts=8")
+    with running(ps) as errors:
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        a.hello(ps.signature, ps.numel), b.hello(ps.signature, ps.numel)
+        rng = np.random.default_rng(2)
+        ga, gb = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+        if protocol == "hardsync":
+            a.send(Kind.PUSHPULL, 0, [ga], wait=True)
+            assert not a.has_reply(300)
+            b.send(Kind.PUSHPULL, 0, [gb], wait=True)
+            grads, replies = [ga, gb], [_kinds_until_weights(x) for x in (a, b)]
+        else:
+            a.send(Kind.PUSHPULL, 0, [ga], wait=False)
+            grads, replies = [ga], [_kinds_until_weights(a)]
+        w1, _ = expected_step(w0, np.zeros_like(w0), grads, cfg, ps.segments)
+        for kinds, msg in replies:
+            assert kinds == [Kind.WPART, Kind.WPART, Kind.WEIGHTS], kinds
+            assert msg.ts == 1 and msg.fields["parts"] == 2
+            assert [p.shape[0] for p in msg.payloads] == [262_144, 262_144, n - 524_288]
+            np.testing.assert_allclose(np.concatenate(msg.payloads), w1, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(np.concatenate(replies[-1][1].payloads), ps.w)
+        a.close(), b.close()
+    assert not errors
+
+
+def test_stream_parts_1_sends_one_weights_message(ctx):
+    n = 600_000
+    _, ps, _ = _synthetic_ps(ctx, n, "sync.protocol=async", "runtime.stream_parts=1")
+    with running(ps) as errors:
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        a.hello(ps.signature, ps.numel)
+        a.send(Kind.PUSHPULL, 0, [np.ones(n, np.float32)], wait=False)
+        kinds, msg = _kinds_until_weights(a)
+        assert kinds == [Kind.WEIGHTS] and "parts" not in msg.fields
+        a.close()
+    assert not errors
+
+
+def test_a_channel_receives_a_streamed_reply_as_one_validated_message(ctx):
+    from rudra_zmq import transport
+
+    n = 600_000
+    _, ps, w0 = _synthetic_ps(ctx, n, "sync.protocol=async")
+    with running(ps) as errors:
+        ch = transport.Channel(ctx, ps.endpoint, 0, timeout_ms=5000)
+        ch.send(Kind.HELLO, model=ps.signature, numel=n)
+        assert ch.recv({Kind.WELCOME}, numel=n).payload_numel == n
+        reply = ch.request(Kind.PUSHPULL, 0, [np.zeros(n, np.float32)],
+                           reply_kinds={Kind.WEIGHTS}, numel=n, wait=False)
+        assert reply.kind == Kind.WEIGHTS and reply.fields["parts"] == 2
+        np.testing.assert_array_equal(np.concatenate(reply.payloads), ps.w)
+        ch.close()
+    assert not errors

@@ -3,15 +3,14 @@
 Each run takes ~10 s on 2 cores (mostly importing torch in every process).
 """
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from cluster import kill_during_training
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -100,27 +99,11 @@ def test_a_learner_that_dies_stops_the_run_with_a_clear_message(tmp_path):
     run_dir = tmp_path / "dies"
     cmd = [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml"),
            "--run-dir", str(run_dir), "--set", "train.epochs=1000", "--set", "sync.protocol=hardsync"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT)
-    try:
-        deadline = time.time() + 90
-        victim = None
-        while time.time() < deadline and victim is None:
-            time.sleep(0.5)
-            procs = run_dir / "processes.json"
-            metrics = run_dir / "metrics.jsonl"
-            if procs.exists() and metrics.exists() and '"update"' in metrics.read_text():
-                entries = json.loads(procs.read_text())
-                entries = entries if isinstance(entries, list) else entries.get("processes", [])
-                learners = [e for e in entries if e["role"].startswith("learner")]
-                if len(learners) == 4:
-                    victim = learners[2]
-        assert victim is not None, "the run never started training"
-        os.kill(victim["pid"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 1, out
+
+    def third_of_four_learners(entries):
+        learners = [e for e in entries if e["role"].startswith("learner")]
+        return learners[2] if len(learners) == 4 else None
+
+    rc, out, _ = kill_during_training(cmd, run_dir, third_of_four_learners, cwd=ROOT)
+    assert rc == 1, out
     assert "exited with code -9 (SIGKILL)" in out and "learner" in out

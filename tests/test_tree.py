@@ -1,6 +1,5 @@
 """Rudra-adv PS tree: the plan, the relay clock, RELAY on the wire, the root PS accepting
 relayed sums, and tree nodes driven by hand (fake learners, a fake or real parent)."""
-import threading
 import time
 
 import msgpack
@@ -95,6 +94,15 @@ def test_hardsync_relays_once_every_learner_below_contributed_exactly_once():
     assert not c.ready                                   # 0 and 2 still missing
 
 
+def test_gather_relays_only_once_every_learner_below_has_a_gradient_pending():
+    c = RelayClock("softsync", frozenset({0, 1, 2}), timestamp=5, gather=True)
+    c.add([(2, 5)])
+    c.add([(0, 3)])                                      # timestamps may differ (softsync)
+    assert not c.ready
+    c.add([(1, 4)])
+    assert c.ready and sorted(c.take()) == [(0, 3), (1, 4), (2, 5)]
+
+
 def test_softsync_relays_what_is_pending_whenever_no_relay_is_in_flight():
     c = RelayClock("softsync", frozenset({0, 1}), timestamp=5)
     c.add([(0, 4)])
@@ -105,7 +113,8 @@ def test_softsync_relays_what_is_pending_whenever_no_relay_is_in_flight():
     assert c.ready and c.take() == [(1, 5)]
 
 
-def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400, seed=0):
+def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400, seed=0,
+                         gather=False, counts=None):
     """Mean σ of an equal-speed n-softsync run, event by event, with no sockets or clocks:
     flat (every learner talks to the root) or through leaves of 2 whose relay round trip to
     the root takes ``relay_s`` (compute takes 1.0 ± 5 %). The same SyncEngine and RelayClock
@@ -117,7 +126,7 @@ def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400,
     rng = np.random.default_rng(seed)
     eng = SyncEngine("softsync", learners, LRSchedule(0.1, "staleness"), n=n, batch_size=1,
                      epoch_size=10**9)
-    leaves = [RelayClock("softsync", frozenset({2 * k, 2 * k + 1}), timestamp=0)
+    leaves = [RelayClock("softsync", frozenset({2 * k, 2 * k + 1}), timestamp=0, gather=gather)
               for k in range(learners // 2)]
     sigmas, ts_of = [], [0] * learners
     events = [(rng.uniform(0.95, 1.05), "push", i) for i in range(learners)]
@@ -141,6 +150,8 @@ def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400,
             heapq.heappush(events, (t + relay_s / 2, "root", who))
             leaves[who].take()
         elif what == "root":
+            if counts is not None:
+                counts.append(len(leaves[who]._in_flight))
             a = eng.receive_many(leaves[who]._in_flight)
             sigmas += [eng.timestamp - (1 if a.update else 0) - ts
                        for _, ts in leaves[who]._in_flight]
@@ -161,6 +172,16 @@ def test_softsync_staleness_through_a_tree_is_that_of_flat():
     assert flat == pytest.approx(1.5, abs=0.15)
     for relay_s in (0.001, 0.3, 0.9):
         assert _simulated_staleness(tree=True, relay_s=relay_s) == pytest.approx(flat, abs=0.1)
+
+
+def test_gather_makes_every_relay_carry_the_subtree_and_keeps_softsync_staleness_bounded():
+    """architecture.relay: gather — the root gets one message per leaf of 2 gradients (its
+    ingress halves with fan-out 2), and ⟨σ⟩ stays at most flat's (updates hold whole leaves)."""
+    counts = []
+    flat = _simulated_staleness(tree=False, relay_s=0.0)
+    gathered = _simulated_staleness(tree=True, relay_s=0.3, gather=True, counts=counts)
+    assert counts and set(counts) == {2}
+    assert 0 <= gathered <= flat + 0.1
 
 
 @pytest.mark.parametrize("entries, match", [
@@ -442,6 +463,33 @@ def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
         for l in ls:
             l.close()
     assert not (e0 or e1 or e2 or e3)
+
+
+def test_a_tree_passes_a_streamed_root_reply_on_as_the_whole_update(ctx):
+    """A 2.4 MiB model: the root streams its reply to the leaf (WPART, WPART, WEIGHTS); the
+    leaf's channel assembles it and its children get the exact update."""
+    n = 600_000
+    cfg = adv("sync.protocol=hardsync", "runtime.stream_parts=8")
+    w0 = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx,
+                         model=(w0, [(0, n, 1.0, 1.0)], "synth"))
+    assert ps.part_floats < n
+    leaves = [TreeNode(cfg, k, "tcp://127.0.0.1:0", ps.endpoint, ctx=ctx) for k in (0, 1)]
+    with running(ps) as e0, running(leaves[0]) as e1, running(leaves[1]) as e2:
+        ls = [FakeLearner(ctx, leaves[i // 2].endpoint, i) for i in range(4)]
+        for l in ls:
+            l.hello(ps.signature, ps.numel)
+        g = grads(4, n)
+        for i in range(4):
+            ls[i].send(Kind.PUSHPULL, 0, [g[i]], wait=True)
+        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.segments)
+        for l in ls:
+            msg = l.recv()
+            assert msg.kind == Kind.WEIGHTS and msg.ts == 1
+            np.testing.assert_allclose(np.concatenate(msg.payloads), w1, rtol=1e-5, atol=1e-6)
+        for l in ls:
+            l.close()
+    assert not (e0 or e1 or e2)
 
 
 def test_a_base_parameter_server_refuses_tree_nodes(ctx):

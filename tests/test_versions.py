@@ -11,9 +11,12 @@ from rudra_zmq.versions import WeightVersions
 @pytest.fixture
 def pair():
     ctx = zmq.Context()
+    # inproc: the peer's queue holds the very message (and so the buffer) until it is read,
+    # so "in flight" is deterministic (over tcp libzmq may release it once it is in the
+    # kernel's socket buffer). Received with copy=False, as pyzmq requires for inproc.
     a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    port = a.bind_to_random_port("tcp://127.0.0.1")
-    b.connect(f"tcp://127.0.0.1:{port}")
+    a.bind("inproc://versions-test")
+    b.connect("inproc://versions-test")
     yield a, b
     ctx.destroy(linger=0)
 

@@ -124,7 +124,7 @@ class Ranks:
 def _ps_args(args) -> argparse.Namespace:
     return argparse.Namespace(protocol="hardsync", learners=args.nprocs, softsync_n=1,
                               ps_threads=args.ps_threads, io_threads=args.io_threads,
-                              chunk_mib=args.chunk_mib,
+                              chunk_mib=args.chunk_mib, stream_parts=args.stream_parts,
                               arch="base", fanout=2, depth=1, seconds=args.seconds,
                               warmup=args.warmup, repeat=args.repeat)
 
@@ -176,6 +176,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-ps", action="store_true", help="gloo only")
     p.add_argument("--ps-threads", type=int, default=1, help="PS kernel threads (default 1)")
     p.add_argument("--chunk-mib", type=int, default=8, help="PS runtime.chunk_mib")
+    p.add_argument("--stream-parts", type=int, default=8, help="PS runtime.stream_parts")
     p.add_argument("--io-threads", type=int, default=1, help="ZeroMQ I/O threads of the PS")
     common.add_size_args(p, "1M", "10M", 10, "tensor size in float32 elements")
     common.add_timing_args(p)

@@ -27,8 +27,7 @@ import zmq
 from .. import transport
 from . import common, sides
 
-TRANSPORTS = ["tcp", "ipc", "inproc"]
-MODES = ["copy", "zerocopy"]
+TRANSPORTS, MODES = common.TRANSPORTS, common.MODES
 
 
 # ----------------------------------------------------------------------------- passive side
@@ -112,38 +111,15 @@ def line(r: dict) -> str:
 
 
 def add_arguments(p) -> None:
-    sides.add_side_args(p, "binds a REP socket and echoes")
-    common.add_size_args(p, "64", "4Mi", 16, "message size in bytes")
-    p.add_argument("--transports", nargs="+", default=None, choices=TRANSPORTS,
-                   help="default: tcp ipc inproc (tcp only with --connect)")
-    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
-    common.add_timing_args(p)
-    common.add_output_args(p)
+    common.add_transport_sweep_args(p, "binds a REP socket and echoes")
 
 
 def run(args) -> int:
-    if args.bind:
-        return sides.serve_agent("lat server", args.bind, handlers, args.idle_timeout,
-                                 args.exit_with_parent)
-    kinds = args.transports or (["tcp"] if args.connect else TRANSPORTS)
-    if args.connect and "inproc" in kinds:
-        raise ValueError("inproc needs both sides in one process: drop --connect")
-    sizes = common.sizes_from_args(args)
-    transport.tune_malloc()
-    report = common.Report(args, "bench lat (ZeroMQ REQ <-> REP latency)", notes=[
+    def cases(ctl, ctx, kind, mode, sizes):
+        return run_mode(ctl, ctx, kind, mode, sizes, args)
+
+    return common.run_transport_sweep(
+        args, "lat", handlers, "bench lat (ZeroMQ REQ <-> REP latency)",
         "libzmq local_lat figure: average latency = round-trip time / 2 (one way), µs",
-        f"other side: {args.connect or 'spawned on this machine (inproc: a thread)'}"],
-        plot=("size", [("latency_us", "one-way latency (µs)"), ("mb_per_s", "MB/s one way")],
-              "label"))
-    ctx = zmq.Context()
-    peers = sides.Sides(ctx, "lat", args.connect, handlers)
-    try:
-        for kind in kinds:
-            for mode in args.modes:
-                for r in run_mode(peers.control(kind), ctx, kind, mode, sizes, args):
-                    report.case(r, line(r))
-    finally:
-        peers.close()
-        ctx.destroy(linger=0)   # closes what an error left open, never hangs
-    report.close()
-    return 0
+        ("size", [("latency_us", "one-way latency (µs)"), ("mb_per_s", "MB/s one way")],
+         "label"), cases, line)

@@ -57,6 +57,7 @@ def ps_overrides(req: dict) -> list[str]:
            "train.eval_every_epochs=0", "train.eval_every_updates=0",
            "data.dataset=synthetic", "data.synthetic_train=1000000000",
            f"runtime.ps_threads={req['ps_threads']}", f"runtime.chunk_mib={req['chunk_mib']}",
+           f"runtime.stream_parts={req.get('stream_parts', 8)}",
            "runtime.timeout_s=3600", f"architecture.kind={req['arch']}",
            f"architecture.fanout={req['fanout']}", f"architecture.depth={req['depth']}"]
     if req["protocol"] == "softsync":
@@ -191,7 +192,7 @@ def _block(ctl, clients, target: str, count: int) -> dict:
 def run_case(ctl, clients, n: int, mode: str, args) -> dict:
     req = dict(n=n, protocol=args.protocol, learners=args.learners, softsync_n=args.softsync_n,
                ps_threads=args.ps_threads, io_threads=args.io_threads,
-               chunk_mib=args.chunk_mib, arch=args.arch,
+               chunk_mib=args.chunk_mib, stream_parts=args.stream_parts, arch=args.arch,
                fanout=args.fanout, depth=args.depth)
     eps = ctl.request("ps", **req)
     clients.call("connect", ps=[ctl.reachable(e) for e in eps["learners"]],
@@ -260,6 +261,9 @@ def add_arguments(p) -> None:
     p.add_argument("--depth", type=int, default=1)
     p.add_argument("--ps-threads", type=int, default=1, help="PS kernel threads (default 1)")
     p.add_argument("--chunk-mib", type=int, default=8, help="runtime.chunk_mib: largest frame")
+    p.add_argument("--stream-parts", type=int, default=8,
+                   help="runtime.stream_parts: parts of a weights reply streamed during its "
+                        "update (1 = one message after the update)")
     p.add_argument("--io-threads", type=int, default=1,
                    help="ZeroMQ I/O threads of the PS and the raw server (default 1, "
                         "libzmq's default and the PS's)")
@@ -283,6 +287,7 @@ def run(args) -> int:
         "rounds); p50/p99 of single operations; PS/raw time = p50 ratio (lower is better), "
         "goodput = Gbps ratio (higher is better)",
         f"PS: momentum SGD, {args.ps_threads} kernel thread(s), chunk_mib={args.chunk_mib}, "
+        f"stream_parts={args.stream_parts}, "
         f"ZeroMQ io_threads={args.io_threads} (PS and raw server); "
         f"other side: {args.connect or 'spawned on this machine'}"],
         plot=("size", [("gbps", "PS goodput (Gbps)"), ("p50_us", "p50 per operation (µs)")],

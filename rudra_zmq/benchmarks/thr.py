@@ -31,8 +31,7 @@ import zmq
 from .. import transport
 from . import common, sides
 
-TRANSPORTS = ["tcp", "ipc", "inproc"]
-MODES = ["copy", "zerocopy"]
+TRANSPORTS, MODES = common.TRANSPORTS, common.MODES
 QUEUE_BYTES = 256 << 20     # cap on queued bytes per socket (HWM = this / size, at most 1000)
 MAX_HWM = 1000              # libzmq's default
 
@@ -113,40 +112,16 @@ def line(r: dict) -> str:
 
 
 def add_arguments(p) -> None:
-    sides.add_side_args(p, "binds a PULL socket per case and times what arrives")
-    common.add_size_args(p, "64", "4Mi", 16, "message size in bytes")
-    p.add_argument("--transports", nargs="+", default=None, choices=TRANSPORTS,
-                   help="default: tcp ipc inproc (tcp only with --connect)")
-    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
-    common.add_timing_args(p)
-    common.add_output_args(p)
+    common.add_transport_sweep_args(p, "binds a PULL socket per case and times what arrives")
 
 
 def run(args) -> int:
-    if args.bind:
-        return sides.serve_agent("thr server", args.bind, handlers, args.idle_timeout,
-                                 args.exit_with_parent)
-    kinds = args.transports or (["tcp"] if args.connect else TRANSPORTS)
-    if args.connect and "inproc" in kinds:
-        raise ValueError("inproc needs both sides in one process: drop --connect")
-    sizes = common.sizes_from_args(args)
-    transport.tune_malloc()
-    report = common.Report(args, "bench thr (ZeroMQ PUSH -> PULL throughput)", notes=[
+    def cases(ctl, ctx, kind, mode, sizes):
+        return (run_case(ctl, ctx, kind, mode, size, args) for size in sizes)
+
+    return common.run_transport_sweep(
+        args, "thr", handlers, "bench thr (ZeroMQ PUSH -> PULL throughput)",
         "libzmq local_thr figures: msg/s = count / time from the first to the last message; "
         "Mb/s = msg/s x size x 8 / 1e6",
-        f"other side: {args.connect or 'spawned on this machine (inproc: a thread)'}"],
-        plot=("size", [("mbit_per_s", "throughput (Mb/s)"), ("us_per_msg", "µs per message")],
-              "label"))
-    ctx = zmq.Context()
-    peers = sides.Sides(ctx, "thr", args.connect, handlers)
-    try:
-        for kind in kinds:
-            for mode in args.modes:
-                for size in sizes:
-                    r = run_case(peers.control(kind), ctx, kind, mode, size, args)
-                    report.case(r, line(r))
-    finally:
-        peers.close()
-        ctx.destroy(linger=0)   # closes what an error left open, never hangs
-    report.close()
-    return 0
+        ("size", [("mbit_per_s", "throughput (Mb/s)"), ("us_per_msg", "µs per message")],
+         "label"), cases, line)

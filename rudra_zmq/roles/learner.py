@@ -14,6 +14,21 @@ Loop (one learner)::
 The gradient buffer is sent zero-copy; it is written again only by the next backward pass,
 which starts after the PS's reply, and the PS replies only after ZeroMQ delivered the push.
 Received weights are copied once, into the flat buffer that the model's parameters view.
+
+Rudra-adv* (``architecture.kind: advstar``): push and pull are asynchronous. Weights arrive
+by the learners' broadcast on a :class:`~rudra_zmq.roles.broadcast.BroadcastMember` I/O
+thread, which forwards every chunk downstream as it comes and keeps the newest complete
+version; gradients go to the leaf tree node as PUSH::
+
+    adopt the newest complete version (copy_into the flat weights; between steps only)
+    -> forward/backward                 (meanwhile: the previous push travels, on ZeroMQ's
+                                         I/O thread; new versions arrive, on the member's)
+    -> collect the previous push's reply (ACK, or STOP: leave)
+    -> copy the gradient into the send buffer (kernels.copy_into) and PUSH it, zero-copy,
+       stamped with the version it was computed on, without waiting for the reply
+
+The send buffer is written only after the previous push was answered, so ZeroMQ is done
+with it; the model's own gradient buffer is free for the next backward pass at once.
 """
 from __future__ import annotations
 
@@ -51,11 +66,14 @@ class Learner:
     """One learner; ``run()`` trains in the calling thread until the PS says STOP.
 
     Owns its sockets (not thread-safe); several learners may share a process, each in its
-    own thread, with a shared thread-safe ``zmq.Context``.
+    own thread, with a shared thread-safe ``zmq.Context``. Under advstar it also owns a
+    broadcast member, whose I/O thread runs from construction until ``close()``.
     """
 
     def __init__(self, cfg, learner_id: int, ps: str, data: str, stats: str | None = None,
-                 ctx: zmq.Context | None = None):
+                 ctx: zmq.Context | None = None, bcast: tuple[str, str | None] | None = None):
+        """``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
+        children or None)."""
         from ..datasets import dataset_shape
         from ..flat import FlatModel
         from ..models import build_model
@@ -82,6 +100,29 @@ class Learner:
         self.generator = torch.Generator().manual_seed(cfg.train.seed * 1000 + learner_id)
         self.ts = 0
         self.steps = 0
+        self.finished = False     # the PS said STOP
+        self.member = None
+        if cfg.architecture.kind == "advstar":
+            self._start_member(bcast)
+
+    def _start_member(self, bcast) -> None:
+        from .. import topology
+        from .broadcast import BroadcastMember
+
+        if not bcast or not bcast[0]:
+            raise ValueError(f"learner {self.id}: architecture.kind=advstar needs its broadcast "
+                             "upstream (rudra-zmq learner --bcast-upstream EP)")
+        up = topology.broadcast_upstream(self.cfg, self.id)
+        kids = topology.broadcast_children(self.cfg, self.id)
+        if kids and not bcast[1]:
+            raise ValueError(f"learner {self.id} forwards the broadcast to learners {kids}: "
+                             "give it an endpoint to bind (--bcast-bind EP)")
+        self.member = BroadcastMember(
+            self.ctx, bcast[1] if kids else None, bcast[0], self.flat.numel, member=self.id,
+            children=kids, chunk_bytes=self.chunk_bytes, timeout_s=self.cfg.runtime.timeout_s,
+            upstream_name="the root" if up is None else f"learner {up}").start()
+        self._sendbuf = np.empty_like(self.flat.grads)
+        self._in_flight = False
 
     def _load(self, msg: wire.Message) -> None:
         off = 0
@@ -91,8 +132,7 @@ class Learner:
             off += n
         self.ts = msg.ts
 
-    def step(self) -> bool:
-        """One minibatch: gradient, push, pull. Returns False once the PS said STOP."""
+    def _backward(self) -> None:
         x, y, _epoch, _ = self.data.next_batch()
         mean, std = self.data.mean, self.data.std
         from ..datasets import to_float
@@ -103,6 +143,12 @@ class Learner:
         loss = self.loss_fn(self.model(xf), y)
         loss.backward()
         self._loss_sum += loss.item()
+
+    def step(self) -> bool:
+        """One minibatch: gradient, push, pull. Returns False once the PS said STOP."""
+        if self.member is not None:
+            return self._step_advstar()
+        self._backward()
         reply = self.ps.request(Kind.PUSHPULL, self.ts, wire.chunk(self.flat.grads,
                                                                    self.chunk_bytes),
                                 reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
@@ -115,18 +161,47 @@ class Learner:
             self._load(reply)
         return True
 
+    def _step_advstar(self) -> bool:
+        """Rudra-adv*: adopt the newest broadcast version, compute, push without waiting."""
+        self.member.check()       # the broadcast I/O thread failed: a silent upstream
+        self.ts = self.member.copy_latest_into(self.flat.weights, self.ts)
+        grad_ts = self.ts
+        self._backward()
+        if self._in_flight:
+            reply = self.ps.recv({Kind.ACK})
+            self._in_flight = False
+            if reply.kind == Kind.STOP:
+                return False
+        kernels.copy_into(self._sendbuf, self.flat.grads)
+        self.ps.send(Kind.PUSH, grad_ts, wire.chunk(self._sendbuf, self.chunk_bytes))
+        self._in_flight = True
+        self.steps += 1
+        return True
+
+    def _wait_for_broadcast(self) -> None:
+        """advstar: wait until the first version came down the broadcast (the root sends
+        its initial weights to every member that joins), so a learner whose upstream is not
+        up yet does not train blind. Bounded by the member's runtime.timeout_s."""
+        while self.member.latest_version() is None:
+            self.member.check()
+            time.sleep(0.01)
+
     def run(self, stop_event: threading.Event | None = None) -> int:
         """Say HELLO, then train until STOP (or ``stop_event``). Blocks; raises on failure."""
         try:
             self.ps.send(Kind.HELLO, model=self.flat.signature, numel=self.flat.numel)
             welcome = self.ps.recv({Kind.WELCOME}, numel=self.flat.numel)
             if welcome.kind == Kind.STOP:
+                self.finished = True
                 return 0
             self._load(welcome)
+            if self.member is not None:
+                self._wait_for_broadcast()
             self._loss_sum, t_last, steps_last = 0.0, time.time(), 0
             mu = self.cfg.sync.batch_size
             while stop_event is None or not stop_event.is_set():
                 if not self.step():
+                    self.finished = True
                     break
                 now = time.time()
                 if self.stats and now - t_last >= _METRIC_EVERY_S:
@@ -141,6 +216,8 @@ class Learner:
             self.close()
 
     def close(self) -> None:
+        if self.member is not None:  # a learner that leaves passes STOP on to its children
+            self.member.close(stop_reason="training finished" if self.finished else None)
         self.ps.close()
         self.data.close()
         if self.stats:
@@ -149,16 +226,22 @@ class Learner:
             self.ctx.term()
 
 
-def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = None) -> int:
+def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = None,
+          bcast_upstream: list[str] | None = None, bcast_bind: list | None = None) -> int:
     """Entry point of ``rudra-zmq learner``: run these learners (one thread each) to the end.
+
+    ``bcast_upstream``/``bcast_bind`` (advstar): per learner id, its broadcast upstream and
+    the endpoint it binds for its broadcast children (None: it has none).
 
     If one learner fails, the error is logged and raised at once: waiting for the others
     could hang (hardsync waits for every learner), and the launcher stops the run.
     """
     ctx = zmq.Context()
+    bcast = dict(zip(learner_ids, zip(bcast_upstream or [], bcast_bind or [])))
     if len(learner_ids) == 1:
         try:
-            return Learner(cfg, learner_ids[0], ps, data, stats, ctx).run()
+            return Learner(cfg, learner_ids[0], ps, data, stats, ctx,
+                           bcast.get(learner_ids[0])).run()
         finally:
             ctx.term()
     errors: list[BaseException] = []
@@ -166,7 +249,7 @@ def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = N
 
     def work(i):
         try:
-            Learner(cfg, i, ps, data, stats, ctx).run(stop_event=failed)
+            Learner(cfg, i, ps, data, stats, ctx, bcast.get(i)).run(stop_event=failed)
         except BaseException as exc:  # reported by the main thread
             log.exception("learner %d failed", i)
             errors.append(exc)

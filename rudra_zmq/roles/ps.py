@@ -70,11 +70,14 @@ class ParameterServer:
         run_dir: where to write ``weights.npy`` at the end, or None.
         model: optional (weights, segments, signature) to skip building the torch model
             (benchmarks with synthetic gradients).
+        broadcast: architecture.kind advstar only: the endpoint the Rudra-adv* broadcast root
+            binds (``roles/broadcast.py``); every new version goes out there, and gradients
+            are answered ACK (no weights in replies).
     Not thread-safe: construct and serve from one thread.
     """
 
     def __init__(self, cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
-                 ctx: zmq.Context | None = None, model=None):
+                 ctx: zmq.Context | None = None, model=None, broadcast: str | None = None):
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
         if model is None:
@@ -100,6 +103,14 @@ class ParameterServer:
             s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
             n=s.n, batch_size=s.batch_size, epoch_size=dataset_size(cfg.data))
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        # Streamed replies: parts of at least 1 MiB (smaller frames move slower), at most a
+        # chunk, and at most runtime.stream_parts of them; a model that fits one part is not
+        # streamed (part_floats >= numel).
+        self.part_floats = min(max((self.numel + cfg.runtime.stream_parts - 1)
+                                   // cfg.runtime.stream_parts, (1 << 20) // 4),
+                               self.chunk_bytes // 4)
+        if cfg.runtime.stream_parts == 1:
+            self.part_floats = self.numel
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER, hwm=max(64, 4 * s.learners))
@@ -113,7 +124,20 @@ class ParameterServer:
             self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
         self.identities: dict[int, bytes] = {}
         # Rudra-adv: the planned tree, and the learners below each registered tree node
-        self.tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+        self.tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
+        # Rudra-adv* (advstar): the one place that sets up the broadcast; see _after_update.
+        self.broadcast = None
+        if cfg.architecture.kind == "advstar":
+            from .broadcast import BroadcastRoot
+            if not broadcast:
+                raise ValueError("architecture.kind=advstar: the parameter server needs a "
+                                 "broadcast endpoint to bind (rudra-zmq ps --bcast-bind EP)")
+            self.broadcast = BroadcastRoot(
+                self.ctx, broadcast, self.numel, chunk_bytes=self.chunk_bytes,
+                children=topology.broadcast_children(cfg, None)).start()
+            # v0: the chain is up. No copy: a weight version is never written again while
+            # anything refers to it (WeightVersions), the broadcast's frames included.
+            self.broadcast.publish(self.engine.timestamp, self.w, copy=False)
         self.subtrees: dict[int, frozenset] = {}
         self.parked: list[tuple[bytes, int]] = []   # (routing id, learner) waiting for ts+1
         self.stopped: set[int] = set()
@@ -122,6 +146,7 @@ class ParameterServer:
         self.undelivered = 0
         self._warned: set = set()
         self._seq = 0
+        self._streamed = False     # handle(): the reply went out during the update
         self._pending_metrics: list[dict] = []
         self._last_flush = self._last_report = time.time()
         self._report_counts = (0, 0)
@@ -181,14 +206,17 @@ class ParameterServer:
                 self._stopped(msg.sender)
                 self._send(ident, Kind.ACK)
                 return
-            sigma = None
+            sigma, self._streamed = None, False
+            reply = None if msg.kind == Kind.PUSH else ident
             if msg.kind in (Kind.PUSH, Kind.PUSHPULL):
-                sigma = self._push(msg)
+                sigma = self._push(msg, reply)
             elif msg.kind == Kind.RELAY:
-                sigma = self._relay(msg)
+                sigma = self._relay(msg, reply)
             if self.done:  # this gradient completed training
                 self._stop(ident, msg.sender)
-            elif msg.kind == Kind.PUSH:
+            elif self._streamed:
+                pass       # the new weights went out part by part during the update
+            elif msg.kind == Kind.PUSH or self.broadcast is not None:  # advstar: no weights
                 self._send(ident, Kind.ACK, sigma=sigma)
             else:
                 self._pull(ident, msg, sigma)
@@ -233,26 +261,35 @@ class ParameterServer:
             raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent {msg.kind.name}; "
                                     "tree nodes send their gradient sums as RELAY")
 
-    def _push(self, msg: wire.Message) -> int:
+    def _push(self, msg: wire.Message, reply: bytes | None) -> int:
         arrival = self.engine.receive(msg.sender, msg.ts)   # raises before touching weights
-        self._add(msg.payloads, arrival.scale, arrival.update, 1)
+        self._add(msg.payloads, arrival.scale, arrival.update, 1, reply, arrival.sigma)
         return arrival.sigma
 
-    def _relay(self, msg: wire.Message) -> int:
+    def _relay(self, msg: wire.Message, reply: bytes | None) -> int:
         """A tree node's sum of gradients: account its clock, add the sum, maybe update."""
         entries = msg.clock
         topology.Tree.check_clock(msg.sender, entries, self.subtrees[msg.sender])
         arrival = self.engine.receive_many(entries)   # raises before touching weights
-        self._add(msg.payloads, 1.0, arrival.update, len(entries))
+        self._add(msg.payloads, 1.0, arrival.update, len(entries), reply, arrival.sigma)
         return arrival.sigma
 
-    def _add(self, payloads, scale: float, update, count: int) -> None:
+    def _add(self, payloads, scale: float, update, count: int, reply=None, sigma=None) -> None:
         """Add one message's ``count`` gradients (summed in ``payloads``) to ``acc``, and apply
-        ``update`` if they complete one."""
+        ``update`` if they complete one — streaming the new weights to ``reply`` (the sender,
+        if it pulls) and the parked learners as they are computed, where that applies."""
+        to = ()
+        if update is not None and self.part_floats < self.numel and self.broadcast is None \
+                and update.epoch < self.cfg.train.epochs:   # (the last update answers STOP)
+            to = [(ident, {}) for ident, _ in self.parked]
+            if reply is not None:
+                to.append((reply, {"sigma": sigma}))
+            if to:
+                self.parked, self._streamed = [], reply is not None
         if update is not None and len(update.learners) == count:
             # they alone make the update (async, c = 1; or one relay): step straight from the
             # received frames, no pass over acc.
-            self._step(payloads, update.g_scale * scale, update.lr, zero_acc=False)
+            self._step(payloads, update.g_scale * scale, update.lr, zero_acc=False, to=to)
         else:
             off = 0
             for part in payloads:
@@ -263,32 +300,50 @@ class ParameterServer:
                     kernels.accumulate_scaled(self.acc[off:off + n], part, scale)
                 off += n
             if update is not None:
-                self._step([self.acc], update.g_scale, update.lr, zero_acc=True)
+                self._step([self.acc], update.g_scale, update.lr, zero_acc=True, to=to)
         if update is not None:
             self._after_update(update)
 
-    def _step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
+    def _step(self, sources, g_scale: float, lr: float, zero_acc: bool, to=()) -> None:
         """Apply one update from gradient ``sources`` (contiguous pieces covering the model):
-        the new weights go to a free buffer, which then becomes the current version."""
-        o = self.cfg.optimizer
+        the new weights go to a free buffer, which then becomes the current version. With
+        ``to`` ((routing id, reply fields) pairs), the new weights are computed part by part
+        and each part is sent to them as soon as it is final (WPART..., then WEIGHTS), so
+        ZeroMQ moves part i while the kernel computes part i+1."""
         w, out = self.w, self.versions.next_buffer()
+        step = self.part_floats if to else self.numel
+        parts = range(0, self.numel, step)
+        for lo in parts:
+            hi = min(lo + step, self.numel)
+            self._step_range(sources, w, out, lo, hi, g_scale, lr, zero_acc)
+            for ident, fields in to:
+                if hi < self.numel:
+                    self._send(ident, Kind.WPART, [out[lo:hi]], offset=lo)
+                else:
+                    self._send(ident, Kind.WEIGHTS, [out[lo:hi]], parts=len(parts) - 1,
+                               **fields)
+        self.versions.publish(out)
+
+    def _step_range(self, sources, w, out, lo, hi, g_scale, lr, zero_acc) -> None:
+        """The update of weights [lo, hi): every source piece and parameter segment in it."""
+        o = self.cfg.optimizer
         off = 0
         for src in sources:
             end = off + src.shape[0]
-            for start, stop, lr_mult, decay_mult in self.segments:
-                a, b = max(start, off), min(stop, end)
-                if a >= b:
-                    continue
-                g = src[a - off:b - off]
-                if o.momentum:
-                    kernels.sgd_momentum_step(w[a:b], self.v[a:b], g, lr * lr_mult,
-                                              o.momentum, o.weight_decay * decay_mult, g_scale,
-                                              zero_acc, out=out[a:b])
-                else:
-                    kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
-                                     g_scale, zero_acc, out=out[a:b])
+            if end > lo and off < hi:
+                for start, stop, lr_mult, decay_mult in self.segments:
+                    a, b = max(start, off, lo), min(stop, end, hi)
+                    if a >= b:
+                        continue
+                    g = src[a - off:b - off]
+                    if o.momentum:
+                        kernels.sgd_momentum_step(w[a:b], self.v[a:b], g, lr * lr_mult,
+                                                  o.momentum, o.weight_decay * decay_mult,
+                                                  g_scale, zero_acc, out=out[a:b])
+                    else:
+                        kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
+                                         g_scale, zero_acc, out=out[a:b])
             off = end
-        self.versions.publish(out)
 
     def _after_update(self, update) -> None:
         now = time.time()
@@ -299,6 +354,9 @@ class ParameterServer:
         t = self.cfg.train
         if update.epoch >= t.epochs:
             self.done = True
+        if self.broadcast is not None:  # Rudra-adv*: the new version goes down the broadcast
+            self.broadcast.publish(update.timestamp, self.w, done=self.done, copy=False,
+                                   reason=f"training finished at epoch {update.epoch:.2f}")
         if (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0) or \
                 update.epoch >= self._next_eval_epoch or self.done:
             while update.epoch >= self._next_eval_epoch:
@@ -403,16 +461,21 @@ class ParameterServer:
             self.stats.close()
         if self.run_dir is not None:
             np.save(self.run_dir / "weights.npy", self.w)
+        if self.broadcast is not None:
+            self.broadcast.close()
         self.sock.close(linger=transport.LINGER_MS)
         if self._own_ctx:
             self.ctx.term()
 
 
-def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None) -> int:
+def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
+          broadcast: str | None = None) -> int:
     """Entry point of ``rudra-zmq ps``: run one parameter server until training ends."""
     threads = cfg.runtime.ps_threads or kernels.get_num_threads()
     kernels.set_num_threads(threads)
-    ps = ParameterServer(cfg, bind, stats, run_dir)
+    ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast)
+    if ps.broadcast is not None:
+        print(f"broadcast root listening on {ps.broadcast.endpoint}", flush=True)
     print(f"parameter server listening on {ps.endpoint} ({ps.numel:,} parameters, "
           f"{cfg.sync.protocol}, λ={cfg.sync.learners}, {threads} kernel threads)", flush=True)
     return ps.serve_forever()

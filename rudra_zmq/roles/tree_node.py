@@ -23,6 +23,13 @@ it); to its parent it looks like one client. One thread owns both sockets, polle
 - STOP from the parent: every child is told STOP at its next request (waiting ones at once);
   the node returns once every learner below it has been told.
 
+Rudra-adv* (``architecture.kind: advstar``): the same tree carries the gradients up, but no
+weights down. Learners PUSH and are answered ACK (or STOP) when the relay carrying their
+gradient is answered; the root answers relays ACK, whose header ts tells the node the root's
+timestamp. PULL and PUSHPULL are refused: weights reach the learners by their broadcast
+(``roles/broadcast.py``). A learner may hold a version newer than any reply the node has seen,
+so the node accepts any gradient timestamp >= 0 and the root checks it against its own.
+
 Copies, and why: none for weights — the parent's WEIGHTS frames are received zero-copy, kept
 as the cache (never written) and sent on to children zero-copy. Gradients are summed into one
 of two buffers; the other is the relay in flight, which ZeroMQ may still read until the parent
@@ -63,7 +70,9 @@ class TreeNode:
         self.sender = wire.node_sender(node_id)
         self.lam = cfg.sync.learners
         self.hardsync = cfg.sync.protocol == "hardsync"
-        self.clock = RelayClock(cfg.sync.protocol, self.spec.subtree)
+        self.advstar = cfg.architecture.kind == "advstar"
+        self.clock = RelayClock(cfg.sync.protocol, self.spec.subtree,
+                                gather=cfg.architecture.relay == "gather")
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
         self.timeout = cfg.runtime.timeout_s
         self.inc = secrets.randbits(62) + 1
@@ -117,8 +126,9 @@ class TreeNode:
         self._send(ident, Kind.ERROR, code=code, error=message)
 
     def _answer(self, ident: bytes, kind: Kind, child_ts: int) -> None:
-        """Answer a child whose gradient (or pull) is done: newer weights, else UPTODATE."""
-        if kind == Kind.PUSH:
+        """Answer a child whose gradient (or pull) is done: newer weights, else UPTODATE
+        (ACK for a PUSH, and for everything under advstar: no weights travel down the tree)."""
+        if kind == Kind.PUSH or self.advstar:
             self._send(ident, Kind.ACK)
         elif self.ts > child_ts:
             self._send(ident, Kind.WEIGHTS, self.weights)
@@ -148,6 +158,11 @@ class TreeNode:
             elif self.identities.get(msg.sender) != ident or msg.inc not in (0, self.inc):
                 raise ProtocolViolation(f"{wire.sender_name(msg.sender)} has not said HELLO to "
                                         f"tree node {self.id} on this connection")
+            elif self.advstar and msg.kind in (Kind.PULL, Kind.PUSHPULL):
+                raise ProtocolViolation(
+                    f"{wire.sender_name(msg.sender)} sent {msg.kind.name}, but with "
+                    f"architecture.kind=advstar tree node {self.id} serves no weights: they "
+                    "come by the learners' broadcast; push gradients with PUSH")
             elif msg.kind == Kind.BYE:
                 self.stopped |= self.tree.below(msg.sender)
                 self._send(ident, Kind.ACK)
@@ -192,6 +207,8 @@ class TreeNode:
             topology.Tree.check_clock(msg.sender, entries, self.subtrees[msg.sender])
         else:
             entries = [(msg.sender, msg.ts)]
+        if self.advstar:  # the learner's version came by broadcast; the root checks it
+            self.clock.timestamp = max(self.clock.timestamp, max(t for _, t in entries))
         self.clock.add(entries)                  # raises before the sum is touched
         if self._sum is None:
             self._sum, self._spare = (np.empty(self.numel, np.float32) for _ in range(2))
@@ -221,7 +238,8 @@ class TreeNode:
         self.relays += 1
 
     def _from_parent(self) -> None:
-        kinds = {Kind.WELCOME} if self.welcome is None else {Kind.WEIGHTS, Kind.UPTODATE}
+        kinds = ({Kind.WELCOME} if self.welcome is None else
+                 {Kind.ACK} if self.advstar else {Kind.WEIGHTS, Kind.UPTODATE})
         try:
             msg = self.parent.recv(kinds, numel=self.numel)
         except transport.ServerError as exc:
@@ -244,7 +262,7 @@ class TreeNode:
             return
         if msg.kind == Kind.WEIGHTS and msg.ts > self.ts:
             self.weights = msg.payloads          # zero-copy frames: never written, safe to share
-        self.clock.answered(msg.ts if msg.kind == Kind.WEIGHTS else self.ts)
+        self.clock.answered(msg.ts if msg.kind in (Kind.WEIGHTS, Kind.ACK) else self.ts)
         for ident, _sender, kind, child_ts in self.flight:
             self._answer(ident, kind, child_ts)
         self.flight = []

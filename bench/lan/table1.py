@@ -1,0 +1,234 @@
+"""The paper's Table 1 on emulated LAN hosts: seconds per epoch of Rudra-base hardsync,
+Rudra-base softsync, Rudra-adv softsync and Rudra-adv* softsync, and the root's ingress.
+
+``bench/lan/netns.sh`` builds 1 + HOSTS network namespaces ("hosts"), each with a 1 Gbit/s
+full-duplex link (tc tbf both ways) to one bridge. The root PS (``CountingPS``) runs on host 0;
+λ = HOSTS x PER_HOST synthetic learners (torch-free; "compute" = sleep COMPUTE_MS ±10 %, then a
+PUSHPULL of a PARAMS-float32 gradient) run PER_HOST to a process on hosts 1..HOSTS; tree leaves
+(fan-out PER_HOST, depth 1) run on their learners' host, talking to them over ipc. Every process
+is ``ip netns exec HOST python -m rudra_zmq.benchmarks.synthetic_roles ...``. An epoch is
+EPOCH_GRADIENTS gradients; the first of EPOCHS epochs is a warm-up, the others are timed at the
+root (the update that completes the epoch's gradients). softsync = 1-softsync (c = λ).
+
+On success, failure or Ctrl-C every process is stopped and the namespaces are removed.
+Needs root and ``ip netns``.
+
+    sudo .venv/bin/python bench/lan/table1.py                 # 4 hosts x 4 learners, 2.5M
+    python bench/lan/table1.py --quick --json                  # 2 x 2 learners, 10k, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from rudra_zmq.benchmarks import common, synthetic_cluster as sc, synthetic_roles as sr
+
+HOSTS = 4                 # learner hosts (the root is one more)
+PER_HOST = 4              # learners per host = the tree's fan-out
+PARAMS = 2_500_000        # 10 MB of float32: 80 ms on a 1 Gbit/s link
+COMPUTE_MS = 100.0        # emulated forward + backward per gradient
+EPOCH_GRADIENTS = 128     # one "epoch" (8 gradients per learner)
+EPOCHS = 3                # the first is a warm-up
+RATE = "1gbit"
+CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
+QUICK = dict(hosts=2, per_host=2, params=10_000, compute_ms=5.0, epoch_gradients=16, epochs=2)
+NETNS_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns.sh")
+MIB = 2 ** 20
+
+
+def lan_available() -> str | None:
+    """None if this machine can build the emulated LAN, else why not."""
+    if os.geteuid() != 0:
+        return "needs root (ip netns, tc)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) is not installed"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "`ip netns` does not work here"
+    return None
+
+
+class Lan:
+    """``netns.sh up`` on enter, ``down`` on exit (also after an error or Ctrl-C)."""
+
+    def __init__(self, n_hosts: int, rate: str):
+        self.n, self.rate = n_hosts, rate
+        self.prefix = f"rzt{os.getpid() % 1_000_000}"
+        self.hosts: list[sc.Host] = []
+
+    def __enter__(self):
+        res = subprocess.run([NETNS_SH, "up", str(self.n), self.rate, "--prefix", self.prefix],
+                             capture_output=True, text=True, timeout=120)
+        if res.returncode != 0:
+            raise RuntimeError(f"netns.sh up failed (exit {res.returncode}): {res.stderr}")
+        for ln in res.stdout.splitlines():
+            _, _i, ns, addr = ln.split()
+            self.hosts.append(sc.Host(ns, addr))
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.run([NETNS_SH, "down", "--prefix", self.prefix], timeout=120)
+
+
+def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
+    """Per epoch: seconds (from the update completing the previous epoch, or the first
+    gradient), root ingress and egress bytes, updates, and ⟨σ⟩."""
+    rows = [dict(zip(ps["log_fields"], r)) for r in ps["log"]]
+    for r in rows:   # what the root sent: replies, and the broadcast (advstar)
+        r["out_bytes"] = r["tx_bytes"] + r["bcast_bytes"]
+    prev = {"t": ps["t_first_grad"], "rx_bytes": 0, "out_bytes": 0, "grads": 0, "k": 0}
+    out = []
+    for e in range(1, epochs + 1):
+        k = next(i for i, r in enumerate(rows) if r["grads"] >= e * n)
+        r = rows[k]
+        upd = rows[prev["k"]:k + 1]
+        out.append({"epoch": e, "s": r["t"] - prev["t"], "grads": r["grads"] - prev["grads"],
+                    "rx_bytes": r["rx_bytes"] - prev["rx_bytes"],
+                    "tx_bytes": r["out_bytes"] - prev["out_bytes"],
+                    "updates": len(upd),
+                    "mean_sigma": statistics.fmean(u["mean_sigma"] for u in upd)})
+        prev = dict(r, k=k + 1)
+    return out
+
+
+def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
+    arch, protocol = case.split("-")
+    lam = a.hosts * a.per_host
+    ov = sr.overrides(arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,
+                      fanout=a.per_host, depth=1)
+    r = sc.run(arch, ov, params=a.params, learners=lam, root=lan.hosts[0], hosts=lan.hosts[1:],
+               workdir=workdir, compute_ms=a.compute_ms, per_process=a.per_host)
+    ps = r["ps"]
+    if ps["rx_grad_bytes"] != ps["numel"] * 4 * ps["rx_grad_msgs"]:
+        raise RuntimeError("root gradient bytes != numel x 4 x gradient messages")
+    ep = epochs_of(ps, a.epoch_gradients, a.epochs)
+    timed = ep[1:] or ep
+    s = statistics.median(e["s"] for e in timed)
+    rx = statistics.median(e["rx_bytes"] for e in timed)
+    grads = sum(e["grads"] for e in timed)
+    return {"bench": "table1", "case": case, "arch": arch, "protocol": protocol,
+            "learners": lam, "hosts": a.hosts, "per_host": a.per_host, "params": a.params,
+            "rate": a.rate, "compute_ms": a.compute_ms, "epoch_gradients": a.epoch_gradients,
+            "s_per_epoch": s, "epoch_s": [e["s"] for e in ep],
+            "root_rx_bytes_per_epoch": rx,
+            "root_tx_bytes_per_epoch": statistics.median(e["tx_bytes"] for e in timed),
+            "root_rx_bytes_per_gradient": sum(e["rx_bytes"] for e in timed) / grads,
+            "updates_per_epoch": statistics.median(e["updates"] for e in timed),
+            "mean_sigma": statistics.fmean(e["mean_sigma"] for e in timed),
+            "root_grad_msgs_total": ps["rx_grad_msgs"], "grads_total": ps["grads"],
+            "numel": ps["numel"], "root_grad_bytes_total": ps["rx_grad_bytes"],
+            "root_cpu_s": ps["cpu_s"], "wall_s": r["wall_s"]}
+
+
+def line(r: dict) -> str:
+    eps = " ".join(f"{x:.2f}" for x in r["epoch_s"])
+    return (f"table1 {r['case']:<17} λ={r['learners']} ({r['hosts']} hosts x {r['per_host']}) "
+            f"n={common.fmt_count(r['params'])} {r['rate']}  {r['s_per_epoch']:7.2f} s/epoch "
+            f"[epochs {eps}]  root in {r['root_rx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch "
+            f"({r['root_rx_bytes_per_gradient'] / MIB:.2f} MiB/grad) out "
+            f"{r['root_tx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch  {r['updates_per_epoch']:.0f} "
+            f"upd/epoch  <σ> {r['mean_sigma']:.2f}  root cpu {r['root_cpu_s']:.1f} s  "
+            f"wall {r['wall_s']:.1f} s")
+
+
+def ordering(rows: list[dict], cases: list[str]) -> tuple[str, bool]:
+    """The measured order (slowest first) and whether it is the expected one (CASES' order:
+    each case faster than the one before it)."""
+    measured = [r["case"] for r in sorted(rows, key=lambda r: -r["s_per_epoch"])]
+    expected = [c for c in cases if c in measured]
+    return " > ".join(measured), measured == expected
+
+
+def write_png(path: str, rows: list[dict]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, (key, scale, label) in zip(fig.subplots(1, 2), [
+            ("s_per_epoch", 1, "seconds per epoch"),
+            ("root_rx_bytes_per_epoch", MIB, "root ingress per epoch (MiB)")]):
+        ax.bar([r["case"] for r in rows], [r[key] / scale for r in rows])
+        ax.set_ylabel(label)
+        ax.tick_params(axis="x", labelsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    r0 = rows[0]
+    fig.suptitle(f"rudra_zmq Table 1 on emulated hosts: λ={r0['learners']} ({r0['hosts']} "
+                 f"hosts), {common.fmt_count(r0['params'])} parameters, {r0['rate']} links")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, format="png")
+
+
+def _interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=HOSTS, help="learner hosts (+1 for the root)")
+    p.add_argument("--per-host", type=int, default=PER_HOST,
+                   help="learners per host, and the tree's fan-out")
+    p.add_argument("--params", type=common.parse_size, default=PARAMS)
+    p.add_argument("--compute-ms", type=float, default=COMPUTE_MS)
+    p.add_argument("--epoch-gradients", type=int, default=EPOCH_GRADIENTS)
+    p.add_argument("--epochs", type=int, default=EPOCHS, help="the first is a warm-up")
+    p.add_argument("--rate", default=RATE, help="each host link's rate, both ways (tc units)")
+    p.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
+    p.add_argument("--quick", action="store_true", help="2 hosts x 2 learners, 10k, seconds")
+    common.add_output_args(p)
+    a = p.parse_args(argv)
+    if a.quick:
+        for k, v in QUICK.items():
+            setattr(a, k, v)
+    lam = a.hosts * a.per_host
+    if a.epoch_gradients % lam:
+        p.error(f"--epoch-gradients {a.epoch_gradients} must be a multiple of λ = {lam} "
+                "(hardsync updates take one gradient per learner)")
+    why = lan_available()
+    if why:
+        print(f"table1: cannot build the emulated LAN: {why}", file=sys.stderr)
+        return 2
+    cases = list(a.cases)
+    report = common.Report(a, "Table 1 on emulated LAN hosts (netns + tbf)", notes=[
+        f"hosts: root on host 0; λ={lam} learners, {a.per_host} per host on {a.hosts} hosts; "
+        f"each host link {a.rate} both ways (tc tbf); adv: fanout {a.per_host}, depth 1, "
+        "leaves on their learners' host (ipc)",
+        f"learners: sleep {a.compute_ms:g} ms ±10 % then push {a.params:,} float32 (PUSHPULL; "
+        "advstar: PUSH, weights by broadcast); "
+        f"epoch = {a.epoch_gradients} gradients; {a.epochs} epochs, the first a warm-up; "
+        "softsync = 1-softsync; root: ParameterServer, momentum 0.9, 1 thread",
+        "s/epoch = median over the timed epochs, at the root; root in = bytes of every frame "
+        "reaching the root's handler; out = weights it sent (replies, and advstar's broadcast "
+        "chain of the learners); expected order (slowest first): " + " > ".join(CASES)])
+    if "advstar-softsync" in cases and not sc.advstar_available():
+        report.note("advstar-softsync skipped: rudra_zmq/roles/broadcast.py (Rudra-adv*) is "
+                    "not available yet", skipped="advstar-softsync")
+        cases.remove("advstar-softsync")
+    old = signal.signal(signal.SIGTERM, _interrupt)   # `kill` cleans up like Ctrl-C
+    try:
+        with tempfile.TemporaryDirectory(prefix="rzt-") as workdir, \
+                Lan(a.hosts + 1, a.rate) as lan:
+            os.chmod(workdir, 0o755)
+            for case in cases:
+                r = run_case(case, a, lan, workdir)
+                report.case(r, line(r))
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    order, ok = ordering(report.rows, CASES)
+    report.note(f"measured order (slowest first): {order}; expected order "
+                f"{'reproduced' if ok else 'NOT reproduced'}", order=order, reproduced=ok)
+    report.close()
+    if a.png and report.rows:
+        write_png(a.png, report.rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

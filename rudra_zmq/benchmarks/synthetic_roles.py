@@ -1,0 +1,371 @@
+"""Torch-free roles for the Rudra-adv / adv* benchmarks (``bench/root_ingress.py``, ``bench/lan``).
+
+Three roles, each a process started as ``python -m rudra_zmq.benchmarks.synthetic_roles ROLE``
+(by :mod:`.synthetic_cluster`, optionally inside a network namespace), all loading the same
+config overrides (``--set``) so that they plan the same tree:
+
+- ``ps``: the real :class:`~rudra_zmq.roles.ps.ParameterServer` on a synthetic model of
+  ``--params`` float32 parameters (``model=``, no torch), subclassed as :class:`CountingPS` to
+  count what reaches the root's handler: every frame after the routing id, the gradient
+  payloads of PUSH/PUSHPULL/RELAY, and the payloads it sends; one record per update.
+- ``node``: the real :class:`~rudra_zmq.roles.tree_node.TreeNode` (it never imports torch).
+- ``learners``: :class:`SyntheticLearner` threads, one per ``--ids`` entry: HELLO, then (after
+  a start barrier, ``--go``) until STOP: "compute" (sleep ``--compute-ms``, ±10 % seeded
+  jitter, standing in for forward and backward), PUSHPULL of a fixed gradient (zero-copy, as
+  ``roles/learner.py``), and the copy of new weights into its own buffer (as its ``_load``).
+  With ``architecture.kind: advstar`` it does what ``roles/learner.py`` does for Rudra-adv*:
+  weights come by its :class:`~rudra_zmq.roles.broadcast.BroadcastMember` (adopted between
+  steps), gradients go to its leaf as PUSH without waiting for the reply (collected before
+  the next push).
+
+Servers print ``listening on ENDPOINT`` once bound (an advstar root first prints ``broadcast
+on ENDPOINT``); every role writes a JSON report (its counters, ``ru_maxrss`` and CPU seconds)
+to ``--report`` when it ends. Each role exits when its parent process is gone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import sys
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from .. import kernels, transport, wire
+from ..wire import Kind
+
+SIGNATURE = "bench-synthetic"
+ARCHS = ("base", "adv", "advstar")
+
+
+def overrides(arch: str, protocol: str, learners: int, epoch_gradients: int, *, epochs: int = 1,
+              softsync_n: int = 1, fanout: int = 4, depth: int = 1, chunk_mib: int = 8,
+              timeout_s: float = 120) -> list[str]:
+    """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
+    ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
+    out = [f"sync.protocol={protocol}", f"sync.learners={learners}", "sync.batch_size=1",
+           "optimizer.lr=1.0e-6", "optimizer.momentum=0.9", "optimizer.weight_decay=0.0005",
+           f"train.epochs={epochs}", "train.eval_every_epochs=0", "train.eval_every_updates=0",
+           "data.dataset=synthetic", f"data.synthetic_train={epoch_gradients}",
+           "runtime.ps_threads=1", f"runtime.chunk_mib={chunk_mib}",
+           f"runtime.timeout_s={timeout_s}", f"architecture.kind={arch}"]
+    if arch != "base":
+        out += [f"architecture.fanout={fanout}", f"architecture.depth={depth}"]
+    if protocol == "softsync":
+        out.append(f"sync.n={softsync_n}")
+    return out
+
+
+def _usage() -> dict:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return {"maxrss_kib": ru.ru_maxrss, "cpu_s": ru.ru_utime + ru.ru_stime}
+
+
+# ----------------------------------------------------------------------------- the root
+def counting_ps_class():
+    """:class:`CountingPS`, defined on first use so that importing this module stays light."""
+    from ..roles.ps import ParameterServer
+
+    class CountingPS(ParameterServer):
+        """A ParameterServer that counts the bytes reaching (and leaving) its handler.
+
+        ``rx_bytes``: every frame of every message after the routing id (headers included);
+        ``rx_grad_bytes``/``rx_grad_msgs``: gradient payloads of PUSH/PUSHPULL/RELAY and how
+        many messages carried them; ``tx_bytes``: payloads it sends (WELCOME/WPART/WEIGHTS);
+        ``bcast_bytes()``: what its Rudra-adv* broadcast root sent (advstar);
+        ``log``: one row per update (see ``LOG_FIELDS``). Same threading rules as the base.
+        """
+
+        LOG_FIELDS = ("t", "grads", "rx_bytes", "rx_grad_bytes", "rx_grad_msgs", "tx_bytes",
+                      "n_grads", "mean_sigma", "bcast_bytes")
+
+        def __init__(self, *a, **kw):
+            self.rx_bytes = self.rx_msgs = self.rx_grad_bytes = self.rx_grad_msgs = 0
+            self.tx_bytes = 0
+            self.log: list[tuple] = []
+            self.t_first_grad = None
+            super().__init__(*a, **kw)
+
+        def handle(self, frames) -> None:
+            self.rx_msgs += 1
+            self.rx_bytes += sum(len(f) for f in frames[1:])
+            super().handle(frames)
+
+        def _count_grad(self, msg) -> None:
+            if self.t_first_grad is None:
+                self.t_first_grad = time.time()
+            self.rx_grad_msgs += 1
+            self.rx_grad_bytes += sum(p.nbytes for p in msg.payloads)
+
+        # *a, **kw: pass through whatever else the base class's handlers take
+        def _push(self, msg, *a, **kw):
+            self._count_grad(msg)
+            return super()._push(msg, *a, **kw)
+
+        def _relay(self, msg, *a, **kw):
+            self._count_grad(msg)
+            return super()._relay(msg, *a, **kw)
+
+        def _send(self, ident, kind, payloads=(), **fields) -> None:
+            self.tx_bytes += sum(p.nbytes for p in payloads)
+            super()._send(ident, kind, payloads, **fields)
+
+        def _after_update(self, update, *a, **kw) -> None:
+            self.log.append((time.time(), self.engine.gradients_received, self.rx_bytes,
+                             self.rx_grad_bytes, self.rx_grad_msgs, self.tx_bytes,
+                             len(update.sigmas), update.mean_sigma, self.bcast_bytes()))
+            super()._after_update(update, *a, **kw)
+
+        def bcast_bytes(self) -> int:
+            """advstar: weight bytes the broadcast root sent so far (whole versions: chunks
+            sent / chunks per version x model bytes; read from its I/O thread's counter)."""
+            fan = getattr(getattr(self, "broadcast", None), "_fan", None)
+            if fan is None:
+                return 0
+            per_version = -(-self.numel * 4 // self.chunk_bytes)
+            return fan.sent_chunks * self.numel * 4 // per_version
+
+        def report(self) -> dict:
+            return {"role": "ps", "numel": self.numel, "rx_bytes": self.rx_bytes,
+                    "rx_msgs": self.rx_msgs, "rx_grad_bytes": self.rx_grad_bytes,
+                    "rx_grad_msgs": self.rx_grad_msgs, "tx_bytes": self.tx_bytes,
+                    "updates": self.engine.updates, "grads": self.engine.gradients_received,
+                    "t_first_grad": self.t_first_grad, "invalid": self.invalid,
+                    "bcast_bytes": self.bcast_bytes(),
+                    "log_fields": list(self.LOG_FIELDS), "log": self.log, **_usage()}
+
+    return CountingPS
+
+
+# ----------------------------------------------------------------------------- learners
+class SyntheticLearner:
+    """One learner without a model: sleeps ``compute_s`` (±10 %), pushes a fixed gradient of
+    ``numel`` float32 and copies any new weights into its own buffer, until STOP.
+
+    ``run()`` blocks; owns its socket (not thread-safe), shares the thread-safe ``ctx``.
+    """
+
+    def __init__(self, ctx: zmq.Context, cfg, learner_id: int, endpoint: str, numel: int,
+                 compute_s: float, bcast: tuple[str, str | None] | None = None):
+        self.id, self.numel, self.compute_s = learner_id, numel, compute_s
+        self.wait = cfg.sync.protocol == "hardsync"
+        self.ch = transport.Channel(ctx, endpoint, learner_id, name="parameter server",
+                                    timeout_ms=int(cfg.runtime.timeout_s * 1000), hwm=4)
+        self.grad = np.full(numel, 1e-3, np.float32)   # sent zero-copy, never written
+        self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        self.parts = wire.chunk(self.grad, self.chunk_bytes)
+        self.w = np.zeros(numel, np.float32)
+        self.rng = random.Random(learner_id)
+        self.ts = 0
+        self.stats = {"learner": learner_id, "steps": 0, "weights": 0, "up_bytes": 0,
+                      "down_bytes": 0, "comm_s": 0.0, "compute_s": 0.0}
+        self.member = None
+        if cfg.architecture.kind == "advstar":   # Rudra-adv*: as roles/learner.py
+            from .. import topology
+            from ..roles.broadcast import BroadcastMember
+
+            kids = topology.broadcast_children(cfg, learner_id)
+            up = topology.broadcast_upstream(cfg, learner_id)
+            self.member = BroadcastMember(
+                ctx, bcast[1] if kids else None, bcast[0], numel, member=learner_id,
+                children=kids, chunk_bytes=cfg.runtime.chunk_mib << 20,
+                timeout_s=cfg.runtime.timeout_s,
+                upstream_name="the root" if up is None else f"learner {up}").start()
+            self._sendbuf = np.empty_like(self.grad)
+
+    def _load(self, msg: wire.Message) -> None:
+        off = 0
+        for part in msg.payloads:
+            kernels.copy_into(self.w[off:off + part.shape[0]], part)
+            off += part.shape[0]
+        self.ts = msg.ts
+        self.stats["weights"] += 1
+        self.stats["down_bytes"] += off * 4
+
+    def hello(self) -> None:
+        """Say HELLO and wait for WELCOME (the first weights). Blocks."""
+        self.ch.send(Kind.HELLO, model=SIGNATURE, numel=self.numel)
+        self._welcome = self.ch.recv({Kind.WELCOME}, numel=self.numel)
+
+    def run(self) -> dict:
+        """Train until STOP (after ``hello``); returns the learner's counters. Blocks."""
+        s, msg = self.stats, self._welcome
+        self._welcome = None
+        s["t_start"] = time.time()
+        if self.member is not None:
+            return self._run_advstar(msg)
+        while msg.kind != Kind.STOP:
+            if msg.kind in (Kind.WELCOME, Kind.WEIGHTS):
+                self._load(msg)
+            t0 = time.perf_counter()
+            if self.compute_s > 0:
+                time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
+            t1 = time.perf_counter()
+            msg = None   # release the previous reply's frames before the next round trip
+            msg = self.ch.request(Kind.PUSHPULL, self.ts, self.parts, numel=self.numel,
+                                  reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=self.wait)
+            s["compute_s"] += t1 - t0
+            s["comm_s"] += time.perf_counter() - t1
+            s["steps"] += 1
+            s["up_bytes"] += self.grad.nbytes
+        s["t_end"] = time.time()
+        self.ch.close()
+        return s
+
+    def _run_advstar(self, welcome) -> dict:
+        """Rudra-adv*, as ``roles/learner.py``: adopt the newest broadcast version, compute,
+        collect the previous PUSH's ACK, PUSH the gradient without waiting for the reply."""
+        s, in_flight, finished = self.stats, False, False
+        self._load(welcome)
+        try:
+            while True:
+                self.member.check()
+                ts = self.member.copy_latest_into(self.w, self.ts)
+                if ts != self.ts:
+                    self.ts = ts
+                    s["weights"] += 1
+                    s["down_bytes"] += self.w.nbytes
+                grad_ts = self.ts
+                t0 = time.perf_counter()
+                if self.compute_s > 0:
+                    time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
+                t1 = time.perf_counter()
+                if in_flight:
+                    reply = self.ch.recv({Kind.ACK})
+                    in_flight = False
+                    if reply.kind == Kind.STOP:
+                        finished = True
+                        break
+                kernels.copy_into(self._sendbuf, self.grad)   # as the learner's send buffer
+                self.ch.send(Kind.PUSH, grad_ts, wire.chunk(self._sendbuf, self.chunk_bytes))
+                in_flight = True
+                s["compute_s"] += t1 - t0
+                s["comm_s"] += time.perf_counter() - t1
+                s["steps"] += 1
+                s["up_bytes"] += self.grad.nbytes
+        finally:
+            self.member.close(stop_reason="training finished" if finished else None)
+        s["t_end"] = time.time()
+        s["bcast_versions"] = self.member.versions
+        self.ch.close()
+        return s
+
+
+# ----------------------------------------------------------------------------- role mains
+def _cfg(args):
+    from ..config import load_config
+    return load_config(None, args.set)
+
+
+def main_ps(args) -> dict:
+    transport.tune_malloc()
+    kernels.set_num_threads(1)
+    weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
+    extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}   # advstar only
+    ps = counting_ps_class()(_cfg(args), args.bind,
+                             model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE), **extra)
+    if ps.broadcast is not None:
+        print(f"broadcast on {ps.broadcast.endpoint}", flush=True)   # before "listening on"
+    print(f"listening on {ps.endpoint}", flush=True)
+    ps.serve_forever()
+    return ps.report()
+
+
+def main_node(args) -> dict:
+    from ..roles.tree_node import TreeNode
+
+    transport.tune_malloc()
+    kernels.set_num_threads(1)   # as `rudra-zmq node` does
+    node = TreeNode(_cfg(args), args.id, args.bind, args.parent)
+    print(f"listening on {node.endpoint}", flush=True)
+    node.serve_forever()
+    return {"role": "node", "id": args.id, "relays": node.relays, "gradients": node.gradients,
+            "invalid": node.invalid, **_usage()}
+
+
+def main_learners(args) -> dict:
+    transport.tune_malloc()
+    kernels.set_num_threads(1)
+    cfg = _cfg(args)
+    ids = [int(x) for x in args.ids.split(",")]
+    eps = args.ps.split(",")
+    if len(eps) not in (1, len(ids)):
+        raise SystemExit(f"--ps names {len(eps)} endpoints for {len(ids)} learners: give one, "
+                         "or one per learner")
+    eps = eps * len(ids) if len(eps) == 1 else eps
+    ctx = zmq.Context()
+    ups = args.bcast_up.split(",") if args.bcast_up else [None] * len(ids)
+    binds = [None if b == "none" else b for b in args.bcast_bind.split(",")] \
+        if args.bcast_bind else [None] * len(ids)
+    learners = [SyntheticLearner(ctx, cfg, i, ep, args.params, args.compute_ms / 1000,
+                                 bcast=(up, bind))
+                for i, ep, up, bind in zip(ids, eps, ups, binds)]
+    for learner in learners:
+        learner.hello()
+    if args.go:   # a start barrier across processes (and namespaces): the launcher's file
+        open(args.go + f".ready{ids[0]}", "w").close()
+        deadline = time.time() + cfg.runtime.timeout_s
+        while not os.path.exists(args.go):
+            if time.time() > deadline:
+                raise TimeoutError(f"learners {args.ids}: no start signal {args.go} within "
+                                   f"{cfg.runtime.timeout_s:.0f} s")
+            time.sleep(0.01)
+    results, errors = [None] * len(learners), []
+
+    def work(k):
+        try:
+            results[k] = learners[k].run()
+        except BaseException as exc:   # re-raised by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(ids))]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) and not errors:
+        time.sleep(0.05)
+    if errors:
+        raise errors[0]
+    ctx.destroy(linger=0)
+    return {"role": "learners", "ids": ids, "learners": results, **_usage()}
+
+
+def main(argv=None) -> int:
+    from .sides import exit_with_parent
+
+    p = argparse.ArgumentParser(prog="python -m rudra_zmq.benchmarks.synthetic_roles")
+    sub = p.add_subparsers(dest="role", required=True)
+    for role in ("ps", "node", "learners"):
+        q = sub.add_parser(role)
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+        q.add_argument("--report", required=True, help="write the JSON report here at the end")
+        q.add_argument("--params", type=int, required=role != "node")
+    sub.choices["ps"].add_argument("--bind", required=True)
+    sub.choices["ps"].add_argument("--bcast-bind", help="advstar: the broadcast root's endpoint")
+    sub.choices["node"].add_argument("--id", type=int, required=True)
+    sub.choices["node"].add_argument("--bind", required=True)
+    sub.choices["node"].add_argument("--parent", required=True)
+    sub.choices["learners"].add_argument("--ids", required=True, help="e.g. 0,1,2,3")
+    sub.choices["learners"].add_argument("--ps", required=True,
+                                         help="endpoint, or one per learner (comma-separated)")
+    sub.choices["learners"].add_argument("--compute-ms", type=float, default=0.0)
+    sub.choices["learners"].add_argument("--bcast-up", help="advstar: each learner's broadcast "
+                                         "upstream endpoint (comma-separated, as --ids)")
+    sub.choices["learners"].add_argument("--bcast-bind", help="advstar: each learner's "
+                                         "endpoint for its broadcast children, or none")
+    sub.choices["learners"].add_argument("--go", help="after HELLO, create GO.readyID (ID: "
+                                         "the first learner id) and wait until GO exists")
+    args = p.parse_args(argv)
+    exit_with_parent()
+    report = {"ps": main_ps, "node": main_node, "learners": main_learners}[args.role](args)
+    with open(args.report, "w") as f:
+        json.dump(report, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The Rudra-adv / adv* benchmarks: ``bench/root_ingress.py`` and ``bench/lan/`` at tiny sizes.
+
+Run the way a user would (subprocesses); check the output's structure and that the root's
+counted bytes agree with the gradients it took (bytes = numel x 4 x gradient messages), with no
+timing thresholds (the machine is shared). The emulated-LAN tests need root and ``ip netns``
+and skip with the reason otherwise; they use namespaces with a prefix of their own and check
+that nothing is left behind.
+"""
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rudra_zmq.benchmarks.synthetic_cluster import advstar_available
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+NETNS_SH = ROOT / "bench" / "lan" / "netns.sh"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_json(script, *args, timeout=100):
+    """``python SCRIPT ARGS --json``: (JSON records, its pid); fails the test on exit != 0."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / script), *args, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    records = [json.loads(ln) for ln in out.splitlines()]
+    assert records[0]["type"] == "header" and records[-1]["type"] == "end"
+    assert records[0]["nproc"] >= 1 and len(records[0]["loadavg"]) == 3
+    return records, proc.pid
+
+
+def csv_rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_root_ingress_counts_one_model_per_gradient_message_and_less_through_a_tree(tmp_path):
+    archs = ["base", "adv"] + (["advstar"] if advstar_available() else [])
+    recs, _ = run_json("bench/root_ingress.py", "--quick", "--archs", *archs,
+                       "--csv", str(tmp_path / "ri.csv"), "--png", str(tmp_path / "ri.png"))
+    cases = [r for r in recs if r["type"] == "case"]
+    assert {(c["arch"], c["protocol"]) for c in cases} == {   # advstar has no hardsync
+        (a, p) for a in archs for p in ("softsync", "hardsync") if (a, p) != ("advstar",
+                                                                            "hardsync")}
+    for c in cases:
+        assert c["learners"] == 4 and c["params"] == c["numel"] == 10_000
+        assert c["root_grad_bytes_total"] == c["numel"] * 4 * c["root_grad_msgs_total"]
+        assert c["root_rx_bytes_total"] > c["root_grad_bytes_total"]   # headers too
+        assert c["updates"] >= 2 and c["s_per_update"] > 0
+        assert c["grads_per_update"] >= c["learners"]                   # 1-softsync, hardsync
+        assert c["root_rx_bytes_per_update"] >= c["root_grad_msgs_per_update"] * 40_000
+        assert c["rss_sum_mib"] > 0 and c["processes"] == 1 + c["learners"] + (
+            c["learners"] // c["fanout"] if c["arch"] != "base" else 0)
+    by = {(c["arch"], c["protocol"]): c for c in cases}
+    # base: one message per gradient; hardsync through leaves of 2: exactly one per leaf
+    assert by["base", "hardsync"]["root_grad_msgs_per_update"] == 4
+    assert by["base", "softsync"]["grads_per_root_msg"] == 1
+    assert by["adv", "hardsync"]["root_grad_msgs_per_update"] == 2
+    assert by["adv", "hardsync"]["ingress_per_update_vs_base"] > 1.5
+    assert by["adv", "softsync"]["grads_per_root_msg"] >= 1
+    if "advstar" in archs:   # the weights leave the root once per version, by the broadcast
+        assert by["advstar", "softsync"]["root_bcast_bytes_per_update"] > 0
+    assert len(csv_rows(tmp_path / "ri.csv")) == len(cases)
+    assert (tmp_path / "ri.png").read_bytes()[:8] == PNG_MAGIC
+
+
+# ----------------------------------------------------------------------------- emulated LAN
+def _lan_skip_reason():
+    if os.geteuid() != 0:
+        return "needs root for ip netns and tc"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "iproute2 (ip, tc) is not installed"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "ip netns does not work here"
+    return None
+
+
+needs_lan = pytest.mark.skipif(_lan_skip_reason() is not None,
+                               reason=_lan_skip_reason() or "")
+
+
+def namespaces(prefix):
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.startswith(prefix + "-")]
+
+
+def netns(*args, check=True):
+    res = subprocess.run([str(NETNS_SH), *args], capture_output=True, text=True, timeout=60)
+    assert not check or res.returncode == 0, res.stderr
+    return res
+
+
+@pytest.fixture
+def lan_prefix():
+    prefix = f"rzp{os.getpid() % 100000}"
+    yield prefix
+    netns("down", "--prefix", prefix, check=False)   # whatever the test left
+    assert namespaces(prefix) == []
+
+
+@needs_lan
+def test_netns_up_builds_shaped_hosts_that_reach_each_other_and_down_removes_them(lan_prefix):
+    out = netns("up", "2", "1gbit", "--prefix", lan_prefix).stdout.split("\n")
+    hosts = [ln.split() for ln in out if ln.startswith("host ")]
+    assert [(h[1], h[2], h[3]) for h in hosts] == [
+        ("0", f"{lan_prefix}-h0", "10.77.0.1"), ("1", f"{lan_prefix}-h1", "10.77.0.2")]
+    assert sorted(namespaces(lan_prefix)) == sorted([f"{lan_prefix}-br", f"{lan_prefix}-h0",
+                                                     f"{lan_prefix}-h1"])
+    assert netns("up", "2", "--prefix", lan_prefix, check=False).returncode != 0  # already up
+    for i in (0, 1):   # each host link is shaped both ways
+        q = subprocess.run(["tc", "-n", f"{lan_prefix}-h{i}", "qdisc", "show", "dev", "eth0"],
+                           capture_output=True, text=True).stdout
+        assert "tbf" in q and "rate 1Gbit" in q, q
+        q = subprocess.run(["tc", "-n", f"{lan_prefix}-br", "qdisc", "show", "dev", f"h{i}"],
+                           capture_output=True, text=True).stdout
+        assert "tbf" in q and "rate 1Gbit" in q, q
+    if shutil.which("ping"):
+        subprocess.run(["ip", "netns", "exec", f"{lan_prefix}-h0", "ping", "-c", "1", "-W", "2",
+                        "10.77.0.2"], check=True, capture_output=True)
+    # one TCP transfer from host 0 to host 1 (4 MiB)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", f"{lan_prefix}-h1", sys.executable, "-c",
+         "import socket\ns = socket.socket(); s.bind(('10.77.0.2', 5301)); s.listen(1)\n"
+         "print('ready', flush=True); c, _ = s.accept(); n = 0\n"
+         "while (b := c.recv(1 << 16)): n += len(b)\nprint(n)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        subprocess.run(["ip", "netns", "exec", f"{lan_prefix}-h0", sys.executable, "-c",
+                        "import socket\nc = socket.create_connection(('10.77.0.2', 5301), 10)\n"
+                        "c.sendall(b'x' * (4 << 20)); c.close()"], check=True, timeout=30)
+        assert server.stdout.readline().strip() == str(4 << 20)
+    finally:
+        server.kill()
+        server.wait()
+    netns("down", "--prefix", lan_prefix)
+    assert namespaces(lan_prefix) == []
+    assert not Path(f"/run/rudra_zmq_lan/{lan_prefix}.ns").exists()
+    netns("down", "--prefix", lan_prefix)   # idempotent
+
+
+@needs_lan
+def test_netns_up_that_fails_half_way_removes_what_it_built(lan_prefix):
+    res = netns("up", "2", "notarate", "--prefix", lan_prefix, check=False)
+    assert res.returncode != 0 and "removing what it built" in res.stderr
+    assert namespaces(lan_prefix) == []
+    assert not Path(f"/run/rudra_zmq_lan/{lan_prefix}.ns").exists()
+
+
+@needs_lan
+def test_table1_quick_reports_seconds_per_epoch_and_root_ingress_and_cleans_up(tmp_path):
+    names = ["base-hardsync", "base-softsync", "adv-softsync"] + (
+        ["advstar-softsync"] if advstar_available() else [])
+    recs, pid = run_json("bench/lan/table1.py", "--quick", "--cases", *names,
+                         "--csv", str(tmp_path / "t1.csv"), "--png", str(tmp_path / "t1.png"))
+    cases = [r for r in recs if r["type"] == "case"]
+    assert [c["case"] for c in cases] == names
+    for c in cases:
+        assert c["learners"] == 4 and c["hosts"] == 2 and len(c["epoch_s"]) == 2
+        assert c["s_per_epoch"] > 0 and c["grads_total"] == 2 * c["epoch_gradients"]
+        assert c["root_grad_bytes_total"] == c["numel"] * 4 * c["root_grad_msgs_total"]
+        assert c["root_rx_bytes_per_epoch"] >= c["numel"] * 4   # at least one model's worth
+    assert cases[0]["mean_sigma"] == 0   # hardsync
+    order = [r for r in recs if r["type"] == "note" and "order" in r]
+    assert len(order) == 1 and set(order[0]["order"].split(" > ")) == {c["case"] for c in cases}
+    assert len(csv_rows(tmp_path / "t1.csv")) == len(names)
+    assert (tmp_path / "t1.png").read_bytes()[:8] == PNG_MAGIC
+    assert namespaces(f"rzt{pid % 1_000_000}") == []
+
+
+@needs_lan
+def test_table1_interrupted_by_ctrl_c_leaves_no_namespace_or_process():
+    proc = subprocess.Popen([sys.executable, str(ROOT / "bench/lan/table1.py"), "--quick",
+                             "--epochs", "200", "--cases", "base-hardsync"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    prefix = f"rzt{proc.pid % 1_000_000}"
+    pids = set()
+    try:
+        deadline = time.monotonic() + 60   # wait until learners run on both learner hosts
+        while len(pids) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+            pids = {int(p) for ns in namespaces(prefix) for p in subprocess.run(
+                ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()}
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert namespaces(prefix) == []
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]   # PS and learners gone
