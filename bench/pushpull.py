@@ -97,11 +97,11 @@ def initial_weights(n):
 
 
 def part_floats(n, chunk_mib, stream_parts):
-    """Floats per part of a streamed WEIGHTS reply, as ``ParameterServer.part_floats`` computes
-    it (breakdown() checks the two agree); >= n means the reply is not streamed."""
-    if stream_parts == 1:
-        return n
-    return min(max(-(-n // stream_parts), (1 << 20) // 4), (chunk_mib << 20) // 4)
+    """Floats per part of a streamed WEIGHTS reply, as the PS computes it; >= n means the reply
+    is not streamed."""
+    from rudra_zmq.roles.ps import stream_part_floats
+
+    return stream_part_floats(n, chunk_mib << 20, stream_parts)
 
 
 def weights_messages(kind, seq, ts, inc, w, chunk_bytes, pf, **fields):

@@ -155,6 +155,14 @@ def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
     assert ps.done and ps.stopped == {0, 1}
 
 
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Stream in parts of 1 MiB (default 4 MiB), so a 2.4 MiB test model is streamed."""
+    import rudra_zmq.roles.ps as ps_mod
+
+    monkeypatch.setattr(ps_mod, "STREAM_MIN_PART_BYTES", 1 << 20)
+
+
 def _synthetic_ps(ctx, n, *overrides):
     cfg = small_config("sync.learners=2", *overrides)
     rng = np.random.default_rng(1)
@@ -173,8 +181,10 @@ def _kinds_until_weights(learner):
 
 
 @pytest.mark.parametrize("protocol", ["async", "hardsync"])
-def test_weights_after_an_update_stream_in_parts_that_assemble_to_the_update(ctx, protocol):
-    """A 2.4 MiB model with stream_parts=8 goes out as 1 MiB parts (WPART, WPART, WEIGHTS) to
+def test_weights_after_an_update_stream_in_parts_that_assemble_to_the_update(ctx, protocol,
+                                                                          small_parts):
+    """A 2.4 MiB model with stream_parts=8 goes out as 1 MiB parts (the minimum part size,
+    lowered from 4 MiB for the test) (WPART, WPART, WEIGHTS) to
     the sender and to every parked learner; the parts join into exactly the updated weights."""
     n = 600_000
     cfg, ps, w0 = _synthetic_ps(ctx, n, f"sync.protocol={protocol}", "runtime.stream_parts=8")
@@ -202,7 +212,7 @@ def test_weights_after_an_update_stream_in_parts_that_assemble_to_the_update(ctx
     assert not errors
 
 
-def test_stream_parts_1_sends_one_weights_message(ctx):
+def test_stream_parts_1_sends_one_weights_message(ctx, small_parts):
     n = 600_000
     _, ps, _ = _synthetic_ps(ctx, n, "sync.protocol=async", "runtime.stream_parts=1")
     with running(ps) as errors:
@@ -215,7 +225,7 @@ def test_stream_parts_1_sends_one_weights_message(ctx):
     assert not errors
 
 
-def test_a_channel_receives_a_streamed_reply_as_one_validated_message(ctx):
+def test_a_channel_receives_a_streamed_reply_as_one_validated_message(ctx, small_parts):
     from rudra_zmq import transport
 
     n = 600_000
@@ -230,3 +240,14 @@ def test_a_channel_receives_a_streamed_reply_as_one_validated_message(ctx):
         np.testing.assert_array_equal(np.concatenate(reply.payloads), ps.w)
         ch.close()
     assert not errors
+
+
+def test_stream_part_sizes_respect_the_minimum_the_chunk_and_the_count():
+    from rudra_zmq.roles.ps import STREAM_MIN_PART_BYTES, stream_part_floats
+
+    lo = STREAM_MIN_PART_BYTES // 4
+    assert stream_part_floats(10_000_000, 8 << 20, 8) == 1_250_000      # 8 parts of 4.8 MiB
+    assert stream_part_floats(10_000_000, 2 << 20, 8) == (2 << 20) // 4  # capped by the chunk
+    assert stream_part_floats(1_000_000, 8 << 20, 8) == 1_000_000        # < 2 parts: off
+    assert stream_part_floats(3 * lo, 64 << 20, 8) == lo                 # at least the minimum
+    assert stream_part_floats(10_000_000, 8 << 20, 1) == 10_000_000      # 1 = off

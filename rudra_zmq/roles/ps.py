@@ -60,6 +60,21 @@ def initial_model(cfg):
     return flat.weights.copy(), segments, flat.signature, shape
 
 
+# Streamed replies use parts of at least this size: smaller parts cost more per-message work
+# than the overlap saves (bench/RESULTS.md: at 1M parameters, 1 MiB parts were no faster).
+STREAM_MIN_PART_BYTES = 4 << 20
+
+
+def stream_part_floats(numel: int, chunk_bytes: int, stream_parts: int) -> int:
+    """Floats per part of a streamed WEIGHTS reply: at most ``stream_parts`` parts, each at
+    least STREAM_MIN_PART_BYTES and at most a chunk; ``numel`` (no streaming) for
+    ``stream_parts == 1`` or a model that fits in one part. Pure; thread-safe."""
+    if stream_parts <= 1:
+        return numel
+    part = max(-(-numel // stream_parts), STREAM_MIN_PART_BYTES // 4)
+    return min(part, max(1, chunk_bytes // 4), numel)
+
+
 class ParameterServer:
     """A parameter server bound at ``bind``; ``serve_forever()`` runs it in the calling thread.
 
@@ -103,14 +118,8 @@ class ParameterServer:
             s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
             n=s.n, batch_size=s.batch_size, epoch_size=dataset_size(cfg.data))
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        # Streamed replies: parts of at least 1 MiB (smaller frames move slower), at most a
-        # chunk, and at most runtime.stream_parts of them; a model that fits one part is not
-        # streamed (part_floats >= numel).
-        self.part_floats = min(max((self.numel + cfg.runtime.stream_parts - 1)
-                                   // cfg.runtime.stream_parts, (1 << 20) // 4),
-                               self.chunk_bytes // 4)
-        if cfg.runtime.stream_parts == 1:
-            self.part_floats = self.numel
+        self.part_floats = stream_part_floats(self.numel, self.chunk_bytes,
+                                              cfg.runtime.stream_parts)
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER, hwm=max(64, 4 * s.learners))
