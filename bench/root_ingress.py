@@ -65,7 +65,7 @@ def window(ps: dict, warmup: int) -> dict:
 def run_case(arch: str, protocol: str, a, workdir: str) -> dict:
     c = a.learners // SOFTSYNC_N if protocol == "softsync" else a.learners
     ov = sr.overrides(arch, protocol, a.learners, (a.warmup_updates + a.timed_updates) * c,
-                      softsync_n=SOFTSYNC_N, fanout=a.fanout, depth=DEPTH)
+                      softsync_n=SOFTSYNC_N, fanout=a.fanout, depth=DEPTH, relay=a.relay)
     r = sc.run(arch, ov, params=a.params, learners=a.learners, root=sc.Host(),
                hosts=[sc.Host()], workdir=workdir)
     ps = r["ps"]
@@ -76,7 +76,10 @@ def run_case(arch: str, protocol: str, a, workdir: str) -> dict:
     procs = [ps] + r["nodes"] + r["learners"]
     steps = [lr["steps"] for p in r["learners"] for lr in p["learners"]]
     return {"bench": "root_ingress", "arch": arch, "protocol": protocol,
-            "label": f"{arch} {protocol}", "learners": a.learners, "params": a.params,
+            "label": f"{arch} {protocol}" + (" gather" if arch != "base" and a.relay == "gather"
+                                             else ""),
+            "relay": a.relay if arch != "base" else "-",
+            "learners": a.learners, "params": a.params,
             "fanout": a.fanout if arch != "base" else 1, "softsync_n": SOFTSYNC_N,
             **window(ps, a.warmup_updates),
             "root_rx_bytes_total": ps["rx_bytes"], "root_grad_bytes_total": ps["rx_grad_bytes"],
@@ -100,7 +103,7 @@ def line(r: dict, base: dict | None) -> str:
                f"{base['s_per_update']:.3f} s/upd: ingress/upd {less:.2f}x less, per gradient "
                f"{less_g:.2f}x less, time {r['s_per_update'] / base['s_per_update']:.2f}x")
     return (f"root_ingress {r['arch']:<7} {r['protocol']:<8} λ={r['learners']} "
-            f"n={common.fmt_count(r['params'])} fanout={r['fanout']}  root in "
+            f"n={common.fmt_count(r['params'])} fanout={r['fanout']} relay={r['relay']}  root in "
             f"{r['root_rx_bytes_per_update'] / MIB:8.1f} MiB/upd "
             f"({r['root_grad_msgs_per_update']:.2f} msgs, {r['grads_per_update']:.2f} grads, "
             f"{r['grads_per_root_msg']:.2f} grads/msg) out "
@@ -151,6 +154,9 @@ def main(argv=None) -> int:
     p.add_argument("--params", type=common.parse_size, default=PARAMS,
                    help=f"model size in float32 (default {PARAMS:,}; K/M/Ki/Mi accepted)")
     p.add_argument("--fanout", type=int, default=FANOUT)
+    p.add_argument("--relay", choices=("eager", "gather"), default="eager",
+                   help="architecture.relay of the tree nodes under softsync (gather: relay "
+                        "only whole subtrees)")
     p.add_argument("--archs", nargs="+", default=ARCHS, choices=sr.ARCHS)
     p.add_argument("--protocols", nargs="+", default=PROTOCOLS, choices=PROTOCOLS)
     p.add_argument("--warmup-updates", type=int, default=WARMUP_UPDATES)

@@ -92,6 +92,9 @@ class ArchitectureConfig:
     broadcast_fanout: int = 1          # advstar: members each member forwards to (1: a chain)
     relay: str = "eager"               # adv/advstar softsync: eager (relay what is pending when
     #                                    no relay is in flight) | gather (relay whole subtrees)
+    leaf_shm: bool = False             # adv/advstar: a leaf and its learners on one host trade
+    #                                    gradients and weights through /dev/shm (rudra_zmq/shm.py;
+    #                                    ipc/tcp where it is unavailable)
 
 
 @dataclass
@@ -160,6 +163,11 @@ class Config:
             if a.leaves:
                 raise ConfigError("architecture.leaves is used only by the PS tree: set "
                                   "architecture.kind=adv, or remove architecture.leaves")
+            if a.leaf_shm:
+                raise ConfigError("architecture.leaf_shm shares memory between a leaf tree node "
+                                  "and its learners; with architecture.kind=base there are no "
+                                  "leaves: set architecture.kind=adv (or advstar), or leaf_shm "
+                                  "false")
             return
         if self.optimizer.lr_policy == "per_gradient":
             raise ConfigError("optimizer.lr_policy per_gradient needs every gradient separately "

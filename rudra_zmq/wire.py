@@ -40,6 +40,17 @@ upstream credit in chunks::
             x{chunk: i, offset: o, total: n}      payload: weights[o : o + count] (float32)
     CREDIT  header s = member, x{credit: k, reset: bool}   (member -> upstream, no payload)
 
+With ``architecture.leaf_shm`` a leaf and the learners on its host trade gradients and
+weights through shared memory (``shm.py``); ZeroMQ then carries only the notifications::
+
+    HELLO     x{..., shm: token}   learner -> leaf: my gradient slots are in /dev/shm, named
+                                   from token, the leaf's id and mine (a learner may be elsewhere)
+    WELCOME   x{..., shm: token}   leaf -> learner: I mapped them; my weight board's token ("":
+                                   no board, advstar). Absent: declined, send payloads
+    PUSH, PUSHPULL  x{..., slot: 0|1}, no payload   the gradient is in that slot
+    WEIGHTS   ts, x{board: true}, no payload        copy the weights from the board (its
+                                                    version is ts or newer)
+
 A model-sized vector (gradient, weights) may be split into several payload frames, all
 float32; their counts add up to the model size. Chunks let the PS accumulate each frame as it
 is, at its offset, with no reassembly copy (see :func:`chunk`).
@@ -127,13 +138,14 @@ class Kind(enum.IntEnum):
 # Kind-specific fields: name -> allowed Python types, and whether it is required.
 _INT, _FLOAT, _STR, _BOOL, _LIST, _MAP = (int,), (int, float), (str,), (bool,), (list,), (dict,)
 KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
-    Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False)},
-    Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True)},
-    Kind.PUSH: {},
+    Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False),
+                 "shm": (_STR, False)},
+    Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True), "shm": (_STR, False)},
+    Kind.PUSH: {"slot": (_INT, False)},
     Kind.ACK: {"sigma": (_INT, False)},
     Kind.PULL: {"wait": (_BOOL, True)},
-    Kind.PUSHPULL: {"wait": (_BOOL, True)},
-    Kind.WEIGHTS: {"sigma": (_INT, False), "parts": (_INT, False)},
+    Kind.PUSHPULL: {"wait": (_BOOL, True), "slot": (_INT, False)},
+    Kind.WEIGHTS: {"sigma": (_INT, False), "parts": (_INT, False), "board": (_BOOL, False)},
     Kind.UPTODATE: {"sigma": (_INT, False)},
     Kind.STOP: {"reason": (_STR, True)},
     Kind.ERROR: {"code": (_STR, True), "error": (_STR, True)},
@@ -184,6 +196,12 @@ class Message:
     @property
     def payload_numel(self) -> int:
         return sum(int(p.shape[0]) for p in self.payloads)
+
+    @property
+    def in_shm(self) -> bool:
+        """A PUSH/PUSHPULL whose gradient is in a shared slot (x{slot}), or a WEIGHTS that says
+        to read the shared board (x{board: true}): no payload (validated)."""
+        return _in_shm(self.kind, self.fields)
 
     @property
     def clock(self) -> list[tuple[int, int]]:
@@ -245,7 +263,7 @@ _KINDS = {int(k): k for k in Kind}
 
 
 def decode(frames, *, kinds=None, numel: int | None = None,
-           learners: int | None = None) -> Message:
+           learners: int | None = None, slots: bool = False) -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
     Args:
@@ -254,6 +272,8 @@ def decode(frames, *, kinds=None, numel: int | None = None,
         numel: if given, the model size that model-sized payloads must add up to.
         learners: if given, λ: learner ids in a RELAY clock or HELLO subtree must be below it
             (and a clock may list at most λ gradients).
+        slots: accept a PUSH/PUSHPULL whose gradient is in a shared-memory slot (x{slot}, no
+            payload); only a leaf with ``architecture.leaf_shm`` does.
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
@@ -289,7 +309,10 @@ def decode(frames, *, kinds=None, numel: int | None = None,
         raise WireError("bad_header", f"field map 'x' must be a map, got {type(fields).__name__}")
     _check_fields(kind, fields)
     _check_learner_lists(kind, fields, learners)
-    payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel)
+    if "slot" in fields and not slots:
+        raise WireError("unexpected_field", f"{kind.name} x{{slot}} (a gradient in shared "
+                        "memory) goes only to a leaf that accepted it in its WELCOME")
+    payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields)
     return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
 
 
@@ -338,8 +361,17 @@ def _check_learner_lists(kind: Kind, fields: dict, learners: int | None) -> None
                         f"{what} names learner {bad[0]}, outside {span}")
 
 
-def _check_payloads(kind: Kind, descr, frames, numel):
-    lo, hi = _PAYLOAD_FRAMES[kind]
+def _in_shm(kind: Kind, fields: dict) -> bool:
+    return ((kind in (Kind.PUSH, Kind.PUSHPULL) and "slot" in fields)
+            or (kind == Kind.WEIGHTS and fields.get("board", False)))
+
+
+def _check_payloads(kind: Kind, descr, frames, numel, fields):
+    in_shm = _in_shm(kind, fields)
+    if in_shm and (fields.get("slot", 0) not in (0, 1) or fields.get("parts", 0)):
+        raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1 and a board reference "
+                                     f"has no parts, got {fields!r:.80}")
+    lo, hi = (0, 0) if in_shm else _PAYLOAD_FRAMES[kind]
     if not isinstance(descr, list) or len(descr) != len(frames):
         raise WireError("bad_payload", f"{kind.name}: header describes "
                         f"{len(descr) if isinstance(descr, list) else descr!r} payload frames "
@@ -363,7 +395,7 @@ def _check_payloads(kind: Kind, descr, frames, numel):
             raise WireError("bad_dtype", f"{kind.name}: model payloads are f4 (float32), "
                                          f"payload {i} is {d[0]}")
         out.append(np.frombuffer(buf, dtype=dtype))
-    if numel is not None and kind in _MODEL_SIZED:
+    if numel is not None and kind in _MODEL_SIZED and not in_shm:
         _check_numel(kind, sum(d[1] for d in descr), numel)
     return out
 
@@ -382,7 +414,7 @@ def assemble(parts: list, final: Message, numel: int | None = None) -> Message:
     that a model-sized reply adds up to it; raises :class:`WireError`. Thread-safe."""
     declared = final.fields.get("parts", 0) if final.kind == Kind.WEIGHTS else 0
     if not parts and not declared:
-        if numel is not None and final.kind in _MODEL_SIZED:
+        if numel is not None and final.kind in _MODEL_SIZED and not final.in_shm:
             _check_numel(final.kind, final.payload_numel, numel)
         return final
     if final.kind != Kind.WEIGHTS:

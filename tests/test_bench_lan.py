@@ -78,6 +78,20 @@ def test_root_ingress_counts_one_model_per_gradient_message_and_less_through_a_t
     assert (tmp_path / "ri.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_root_ingress_with_gathering_leaves_gets_whole_subtrees_under_softsync():
+    """architecture.relay: gather — each relay carries its leaf's 2 learners, counted at the
+    root: the root's ingress per gradient falls by exactly the fan-out factor."""
+    archs = ["adv"] + (["advstar"] if advstar_available() else [])
+    recs, _ = run_json("bench/root_ingress.py", "--quick", "--relay", "gather",
+                       "--protocols", "softsync", "--archs", *archs)
+    cases = [r for r in recs if r["type"] == "case"]
+    assert {c["arch"] for c in cases} == set(archs)
+    for c in cases:
+        assert c["relay"] == "gather" and c["fanout"] == 2
+        assert c["grads_per_root_msg"] == 2
+        assert c["root_grad_bytes_total"] == c["numel"] * 4 * c["root_grad_msgs_total"]
+
+
 # ----------------------------------------------------------------------------- emulated LAN
 def _lan_skip_reason():
     if os.geteuid() != 0:

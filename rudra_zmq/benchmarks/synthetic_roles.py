@@ -45,7 +45,7 @@ ARCHS = ("base", "adv", "advstar")
 
 def overrides(arch: str, protocol: str, learners: int, epoch_gradients: int, *, epochs: int = 1,
               softsync_n: int = 1, fanout: int = 4, depth: int = 1, chunk_mib: int = 8,
-              timeout_s: float = 120) -> list[str]:
+              timeout_s: float = 120, relay: str = "eager") -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
     out = [f"sync.protocol={protocol}", f"sync.learners={learners}", "sync.batch_size=1",
@@ -55,7 +55,8 @@ def overrides(arch: str, protocol: str, learners: int, epoch_gradients: int, *, 
            "runtime.ps_threads=1", f"runtime.chunk_mib={chunk_mib}",
            f"runtime.timeout_s={timeout_s}", f"architecture.kind={arch}"]
     if arch != "base":
-        out += [f"architecture.fanout={fanout}", f"architecture.depth={depth}"]
+        out += [f"architecture.fanout={fanout}", f"architecture.depth={depth}",
+                f"architecture.relay={relay}"]
     if protocol == "softsync":
         out.append(f"sync.n={softsync_n}")
     return out

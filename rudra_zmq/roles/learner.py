@@ -29,6 +29,13 @@ version; gradients go to the leaf tree node as PUSH::
 
 The send buffer is written only after the previous push was answered, so ZeroMQ is done
 with it; the model's own gradient buffer is free for the next backward pass at once.
+
+Shared memory with the leaf (``architecture.leaf_shm``, ``shm.py``): the learner makes two
+gradient slots in /dev/shm and offers them in its HELLO; if the leaf's WELCOME accepts, each
+push copies the gradient into the next slot (alternating; one pass instead of ZeroMQ's socket
+copies) and names it, x{slot}, with no payload, and a WEIGHTS x{board: true} reply is copied
+from the leaf's weight board (its seqlock returns no torn version). Otherwise, or if anything
+about shared memory fails, payloads as above.
 """
 from __future__ import annotations
 
@@ -102,6 +109,10 @@ class Learner:
         self.steps = 0
         self.finished = False     # the PS said STOP
         self.member = None
+        self.slots = self.board = None   # leaf_shm: ours, and the leaf's (shm.py)
+        self._slot = 0
+        if cfg.architecture.leaf_shm:
+            self._make_slots()
         if cfg.architecture.kind == "advstar":
             self._start_member(bcast)
 
@@ -124,7 +135,55 @@ class Learner:
         self._sendbuf = np.empty_like(self.flat.grads)
         self._in_flight = False
 
+    def _make_slots(self) -> None:
+        from .. import shm, topology
+
+        self._leaf = topology.plan(self.cfg).leaf_of(self.id).id
+        try:
+            self.slots = shm.GradientSlots.create(shm.new_token(), self._leaf, self.id,
+                                                  self.flat.numel)
+        except (shm.ShmUnavailable, OSError) as exc:
+            log.warning("learner %d: no shared memory with tree node %d, pushing ZeroMQ "
+                        "payloads: %s", self.id, self._leaf, exc)
+
+    def _shm_welcome(self, welcome: wire.Message) -> None:
+        """The leaf's WELCOME: keep the slots (and map its board) if it accepted them."""
+        from .. import shm
+
+        self.slots.unlink()       # the leaf has mapped them, or never will: no name to leak
+        token = welcome.fields.get("shm")
+        try:
+            if token is None:
+                raise shm.ShmUnavailable(f"tree node {self._leaf} declined (see its log)")
+            if token:
+                self.board = shm.WeightBoard.attach(token, self._leaf, self.flat.numel)
+            elif self.member is None:
+                raise shm.ShmUnavailable(f"tree node {self._leaf} has no weight board")
+        except (shm.ShmUnavailable, OSError, ValueError) as exc:
+            log.warning("learner %d: pushing ZeroMQ payloads: %s", self.id, exc)
+            self.slots.close()
+            self.slots = None
+
+    def _gradient(self) -> tuple[list, dict]:
+        """The pushed gradient as (payloads, fields): in the next shared slot, or frames."""
+        if self.slots is None:
+            return wire.chunk(self._sendbuf if self.member is not None else self.flat.grads,
+                              self.chunk_bytes), {}
+        slot, self._slot = self._slot, self._slot ^ 1
+        kernels.copy_into(self.slots.slot(slot), self.flat.grads)
+        return [], {"slot": slot}
+
     def _load(self, msg: wire.Message) -> None:
+        if msg.in_shm:
+            if self.board is None:
+                raise RuntimeError(f"learner {self.id}: tree node {self._leaf} said to read its "
+                                   "weight board, but it never offered one in its WELCOME")
+            ts = self.board.read_into(self.flat.weights, timeout_s=self.cfg.runtime.timeout_s)
+            if ts < msg.ts:
+                raise RuntimeError(f"learner {self.id}: the weight board holds version {ts}, "
+                                   f"older than the {msg.ts} tree node {self._leaf} announced")
+            self.ts = ts
+            return
         off = 0
         for part in msg.payloads:
             n = part.shape[0]
@@ -149,11 +208,11 @@ class Learner:
         if self.member is not None:
             return self._step_advstar()
         self._backward()
-        reply = self.ps.request(Kind.PUSHPULL, self.ts, wire.chunk(self.flat.grads,
-                                                                   self.chunk_bytes),
+        payloads, shared = self._gradient()
+        reply = self.ps.request(Kind.PUSHPULL, self.ts, payloads,
                                 reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
                                 numel=self.flat.numel,
-                                wait=self.cfg.sync.protocol == "hardsync")
+                                wait=self.cfg.sync.protocol == "hardsync", **shared)
         self.steps += 1
         if reply.kind == Kind.STOP:
             return False
@@ -172,8 +231,10 @@ class Learner:
             self._in_flight = False
             if reply.kind == Kind.STOP:
                 return False
-        kernels.copy_into(self._sendbuf, self.flat.grads)
-        self.ps.send(Kind.PUSH, grad_ts, wire.chunk(self._sendbuf, self.chunk_bytes))
+        if self.slots is None:
+            kernels.copy_into(self._sendbuf, self.flat.grads)
+        payloads, shared = self._gradient()
+        self.ps.send(Kind.PUSH, grad_ts, payloads, **shared)
         self._in_flight = True
         self.steps += 1
         return True
@@ -189,12 +250,15 @@ class Learner:
     def run(self, stop_event: threading.Event | None = None) -> int:
         """Say HELLO, then train until STOP (or ``stop_event``). Blocks; raises on failure."""
         try:
-            self.ps.send(Kind.HELLO, model=self.flat.signature, numel=self.flat.numel)
+            self.ps.send(Kind.HELLO, model=self.flat.signature, numel=self.flat.numel,
+                         **({"shm": self.slots.token} if self.slots is not None else {}))
             welcome = self.ps.recv({Kind.WELCOME}, numel=self.flat.numel)
             if welcome.kind == Kind.STOP:
                 self.finished = True
                 return 0
             self._load(welcome)
+            if self.slots is not None:
+                self._shm_welcome(welcome)
             if self.member is not None:
                 self._wait_for_broadcast()
             self._loss_sum, t_last, steps_last = 0.0, time.time(), 0
@@ -216,6 +280,9 @@ class Learner:
             self.close()
 
     def close(self) -> None:
+        for seg in (self.slots, self.board):
+            if seg is not None:
+                seg.close()
         if self.member is not None:  # a learner that leaves passes STOP on to its children
             self.member.close(stop_reason="training finished" if self.finished else None)
         self.ps.close()

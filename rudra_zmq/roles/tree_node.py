@@ -30,6 +30,14 @@ timestamp. PULL and PUSHPULL are refused: weights reach the learners by their br
 (``roles/broadcast.py``). A learner may hold a version newer than any reply the node has seen,
 so the node accepts any gradient timestamp >= 0 and the root checks it against its own.
 
+Shared memory (``architecture.leaf_shm``, ``shm.py``): a learner on the leaf's host says
+HELLO x{shm: token} and the leaf maps its two gradient slots; the leaf makes one weight board
+(not under advstar) and answers WELCOME x{shm: board token}. That learner then pushes
+x{slot} with no payload (the leaf sums the slot as it would a frame) and is answered WEIGHTS
+x{board: true}: the leaf publishes each new version to the board once, for all its learners.
+Whatever fails (no /dev/shm room, another host, a non-x86 CPU) leaves that learner on ZeroMQ
+payloads; the board's name is unlinked once every learner below has pushed.
+
 Copies, and why: none for weights — the parent's WEIGHTS frames are received zero-copy, kept
 as the cache (never written) and sent on to children zero-copy. Gradients are summed into one
 of two buffers; the other is the relay in flight, which ZeroMQ may still read until the parent
@@ -46,7 +54,7 @@ import time
 import numpy as np
 import zmq
 
-from .. import kernels, topology, transport, wire
+from .. import kernels, shm, topology, transport, wire
 from ..sync import ProtocolViolation, RelayClock
 from ..wire import Kind
 
@@ -103,6 +111,12 @@ class TreeNode:
         self.relays = self.gradients = self.invalid = 0
         self._seq = 0
         self._warned: set = set()
+        self.leaf_shm = cfg.architecture.leaf_shm and self.spec.is_leaf
+        self.board: shm.WeightBoard | None = None        # made at the first shm HELLO
+        self.slots: dict[int, shm.GradientSlots] = {}    # learner -> its mapped slots
+        self.by_board: set[bytes] = set()                # children whose last push was by slot
+        self._pushed: set[int] = set()                   # learners that pushed (board unlink)
+        self._no_shm: str | None = None                  # why the board could not be made
 
     @property
     def ts(self) -> int:
@@ -130,6 +144,8 @@ class TreeNode:
         (ACK for a PUSH, and for everything under advstar: no weights travel down the tree)."""
         if kind == Kind.PUSH or self.advstar:
             self._send(ident, Kind.ACK)
+        elif self.ts > child_ts and ident in self.by_board:
+            self._send(ident, Kind.WEIGHTS, board=True)  # published when the weights came
         elif self.ts > child_ts:
             self._send(ident, Kind.WEIGHTS, self.weights)
         else:
@@ -145,7 +161,8 @@ class TreeNode:
             return
         ident = bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
         try:
-            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel, learners=self.lam)
+            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel, learners=self.lam,
+                              slots=self.leaf_shm)
         except wire.WireError as exc:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
@@ -192,10 +209,41 @@ class TreeNode:
             self._asked = time.time()
         self.identities[msg.sender] = ident
         self.subtrees[msg.sender] = below
+        if self.leaf_shm and "shm" in f:
+            self._map_slots(msg.sender, f["shm"])
         if self.welcome is None:
             self.hellos.append((ident, msg.sender))
         else:
-            self._send(ident, Kind.WELCOME, self.weights, **self.welcome)
+            self._welcome(ident, msg.sender)
+
+    def _welcome(self, ident: bytes, sender: int) -> None:
+        extra = {}
+        if sender in self.slots:  # accepted: the board's token ("" under advstar: no board)
+            extra["shm"] = self.board.token if self.board is not None else ""
+        self._send(ident, Kind.WELCOME, self.weights, **self.welcome, **extra)
+
+    def _map_slots(self, learner: int, token: str) -> None:
+        """leaf_shm: map ``learner``'s gradient slots (making the board first, once). Any
+        failure leaves that learner on ZeroMQ payloads (no shm in its WELCOME)."""
+        old = self.slots.pop(learner, None)   # a learner saying HELLO again
+        if old is not None:
+            old.close()
+        try:
+            if self._no_shm is not None:
+                raise shm.ShmUnavailable(self._no_shm)
+            if self.board is None and not self.advstar:
+                try:
+                    self.board = shm.WeightBoard.create(shm.new_token(), self.id, self.numel)
+                except (shm.ShmUnavailable, OSError) as exc:
+                    self._no_shm = f"no weight board: {exc}"
+                    raise
+                if self.welcome is not None:
+                    self.board.publish(self.ts, self.weights)
+            self.slots[learner] = shm.GradientSlots.attach(token, self.id, learner, self.numel)
+            log.info("tree node %d: learner %d trades through shared memory", self.id, learner)
+        except (shm.ShmUnavailable, OSError, ValueError) as exc:
+            log.warning("tree node %d: learner %d stays on ZeroMQ payloads: %s", self.id,
+                        learner, exc)
 
     def _gradient(self, ident: bytes, msg: wire.Message) -> None:
         is_node = wire.node_id(msg.sender) is not None
@@ -207,13 +255,20 @@ class TreeNode:
             topology.Tree.check_clock(msg.sender, entries, self.subtrees[msg.sender])
         else:
             entries = [(msg.sender, msg.ts)]
+        parts = msg.payloads
+        if msg.in_shm:
+            if msg.sender not in self.slots:
+                raise ProtocolViolation(f"{wire.sender_name(msg.sender)} pushed from a shared-"
+                                        f"memory slot, but tree node {self.id} did not map its "
+                                        "slots (no usable HELLO x{shm}); send the payload")
+            parts = [self.slots[msg.sender].slot(msg.fields["slot"])]
         if self.advstar:  # the learner's version came by broadcast; the root checks it
             self.clock.timestamp = max(self.clock.timestamp, max(t for _, t in entries))
         self.clock.add(entries)                  # raises before the sum is touched
         if self._sum is None:
             self._sum, self._spare = (np.empty(self.numel, np.float32) for _ in range(2))
         off = 0
-        for part in msg.payloads:
+        for part in parts:
             n = part.shape[0]
             if self._summed:
                 kernels.accumulate(self._sum[off:off + n], part)
@@ -223,6 +278,14 @@ class TreeNode:
         self._summed += len(entries)
         self.gradients += len(entries)
         self.waiting.append((ident, msg.sender, msg.kind, msg.ts))
+        if msg.in_shm and self.board is not None:
+            self.by_board.add(ident)
+        else:
+            self.by_board.discard(ident)
+        if self.board is not None and not is_node:
+            self._pushed.add(msg.sender)
+            if self.board.owner and self._pushed >= self.spec.subtree:
+                self.board.unlink()  # every learner has mapped it or never will: no name left
 
     # ------------------------------------------------------------------ parent
     def _maybe_relay(self) -> None:
@@ -256,12 +319,16 @@ class TreeNode:
         if msg.kind == Kind.WELCOME:
             self.welcome = dict(msg.fields)
             self.weights, self.clock.timestamp = msg.payloads, msg.ts
-            for ident, _sender in self.hellos:
-                self._send(ident, Kind.WELCOME, self.weights, **self.welcome)
+            if self.board is not None:
+                self.board.publish(msg.ts, self.weights)
+            for ident, sender in self.hellos:
+                self._welcome(ident, sender)
             self.hellos = []
             return
         if msg.kind == Kind.WEIGHTS and msg.ts > self.ts:
             self.weights = msg.payloads          # zero-copy frames: never written, safe to share
+            if self.board is not None:           # before any child is told to read it
+                self.board.publish(msg.ts, self.weights)
         self.clock.answered(msg.ts if msg.kind in (Kind.WEIGHTS, Kind.ACK) else self.ts)
         for ident, _sender, kind, child_ts in self.flight:
             self._answer(ident, kind, child_ts)
@@ -323,6 +390,8 @@ class TreeNode:
                 f"{[wire.sender_name(s) for s in sorted(self.identities)]}); is a child dead?")
 
     def close(self) -> None:
+        for seg in [*self.slots.values(), *([self.board] if self.board is not None else [])]:
+            seg.close()                      # the board's creator: unlinks it if still named
         self.parent.close()
         self.sock.close(linger=transport.LINGER_MS)
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
