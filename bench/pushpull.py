@@ -99,7 +99,7 @@ def initial_weights(n):
 def part_floats(n, chunk_mib, stream_parts):
     """Floats per part of a streamed WEIGHTS reply, as the PS computes it; >= n means the reply
     is not streamed."""
-    from rudra_zmq.roles.ps import stream_part_floats
+    from rudra_zmq.update import stream_part_floats
 
     return stream_part_floats(n, chunk_mib << 20, stream_parts)
 
@@ -134,7 +134,7 @@ def ps_main(conn, stop, n, ps_threads, chunk_mib, stream_parts):
 
 # per PUSHPULL, summed over its calls: handle = all of ParameterServer.handle; push = _push
 # (engine + update, and the streamed reply's encodes/sends); next_buffer = versions.next_buffer;
-# kernel = _step_range (all parts); encode = wire.encode; send = the zmq send_multipart calls;
+# kernel = Updater.step_range (all parts); encode = wire.encode; send = the zmq send_multipart calls;
 # sends = how many messages went out (a count, not µs)
 LIVE_PIECES = ("handle", "decode", "push", "next_buffer", "kernel", "encode", "send", "sends")
 
@@ -168,7 +168,6 @@ def ps_live_main(conn, stop, n, ps_threads, chunk_mib, stream_parts):
 
     class TimedPS(ps_mod.ParameterServer):
         _push = timed("push", ps_mod.ParameterServer._push)
-        _step_range = timed("kernel", ps_mod.ParameterServer._step_range)
 
         def handle(self, frames):
             cur.clear()
@@ -184,6 +183,7 @@ def ps_live_main(conn, stop, n, ps_threads, chunk_mib, stream_parts):
     ps = TimedPS(ps_config(ps_threads, chunk_mib, stream_parts), "tcp://127.0.0.1:0",
                  model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
     ps.versions.next_buffer = timed("next_buffer", ps.versions.next_buffer)
+    ps.updater.step_range = timed("kernel", ps.updater.step_range)
     send = timed("send", ps.sock.send_multipart)
 
     def counted_send(*a, **k):
@@ -587,7 +587,7 @@ def main(argv=None):
           "the learner's copy of the received weights, outside the timed trip). live: pieces "
           "timed inside a serving PS process during "
           f"{args.live_seconds:g} s of round trips, summed per request (handle = all of "
-          "ParameterServer.handle; push = _push, including next_buffer, kernel = _step_range "
+          "ParameterServer.handle; push = _push, including next_buffer, kernel = Updater.step_range "
           "and, when the reply is streamed, its encodes and sends; send = the zmq "
           "send_multipart calls; sends = messages sent, a count). buffers = weight buffers "
           "WeightVersions allocated in all", flush=True)

@@ -158,9 +158,9 @@ def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
 @pytest.fixture
 def small_parts(monkeypatch):
     """Stream in parts of 1 MiB (default 4 MiB), so a 2.4 MiB test model is streamed."""
-    import rudra_zmq.roles.ps as ps_mod
+    import rudra_zmq.update as update_mod
 
-    monkeypatch.setattr(ps_mod, "STREAM_MIN_PART_BYTES", 1 << 20)
+    monkeypatch.setattr(update_mod, "STREAM_MIN_PART_BYTES", 1 << 20)
 
 
 def _synthetic_ps(ctx, n, *overrides):
@@ -243,7 +243,7 @@ def test_a_channel_receives_a_streamed_reply_as_one_validated_message(ctx, small
 
 
 def test_stream_part_sizes_respect_the_minimum_the_chunk_and_the_count():
-    from rudra_zmq.roles.ps import STREAM_MIN_PART_BYTES, stream_part_floats
+    from rudra_zmq.update import STREAM_MIN_PART_BYTES, stream_part_floats
 
     lo = STREAM_MIN_PART_BYTES // 4
     assert stream_part_floats(10_000_000, 8 << 20, 8) == 1_250_000      # 8 parts of 4.8 MiB

@@ -468,9 +468,9 @@ def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
 def test_a_tree_passes_a_streamed_root_reply_on_as_the_whole_update(ctx, monkeypatch):
     """A 2.4 MiB model: the root streams its reply to the leaf (WPART, WPART, WEIGHTS); the
     leaf's channel assembles it and its children get the exact update."""
-    import rudra_zmq.roles.ps as ps_mod
+    import rudra_zmq.update as update_mod
 
-    monkeypatch.setattr(ps_mod, "STREAM_MIN_PART_BYTES", 1 << 20)
+    monkeypatch.setattr(update_mod, "STREAM_MIN_PART_BYTES", 1 << 20)
     n = 600_000
     cfg = adv("sync.protocol=hardsync", "runtime.stream_parts=8")
     w0 = np.random.default_rng(3).standard_normal(n).astype(np.float32)

@@ -37,7 +37,7 @@ import numpy as np
 import zmq
 
 from .. import kernels, topology, transport, wire
-from ..versions import WeightVersions
+from ..update import Updater, stream_part_floats
 from ..sync import LRSchedule, ProtocolViolation, SyncEngine
 from ..wire import Kind
 
@@ -58,21 +58,6 @@ def initial_model(cfg):
                                  seed=cfg.model.seed))
     segments = flat.segments() if cfg.optimizer.param_multipliers else [(0, flat.numel, 1.0, 1.0)]
     return flat.weights.copy(), segments, flat.signature, shape
-
-
-# Streamed replies use parts of at least this size: smaller parts cost more per-message work
-# than the overlap saves (bench/RESULTS.md: at 1M parameters, 1 MiB parts were no faster).
-STREAM_MIN_PART_BYTES = 4 << 20
-
-
-def stream_part_floats(numel: int, chunk_bytes: int, stream_parts: int) -> int:
-    """Floats per part of a streamed WEIGHTS reply: at most ``stream_parts`` parts, each at
-    least STREAM_MIN_PART_BYTES and at most a chunk; ``numel`` (no streaming) for
-    ``stream_parts == 1`` or a model that fits in one part. Pure; thread-safe."""
-    if stream_parts <= 1:
-        return numel
-    part = max(-(-numel // stream_parts), STREAM_MIN_PART_BYTES // 4)
-    return min(part, max(1, chunk_bytes // 4), numel)
 
 
 class ParameterServer:
@@ -99,17 +84,14 @@ class ParameterServer:
             weights, segments, signature, _ = initial_model(cfg)
         else:
             weights, segments, signature = model
-        self.versions = WeightVersions(np.ascontiguousarray(weights, dtype=np.float32).copy())
-        self.numel = self.w.shape[0]
-        self.v = np.zeros_like(self.w)
-        self.acc = np.zeros_like(self.w)
-        bounds = [(a, b) for a, b, *_ in segments]
-        starts, stops = [a for a, _ in bounds], [b for _, b in bounds]
-        if starts != [0] + stops[:-1] or stops[-1] != self.numel:
-            # the update writes a fresh buffer: a gap would leave garbage in the new weights
-            raise ValueError(f"parameter segments {bounds[:4]}... must cover 0..{self.numel} "
-                             "in order without gaps")
-        self.segments = segments
+        self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        numel = int(np.asarray(weights).shape[0])
+        self.updater = Updater(weights, segments, cfg.optimizer, stream_part_floats(
+            numel, self.chunk_bytes, cfg.runtime.stream_parts))
+        # the optimizer state, by name (tests and benchmarks look at them)
+        self.numel, self.segments, self.versions = numel, segments, self.updater.versions
+        self.v, self.acc, self.part_floats = (self.updater.v, self.updater.acc,
+                                              self.updater.part_floats)
         self.signature = signature
         self.inc = secrets.randbits(62) + 1
         s, o = cfg.sync, cfg.optimizer
@@ -117,9 +99,6 @@ class ParameterServer:
         self.engine = SyncEngine(
             s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
             n=s.n, batch_size=s.batch_size, epoch_size=dataset_size(cfg.data))
-        self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        self.part_floats = stream_part_floats(self.numel, self.chunk_bytes,
-                                              cfg.runtime.stream_parts)
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER, hwm=max(64, 4 * s.learners))
@@ -176,9 +155,8 @@ class ParameterServer:
 
     @property
     def w(self) -> np.ndarray:
-        """The current weights. Never written again (the next update writes another buffer),
-        so they are safe to send zero-copy; do not modify them."""
-        return self.versions.current
+        """The current weights (never written again: safe to send zero-copy)."""
+        return self.updater.w
 
     def _weights_payload(self) -> list[np.ndarray]:
         return wire.chunk(self.w, self.chunk_bytes)
@@ -300,59 +278,25 @@ class ParameterServer:
             # received frames, no pass over acc.
             self._step(payloads, update.g_scale * scale, update.lr, zero_acc=False, to=to)
         else:
-            off = 0
-            for part in payloads:
-                n = part.shape[0]
-                if scale == 1.0:
-                    kernels.accumulate(self.acc[off:off + n], part)
-                else:
-                    kernels.accumulate_scaled(self.acc[off:off + n], part, scale)
-                off += n
+            self.updater.add(payloads, scale)
             if update is not None:
                 self._step([self.acc], update.g_scale, update.lr, zero_acc=True, to=to)
         if update is not None:
             self._after_update(update)
 
     def _step(self, sources, g_scale: float, lr: float, zero_acc: bool, to=()) -> None:
-        """Apply one update from gradient ``sources`` (contiguous pieces covering the model):
-        the new weights go to a free buffer, which then becomes the current version. With
-        ``to`` ((routing id, reply fields) pairs), the new weights are computed part by part
-        and each part is sent to them as soon as it is final (WPART..., then WEIGHTS), so
-        ZeroMQ moves part i while the kernel computes part i+1."""
-        w, out = self.w, self.versions.next_buffer()
-        step = self.part_floats if to else self.numel
-        parts = range(0, self.numel, step)
-        for lo in parts:
-            hi = min(lo + step, self.numel)
-            self._step_range(sources, w, out, lo, hi, g_scale, lr, zero_acc)
+        """Apply one update (``Updater.step``). With ``to`` ((routing id, reply fields)
+        pairs), the new weights are computed part by part and each part is sent to them as
+        soon as it is final (WPART..., then WEIGHTS), so ZeroMQ moves part i while the kernel
+        computes part i+1."""
+        def send_part(lo, hi, out, last, n_parts):
             for ident, fields in to:
-                if hi < self.numel:
-                    self._send(ident, Kind.WPART, [out[lo:hi]], offset=lo)
+                if last:
+                    self._send(ident, Kind.WEIGHTS, [out[lo:hi]], parts=n_parts - 1, **fields)
                 else:
-                    self._send(ident, Kind.WEIGHTS, [out[lo:hi]], parts=len(parts) - 1,
-                               **fields)
-        self.versions.publish(out)
+                    self._send(ident, Kind.WPART, [out[lo:hi]], offset=lo)
 
-    def _step_range(self, sources, w, out, lo, hi, g_scale, lr, zero_acc) -> None:
-        """The update of weights [lo, hi): every source piece and parameter segment in it."""
-        o = self.cfg.optimizer
-        off = 0
-        for src in sources:
-            end = off + src.shape[0]
-            if end > lo and off < hi:
-                for start, stop, lr_mult, decay_mult in self.segments:
-                    a, b = max(start, off, lo), min(stop, end, hi)
-                    if a >= b:
-                        continue
-                    g = src[a - off:b - off]
-                    if o.momentum:
-                        kernels.sgd_momentum_step(w[a:b], self.v[a:b], g, lr * lr_mult,
-                                                  o.momentum, o.weight_decay * decay_mult,
-                                                  g_scale, zero_acc, out=out[a:b])
-                    else:
-                        kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
-                                         g_scale, zero_acc, out=out[a:b])
-            off = end
+        self.updater.step(sources, g_scale, lr, zero_acc, send_part if to else None)
 
     def _after_update(self, update) -> None:
         now = time.time()
