@@ -84,6 +84,25 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
+def _follow_launcher() -> None:
+    """Under ``rudra-zmq run`` (``RUDRA_ZMQ_LAUNCHER_PID`` set), ask Linux to send this role
+    SIGTERM when the launcher dies, even by SIGKILL, so no role outlives it (its SIGTERM
+    handling then closes sockets cleanly). A no-op elsewhere. Does not block."""
+    want = os.environ.get("RUDRA_ZMQ_LAUNCHER_PID")
+    if not want or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return
+    if str(os.getppid()) != want:      # the launcher died before prctl took effect
+        raise KeyboardInterrupt(signal.SIGTERM)
+
+
 def _serve(role_module: str, threads: int, torch_too: bool, call):
     """Prepare this process for a role and run ``call(module)``; blocks until it returns.
 
@@ -98,6 +117,7 @@ def _serve(role_module: str, threads: int, torch_too: bool, call):
     module = importlib.import_module(f"rudra_zmq.roles.{role_module}")
     _set_threads(threads, torch_too=torch_too)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _follow_launcher()
     try:
         return call(module)
     finally:

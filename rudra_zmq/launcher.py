@@ -199,7 +199,9 @@ def role_env(cfg, role: str) -> dict[str, str]:
     threads = {"learner": learner_threads(cfg), "ps": ps}.get(role, 1)
     env = dict(os.environ)
     env.update(MALLOC_ENV, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads))
+               MKL_NUM_THREADS=str(threads),
+               # each role asks to be sent SIGTERM if this launcher dies (cli._follow_launcher)
+               RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()))
     if busy + ps > cores:
         # Oversubscribed: OpenMP threads that spin while waiting steal the cores other
         # processes compute on (2 learners x 2 threads on 2 cores: 0.49x; passive: 1.15x).

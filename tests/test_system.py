@@ -107,3 +107,48 @@ def test_a_learner_that_dies_stops_the_run_with_a_clear_message(tmp_path):
     rc, out, _ = kill_during_training(cmd, run_dir, third_of_four_learners, cwd=ROOT)
     assert rc == 1, out
     assert "exited with code -9 (SIGKILL)" in out and "learner" in out
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for its new parent to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_launcher_leaves_no_role_running(tmp_path):
+    """SIGKILL cannot be caught, so the launcher cannot stop its roles: each role asked Linux
+    to SIGTERM it when the launcher dies, and exits."""
+    import os
+    import signal
+    import time
+
+    run_dir = tmp_path / "orphans"
+    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml"),
+           "--run-dir", str(run_dir), "--set", "train.epochs=1000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    pids = []
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            time.sleep(0.5)
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() and '"update"' in metrics.read_text():
+                pids = [e["pid"] for e in json.loads((run_dir / "processes.json").read_text())]
+                break
+        assert pids, "the run never started training"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.time() + 30
+        while time.time() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "roles outlived their launcher"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
