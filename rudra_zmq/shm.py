@@ -120,11 +120,11 @@ def _pid_ns() -> int:
         return 0
 
 
-def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink rudra_zmq segments whose creator process is gone; returns their names. Keeps one
-    whose creator runs (same pid and start time: a reused pid does not count), one without a
-    header yet (being created), one from another pid namespace (another container sharing
-    /dev/shm). Blocks briefly (a listing, 64 bytes read each); thread-safe; allocates little."""
+def stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
+    """Names of rudra_zmq segments whose creator process is gone (same pid and start time:
+    a reused pid does not count). Leaves out one without a header yet (being created) and one
+    from another pid namespace (another container sharing /dev/shm). Unlinks nothing; blocks
+    briefly (a listing, 64 bytes read each); thread-safe."""
     me = _pid_ns()
     if not me or _start_time(os.getpid()) is None:   # no /proc: cannot tell who is alive
         return []
@@ -134,15 +134,19 @@ def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
         return []
     gone = []
     for name in names:
-        path = os.path.join(shm_dir, name)
         try:
-            with open(path, "rb") as f:
+            with open(os.path.join(shm_dir, name), "rb") as f:
                 magic, _, _, pid, start, ns, _ = _HEADER.unpack(f.read(_HEADER.size))
         except (OSError, struct.error):
             continue
-        if magic == MAGIC and ns == me and _start_time(pid) != start and _unlink(path):
+        if magic == MAGIC and ns == me and _start_time(pid) != start:
             gone.append(name)
     return gone
+
+
+def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink the segments ``stale_segments`` names; returns those it removed. Thread-safe."""
+    return [n for n in stale_segments(shm_dir) if _unlink(os.path.join(shm_dir, n))]
 
 
 @atexit.register

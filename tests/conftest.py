@@ -4,3 +4,16 @@ import sys
 # Keep the test oracles importable as `oracles` and never oversubscribe the 2-core CI box.
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+import pytest  # noqa: E402
+import zmq  # noqa: E402
+
+
+@pytest.fixture
+def ctx():
+    """A ZeroMQ context for one test; destroyed with linger 0, which closes any socket a
+    failed test left open, so teardown cannot hang."""
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)

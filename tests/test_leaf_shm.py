@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-import zmq
 
 from cluster import FakeLearner, running, small_config
 from rudra_zmq import shm, wire
@@ -22,15 +21,22 @@ from test_system import DIGITS, ROOT, rudra_run
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def ours() -> set[str]:
     return {n for n in os.listdir(shm.SHM_DIR) if n.startswith(shm.PREFIX)}
+
+
+def leaked(before: set[str]) -> set[str]:
+    """Segments that appeared since ``before`` and were created by this process or outlived
+    their creator (those of other live processes, e.g. a concurrent test run, are not ours)."""
+    mine = set()
+    for name in ours() - before:
+        try:
+            with open(os.path.join(shm.SHM_DIR, name), "rb") as f:
+                if shm._HEADER.unpack(f.read(shm._HEADER.size))[3] == os.getpid():
+                    mine.add(name)
+        except (OSError, ValueError):
+            continue
+    return mine | (set(shm.stale_segments()) - before)
 
 
 def tree_config(*overrides, depth=1):
@@ -141,7 +147,7 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
             l.close()
         plain.close()
     assert not any(errors)
-    assert ours() <= before, "segments left behind"
+    assert not leaked(before), "segments left behind"
 
 
 def test_a_leaf_without_shared_memory_keeps_its_learners_on_payloads(ctx, monkeypatch):
@@ -184,37 +190,33 @@ def test_hardsync_runs_give_the_same_weights_with_and_without_leaf_shm(tmp_path)
     w_ipc, w_shm = np.load(ipc / "weights.npy"), np.load(shared / "weights.npy")
     rel = np.linalg.norm(w_shm - w_ipc) / np.linalg.norm(w_ipc)
     assert rel <= 1e-5, f"relative difference {rel:.2e}"
-    assert ours() <= before, "segments left behind"
+    assert not leaked(before), "segments left behind"
+
+
+def _train_with_leaf_shm(tmp_path, config: str, epochs: int, max_error: float):
+    """Run a quickstart config with leaf_shm through `rudra-zmq run`: every learner must use
+    shared memory (none falls back), the run must learn, and no segment may be left."""
+    before = ours()
+    run_dir, _ = rudra_run(tmp_path, config, ["architecture.leaf_shm=true",
+                                              f"train.epochs={epochs}", "runtime.timeout_s=60"],
+                           config=ROOT / f"configs/{config}.yaml", timeout=280)
+    logs = "".join(p.read_text() for p in run_dir.glob("logs/*.log"))
+    assert logs.count("trades through shared memory") == 4, logs[-3000:]
+    assert "ZeroMQ payloads" not in logs, logs[-3000:]
+    evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+             if r["type"] == "eval"]
+    print(f"{config} with leaf_shm: test error {[round(e['test_error'], 3) for e in evals]}")
+    assert evals[0]["test_error"] > 0.8 and evals[-1]["test_error"] <= max_error, evals
+    assert not leaked(before), "segments left behind"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quickstart_adv_trains_with_leaf_shm(tmp_path):
-    before = ours()
-    run_dir, _ = rudra_run(tmp_path, "adv", ["architecture.leaf_shm=true", "train.epochs=3",
-                                               "runtime.timeout_s=60"],
-                             config=ROOT / "configs/quickstart_adv.yaml", timeout=280)
-    logs = "".join(p.read_text() for p in run_dir.glob("logs/*.log"))
-    assert logs.count("trades through shared memory") == 4, logs[-3000:]
-    assert "ZeroMQ payloads" not in logs, logs[-3000:]
-    evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-             if r["type"] == "eval"]
-    print(f"quickstart_adv with leaf_shm: test error {[round(e['test_error'], 3) for e in evals]}")
-    assert evals[0]["test_error"] > 0.8 and evals[-1]["test_error"] <= 0.25, evals
-    assert ours() <= before, "segments left behind"
+    _train_with_leaf_shm(tmp_path, "quickstart_adv", epochs=3, max_error=0.25)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quickstart_advstar_pushes_through_slots_with_leaf_shm(tmp_path):
-    before = ours()
-    run_dir, _ = rudra_run(tmp_path, "advstar", ["architecture.leaf_shm=true", "train.epochs=2",
-                                                 "runtime.timeout_s=60"],
-                           config=ROOT / "configs/quickstart_advstar.yaml", timeout=280)
-    logs = "".join(p.read_text() for p in run_dir.glob("logs/*.log"))
-    assert logs.count("trades through shared memory") == 4, logs[-3000:]
-    assert "ZeroMQ payloads" not in logs, logs[-3000:]
-    evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-             if r["type"] == "eval"]
-    assert evals[0]["test_error"] > 0.8 and evals[-1]["test_error"] <= 0.3, evals
-    assert ours() <= before, "segments left behind"
+    _train_with_leaf_shm(tmp_path, "quickstart_advstar", epochs=2, max_error=0.3)

@@ -1,20 +1,12 @@
 """The parameter server against hand-driven fake learners (real ZeroMQ sockets)."""
 import numpy as np
 import pytest
-import zmq
 
 import oracles
 from cluster import FakeLearner, running, small_config
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq import wire
 from rudra_zmq.wire import Kind
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)  # closes any socket a failed test left open, so teardown cannot hang
 
 
 def make_ps(ctx, *overrides):

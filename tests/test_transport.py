@@ -10,13 +10,6 @@ from rudra_zmq.wire import Kind
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def test_a_silent_server_is_a_timeout_error_naming_it(ctx):
     server = ctx.socket(zmq.ROUTER)
     port = server.bind_to_random_port("tcp://127.0.0.1")

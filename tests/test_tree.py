@@ -19,13 +19,6 @@ pytestmark = pytest.mark.timeout(60)
 SIG, NUMEL = "feedface", 12
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def adv(*overrides, learners=4, fanout=2, depth=1):
     return small_config("architecture.kind=adv", f"architecture.fanout={fanout}",
                         f"architecture.depth={depth}", f"sync.learners={learners}", *overrides)
