@@ -63,7 +63,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -71,16 +70,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from . import config as config_mod
 from . import topology, transport
+from .children import Child, accepting, echo_lines, kill_tree, tail
 from .config import ConfigError
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
-LOG_TAIL_LINES = 20
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
 # message, MEASURED.md); these make it reuse heap memory instead, from process start.
@@ -96,27 +93,6 @@ def _role_command(role: str, args: list[str]) -> list[str]:
     A module-level function so that tests can replace the real roles with small fakes.
     """
     return [sys.executable, "-m", "rudra_zmq", role, *args]
-
-
-@dataclass
-class Child:
-    label: str               # stats | data | ps | learner3 | learner0-3
-    role: str                # stats | data | ps | learner
-    command: list[str]
-    log: Path
-    proc: subprocess.Popen
-    echo: threading.Thread | None = None
-    last_line: str = ""      # the last stdout line echoed (stats server only)
-
-    def describe_exit(self) -> str:
-        rc = self.proc.returncode
-        how = f"exited with code {rc}"
-        if rc < 0:
-            try:
-                how += f" ({signal.Signals(-rc).name})"
-            except ValueError:
-                pass
-        return f"{self.label} (pid {self.proc.pid}) {how}"
 
 
 @dataclass
@@ -232,103 +208,6 @@ def summary(plan: Plan) -> str:
 
 
 # ----------------------------------------------------------------------------- processes
-def _echo_lines(pipe, log_path: Path, child: "Child") -> None:
-    """Copy a child's stdout, line by line, to its log and to our stdout (progress display).
-    Runs in its own thread until the child's stdout closes."""
-    echo = True
-    with pipe, open(log_path, "a", buffering=1, errors="replace") as log:
-        for line in pipe:
-            log.write(line)
-            child.last_line = line.rstrip("\n")
-            if echo:
-                try:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                except (OSError, ValueError):  # our stdout is gone (closed pipe): keep logging
-                    echo = False
-
-
-def _tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read().splitlines()[-n:]
-    except OSError:
-        return []
-
-
-def _accepting(endpoint: str) -> bool:
-    """Whether something accepts connections on a ``tcp://`` or ``ipc://`` endpoint (a bare
-    connect and close, which a ZeroMQ socket shrugs off). Blocks at most ~0.5 s."""
-    scheme, _, where = endpoint.partition("://")
-    try:
-        if scheme == "ipc":
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(0.5)
-                s.connect(where)
-        else:
-            host, _, port = where.rpartition(":")
-            host = host.strip("[]")
-            if host in ("*", "0.0.0.0", "::", ""):
-                host = "127.0.0.1" if host != "::" else "::1"
-            socket.create_connection((host, int(port)), timeout=0.5).close()
-    except OSError:
-        return False
-    return True
-
-
-def _kill_tree(child: Child) -> None:
-    """SIGKILL the child, its descendants and its process group, and reap the child. Never
-    signals a pid that is no longer ours: psutil is asked only while the child is unreaped
-    (alive or a zombie), so its pid cannot have been reused."""
-    procs = []
-    if child.proc.poll() is None:
-        try:
-            procs = psutil.Process(child.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-        try:
-            child.proc.kill()
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _kill_group(child)
-    _wait_gone(procs, timeout=2)
-    try:
-        child.proc.wait(timeout=2)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL not delivered
-        pass
-
-
-def _wait_gone(procs, timeout: float) -> None:
-    """Wait until ``procs`` (not our children) are gone or zombies. Orphans are reaped by
-    pid 1, which in some containers never does, so a zombie counts as gone."""
-    deadline = time.monotonic() + timeout
-    while procs and time.monotonic() < deadline:
-        alive = []
-        for p in procs:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        procs = alive
-        if procs:
-            time.sleep(0.02)
-
-
-def _kill_group(child: Child) -> None:
-    """SIGKILL whatever is left in the child's process group (its session leader's pgid is
-    its pid, and Linux does not reuse a pid that is still some group's id)."""
-    try:
-        os.killpg(child.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class Launcher:
     """Starts and supervises the processes of one run. Use once, from one thread."""
 
@@ -365,7 +244,7 @@ class Launcher:
         child = Child(label, role, command, log_path, proc)
         self.children.append(child)
         if role == "stats":
-            child.echo = threading.Thread(target=_echo_lines, name="stats-echo", daemon=True,
+            child.echo = threading.Thread(target=echo_lines, name="stats-echo", daemon=True,
                                           args=(proc.stdout, log_path, child))
             child.echo.start()
         self._write_processes()
@@ -456,7 +335,7 @@ class Launcher:
                     self._report(c, early=c.proc.returncode == 0)
                     self.stop_all()
                     return 1
-            pending = [c for c in pending if not _accepting(self.plan.endpoints[c.label])]
+            pending = [c for c in pending if not accepting(self.plan.endpoints[c.label])]
             if pending and time.monotonic() > deadline:
                 c = pending[0]
                 print(f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting connections "
@@ -480,10 +359,10 @@ class Launcher:
         self._print_tail(child)
 
     def _print_tail(self, child: Child) -> None:
-        tail = _tail(child.log)
-        if tail:
-            print(f"--- last {len(tail)} lines of {child.log}:", file=sys.stderr)
-            for line in tail:
+        lines = tail(child.log)
+        if lines:
+            print(f"--- last {len(lines)} lines of {child.log}:", file=sys.stderr)
+            for line in lines:
                 print(f"    {line}", file=sys.stderr)
 
     def supervise(self) -> int:
@@ -565,7 +444,7 @@ class Launcher:
         """SIGKILL anything of ours still alive, grandchildren included, and reap. Idempotent;
         safe to call from ``finally``."""
         for c in self.children:
-            _kill_tree(c)
+            kill_tree(c)
             if c.echo is not None:  # it closes the pipe at EOF, which the kills ensure
                 c.echo.join(timeout=2)
 
