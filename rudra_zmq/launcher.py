@@ -58,34 +58,21 @@ ends, stop the data server with Ctrl-C.
 """
 from __future__ import annotations
 
-import datetime
 import json
-import math
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from . import config as config_mod
-from . import topology, transport
+from . import topology
 from .children import Child, accepting, echo_lines, kill_tree, tail
-from .config import ConfigError
+from .run_plan import Plan, endpoints, learner_groups, make_run_dir, role_env, summary
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
-
-# glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
-# message, MEASURED.md); these make it reuse heap memory instead, from process start.
-MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_MAX_": "0",
-              "MALLOC_TRIM_THRESHOLD_": "2147483647"}
-
-_IPC_PATH_MAX = 107          # sun_path is 108 bytes on Linux, including the NUL
-
 
 def _role_command(role: str, args: list[str]) -> list[str]:
     """The command line that starts ``role`` (stats | data | ps | learner) with ``args``.
@@ -93,118 +80,6 @@ def _role_command(role: str, args: list[str]) -> list[str]:
     A module-level function so that tests can replace the real roles with small fakes.
     """
     return [sys.executable, "-m", "rudra_zmq", role, *args]
-
-
-@dataclass
-class Plan:
-    """What :func:`run` will start: the config, the run directory, the endpoints of the
-    servers (ps, data, stats) and the learner ids of each learner process."""
-    cfg: config_mod.Config
-    run_dir: Path
-    endpoints: dict[str, str]        # by label: ps, data, stats, node0, node1, ...
-    learner_groups: list[list[int]]
-    tree: topology.Tree | None = None  # architecture.kind adv
-
-
-# ----------------------------------------------------------------------------- planning
-def make_run_dir(cfg, run_dir=None) -> Path:
-    """Create and return the run directory (``logs/`` inside it). Without ``run_dir`` it is
-    ``runtime.run_dir/NAME-YYYYmmdd-HHMMSS``, made unique with a ``-2``, ``-3`` suffix."""
-    try:
-        if run_dir is not None:
-            path = Path(run_dir).absolute()
-            path.mkdir(parents=True, exist_ok=True)
-        else:
-            parent = Path(cfg.runtime.run_dir).absolute()
-            parent.mkdir(parents=True, exist_ok=True)
-            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-            base = f"{cfg.name}-{stamp}"
-            for i in range(1, 1000):
-                path = parent / (base if i == 1 else f"{base}-{i}")
-                try:
-                    path.mkdir()
-                    break
-                except FileExistsError:
-                    continue
-            else:
-                raise ConfigError(f"could not find a free run directory name {base}-N in "
-                                  f"{parent}")
-        (path / "logs").mkdir(exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the run directory ({exc}); set runtime.run_dir "
-                          "or --run-dir to a writable folder") from None
-    return path
-
-
-def endpoints(cfg, run_dir: Path) -> dict[str, str]:
-    """Endpoints for ps, data and stats: free tcp ports on runtime.host, or ipc sockets in
-    the run directory when runtime.transport is ipc."""
-    if cfg.runtime.transport == "ipc":
-        eps = {role: f"ipc://{run_dir}/{role}.sock" for role in ("ps", "data", "stats")}
-        longest = max(eps.values(), key=len)
-        if len(longest) - len("ipc://") > _IPC_PATH_MAX:
-            raise ConfigError(f"the ipc socket path {longest[6:]!r} is longer than "
-                              f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
-                              "shorter runtime.run_dir or --run-dir, or runtime.transport=tcp")
-        return eps
-    try:
-        return {role: transport.free_tcp_endpoint(cfg.runtime.host)
-                for role in ("ps", "data", "stats")}
-    except OSError as exc:
-        raise ConfigError(f"runtime.host {cfg.runtime.host!r}: cannot bind a port there "
-                          f"({exc}); use an address of this machine") from None
-
-
-def learner_groups(cfg) -> list[list[int]]:
-    """Learner ids per process: ceil(λ / runtime.learners_per_process) contiguous groups."""
-    n, k = cfg.sync.learners, cfg.runtime.learners_per_process
-    return [list(range(i * k, min((i + 1) * k, n))) for i in range(math.ceil(n / k))]
-
-
-def role_env(cfg, role: str) -> dict[str, str]:
-    """The child environment: thread counts per role, unbuffered output, malloc tuning."""
-    from .cli import learner_threads  # one definition of the thread count
-
-    cores = os.cpu_count() or 1
-    busy = cfg.sync.learners * learner_threads(cfg)
-    # The PS shares this machine with the learners: by default give its kernels the cores the
-    # learners leave (at least 1, at most 4 — memory bandwidth saturates before that). Two
-    # kernel threads on a box the learners keep busy were 1.7x slower than one and burned
-    # 1.8-3.4x the CPU per update (bench/RESULTS.md, push+pull).
-    ps = cfg.runtime.ps_threads or max(1, min(4, cores - busy))
-    threads = {"learner": learner_threads(cfg), "ps": ps}.get(role, 1)
-    env = dict(os.environ)
-    env.update(MALLOC_ENV, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads),
-               # each role asks to be sent SIGTERM if this launcher dies (cli._follow_launcher)
-               RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()))
-    if busy + ps > cores:
-        # Oversubscribed: OpenMP threads that spin while waiting steal the cores other
-        # processes compute on (2 learners x 2 threads on 2 cores: 0.49x; passive: 1.15x).
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if role == "ps":
-        env["RUDRA_ZMQ_PS_THREADS"] = str(ps)
-    return env
-
-
-def summary(plan: Plan) -> str:
-    cfg = plan.cfg
-    s = cfg.sync
-    proto = f"{s.protocol} n={s.n}" if s.protocol == "softsync" else s.protocol
-    lines = [
-        f"rudra-zmq run {cfg.name!r}: {proto}, lambda={s.learners} learners "
-        f"({len(plan.learner_groups)} processes), mu={s.batch_size} per learner",
-        f"  model {cfg.model.name}, dataset {cfg.data.dataset}, {cfg.train.epochs:g} epochs",
-        f"  run directory {plan.run_dir}",
-        "  endpoints " + ", ".join(f"{r} {ep}" for r, ep in plan.endpoints.items()
-                                   if r in ("ps", "data", "stats")),
-    ]
-    if plan.tree is not None:
-        lines += [f"  {line}, {plan.endpoints[f'node{n.id}']}"
-                  for n, line in zip(plan.tree.nodes, plan.tree.describe())]
-    if cfg.architecture.kind == "advstar":
-        lines += [f"  {line}" for line in topology.describe_broadcast(cfg)]
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- processes

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from rudra_zmq import launcher
-from rudra_zmq.config import load_config
+from rudra_zmq.config import ConfigError, load_config
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -256,7 +256,7 @@ def test_ipc_endpoints_live_in_the_run_directory(tmp_path):
     cfg = load_config(None, ["runtime.transport=ipc"])
     assert launcher.endpoints(cfg, pathlib.Path("/r")) == {
         "ps": "ipc:///r/ps.sock", "data": "ipc:///r/data.sock", "stats": "ipc:///r/stats.sock"}
-    with pytest.raises(launcher.ConfigError, match="longer than 107 bytes"):
+    with pytest.raises(ConfigError, match="longer than 107 bytes"):
         launcher.endpoints(cfg, pathlib.Path("/" + "x" * 100))
 
 
