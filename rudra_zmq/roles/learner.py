@@ -304,13 +304,20 @@ def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = N
     could hang (hardsync waits for every learner), and the launcher stops the run.
     """
     ctx = zmq.Context()
+    try:
+        return _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind)
+    finally:
+        # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is still
+        # being built, before run()'s finally closes its sockets; term() would then wait for
+        # them forever and the process would outlive the run.
+        ctx.destroy(linger=transport.LINGER_MS)
+
+
+def _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind) -> int:
     bcast = dict(zip(learner_ids, zip(bcast_upstream or [], bcast_bind or [])))
     if len(learner_ids) == 1:
-        try:
-            return Learner(cfg, learner_ids[0], ps, data, stats, ctx,
-                           bcast.get(learner_ids[0])).run()
-        finally:
-            ctx.term()
+        return Learner(cfg, learner_ids[0], ps, data, stats, ctx,
+                       bcast.get(learner_ids[0])).run()
     errors: list[BaseException] = []
     failed = threading.Event()
 
@@ -331,5 +338,4 @@ def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = N
             raise RuntimeError(f"learner thread failed: {errors[0]!r}") from errors[0]
     if errors:
         raise errors[0]
-    ctx.term()
     return 0
