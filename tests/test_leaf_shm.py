@@ -193,12 +193,13 @@ def test_hardsync_runs_give_the_same_weights_with_and_without_leaf_shm(tmp_path)
     assert not leaked(before), "segments left behind"
 
 
-def _train_with_leaf_shm(tmp_path, config: str, epochs: int, max_error: float):
+def _train_with_leaf_shm(tmp_path, config: str, epochs: int | None, max_error: float):
     """Run a quickstart config with leaf_shm through `rudra-zmq run`: every learner must use
     shared memory (none falls back), the run must learn, and no segment may be left."""
     before = ours()
-    run_dir, _ = rudra_run(tmp_path, config, ["architecture.leaf_shm=true",
-                                              f"train.epochs={epochs}", "runtime.timeout_s=60"],
+    epochs_set = [f"train.epochs={epochs}"] if epochs else []    # None: the config's own
+    run_dir, _ = rudra_run(tmp_path, config, ["architecture.leaf_shm=true", *epochs_set,
+                                              "runtime.timeout_s=60"],
                            config=ROOT / f"configs/{config}.yaml", timeout=280)
     logs = "".join(p.read_text() for p in run_dir.glob("logs/*.log"))
     # Every learner that joined traded through shared memory, none fell back. (Not "all 4":
@@ -215,10 +216,13 @@ def _train_with_leaf_shm(tmp_path, config: str, epochs: int, max_error: float):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quickstart_adv_trains_with_leaf_shm(tmp_path):
-    _train_with_leaf_shm(tmp_path, "quickstart_adv", epochs=3, max_error=0.25)
+    _train_with_leaf_shm(tmp_path, "quickstart_adv", epochs=None, max_error=0.10)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_quickstart_advstar_pushes_through_slots_with_leaf_shm(tmp_path):
-    _train_with_leaf_shm(tmp_path, "quickstart_advstar", epochs=2, max_error=0.3)
+    # advstar's stale gradients make its first epochs erratic (README, Rudra-adv*): train the
+    # config's 15 epochs and hold it to the bar of tests/test_advstar_system.py (a clean-clone
+    # CI run measured 66 % error after 2 epochs once, 23 % another time).
+    _train_with_leaf_shm(tmp_path, "quickstart_advstar", epochs=None, max_error=0.10)
