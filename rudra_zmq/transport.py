@@ -83,6 +83,21 @@ def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = 16, identity: bytes |
     return sock
 
 
+def drain(sock: zmq.Socket, handle, limit: int | None = None, copy: bool = False) -> int:
+    """Pass the messages queued on ``sock`` to ``handle(frames)``, at most ``limit`` (None: until
+    the queue is empty), received with ``copy`` (False: zero-copy ``zmq.Frame``s). Never waits
+    for a message. Returns how many it handled. Not thread-safe (the socket's owner calls it)."""
+    n = 0
+    while limit is None or n < limit:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            break
+        n += 1
+        handle(frames)
+    return n
+
+
 class Channel:
     """One DEALER connection to a server: numbered requests and validated replies.
 

@@ -151,12 +151,7 @@ class Fanout:
 
 def drain(sock: zmq.Socket, handle, copy: bool = True) -> None:
     """Pass up to _DRAIN queued messages of ``sock`` to ``handle`` (never blocks)."""
-    for _ in range(_DRAIN):
-        try:
-            frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
-        except zmq.Again:
-            return
-        handle(frames)
+    transport.drain(sock, handle, _DRAIN, copy)
 
 
 def router(ctx, bind: str, hwm: int):

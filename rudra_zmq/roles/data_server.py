@@ -230,12 +230,7 @@ class DataServer:
             while stop_event is None or not stop_event.is_set():
                 if not self.sock.poll(POLL_MS):
                     continue
-                for _ in range(DRAIN_MAX):
-                    try:
-                        frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self.handle(frames)
+                transport.drain(self.sock, self.handle, DRAIN_MAX)
         finally:
             self.close()
 

@@ -382,12 +382,8 @@ class ParameterServer:
                 if self.done and self.stopped >= set(range(self.cfg.sync.learners)):
                     break
                 if poller.poll(100):
-                    while True:  # drain what is queued before looking at clocks again
-                        try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self.handle(frames)
+                    # take everything queued before looking at clocks again
+                    transport.drain(self.sock, self.handle)
                     last_msg = time.time()
                 elif time.time() - last_msg > timeout:
                     if self.done:

@@ -211,14 +211,7 @@ class StatsServer:
     def _drain(self) -> int:
         """Take every queued message (up to DRAIN_MAX): METRICs are written at once, EVALs
         become pending. Does not block. Returns how many messages it took."""
-        taken = 0
-        while taken < DRAIN_MAX:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            taken += 1
-            self.handle(frames)
+        taken = transport.drain(self.sock, self.handle, DRAIN_MAX)
         self._maybe_flush()
         return taken
 

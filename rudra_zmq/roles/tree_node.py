@@ -357,12 +357,7 @@ class TreeNode:
                 if self.parent.sock in events:
                     self._from_parent()
                 if self.sock in events:
-                    while True:
-                        try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                        except zmq.Again:
-                            break
-                        self.handle(frames)
+                    transport.drain(self.sock, self.handle)
                     last_child = time.time()
                 self._maybe_relay()
                 self._check_time(last_child)
