@@ -118,6 +118,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _state(pid: int) -> str:
+    """A survivor's state, parent and what its main thread waits in (for the failure message)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        wchan = open(f"/proc/{pid}/wchan").read()
+        return f"state {stat[0]} ppid {stat[1]} wchan {wchan}"
+    except OSError as exc:
+        return str(exc)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_launcher_leaves_no_role_running(tmp_path):
     """SIGKILL cannot be caught, so the launcher cannot stop its roles: each role asked Linux
@@ -137,7 +147,9 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
             time.sleep(0.5)
             metrics = run_dir / "metrics.jsonl"
             if metrics.exists() and '"update"' in metrics.read_text():
-                pids = [e["pid"] for e in json.loads((run_dir / "processes.json").read_text())]
+                roles = {e["pid"]: e["role"] for e in
+                         json.loads((run_dir / "processes.json").read_text())}
+                pids = list(roles)
                 break
         assert pids, "the run never started training"
         os.kill(proc.pid, signal.SIGKILL)
@@ -145,7 +157,8 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
         deadline = time.time() + 30
         while time.time() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.2)
-        assert not [p for p in pids if _alive(p)], "roles outlived their launcher"
+        left = {roles[p]: _state(p) for p in pids if _alive(p)}
+        assert not left, f"roles outlived their launcher: {left}"
     finally:
         if proc.poll() is None:
             proc.kill()
