@@ -84,23 +84,49 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
-def _follow_launcher() -> None:
-    """Under ``rudra-zmq run`` (``RUDRA_ZMQ_LAUNCHER_PID`` set), ask Linux to send this role
-    SIGTERM when the launcher dies, even by SIGKILL, so no role outlives it (its SIGTERM
-    handling then closes sockets cleanly). A no-op elsewhere. Does not block."""
+ORPHAN_GRACE_S = 15.0   # a role's clean exit after its launcher died, before a hard exit
+
+
+def _follow_launcher(grace_s: float = ORPHAN_GRACE_S) -> None:
+    """Under ``rudra-zmq run`` (``RUDRA_ZMQ_LAUNCHER_PID`` set), make sure this role does not
+    outlive its launcher, even one killed by SIGKILL. A no-op elsewhere. Does not block.
+
+    Linux sends the role SIGTERM when the launcher dies (``PR_SET_PDEATHSIG``), so its
+    SIGTERM handling closes sockets and writes what it has. A daemon thread also watches the
+    parent pid: if the role is still alive ``grace_s`` after the launcher is gone -- its
+    cleanup is stuck somewhere, or it ignored the signal -- faulthandler writes every
+    thread's stack to the role's log (stderr) and the process exits with status 1 from a C
+    thread, which needs no GIL.
+    """
     want = os.environ.get("RUDRA_ZMQ_LAUNCHER_PID")
     if not want or not sys.platform.startswith("linux"):
         return
     import ctypes
+    import threading
 
     PR_SET_PDEATHSIG = 1
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        return
-    if str(os.getppid()) != want:      # the launcher died before prctl took effect
+        pass
+    threading.Thread(target=_exit_when_orphaned, args=(int(want), grace_s), daemon=True,
+                     name="launcher-watch").start()
+    if os.getppid() != int(want):      # the launcher died before prctl took effect
         raise KeyboardInterrupt(signal.SIGTERM)
+
+
+def _exit_when_orphaned(launcher_pid: int, grace_s: float) -> None:
+    """Thread body: poll the parent pid; once the launcher is gone, arm a hard exit."""
+    import faulthandler
+
+    while os.getppid() == launcher_pid:
+        time.sleep(0.5)
+    try:
+        faulthandler.dump_traceback_later(grace_s, exit=True, file=sys.stderr)
+    except (ValueError, OSError, AttributeError):  # stderr unusable: exit without a dump
+        time.sleep(grace_s)
+        os._exit(1)
 
 
 def _serve(role_module: str, threads: int, torch_too: bool, call):

@@ -15,14 +15,23 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import itertools
+import random
 import socket as _pysocket
+import time
 
 import zmq
 
 from . import wire
 
 LINGER_MS = 200
+# The longest a blocking wait stays inside libzmq before returning to Python. A signal sent to
+# the process (SIGTERM from the launcher, or from Linux when the launcher dies) can be
+# delivered to any thread that does not block it -- one of torch's, say -- and then the main
+# thread's poll is not interrupted: its Python handler runs only when the call returns. A
+# learner waiting out a 60 s receive timeout once outlived its SIGKILLed launcher that way.
+WAKE_MS = 250
 
 
 def tune_malloc() -> bool:
@@ -47,11 +56,73 @@ def tune_malloc() -> bool:
     return bool(ok)
 
 
+# Ports handed out by free_tcp_endpoint in this process: a launcher asks for several
+# (ps, data, stats, tree nodes) before any role binds, and the kernel may offer the same
+# free port twice in a row (CI once gave data and stats the same port).
+_handed_out: set[tuple[str, int]] = set()
+_rng = random.Random()
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections and port-0 binds (Linux default
+    32768-60999; read from /proc where it exists)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
-    """An endpoint ``tcp://host:port`` whose port was free a moment ago (for launchers)."""
+    """An endpoint ``tcp://host:port`` for a role the caller will start: the port was free a
+    moment ago, is never one this process handed out before, and lies below the kernel's
+    ephemeral range when that leaves room (10000 up to it), so no connect() on this
+    machine -- a learner's own outgoing socket, say -- can take it before the role binds.
+    Not thread-safe. Raises OSError when ``host`` is not an address of this machine."""
+    lo, _ = ephemeral_port_range()
+    if lo - 10000 >= 1000:
+        for _ in range(200):
+            port = _rng.randrange(10000, lo)
+            if (host, port) not in _handed_out and _port_is_free(host, port):
+                _handed_out.add((host, port))
+                return f"tcp://{host}:{port}"
+    for _ in range(200):   # no room below the ephemeral range: let the kernel choose
+        with _pysocket.socket(_pysocket.AF_INET, _pysocket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if (host, port) not in _handed_out:
+            _handed_out.add((host, port))
+            return f"tcp://{host}:{port}"
+    raise OSError(f"no free tcp port found on {host}")
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    """Whether a listening socket could bind ``host:port`` now. Raises OSError for an
+    address that is not this machine's (as the port-0 bind would)."""
     with _pysocket.socket(_pysocket.AF_INET, _pysocket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return f"tcp://{host}:{s.getsockname()[1]}"
+        # ZeroMQ listens with SO_REUSEADDR, so a port with only TIME_WAIT leftovers is
+        # fine for it too
+        s.setsockopt(_pysocket.SOL_SOCKET, _pysocket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return False
+            raise
+        return True
+
+
+def wait_readable(sock: zmq.Socket, timeout_ms: int) -> bool:
+    """Whether ``sock`` has a message within ``timeout_ms`` (-1: no limit). Blocks, in slices
+    of at most ``WAKE_MS`` so that signal handlers run promptly (see ``WAKE_MS``)."""
+    deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+    while True:
+        left = WAKE_MS if deadline is None else int((deadline - time.monotonic()) * 1000)
+        if sock.poll(max(0, min(WAKE_MS, left))):
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
 
 
 def bind(sock: zmq.Socket, endpoint: str) -> str:
@@ -114,8 +185,10 @@ class Channel:
         self.timeout_ms = timeout_ms
         self.sock = make_socket(ctx, zmq.DEALER, hwm=hwm, identity=f"{sender}".encode())
         # A receive timeout instead of poll() before each recv: Socket.poll builds a Poller
-        # per call, Python work on every round trip of the hot path.
-        self.sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+        # per call, Python work on every round trip of the hot path. At most WAKE_MS, so a
+        # long wait returns to Python (and its signal handlers) regularly.
+        self.sock.setsockopt(zmq.RCVTIMEO, WAKE_MS if timeout_ms < 0 else min(timeout_ms,
+                                                                               WAKE_MS))
         self.sock.connect(endpoint)
         self._seq = itertools.count(1)
         self.inc = 0  # the server incarnation we last heard from
@@ -130,10 +203,13 @@ class Channel:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
         ``ServerError`` for an ERROR reply."""
         parts = []
+        t0 = time.monotonic()
         while True:   # a streamed WEIGHTS reply comes as WPART messages, then WEIGHTS
             try:
                 frames = self.sock.recv_multipart(copy=False)
-            except zmq.Again:
+            except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
+                if self.timeout_ms < 0 or time.monotonic() - t0 < self.timeout_ms / 1000:
+                    continue
                 raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} within "
                                    f"{self.timeout_ms / 1000:g} s (is it running?)") from None
             msg = wire.decode(frames)

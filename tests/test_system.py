@@ -5,6 +5,7 @@ Each run takes ~10 s on 2 cores (mostly importing torch in every process).
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -73,11 +74,13 @@ def test_softsync_and_async_staleness_is_about_n_and_lambda(tmp_path):
     s_soft = [s for r in updates(soft)[20:] for s in r["sigmas"]]
     s_async = [s for r in updates(asyn)[20:] for s in r["sigmas"]]
     # Equal-speed learners give n(λ-1)/λ: 1.5 for 2-softsync and 3 for async with λ=4. Four
-    # learner processes on two cores are not equal-speed: only ~2 compute at once, and a clean
-    # CI run measured async <σ> = 1.47. The exact values are tested in test_sync/test_simulator;
-    # here: clearly stale, and within the bound λ+1.
-    assert 0.8 <= np.mean(s_soft) <= 2.6, np.mean(s_soft)
-    assert 1.0 <= np.mean(s_async) <= 5.0, np.mean(s_async)
+    # learner processes on two cores are not equal-speed: only ~2 compute at once, and how
+    # they interleave depends on the machine's load (clean CI runs measured async <σ> = 1.47,
+    # and 2-softsync <σ> = 0.62 once). The exact values are tested in test_sync/test_simulator;
+    # here: clearly stale (a PS that serialised its learners would give 0), and within the
+    # bound λ+1.
+    assert 0.25 <= np.mean(s_soft) <= 2.6, np.mean(s_soft)
+    assert 0.5 <= np.mean(s_async) <= 5.0, np.mean(s_async)
     assert all(r["n_grads"] == 2 for r in updates(soft))
     assert all(r["n_grads"] == 1 for r in updates(asyn))
     # the staleness-aware rate: α = α0 / max(<σ>, 1), exactly, per update
@@ -159,9 +162,66 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
             time.sleep(0.2)
         left = {roles[p]: _state(p) for p in pids if _alive(p)}
         assert not left, f"roles outlived their launcher: {left}"
+        # a role still cleaning up ORPHAN_GRACE_S after the launcher died is ended by its
+        # watchdog, which writes its stacks to its log: say so (the run passed either way)
+        for log in sorted((run_dir / "logs").glob("*.log")):
+            if "Timeout (0:" in log.read_text(errors="replace"):
+                warnings.warn(f"{log.name}: the role's cleanup was cut short by its watchdog:\n"
+                              f"{log.read_text(errors='replace')[-3000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
         for p in pids:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+_IGNORES_SIGTERM = """
+import signal, sys, time
+from rudra_zmq import cli
+signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a role whose cleanup never ends
+cli._follow_launcher(grace_s=1.0)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+_LAUNCHER = """
+import os, subprocess, sys, time
+env = dict(os.environ, RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()))
+with open(sys.argv[1], "w") as err:
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], env=env, stdout=err,
+                             stderr=err)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.timeout(60)
+def test_a_role_stuck_after_its_launcher_died_exits_and_leaves_its_stacks(tmp_path):
+    import os
+    import signal
+    import time
+
+    err = tmp_path / "role.log"
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(err), _IGNORES_SIGTERM],
+                                stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    role = int(launcher.stdout.readline())
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and "ready" not in err.read_text():
+            time.sleep(0.1)
+        assert _alive(role) and "ready" in err.read_text(), err.read_text()
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.time() + 30
+        while time.time() < deadline and _alive(role):
+            time.sleep(0.2)
+        assert not _alive(role), f"the role outlived its launcher: {_state(role)}"
+        log = err.read_text()
+        # faulthandler's dump: the main thread's stack, in the sleep on line 7
+        assert "Timeout (0:00:01)!" in log and 'File "<string>", line 7' in log, log
+    finally:
+        launcher.kill()
+        if _alive(role):
+            os.kill(role, signal.SIGKILL)

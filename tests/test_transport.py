@@ -38,3 +38,94 @@ def test_a_reply_is_validated_and_an_error_reply_raises_server_error(ctx):
     with pytest.raises(transport.ServerError, match="refused the request: nope"):
         ch.recv({Kind.UPTODATE})
     ch.close()
+
+
+def test_free_tcp_endpoints_are_distinct_and_outside_the_ephemeral_range():
+    # a launcher takes several before any role binds; the kernel once offered the same
+    # free port twice (data and stats collided in CI)
+    lo, hi = transport.ephemeral_port_range()
+    ports = [int(transport.free_tcp_endpoint().rsplit(":", 1)[1]) for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    if lo - 10000 >= 1000:
+        assert all(10000 <= p < lo for p in ports), (lo, min(ports), max(ports))
+
+
+def test_a_port_in_use_is_never_handed_out(monkeypatch):
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        # offer the taken port first, then a free one
+        offers = iter([taken, taken, 0])
+        monkeypatch.setattr(transport, "ephemeral_port_range", lambda: (65000, 65535))
+        monkeypatch.setattr(transport._rng, "randrange", lambda a, b: next(offers) or
+                            transport.random.Random().randrange(a, b))
+        ep = transport.free_tcp_endpoint()
+    assert int(ep.rsplit(":", 1)[1]) != taken
+
+
+def test_a_foreign_host_is_an_os_error():
+    with pytest.raises(OSError):
+        transport.free_tcp_endpoint("192.0.2.1")    # TEST-NET-1: never this machine's
+
+
+def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx):
+    server = ctx.socket(zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+    ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 3, timeout_ms=30_000)
+    ch.send(Kind.PULL, 0, wait=False)
+    ident, *_ = server.recv_multipart()
+    time.sleep(3 * transport.WAKE_MS / 1000)      # the client's receive wakes up meanwhile
+    server.send_multipart([ident, *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 7)])
+    assert ch.recv({Kind.UPTODATE}).kind == Kind.UPTODATE
+    ch.close()
+    ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 4, timeout_ms=3 * transport.WAKE_MS)
+    t = time.monotonic()
+    with pytest.raises(TimeoutError):
+        ch.request(Kind.PULL, 0, wait=False)
+    assert time.monotonic() - t >= 3 * transport.WAKE_MS / 1000   # the whole timeout, not a slice
+    ch.close()
+
+
+_SIGNAL_ON_ANOTHER_THREAD = """
+import signal, threading, time, zmq
+from rudra_zmq import transport
+from rudra_zmq.wire import Kind
+
+def stop(*_):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, stop)
+# a thread that may take the signal, as torch's threads do; the main thread then blocks it,
+# so Linux delivers SIGTERM to that thread and never interrupts the main thread's wait
+threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+ctx = zmq.Context()
+server = ctx.socket(zmq.ROUTER)
+port = server.bind_to_random_port("tcp://127.0.0.1")
+ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 0, timeout_ms=120_000)
+print("ready", flush=True)
+try:
+    ch.request(Kind.PULL, 0, wait=False)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+ctx.destroy(linger=0)
+"""
+
+
+def test_a_signal_taken_by_another_thread_still_ends_a_long_wait():
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SIGNAL_ON_ANOTHER_THREAD],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(1.0)                       # now inside the 120 s wait
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)  # without the wake slices: 120 s
+        assert "interrupted" in out
+    finally:
+        proc.kill()
+        proc.wait()

@@ -290,7 +290,7 @@ class DataClient:
         import torch  # here, not at module level: the data server process never needs torch
 
         self._fill()
-        if not self.sock.poll(self.timeout_ms):
+        if not transport.wait_readable(self.sock, self.timeout_ms):
             raise TimeoutError(
                 f"learner {self.learner_id}: no minibatch from the data server at "
                 f"{self.endpoint} within {self.timeout_ms / 1000:g} s (is `rudra-zmq data` "
