@@ -344,10 +344,18 @@ class StatsServer:
                     f"samples/s {rate}")
 
     def _print(self, line: str) -> None:
+        if self.out is None:
+            return
         try:
-            print(line, file=self.out, flush=True)
-        except UnicodeEncodeError:  # a terminal without UTF-8
-            print(line.replace("σ", "sigma"), file=self.out, flush=True)
+            try:
+                print(line, file=self.out, flush=True)
+            except UnicodeEncodeError:  # a terminal without UTF-8
+                print(line.replace("σ", "sigma"), file=self.out, flush=True)
+        except BrokenPipeError:
+            # the reader (the launcher, which echoes these lines) is gone: everything is in
+            # the run directory, so go on without progress lines rather than fail
+            log.warning("statistics server: progress output closed; no more progress lines")
+            self.out = None
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event: threading.Event | None = None) -> str:
