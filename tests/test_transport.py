@@ -10,11 +10,16 @@ from rudra_zmq.wire import Kind
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_a_silent_server_is_a_timeout_error_naming_it(ctx):
+def server_and_channel(ctx, sender, timeout_ms, **kw):
+    """A bound ROUTER the test answers by hand, a Channel to it, and the port."""
     server = ctx.socket(zmq.ROUTER)
     port = server.bind_to_random_port("tcp://127.0.0.1")
-    ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 0, name="parameter server",
-                           timeout_ms=200)
+    return server, transport.Channel(ctx, f"tcp://127.0.0.1:{port}", sender,
+                                     timeout_ms=timeout_ms, **kw), port
+
+
+def test_a_silent_server_is_a_timeout_error_naming_it(ctx):
+    server, ch, port = server_and_channel(ctx, 0, 200, name="parameter server")
     t = time.monotonic()
     with pytest.raises(TimeoutError, match=r"no reply from the parameter server at "
                                            rf"tcp://127.0.0.1:{port} within 0.2 s"):
@@ -24,9 +29,7 @@ def test_a_silent_server_is_a_timeout_error_naming_it(ctx):
 
 
 def test_a_reply_is_validated_and_an_error_reply_raises_server_error(ctx):
-    server = ctx.socket(zmq.ROUTER)
-    port = server.bind_to_random_port("tcp://127.0.0.1")
-    ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 3, timeout_ms=5000)
+    server, ch, _ = server_and_channel(ctx, 3, 5000)
     ch.send(Kind.PULL, 0, wait=False)
     ident, *_ = server.recv_multipart()
     server.send_multipart([ident, *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 77)])
@@ -71,9 +74,7 @@ def test_a_foreign_host_is_an_os_error():
 
 
 def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx):
-    server = ctx.socket(zmq.ROUTER)
-    port = server.bind_to_random_port("tcp://127.0.0.1")
-    ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 3, timeout_ms=30_000)
+    server, ch, port = server_and_channel(ctx, 3, 30_000)
     ch.send(Kind.PULL, 0, wait=False)
     ident, *_ = server.recv_multipart()
     time.sleep(3 * transport.WAKE_MS / 1000)      # the client's receive wakes up meanwhile
