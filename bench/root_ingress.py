@@ -165,10 +165,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="tiny run (λ=4, 10k parameters, fanout 2) to check the harness")
     common.add_output_args(p)
-    a = p.parse_args(argv)
-    if a.quick:
-        for k, v in QUICK.items():
-            setattr(a, k, v)
+    a = common.parse_with_quick(p, argv, QUICK)
     if a.warmup_updates < 1 or a.timed_updates < 3:
         p.error("--warmup-updates must be >= 1 and --timed-updates >= 3")
     if a.learners % a.fanout:

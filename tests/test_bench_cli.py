@@ -170,3 +170,21 @@ def test_a_bind_side_serves_a_connect_side_like_two_hosts(tmp_path):
         server.terminate()
         server.wait(10)
         server.stdout.close()
+
+
+def test_quick_sets_only_the_options_the_command_line_did_not_give():
+    import argparse
+
+    from rudra_zmq.benchmarks.common import parse_with_quick
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--params", type=int, default=1000)
+    p.add_argument("--quick", action="store_true")
+    quick = {"epochs": 2, "params": 10}
+    a = parse_with_quick(p, ["--quick", "--epochs", "200"], quick)
+    assert (a.epochs, a.params) == (200, 10)
+    a = parse_with_quick(p, ["--quick", "--epochs", "20"], quick)   # = the default, but given
+    assert (a.epochs, a.params) == (20, 10)
+    assert vars(parse_with_quick(p, ["--epochs", "5"], quick)) == {
+        "epochs": 5, "params": 1000, "quick": False}

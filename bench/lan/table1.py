@@ -169,7 +169,7 @@ def _interrupt(*_):
     raise KeyboardInterrupt
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=HOSTS, help="learner hosts (+1 for the root)")
@@ -183,10 +183,12 @@ def main(argv=None) -> int:
     p.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     p.add_argument("--quick", action="store_true", help="2 hosts x 2 learners, 10k, seconds")
     common.add_output_args(p)
-    a = p.parse_args(argv)
-    if a.quick:
-        for k, v in QUICK.items():
-            setattr(a, k, v)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    a = common.parse_with_quick(p, argv, QUICK)
     lam = a.hosts * a.per_host
     if a.epoch_gradients % lam:
         p.error(f"--epoch-gradients {a.epoch_gradients} must be a multiple of λ = {lam} "

@@ -17,6 +17,7 @@ The two sides of a command (``--bind``/``--connect``) are in :mod:`.sides`.
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
@@ -313,3 +314,21 @@ def write_png(path: str, rows: list[dict], x: str, panels, series: str, keep=Non
     fig.suptitle(title)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, format="png")
+
+
+_UNSET = object()
+
+
+def parse_with_quick(p: argparse.ArgumentParser, argv, quick: dict) -> argparse.Namespace:
+    """Parse ``argv`` with ``p``; with ``--quick`` (an option ``quick`` of ``p``), set the
+    options named in ``quick`` to its values unless the command line gave them, so that
+    ``--quick --epochs 200`` runs 200 epochs."""
+    a = p.parse_args(argv)
+    if a.quick:
+        # argparse fills in a default only where the namespace lacks the attribute
+        given = p.parse_args(argv, namespace=argparse.Namespace(**{k: _UNSET for k in quick}))
+        for k, v in quick.items():
+            if getattr(given, k) is _UNSET:
+                setattr(a, k, v)
+    return a
+
