@@ -214,6 +214,9 @@ def main(argv=None) -> int:
                     "not available yet", skipped="advstar-softsync")
         cases.remove("advstar-softsync")
     old = signal.signal(signal.SIGTERM, _interrupt)   # `kill` cleans up like Ctrl-C
+    # ... and SIGINT is Ctrl-C even where it was inherited ignored (a shell starts background
+    # jobs that way, and Python then installs no handler): the namespaces must go either way
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with tempfile.TemporaryDirectory(prefix="rzt-") as workdir, \
                 Lan(a.hosts + 1, a.rate) as lan:
@@ -223,6 +226,7 @@ def main(argv=None) -> int:
                 report.case(r, line(r))
     finally:
         signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGINT, old_int)
     order, ok = ordering(report.rows, CASES)
     report.note(f"measured order (slowest first): {order}; expected order "
                 f"{'reproduced' if ok else 'NOT reproduced'}", order=order, reproduced=ok)
