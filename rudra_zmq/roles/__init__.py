@@ -7,6 +7,8 @@
 - ``data_server``  the data server: serves each learner its disjoint, deterministic minibatches.
 - ``stats_server`` the statistics server: records metrics, evaluates test error off the
                    training path, writes ``metrics.jsonl``, ``summary.csv`` and plots.
+- ``stats_client`` what every role reports to the statistics server with (never blocks).
+- ``broadcast``, ``broadcast_link``  Rudra-adv*: weight versions down a tree of learners.
 
 Each role module has a ``serve(...)``-style entry point used by the CLI (``rudra-zmq ROLE``).
 """

@@ -102,7 +102,7 @@ class Learner:
                                timeout_ms=timeout_ms)
         self.stats = None
         if stats:
-            from .stats_server import StatsClient
+            from .stats_client import StatsClient
             self.stats = StatsClient(self.ctx, stats, learner_id)
         self.generator = torch.Generator().manual_seed(cfg.train.seed * 1000 + learner_id)
         self.ts = 0

@@ -108,7 +108,7 @@ class ParameterServer:
         self.endpoint = transport.bind(self.sock, bind)
         self.stats = None
         if stats:
-            from .stats_server import StatsClient
+            from .stats_client import StatsClient
             self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
         self.identities: dict[int, bytes] = {}
         # Rudra-adv: the planned tree, and the learners below each registered tree node
