@@ -131,6 +131,7 @@ def test_learner_threads_default_to_cores_over_lambda_and_at_least_one():
     assert cli.learner_threads(cfg) == 3
 
 
+@pytest.mark.timeout(90)
 def test_sigterm_stops_a_role_command_with_exit_code_143(tmp_path):
     cfg = write_config(tmp_path)
     ready = tmp_path / "ready"
@@ -152,7 +153,7 @@ def test_sigterm_stops_a_role_command_with_exit_code_143(tmp_path):
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
         proc.wait()

@@ -217,6 +217,7 @@ def test_a_stats_server_that_never_finishes_is_stopped(tmp_path, fake, monkeypat
     assert all(gone(p) for p in all_pids(tmp_path))
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, signum):
     """A real launcher process (with the fake roles), stopped like a user would."""
@@ -239,7 +240,7 @@ def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, si
             time.sleep(0.05)
         time.sleep(0.3)  # let the children get going
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=15)
+        out, err = proc.communicate(timeout=45)
     finally:
         proc.kill()
         proc.wait()

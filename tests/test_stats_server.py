@@ -56,7 +56,7 @@ def running_stats(cfg, run_dir, dataset, **kw):
     finally:
         stop.set()
         if thread is not None:
-            thread.join(timeout=8)
+            thread.join(timeout=40)   # a stopped server still draws its plots
             assert not thread.is_alive(), "statistics server thread did not stop"
         ctx.destroy(linger=0)
 
@@ -70,7 +70,7 @@ def client(ctx, endpoint, sender=wire.SENDER_PS):
         c.close(linger_ms=0)
 
 
-def finish(server, c, timeout=8.0):
+def finish(server, c, timeout=40.0):   # "done" draws the plots: >8 s seen under load
     """Send "done" and wait for the server to return by itself."""
     assert c.metric({"type": "done", "t": time.time()})
     server.thread.join(timeout)
@@ -81,7 +81,7 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def wait_for(cond, timeout=5.0):
+def wait_for(cond, timeout=20.0):
     deadline = time.time() + timeout
     while not cond():
         assert time.time() < deadline, "timed out waiting"

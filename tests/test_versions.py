@@ -21,7 +21,7 @@ def pair():
     ctx.destroy(linger=0)
 
 
-def _wait_free(versions, timeout=5.0):
+def _wait_free(versions, timeout=20.0):
     """pyzmq drops its reference from a background thread once libzmq released the message."""
     deadline = time.time() + timeout
     while time.time() < deadline:
