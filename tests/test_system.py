@@ -92,7 +92,7 @@ def test_30_softsync_with_30_learners_trains_only_with_the_staleness_aware_rate(
     """The paper's finding, through the real roles: λ = 30 learners (10 per process, to fit
     CI), 30-softsync, µ = 4, α0 = 0.02. With α0/⟨σ⟩ it trains (final 2.8-4.7 % in 3 runs
     here); with a constant α0 it does not (chance error, 90 %, in every run). ~11 s per run.
-    (With the quickstart's α0 = 0.05 even α0/⟨σ⟩ diverged in 1 of 8 runs.)"""
+    (With the quickstart's α0 = 0.05 even α0/⟨σ⟩ diverged in at least 1 of 13 runs.)"""
     base = ["sync.learners=30", "sync.n=30", "sync.batch_size=4", "train.epochs=10",
             "train.eval_every_epochs=2", "runtime.learners_per_process=10", "optimizer.lr=0.02"]
     errors = {}
