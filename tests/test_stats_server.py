@@ -222,6 +222,20 @@ def test_a_stopped_server_still_writes_what_it_has(cfg, digits, tmp_path):
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "throughput.png").is_file()
 
 
+def test_a_diverged_run_is_named_once(cfg, digits, tmp_path):
+    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
+            client(ctx, server.endpoint) as ps:
+        bad = np.full_like(server.flat.weights, np.nan)
+        ps.eval_weights(1, 0.5, bad)
+        wait_for(lambda: server.evals_done == 1)
+        ps.eval_weights(2, 1.0, bad)
+        wait_for(lambda: server.evals_done == 2)
+        assert server.out_text().count("training has diverged") == 1, server.out_text()
+        ps.eval_weights(3, 1.5, server.flat.weights.copy())   # finite again: no new warning
+        wait_for(lambda: server.evals_done == 3)
+        assert server.out_text().count("diverged") == 1
+
+
 class _ClosedPipe(io.StringIO):
     """Progress output whose reader is gone (a SIGKILLed launcher)."""
 

@@ -239,6 +239,11 @@ class StatsServer:
         self._print(f"epoch {epoch:6.2f}  ts {ts:6d}  test error "
                     f"{100 * error:5.2f}%  loss {loss:.4f}  <σ> {self._last_sigma}  "
                     f"samples/s {rate}")
+        if not math.isfinite(loss) and "diverged" not in self._warned:  # say it once
+            self._warned.add("diverged")
+            self._print(f"warning: the test loss is {loss} at epoch {epoch:.2f}: training has "
+                        "diverged and will not recover; lower optimizer.lr (with a stale "
+                        "protocol, optimizer.lr_policy=staleness)")
 
     def _print(self, line: str) -> None:
         if self.out is None:
