@@ -234,6 +234,15 @@ def test_a_diverged_run_is_named_once(cfg, digits, tmp_path):
         ps.eval_weights(3, 1.5, server.flat.weights.copy())   # finite again: no new warning
         wait_for(lambda: server.evals_done == 3)
         assert server.out_text().count("diverged") == 1
+        ps.metric({"type": "learner", "learner": 0, "t": time.time(), "step": 1,
+                   "samples_per_s": 1.0, "loss": float("inf")})
+        wait_for(lambda: server.records == 4)        # 3 evals, then this one
+    # metrics.jsonl stays strict JSON: no NaN/Infinity tokens, null instead
+    text = (tmp_path / "metrics.jsonl").read_text()
+    recs = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
+            for line in text.splitlines()]
+    assert [r["test_loss"] for r in recs if r["type"] == "eval"][:2] == [None, None]
+    assert [r["loss"] for r in recs if r["type"] == "learner"] == [None]
 
 
 class _ClosedPipe(io.StringIO):

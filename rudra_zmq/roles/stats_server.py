@@ -145,7 +145,7 @@ class StatsServer:
         rel = (t if _is_number(t) else now) - self.t0
         r = {**r, "t": round(rel, 6)}
         try:
-            line = json.dumps(r, separators=(",", ":"))
+            line = _json_line(r)
         except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
             self._refuse(f"sender {sender}", "bad_metric", f"a record JSON cannot hold: {exc}")
             return
@@ -227,7 +227,7 @@ class StatsServer:
         # self._pending may hold a newer EVAL now: it arrived during the evaluation.
         rec = {"type": "eval", "ts": ts, "t": round(arrived - self.t0, 6),
                "epoch": epoch, "test_error": error, "test_loss": loss}
-        self._write(json.dumps(rec, separators=(",", ":")))
+        self._write(_json_line(rec))
         self.evals_done += 1
         self._maybe_flush(force=True)
         # Update records come in batches (every 0.5 s from the PS) and may trail the EVAL:
@@ -313,6 +313,22 @@ class StatsServer:
             self.sock.close(linger=0)
         if self._own_ctx and not self.ctx.closed:
             self.ctx.term()
+
+
+def _json_line(rec: dict) -> str:
+    """One strict JSON line: a NaN or infinite number (a diverged loss) becomes null, since
+    JSON has no NaN and other readers (jq, pandas) refuse Python's ``NaN``."""
+    return json.dumps(_finite(rec), separators=(",", ":"), allow_nan=False)
+
+
+def _finite(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _is_number(x) -> bool:
