@@ -374,6 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="show the kernel build and library versions")
     p.set_defaults(func=cmd_info)
 
+    from .compare import add_parser as add_compare_parser
+    add_compare_parser(sub)  # rudra-zmq compare RUN_DIR ...
     from .benchmarks.cli import add_parser as add_bench_parser
     add_bench_parser(sub)   # rudra-zmq bench thr|lat|pushpull|allreduce|kernels
     return parser

@@ -113,7 +113,7 @@ def _series(records, xkey, ykey, t0=0.0):
     return np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
 
 
-def _sigma_sum(update) -> tuple[float, int]:
+def sigma_sum(update) -> tuple[float, int]:
     """(sum of per-gradient staleness, number of gradients) of one update record."""
     sigmas = update.get("sigmas")
     if isinstance(sigmas, list) and sigmas:
@@ -143,7 +143,7 @@ def summary_rows(metrics) -> list[dict]:
     for e in evals:
         total, count = 0.0, 0
         while j < len(updates) and updates[j]["ts"] <= e["ts"]:
-            s, n = _sigma_sum(updates[j])  # updates up to prev_ts were taken by earlier evals
+            s, n = sigma_sum(updates[j])  # updates up to prev_ts were taken by earlier evals
             total, count = total + s, count + n
             j += 1
         t = _num(e.get("t"))
@@ -303,6 +303,14 @@ def run_label(run_dir) -> str:
     return run_dir.resolve().name
 
 
+def run_labels(run_dirs) -> list[str]:
+    """``run_label`` of each run, with its folder name added where two runs share a label."""
+    labels = [run_label(d) for d in run_dirs]
+    dup = {lab for lab in labels if labels.count(lab) > 1}
+    return [f"{lab} ({Path(d).resolve().name})" if lab in dup else lab
+            for lab, d in zip(labels, run_dirs)]
+
+
 def compare_runs(run_dirs, out_png) -> Path | None:
     """Overlay test error vs epoch (left) and vs wall time (right) of several runs.
 
@@ -310,9 +318,7 @@ def compare_runs(run_dirs, out_png) -> Path | None:
     warning). Returns ``out_png``, or None, writing nothing, when no run has eval records.
     """
     runs = [Path(d) for d in run_dirs]
-    labels = [run_label(d) for d in runs]
-    dup = {lab for lab in labels if labels.count(lab) > 1}
-    labels = [f"{lab} ({d.resolve().name})" if lab in dup else lab for lab, d in zip(labels, runs)]
+    labels = run_labels(runs)
     fig, ax = _figure(ncols=2)
     plotted = 0
     for d, label in zip(runs, labels):

@@ -1,0 +1,58 @@
+"""`rudra-zmq compare`: the table and plot of several run directories, from what runs write."""
+import csv
+import json
+
+import pytest
+
+from rudra_zmq import cli
+
+pytestmark = pytest.mark.timeout(60)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def make_run(path, name, protocol, n, lr_policy, evals, updates):
+    """A run directory as `rudra-zmq run` leaves it: config.yaml and metrics.jsonl."""
+    path.mkdir()
+    (path / "config.yaml").write_text(
+        f"name: {name}\nsync:\n  protocol: {protocol}\n  n: {n}\n  learners: 4\n"
+        f"  batch_size: 16\noptimizer:\n  lr: 0.05\n  lr_policy: {lr_policy}\n"
+        "architecture:\n  kind: base\n")
+    recs = [{"type": "update", "t": t, "ts": ts, "sigmas": s, "mean_sigma": sum(s) / len(s),
+             "n_grads": len(s)} for t, ts, s in updates]
+    recs += [{"type": "eval", "t": t, "ts": ts, "epoch": ep, "test_error": err, "test_loss": 1.0}
+             for t, ts, ep, err in evals]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_compare_prints_a_row_per_run_and_writes_the_plot_and_csv(tmp_path, capsys):
+    a = make_run(tmp_path / "a", "quick", "softsync", 2, "staleness",
+                 evals=[(0.0, 0, 0.0, 0.9), (4.0, 2, 1.0, 0.2), (8.0, 4, 2.0, 0.3)],
+                 updates=[(1.0, 1, [0, 1]), (2.0, 2, [2, 2]), (3.0, 3, [1, 1]), (4.0, 4, [3, 1])])
+    b = make_run(tmp_path / "b", "quick", "hardsync", 1, "constant",
+                 evals=[(0.0, 0, 0.0, 0.9), (5.0, 1, 0.5, 0.5)], updates=[(5.0, 1, [0, 0, 0, 0])])
+    png, table = tmp_path / "cmp.png", tmp_path / "t.csv"
+    assert cli.main(["compare", str(a), str(b), "-o", str(png), "--csv", str(table)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["run", "protocol", "learners"]
+    # same config name twice: the folder tells them apart
+    assert out[1].startswith("quick (a)") and "softsync n=2" in out[1]
+    assert out[2].startswith("quick (b)") and "hardsync" in out[2]
+    rows = list(csv.DictReader(table.open()))
+    ra, rb = rows
+    assert float(ra["final_error"]) == 0.3 and float(ra["best_error"]) == 0.2
+    assert float(ra["mean_sigma"]) == pytest.approx(11 / 8)       # every gradient's σ, averaged
+    assert float(ra["wall_s"]) == 8.0 and float(ra["s_per_epoch"]) == 4.0
+    assert ra["lr_policy"] == "staleness" and ra["learners"] == "4" and ra["batch"] == "16"
+    assert float(rb["mean_sigma"]) == 0.0 and float(rb["s_per_epoch"]) == 10.0
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_compare_names_a_directory_that_is_not_a_run(tmp_path, capsys):
+    a = make_run(tmp_path / "a", "quick", "async", 4, "staleness",
+                 evals=[(1.0, 1, 1.0, 0.5)], updates=[(1.0, 1, [3])])
+    assert cli.main(["compare", str(a), str(tmp_path / "nope"), "-o",
+                     str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nope'}: no metrics.jsonl here" in err
+    assert not (tmp_path / "c.png").exists()        # nothing written on a bad argument
