@@ -293,6 +293,9 @@ class Launcher:
         if stats[0].last_line != final:  # the stats server usually said it already
             print(final)
         print(f"logs: {self.plan.run_dir / 'logs'}")
+        outcome = _outcome(self.plan.run_dir)
+        if outcome:
+            print(outcome)
         return 0
 
     def interrupt(self) -> int:
@@ -337,6 +340,24 @@ class Launcher:
 
 
 # ----------------------------------------------------------------------------- entry point
+def _outcome(run_dir) -> str | None:
+    """One line on how the run ended, from what it wrote (``compare.run_summary``); None
+    when it wrote no metrics (the stats server reports its own trouble)."""
+    from .compare import run_summary
+
+    try:
+        r = run_summary(run_dir)
+    except (OSError, ValueError):
+        return None
+    if r["final_error"] is None:
+        return "result: no test error was measured (train.eval_every_epochs = 0?)"
+    sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
+    return (f"result: test error {100 * r['final_error']:.2f}% (best "
+            f"{100 * r['best_error']:.2f}%) after {r['epochs']:.2f} epochs in "
+            f"{r['wall_s']:.1f} s; <σ> {sigma} over the run; `rudra-zmq compare` puts runs "
+            "side by side")
+
+
 def run(config_path, overrides=(), run_dir=None) -> int:
     """Launch a whole run on this machine; blocks until it ends. Returns the exit code: 0
     success, 1 a role failed, 130 interrupted. Raises ConfigError / FileNotFoundError (before

@@ -114,6 +114,8 @@ def test_quickstart_reaches_95_percent_test_accuracy(tmp_path):
              if '"eval"' in l]
     assert evals and evals[-1]["test_error"] <= 0.05, evals[-1]
     assert "run directory:" in out
+    final = evals[-1]["test_error"]
+    assert f"result: test error {100 * final:.2f}%" in out    # the launcher's last word
     for name in ("config.yaml", "summary.csv", "test_error_vs_epoch.png", "staleness_hist.png"):
         assert (run_dir / name).is_file(), name
 
