@@ -317,8 +317,12 @@ class StatsServer:
 
 def _json_line(rec: dict) -> str:
     """One strict JSON line: a NaN or infinite number (a diverged loss) becomes null, since
-    JSON has no NaN and other readers (jq, pandas) refuse Python's ``NaN``."""
-    return json.dumps(_finite(rec), separators=(",", ":"), allow_nan=False)
+    JSON has no NaN and other readers (jq, pandas) refuse Python's ``NaN``. Raises TypeError
+    for what JSON cannot hold (a bytes key)."""
+    try:
+        return json.dumps(rec, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # rare (a diverged run): copy the record only then
+        return json.dumps(_finite(rec), separators=(",", ":"), allow_nan=False)
 
 
 def _finite(x):
