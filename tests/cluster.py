@@ -11,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 import zmq
 
 from rudra_zmq import wire
@@ -110,3 +111,12 @@ def kill_during_training(cmd, run_dir, pick, cwd=None, start_timeout=90, stop_ti
             proc.kill()
             proc.communicate()
     return proc.returncode, out, victim
+
+
+def gone(pid: int) -> bool:
+    """True if ``pid`` no longer runs (a zombie awaiting a reaper counts as gone: orphans are
+    reaped by pid 1, which in some containers never does)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

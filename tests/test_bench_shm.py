@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+from cluster import gone
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "shm_leaf.py")
@@ -47,18 +48,6 @@ def learners_of(pid: int) -> list[int]:
             if ppid == pid and spawned:
                 out.append(int(entry))
     return out
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:   # a zombie is gone too (its parent, the bench, has exited)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def test_every_round_sums_to_the_oracle_both_ways_and_no_segment_is_left(tmp_path):

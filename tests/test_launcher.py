@@ -9,8 +9,8 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
+from cluster import gone
 
 from rudra_zmq import launcher
 from rudra_zmq.config import ConfigError, load_config
@@ -93,14 +93,6 @@ def all_pids(root: pathlib.Path) -> list[int]:
         pids += [row["pid"] for row in json.loads(path.read_text())]
     pids += [int(p.read_text()) for p in root.rglob("*.grandchild")]
     return pids
-
-
-def gone(pid: int) -> bool:
-    """True if ``pid`` no longer runs (a zombie awaiting a reaper counts as gone)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def write_config(tmp_path, *lines):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cluster import kill_during_training
+from cluster import gone, kill_during_training
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -134,15 +134,6 @@ def test_a_learner_that_dies_stops_the_run_with_a_clear_message(tmp_path):
     assert "exited with code -9 (SIGKILL)" in out and "learner" in out
 
 
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie waiting for its new parent to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def _state(pid: int) -> str:
     """A survivor's state, parent and what its main thread waits in (for the failure message)."""
     try:
@@ -180,9 +171,9 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         deadline = time.time() + 30
-        while time.time() < deadline and any(_alive(p) for p in pids):
+        while time.time() < deadline and not all(gone(p) for p in pids):
             time.sleep(0.2)
-        left = {roles[p]: _state(p) for p in pids if _alive(p)}
+        left = {roles[p]: _state(p) for p in pids if not gone(p)}
         assert not left, f"roles outlived their launcher: {left}"
         # a role still cleaning up ORPHAN_GRACE_S after the launcher died is ended by its
         # watchdog, which writes its stacks to its log: say so (the run passed either way)
@@ -194,7 +185,7 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
         if proc.poll() is None:
             proc.kill()
         for p in pids:
-            if _alive(p):
+            if not gone(p):
                 os.kill(p, signal.SIGKILL)
 
 
@@ -233,17 +224,17 @@ def test_a_role_stuck_after_its_launcher_died_exits_and_leaves_its_stacks(tmp_pa
         deadline = time.time() + 30
         while time.time() < deadline and "ready" not in err.read_text():
             time.sleep(0.1)
-        assert _alive(role) and "ready" in err.read_text(), err.read_text()
+        assert not gone(role) and "ready" in err.read_text(), err.read_text()
         launcher.kill()
         launcher.wait(10)
         deadline = time.time() + 30
-        while time.time() < deadline and _alive(role):
+        while time.time() < deadline and not gone(role):
             time.sleep(0.2)
-        assert not _alive(role), f"the role outlived its launcher: {_state(role)}"
+        assert gone(role), f"the role outlived its launcher: {_state(role)}"
         log = err.read_text()
         # faulthandler's dump: the main thread's stack, in the sleep on line 7
         assert "Timeout (0:00:01)!" in log and 'File "<string>", line 7' in log, log
     finally:
         launcher.kill()
-        if _alive(role):
+        if not gone(role):
             os.kill(role, signal.SIGKILL)
