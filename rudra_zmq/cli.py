@@ -101,6 +101,7 @@ def _follow_launcher(grace_s: float = ORPHAN_GRACE_S) -> None:
     want = os.environ.get("RUDRA_ZMQ_LAUNCHER_PID")
     if not want or not sys.platform.startswith("linux"):
         return
+    launcher = int(want)
     import ctypes
     import threading
 
@@ -110,9 +111,9 @@ def _follow_launcher(grace_s: float = ORPHAN_GRACE_S) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
         pass
-    threading.Thread(target=_exit_when_orphaned, args=(int(want), grace_s), daemon=True,
+    threading.Thread(target=_exit_when_orphaned, args=(launcher, grace_s), daemon=True,
                      name="launcher-watch").start()
-    if os.getppid() != int(want):      # the launcher died before prctl took effect
+    if os.getppid() != launcher:       # the launcher died before prctl took effect
         raise KeyboardInterrupt(signal.SIGTERM)
 
 
