@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from . import plots
+from .config import protocol_label
 
 COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
            "best_error", "mean_sigma", "wall_s", "s_per_epoch")
@@ -40,8 +41,7 @@ def _get(cfg: dict, section: str, key: str):
 
 def protocol_name(cfg: dict) -> str:
     """``hardsync``, ``softsync n=2`` or ``async``, with the architecture when not base."""
-    proto, n = _get(cfg, "sync", "protocol"), _get(cfg, "sync", "n")
-    name = f"softsync n={n}" if proto == "softsync" else (proto or "?")
+    name = protocol_label(_get(cfg, "sync", "protocol") or "?", _get(cfg, "sync", "n"))
     arch = _get(cfg, "architecture", "kind")
     return name if arch in (None, "base") else f"{name} ({arch})"
 

@@ -48,6 +48,11 @@ class SyncConfig:
     batch_size: int = 32               # µ, per learner
 
 
+def protocol_label(protocol: str, n) -> str:
+    """How runs name a protocol: ``hardsync``, ``softsync n=2``, ``async``."""
+    return f"{protocol} n={n}" if protocol == "softsync" else protocol
+
+
 @dataclass
 class OptimizerConfig:
     lr: float = 0.05                   # α0

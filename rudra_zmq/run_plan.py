@@ -117,7 +117,7 @@ def role_env(cfg, role: str) -> dict[str, str]:
 def summary(plan: Plan) -> str:
     cfg = plan.cfg
     s = cfg.sync
-    proto = f"{s.protocol} n={s.n}" if s.protocol == "softsync" else s.protocol
+    proto = config_mod.protocol_label(s.protocol, s.n)
     lines = [
         f"rudra-zmq run {cfg.name!r}: {proto}, lambda={s.learners} learners "
         f"({len(plan.learner_groups)} processes), mu={s.batch_size} per learner",

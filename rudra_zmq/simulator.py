@@ -213,7 +213,7 @@ def main_simulate(cfg, run_dir, *, jitter, speeds, seed, train) -> int:
     res = simulate(cfg, speeds=speeds, jitter=jitter, seed=seed, train=train,
                    progress=lambda line: print(line, flush=True))
     s = cfg.sync
-    print(f"simulated {s.protocol}{f' n={s.n}' if s.protocol == 'softsync' else ''}, "
+    print(f"simulated {config_mod.protocol_label(s.protocol, s.n)}, "
           f"λ={s.learners}, µ={s.batch_size}: {len(res.updates)} updates, "
           f"<σ> = {res.mean_staleness:.2f}"
           + (f", final test error {100 * res.evals[-1]['test_error']:.2f}%" if res.evals else "")
