@@ -3,8 +3,8 @@ end through `rudra-zmq run`, on a tiny ImageFolder tree made here: every role, t
 gradient and weight messages, the tree of Rudra-adv and the broadcast of Rudra-adv*.
 
 Only the learner count, minibatch, epochs, class count and data root are overridden; image
-size, model, protocol, optimizer and architecture are the configs' own. ~1 minute per config
-on 2 cores (AlexNet forward/backward at 224x224 on one thread per learner).
+size, model, protocol, optimizer and architecture are the configs' own. ~30 s per config
+on 2 cores (82 s for all three here; AlexNet at 224x224, one thread per learner).
 """
 import json
 import subprocess
