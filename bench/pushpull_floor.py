@@ -35,9 +35,9 @@ import zmq
 
 from rudra_zmq import kernels, transport
 
-HDR = struct.Struct("<BQQ")       # op (0 raw, 1 kernel, 2 stop), lo, hi (floats)
+HDR = struct.Struct("<BQQ")       # op (0 raw, 1 kernel, 2 stop, 3 held), lo, hi (floats)
 FRAME_BYTES = 8 << 20             # runtime.chunk_mib = 8
-RAW, KERNEL, STOP = 0, 1, 2
+RAW, KERNEL, STOP, HELD = 0, 1, 2, 3
 
 
 def frames_of(a):
@@ -55,12 +55,32 @@ def server(conn, n):
     w = [np.ones(n, np.float32), np.ones(n, np.float32)]
     v = np.zeros(n, np.float32)
     cur = 0
+    held = []
     try:
         while True:
             frames = sock.recv_multipart(copy=False)
             op, lo, hi = HDR.unpack(frames[1].bytes)
             if op == STOP:
                 return
+            if op == HELD:
+                # store-and-forward: keep the parts until the last, then update and answer
+                # each part in turn (the reply of part k travels while part k+1 is updated)
+                held.append((frames, lo))
+                if hi < n:
+                    continue
+                out = w[1 - cur]
+                for fr, off in held:
+                    lo2 = off
+                    for f in fr[2:]:
+                        g = np.frombuffer(f.buffer, np.float32)
+                        k = g.shape[0]
+                        kernels.sgd_momentum_step(w[cur][off:off + k], v[off:off + k], g, 0.01,
+                                                  0.9, 0.004, 1.0, False, out=out[off:off + k])
+                        off += k
+                    sock.send_multipart([fr[0], fr[1], *frames_of(out[lo2:off])], copy=False)
+                held = []
+                cur = 1 - cur
+                continue
             if op == KERNEL:
                 out, off = w[1 - cur], lo
                 for f in frames[2:]:
@@ -105,7 +125,7 @@ def measure(n, parts_list, seconds, block_s=0.05):
     sock = transport.make_socket(ctx, zmq.DEALER, hwm=1000)
     sock.connect(here.recv())
     g = np.full(n, 1e-3, np.float32)
-    cases = [(op, p) for p in parts_list for op in (RAW, KERNEL)]
+    cases = [(op, p) for p in parts_list for op in ((RAW, KERNEL) if p == 1 else (RAW, KERNEL, HELD))]
     times = {c: [] for c in cases}
     try:
         for c in cases:                                  # warm-up
@@ -152,7 +172,7 @@ def main(argv=None):
         res = measure(n, args.parts, args.seconds)
         base = res[(RAW, 1)][0] if (RAW, 1) in res else None
         for (op, p), (med, trips) in res.items():
-            name = ("raw" if op == RAW else "kernel") + (f" x{p}" if p > 1 else "")
+            name = {RAW: "raw", KERNEL: "kernel", HELD: "held"}[op] + (f" x{p}" if p > 1 else "")
             ratio = f"{med / base:5.2f}x" if base else "  -  "
             print(f"n={n:>11,} ({4 * n / 2**20:7.2f} MiB)  {name:<10} median {med * 1e6:10.1f} µs"
                   f"  trips {trips:6d}  ratio {ratio}", flush=True)

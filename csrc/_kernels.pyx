@@ -195,11 +195,14 @@ cdef int _copy_into(real[::1] dst, const real[::1] src) except -1:
     return 0
 
 
-cdef int _sgd_momentum(real[::1] w_out, const real[::1] w, real[::1] v, const real[::1] acc,
-                       double lr, double momentum, double weight_decay, double g_scale) except -1:
+cdef int _sgd_momentum(real[::1] w_out, const real[::1] w, real[::1] v_out,
+                       const real[::1] v, const real[::1] acc, double lr, double momentum,
+                       double weight_decay, double g_scale) except -1:
     # Caffe's SGD: v = m*v + lr*(g_scale*acc + wd*w); w_out = w - v   (one read of w, v, acc).
     # w_out is w itself (in place) or another buffer, so that the parameter server can write
-    # the next weight version while the current one is still being sent zero-copy.
+    # the next weight version while the current one is still being sent zero-copy; likewise
+    # v_out is v or another buffer, so that a cut-through update (computed part by part before
+    # the whole gradient is validated) can be dropped leaving the momentum untouched.
     cdef Py_ssize_t i, n = w.shape[0]
     cdef int nt = _threads_for(n)
     cdef real m = <real>momentum
@@ -209,14 +212,14 @@ cdef int _sgd_momentum(real[::1] w_out, const real[::1] w, real[::1] v, const re
     with nogil:
         for i in prange(n, schedule="static", num_threads=nt):
             vi = m * v[i] + a * acc[i] + b * w[i]
-            v[i] = vi
+            v_out[i] = vi
             w_out[i] = w[i] - vi
     return 0
 
 
-cdef int _sgd_momentum_zero(real[::1] w_out, const real[::1] w, real[::1] v, real[::1] acc,
-                            double lr, double momentum, double weight_decay,
-                            double g_scale) except -1:
+cdef int _sgd_momentum_zero(real[::1] w_out, const real[::1] w, real[::1] v_out,
+                            const real[::1] v, real[::1] acc, double lr, double momentum,
+                            double weight_decay, double g_scale) except -1:
     # Same step, and acc = 0 in the same pass so the next update starts from a clean sum
     # without a second sweep over memory.
     cdef Py_ssize_t i, n = w.shape[0]
@@ -228,7 +231,7 @@ cdef int _sgd_momentum_zero(real[::1] w_out, const real[::1] w, real[::1] v, rea
     with nogil:
         for i in prange(n, schedule="static", num_threads=nt):
             vi = m * v[i] + a * acc[i] + b * w[i]
-            v[i] = vi
+            v_out[i] = vi
             w_out[i] = w[i] - vi
             acc[i] = 0
     return 0
@@ -260,19 +263,20 @@ cdef int _sgd_zero(real[::1] w_out, const real[::1] w, real[::1] acc, double lr,
     return 0
 
 
-cdef object _check_out(str op, w, out):
+cdef object _check_out(str op, w, out, str wname="w", str oname="out"):
     """The buffer an update writes: ``w`` itself (out=None), or ``out`` — writable, the same
     dtype and length (checked with the rest), and either exactly ``w`` or not overlapping it
-    (a partly overlapping ``out`` would read weights it has already written)."""
+    (a partly overlapping ``out`` would read values it has already written)."""
     if out is None:
         return w
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"{op}: out must be a numpy.ndarray or None, got {type(out).__name__}")
+        raise TypeError(f"{op}: {oname} must be a numpy.ndarray or None, got "
+                        f"{type(out).__name__}")
     if out is not w and np.may_share_memory(out, w) and not (
             out.__array_interface__["data"][0] == w.__array_interface__["data"][0]
             and out.shape == w.shape):
-        raise ValueError(f"{op}: out overlaps w without being w; pass out=None to update in "
-                         "place or a separate buffer")
+        raise ValueError(f"{op}: {oname} overlaps {wname} without being {wname}; pass "
+                         f"{oname}=None to update in place or a separate buffer")
     return out
 
 
@@ -315,33 +319,40 @@ def copy_into(dst, src):
 
 
 def sgd_momentum_step(w, v, acc, double lr, double momentum, double weight_decay=0.0,
-                      double g_scale=1.0, bint zero_acc=False, out=None):
+                      double g_scale=1.0, bint zero_acc=False, out=None, v_out=None):
     """Caffe-semantics momentum SGD with weight decay, fused in one pass over memory.
 
     v = momentum*v + lr*(g_scale*acc + weight_decay*w);  out = w - v;  and acc = 0 if zero_acc.
     ``out`` is ``w`` when None (in place); otherwise the new weights go to ``out`` and ``w`` is
-    only read (it may be read-only), at the cost of the same single pass.
-    ``g_scale`` turns a sum of c gradients into their mean (1/c). Releases the GIL; does not
-    allocate.
+    only read (it may be read-only), at the cost of the same single pass. Likewise ``v_out``:
+    None updates ``v`` in place, a separate buffer receives the new momentum and ``v`` is only
+    read. ``g_scale`` turns a sum of c gradients into their mean (1/c). Releases the GIL; does
+    not allocate.
     """
     for name, val in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),
                       ("g_scale", g_scale)):
         _finite("sgd_momentum_step", name, val)
     oname = "w" if out is None else "out"
+    vname = "v" if v_out is None else "v_out"
     out = _check_out("sgd_momentum_step", w, out)
+    v_out = _check_out("sgd_momentum_step", v, v_out, "v", "v_out")
     if zero_acc:
-        dt = _check("sgd_momentum_step", (oname, "v", "acc", "w"), (out, v, acc, w), 3)
+        dt = _check("sgd_momentum_step", (oname, vname, "acc", "w", "v"),
+                    (out, v_out, acc, w, v), 3)
     else:
-        dt = _check("sgd_momentum_step", (oname, "v", "w", "acc"), (out, v, w, acc), 2)
+        dt = _check("sgd_momentum_step", (oname, vname, "w", "v", "acc"),
+                    (out, v_out, w, v, acc), 2)
     if zero_acc:
         if dt == _F32:
-            _sgd_momentum_zero[float](out, w, v, acc, lr, momentum, weight_decay, g_scale)
+            _sgd_momentum_zero[float](out, w, v_out, v, acc, lr, momentum, weight_decay,
+                                      g_scale)
         else:
-            _sgd_momentum_zero[double](out, w, v, acc, lr, momentum, weight_decay, g_scale)
+            _sgd_momentum_zero[double](out, w, v_out, v, acc, lr, momentum, weight_decay,
+                                       g_scale)
     elif dt == _F32:
-        _sgd_momentum[float](out, w, v, acc, lr, momentum, weight_decay, g_scale)
+        _sgd_momentum[float](out, w, v_out, v, acc, lr, momentum, weight_decay, g_scale)
     else:
-        _sgd_momentum[double](out, w, v, acc, lr, momentum, weight_decay, g_scale)
+        _sgd_momentum[double](out, w, v_out, v, acc, lr, momentum, weight_decay, g_scale)
 
 
 def sgd_step(w, acc, double lr, double weight_decay=0.0, double g_scale=1.0,

@@ -128,6 +128,42 @@ def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, m
     assert not np.array_equal(w_in, w)
 
 
+@pytest.mark.parametrize("n", [1, 1001, 300_000])
+@pytest.mark.parametrize("zero_acc", [False, True])
+def test_momentum_into_separate_buffers_equals_in_place_and_leaves_v_untouched(n, zero_acc,
+                                                                               threads):
+    """A cut-through update writes the new weights and the new momentum into spare buffers
+    (out=, v_out=) before it knows the whole gradient is valid: bit-identical to the in-place
+    step, with w and v (read-only here) unchanged, so dropping the result loses nothing."""
+    w, v, acc = _arrays(n, np.float32, 3)
+    w_in, v_in = w.copy(), v.copy()
+    w_in.flags.writeable = v_in.flags.writeable = False
+    acc2 = acc.copy()
+    out, v_out = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+    kernels.sgd_momentum_step(w, v, acc, 0.01, 0.9, 0.004, 0.5, zero_acc)
+    kernels.sgd_momentum_step(w_in, v_in, acc2, 0.01, 0.9, 0.004, 0.5, zero_acc, out=out,
+                              v_out=v_out)
+    np.testing.assert_array_equal(out, w)
+    np.testing.assert_array_equal(v_out, v)
+    np.testing.assert_array_equal(acc2, acc)
+    assert not np.array_equal(v_in, v)
+
+
+def test_v_out_must_be_writable_same_shape_and_not_partly_overlap_v():
+    w, v, acc = _arrays(100, np.float32, 3)
+    before = v.copy()
+    ro = np.zeros(100, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="v_out is read-only"):
+        kernels.sgd_momentum_step(w, v, acc, 0.1, 0.9, out=np.zeros(100, np.float32), v_out=ro)
+    big = np.zeros(101, np.float32)
+    with pytest.raises(ValueError, match="v_out overlaps v"):
+        kernels.sgd_momentum_step(w, big[:100], acc, 0.1, 0.9, v_out=big[1:])
+    with pytest.raises(ValueError, match="v_out has 99 elements"):
+        kernels.sgd_momentum_step(w, v, acc, 0.1, 0.9, v_out=np.zeros(99, np.float32))
+    np.testing.assert_array_equal(v, before)
+
+
 def test_out_must_be_writable_same_shape_and_not_partly_overlap_w():
     w, v, acc = _arrays(100, np.float32, 3)
     before = w.copy()
