@@ -100,6 +100,9 @@ def server(conn, n):
         ctx.term()
 
 
+_last = []
+
+
 def trip(sock, g, op, parts):
     """One push+pull: ``parts`` messages out, ``parts`` replies in. Returns seconds."""
     n = g.shape[0]
@@ -108,10 +111,13 @@ def trip(sock, g, op, parts):
     for lo, hi in bounds:
         sock.send_multipart([HDR.pack(op, lo, hi), *frames_of(g[lo:hi])], copy=False)
     got = 0
+    held = []
     for _ in bounds:
-        for f in sock.recv_multipart(copy=False)[1:]:
+        held.append(sock.recv_multipart(copy=False))
+        for f in held[-1][1:]:
             got += len(f.buffer)
     dt = time.perf_counter() - t
+    _last[:] = held   # held until the next trip, as a learner holds its reply
     assert got == 4 * n, (got, n)
     return dt
 
@@ -160,6 +166,10 @@ def main(argv=None):
     ap.add_argument("--parts", nargs="+", type=int, default=[1, 8],
                     help="messages per gradient (1 = one message; K > 1 = cut-through)")
     ap.add_argument("--seconds", type=float, default=3.0, help="timed seconds per case")
+    ap.add_argument("--block", type=float, default=0.05,
+                    help="seconds of back-to-back trips of one case before the next case "
+                         "(short: every case sees the same load; long: caches stay warm "
+                         "between trips of one case, as in `rudra-zmq bench pushpull`)")
     args = ap.parse_args(argv)
     transport.tune_malloc()
     print(f"# bench/pushpull_floor.py  {time.strftime('%Y-%m-%d %H:%M:%S')}  loadavg "
@@ -169,7 +179,7 @@ def main(argv=None):
           "baseline); goal <= 1.15")
     for size in args.sizes:
         n = parse_size(size)
-        res = measure(n, args.parts, args.seconds)
+        res = measure(n, args.parts, args.seconds, args.block)
         base = res[(RAW, 1)][0] if (RAW, 1) in res else None
         for (op, p), (med, trips) in res.items():
             name = {RAW: "raw", KERNEL: "kernel", HELD: "held"}[op] + (f" x{p}" if p > 1 else "")

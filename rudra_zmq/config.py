@@ -82,6 +82,10 @@ class RuntimeConfig:
     chunk_mib: int = 8                 # max payload frame size for model-sized messages
     stream_parts: int = 8              # PS: send a weights reply that follows its update in up
     #                                    to this many parts as they are computed (1 = off)
+    gradient_parts: str = "auto"       # push a large gradient in stream_parts parts so the PS
+    #                                    updates while the rest arrives (cut-through): always |
+    #                                    never | auto (parts unless the PS is on this host:
+    #                                    on loopback the copies keep the cores busy already)
     timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
     learners_per_process: int = 1      # >1 hosts several learner threads per process
 
@@ -119,6 +123,7 @@ class Config:
         _one_of("sync.protocol", s.protocol, ("hardsync", "softsync", "async"))
         _one_of("optimizer.lr_policy", o.lr_policy, ("constant", "staleness", "per_gradient"))
         _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
+        _one_of("runtime.gradient_parts", r.gradient_parts, ("auto", "always", "never"))
         _one_of("data.dataset", d.dataset, ("digits", "cifar10", "imagefolder", "synthetic"))
         if s.learners < 1:
             raise ConfigError(f"sync.learners must be >= 1, got {s.learners}")

@@ -113,6 +113,29 @@ def _port_is_free(host: str, port: int) -> bool:
         return True
 
 
+def is_local_endpoint(endpoint: str) -> bool:
+    """Whether ``endpoint`` (a ZeroMQ address) is on this host: ipc/inproc, a loopback name or
+    address, or an address of one of this host's interfaces (one that a socket can bind).
+    Does not block beyond a name lookup; thread-safe."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    if host in ("localhost", "*", "0.0.0.0", "::", "::1") or host.startswith("127."):
+        return True
+    try:
+        for family, kind, proto, _, addr in _pysocket.getaddrinfo(host, None):
+            with _pysocket.socket(family, _pysocket.SOCK_STREAM) as s:
+                try:
+                    s.bind((addr[0], 0))
+                    return True       # only an address of this host can be bound
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return False
+
+
 def wait_readable(sock: zmq.Socket, timeout_ms: int) -> bool:
     """Whether ``sock`` has a message within ``timeout_ms`` (-1: no limit). Blocks, in slices
     of at most ``WAKE_MS`` so that signal handlers run promptly (see ``WAKE_MS``)."""
@@ -199,6 +222,23 @@ class Channel:
                              **fields)
         self.sock.send_multipart(frames, copy=False)
 
+    def send_gradient(self, kind: wire.Kind, ts: int, vector, part_floats: int,
+                      chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, **fields) -> None:
+        """Queue a PUSH/PUSHPULL of the model-sized ``vector``, zero-copy: as one message in
+        frames of at most ``chunk_bytes``, or, when it is longer than ``part_floats``, as
+        GPART messages of ``part_floats`` and a final message x{parts} with the rest (the
+        PS may then update each part as it arrives; see wire.py). Do not modify ``vector``
+        until the reply. May block only while ZeroMQ's send queue is full."""
+        n = vector.shape[0]
+        starts = range(0, n, max(1, part_floats))
+        pull = kind == wire.Kind.PUSHPULL
+        for lo in starts[:-1]:
+            self.send(wire.Kind.GPART, ts, [vector[lo:lo + part_floats]], offset=lo, pull=pull)
+        if len(starts) > 1:
+            fields["parts"] = len(starts) - 1
+        self.send(kind, ts, wire.chunk(vector[starts[-1]:] if n else vector, chunk_bytes),
+                  **fields)
+
     def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
         ``ServerError`` for an ERROR reply."""
@@ -214,6 +254,8 @@ class Channel:
                                    f"{self.timeout_ms / 1000:g} s (is it running?)") from None
             msg = wire.decode(frames)
             if msg.kind != wire.Kind.WPART:
+                if msg.kind == wire.Kind.ERROR:   # also after parts: a cut-through refused
+                    parts = []
                 break
             if len(parts) >= wire.MAX_PARTS:
                 raise wire.WireError("bad_parts", f"{self.name} sent more than "

@@ -10,7 +10,9 @@ sync engine) and sends the results; this module does the arithmetic:
   ``acc`` or straight from received frames. The new weights go to a free buffer
   (``versions.WeightVersions``), never over the current version, which may still be in a
   zero-copy send; a callback may receive each part of the new weights as soon as it is final
-  (streamed replies, ``runtime.stream_parts``).
+  (streamed replies, ``runtime.stream_parts``);
+- ``begin_parts``/``step_part``/``commit_parts``: the same update computed part by part from
+  a gradient that is still arriving (cut-through), into spare buffers until it is committed.
 
 Not thread-safe: owned by the parameter server's thread.
 """
@@ -51,6 +53,7 @@ class Updater:
         self.versions = WeightVersions(np.ascontiguousarray(weights, dtype=np.float32).copy())
         self.numel = self.w.shape[0]
         self.v = np.zeros_like(self.w)
+        self._v_spare = None          # the second momentum buffer of cut-through updates
         self.acc = np.zeros_like(self.w)
         starts, stops = [a for a, *_ in segments], [b for _, b, *_ in segments]
         if starts != [0] + stops[:-1] or stops[-1] != self.numel:
@@ -94,10 +97,44 @@ class Updater:
                 on_part(lo, hi, out, hi == self.numel, len(parts))
         self.versions.publish(out)
 
-    def step_range(self, sources, w, out, lo, hi, g_scale, lr, zero_acc) -> None:
-        """The update of weights [lo, hi): every source piece and parameter segment in it."""
+    # ------------------------------------------------------------ cut-through updates
+    # A gradient pushed in parts (GPART..., then PUSHPULL x{parts}) can be applied part by part
+    # as the parts arrive, before the last one is even received. Nothing the server holds may
+    # change until the whole gradient is validated, so both results go to spare buffers: the
+    # weights to the next version's buffer (as in ``step``), the momentum to a second momentum
+    # buffer. ``commit`` adopts both; dropping them (``abort``) leaves w and v bit-identical.
+
+    def begin_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Buffers (out, v_out) for one update computed part by part (``step_part``)."""
+        if self._v_spare is None:
+            self._v_spare = np.empty_like(self.v)
+        return self.versions.next_buffer(), self._v_spare
+
+    def step_part(self, piece: np.ndarray, lo: int, out: np.ndarray, v_out: np.ndarray,
+                  g_scale: float, lr: float) -> None:
+        """The update of weights [lo, lo + len(piece)) from gradient ``piece`` into ``out`` and
+        ``v_out``; w, v and acc are only read. Does not block beyond the kernel."""
+        self.step_range([piece], self.w, out, lo, lo + piece.shape[0], g_scale, lr, False,
+                        v_out=v_out, base=lo)
+
+    def commit_parts(self, out: np.ndarray, v_out: np.ndarray) -> None:
+        """Adopt an update whose every part ``step_part`` computed: ``out`` becomes the current
+        weights, ``v_out`` the momentum (the old momentum becomes the spare)."""
+        self.versions.publish(out)
+        if self.optimizer.momentum:   # (plain SGD never wrote v_out)
+            self.v, self._v_spare = v_out, self.v
+
+    def abort_parts(self, out: np.ndarray) -> None:
+        """Drop a part-by-part update: weights and momentum stay as they were."""
+        self.versions.give_back(out)
+
+    def step_range(self, sources, w, out, lo, hi, g_scale, lr, zero_acc, v_out=None,
+                   base: int = 0) -> None:
+        """The update of weights [lo, hi): every source piece and parameter segment in it.
+        ``sources`` are contiguous gradient pieces starting at offset ``base``; the new
+        momentum goes to ``v_out`` (None: ``v`` in place)."""
         o = self.optimizer
-        off = 0
+        off = base
         for src in sources:
             end = off + src.shape[0]
             if end > lo and off < hi:
@@ -107,9 +144,10 @@ class Updater:
                         continue
                     g = src[a - off:b - off]
                     if o.momentum:
-                        kernels.sgd_momentum_step(w[a:b], self.v[a:b], g, lr * lr_mult,
-                                                  o.momentum, o.weight_decay * decay_mult,
-                                                  g_scale, zero_acc, out=out[a:b])
+                        kernels.sgd_momentum_step(
+                            w[a:b], self.v[a:b], g, lr * lr_mult, o.momentum,
+                            o.weight_decay * decay_mult, g_scale, zero_acc, out=out[a:b],
+                            v_out=None if v_out is None else v_out[a:b])
                     else:
                         kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
                                          g_scale, zero_acc, out=out[a:b])

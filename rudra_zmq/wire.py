@@ -66,6 +66,18 @@ hands a multipart message to its I/O thread only once the last frame is queued):
 :func:`assemble` checks such a sequence (offsets contiguous from 0, one ts, the count of
 parts, the total size) and returns one WEIGHTS message whose payloads are all the parts.
 
+A large gradient may be pushed the same way (learner -> PS, ``runtime.stream_parts``), so
+that the PS can update each part as it arrives (cut-through) while the rest is in flight::
+
+    GPART      ts, x{offset: o, pull: bool}   payload: gradient[o : o + count]  (first: o = 0)
+    ...        (contiguous, same ts; pull: the final message will be a PUSHPULL)
+    PUSHPULL   ts, x{wait, parts: k}          payload(s): the rest, up to the model size
+    (or PUSH)
+
+A GPART gets no reply of its own; the final message is answered as usual (with a cut-through
+update, the WEIGHTS reply is streamed as WPARTs of the same boundaries). The PS checks the
+sequence part by part (``roles/push_parts.py``).
+
 Nothing here is pickled: headers are msgpack with strict limits and payloads are raw arrays
 interpreted only after their length and dtype were checked. :func:`decode` validates a message
 completely before any role may act on it and raises :class:`WireError` otherwise.
@@ -133,6 +145,7 @@ class Kind(enum.IntEnum):
     BCAST = 17       # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
     CREDIT = 18      # broadcast member -> upstream: may send k more chunks; x{credit, reset}
     WPART = 19       # PS -> learner: leading part of a WEIGHTS reply at ts; x{offset}
+    GPART = 20       # learner -> PS: leading part of a PUSH/PUSHPULL gradient; x{offset, pull}
 
 
 # Kind-specific fields: name -> allowed Python types, and whether it is required.
@@ -141,10 +154,10 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False),
                  "shm": (_STR, False)},
     Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True), "shm": (_STR, False)},
-    Kind.PUSH: {"slot": (_INT, False)},
+    Kind.PUSH: {"slot": (_INT, False), "parts": (_INT, False)},
     Kind.ACK: {"sigma": (_INT, False)},
     Kind.PULL: {"wait": (_BOOL, True)},
-    Kind.PUSHPULL: {"wait": (_BOOL, True), "slot": (_INT, False)},
+    Kind.PUSHPULL: {"wait": (_BOOL, True), "slot": (_INT, False), "parts": (_INT, False)},
     Kind.WEIGHTS: {"sigma": (_INT, False), "parts": (_INT, False), "board": (_BOOL, False)},
     Kind.UPTODATE: {"sigma": (_INT, False)},
     Kind.STOP: {"reason": (_STR, True)},
@@ -159,6 +172,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
     Kind.CREDIT: {"credit": (_INT, True), "reset": (_BOOL, True)},
     Kind.WPART: {"offset": (_INT, True)},
+    Kind.GPART: {"offset": (_INT, True), "pull": (_BOOL, True)},
 }
 # How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
 _MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL, Kind.RELAY}
@@ -167,7 +181,8 @@ _PAYLOAD_FRAMES.update({k: (1, 4096) for k in _MODEL_SIZED})
 _PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
 _PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
 _PAYLOAD_FRAMES[Kind.WPART] = (1, 1)
-_F4_ONLY = _MODEL_SIZED | {Kind.BCAST, Kind.WPART}
+_PAYLOAD_FRAMES[Kind.GPART] = (1, 1)
+_F4_ONLY = _MODEL_SIZED | {Kind.BCAST, Kind.WPART, Kind.GPART}
 
 _UNPACK_LIMITS = dict(max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024,
                       max_map_len=256, max_ext_len=0)
@@ -263,7 +278,8 @@ _KINDS = {int(k): k for k in Kind}
 
 
 def decode(frames, *, kinds=None, numel: int | None = None,
-           learners: int | None = None, slots: bool = False) -> Message:
+           learners: int | None = None, slots: bool = False,
+           gradient_parts: bool = False) -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
     Args:
@@ -274,6 +290,9 @@ def decode(frames, *, kinds=None, numel: int | None = None,
             (and a clock may list at most λ gradients).
         slots: accept a PUSH/PUSHPULL whose gradient is in a shared-memory slot (x{slot}, no
             payload); only a leaf with ``architecture.leaf_shm`` does.
+        gradient_parts: accept a PUSH/PUSHPULL that ends a gradient pushed in parts
+            (x{parts: k}, after k GPART); its payload is then the rest of the model, which
+            the receiver checks (only the root parameter server does).
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
@@ -312,6 +331,9 @@ def decode(frames, *, kinds=None, numel: int | None = None,
     if "slot" in fields and not slots:
         raise WireError("unexpected_field", f"{kind.name} x{{slot}} (a gradient in shared "
                         "memory) goes only to a leaf that accepted it in its WELCOME")
+    if fields.get("parts") and kind != Kind.WEIGHTS and not gradient_parts:
+        raise WireError("unexpected_field", f"{kind.name} x{{parts}} (a gradient pushed in "
+                        "parts) goes only to the parameter server of architecture.kind=base")
     payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields)
     return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
 
@@ -395,8 +417,16 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields):
             raise WireError("bad_dtype", f"{kind.name}: model payloads are f4 (float32), "
                                          f"payload {i} is {d[0]}")
         out.append(np.frombuffer(buf, dtype=dtype))
-    if numel is not None and kind in _MODEL_SIZED and not in_shm:
+    parts = fields.get("parts", 0)
+    if not 0 <= parts <= MAX_PARTS:
+        raise WireError("bad_parts", f"{kind.name}: parts must be 0..{MAX_PARTS}, got {parts}")
+    if numel is not None and kind in _MODEL_SIZED and not in_shm and not parts:
         _check_numel(kind, sum(d[1] for d in descr), numel)
+    elif numel is not None and kind == Kind.GPART:
+        off, count = fields["offset"], descr[0][1]
+        if off < 0 or count < 1 or off + count > numel:
+            raise WireError("bad_length", f"GPART [{off:,}, {off + count:,}) is not a non-empty "
+                                          f"part of a model of {numel:,} floats")
     return out
 
 

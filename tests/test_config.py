@@ -52,6 +52,9 @@ def test_cross_field_validation_names_the_value():
         load_config(None, ["sync.protocol=softsync", "sync.n=5"])
     with pytest.raises(ConfigError, match="sync.protocol is 'sometimes'"):
         load_config(None, ["sync.protocol=sometimes"])
+    with pytest.raises(ConfigError, match="runtime.gradient_parts is 'sometimes'; expected one of "
+                                          "auto, always, never"):
+        load_config(None, ["runtime.gradient_parts=sometimes"])
 
 
 def test_missing_file_says_where_to_look(tmp_path):

@@ -125,7 +125,8 @@ def _ps_args(args) -> argparse.Namespace:
     return argparse.Namespace(protocol="hardsync", learners=args.nprocs, softsync_n=1,
                               ps_threads=args.ps_threads, io_threads=args.io_threads,
                               chunk_mib=args.chunk_mib, stream_parts=args.stream_parts,
-                              arch="base", fanout=2, depth=1, seconds=args.seconds,
+                              arch="base", fanout=2, depth=1, connect=args.ps,
+                              seconds=args.seconds,
                               warmup=args.warmup, repeat=args.repeat)
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import zmq
 
 from .. import transport
+from ..update import stream_part_floats
 from . import common, pushpull_client, sides
 
 MODES = {"push_then_pull": "push then pull", "pushpull": "push+pull", "push": "push only",
@@ -189,6 +190,16 @@ def _block(ctl, clients, target: str, count: int) -> dict:
             "updates": u1 - u0}
 
 
+def gradient_parts(args) -> str:
+    """"always" or "never": whether the clients push in parts (``--gradient-parts``; auto decides as
+    a learner's runtime.gradient_parts=auto does, by where the PS is)."""
+    choice = getattr(args, "gradient_parts", "auto")
+    if choice == "auto":
+        remote = getattr(args, "connect", None)
+        choice = "always" if remote and not transport.is_local_endpoint(remote) else "never"
+    return choice
+
+
 def run_case(ctl, clients, n: int, mode: str, args) -> dict:
     req = dict(n=n, protocol=args.protocol, learners=args.learners, softsync_n=args.softsync_n,
                ps_threads=args.ps_threads, io_threads=args.io_threads,
@@ -197,7 +208,9 @@ def run_case(ctl, clients, n: int, mode: str, args) -> dict:
     eps = ctl.request("ps", **req)
     clients.call("connect", ps=[ctl.reachable(e) for e in eps["learners"]],
                  raw=ctl.reachable(eps["raw"]), n=n, chunk_bytes=args.chunk_mib << 20,
-                 mode=mode, wait=args.protocol == "hardsync")
+                 mode=mode, wait=args.protocol == "hardsync",
+                 part_floats=stream_part_floats(n, args.chunk_mib << 20, args.stream_parts)
+                 if args.arch == "base" and gradient_parts(args) == "always" else n)
     try:
         counts = {}
         for target in ("ps", "raw"):
@@ -264,6 +277,10 @@ def add_arguments(p) -> None:
     p.add_argument("--stream-parts", type=int, default=8,
                    help="runtime.stream_parts: parts of a weights reply streamed during its "
                         "update (1 = one message after the update)")
+    p.add_argument("--gradient-parts", default="auto", choices=("auto", "always", "never"),
+                   help="runtime.gradient_parts of the clients: push a large gradient in "
+                        "--stream-parts GPART parts, so the PS updates during the transfer "
+                        "(auto, as a learner: in parts when --connect names another host)")
     p.add_argument("--io-threads", type=int, default=1,
                    help="ZeroMQ I/O threads of the PS and the raw server (default 1, "
                         "libzmq's default and the PS's)")
@@ -287,7 +304,8 @@ def run(args) -> int:
         "rounds); p50/p99 of single operations; PS/raw time = p50 ratio (lower is better), "
         "goodput = Gbps ratio (higher is better)",
         f"PS: momentum SGD, {args.ps_threads} kernel thread(s), chunk_mib={args.chunk_mib}, "
-        f"stream_parts={args.stream_parts}, "
+        f"stream_parts={args.stream_parts}, gradient_parts={gradient_parts(args)} "
+        f"(--gradient-parts {args.gradient_parts}), "
         f"ZeroMQ io_threads={args.io_threads} (PS and raw server); "
         f"other side: {args.connect or 'spawned on this machine'}"],
         plot=("size", [("gbps", "PS goodput (Gbps)"), ("p50_us", "p50 per operation (µs)")],

@@ -2,8 +2,9 @@
 
 A client speaks to the parameter server exactly as ``roles/learner.py`` does (a
 ``transport.Channel``: HELLO, then PUSHPULL / PUSH / PULL, the gradient sent zero-copy in
-``chunk_bytes`` frames, replies received ``copy=False`` and validated by ``wire.decode``, the
-reply's frames held until the next operation), minus the model: the learner's copy of new
+``chunk_bytes`` frames or in GPART parts of ``part_floats`` (``Channel.send_gradient``),
+replies received ``copy=False`` and validated by ``wire.decode``, the reply's frames held
+until the next operation), minus the model: the learner's copy of new
 weights into its parameters is not timed. It also talks to the raw server, which answers a
 request ``[header, payload...]`` with the number of bytes the 16-byte header asks for, in
 frames of the requested size, from one preallocated buffer (never written after allocation,
@@ -66,12 +67,12 @@ class _Client:
     """One client: a learner's channel to the PS (or its tree leaf) and a raw DEALER."""
 
     def __init__(self, ctx, learner: int, ps: list, raw: str, n: int, chunk_bytes: int,
-                 mode: str, wait: bool):
+                 mode: str, wait: bool, part_floats: int | None = None):
         self.n, self.nbytes, self.mode, self.wait = n, 4 * n, mode, wait
+        self.part_floats = part_floats or n   # < n: gradients go in GPART parts, as a learner's
         self.ch = transport.Channel(ctx, ps[learner], learner, name="parameter server",
                                     timeout_ms=TIMEOUT_MS, hwm=4)
         self.grad = np.full(n, 1e-3, np.float32)
-        self.parts = wire.chunk(self.grad, chunk_bytes)
         self.ch.send(Kind.HELLO, model=SIGNATURE, numel=n)
         self.ts = self.ch.recv({Kind.WELCOME}, numel=n).ts
         self.raw = transport.make_socket(ctx, zmq.DEALER, hwm=4)
@@ -81,7 +82,11 @@ class _Client:
         self.last = None
 
     def _ps_request(self, kind, ts, payloads=(), replies=(Kind.WEIGHTS, Kind.UPTODATE), **kw):
-        msg = self.ch.request(kind, ts, payloads, reply_kinds=set(replies), numel=self.n, **kw)
+        if kind in (Kind.PUSH, Kind.PUSHPULL):   # the gradient, sent as the learner sends it
+            self.ch.send_gradient(kind, ts, self.grad, self.part_floats, self.chunk_bytes, **kw)
+        else:
+            self.ch.send(kind, ts, payloads, **kw)
+        msg = self.ch.recv(set(replies), self.n)
         if msg.kind == Kind.STOP:
             raise RuntimeError(f"the PS said STOP: {msg.fields['reason']}")
         self.last = msg            # hold the frames until the next operation, as a learner
@@ -92,7 +97,7 @@ class _Client:
         m = self.mode
         up = down = 0
         if m in ("push", "push_then_pull"):
-            ack, _ = self._ps_request(Kind.PUSH, self.ts, self.parts, replies=(Kind.ACK,))
+            ack, _ = self._ps_request(Kind.PUSH, self.ts, replies=(Kind.ACK,))
             up += self.nbytes
             if m == "push":
                 self.ts = ack.ts   # a pushing-only learner claims the newest weights
@@ -102,7 +107,7 @@ class _Client:
             if msg.kind == Kind.WEIGHTS and m != "pull":
                 self.ts = msg.ts
         if m == "pushpull":
-            msg, down = self._ps_request(Kind.PUSHPULL, self.ts, self.parts, wait=self.wait)
+            msg, down = self._ps_request(Kind.PUSHPULL, self.ts, wait=self.wait)
             up += self.nbytes
             if msg.kind == Kind.WEIGHTS:
                 self.ts = msg.ts

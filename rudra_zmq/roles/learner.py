@@ -95,6 +95,12 @@ class Learner:
         self.flat = FlatModel(self.model)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        from ..update import stream_part_floats
+        parts = cfg.runtime.gradient_parts
+        if parts == "auto":   # bench/RESULTS.md: cut-through pays on a link, not on loopback
+            parts = "never" if transport.is_local_endpoint(ps) else "always"
+        self._part_floats = self.flat.numel if parts == "never" else stream_part_floats(
+            self.flat.numel, self.chunk_bytes, cfg.runtime.stream_parts)
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
         self.ps = transport.Channel(self.ctx, ps, learner_id, name="parameter server",
                                     timeout_ms=timeout_ms, hwm=4)
@@ -173,6 +179,20 @@ class Learner:
         kernels.copy_into(self.slots.slot(slot), self.flat.grads)
         return [], {"slot": slot}
 
+    def _pushpull(self) -> wire.Message:
+        """Push the gradient and pull newer weights in one round trip. To the root PS
+        (architecture base) a large gradient goes in parts, so that the PS updates each part
+        as it arrives (``runtime.stream_parts``; wire.py GPART)."""
+        wait = self.cfg.sync.protocol == "hardsync"
+        kinds = {Kind.WEIGHTS, Kind.UPTODATE}
+        if self.cfg.architecture.kind == "base":
+            self.ps.send_gradient(Kind.PUSHPULL, self.ts, self.flat.grads, self._part_floats,
+                                  self.chunk_bytes, wait=wait)
+            return self.ps.recv(kinds, self.flat.numel)
+        payloads, shared = self._gradient()
+        return self.ps.request(Kind.PUSHPULL, self.ts, payloads, reply_kinds=kinds,
+                               numel=self.flat.numel, wait=wait, **shared)
+
     def _load(self, msg: wire.Message) -> None:
         if msg.in_shm:
             if self.board is None:
@@ -208,11 +228,7 @@ class Learner:
         if self.member is not None:
             return self._step_advstar()
         self._backward()
-        payloads, shared = self._gradient()
-        reply = self.ps.request(Kind.PUSHPULL, self.ts, payloads,
-                                reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
-                                numel=self.flat.numel,
-                                wait=self.cfg.sync.protocol == "hardsync", **shared)
+        reply = self._pushpull()
         self.steps += 1
         if reply.kind == Kind.STOP:
             return False

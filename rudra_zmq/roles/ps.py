@@ -40,10 +40,11 @@ from .. import kernels, topology, transport, wire
 from ..update import Updater, stream_part_floats
 from ..sync import LRSchedule, ProtocolViolation, SyncEngine
 from ..wire import Kind
+from .push_parts import PushPartsMixin
 
 log = logging.getLogger("rudra_zmq.ps")
 
-_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
+_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY, Kind.GPART}
 _METRIC_FLUSH_S = 0.5
 
 
@@ -60,7 +61,7 @@ def initial_model(cfg):
     return flat.weights.copy(), segments, flat.signature, shape
 
 
-class ParameterServer:
+class ParameterServer(PushPartsMixin):
     """A parameter server bound at ``bind``; ``serve_forever()`` runs it in the calling thread.
 
     Args:
@@ -90,8 +91,7 @@ class ParameterServer:
             numel, self.chunk_bytes, cfg.runtime.stream_parts))
         # the optimizer state, by name (tests and benchmarks look at them)
         self.numel, self.segments, self.versions = numel, segments, self.updater.versions
-        self.v, self.acc, self.part_floats = (self.updater.v, self.updater.acc,
-                                              self.updater.part_floats)
+        self.acc, self.part_floats = self.updater.acc, self.updater.part_floats
         self.signature = signature
         self.inc = secrets.randbits(62) + 1
         s, o = cfg.sync, cfg.optimizer
@@ -139,12 +139,16 @@ class ParameterServer:
         self._last_flush = self._last_report = time.time()
         self._report_counts = (0, 0)
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
+        self._init_parts()
 
     # ------------------------------------------------------------------ sending
-    def _send(self, ident: bytes, kind: Kind, payloads=(), **fields) -> None:
+    def _send(self, ident: bytes, kind: Kind, payloads=(), at_ts: int | None = None,
+              **fields) -> None:
+        """Send one message to ``ident``, stamped with the current timestamp (or ``at_ts``:
+        a cut-through update's parts go out before the engine has advanced)."""
         self._seq += 1
-        frames = wire.encode(kind, wire.SENDER_PS, self._seq, self.engine.timestamp, self.inc,
-                             payloads, **fields)
+        ts = self.engine.timestamp if at_ts is None else at_ts
+        frames = wire.encode(kind, wire.SENDER_PS, self._seq, ts, self.inc, payloads, **fields)
         try:
             # NOBLOCK: each learner has at most one request in flight, so its queue is never
             # full unless it misbehaves; then the reply is dropped rather than stalling the PS.
@@ -157,6 +161,11 @@ class ParameterServer:
     def w(self) -> np.ndarray:
         """The current weights (never written again: safe to send zero-copy)."""
         return self.updater.w
+
+    @property
+    def v(self) -> np.ndarray:
+        """The momentum (a cut-through update swaps in its second buffer)."""
+        return self.updater.v
 
     def _weights_payload(self) -> list[np.ndarray]:
         return wire.chunk(self.w, self.chunk_bytes)
@@ -177,18 +186,32 @@ class ParameterServer:
         ident = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
         try:
             msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel,
-                              learners=self.cfg.sync.learners)
+                              learners=self.cfg.sync.learners, gradient_parts=True)
         except wire.WireError as exc:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
+        if self._holds(msg):   # behind an open cut-through update (push_parts.py)
+            self._held.append((ident, msg))
+            return
+        self._dispatch(ident, msg)
+        if self._cut is None and self._held:
+            self._release_held()
+
+    def _dispatch(self, ident: bytes, msg: wire.Message) -> None:
+        """Act on one validated request (refusing what the protocol does not allow)."""
         if self.done:
-            self._stop(ident, msg.sender)
+            if msg.kind != Kind.GPART:   # a gradient in parts gets its STOP at the end
+                self._stop(ident, msg.sender)
             return
         try:
             if msg.kind == Kind.HELLO:
                 self._hello(ident, msg)
                 return
             self._check_sender(ident, msg)
+            if msg.kind == Kind.GPART or msg.fields.get("parts") or msg.sender in self._parts:
+                msg = self._part(ident, msg)
+                if msg is None:
+                    return
             if msg.kind == Kind.BYE:
                 self._stopped(msg.sender)
                 self._send(ident, Kind.ACK)
@@ -244,7 +267,7 @@ class ParameterServer:
         if msg.kind == Kind.RELAY and not is_node:
             raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent RELAY; only tree "
                                     "nodes relay gradient sums")
-        if msg.kind in (Kind.PUSH, Kind.PUSHPULL) and is_node:
+        if msg.kind in (Kind.PUSH, Kind.PUSHPULL, Kind.GPART) and is_node:
             raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent {msg.kind.name}; "
                                     "tree nodes send their gradient sums as RELAY")
 
@@ -359,7 +382,8 @@ class ParameterServer:
                 "type": "ps", "t": now, "ts": self.engine.timestamp,
                 "updates_per_s": (upd - self._report_counts[0]) / dt,
                 "gradients_per_s": (grads - self._report_counts[1]) / dt,
-                "invalid": self.invalid})
+                "invalid": self.invalid, "gradients_in_parts": self.gradients_in_parts,
+                "cut_through_updates": self.cut_through_updates})
             self._report_counts = (upd, grads)
             self._last_report = now
         elif not self.stats:
@@ -396,6 +420,8 @@ class ParameterServer:
                         f"{sorted(i for i in self.identities if i >= 0)}, tree nodes: "
                         f"{sorted(wire.node_id(s) for s in self.subtrees)}); is a learner or "
                         "tree node dead?")
+                if self._parts:
+                    self._expire_parts()
                 self._report()
         finally:
             self._finish()
