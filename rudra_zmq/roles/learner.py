@@ -11,6 +11,10 @@ Loop (one learner)::
         UPTODATE, and the learner goes on with what it has)
     -> until the PS answers STOP.
 
+To a PS on another host (``runtime.gradient_parts``) a large gradient goes as GPART parts
+and a final PUSHPULL x{parts}, so that the PS can update each part as it arrives; the reply
+is the same WEIGHTS (streamed in parts), assembled by the channel before it is copied in.
+
 The gradient buffer is sent zero-copy; it is written again only by the next backward pass,
 which starts after the PS's reply, and the PS replies only after ZeroMQ delivered the push.
 Received weights are copied once, into the flat buffer that the model's parameters view.
