@@ -246,3 +246,25 @@ def test_a_tree_node_may_not_push_parts_and_decode_refuses_parts_unless_asked():
         wire.decode(part, numel=20)
     with pytest.raises(wire.WireError, match="parts must be 0..4096"):
         wire.decode(wire.encode(Kind.PUSH, 0, 1, 0, 0, [g], parts=-1), gradient_parts=True)
+
+
+def test_a_learner_that_says_hello_again_starts_its_gradients_afresh(ctx):
+    """A restarted learner (same id) abandons the sequence its old self left half sent; the
+    held messages of others go on, and its new gradient is taken."""
+    ps = synthetic_ps(ctx, "sync.protocol=async")
+    with running(ps) as errors:
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        a.hello(ps.signature, N), b.hello(ps.signature, N)
+        before = state(ps)
+        a.send(Kind.GPART, 0, [np.ones(PART, np.float32)], offset=0, pull=True)
+        assert a.recv().kind == Kind.WPART
+        b.send(Kind.PULL, 0, wait=False)                 # held behind a's cut-through
+        a.close()
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        a.hello(ps.signature, N)
+        assert b.recv().kind == Kind.UPTODATE
+        assert_same_state(before, state(ps))
+        send_parts(a, np.ones(N, np.float32), 0)
+        assert replies_until_final(a)[-1].kind == Kind.WEIGHTS and ps.engine.timestamp == 1
+        a.close(), b.close()
+    assert not errors

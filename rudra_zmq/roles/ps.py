@@ -11,6 +11,9 @@ touched; a refused request gets an ERROR reply and leaves the weights bit-identi
 - PUSH / PUSHPULL: the gradient frames are read in place (no copy) and either
   accumulated into ``acc`` with their staleness scale, or — when this one gradient completes
   an update (async, c = 1) — fed straight into the update kernel, skipping the sum;
+- GPART... then PUSH / PUSHPULL x{parts}: a gradient in parts (``push_parts.py``): updated
+  part by part as it arrives when it alone makes the update (cut-through), else kept and
+  handled as one PUSH / PUSHPULL when complete;
 - PULL / PUSHPULL: answered with WEIGHTS if the server's timestamp is newer than the learner's,
   else UPTODATE, or (hardsync: ``wait``) parked until the next update.
 - RELAY (Rudra-adv, ``architecture.kind: adv``): a tree node's sum of several learners'
@@ -250,6 +253,8 @@ class ParameterServer(PushPartsMixin):
                 f"{f['model']}); this server holds {self.numel:,} ({self.signature}). Is "
                 f"{who} running another model config?")
         self.identities[learner] = ident
+        self._drop_parts(learner)   # a restarted learner starts its gradients afresh
+        self._discard.discard(learner)
         if wire.node_id(learner) is not None:
             self.subtrees[learner] = below
         self._send(ident, Kind.WELCOME, self._weights_payload(), learners=self.cfg.sync.learners,
