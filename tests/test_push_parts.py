@@ -196,16 +196,24 @@ def test_other_learners_wait_behind_a_cut_through_update_and_see_its_result(ctx)
     assert not errors
 
 
+def half_sent_with_a_pull_held(ctx, ps):
+    """Learner 0 opens a cut-through update with its first part only; learner 1's PULL is then
+    held behind it. Returns (learner 0, learner 1, the server's state before)."""
+    a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+    a.hello(ps.signature, N), b.hello(ps.signature, N)
+    before = state(ps)
+    a.send(Kind.GPART, 0, [np.ones(PART, np.float32)], offset=0, pull=True)
+    assert a.recv().kind == Kind.WPART
+    b.send(Kind.PULL, 0, wait=False)
+    assert not b.has_reply(200), "the PULL must wait behind the open cut-through"
+    return a, b, before
+
+
 def test_a_learner_that_stops_mid_gradient_is_dropped_and_the_others_go_on(ctx, monkeypatch):
     monkeypatch.setattr(push_parts, "PART_GAP_S", 0.5)
     ps = synthetic_ps(ctx, "sync.protocol=async")
     with running(ps) as errors:
-        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
-        a.hello(ps.signature, N), b.hello(ps.signature, N)
-        before = state(ps)
-        a.send(Kind.GPART, 0, [np.ones(PART, np.float32)], offset=0, pull=True)
-        assert a.recv().kind == Kind.WPART
-        b.send(Kind.PULL, 0, wait=False)                 # held, then answered
+        a, b, before = half_sent_with_a_pull_held(ctx, ps)
         err = a.recv()
         assert (err.kind, err.fields["code"]) == (Kind.ERROR, "parts_timeout")
         assert b.recv().kind == Kind.UPTODATE
@@ -253,12 +261,7 @@ def test_a_learner_that_says_hello_again_starts_its_gradients_afresh(ctx):
     held messages of others go on, and its new gradient is taken."""
     ps = synthetic_ps(ctx, "sync.protocol=async")
     with running(ps) as errors:
-        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
-        a.hello(ps.signature, N), b.hello(ps.signature, N)
-        before = state(ps)
-        a.send(Kind.GPART, 0, [np.ones(PART, np.float32)], offset=0, pull=True)
-        assert a.recv().kind == Kind.WPART
-        b.send(Kind.PULL, 0, wait=False)                 # held behind a's cut-through
+        a, b, before = half_sent_with_a_pull_held(ctx, ps)
         a.close()
         a = FakeLearner(ctx, ps.endpoint, 0)
         a.hello(ps.signature, N)
