@@ -120,3 +120,20 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def weights_difference(reference_dir, other_dir) -> tuple[float, float]:
+    """Two finished runs' final weights (``weights.npy``): how far training moved the
+    reference from its initial weights, and the other run's difference from the reference,
+    both relative (L2). Asserts that training moved the weights, so that a small difference
+    means something."""
+    from rudra_zmq.roles.ps import initial_model
+
+    w_ref = np.load(reference_dir / "weights.npy")
+    w_other = np.load(other_dir / "weights.npy")
+    w0 = initial_model(load_config(other_dir / "config.yaml"))[0]
+    moved = np.linalg.norm(w_ref - w0) / np.linalg.norm(w0)
+    rel = np.linalg.norm(w_other - w_ref) / np.linalg.norm(w_ref)
+    assert moved > 1e-2, "training must move the weights for the comparison to mean anything"
+    return moved, rel
+

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from cluster import kill_during_training
+from cluster import kill_during_training, weights_difference
 from test_system import DIGITS, ROOT, rudra_run, updates
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -31,14 +31,8 @@ def test_hardsync_through_a_tree_gives_the_weights_of_flat_hardsync(flat_hardsyn
     assert "tree node 0 (leaf): learners 0,1" in out
     if depth == 2:
         assert "tree node 2 (inner node, level 2): nodes 0,1" in out
-    w_flat, w_tree = np.load(flat_hardsync / "weights.npy"), np.load(tree / "weights.npy")
-    from rudra_zmq.config import load_config
-    from rudra_zmq.roles.ps import initial_model
-    w0 = initial_model(load_config(tree / "config.yaml"))[0]
-    moved = np.linalg.norm(w_flat - w0) / np.linalg.norm(w0)
-    rel = np.linalg.norm(w_tree - w_flat) / np.linalg.norm(w_flat)
+    moved, rel = weights_difference(flat_hardsync, tree)
     print(f"depth {depth}: training moved the weights by {moved:.2e}; tree vs flat {rel:.2e}")
-    assert moved > 1e-2, "training must move the weights for the comparison to mean anything"
     assert rel <= 1e-5, f"relative difference {rel:.2e}"
     u_flat, u_tree = updates(flat_hardsync), updates(tree)
     assert len(u_tree) == len(u_flat) >= 10
