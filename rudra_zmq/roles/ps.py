@@ -43,12 +43,12 @@ from .. import kernels, topology, transport, wire
 from ..update import Updater, stream_part_floats
 from ..sync import LRSchedule, ProtocolViolation, SyncEngine
 from ..wire import Kind
+from .ps_report import PSReport
 from .push_parts import PushPartsMixin
 
 log = logging.getLogger("rudra_zmq.ps")
 
 _REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY, Kind.GPART}
-_METRIC_FLUSH_S = 0.5
 
 
 def initial_model(cfg):
@@ -138,9 +138,7 @@ class ParameterServer(PushPartsMixin):
         self._warned: set = set()
         self._seq = 0
         self._streamed = False     # handle(): the reply went out during the update
-        self._pending_metrics: list[dict] = []
-        self._last_flush = self._last_report = time.time()
-        self._report_counts = (0, 0)
+        self.metrics = PSReport(self.stats)
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
         self._init_parts()
 
@@ -327,11 +325,7 @@ class ParameterServer(PushPartsMixin):
         self.updater.step(sources, g_scale, lr, zero_acc, send_part if to else None)
 
     def _after_update(self, update) -> None:
-        now = time.time()
-        self._pending_metrics.append({
-            "type": "update", "ts": update.timestamp, "t": now, "epoch": update.epoch,
-            "mean_sigma": update.mean_sigma, "sigmas": list(update.sigmas), "lr": update.lr,
-            "n_grads": len(update.sigmas)})
+        self.metrics.update(update)
         t = self.cfg.train
         if update.epoch >= t.epochs:
             self.done = True
@@ -372,28 +366,6 @@ class ParameterServer(PushPartsMixin):
             self.stats.eval_weights(self.engine.timestamp, self.engine.epoch,
                                     self.w, self.chunk_bytes)
 
-    def _report(self, force: bool = False) -> None:
-        now = time.time()
-        if self.stats and self._pending_metrics and (
-                force or now - self._last_flush >= _METRIC_FLUSH_S):
-            items, self._pending_metrics = self._pending_metrics, []
-            for i in range(0, len(items), 200):
-                self.stats.metric({"type": "batch", "items": items[i:i + 200]})
-            self._last_flush = now
-        if self.stats and (force or now - self._last_report >= 1.0):
-            dt = max(now - self._last_report, 1e-9)
-            upd, grads = self.engine.updates, self.engine.gradients_received
-            self.stats.metric({
-                "type": "ps", "t": now, "ts": self.engine.timestamp,
-                "updates_per_s": (upd - self._report_counts[0]) / dt,
-                "gradients_per_s": (grads - self._report_counts[1]) / dt,
-                "invalid": self.invalid, "gradients_in_parts": self.gradients_in_parts,
-                "cut_through_updates": self.cut_through_updates})
-            self._report_counts = (upd, grads)
-            self._last_report = now
-        elif not self.stats:
-            self._pending_metrics.clear()
-
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
         """Serve until training is done and every learner was told, or ``stop_event`` is set.
@@ -427,17 +399,16 @@ class ParameterServer(PushPartsMixin):
                         "tree node dead?")
                 if self._parts:
                     self._expire_parts()
-                self._report()
+                self.metrics.tick(self)
         finally:
             self._finish()
         return 0
 
     def _finish(self) -> None:
-        self._report(force=True)
+        self.metrics.tick(self, force=True)
+        if self.done:
+            self.metrics.done(self)
         if self.stats:
-            if self.done:
-                self.stats.metric({"type": "done", "t": time.time(), "ts": self.engine.timestamp,
-                                   "epoch": self.engine.epoch, "invalid": self.invalid})
             self.stats.close()
         if self.run_dir is not None:
             np.save(self.run_dir / "weights.npy", self.w)

@@ -1,0 +1,67 @@
+"""What the parameter server tells the statistics server, and when.
+
+- one ``update`` record per update (timestamp, epoch, ⟨σ⟩, every σ, α, gradient count),
+  batched and sent every FLUSH_S so that a fast PS sends a few messages a second, not one per
+  update;
+- one ``ps`` record a second: updates/s, gradients/s, refused messages, gradients received in
+  parts and how many of those updated cut-through;
+- a ``done`` record when training finished.
+
+Sends go through ``StatsClient``, which never blocks (a full queue drops and counts). Not
+thread-safe: owned by the parameter server's thread.
+"""
+from __future__ import annotations
+
+import time
+
+FLUSH_S = 0.5          # update records are batched this long
+RATE_EVERY_S = 1.0     # a "ps" record this often
+BATCH_ITEMS = 200      # update records per message
+
+
+class PSReport:
+    """The PS's metrics stream. ``stats``: a StatsClient, or None (then nothing is kept)."""
+
+    def __init__(self, stats):
+        self.stats = stats
+        self._pending: list[dict] = []
+        self._last_flush = self._last_rate = time.time()
+        self._counts = (0, 0)
+
+    def update(self, update) -> None:
+        """Record one update (sync.Update); sent with the next flush."""
+        if self.stats is None:
+            return
+        self._pending.append({
+            "type": "update", "ts": update.timestamp, "t": time.time(), "epoch": update.epoch,
+            "mean_sigma": update.mean_sigma, "sigmas": list(update.sigmas), "lr": update.lr,
+            "n_grads": len(update.sigmas)})
+
+    def tick(self, ps, force: bool = False) -> None:
+        """Send what is due (everything with ``force``); ``ps`` is the ParameterServer whose
+        counters go into the rate record. Call regularly from the serving loop."""
+        if self.stats is None:
+            return
+        now = time.time()
+        if self._pending and (force or now - self._last_flush >= FLUSH_S):
+            items, self._pending = self._pending, []
+            for i in range(0, len(items), BATCH_ITEMS):
+                self.stats.metric({"type": "batch", "items": items[i:i + BATCH_ITEMS]})
+            self._last_flush = now
+        if force or now - self._last_rate >= RATE_EVERY_S:
+            dt = max(now - self._last_rate, 1e-9)
+            upd, grads = ps.engine.updates, ps.engine.gradients_received
+            self.stats.metric({
+                "type": "ps", "t": now, "ts": ps.engine.timestamp,
+                "updates_per_s": (upd - self._counts[0]) / dt,
+                "gradients_per_s": (grads - self._counts[1]) / dt,
+                "invalid": ps.invalid, "gradients_in_parts": ps.gradients_in_parts,
+                "cut_through_updates": ps.cut_through_updates})
+            self._counts = (upd, grads)
+            self._last_rate = now
+
+    def done(self, ps) -> None:
+        """The end-of-training record."""
+        if self.stats is not None:
+            self.stats.metric({"type": "done", "t": time.time(), "ts": ps.engine.timestamp,
+                               "epoch": ps.engine.epoch, "invalid": ps.invalid})
