@@ -271,3 +271,25 @@ def test_a_learner_that_says_hello_again_starts_its_gradients_afresh(ctx):
         assert replies_until_final(a)[-1].kind == Kind.WEIGHTS and ps.engine.timestamp == 1
         a.close(), b.close()
     assert not errors
+
+
+def test_a_gradient_half_sent_when_training_ends_gets_one_stop_and_is_forgotten(ctx):
+    """Async, and the very first update ends training: learner 0's parts (not cut through:
+    the final update answers STOP) are still arriving when learner 1's whole gradient makes
+    that update. The rest of learner 0's parts get no answer, its final message one STOP, and
+    the server keeps nothing of the sequence (no later parts_timeout ERROR)."""
+    ps = synthetic_ps(ctx, "sync.protocol=async", "train.epochs=0.001")
+    with running(ps) as errors:
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        a.hello(ps.signature, N), b.hello(ps.signature, N)
+        g = np.ones(N, np.float32)
+        a.send(Kind.GPART, 0, [g[:PART]], offset=0, pull=True)
+        assert not a.has_reply(200)                     # stored, not cut through
+        b.send(Kind.PUSHPULL, 0, [g], wait=False)
+        assert b.recv().kind == Kind.STOP and ps.done
+        a.send(Kind.GPART, 0, [g[PART:2 * PART]], offset=PART, pull=True)
+        a.send(Kind.PUSHPULL, 0, [g[2 * PART:]], wait=False, parts=2)
+        assert a.recv().kind == Kind.STOP and not a.has_reply(300)
+        assert not ps._parts and ps.engine.timestamp == 1
+        a.close(), b.close()
+    assert not errors

@@ -202,6 +202,7 @@ class ParameterServer(PushPartsMixin):
         """Act on one validated request (refusing what the protocol does not allow)."""
         if self.done:
             if msg.kind != Kind.GPART:   # a gradient in parts gets its STOP at the end
+                self._drop_parts(msg.sender)
                 self._stop(ident, msg.sender)
             return
         try:
