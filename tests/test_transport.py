@@ -59,10 +59,11 @@ def test_a_port_in_use_is_never_handed_out(monkeypatch):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        # offer the taken port first, then a free one
-        offers = iter([taken, taken, 0])
+        # offer the taken port twice, then random ones (as many as the function wants: the
+        # first may happen to be one it handed out before, in another test)
+        offers = iter([taken, taken])
         monkeypatch.setattr(transport, "ephemeral_port_range", lambda: (65000, 65535))
-        monkeypatch.setattr(transport._rng, "randrange", lambda a, b: next(offers) or
+        monkeypatch.setattr(transport._rng, "randrange", lambda a, b: next(offers, None) or
                             transport.random.Random().randrange(a, b))
         ep = transport.free_tcp_endpoint()
     assert int(ep.rsplit(":", 1)[1]) != taken
