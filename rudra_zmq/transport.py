@@ -136,6 +136,16 @@ def is_local_endpoint(endpoint: str) -> bool:
     return False
 
 
+def pushes_gradients_in_parts(setting: str, ps_endpoint: str | None) -> bool:
+    """``runtime.gradient_parts`` resolved for a PS at ``ps_endpoint`` (None: one on this
+    machine): ``always``/``never`` as said; ``auto`` pushes in parts unless the PS is on this
+    host (bench/RESULTS.md: cut-through pays on a link, costs on loopback, where the copies
+    already keep the cores busy). Does not block beyond a name lookup; thread-safe."""
+    if setting == "auto":
+        return ps_endpoint is not None and not is_local_endpoint(ps_endpoint)
+    return setting == "always"
+
+
 def wait_readable(sock: zmq.Socket, timeout_ms: int) -> bool:
     """Whether ``sock`` has a message within ``timeout_ms`` (-1: no limit). Blocks, in slices
     of at most ``WAKE_MS`` so that signal handlers run promptly (see ``WAKE_MS``)."""

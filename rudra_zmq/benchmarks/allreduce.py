@@ -126,6 +126,7 @@ def _ps_args(args) -> argparse.Namespace:
                               ps_threads=args.ps_threads, io_threads=args.io_threads,
                               chunk_mib=args.chunk_mib, stream_parts=args.stream_parts,
                               arch="base", fanout=2, depth=1, connect=args.ps,
+                              gradient_parts="auto",
                               seconds=args.seconds,
                               warmup=args.warmup, repeat=args.repeat)
 

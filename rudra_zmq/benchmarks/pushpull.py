@@ -190,14 +190,11 @@ def _block(ctl, clients, target: str, count: int) -> dict:
             "updates": u1 - u0}
 
 
-def gradient_parts(args) -> str:
-    """"always" or "never": whether the clients push in parts (``--gradient-parts``; auto decides as
-    a learner's runtime.gradient_parts=auto does, by where the PS is)."""
-    choice = getattr(args, "gradient_parts", "auto")
-    if choice == "auto":
-        remote = getattr(args, "connect", None)
-        choice = "always" if remote and not transport.is_local_endpoint(remote) else "never"
-    return choice
+def in_parts(args) -> bool:
+    """Whether the clients push in parts: ``--gradient-parts`` resolved as a learner resolves
+    runtime.gradient_parts, for the PS on the ``--connect`` side (or on this machine)."""
+    return args.arch == "base" and transport.pushes_gradients_in_parts(args.gradient_parts,
+                                                                       args.connect)
 
 
 def run_case(ctl, clients, n: int, mode: str, args) -> dict:
@@ -210,7 +207,7 @@ def run_case(ctl, clients, n: int, mode: str, args) -> dict:
                  raw=ctl.reachable(eps["raw"]), n=n, chunk_bytes=args.chunk_mib << 20,
                  mode=mode, wait=args.protocol == "hardsync",
                  part_floats=stream_part_floats(n, args.chunk_mib << 20, args.stream_parts)
-                 if args.arch == "base" and gradient_parts(args) == "always" else n)
+                 if in_parts(args) else n)
     try:
         counts = {}
         for target in ("ps", "raw"):
@@ -304,8 +301,8 @@ def run(args) -> int:
         "rounds); p50/p99 of single operations; PS/raw time = p50 ratio (lower is better), "
         "goodput = Gbps ratio (higher is better)",
         f"PS: momentum SGD, {args.ps_threads} kernel thread(s), chunk_mib={args.chunk_mib}, "
-        f"stream_parts={args.stream_parts}, gradient_parts={gradient_parts(args)} "
-        f"(--gradient-parts {args.gradient_parts}), "
+        f"stream_parts={args.stream_parts}, gradients "
+        f"{'in parts' if in_parts(args) else 'whole'} (--gradient-parts {args.gradient_parts}), "
         f"ZeroMQ io_threads={args.io_threads} (PS and raw server); "
         f"other side: {args.connect or 'spawned on this machine'}"],
         plot=("size", [("gbps", "PS goodput (Gbps)"), ("p50_us", "p50 per operation (µs)")],

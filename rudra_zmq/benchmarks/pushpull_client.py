@@ -67,9 +67,9 @@ class _Client:
     """One client: a learner's channel to the PS (or its tree leaf) and a raw DEALER."""
 
     def __init__(self, ctx, learner: int, ps: list, raw: str, n: int, chunk_bytes: int,
-                 mode: str, wait: bool, part_floats: int | None = None):
+                 mode: str, wait: bool, part_floats: int):
         self.n, self.nbytes, self.mode, self.wait = n, 4 * n, mode, wait
-        self.part_floats = part_floats or n   # < n: gradients go in GPART parts, as a learner's
+        self.part_floats = part_floats   # < n: gradients go in GPART parts, as a learner's
         self.ch = transport.Channel(ctx, ps[learner], learner, name="parameter server",
                                     timeout_ms=TIMEOUT_MS, hwm=4)
         self.grad = np.full(n, 1e-3, np.float32)

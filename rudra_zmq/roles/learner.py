@@ -100,11 +100,10 @@ class Learner:
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
         from ..update import stream_part_floats
-        parts = cfg.runtime.gradient_parts
-        if parts == "auto":   # bench/RESULTS.md: cut-through pays on a link, not on loopback
-            parts = "never" if transport.is_local_endpoint(ps) else "always"
-        self._part_floats = self.flat.numel if parts == "never" else stream_part_floats(
-            self.flat.numel, self.chunk_bytes, cfg.runtime.stream_parts)
+        self._part_floats = self.flat.numel     # floats per pushed part (all: one message)
+        if transport.pushes_gradients_in_parts(cfg.runtime.gradient_parts, ps):
+            self._part_floats = stream_part_floats(self.flat.numel, self.chunk_bytes,
+                                                   cfg.runtime.stream_parts)
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
         self.ps = transport.Channel(self.ctx, ps, learner_id, name="parameter server",
                                     timeout_ms=timeout_ms, hwm=4)

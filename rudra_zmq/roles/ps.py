@@ -253,7 +253,6 @@ class ParameterServer(PushPartsMixin):
                 f"{who} running another model config?")
         self.identities[learner] = ident
         self._drop_parts(learner)   # a restarted learner starts its gradients afresh
-        self._discard.discard(learner)
         if wire.node_id(learner) is not None:
             self.subtrees[learner] = below
         self._send(ident, Kind.WELCOME, self._weights_payload(), learners=self.cfg.sync.learners,

@@ -201,6 +201,9 @@ class PushPartsMixin:
         self._after_update(u)
 
     def _drop_parts(self, sender: int) -> None:
+        """Forget ``sender``'s sequence: the one in progress (dropping its cut-through update)
+        and any refused one whose rest is still to be discarded."""
+        self._discard.discard(sender)
         a = self._parts.pop(sender, None)
         if a is not None and a.cut is not None:
             self.updater.abort_parts(a.cut.out)
