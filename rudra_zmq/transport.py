@@ -240,7 +240,9 @@ class Channel:
         PS may then update each part as it arrives; see wire.py). Do not modify ``vector``
         until the reply. May block only while ZeroMQ's send queue is full."""
         n = vector.shape[0]
-        starts = range(0, n, max(1, part_floats))
+        if part_floats < 1:
+            raise ValueError(f"part_floats must be >= 1, got {part_floats}")
+        starts = range(0, n, part_floats)
         pull = kind == wire.Kind.PUSHPULL
         for lo in starts[:-1]:
             self.send(wire.Kind.GPART, ts, [vector[lo:lo + part_floats]], offset=lo, pull=pull)

@@ -1,6 +1,7 @@
 """transport.Channel: a silent server is a TimeoutError naming it, never a hang."""
 import time
 
+import numpy as np
 import pytest
 import zmq
 
@@ -154,3 +155,12 @@ def test_gradient_parts_auto_pushes_in_parts_only_to_a_ps_on_another_host():
     assert not in_parts("auto", None)                             # a PS spawned here
     assert in_parts("always", "tcp://127.0.0.1:5555") and in_parts("always", None)
     assert not in_parts("never", "tcp://192.0.2.7:5555")
+
+
+def test_send_gradient_refuses_parts_of_no_floats(ctx):
+    ch = transport.Channel(ctx, "tcp://127.0.0.1:1", 0)
+    try:
+        with pytest.raises(ValueError, match="part_floats must be >= 1, got 0"):
+            ch.send_gradient(Kind.PUSH, 0, np.zeros(4, np.float32), 0)
+    finally:
+        ch.close()
