@@ -29,8 +29,9 @@ in this process (wire.decode of a PUSHPULL; the update ``ParameterServer._push``
 + momentum kernel in one pass, unstreamed, of which next_buffer = ``versions.next_buffer``;
 wire.encode of the reply in the messages the PS sends; and the learner's copy of the received
 weights, which is not in the timed trip); and "live", the pieces of each PUSHPULL timed inside
-a serving PS process (a subclass with timers, used for nothing else) while a client runs round
-trips, summed per request (a streamed reply encodes and sends once per part, inside the update):
+a serving PS process (a subclass with timers, used for nothing else, with the hot path off:
+``roles/ps_hot.py`` serves a c = 1 PUSHPULL in one C call) while a client runs round trips,
+summed per request (a streamed reply encodes and sends once per part, inside the update):
 caches are cold there, as in real use. Per-trip CPU time and page faults of every process are
 printed under each case.
 
@@ -182,15 +183,16 @@ def ps_live_main(conn, stop, n, ps_threads, chunk_mib, stream_parts):
 
     ps = TimedPS(ps_config(ps_threads, chunk_mib, stream_parts), "tcp://127.0.0.1:0",
                  model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
+    ps.hot = None     # the pieces of the general path (the hot path is one C call)
     ps.versions.next_buffer = timed("next_buffer", ps.versions.next_buffer)
     ps.updater.step_range = timed("kernel", ps.updater.step_range)
-    send = timed("send", ps.sock.send_multipart)
+    send = timed("send", ps.io.send_multipart)
 
     def counted_send(*a, **k):
         cur["sends"] = cur.get("sends", 0) + 1
         return send(*a, **k)
 
-    ps.sock.send_multipart = counted_send
+    ps.io.send_multipart = counted_send
     conn.send(ps.endpoint)
     ps.serve_forever(stop_event=stop)
     out = {k: statistics.median(v[len(v) // 5:]) * (1 if k == "sends" else 1e6)
@@ -454,7 +456,7 @@ def breakdown(n, ps_threads, chunk_mib, stream_parts, reps):
     if not np.array_equal(learner_w, ps.w):
         raise RuntimeError("the learner's copy differs from the PS's weights")
     buffers = ps.versions.allocated
-    ps.sock.close(linger=0)
+    ps.io.close(linger=0)
     ctx.term()
     return {k: statistics.median(v) * 1e6 for k, v in out.items()}, buffers
 

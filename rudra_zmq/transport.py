@@ -21,9 +21,10 @@ import random
 import socket as _pysocket
 import time
 
+import numpy as np
 import zmq
 
-from . import wire
+from . import fastio, wire
 
 LINGER_MS = 200
 # The longest a blocking wait stays inside libzmq before returning to Python. A signal sent to
@@ -223,6 +224,7 @@ class Channel:
         self.sock.setsockopt(zmq.RCVTIMEO, WAKE_MS if timeout_ms < 0 else min(timeout_ms,
                                                                                WAKE_MS))
         self.sock.connect(endpoint)
+        self.io = fastio.FastSocket(self.sock)   # the compiled framing (fastio.py)
         self._seq = itertools.count(1)
         self.inc = 0  # the server incarnation we last heard from
 
@@ -230,7 +232,7 @@ class Channel:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
         frames = wire.encode(kind, self.sender, next(self._seq), ts, self.inc, payloads,
                              **fields)
-        self.sock.send_multipart(frames, copy=False)
+        self.io.send_multipart(frames)
 
     def send_gradient(self, kind: wire.Kind, ts: int, vector, part_floats: int,
                       chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, **fields) -> None:
@@ -251,14 +253,43 @@ class Channel:
         self.send(kind, ts, wire.chunk(vector[starts[-1]:] if n else vector, chunk_bytes),
                   **fields)
 
-    def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
+    def pushpull(self, ts: int, vector, part_floats: int,
+                 chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, *, wait: bool,
+                 kinds=None, numel: int | None = None) -> wire.Message:
+        """Push the gradient ``vector`` (as ``send_gradient``) and return the validated reply
+        (as ``recv``). A gradient that goes as one frame takes the compiled hot path
+        (``fastio.pushpull_hot``): one call encodes, sends, waits and recognises a WEIGHTS
+        reply; anything else is decoded and checked as ``recv`` does. Blocks as ``recv``."""
+        n = vector.shape[0]
+        if n <= part_floats and 4 * n <= chunk_bytes and n:
+            r = self.io.pushpull_hot(self.sender, next(self._seq), ts, self.inc, wait, vector,
+                                     -1 if numel is None else numel)
+            if r is not None:
+                frames, hot = r
+                if (hot is not None and hot[0] == wire.PROTOCOL_VERSION
+                        and hot[1] == wire.Kind.WEIGHTS
+                        and (kinds is None or wire.Kind.WEIGHTS in kinds)):
+                    if hot[5]:
+                        self.inc = hot[5]
+                    return wire.Message(wire.Kind.WEIGHTS, hot[2], hot[3], hot[4], hot[5],
+                                        hot[6], [np.frombuffer(f, np.float32)
+                                                 for f in frames[1:]])
+                return self.recv(kinds, numel, first=frames)
+        self.send_gradient(wire.Kind.PUSHPULL, ts, vector, part_floats, chunk_bytes, wait=wait)
+        return self.recv(kinds, numel)
+
+    def recv(self, kinds=None, numel: int | None = None, first=None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
-        ``ServerError`` for an ERROR reply."""
+        ``ServerError`` for an ERROR reply. ``first``: its first message's frames, already
+        received (``pushpull``)."""
         parts = []
         t0 = time.monotonic()
         while True:   # a streamed WEIGHTS reply comes as WPART messages, then WEIGHTS
             try:
-                frames = self.sock.recv_multipart(copy=False)
+                if first is not None:
+                    frames, first = first, None
+                else:
+                    frames = self.io.recv_multipart()
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
                 if self.timeout_ms < 0 or time.monotonic() - t0 < self.timeout_ms / 1000:
                     continue
@@ -290,7 +321,7 @@ class Channel:
         return self.recv(reply_kinds, numel)
 
     def close(self) -> None:
-        self.sock.close(linger=0)
+        self.io.close(linger=0)
 
 
 class ServerError(RuntimeError):

@@ -90,6 +90,8 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
+from .fastio import HOT_KINDS, decode_hot, encode_hot
+
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
@@ -242,6 +244,10 @@ def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
     Send the result with ``socket.send_multipart(frames, copy=False)``. Raises ValueError if a
     field or payload does not fit the kind (a programming error, never network input).
     """
+    if kind in _HOT:   # the training step's two messages: the same bytes, built in C
+        header = encode_hot(kind, sender, seq, ts, inc, payloads, fields)
+        if header is not None:
+            return [header, *payloads]
     spec = KIND_FIELDS[kind]
     for name in fields:
         if name not in spec:
@@ -272,6 +278,11 @@ def _nbytes(buf) -> int:
     return memoryview(buf).nbytes
 
 
+_F4 = PAYLOAD_DTYPES["f4"]
+_HOT = frozenset((Kind.PUSHPULL, Kind.WEIGHTS))
+if HOT_KINDS != {"PUSHPULL": Kind.PUSHPULL, "WEIGHTS": Kind.WEIGHTS}:  # pragma: no cover
+    raise ImportError(f"rudra_zmq._fastio was built for other message kinds {HOT_KINDS}: "
+                      "rebuild it (`pip install -e .`)")
 _INT_KEYS = ("v", "k", "s", "q", "ts", "inc")
 _HEADER_KEYS = frozenset(_INT_KEYS + ("p", "x"))
 _KINDS = {int(k): k for k in Kind}
@@ -296,6 +307,21 @@ def decode(frames, *, kinds=None, numel: int | None = None,
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
+    # The two messages of every training step (PUSHPULL x{wait}, WEIGHTS x{sigma?}, float32
+    # payloads) are recognised in C (fastio.decode_hot): the same checks, the same Message.
+    # Anything else -- including every malformed message -- takes the general path below.
+    hot = decode_hot(frames if type(frames) is list else list(frames),
+                     -1 if numel is None else numel)
+    if hot is not None and hot[0] == PROTOCOL_VERSION:
+        kind = _KINDS[hot[1]]
+        if kinds is None or kind in kinds:
+            return Message(kind, hot[2], hot[3], hot[4], hot[5], hot[6],
+                           [np.frombuffer(_buffer(f), dtype=_F4) for f in frames[1:]])
+    return _decode_general(frames, kinds, numel, learners, slots, gradient_parts)
+
+
+def _decode_general(frames, kinds, numel, learners, slots, gradient_parts) -> Message:
+    """``decode`` in Python, for every message (tests compare it with the C front)."""
     if not frames:
         raise WireError("empty", "empty message (no header frame)")
     raw = _buffer(frames[0])
@@ -403,7 +429,8 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields):
                                        f"got {len(frames)}")
     out = []
     for i, (d, frame) in enumerate(zip(descr, frames)):
-        if (not isinstance(d, list) or len(d) != 2 or d[0] not in PAYLOAD_DTYPES
+        if (not isinstance(d, list) or len(d) != 2 or type(d[0]) is not str
+                or d[0] not in PAYLOAD_DTYPES
                 or type(d[1]) is not int or d[1] < 0):
             raise WireError("bad_payload", f"{kind.name}: payload {i} descriptor {d!r} is not "
                                            f"[dtype in {list(PAYLOAD_DTYPES)}, count >= 0]")

@@ -44,6 +44,8 @@ from .. import transport
 from ..update import stream_part_floats
 from . import common, pushpull_client, sides
 
+# raw: pyzmq (the goal's baseline); rawc: the same through rudra_zmq.fastio (a reference)
+TARGETS = ("ps", "raw", "rawc")
 MODES = {"push_then_pull": "push then pull", "pushpull": "push+pull", "push": "push only",
          "pull": "pull only"}
 PROTOCOLS = ("async", "softsync", "hardsync")
@@ -145,19 +147,20 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
             tree = plan(load_config(None, overrides))
             where = {None: ps[2]}
             for node in sorted(tree.nodes, key=lambda nd: -nd.level):   # parents first
-                p = _start(_node_process, node.id, agent.data_endpoint("tcp", slot=3 + node.id),
+                p = _start(_node_process, node.id, agent.data_endpoint("tcp", slot=4 + node.id),
                            where[node.parent], overrides)
                 state["ps"].append(p)
                 where[node.id] = p[2]
             eps = [where[tree.leaf_of(i).id] for i in range(req["learners"])]
         if state["raw"] is not None and state["raw_io"] != req["io_threads"]:
-            _stop([state["raw"]])
+            _stop(state["raw"])
             state["raw"] = None
-        if state["raw"] is None:
-            state["raw"] = _start(pushpull_client.raw_server, agent.data_endpoint("tcp", 2),
-                                  req["io_threads"])
+        if state["raw"] is None:   # pyzmq (the baseline), then the compiled framing
+            state["raw"] = [_start(pushpull_client.raw_server, agent.data_endpoint("tcp", slot),
+                                   req["io_threads"], fast) for slot, fast in ((2, False),
+                                                                              (3, True))]
             state["raw_io"] = req["io_threads"]
-        return {"learners": eps, "raw": state["raw"][2]}
+        return {"learners": eps, "raw": state["raw"][0][2], "rawc": state["raw"][1][2]}
 
     def updates(req):
         conn = state["ps"][0][3]
@@ -172,7 +175,7 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
         return {}
 
     def close():
-        _stop(state["ps"] + ([state["raw"]] if state["raw"] else []))
+        _stop(state["ps"] + (state["raw"] or []))
 
     return {"ps": start_ps, "updates": updates, "stop": stop_ps, "_close": close}
 
@@ -204,21 +207,21 @@ def run_case(ctl, clients, n: int, mode: str, args) -> dict:
                fanout=args.fanout, depth=args.depth)
     eps = ctl.request("ps", **req)
     clients.call("connect", ps=[ctl.reachable(e) for e in eps["learners"]],
-                 raw=ctl.reachable(eps["raw"]), n=n, chunk_bytes=args.chunk_mib << 20,
+                 raw=ctl.reachable(eps["raw"]), rawc=ctl.reachable(eps["rawc"]), n=n, chunk_bytes=args.chunk_mib << 20,
                  mode=mode, wait=args.protocol == "hardsync",
                  part_floats=stream_part_floats(n, args.chunk_mib << 20, args.stream_parts)
                  if in_parts(args) else n)
     try:
         counts = {}
-        for target in ("ps", "raw"):
+        for target in TARGETS:
             b = _block(ctl, clients, target, 2)                               # probe
             b = _block(ctl, clients, target, common.calibrate(b["wall"] / 2, args.warmup,
                                                               lo=2))          # warm-up
             counts[target] = common.calibrate(b["wall"] * len(clients.procs) / b["ops"],
                                               args.seconds, lo=3, hi=200_000)
-        rounds = {"ps": [], "raw": []}
+        rounds = {t: [] for t in TARGETS}
         for _ in range(args.repeat):
-            for target in ("ps", "raw"):
+            for target in TARGETS:
                 rounds[target].append(_block(ctl, clients, target, counts[target]))
     finally:
         clients.call("close")
@@ -243,7 +246,8 @@ def run_case(ctl, clients, n: int, mode: str, args) -> dict:
                p50_us=out["ps_p50_us"],
                updates=ps_mid["updates"], updates_per_s=ps_mid["updates"] / ps_mid["wall"],
                time_ratio=out["ps_p50_us"] / out["raw_p50_us"],
-               goodput_ratio=out["ps_gbps"] / out["raw_gbps"])
+               goodput_ratio=out["ps_gbps"] / out["raw_gbps"],
+               rawc_time_ratio=out["ps_p50_us"] / out["rawc_p50_us"])
     return out
 
 
@@ -254,7 +258,8 @@ def line(r: dict) -> str:
             f"{r['ps_p99_us']:9.1f} µs {r['ps_ops_per_s']:8.1f} ops/s {r['updates_per_s']:8.1f} "
             f"upd/s | raw {r['raw_gbps']:6.2f} Gbps p50 {r['raw_p50_us']:9.1f} p99 "
             f"{r['raw_p99_us']:9.1f} µs | PS/raw time {r['time_ratio']:.2f}x goodput "
-            f"{r['goodput_ratio']:.2f}x | ops {r['ops']} bytes {r['bytes']}")
+            f"{r['goodput_ratio']:.2f}x | raw fastio p50 {r['rawc_p50_us']:.1f} µs, PS/it "
+            f"{r['rawc_time_ratio']:.2f}x | ops {r['ops']} bytes {r['bytes']}")
 
 
 def add_arguments(p) -> None:

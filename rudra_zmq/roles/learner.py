@@ -189,9 +189,9 @@ class Learner:
         wait = self.cfg.sync.protocol == "hardsync"
         kinds = {Kind.WEIGHTS, Kind.UPTODATE}
         if self.cfg.architecture.kind == "base":
-            self.ps.send_gradient(Kind.PUSHPULL, self.ts, self.flat.grads, self._part_floats,
-                                  self.chunk_bytes, wait=wait)
-            return self.ps.recv(kinds, self.flat.numel)
+            return self.ps.pushpull(self.ts, self.flat.grads, self._part_floats,
+                                    self.chunk_bytes, wait=wait, kinds=kinds,
+                                    numel=self.flat.numel)
         payloads, shared = self._gradient()
         return self.ps.request(Kind.PUSHPULL, self.ts, payloads, reply_kinds=kinds,
                                numel=self.flat.numel, wait=wait, **shared)

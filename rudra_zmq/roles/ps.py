@@ -39,15 +39,18 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from .. import kernels, topology, transport, wire
+from .. import fastio, kernels, topology, transport, wire
 from ..update import Updater, stream_part_floats
 from ..sync import LRSchedule, ProtocolViolation, SyncEngine
 from ..wire import Kind
 from .ps_report import PSReport
+from .ps_hot import HotPathMixin
 from .push_parts import PushPartsMixin
 
 log = logging.getLogger("rudra_zmq.ps")
 
+_NOTHING = object()   # serve_forever: the wait ended without a message
+WAIT_MS = 100   # the longest the serving loop waits in libzmq before looking at its clocks
 _REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY, Kind.GPART}
 
 
@@ -64,7 +67,7 @@ def initial_model(cfg):
     return flat.weights.copy(), segments, flat.signature, shape
 
 
-class ParameterServer(PushPartsMixin):
+class ParameterServer(PushPartsMixin, HotPathMixin):
     """A parameter server bound at ``bind``; ``serve_forever()`` runs it in the calling thread.
 
     Args:
@@ -109,6 +112,8 @@ class ParameterServer(PushPartsMixin):
         # instead of being silently refused while the old connection lingers.
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.endpoint = transport.bind(self.sock, bind)
+        # every message in and out goes through the compiled framing (fastio.py)
+        self.io = fastio.FastSocket(self.sock)
         self.stats = None
         if stats:
             from .stats_client import StatsClient
@@ -141,6 +146,7 @@ class ParameterServer(PushPartsMixin):
         self.metrics = PSReport(self.stats)
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
         self._init_parts()
+        self._init_hot()
 
     # ------------------------------------------------------------------ sending
     def _send(self, ident: bytes, kind: Kind, payloads=(), at_ts: int | None = None,
@@ -153,7 +159,7 @@ class ParameterServer(PushPartsMixin):
         try:
             # NOBLOCK: each learner has at most one request in flight, so its queue is never
             # full unless it misbehaves; then the reply is dropped rather than stalling the PS.
-            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
+            self.io.send_multipart([ident, *frames], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that learner is gone (ROUTER_MANDATORY)
             self.undelivered += 1
             log.warning("could not reply %s to %r: %s", kind.name, ident, exc)
@@ -184,7 +190,7 @@ class ParameterServer(PushPartsMixin):
         """Process one ROUTER message (routing id first). Never raises for bad input."""
         if len(frames) < 2:
             return  # no routing id + header: nothing to answer
-        ident = frames[0].bytes if isinstance(frames[0], zmq.Frame) else bytes(frames[0])
+        ident = bytes(frames[0])
         try:
             msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel,
                               learners=self.cfg.sync.learners, gradient_parts=True)
@@ -252,6 +258,8 @@ class ParameterServer(PushPartsMixin):
                 f"{f['model']}); this server holds {self.numel:,} ({self.signature}). Is "
                 f"{who} running another model config?")
         self.identities[learner] = ident
+        if self.hot is not None:
+            self.hot.set_ident(learner, ident)
         self._drop_parts(learner)   # a restarted learner starts its gradients afresh
         if wire.node_id(learner) is not None:
             self.subtrees[learner] = below
@@ -376,15 +384,24 @@ class ParameterServer(PushPartsMixin):
         last_msg = time.time()
         if self.stats:
             self._eval()  # test error of the initial weights (epoch 0)
-        poller = zmq.Poller()  # one Poller: Socket.poll() would build one per call
-        poller.register(self.sock, zmq.POLLIN)
+        # One blocking receive per message (libzmq waits with the GIL released, at most
+        # WAIT_MS): no Poller and no zmq.Again per message on the hot path.
+        self.sock.setsockopt(zmq.RCVTIMEO, WAIT_MS)
         try:
             while not (stop_event is not None and stop_event.is_set()):
                 if self.done and self.stopped >= set(range(self.cfg.sync.learners)):
                     break
-                if poller.poll(100):
-                    # take everything queued before looking at clocks again
-                    transport.drain(self.sock, self.handle)
+                self._arm_hot()
+                try:   # HotPS serves the hot request in C (ps_hot.py); else frames
+                    frames = self.io.recv_multipart() if self.hot is None else self.hot.serve()
+                except zmq.Again:
+                    frames = _NOTHING
+                if frames is None:
+                    self._hot_served()
+                    last_msg = time.time()
+                elif frames is not _NOTHING:
+                    self._disarm_hot()
+                    self.handle(frames)
                     last_msg = time.time()
                 elif time.time() - last_msg > timeout:
                     if self.done:
@@ -414,7 +431,7 @@ class ParameterServer(PushPartsMixin):
             np.save(self.run_dir / "weights.npy", self.w)
         if self.broadcast is not None:
             self.broadcast.close()
-        self.sock.close(linger=transport.LINGER_MS)
+        self.io.close(linger=transport.LINGER_MS)
         if self._own_ctx:
             self.ctx.term()
 
