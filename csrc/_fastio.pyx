@@ -326,7 +326,14 @@ def send(uintptr_t sock, list frames, int flags=0):
 DEF MAX_HOT_FRAMES = 64        # payload frames of a hot message (8 MiB chunks: a 512 MiB model)
 DEF KIND_PUSHPULL = 6          # wire.Kind values (wire.py checks them against HOT_KINDS)
 DEF KIND_WEIGHTS = 7
-HOT_KINDS = {"PUSHPULL": KIND_PUSHPULL, "WEIGHTS": KIND_WEIGHTS}
+DEF KIND_WPART = 19
+HOT_KINDS = {"PUSHPULL": KIND_PUSHPULL, "WEIGHTS": KIND_WEIGHTS, "WPART": KIND_WPART}
+DEF MAX_PARTS = 4096           # wire.MAX_PARTS (checked by wire.py)
+HOT_MAX_PARTS = MAX_PARTS
+DEF X_WAIT = 0
+DEF X_SIGMA = 1
+DEF X_PARTS = 2
+DEF X_OFFSET = 3
 
 cdef struct Cursor:
     const unsigned char *p
@@ -432,8 +439,10 @@ cdef struct Hot:
     long long v, k, s, q, ts, inc
     Py_ssize_t npay
     long long counts[MAX_HOT_FRAMES]
-    int has_wait, wait, has_sigma
-    long long sigma
+    int has_wait, wait, has_sigma, has_parts, has_offset
+    long long sigma, parts, offset
+    int order[2]                       # the x keys in the order they came (X_* below)
+    int nx
 
 
 cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
@@ -450,6 +459,9 @@ cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
     c.end = buf + n
     h.has_wait = 0
     h.has_sigma = 0
+    h.has_parts = 0
+    h.has_offset = 0
+    h.nx = 0
     h.npay = -1
     entries = _read_container(&c, 0x80, 0xde)
     if entries != 8:
@@ -515,21 +527,63 @@ cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
                     h.has_wait = 1
                     h.wait = c.p[0] == 0xc3
                     c.p += 1
+                    h.order[j] = X_WAIT
                 elif _is(key, klen, b"sigma", 5) and not h.has_sigma:
                     if not _read_int(&c, &h.sigma):
                         return False
                     h.has_sigma = 1
+                    h.order[j] = X_SIGMA
+                elif _is(key, klen, b"parts", 5) and not h.has_parts:
+                    if not _read_int(&c, &h.parts):
+                        return False
+                    h.has_parts = 1
+                    h.order[j] = X_PARTS
+                elif _is(key, klen, b"offset", 6) and not h.has_offset:
+                    if not _read_int(&c, &h.offset):
+                        return False
+                    h.has_offset = 1
+                    h.order[j] = X_OFFSET
                 else:
                     return False
+            h.nx = xn
     return c.p == c.end
+
+
+cdef bint _hot_fields(Hot *h) noexcept:
+    """The kind-specific fields of the hot kinds: PUSHPULL x{wait}; WEIGHTS x{} / x{sigma} /
+    x{parts} / both (0 <= parts <= MAX_PARTS); WPART x{offset} with one payload frame."""
+    if h.k == KIND_PUSHPULL:
+        return h.nx == 1 and h.has_wait
+    if h.k == KIND_WEIGHTS:
+        return (not h.has_wait and not h.has_offset
+                and (not h.has_parts or 0 <= h.parts <= MAX_PARTS))
+    if h.k == KIND_WPART:
+        return h.nx == 1 and h.has_offset and h.npay == 1
+    return False
+
+
+cdef dict _fields(Hot *h):
+    cdef dict out = {}
+    cdef int j
+    for j in range(h.nx):
+        if h.order[j] == X_WAIT:
+            out["wait"] = bool(h.wait)
+        elif h.order[j] == X_SIGMA:
+            out["sigma"] = h.sigma
+        elif h.order[j] == X_PARTS:
+            out["parts"] = h.parts
+        else:
+            out["offset"] = h.offset
+    return out
 
 
 def decode_hot(list frames, long long numel=-1):
     """Recognise a hot message: ``frames`` = [header, payload...] (no routing id) where the
-    header has the shape above and is a PUSHPULL x{wait} or a WEIGHTS x{sigma?}, with 1 to
-    64 payload frames whose byte sizes match their float32 counts, adding up to ``numel``
-    (unless -1). Returns (version, kind, sender, seq, ts, inc, fields) or None (not hot:
-    decode it the general way). Never raises for bad input; thread-safe."""
+    header has the shape above and is a PUSHPULL x{wait}, a WEIGHTS x{sigma?, parts?} or a
+    WPART x{offset}, with 1 to 64 payload frames (WPART: one) whose byte sizes match their
+    float32 counts, adding up to ``numel`` (unless -1, or a part of a streamed reply).
+    Returns (version, kind, sender, seq, ts, inc, fields) or None (not hot: decode it the
+    general way). Never raises for bad input; thread-safe."""
     cdef Py_buffer view
     cdef Hot h
     cdef bint ok
@@ -548,16 +602,11 @@ def decode_hot(list frames, long long numel=-1):
         PyBuffer_Release(&view)
     if not ok or h.npay != nf - 1:
         return None
-    if h.k == KIND_PUSHPULL:
-        if not h.has_wait or h.has_sigma:
-            return None
-        fields = {"wait": bool(h.wait)}
-    elif h.k == KIND_WEIGHTS:
-        if h.has_wait:
-            return None
-        fields = {"sigma": h.sigma} if h.has_sigma else {}
-    else:
+    if not _hot_fields(&h):
         return None
+    fields = _fields(&h)
+    if h.k == KIND_WPART or (h.has_parts and h.parts > 0):
+        numel = -1      # a part of a streamed reply: wire.assemble checks the total
     for i in range(1, nf):
         try:
             PyObject_GetBuffer(frames[i], &view, PyBUF_ANY_CONTIGUOUS)
@@ -663,33 +712,45 @@ cdef bint _float32_vector(object arr, Py_ssize_t *count):
 
 def encode_hot(int kind, object sender, object seq, object ts, object inc, payloads,
                dict fields):
-    """The header wire.encode would build for a PUSHPULL x{wait: bool} or a WEIGHTS
-    x{} / x{sigma: int} with 1 to 64 float32 payloads (1-D, C-contiguous), as bytes; None for
-    anything else (then wire.encode takes its general path). Thread-safe."""
+    """The header wire.encode would build for a PUSHPULL x{wait: bool}, a WEIGHTS with
+    x{sigma: int, parts: int} or any part of it, or a WPART x{offset: int} with one payload;
+    1 to 64 float32 payloads (1-D, C-contiguous ndarrays). Returns bytes, or None for anything
+    else (then wire.encode takes its general path). Thread-safe."""
     cdef unsigned char buf[HOT_HEADER_BYTES]
     cdef unsigned char *o = buf
-    cdef Py_ssize_t n, i, count
+    cdef Py_ssize_t n, i, count, nx = len(fields)
     cdef long long vals[4]
-    cdef long long sigma = 0
-    cdef int wait = -1
+    cdef long long xv[2]
+    cdef int xk[2]
     if type(payloads) is not list and type(payloads) is not tuple:
         return None
     n = len(payloads)
-    if n < 1 or n > MAX_HOT_FRAMES:
+    if n < 1 or n > MAX_HOT_FRAMES or nx > 2:
         return None
-    if kind == KIND_PUSHPULL:
-        if len(fields) != 1 or type(fields.get("wait")) is not bool:
+    i = 0
+    for name, val in fields.items():
+        if name == "wait" and kind == KIND_PUSHPULL and type(val) is bool:
+            xk[i], xv[i] = X_WAIT, val
+        elif type(val) is not int:
             return None
-        wait = fields["wait"]
-    elif kind == KIND_WEIGHTS:
-        if len(fields) > 1 or (fields and type(fields.get("sigma")) is not int):
+        elif name == "sigma" and kind == KIND_WEIGHTS:
+            xk[i] = X_SIGMA
+        elif name == "parts" and kind == KIND_WEIGHTS:
+            xk[i] = X_PARTS
+        elif name == "offset" and kind == KIND_WPART:
+            xk[i] = X_OFFSET
+        else:
             return None
-        if fields:
+        if xk[i] != X_WAIT:
             try:
-                sigma = fields["sigma"]
+                xv[i] = val
             except OverflowError:
                 return None
-    else:
+        i += 1
+    if ((kind == KIND_PUSHPULL and (nx != 1 or xk[0] != X_WAIT))
+            or (kind == KIND_WPART and (nx != 1 or n != 1))
+            or (nx == 2 and xk[0] == xk[1])
+            or kind not in (KIND_PUSHPULL, KIND_WEIGHTS, KIND_WPART)):
         return None
     for i, v in enumerate((sender, seq, ts, inc)):
         if type(v) is not int:
@@ -720,17 +781,16 @@ def encode_hot(int kind, object sender, object seq, object ts, object inc, paylo
         o += _put_str(o, b"f4")
         o += _put_int(o, count)
     o += _put_str(o, b"x")
-    if wait >= 0:
-        o += _put_len(o, 1, 0x80, 0xde)
-        o += _put_str(o, b"wait")
-        o[0] = 0xc3 if wait else 0xc2
-        o += 1
-    elif fields:
-        o += _put_len(o, 1, 0x80, 0xde)
-        o += _put_str(o, b"sigma")
-        o += _put_int(o, sigma)
-    else:
-        o += _put_len(o, 0, 0x80, 0xde)
+    o += _put_len(o, nx, 0x80, 0xde)
+    for i in range(nx):
+        if xk[i] == X_WAIT:
+            o += _put_str(o, b"wait")
+            o[0] = 0xc3 if xv[i] else 0xc2
+            o += 1
+        else:
+            o += _put_str(o, b"sigma" if xk[i] == X_SIGMA else
+                          (b"parts" if xk[i] == X_PARTS else b"offset"))
+            o += _put_int(o, xv[i])
     return PyBytes_FromStringAndSize(<char *>buf, o - buf)
 
 
@@ -797,7 +857,7 @@ cdef class HotPS:
     cdef bint armed
     cdef double base_lr
     cdef int policy
-    cdef long long timestamp, seq
+    cdef long long timestamp, seq, part_floats
     cdef object w, v, out
     cdef float *wp
     cdef float *vp
@@ -805,7 +865,7 @@ cdef class HotPS:
     # the last request served hot
     cdef readonly long long sender, grad_ts, sigma, new_ts, reply_seq
     cdef readonly double lr, g_scale
-    cdef readonly int send_errno
+    cdef readonly int send_errno, send_failures
     cdef readonly object pins
 
     def __init__(self, sock, long long numel, long long learners, long long inc, segments,
@@ -831,11 +891,18 @@ cdef class HotPS:
         if 0 <= learner < self.learners:
             self.idents[learner] = ident
 
-    def arm(self, double base_lr, int policy, long long timestamp, long long seq, w, v, out):
+    def arm(self, double base_lr, int policy, long long timestamp, long long seq, w, v, out,
+            long long part_floats):
         """Serve the next PUSHPULL hot: an update at ``base_lr`` (the rate of the epoch that
         gradient completes, before the staleness policy ``policy``), from version
-        ``timestamp`` in ``w`` to ``out`` (momentum ``v`` in place), the reply numbered
-        ``seq``. The arrays stay referenced until the request or ``disarm``."""
+        ``timestamp`` in ``w`` to ``out`` (momentum ``v`` in place), the reply numbered from
+        ``seq``: one WEIGHTS frame, or with ``part_floats`` < the model size streamed as the
+        PS streams it (WPART x{offset} per part as soon as the kernel finished it, then WEIGHTS
+        x{parts, sigma}). The arrays stay referenced until the request or ``disarm``."""
+        if part_floats < 1 or (self.numel + part_floats - 1) // part_floats - 1 > MAX_PARTS:
+            raise ValueError(f"part_floats {part_floats} makes more than {MAX_PARTS + 1} parts "
+                             f"of {self.numel} floats")
+        self.part_floats = part_floats
         self.wp = _f32_ptr(w, False, self.numel)
         self.vp = _f32_ptr(v, True, self.numel)
         self.outp = _f32_ptr(out, True, self.numel)
@@ -881,39 +948,65 @@ cdef class HotPS:
         cdef long long sigma = self.timestamp - ts
         cdef double clipped = <double>(sigma if sigma > 1 else 1)
         cdef double lr = self.base_lr, g_scale = 1.0
-        cdef Py_ssize_t i, j, off = 0, cnt, a, b
-        cdef const float *g
-        cdef Py_buffer view
+        cdef Py_ssize_t i, j, nf = len(frames) - 2, a, b, lo, hi, a0, b0
+        cdef Py_ssize_t n = self.numel, step = self.part_floats
+        cdef Py_ssize_t nparts = (n + step - 1) // step, k = 0
+        cdef Py_buffer views[MAX_HOT_FRAMES]
+        cdef Py_ssize_t offs[MAX_HOT_FRAMES + 1]
         if self.policy == POLICY_STALENESS:
             lr = lr / clipped           # the engine: lr /= max(⟨σ⟩, 1), ⟨σ⟩ = σ / 1
         elif self.policy == POLICY_PER_GRADIENT:
             g_scale = 1.0 / clipped     # the engine's per-gradient scale, times g_scale 1/1
-        for i in range(2, len(frames)):
-            PyObject_GetBuffer(frames[i], &view, PyBUF_ANY_CONTIGUOUS)
-            g = <const float *>view.buf
-            cnt = view.len // 4
-            with nogil:
-                for j in range(self.nseg):   # each parameter segment within this piece
-                    a = max(self.seg_start[j], off)
-                    b = min(self.seg_stop[j], off + cnt)
-                    if a < b:
-                        _momentum(self.outp + a, self.wp + a, self.vp + a, self.vp + a,
-                                  g + (a - off), b - a, lr * self.seg_lr[j], self.momentum,
-                                  self.weight_decay * self.seg_decay[j], g_scale)
-            PyBuffer_Release(&view)
-            off += cnt
         self.sigma, self.lr, self.g_scale = sigma, lr, g_scale
-        self.new_ts, self.reply_seq = self.timestamp + 1, self.seq
+        self.new_ts = self.timestamp + 1
+        self.send_errno = self.send_failures = 0
         out = self.out
-        self.armed = False
-        self.w = self.v = self.out = None
-        header = encode_hot(KIND_WEIGHTS, -1, self.seq, self.timestamp + 1, self.inc, [out],
-                            {"sigma": sigma})
-        self.send_errno = 0
+        offs[0] = 0
+        for i in range(nf):      # the gradient's frames (decode_hot checked them), held
+            PyObject_GetBuffer(frames[2 + i], &views[i], PyBUF_ANY_CONTIGUOUS)
+            offs[i + 1] = offs[i] + views[i].len // 4
         try:
-            pin = send(self.sock, [frames[0], header, out], ZMQ_DONTWAIT)
-        except ZMQError as exc:   # the learner is gone (ROUTER_MANDATORY) or its queue is full
+            for k in range(nparts):   # a part of the new weights, then its reply message
+                lo = k * step
+                hi = min(lo + step, n)
+                with nogil:
+                    for i in range(nf):              # each gradient frame in the part...
+                        a0 = max(lo, offs[i])
+                        b0 = min(hi, offs[i + 1])
+                        for j in range(self.nseg):   # ...and each parameter segment in that
+                            a = max(self.seg_start[j], a0)
+                            b = min(self.seg_stop[j], b0)
+                            if a < b:
+                                _momentum(self.outp + a, self.wp + a, self.vp + a,
+                                          self.vp + a, <const float *>views[i].buf +
+                                          (a - offs[i]), b - a, lr * self.seg_lr[j],
+                                          self.momentum, self.weight_decay * self.seg_decay[j],
+                                          g_scale)
+                if nparts == 1:
+                    self._reply(frames[0], KIND_WEIGHTS, out, {"sigma": sigma})
+                elif k < nparts - 1:
+                    self._reply(frames[0], KIND_WPART, out[lo:hi], {"offset": lo})
+                else:
+                    self._reply(frames[0], KIND_WEIGHTS, out[lo:hi],
+                                {"parts": nparts - 1, "sigma": sigma})
+        finally:
+            for i in range(nf):
+                PyBuffer_Release(&views[i])
+            self.armed = False
+            self.w = self.v = self.out = None
+        self.reply_seq = self.seq - 1
+
+    cdef _reply(self, ident, int kind, part, dict fields):
+        """Send one reply message (zero-copy ``part``), numbered ``seq``; a send libzmq
+        refuses (the learner gone: ROUTER_MANDATORY, or its queue full) is counted, as the
+        general path counts it."""
+        header = encode_hot(kind, -1, self.seq, self.new_ts, self.inc, [part], fields)
+        self.seq += 1
+        try:
+            pin = send(self.sock, [ident, header, part], ZMQ_DONTWAIT)
+        except ZMQError as exc:
             self.send_errno = exc.errno
+            self.send_failures += 1
         else:
             if pin is not None:
                 self.pins.append(pin)
@@ -923,17 +1016,45 @@ cdef class HotPS:
 def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, vector, long long numel):
     """A learner's PUSHPULL of the whole gradient ``vector`` (one float32 frame) and the wait
     for its reply, in one call: encode (as wire.encode), send (``vector`` zero-copy), receive
-    (blocks up to the socket's RCVTIMEO, GIL released) and recognise the reply (as
-    ``decode_hot`` with ``numel``). Returns (pin, frames, hot): ``pin`` to keep until done (or
-    None), the reply's frames (None if none came before RCVTIMEO: wait on), and decode_hot's
-    result for them (None: decode them the general way). Returns None without sending if the
-    request is not of the hot shape. Raises zmq.ZMQError if the send fails. Not thread-safe."""
+    (blocks up to the socket's RCVTIMEO, GIL released) and recognise the reply: a WEIGHTS of
+    ``numel`` floats, or a streamed one (WPART x{offset}... then WEIGHTS x{parts}) whose
+    sequence is whole (one ts, contiguous offsets from 0, the declared count, ``numel`` in
+    all; as wire.assemble checks it). Returns None without sending if the request is not of
+    the hot shape, else (pin, messages, reply): ``pin`` to keep until done (or None), the
+    frames of every message received (none if RCVTIMEO passed first: wait on), and for a
+    recognised reply (sender, seq, ts, inc, fields of the WEIGHTS, payload frames in order),
+    else None (decode the messages the general way). Raises zmq.ZMQError if the send fails.
+    Not thread-safe."""
     header = encode_hot(KIND_PUSHPULL, sender, seq, ts, inc, [vector], {"wait": bool(wait)})
     if header is None:
         return None
     pin = send(sock, [header, vector], 0)
-    try:
-        frames = recv(sock, 0)
-    except Again:
-        return pin, None, None
-    return pin, frames, decode_hot(frames, numel)
+    messages = []
+    payloads = []
+    cdef long long total = 0, parts = 0, first_ts = 0
+    while True:
+        try:
+            frames = recv(sock, 0)
+        except Again:
+            return pin, messages, None
+        messages.append(frames)
+        hot = decode_hot(frames, -1)
+        if hot is None or hot[0] != 1 or (parts and hot[4] != first_ts):
+            return pin, messages, None
+        if not parts:
+            first_ts = hot[4]
+        if hot[1] == KIND_WPART:
+            if hot[6]["offset"] != total or parts >= MAX_PARTS:
+                return pin, messages, None
+            parts += 1
+            total += len(frames[1]) // 4
+            payloads.append(frames[1])
+            continue
+        if hot[1] != KIND_WEIGHTS or hot[6].get("parts", 0) != parts:
+            return pin, messages, None
+        for f in frames[1:]:
+            total += len(f) // 4
+            payloads.append(f)
+        if numel >= 0 and total != numel:
+            return pin, messages, None
+        return pin, messages, (hot[2], hot[3], hot[4], hot[5], hot[6], payloads)

@@ -86,6 +86,8 @@ class RuntimeConfig:
     #                                    updates while the rest arrives (cut-through): always |
     #                                    never | auto (parts unless the PS is on this host:
     #                                    on loopback the copies keep the cores busy already)
+    hot_path: bool = True              # PS: serve a c = 1 PUSHPULL in compiled code
+    #                                    (roles/ps_hot.py); false: always the Python path
     timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
     learners_per_process: int = 1      # >1 hosts several learner threads per process
 

@@ -36,6 +36,7 @@ COPY_THRESHOLD = _fastio.COPY_THRESHOLD
 decode_hot = _fastio.decode_hot     # wire.decode's fast front (see wire.py)
 encode_hot = _fastio.encode_hot     # wire.encode's fast front
 HOT_KINDS = _fastio.HOT_KINDS
+HOT_MAX_PARTS = _fastio.HOT_MAX_PARTS
 
 
 def _libzmq_addresses() -> dict:
@@ -102,9 +103,9 @@ class FastSocket:
     def pushpull_hot(self, sender: int, seq: int, ts: int, inc: int, wait: bool, vector,
                      numel: int):
         """A learner's whole-gradient PUSHPULL and the wait for its reply in one compiled call
-        (``_fastio.pushpull_hot``): returns (reply frames or None if RCVTIMEO passed first,
-        ``decode_hot`` of them), or None when the request is not of the hot shape (nothing
-        was sent). Blocks up to the socket's RCVTIMEO."""
+        (``_fastio.pushpull_hot``): returns (the frames of every message received, the
+        recognised reply or None), or None when the request is not of the hot shape (nothing
+        was sent). Blocks up to the socket's RCVTIMEO (then the list is empty)."""
         self._check_open()
         self.prune()
         r = _fastio.pushpull_hot(self.addr, sender, seq, ts, inc, wait, vector, numel)

@@ -259,37 +259,34 @@ class Channel:
         """Push the gradient ``vector`` (as ``send_gradient``) and return the validated reply
         (as ``recv``). A gradient that goes as one frame takes the compiled hot path
         (``fastio.pushpull_hot``): one call encodes, sends, waits and recognises a WEIGHTS
-        reply; anything else is decoded and checked as ``recv`` does. Blocks as ``recv``."""
+        reply, streamed or not; anything else is decoded and checked as ``recv`` does.
+        Blocks as ``recv``."""
         n = vector.shape[0]
         if n <= part_floats and 4 * n <= chunk_bytes and n:
             r = self.io.pushpull_hot(self.sender, next(self._seq), ts, self.inc, wait, vector,
                                      -1 if numel is None else numel)
             if r is not None:
-                frames, hot = r
-                if (hot is not None and hot[0] == wire.PROTOCOL_VERSION
-                        and hot[1] == wire.Kind.WEIGHTS
-                        and (kinds is None or wire.Kind.WEIGHTS in kinds)):
-                    if hot[5]:
-                        self.inc = hot[5]
-                    return wire.Message(wire.Kind.WEIGHTS, hot[2], hot[3], hot[4], hot[5],
-                                        hot[6], [np.frombuffer(f, np.float32)
-                                                 for f in frames[1:]])
-                return self.recv(kinds, numel, first=frames)
+                messages, reply = r
+                if reply is not None and (kinds is None or wire.Kind.WEIGHTS in kinds):
+                    sender, seq, ts, inc, fields, payloads = reply
+                    if inc:
+                        self.inc = inc
+                    return wire.Message(wire.Kind.WEIGHTS, sender, seq, ts, inc, fields,
+                                        [np.frombuffer(f, np.float32) for f in payloads])
+                return self.recv(kinds, numel, first=messages)
         self.send_gradient(wire.Kind.PUSHPULL, ts, vector, part_floats, chunk_bytes, wait=wait)
         return self.recv(kinds, numel)
 
     def recv(self, kinds=None, numel: int | None = None, first=None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
-        ``ServerError`` for an ERROR reply. ``first``: its first message's frames, already
-        received (``pushpull``)."""
+        ``ServerError`` for an ERROR reply. ``first``: the frames of messages of the reply
+        already received (``pushpull``), taken before the socket."""
         parts = []
+        first = list(first or ())
         t0 = time.monotonic()
         while True:   # a streamed WEIGHTS reply comes as WPART messages, then WEIGHTS
             try:
-                if first is not None:
-                    frames, first = first, None
-                else:
-                    frames = self.io.recv_multipart()
+                frames = first.pop(0) if first else self.io.recv_multipart()
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
                 if self.timeout_ms < 0 or time.monotonic() - t0 < self.timeout_ms / 1000:
                     continue

@@ -90,7 +90,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from .fastio import HOT_KINDS, decode_hot, encode_hot
+from .fastio import HOT_KINDS, HOT_MAX_PARTS, decode_hot, encode_hot
 
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
@@ -244,7 +244,7 @@ def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
     Send the result with ``socket.send_multipart(frames, copy=False)``. Raises ValueError if a
     field or payload does not fit the kind (a programming error, never network input).
     """
-    if kind in _HOT:   # the training step's two messages: the same bytes, built in C
+    if kind in _HOT:   # the training step's messages: the same bytes, built in C
         header = encode_hot(kind, sender, seq, ts, inc, payloads, fields)
         if header is not None:
             return [header, *payloads]
@@ -279,8 +279,8 @@ def _nbytes(buf) -> int:
 
 
 _F4 = PAYLOAD_DTYPES["f4"]
-_HOT = frozenset((Kind.PUSHPULL, Kind.WEIGHTS))
-if HOT_KINDS != {"PUSHPULL": Kind.PUSHPULL, "WEIGHTS": Kind.WEIGHTS}:  # pragma: no cover
+_HOT = frozenset((Kind.PUSHPULL, Kind.WEIGHTS, Kind.WPART))
+if HOT_KINDS != {k.name: k for k in _HOT} or HOT_MAX_PARTS != MAX_PARTS:  # pragma: no cover
     raise ImportError(f"rudra_zmq._fastio was built for other message kinds {HOT_KINDS}: "
                       "rebuild it (`pip install -e .`)")
 _INT_KEYS = ("v", "k", "s", "q", "ts", "inc")
@@ -307,9 +307,10 @@ def decode(frames, *, kinds=None, numel: int | None = None,
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
-    # The two messages of every training step (PUSHPULL x{wait}, WEIGHTS x{sigma?}, float32
-    # payloads) are recognised in C (fastio.decode_hot): the same checks, the same Message.
-    # Anything else -- including every malformed message -- takes the general path below.
+    # The messages of every training step (PUSHPULL x{wait}; WEIGHTS x{sigma?, parts?} and
+    # WPART x{offset}, float32 payloads) are recognised in C (fastio.decode_hot): the same
+    # checks, the same Message. Anything else -- every malformed message included -- takes
+    # the general path below.
     hot = decode_hot(frames if type(frames) is list else list(frames),
                      -1 if numel is None else numel)
     if hot is not None and hot[0] == PROTOCOL_VERSION:

@@ -98,11 +98,17 @@ def _hot_cases(rng, n=600):
         s, q, ts, inc = (rng.choice(_INTS) for _ in range(4))
         pl = [np.arange(rng.choice([0, 1, 3, 40]), dtype=np.float32)
               for _ in range(rng.choice([1, 2, 15, 16, 64]))]
-        if rng.random() < 0.5:
+        x = rng.random()
+        if x < 0.4:
             yield Kind.PUSHPULL, s, q, ts, inc, pl, {"wait": rng.random() < 0.5}
+        elif x < 0.8:
+            f = {"sigma": rng.choice(_INTS)} if rng.random() < 0.5 else {}
+            if rng.random() < 0.4:   # the end of a streamed reply (either order)
+                parts = rng.choice([0, 1, 7, 4096])
+                f = {"parts": parts, **f} if rng.random() < 0.5 else {**f, "parts": parts}
+            yield Kind.WEIGHTS, s, q, ts, inc, pl, f
         else:
-            yield Kind.WEIGHTS, s, q, ts, inc, pl, (
-                {"sigma": rng.choice(_INTS)} if rng.random() < 0.5 else {})
+            yield Kind.WPART, s, q, ts, inc, pl[:1], {"offset": rng.choice(_INTS)}
 
 
 def test_encode_hot_writes_the_bytes_msgpack_would():
@@ -118,6 +124,9 @@ def test_encode_hot_writes_the_bytes_msgpack_would():
     (Kind.PUSH, [np.zeros(3, np.float32)], {}),                      # not a hot kind
     (Kind.PUSHPULL, [np.zeros(3, np.float32)], {"wait": 1}),           # int, not bool
     (Kind.PUSHPULL, [np.zeros(3, np.float32)], {"wait": True, "parts": 1}),
+    (Kind.WPART, [np.zeros(3, np.float32)] * 2, {"offset": 0}),        # one payload only
+    (Kind.WPART, [np.zeros(3, np.float32)], {"offset": 0, "sigma": 1}),
+    (Kind.WEIGHTS, [np.zeros(3, np.float32)], {"wait": True}),
     (Kind.WEIGHTS, [np.zeros(3, np.float32)], {"sigma": True}),        # bool, not int
     (Kind.WEIGHTS, [np.zeros(3, np.float64)], {}),
     (Kind.WEIGHTS, [np.zeros((2, 2), np.float32)], {}),
@@ -194,7 +203,11 @@ def test_decode_hot_accepts_exactly_what_the_general_decoder_accepts_the_same_wa
     {"v": 1, "k": 6, "s": 0, "q": 1, "ts": 0.0, "inc": 0, "p": [["f4", 2]], "x": {"wait": False}},
     {"v": 1, "k": 6, "s": True, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 2]], "x": {"wait": 0}},
     {"v": 1, "k": 6, "s": 0, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 2]], "x": {"slot": 0}},
-    {"v": 1, "k": 7, "s": -1, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 2]], "x": {"parts": 1}},
+    {"v": 1, "k": 7, "s": -1, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 2]], "x": {"parts": 4097}},
+    {"v": 1, "k": 7, "s": -1, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 2]], "x": {"board": True}},
+    {"v": 1, "k": 19, "s": -1, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 1], ["f4", 1]],
+     "x": {"offset": 0}},
+    {"v": 1, "k": 19, "s": -1, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 2]], "x": {}},
     {"v": 1, "k": 3, "s": 0, "q": 1, "ts": 0, "inc": 0, "p": [["f4", 2]], "x": {}},
     {"v": 1, "k": 7, "s": 0, "q": 1, "ts": 2**64 - 1, "inc": 0, "p": [["f4", 2]], "x": {}},
 ])

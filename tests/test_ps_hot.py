@@ -12,12 +12,11 @@ N = 3000
 
 
 def _ps(ctx, *overrides, hot=True):
-    cfg = small_config("sync.protocol=async", *overrides)
+    cfg = small_config("sync.protocol=async", f"runtime.hot_path={str(hot).lower()}",
+                       *overrides)
     w0 = np.random.default_rng(3).standard_normal(N).astype(np.float32)
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx, model=(
         w0, [(0, 1000, 1.0, 1.0), (1000, 2500, 2.0, 0.0), (2500, N, 0.5, 3.0)], "hot-test"))
-    if not hot:
-        ps.hot = None          # the general path only
     return ps
 
 
@@ -34,9 +33,12 @@ def _script(ps, ctx):
         def push(who, ts):
             who.send(Kind.PUSHPULL, ts, [rng.standard_normal(N).astype(np.float32)],
                      wait=False)
-            r = who.recv()
-            out.append((r.kind, r.ts, dict(r.fields), [p.copy() for p in r.payloads]))
-            return r.ts
+            msgs = [who.recv()]
+            while msgs[-1].kind == Kind.WPART:      # a streamed reply: its parts, in order
+                msgs.append(who.recv())
+            for r in msgs:
+                out.append((r.kind, r.ts, dict(r.fields), [p.copy() for p in r.payloads]))
+            return msgs[-1].ts
 
         ts_a = push(a, 0)
         push(b, 0)                            # σ = 1
@@ -68,8 +70,18 @@ def _same(x, y):
         for p, q in zip(x, y))
 
 
+@pytest.fixture
+def streamed(request, monkeypatch):
+    """Replies streamed in 8 parts of 375 floats (the minimum part lowered to 1 KiB)."""
+    if request.param:
+        import rudra_zmq.update as update_mod
+        monkeypatch.setattr(update_mod, "STREAM_MIN_PART_BYTES", 1 << 10)
+    return request.param
+
+
+@pytest.mark.parametrize("streamed", [False, True], indirect=True)
 @pytest.mark.parametrize("policy", ["constant", "staleness", "per_gradient"])
-def test_the_hot_path_gives_the_general_paths_weights_bit_for_bit(ctx, policy):
+def test_the_hot_path_gives_the_general_paths_weights_bit_for_bit(ctx, policy, streamed):
     over = (f"optimizer.lr_policy={policy}", "optimizer.lr_steps=[0.03]", "sync.learners=2")
     results = []
     for hot in (True, False):
@@ -80,6 +92,7 @@ def test_the_hot_path_gives_the_general_paths_weights_bit_for_bit(ctx, policy):
         results.append((ps, replies))
     (hot_ps, hot_replies), (ref_ps, ref_replies) = results
     assert hot_ps.hot_updates == 14 and ref_ps.hot is None      # every update but none refused
+    assert [r[0] for r in hot_replies].count(Kind.WPART) == (14 * 7 if streamed else 0)   # (the PULL: unstreamed)
     assert [r[0] for r in hot_replies].count(Kind.ERROR) == 3
     assert _same(hot_replies, ref_replies)
     assert np.array_equal(hot_ps.w, ref_ps.w) and np.array_equal(hot_ps.v, ref_ps.v)
@@ -103,7 +116,7 @@ def test_the_update_that_ends_training_takes_the_general_path(ctx):
 
 @pytest.mark.parametrize("overrides", [
     ("sync.protocol=hardsync",), ("sync.protocol=softsync", "sync.n=1"),
-    ("optimizer.momentum=0",),
+    ("optimizer.momentum=0",), ("runtime.hot_path=false",),
 ])
 def test_no_hot_path_where_an_update_is_not_one_whole_momentum_step(ctx, overrides):
     ps = _ps(ctx, *overrides)
@@ -112,7 +125,7 @@ def test_no_hot_path_where_an_update_is_not_one_whole_momentum_step(ctx, overrid
 
 
 def test_a_model_larger_than_one_reply_frame_is_served_the_general_way(ctx):
-    cfg = small_config("sync.protocol=async", "runtime.chunk_mib=1")
+    cfg = small_config("sync.protocol=async", "runtime.chunk_mib=1", "runtime.stream_parts=1")
     n = (1 << 20) // 4 + 1                      # one float over a 1 MiB frame
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx,
                          model=(np.zeros(n, np.float32), [(0, n, 1.0, 1.0)], "big"))
@@ -120,8 +133,10 @@ def test_a_model_larger_than_one_reply_frame_is_served_the_general_way(ctx):
     ps.io.close(linger=0)
 
 
-def test_a_channel_pushpull_matches_send_and_recv(ctx):
-    """Channel.pushpull (one compiled call) returns what send_gradient + recv return."""
+@pytest.mark.parametrize("streamed", [False, True], indirect=True)
+def test_a_channel_pushpull_matches_send_and_recv(ctx, streamed):
+    """Channel.pushpull (one compiled call) returns what send_gradient + recv return, for
+    replies in one message and streamed in parts."""
     got = []
     for fast in (True, False):
         ps = _ps(ctx)
@@ -136,6 +151,7 @@ def test_a_channel_pushpull_matches_send_and_recv(ctx):
                 else:
                     ch.send_gradient(Kind.PUSHPULL, ts, g, N, wait=False)
                     m = ch.recv({Kind.WEIGHTS}, N)
+                assert len(m.payloads) == (8 if streamed else 1)
                 got.append((fast, m.kind, m.ts, m.fields, np.concatenate(m.payloads).copy()))
                 ts = m.ts
             assert ch.inc == ps.inc

@@ -61,6 +61,7 @@ def ps_overrides(req: dict) -> list[str]:
            "data.dataset=synthetic", "data.synthetic_train=1000000000",
            f"runtime.ps_threads={req['ps_threads']}", f"runtime.chunk_mib={req['chunk_mib']}",
            f"runtime.stream_parts={req.get('stream_parts', 8)}",
+           f"runtime.hot_path={str(req.get('hot_path', True)).lower()}",
            "runtime.timeout_s=3600", f"architecture.kind={req['arch']}",
            f"architecture.fanout={req['fanout']}", f"architecture.depth={req['depth']}"]
     if req["protocol"] == "softsync":
@@ -204,6 +205,7 @@ def run_case(ctl, clients, n: int, mode: str, args) -> dict:
     req = dict(n=n, protocol=args.protocol, learners=args.learners, softsync_n=args.softsync_n,
                ps_threads=args.ps_threads, io_threads=args.io_threads,
                chunk_mib=args.chunk_mib, stream_parts=args.stream_parts, arch=args.arch,
+               hot_path=args.hot_path == "on",
                fanout=args.fanout, depth=args.depth)
     eps = ctl.request("ps", **req)
     clients.call("connect", ps=[ctl.reachable(e) for e in eps["learners"]],
@@ -283,6 +285,9 @@ def add_arguments(p) -> None:
                    help="runtime.gradient_parts of the clients: push a large gradient in "
                         "--stream-parts GPART parts, so the PS updates during the transfer "
                         "(auto, as a learner: in parts when --connect names another host)")
+    p.add_argument("--hot-path", default="on", choices=("on", "off"),
+                   help="runtime.hot_path of the PS: off serves every request in Python "
+                        "(compare the compiled hot path with the general one)")
     p.add_argument("--io-threads", type=int, default=1,
                    help="ZeroMQ I/O threads of the PS and the raw server (default 1, "
                         "libzmq's default and the PS's)")
@@ -306,7 +311,7 @@ def run(args) -> int:
         "rounds); p50/p99 of single operations; PS/raw time = p50 ratio (lower is better), "
         "goodput = Gbps ratio (higher is better)",
         f"PS: momentum SGD, {args.ps_threads} kernel thread(s), chunk_mib={args.chunk_mib}, "
-        f"stream_parts={args.stream_parts}, gradients "
+        f"stream_parts={args.stream_parts}, hot path {args.hot_path}, gradients "
         f"{'in parts' if in_parts(args) else 'whole'} (--gradient-parts {args.gradient_parts}), "
         f"ZeroMQ io_threads={args.io_threads} (PS and raw server); "
         f"other side: {args.connect or 'spawned on this machine'}"],

@@ -16,9 +16,13 @@ server checks that it decided the same update that was applied (any difference i
 stops the server). Everything else -- another kind, a malformed or refused message, a
 gradient in parts, the update that ends training -- goes to ``handle`` untouched.
 
+A reply that the general path would stream in parts (``runtime.stream_parts``) is streamed the
+same way: each part's WPART leaves as soon as the kernel finished it, then WEIGHTS x{parts}.
+
 Served hot only when nothing else could apply: architecture base without broadcast, momentum
-SGD, protocol async or softsync with c = 1, a reply that is one unstreamed frame (the model
-fits one ``runtime.chunk_mib`` chunk and one ``stream_parts`` part), no gradient in parts open.
+SGD, protocol async or softsync with c = 1, a gradient pushed whole (not in parts), replies of
+one frame per message (an unstreamed model within one ``runtime.chunk_mib`` chunk, or parts
+within one), no gradient in parts open, and for a streamed reply no learner parked on a pull.
 """
 from __future__ import annotations
 
@@ -34,9 +38,11 @@ class HotPathMixin:
 
     def _init_hot(self) -> None:
         cfg, o = self.cfg, self.cfg.optimizer
-        fits = (self.broadcast is None and self.tree is None and o.momentum > 0
+        one_frame = self.part_floats < self.numel or 4 * self.numel <= self.chunk_bytes
+        fits = (cfg.runtime.hot_path and self.broadcast is None and self.tree is None
+                and o.momentum > 0
                 and cfg.sync.protocol != "hardsync" and self.engine.gradients_per_update == 1
-                and self.part_floats >= self.numel and 4 * self.numel <= self.chunk_bytes)
+                and one_frame and -(-self.numel // self.part_floats) <= fastio.HOT_MAX_PARTS)
         self.hot = fastio.HotPS(self.sock, self.numel, cfg.sync.learners, self.inc,
                                 self.segments, o.momentum, o.weight_decay,
                                 self.io.pins) if fits else None
@@ -53,12 +59,12 @@ class HotPathMixin:
         # the epoch the next gradient completes, as SyncEngine.epoch will compute it
         nxt = (e.gradients_received + 1) * e.batch_size / e.epoch_size if e.epoch_size else 0.0
         if (self.done or e.pending or self._parts or self._cut is not None or self._held
-                or nxt >= self.cfg.train.epochs):
-            return
+                or nxt >= self.cfg.train.epochs or (self.parked and self.part_floats < self.numel)):
+            return      # (a streamed reply goes to the parked learners too: general path)
         self.io.prune()    # sends libzmq finished with free their weight versions for reuse
         self._hot_out = self.versions.next_buffer()
         hot.arm(e.lr.base_at(nxt), self._hot_policy, e.timestamp, self._seq + 1, self.w,
-                self.v, self._hot_out)
+                self.v, self._hot_out, self.part_floats)
 
     def _disarm_hot(self) -> None:
         """Before the general path runs: it may change what HotPS was armed with."""
@@ -83,8 +89,8 @@ class HotPathMixin:
         self.versions.publish(out)
         self._seq = h.reply_seq
         self.hot_updates += 1
-        if h.send_errno:
-            self.undelivered += 1
+        if h.send_failures:
+            self.undelivered += h.send_failures
             log.warning("could not reply WEIGHTS to learner %d: %s", h.sender,
                         fastio.strerror(h.send_errno))
         self._after_update(update)
