@@ -205,7 +205,7 @@ def run_case(ctl, clients, n: int, mode: str, args) -> dict:
     req = dict(n=n, protocol=args.protocol, learners=args.learners, softsync_n=args.softsync_n,
                ps_threads=args.ps_threads, io_threads=args.io_threads,
                chunk_mib=args.chunk_mib, stream_parts=args.stream_parts, arch=args.arch,
-               hot_path=args.hot_path == "on",
+               hot_path=getattr(args, "hot_path", "on") == "on",
                fanout=args.fanout, depth=args.depth)
     eps = ctl.request("ps", **req)
     clients.call("connect", ps=[ctl.reachable(e) for e in eps["learners"]],
