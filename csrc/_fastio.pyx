@@ -330,6 +330,7 @@ DEF KIND_WPART = 19
 HOT_KINDS = {"PUSHPULL": KIND_PUSHPULL, "WEIGHTS": KIND_WEIGHTS, "WPART": KIND_WPART}
 DEF MAX_PARTS = 4096           # wire.MAX_PARTS (checked by wire.py)
 HOT_MAX_PARTS = MAX_PARTS
+HOT_MAX_FRAMES = MAX_HOT_FRAMES
 DEF X_WAIT = 0
 DEF X_SIGMA = 1
 DEF X_PARTS = 2
@@ -1013,9 +1014,11 @@ cdef class HotPS:
 
 
 # ------------------------------------------------------------------ a learner's hot request
-def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, vector, long long numel):
-    """A learner's PUSHPULL of the whole gradient ``vector`` (one float32 frame) and the wait
-    for its reply, in one call: encode (as wire.encode), send (``vector`` zero-copy), receive
+def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, list pieces,
+                 long long numel):
+    """A learner's PUSHPULL of a whole gradient in float32 frames ``pieces`` (its chunks, at
+    most 64) and the wait for its reply, in one call: encode (as wire.encode), send (the
+    pieces zero-copy), receive
     (blocks up to the socket's RCVTIMEO, GIL released) and recognise the reply: a WEIGHTS of
     ``numel`` floats, or a streamed one (WPART x{offset}... then WEIGHTS x{parts}) whose
     sequence is whole (one ts, contiguous offsets from 0, the declared count, ``numel`` in
@@ -1025,10 +1028,10 @@ def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, vector, long l
     recognised reply (sender, seq, ts, inc, fields of the WEIGHTS, payload frames in order),
     else None (decode the messages the general way). Raises zmq.ZMQError if the send fails.
     Not thread-safe."""
-    header = encode_hot(KIND_PUSHPULL, sender, seq, ts, inc, [vector], {"wait": bool(wait)})
+    header = encode_hot(KIND_PUSHPULL, sender, seq, ts, inc, pieces, {"wait": bool(wait)})
     if header is None:
         return None
-    pin = send(sock, [header, vector], 0)
+    pin = send(sock, [header, *pieces], 0)
     messages = []
     payloads = []
     cdef long long total = 0, parts = 0, first_ts = 0

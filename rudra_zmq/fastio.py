@@ -37,6 +37,7 @@ decode_hot = _fastio.decode_hot     # wire.decode's fast front (see wire.py)
 encode_hot = _fastio.encode_hot     # wire.encode's fast front
 HOT_KINDS = _fastio.HOT_KINDS
 HOT_MAX_PARTS = _fastio.HOT_MAX_PARTS
+HOT_MAX_FRAMES = _fastio.HOT_MAX_FRAMES   # payload frames of a hot message
 
 
 def _libzmq_addresses() -> dict:
@@ -100,15 +101,16 @@ class FastSocket:
         self.prune()
         return _fastio.recv(self.addr, flags)
 
-    def pushpull_hot(self, sender: int, seq: int, ts: int, inc: int, wait: bool, vector,
+    def pushpull_hot(self, sender: int, seq: int, ts: int, inc: int, wait: bool, pieces: list,
                      numel: int):
-        """A learner's whole-gradient PUSHPULL and the wait for its reply in one compiled call
-        (``_fastio.pushpull_hot``): returns (the frames of every message received, the
-        recognised reply or None), or None when the request is not of the hot shape (nothing
-        was sent). Blocks up to the socket's RCVTIMEO (then the list is empty)."""
+        """A learner's whole-gradient PUSHPULL (``pieces``: its float32 chunks) and the wait for
+        its reply in one compiled call (``_fastio.pushpull_hot``): returns (the frames of every
+        message received, the recognised reply or None), or None when the request is not of
+        the hot shape (nothing was sent). Blocks up to the socket's RCVTIMEO (then the list
+        is empty)."""
         self._check_open()
         self.prune()
-        r = _fastio.pushpull_hot(self.addr, sender, seq, ts, inc, wait, vector, numel)
+        r = _fastio.pushpull_hot(self.addr, sender, seq, ts, inc, wait, pieces, numel)
         if r is None:
             return None
         if r[0] is not None:

@@ -257,13 +257,14 @@ class Channel:
                  chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, *, wait: bool,
                  kinds=None, numel: int | None = None) -> wire.Message:
         """Push the gradient ``vector`` (as ``send_gradient``) and return the validated reply
-        (as ``recv``). A gradient that goes as one frame takes the compiled hot path
+        (as ``recv``). A gradient that goes whole takes the compiled hot path
         (``fastio.pushpull_hot``): one call encodes, sends, waits and recognises a WEIGHTS
         reply, streamed or not; anything else is decoded and checked as ``recv`` does.
         Blocks as ``recv``."""
         n = vector.shape[0]
-        if n <= part_floats and 4 * n <= chunk_bytes and n:
-            r = self.io.pushpull_hot(self.sender, next(self._seq), ts, self.inc, wait, vector,
+        pieces = wire.chunk(vector, chunk_bytes) if 0 < n <= part_floats else ()
+        if 0 < len(pieces) <= fastio.HOT_MAX_FRAMES:
+            r = self.io.pushpull_hot(self.sender, next(self._seq), ts, self.inc, wait, pieces,
                                      -1 if numel is None else numel)
             if r is not None:
                 messages, reply = r

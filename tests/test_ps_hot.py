@@ -72,7 +72,7 @@ def _same(x, y):
 
 @pytest.fixture
 def streamed(request, monkeypatch):
-    """Replies streamed in 8 parts of 375 floats (the minimum part lowered to 1 KiB)."""
+    """Replies streamed in parts of 1 KiB (the minimum part lowered to that)."""
     if request.param:
         import rudra_zmq.update as update_mod
         monkeypatch.setattr(update_mod, "STREAM_MIN_PART_BYTES", 1 << 10)
@@ -92,7 +92,9 @@ def test_the_hot_path_gives_the_general_paths_weights_bit_for_bit(ctx, policy, s
         results.append((ps, replies))
     (hot_ps, hot_replies), (ref_ps, ref_replies) = results
     assert hot_ps.hot_updates == 14 and ref_ps.hot is None      # every update but none refused
-    assert [r[0] for r in hot_replies].count(Kind.WPART) == (14 * 7 if streamed else 0)   # (the PULL: unstreamed)
+    parts = -(-N // hot_ps.part_floats)
+    assert (parts > 4) == streamed
+    assert [r[0] for r in hot_replies].count(Kind.WPART) == 14 * (parts - 1)   # (PULL: whole)
     assert [r[0] for r in hot_replies].count(Kind.ERROR) == 3
     assert _same(hot_replies, ref_replies)
     assert np.array_equal(hot_ps.w, ref_ps.w) and np.array_equal(hot_ps.v, ref_ps.v)
@@ -133,10 +135,12 @@ def test_a_model_larger_than_one_reply_frame_is_served_the_general_way(ctx):
     ps.io.close(linger=0)
 
 
+@pytest.mark.parametrize("chunk", [8 << 20, 4096])
 @pytest.mark.parametrize("streamed", [False, True], indirect=True)
-def test_a_channel_pushpull_matches_send_and_recv(ctx, streamed):
+def test_a_channel_pushpull_matches_send_and_recv(ctx, streamed, chunk):
     """Channel.pushpull (one compiled call) returns what send_gradient + recv return, for
-    replies in one message and streamed in parts."""
+    gradients in one frame or several (``chunk`` bytes) and replies in one message or
+    streamed in parts."""
     got = []
     for fast in (True, False):
         ps = _ps(ctx)
@@ -147,11 +151,11 @@ def test_a_channel_pushpull_matches_send_and_recv(ctx, streamed):
             g = np.linspace(-1, 1, N, dtype=np.float32)
             for _ in range(3):
                 if fast:
-                    m = ch.pushpull(ts, g, N, wait=False, kinds={Kind.WEIGHTS}, numel=N)
+                    m = ch.pushpull(ts, g, N, chunk, wait=False, kinds={Kind.WEIGHTS}, numel=N)
                 else:
-                    ch.send_gradient(Kind.PUSHPULL, ts, g, N, wait=False)
+                    ch.send_gradient(Kind.PUSHPULL, ts, g, N, chunk, wait=False)
                     m = ch.recv({Kind.WEIGHTS}, N)
-                assert len(m.payloads) == (8 if streamed else 1)
+                assert (len(m.payloads) > 4) == streamed
                 got.append((fast, m.kind, m.ts, m.fields, np.concatenate(m.payloads).copy()))
                 ts = m.ts
             assert ch.inc == ps.inc
