@@ -19,7 +19,7 @@ faster of the two raw variants.
 The PS sends its weights zero-copy with no snapshot copy per version: the update writes the
 next version into a free buffer (``rudra_zmq/versions.py``, ``WeightVersions``; the kernels'
 ``out=``), and a reply that follows its update is streamed in up to ``runtime.stream_parts``
-parts (``--stream-parts``, default 16; WPART messages, then WEIGHTS) while the update computes
+parts (``--stream-parts``, default 8; WPART messages, then WEIGHTS) while the update computes
 the rest. The clients here receive through ``transport.Channel``, which gathers such parts
 (``wire.assemble``). The ``--cow`` prototype this script used to time (copy-on-write weights
 instead of a snapshot) is therefore gone: the PS itself now does that.
@@ -62,7 +62,7 @@ MIN_TRIPS, MAX_TRIPS = 30, 20_000
 WARMUP_S = 0.5                       # untimed round trips per case, at least 10
 BLOCK_S = 0.05                       # round-robin block length
 CHUNK_MIB = 8                        # runtime.chunk_mib (the default)
-STREAM_PARTS = 16                    # runtime.stream_parts (the default; 1 = unstreamed)
+STREAM_PARTS = 8                     # runtime.stream_parts (the default; 1 = unstreamed)
 LIVE_S = 2.0                         # round trips for the live (instrumented) PS breakdown
 GOAL = 1.15                          # PS round trip <= GOAL x raw round trip
 SIGNATURE = "bench-pushpull"

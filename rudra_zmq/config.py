@@ -80,7 +80,7 @@ class RuntimeConfig:
     threads_per_learner: int = 0       # torch threads per learner; 0 = cores / λ, at least 1
     ps_threads: int = 0                # kernel OpenMP threads on the PS; 0 = all cores
     chunk_mib: int = 8                 # max payload frame size for model-sized messages
-    stream_parts: int = 16             # PS: send a weights reply that follows its update in up
+    stream_parts: int = 8              # PS: send a weights reply that follows its update in up
     #                                    to this many parts as they are computed (1 = off)
     gradient_parts: str = "auto"       # push a large gradient in stream_parts parts so the PS
     #                                    updates while the rest arrives (cut-through): always |

@@ -25,8 +25,8 @@ from .versions import WeightVersions
 
 # Streamed replies use parts of at least this size: smaller parts cost more per-message work
 # than the overlap saves (bench/RESULTS.md: at 1M parameters, 1 MiB parts were no faster in
-# Python; with the compiled hot path 10M went best in 16 parts of 2.5 MB, "Hot path").
-STREAM_MIN_PART_BYTES = 2 << 20
+# Python; with the compiled hot path, 8, 16 or 32 parts at 10M were alike within the noise).
+STREAM_MIN_PART_BYTES = 4 << 20
 
 
 def stream_part_floats(numel: int, chunk_bytes: int, stream_parts: int) -> int:

@@ -240,8 +240,6 @@ def test_stream_part_sizes_respect_the_minimum_the_chunk_and_the_count():
     lo = STREAM_MIN_PART_BYTES // 4
     assert stream_part_floats(10_000_000, 8 << 20, 8) == 1_250_000      # 8 parts of 4.8 MiB
     assert stream_part_floats(10_000_000, 2 << 20, 8) == (2 << 20) // 4  # capped by the chunk
-    assert stream_part_floats(10_000_000, 8 << 20, 16) == 625_000       # the default: 16
-    assert stream_part_floats(1_000_000, 8 << 20, 16) == lo              # 2 parts of 2 MiB
-    assert stream_part_floats(lo, 8 << 20, 16) == lo                     # one part: off
+    assert stream_part_floats(1_000_000, 8 << 20, 8) == 1_000_000        # < 2 parts: off
     assert stream_part_floats(3 * lo, 64 << 20, 8) == lo                 # at least the minimum
     assert stream_part_floats(10_000_000, 8 << 20, 1) == 10_000_000      # 1 = off

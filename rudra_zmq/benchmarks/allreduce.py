@@ -178,7 +178,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-ps", action="store_true", help="gloo only")
     p.add_argument("--ps-threads", type=int, default=1, help="PS kernel threads (default 1)")
     p.add_argument("--chunk-mib", type=int, default=8, help="PS runtime.chunk_mib")
-    p.add_argument("--stream-parts", type=int, default=16, help="PS runtime.stream_parts")
+    p.add_argument("--stream-parts", type=int, default=8, help="PS runtime.stream_parts")
     p.add_argument("--io-threads", type=int, default=1, help="ZeroMQ I/O threads of the PS")
     common.add_size_args(p, "1M", "10M", 10, "tensor size in float32 elements")
     common.add_timing_args(p)

@@ -60,7 +60,7 @@ def ps_overrides(req: dict) -> list[str]:
            "train.eval_every_epochs=0", "train.eval_every_updates=0",
            "data.dataset=synthetic", "data.synthetic_train=1000000000",
            f"runtime.ps_threads={req['ps_threads']}", f"runtime.chunk_mib={req['chunk_mib']}",
-           f"runtime.stream_parts={req.get('stream_parts', 16)}",
+           f"runtime.stream_parts={req.get('stream_parts', 8)}",
            f"runtime.hot_path={str(req.get('hot_path', True)).lower()}",
            "runtime.timeout_s=3600", f"architecture.kind={req['arch']}",
            f"architecture.fanout={req['fanout']}", f"architecture.depth={req['depth']}"]
@@ -278,7 +278,7 @@ def add_arguments(p) -> None:
     p.add_argument("--depth", type=int, default=1)
     p.add_argument("--ps-threads", type=int, default=1, help="PS kernel threads (default 1)")
     p.add_argument("--chunk-mib", type=int, default=8, help="runtime.chunk_mib: largest frame")
-    p.add_argument("--stream-parts", type=int, default=16,
+    p.add_argument("--stream-parts", type=int, default=8,
                    help="runtime.stream_parts: parts of a weights reply streamed during its "
                         "update (1 = one message after the update)")
     p.add_argument("--gradient-parts", default="auto", choices=("auto", "always", "never"),
