@@ -95,6 +95,12 @@ cdef extern from *:
     static size_t rz_size(rz_msg_t *m) { return rz_p_size(m); }
     static int rz_more(rz_msg_t *m) { return rz_p_more(m); }
     static int rz_errno(void) { return rz_p_errno(); }
+    /* the header's keys, in the order HotHeader's parser numbers them */
+    static const char *rz_keys[8] = {"v", "k", "s", "q", "ts", "inc", "p", "x"};
+    static const Py_ssize_t rz_key_len[8] = {1, 1, 1, 1, 2, 3, 1, 1};
+    /* the keys of x in the hot shape, by their X_* index */
+    static const char *rz_xkeys[4] = {"wait", "sigma", "parts", "offset"};
+    static const Py_ssize_t rz_xkey_len[4] = {4, 5, 5, 6};
     """
     ctypedef struct rz_msg_t:
         pass
@@ -119,6 +125,10 @@ cdef extern from *:
     size_t rz_size(rz_msg_t *) nogil
     int rz_more(rz_msg_t *) nogil
     int rz_errno() nogil
+    const char *rz_keys[8]
+    const Py_ssize_t rz_key_len[8]
+    const char *rz_xkeys[4]
+    const Py_ssize_t rz_xkey_len[4]
 
 DEF ZMQ_DONTWAIT = 1
 DEF ZMQ_SNDMORE = 2
@@ -369,21 +379,16 @@ cdef bint _read_int(Cursor *c, long long *out) noexcept nogil:
         out[0] = <signed char>b
         c.p += 1
         return True
-    if 0xcc <= b <= 0xcf:                    # uint8..uint64
-        n = 1 << (b - 0xcc)
+    if 0xcc <= b <= 0xd3:                    # uint8..uint64, int8..int64
+        n = 1 << ((b - 0xcc) & 3)
         if not _take(c, 1 + n):
             return False
         u = _be(p + 1, n)
-        if u > 0x7fffffffffffffffULL:
-            return False
-        out[0] = <long long>u
-        return True
-    if 0xd0 <= b <= 0xd3:                    # int8..int64
-        n = 1 << (b - 0xd0)
-        if not _take(c, 1 + n):
-            return False
-        u = _be(p + 1, n)
-        if n == 1:
+        if b <= 0xcf:                        # unsigned: must fit int64
+            if u > 0x7fffffffffffffffULL:
+                return False
+            out[0] = <long long>u
+        elif n == 1:                         # signed: sign-extend from n bytes
             out[0] = <signed char>u
         elif n == 2:
             out[0] = <short>u
@@ -440,28 +445,27 @@ cdef struct Hot:
     long long v, k, s, q, ts, inc
     Py_ssize_t npay
     long long counts[MAX_HOT_FRAMES]
-    int has_wait, wait, has_sigma, has_parts, has_offset
-    long long sigma, parts, offset
-    int order[2]                       # the x keys in the order they came (X_* below)
+    int has[4]                         # x fields present, by X_* index
+    long long val[4]                   # their values (wait: 0 or 1)
+    int order[2]                       # the x keys in the order they came
     int nx
 
 
 cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
     """The hot shape: a map of exactly v, k, s, q, ts, inc (integers), p (a list of
-    ["f4", count >= 0]) and x (a map of at most wait: bool and sigma: int), each once, and
-    nothing after it."""
+    ["f4", count >= 0]) and x (a map of at most two of wait: bool, sigma, parts, offset:
+    integers), each once, and nothing after it."""
     cdef Cursor c
     cdef Py_ssize_t entries, i, j, klen, m, xn
     cdef const unsigned char *key
     cdef const unsigned char *dt
     cdef int seen = 0, bit
     cdef long long *dst
+    cdef long long *ints[6]
+    ints[0], ints[1], ints[2], ints[3], ints[4], ints[5] = &h.v, &h.k, &h.s, &h.q, &h.ts, &h.inc
     c.p = buf
     c.end = buf + n
-    h.has_wait = 0
-    h.has_sigma = 0
-    h.has_parts = 0
-    h.has_offset = 0
+    h.has[0] = h.has[1] = h.has[2] = h.has[3] = 0
     h.nx = 0
     h.npay = -1
     entries = _read_container(&c, 0x80, 0xde)
@@ -471,31 +475,14 @@ cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
         klen = _read_str(&c, &key)
         if klen < 0:
             return False
-        dst = NULL
-        if _is(key, klen, b"v", 1):
-            bit = 1
-            dst = &h.v
-        elif _is(key, klen, b"k", 1):
-            bit = 2
-            dst = &h.k
-        elif _is(key, klen, b"s", 1):
-            bit = 4
-            dst = &h.s
-        elif _is(key, klen, b"q", 1):
-            bit = 8
-            dst = &h.q
-        elif _is(key, klen, b"ts", 2):
-            bit = 16
-            dst = &h.ts
-        elif _is(key, klen, b"inc", 3):
-            bit = 32
-            dst = &h.inc
-        elif _is(key, klen, b"p", 1):
-            bit = 64
-        elif _is(key, klen, b"x", 1):
-            bit = 128
-        else:
+        bit = -1
+        for j in range(8):       # v, k, s, q, ts, inc (integers), p, x
+            if _is(key, klen, rz_keys[j], rz_key_len[j]):
+                bit = 1 << j
+                break
+        if bit < 0:
             return False
+        dst = ints[j] if j < 6 else NULL
         if seen & bit:
             return False
         seen |= bit
@@ -522,30 +509,22 @@ cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
                 klen = _read_str(&c, &key)
                 if klen < 0 or c.p >= c.end:
                     return False
-                if _is(key, klen, b"wait", 4) and not h.has_wait:
-                    if c.p[0] != 0xc2 and c.p[0] != 0xc3:
-                        return False
-                    h.has_wait = 1
-                    h.wait = c.p[0] == 0xc3
-                    c.p += 1
-                    h.order[j] = X_WAIT
-                elif _is(key, klen, b"sigma", 5) and not h.has_sigma:
-                    if not _read_int(&c, &h.sigma):
-                        return False
-                    h.has_sigma = 1
-                    h.order[j] = X_SIGMA
-                elif _is(key, klen, b"parts", 5) and not h.has_parts:
-                    if not _read_int(&c, &h.parts):
-                        return False
-                    h.has_parts = 1
-                    h.order[j] = X_PARTS
-                elif _is(key, klen, b"offset", 6) and not h.has_offset:
-                    if not _read_int(&c, &h.offset):
-                        return False
-                    h.has_offset = 1
-                    h.order[j] = X_OFFSET
+                for m in range(4):   # wait (a boolean), sigma, parts, offset (integers)
+                    if _is(key, klen, rz_xkeys[m], rz_xkey_len[m]):
+                        break
                 else:
                     return False
+                if h.has[m]:
+                    return False
+                if m == X_WAIT:
+                    if c.p[0] != 0xc2 and c.p[0] != 0xc3:
+                        return False
+                    h.val[m] = c.p[0] == 0xc3
+                    c.p += 1
+                elif not _read_int(&c, &h.val[m]):
+                    return False
+                h.has[m] = 1
+                h.order[j] = m
             h.nx = xn
     return c.p == c.end
 
@@ -554,28 +533,25 @@ cdef bint _hot_fields(Hot *h) noexcept:
     """The kind-specific fields of the hot kinds: PUSHPULL x{wait}; WEIGHTS x{} / x{sigma} /
     x{parts} / both (0 <= parts <= MAX_PARTS); WPART x{offset} with one payload frame."""
     if h.k == KIND_PUSHPULL:
-        return h.nx == 1 and h.has_wait
+        return h.nx == 1 and h.has[X_WAIT]
     if h.k == KIND_WEIGHTS:
-        return (not h.has_wait and not h.has_offset
-                and (not h.has_parts or 0 <= h.parts <= MAX_PARTS))
+        return (not h.has[X_WAIT] and not h.has[X_OFFSET]
+                and (not h.has[X_PARTS] or 0 <= h.val[X_PARTS] <= MAX_PARTS))
     if h.k == KIND_WPART:
-        return h.nx == 1 and h.has_offset and h.npay == 1
+        return h.nx == 1 and h.has[X_OFFSET] and h.npay == 1
     return False
 
 
 cdef dict _fields(Hot *h):
     cdef dict out = {}
-    cdef int j
+    cdef int j, m
     for j in range(h.nx):
-        if h.order[j] == X_WAIT:
-            out["wait"] = bool(h.wait)
-        elif h.order[j] == X_SIGMA:
-            out["sigma"] = h.sigma
-        elif h.order[j] == X_PARTS:
-            out["parts"] = h.parts
-        else:
-            out["offset"] = h.offset
+        m = h.order[j]
+        out[X_NAMES[m]] = bool(h.val[m]) if m == X_WAIT else h.val[m]
     return out
+
+
+X_NAMES = ("wait", "sigma", "parts", "offset")
 
 
 def decode_hot(list frames, long long numel=-1):
@@ -606,7 +582,7 @@ def decode_hot(list frames, long long numel=-1):
     if not _hot_fields(&h):
         return None
     fields = _fields(&h)
-    if h.k == KIND_WPART or (h.has_parts and h.parts > 0):
+    if h.k == KIND_WPART or (h.has[X_PARTS] and h.val[X_PARTS] > 0):
         numel = -1      # a part of a streamed reply: wire.assemble checks the total
     for i in range(1, nf):
         try:
