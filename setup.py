@@ -85,7 +85,9 @@ ext = Extension(
 
 # The framing calls libzmq through function pointers taken from the libzmq that pyzmq loaded
 # (rudra_zmq/fastio.py), so it needs neither zmq.h nor a link to libzmq at build time.
-fastio = Extension("rudra_zmq._fastio", sources=["csrc/_fastio.pyx"], extra_compile_args=["-O2"])
+fastio = Extension("rudra_zmq._fastio", sources=["csrc/_fastio.pyx"], extra_compile_args=["-O2"],
+                   depends=["csrc/fastio_decode.pxi", "csrc/fastio_encode.pxi",
+                            "csrc/fastio_hot.pxi"])   # its includes (rebuilds, sdists)
 
 setup(
     name="rudra_zmq",
