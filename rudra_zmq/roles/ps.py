@@ -10,7 +10,9 @@ touched; a refused request gets an ERROR reply and leaves the weights bit-identi
 - HELLO: check the learner's model signature and size, reply WELCOME with the weights;
 - PUSH / PUSHPULL: the gradient frames are read in place (no copy) and either
   accumulated into ``acc`` with their staleness scale, or — when this one gradient completes
-  an update (async, c = 1) — fed straight into the update kernel, skipping the sum;
+  an update (async, c = 1) — fed straight into the update kernel, skipping the sum. Such a
+  PUSHPULL is served in compiled code (``ps_hot.py``: the same checks, kernel and reply, then
+  the engine's accounting) unless ``runtime.hot_path`` is off;
 - GPART... then PUSH / PUSHPULL x{parts}: a gradient in parts (``push_parts.py``): updated
   part by part as it arrives when it alone makes the update (cut-through), else kept and
   handled as one PUSH / PUSHPULL when complete;
