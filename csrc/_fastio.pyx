@@ -326,6 +326,8 @@ def send(uintptr_t sock, list frames, int flags=0):
 
 
 # The hot messages (shared by the files below)
+DEF PROTOCOL_VERSION = 1       # wire.PROTOCOL_VERSION (wire.py checks it against HOT_VERSION)
+HOT_VERSION = PROTOCOL_VERSION
 DEF MAX_HOT_FRAMES = 64        # payload frames of a hot message (8 MiB chunks: a 512 MiB model)
 DEF KIND_PUSHPULL = 6          # wire.Kind values (wire.py checks them against HOT_KINDS)
 DEF KIND_WEIGHTS = 7

@@ -140,7 +140,7 @@ def encode_hot(int kind, object sender, object seq, object ts, object inc, paylo
             return None
     o += _put_len(o, 8, 0x80, 0xde)
     o += _put_str(o, b"v")
-    o += _put_int(o, 1)
+    o += _put_int(o, PROTOCOL_VERSION)
     o += _put_str(o, b"k")
     o += _put_int(o, kind)
     o += _put_str(o, b"s")

@@ -141,7 +141,7 @@ cdef class HotPS:
         if hot is None:
             return frames
         version, kind, s, q, ts, inc, fields = hot
-        if version != 1 or kind != KIND_PUSHPULL or not 0 <= s < self.learners:
+        if version != PROTOCOL_VERSION or kind != KIND_PUSHPULL or not 0 <= s < self.learners:
             return frames
         ident = self.idents[s]
         if ident is None or frames[0].bytes != ident:
@@ -225,8 +225,8 @@ def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, list pieces,
                  long long numel):
     """A learner's PUSHPULL of a whole gradient in float32 frames ``pieces`` (its chunks, at
     most 64) and the wait for its reply, in one call: encode (as wire.encode), send (the
-    pieces zero-copy), receive
-    (blocks up to the socket's RCVTIMEO, GIL released) and recognise the reply: a WEIGHTS of
+    pieces zero-copy), receive (blocks up to the socket's RCVTIMEO, GIL released) and
+    recognise the reply: a WEIGHTS of
     ``numel`` floats, or a streamed one (WPART x{offset}... then WEIGHTS x{parts}) whose
     sequence is whole (one ts, contiguous offsets from 0, the declared count, ``numel`` in
     all; as wire.assemble checks it). Returns None without sending if the request is not of
@@ -249,7 +249,7 @@ def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, list pieces,
             return pin, messages, None
         messages.append(frames)
         hot = decode_hot(frames, -1)
-        if hot is None or hot[0] != 1 or (parts and hot[4] != first_ts):
+        if hot is None or hot[0] != PROTOCOL_VERSION or (parts and hot[4] != first_ts):
             return pin, messages, None
         if not parts:
             first_ts = hot[4]

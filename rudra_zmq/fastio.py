@@ -37,6 +37,7 @@ decode_hot = _fastio.decode_hot     # wire.decode's fast front (see wire.py)
 encode_hot = _fastio.encode_hot     # wire.encode's fast front
 HOT_KINDS = _fastio.HOT_KINDS
 HOT_MAX_PARTS = _fastio.HOT_MAX_PARTS
+HOT_VERSION = _fastio.HOT_VERSION         # the protocol version it encodes and accepts
 HOT_MAX_FRAMES = _fastio.HOT_MAX_FRAMES   # payload frames of a hot message
 
 

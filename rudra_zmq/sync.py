@@ -157,9 +157,14 @@ class SyncEngine:
     @property
     def epoch(self) -> float:
         """Epochs of data consumed by the gradients received so far."""
+        return self.epoch_at(self.gradients_received)
+
+    def epoch_at(self, gradients: int) -> float:
+        """Epochs of data consumed once ``gradients`` gradients have been received (0 without
+        an epoch size). Pure."""
         if not self.epoch_size:
             return 0.0
-        return self.gradients_received * self.batch_size / self.epoch_size
+        return gradients * self.batch_size / self.epoch_size
 
     @property
     def pending(self) -> int:

@@ -90,7 +90,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from .fastio import HOT_KINDS, HOT_MAX_PARTS, decode_hot, encode_hot
+from .fastio import HOT_KINDS, HOT_MAX_PARTS, HOT_VERSION, decode_hot, encode_hot
 
 PROTOCOL_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
@@ -280,9 +280,10 @@ def _nbytes(buf) -> int:
 
 _F4 = PAYLOAD_DTYPES["f4"]
 _HOT = frozenset((Kind.PUSHPULL, Kind.WEIGHTS, Kind.WPART))
-if HOT_KINDS != {k.name: k for k in _HOT} or HOT_MAX_PARTS != MAX_PARTS:  # pragma: no cover
-    raise ImportError(f"rudra_zmq._fastio was built for other message kinds {HOT_KINDS}: "
-                      "rebuild it (`pip install -e .`)")
+if (HOT_KINDS != {k.name: k for k in _HOT} or HOT_MAX_PARTS != MAX_PARTS
+        or HOT_VERSION != PROTOCOL_VERSION):  # pragma: no cover
+    raise ImportError(f"rudra_zmq._fastio was built for protocol version {HOT_VERSION}, kinds "
+                      f"{HOT_KINDS}: rebuild it (`pip install -e .`)")
 _INT_KEYS = ("v", "k", "s", "q", "ts", "inc")
 _HEADER_KEYS = frozenset(_INT_KEYS + ("p", "x"))
 _KINDS = {int(k): k for k in Kind}

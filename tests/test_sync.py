@@ -175,3 +175,12 @@ def test_relays_refuse_the_per_gradient_policy_and_empty_sums():
         engine("async", 2, policy="per_gradient").receive_many([(0, 0)])
     with pytest.raises(ProtocolViolation, match="at least one"):
         engine("async", 2).receive_many([])
+
+
+def test_epoch_at_is_the_epoch_the_engine_reaches_after_that_many_gradients():
+    e = SyncEngine("async", 2, LRSchedule(0.1), batch_size=8, epoch_size=100)
+    for k in range(1, 30):
+        predicted = e.epoch_at(e.gradients_received + 1)
+        e.receive(k % 2, e.timestamp)
+        assert e.epoch == predicted == k * 8 / 100
+    assert SyncEngine("async", 1, LRSchedule(0.1)).epoch_at(5) == 0.0   # no epoch size

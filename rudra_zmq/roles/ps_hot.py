@@ -56,8 +56,7 @@ class HotPathMixin:
         if hot is None or hot.is_armed:
             return
         e = self.engine
-        # the epoch the next gradient completes, as SyncEngine.epoch will compute it
-        nxt = (e.gradients_received + 1) * e.batch_size / e.epoch_size if e.epoch_size else 0.0
+        nxt = e.epoch_at(e.gradients_received + 1)   # the epoch the next gradient completes
         if (self.done or e.pending or self._parts or self._cut is not None or self._held
                 or nxt >= self.cfg.train.epochs or (self.parked and self.part_floats < self.numel)):
             return      # (a streamed reply goes to the parked learners too: general path)
