@@ -185,7 +185,12 @@ def test_table1_quick_reports_seconds_per_epoch_and_root_ingress_and_cleans_up(t
     assert [c["case"] for c in cases] == names
     for c in cases:
         assert c["learners"] == 4 and c["hosts"] == 2 and len(c["epoch_s"]) == 2
-        assert c["s_per_epoch"] > 0 and c["grads_total"] == 2 * c["epoch_gradients"]
+        assert c["s_per_epoch"] > 0
+        want = 2 * c["epoch_gradients"]
+        if c["case"].startswith("base"):   # one gradient per message: training ends on the dot
+            assert c["grads_total"] == want
+        else:   # a relay sums gradients (each learner's at most once): the last one may carry
+            assert want <= c["grads_total"] <= want - 1 + c["learners"]   # past the end
         assert c["root_grad_bytes_total"] == c["numel"] * 4 * c["root_grad_msgs_total"]
         assert c["root_rx_bytes_per_epoch"] >= c["numel"] * 4   # at least one model's worth
     assert cases[0]["mean_sigma"] == 0   # hardsync
