@@ -175,3 +175,160 @@ def test_a_channel_pushpull_raises_the_servers_refusal(ctx):
         with pytest.raises(wire.WireError):          # the reply is checked against numel
             ch.pushpull(0, np.zeros(N, np.float32), N, wait=False, numel=N + 1)
         ch.close()
+
+
+# ------------------------------------------------------------------ gradients in parts
+PART = 1000     # floats per gradient part: 3 parts of the N-float model
+
+
+def _record(out, msgs):
+    for r in msgs:
+        out.append((r.kind, r.ts, dict(r.fields), [p.copy() for p in r.payloads]))
+
+
+def _replies(who):
+    msgs = [who.recv()]
+    while msgs[-1].kind == Kind.WPART:
+        msgs.append(who.recv())
+    return msgs
+
+
+def _send_parts(who, g, ts, first=0):
+    """GPARTs of PART floats from ``first`` on, then the final PUSHPULL."""
+    starts = range(0, N, PART)
+    for lo in starts[:-1]:
+        if lo >= first:
+            who.send(Kind.GPART, ts, [g[lo:lo + PART]], offset=lo, pull=True)
+    who.send(Kind.PUSHPULL, ts, [g[starts[-1]:]], wait=False, parts=len(starts) - 1)
+
+
+def _both_paths(ctx, script, *overrides):
+    """Run ``script(ps, ctx)`` against a hot and a general server; both servers and the
+    replies of each."""
+    results = []
+    for hot in (True, False):
+        ps = _ps(ctx, "sync.learners=2", *overrides, hot=hot)
+        with running(ps) as errors:
+            replies = script(ps, ctx)
+        assert not errors
+        results.append((ps, replies))
+    (hot_ps, hot_replies), (ref_ps, ref_replies) = results
+    assert _same(hot_replies, ref_replies)
+    assert np.array_equal(hot_ps.w, ref_ps.w) and np.array_equal(hot_ps.v, ref_ps.v)
+    assert hot_ps.engine.timestamp == ref_ps.engine.timestamp
+    assert hot_ps.cut_through_updates == ref_ps.cut_through_updates
+    assert ref_ps.hot is None
+    return hot_ps, ref_ps
+
+
+@pytest.mark.parametrize("policy", ["constant", "staleness", "per_gradient"])
+def test_gradients_in_parts_served_hot_give_the_general_paths_weights_bit_for_bit(ctx, policy):
+    """Cut-through in C (HotPS) against push_parts.py: the same replies (each WPART as its
+    gradient part arrived, then WEIGHTS x{parts, sigma}), weights and momentum, with stale
+    gradients and a learner that pushes through Channel.pushpull's compiled parts."""
+    def script(ps, ctx):
+        rng = np.random.default_rng(8)
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        a.hello(ps.signature, ps.numel)
+        ch = transport.Channel(ctx, ps.endpoint, 1, name="ps", timeout_ms=5000)
+        ch.send(Kind.HELLO, model=ps.signature, numel=ps.numel)
+        ts_b = ch.recv({Kind.WELCOME}, numel=ps.numel).ts
+        out, ts_a = [], 0
+        try:
+            for i in range(5):
+                _send_parts(a, rng.standard_normal(N).astype(np.float32), 0 if i % 2 else ts_a)
+                msgs = _replies(a)
+                _record(out, msgs)
+                ts_a = msgs[-1].ts
+                m = ch.pushpull(ts_b, rng.standard_normal(N).astype(np.float32), PART,
+                                wait=False, kinds={Kind.WEIGHTS}, numel=N)
+                _record(out, [m])
+                ts_b = m.ts
+        finally:
+            a.close(), ch.close()
+        return out
+
+    hot_ps, ref_ps = _both_paths(ctx, script, f"optimizer.lr_policy={policy}",
+                                 "optimizer.lr_steps=[0.03]")
+    # the first gradient in parts takes the Python path (it makes the spare momentum)
+    assert hot_ps.cut_through_updates == 10 and hot_ps.hot_updates == 9
+    assert hot_ps.hot_handoffs == 0 and hot_ps.gradients_in_parts == 10
+
+
+def test_other_learners_between_the_parts_are_held_and_answered_after_the_update(
+        ctx, monkeypatch):
+    """Learner 1's PULL and PUSHPULL arrive while HotPS serves learner 0's parts: they wait,
+    in order, and see the update they followed, as in the Python path."""
+    import rudra_zmq.roles.ps as ps_mod
+    monkeypatch.setattr(ps_mod, "WAIT_MS", 3000)   # no handoff for want of the next part
+
+    def script(ps, ctx):
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        a.hello(ps.signature, N), b.hello(ps.signature, N)
+        g = np.linspace(-1, 1, N, dtype=np.float32)
+        out = []
+        try:
+            _send_parts(a, g, 0)          # the first, in Python (the spare momentum)
+            _record(out, _replies(a))
+            a.send(Kind.GPART, 1, [g[:PART]], offset=0, pull=True)
+            _record(out, [a.recv()])      # WPART 0: the update is open
+            b.send(Kind.PULL, 0, wait=False)
+            b.send(Kind.PUSHPULL, 0, [g], wait=False)
+            assert not b.has_reply(300), "learner 1 must wait for learner 0's update"
+            for lo in range(PART, N - PART, PART):
+                a.send(Kind.GPART, 1, [g[lo:lo + PART]], offset=lo, pull=True)
+            a.send(Kind.PUSHPULL, 1, [g[N - PART:]], wait=False, parts=-(-N // PART) - 1)
+            _record(out, _replies(a))
+            _record(out, [b.recv()])
+            _record(out, _replies(b))
+        finally:
+            a.close(), b.close()
+        return out
+
+    hot_ps, _ = _both_paths(ctx, script)
+    assert hot_ps.hot_updates == 1 and hot_ps.hot_handoffs == 0   # learner 0's second
+    assert hot_ps.engine.timestamp == 3
+
+
+@pytest.mark.parametrize("case", ["pause", "bad part", "hello again"])
+def test_a_sequence_that_stops_being_hot_goes_on_in_python(ctx, monkeypatch, case):
+    """HotPS serves the first part, then hands the sequence to Python: after a pause longer
+    than its receive timeout (Python completes the update), at a part that does not continue
+    the sequence, or at a new HELLO (Python refuses or drops it, leaving weights and momentum
+    as they were); the learner's next gradient is served hot again."""
+    import rudra_zmq.roles.ps as ps_mod
+    monkeypatch.setattr(ps_mod, "WAIT_MS", 100)
+
+    def script(ps, ctx):
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        _, ts = a.hello(ps.signature, N)
+        g = np.linspace(-1, 1, N, dtype=np.float32)
+        out = []
+        try:
+            _send_parts(a, g, 0)
+            _record(out, _replies(a))
+            a.send(Kind.GPART, 1, [g[:PART]], offset=0, pull=True)
+            _record(out, [a.recv()])
+            if case == "pause":
+                import time
+                time.sleep(0.4)
+                _send_parts(a, g, 1, first=PART)   # the rest, which Python takes
+            elif case == "bad part":
+                a.send(Kind.GPART, 1, [g[:PART]], offset=2 * PART, pull=True)
+            else:
+                a.hello(ps.signature, N)
+                out.append("hello")
+            if case != "hello again":
+                _record(out, _replies(a))
+            ts = ps.engine.timestamp
+            _send_parts(a, g, ts)
+            _record(out, _replies(a))
+        finally:
+            a.close()
+        return out
+
+    hot_ps, ref_ps = _both_paths(ctx, script)
+    assert hot_ps.hot_handoffs == 1
+    assert hot_ps.hot_updates == 1                 # the last gradient
+    assert hot_ps.cut_through_updates == 2 + (case == "pause")
+    assert hot_ps.invalid == ref_ps.invalid == (case == "bad part")
