@@ -99,8 +99,8 @@ cdef extern from *:
     static const char *rz_keys[8] = {"v", "k", "s", "q", "ts", "inc", "p", "x"};
     static const Py_ssize_t rz_key_len[8] = {1, 1, 1, 1, 2, 3, 1, 1};
     /* the keys of x in the hot shape, by their X_* index */
-    static const char *rz_xkeys[5] = {"wait", "sigma", "parts", "offset", "pull"};
-    static const Py_ssize_t rz_xkey_len[5] = {4, 5, 5, 6, 4};
+    static const char *rz_xkeys[4] = {"wait", "sigma", "parts", "offset"};
+    static const Py_ssize_t rz_xkey_len[4] = {4, 5, 5, 6};
     """
     ctypedef struct rz_msg_t:
         pass
@@ -127,8 +127,8 @@ cdef extern from *:
     int rz_errno() nogil
     const char *rz_keys[8]
     const Py_ssize_t rz_key_len[8]
-    const char *rz_xkeys[5]
-    const Py_ssize_t rz_xkey_len[5]
+    const char *rz_xkeys[4]
+    const Py_ssize_t rz_xkey_len[4]
 
 DEF ZMQ_DONTWAIT = 1
 DEF ZMQ_SNDMORE = 2
@@ -332,9 +332,7 @@ DEF MAX_HOT_FRAMES = 64        # payload frames of a hot message (8 MiB chunks: 
 DEF KIND_PUSHPULL = 6          # wire.Kind values (wire.py checks them against HOT_KINDS)
 DEF KIND_WEIGHTS = 7
 DEF KIND_WPART = 19
-DEF KIND_GPART = 20
-HOT_KINDS = {"PUSHPULL": KIND_PUSHPULL, "WEIGHTS": KIND_WEIGHTS, "WPART": KIND_WPART,
-             "GPART": KIND_GPART}
+HOT_KINDS = {"PUSHPULL": KIND_PUSHPULL, "WEIGHTS": KIND_WEIGHTS, "WPART": KIND_WPART}
 DEF MAX_PARTS = 4096           # wire.MAX_PARTS (checked by wire.py)
 HOT_MAX_PARTS = MAX_PARTS
 HOT_MAX_FRAMES = MAX_HOT_FRAMES
@@ -342,8 +340,6 @@ DEF X_WAIT = 0
 DEF X_SIGMA = 1
 DEF X_PARTS = 2
 DEF X_OFFSET = 3
-DEF X_PULL = 4
-DEF N_X = 5                    # the x keys the hot shapes use
 
 # The rest of the module, one concern per file (Cython includes share this module's scope):
 include "fastio_decode.pxi"     # the C front of wire.decode: the hot shape, recognised

@@ -5,12 +5,9 @@
 # wire.decode validates every message in Python (msgpack.unpackb, then a dozen checks): ~8 µs
 # warm and several times that with the caches the I/O threads leave behind. The messages of
 # every training step -- a learner's PUSHPULL, the PS's WEIGHTS reply and its WPART parts --
-# have one fixed shape, so ``decode_hot`` recognises exactly that shape in C and says None to
-# anything else, which wire.decode then handles (and refuses) as before. What it accepts,
-# wire.decode accepts with the same result (tests/test_fastio.py compares the two on mutated
-# headers). ``decode_cut`` also recognises a gradient pushed in parts (GPART x{offset, pull},
-# then PUSHPULL x{wait, parts}), which only the root PS accepts (wire.decode's
-# ``gradient_parts``); HotPS uses it.
+# have one fixed shape, so ``decode_hot`` recognises exactly that shape in C and says None to anything else,
+# which wire.decode then handles (and refuses) as before. What it accepts, wire.decode
+# accepts with the same result (tests/test_fastio.py compares the two on mutated headers).
 
 
 cdef struct Cursor:
@@ -112,8 +109,8 @@ cdef struct Hot:
     long long v, k, s, q, ts, inc
     Py_ssize_t npay
     long long counts[MAX_HOT_FRAMES]
-    int has[N_X]                       # x fields present, by X_* index
-    long long val[N_X]                 # their values (wait, pull: 0 or 1)
+    int has[4]                         # x fields present, by X_* index
+    long long val[4]                   # their values (wait: 0 or 1)
     int order[2]                       # the x keys in the order they came
     int nx
 
@@ -121,7 +118,7 @@ cdef struct Hot:
 cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
     """The hot shape: a map of exactly v, k, s, q, ts, inc (integers), p (a list of
     ["f4", count >= 0]) and x (a map of at most two of wait: bool, sigma, parts, offset:
-    integers; pull: bool), each once, and nothing after it."""
+    integers), each once, and nothing after it."""
     cdef Cursor c
     cdef Py_ssize_t entries, i, j, klen, m, xn
     cdef const unsigned char *key
@@ -132,7 +129,7 @@ cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
     ints[0], ints[1], ints[2], ints[3], ints[4], ints[5] = &h.v, &h.k, &h.s, &h.q, &h.ts, &h.inc
     c.p = buf
     c.end = buf + n
-    h.has[0] = h.has[1] = h.has[2] = h.has[3] = h.has[4] = 0
+    h.has[0] = h.has[1] = h.has[2] = h.has[3] = 0
     h.nx = 0
     h.npay = -1
     entries = _read_container(&c, 0x80, 0xde)
@@ -176,14 +173,14 @@ cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
                 klen = _read_str(&c, &key)
                 if klen < 0 or c.p >= c.end:
                     return False
-                for m in range(N_X):   # wait, pull (booleans), sigma, parts, offset (integers)
+                for m in range(4):   # wait (a boolean), sigma, parts, offset (integers)
                     if _is(key, klen, rz_xkeys[m], rz_xkey_len[m]):
                         break
                 else:
                     return False
                 if h.has[m]:
                     return False
-                if m == X_WAIT or m == X_PULL:
+                if m == X_WAIT:
                     if c.p[0] != 0xc2 and c.p[0] != 0xc3:
                         return False
                     h.val[m] = c.p[0] == 0xc3
@@ -196,24 +193,16 @@ cdef bint _parse(const unsigned char *buf, Py_ssize_t n, Hot *h) noexcept nogil:
     return c.p == c.end
 
 
-cdef bint _hot_fields(Hot *h, bint cut) noexcept:
+cdef bint _hot_fields(Hot *h) noexcept:
     """The kind-specific fields of the hot kinds: PUSHPULL x{wait}; WEIGHTS x{} / x{sigma} /
-    x{parts} / both (0 <= parts <= MAX_PARTS); WPART x{offset} with one payload frame. With
-    ``cut``, also a gradient in parts: GPART x{offset >= 0, pull} with one non-empty payload
-    frame, and the PUSHPULL x{wait, parts: 1..MAX_PARTS} that ends it."""
+    x{parts} / both (0 <= parts <= MAX_PARTS); WPART x{offset} with one payload frame."""
     if h.k == KIND_PUSHPULL:
-        if h.nx == 1:
-            return h.has[X_WAIT]
-        return (cut and h.nx == 2 and h.has[X_WAIT] and h.has[X_PARTS]
-                and 1 <= h.val[X_PARTS] <= MAX_PARTS)
+        return h.nx == 1 and h.has[X_WAIT]
     if h.k == KIND_WEIGHTS:
-        return (not h.has[X_WAIT] and not h.has[X_OFFSET] and not h.has[X_PULL]
+        return (not h.has[X_WAIT] and not h.has[X_OFFSET]
                 and (not h.has[X_PARTS] or 0 <= h.val[X_PARTS] <= MAX_PARTS))
     if h.k == KIND_WPART:
         return h.nx == 1 and h.has[X_OFFSET] and h.npay == 1
-    if h.k == KIND_GPART:
-        return (cut and h.nx == 2 and h.has[X_OFFSET] and h.has[X_PULL] and h.npay == 1
-                and h.val[X_OFFSET] >= 0 and h.counts[0] >= 1)
     return False
 
 
@@ -222,11 +211,11 @@ cdef dict _fields(Hot *h):
     cdef int j, m
     for j in range(h.nx):
         m = h.order[j]
-        out[X_NAMES[m]] = bool(h.val[m]) if m == X_WAIT or m == X_PULL else h.val[m]
+        out[X_NAMES[m]] = bool(h.val[m]) if m == X_WAIT else h.val[m]
     return out
 
 
-X_NAMES = ("wait", "sigma", "parts", "offset", "pull")
+X_NAMES = ("wait", "sigma", "parts", "offset")
 
 
 def decode_hot(list frames, long long numel=-1):
@@ -236,18 +225,6 @@ def decode_hot(list frames, long long numel=-1):
     float32 counts, adding up to ``numel`` (unless -1, or a part of a streamed reply).
     Returns (version, kind, sender, seq, ts, inc, fields) or None (not hot: decode it the
     general way). Never raises for bad input; thread-safe."""
-    return _decode(frames, numel, False)
-
-
-def decode_cut(list frames, long long numel=-1):
-    """``decode_hot`` plus the messages of a gradient pushed in parts, as wire.decode with
-    ``gradient_parts=True`` accepts them: GPART x{offset, pull} (one payload inside a model
-    of ``numel`` floats) and PUSHPULL x{wait, parts} (whose payload is the rest of the model:
-    its size is the caller's to check). Never raises for bad input; thread-safe."""
-    return _decode(frames, numel, True)
-
-
-cdef object _decode(list frames, long long numel, bint cut):
     cdef Py_buffer view
     cdef Hot h
     cdef bint ok
@@ -266,13 +243,11 @@ cdef object _decode(list frames, long long numel, bint cut):
         PyBuffer_Release(&view)
     if not ok or h.npay != nf - 1:
         return None
-    if not _hot_fields(&h, cut):
+    if not _hot_fields(&h):
         return None
-    if h.k == KIND_GPART and numel >= 0 and h.val[X_OFFSET] > numel - h.counts[0]:
-        return None     # (wire.decode: bad_length)
     fields = _fields(&h)
-    if h.k == KIND_WPART or h.k == KIND_GPART or (h.has[X_PARTS] and h.val[X_PARTS] > 0):
-        numel = -1      # a part of a streamed message: its receiver checks the total
+    if h.k == KIND_WPART or (h.has[X_PARTS] and h.val[X_PARTS] > 0):
+        numel = -1      # a part of a streamed reply: wire.assemble checks the total
     for i in range(1, nf):
         try:
             PyObject_GetBuffer(frames[i], &view, PyBUF_ANY_CONTIGUOUS)

@@ -2,7 +2,7 @@
 # Uses the declarations and DEF constants of _fastio.pyx.
 
 # ------------------------------------------------------------------ hot header encoding
-# The same messages, encoded in C byte for byte as wire.encode's msgpack.packb would
+# The same two messages, encoded in C byte for byte as wire.encode's msgpack.packb would
 # (tests/test_fastio.py compares them): msgpack-python writes each integer in its smallest
 # form, a map or list of up to 15 entries with a one-byte head, strings as fixstr.
 
@@ -91,11 +91,10 @@ cdef bint _float32_vector(object arr, Py_ssize_t *count):
 
 def encode_hot(int kind, object sender, object seq, object ts, object inc, payloads,
                dict fields):
-    """The header wire.encode would build for a PUSHPULL x{wait: bool} or x{wait, parts:
-    int}, a WEIGHTS with x{sigma: int, parts: int} or any part of it, or a WPART x{offset: int}
-    or GPART x{offset: int, pull: bool} with one payload; 1 to 64 float32 payloads (1-D,
-    C-contiguous ndarrays). Returns bytes, or None for anything else (then wire.encode takes
-    its general path). Thread-safe."""
+    """The header wire.encode would build for a PUSHPULL x{wait: bool}, a WEIGHTS with
+    x{sigma: int, parts: int} or any part of it, or a WPART x{offset: int} with one payload;
+    1 to 64 float32 payloads (1-D, C-contiguous ndarrays). Returns bytes, or None for anything
+    else (then wire.encode takes its general path). Thread-safe."""
     cdef unsigned char buf[HOT_HEADER_BYTES]
     cdef unsigned char *o = buf
     cdef Py_ssize_t n, i, count, nx = len(fields)
@@ -111,30 +110,26 @@ def encode_hot(int kind, object sender, object seq, object ts, object inc, paylo
     for name, val in fields.items():
         if name == "wait" and kind == KIND_PUSHPULL and type(val) is bool:
             xk[i], xv[i] = X_WAIT, val
-        elif name == "pull" and kind == KIND_GPART and type(val) is bool:
-            xk[i], xv[i] = X_PULL, val
         elif type(val) is not int:
             return None
         elif name == "sigma" and kind == KIND_WEIGHTS:
             xk[i] = X_SIGMA
-        elif name == "parts" and (kind == KIND_WEIGHTS or kind == KIND_PUSHPULL):
+        elif name == "parts" and kind == KIND_WEIGHTS:
             xk[i] = X_PARTS
-        elif name == "offset" and (kind == KIND_WPART or kind == KIND_GPART):
+        elif name == "offset" and kind == KIND_WPART:
             xk[i] = X_OFFSET
         else:
             return None
-        if xk[i] != X_WAIT and xk[i] != X_PULL:
+        if xk[i] != X_WAIT:
             try:
                 xv[i] = val
             except OverflowError:
                 return None
         i += 1
-    if ((kind == KIND_PUSHPULL and not (nx == 1 and xk[0] == X_WAIT
-                                        or nx == 2 and X_WAIT in (xk[0], xk[1])))
+    if ((kind == KIND_PUSHPULL and (nx != 1 or xk[0] != X_WAIT))
             or (kind == KIND_WPART and (nx != 1 or n != 1))
-            or (kind == KIND_GPART and (nx != 2 or n != 1))
             or (nx == 2 and xk[0] == xk[1])
-            or kind not in (KIND_PUSHPULL, KIND_WEIGHTS, KIND_WPART, KIND_GPART)):
+            or kind not in (KIND_PUSHPULL, KIND_WEIGHTS, KIND_WPART)):
         return None
     for i, v in enumerate((sender, seq, ts, inc)):
         if type(v) is not int:
@@ -167,8 +162,8 @@ def encode_hot(int kind, object sender, object seq, object ts, object inc, paylo
     o += _put_str(o, b"x")
     o += _put_len(o, nx, 0x80, 0xde)
     for i in range(nx):
-        if xk[i] == X_WAIT or xk[i] == X_PULL:
-            o += _put_str(o, b"wait" if xk[i] == X_WAIT else b"pull")
+        if xk[i] == X_WAIT:
+            o += _put_str(o, b"wait")
             o[0] = 0xc3 if xv[i] else 0xc2
             o += 1
         else:

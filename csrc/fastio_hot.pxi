@@ -41,11 +41,6 @@ cdef float *_f32_ptr(object arr, bint writable, Py_ssize_t numel) except NULL:
     return p
 
 
-# What HotPS.serve returns when it served part of a gradient in parts and hands the rest of
-# that sequence to Python (see HotPS.serve).
-HANDOFF = object()
-
-
 cdef class HotPS:
     """The parameter server's ROUTER socket with its hot request compiled (see above).
 
@@ -53,16 +48,12 @@ cdef class HotPS:
     that the server would answer with one whole update -- a registered learner on its own
     connection, the server's incarnation, 0 <= ts <= timestamp, float32 payloads adding up to
     the model -- it applies the update (w -> out, v in place, the kernel's GIL-free pass) and
-    sends the WEIGHTS reply (out zero-copy, kept in ``pins``). Armed with a spare momentum
-    buffer, it also serves a gradient pushed in parts (GPART... then PUSHPULL x{parts}) cut-
-    through, as roles/push_parts.py does: each part is updated into ``out`` and the spare as
-    it arrives and answered with its WPART, the final message with WEIGHTS x{parts, sigma};
-    messages of other senders that arrive meanwhile are kept (``take_held``) for after the
-    update. Not thread-safe: the server's thread owns it.
+    sends the WEIGHTS reply (out zero-copy, kept in ``pins``). Not thread-safe: the server's
+    thread owns it.
     """
 
     cdef uintptr_t sock
-    cdef long long numel, learners, inc, chunk_floats
+    cdef long long numel, learners, inc
     cdef list idents
     cdef double momentum, weight_decay
     cdef Py_ssize_t nseg
@@ -75,29 +66,22 @@ cdef class HotPS:
     cdef double base_lr
     cdef int policy
     cdef long long timestamp, seq, part_floats
-    cdef object w, v, out, v_spare
+    cdef object w, v, out
     cdef float *wp
     cdef float *vp
     cdef float *outp
-    cdef float *vsp                    # the spare momentum buffer (NULL: no cut-through)
-    cdef list held
     # the last request served hot
     cdef readonly long long sender, grad_ts, sigma, new_ts, reply_seq
     cdef readonly double lr, g_scale
     cdef readonly int send_errno, send_failures
     cdef readonly object pins
-    # the last gradient in parts: its parts served (0: none, a whole gradient), and after a
-    # HANDOFF where it stopped: the floats done, the routing id and the message it stopped at
-    cdef readonly long long cut_parts, cut_offset
-    cdef readonly object cut_ident, cut_next
 
     def __init__(self, sock, long long numel, long long learners, long long inc, segments,
-                 double momentum, double weight_decay, pins, long long chunk_floats=0):
+                 double momentum, double weight_decay, pins):
         if _momentum == NULL:
             raise RuntimeError("rudra_zmq._fastio: bind_kernels() was not called")
         self.sock = sock.underlying
         self.numel, self.learners, self.inc = numel, learners, inc
-        self.chunk_floats = chunk_floats if chunk_floats > 0 else numel
         self.idents = [None] * learners
         self.momentum, self.weight_decay = momentum, weight_decay
         seg = [(int(a), int(b), float(lm), float(dm)) for a, b, lm, dm in segments]
@@ -109,7 +93,6 @@ cdef class HotPS:
         self.nseg = len(seg)
         self.pins = pins
         self.armed = False
-        self.held = []
 
     def set_ident(self, long long learner, bytes ident):
         """Learner ``learner`` said HELLO from routing id ``ident``."""
@@ -117,15 +100,13 @@ cdef class HotPS:
             self.idents[learner] = ident
 
     def arm(self, double base_lr, int policy, long long timestamp, long long seq, w, v, out,
-            long long part_floats, v_spare=None):
+            long long part_floats):
         """Serve the next PUSHPULL hot: an update at ``base_lr`` (the rate of the epoch that
         gradient completes, before the staleness policy ``policy``), from version
         ``timestamp`` in ``w`` to ``out`` (momentum ``v`` in place), the reply numbered from
         ``seq``: one WEIGHTS frame, or with ``part_floats`` < the model size streamed as the
         PS streams it (WPART x{offset} per part as soon as the kernel finished it, then WEIGHTS
-        x{parts, sigma}). With ``v_spare`` (a model-sized float32 buffer), a gradient in parts
-        too, its momentum into ``v_spare`` (``v`` is left as it was). The arrays stay
-        referenced until the request or ``disarm``."""
+        x{parts, sigma}). The arrays stay referenced until the request or ``disarm``."""
         if part_floats < 1 or (self.numel + part_floats - 1) // part_floats - 1 > MAX_PARTS:
             raise ValueError(f"part_floats {part_floats} makes more than {MAX_PARTS + 1} parts "
                              f"of {self.numel} floats")
@@ -133,71 +114,53 @@ cdef class HotPS:
         self.wp = _f32_ptr(w, False, self.numel)
         self.vp = _f32_ptr(v, True, self.numel)
         self.outp = _f32_ptr(out, True, self.numel)
-        self.vsp = NULL if v_spare is None else _f32_ptr(v_spare, True, self.numel)
-        self.w, self.v, self.out, self.v_spare = w, v, out, v_spare
+        self.w, self.v, self.out = w, v, out
         self.base_lr, self.policy, self.timestamp, self.seq = base_lr, policy, timestamp, seq
         self.armed = True
 
     def disarm(self):
         """Serve nothing hot; returns the ``out`` buffer that ``arm`` was given (or None)."""
         out = self.out
-        self._release()
-        return out
-
-    cdef void _release(self):
         self.armed = False
-        self.w = self.v = self.out = self.v_spare = None
-        self.vsp = NULL
+        self.w = self.v = self.out = None
+        return out
 
     @property
     def is_armed(self) -> bool:
         return self.armed
 
-    def take_held(self) -> list:
-        """The frames of the messages of other senders that arrived while a gradient in parts
-        was served (in arrival order), for the general path; empties the list."""
-        held, self.held = self.held, []
-        return held
-
     def serve(self):
         """Receive one message (blocks, GIL released, up to the socket's RCVTIMEO; raises
         zmq.Again then). Returns None if it was served hot (results in the attributes; the
-        arrays given to ``arm`` are released and ``out`` holds the new weights; with
-        ``cut_parts`` > 0 the momentum is in ``v_spare``), HANDOFF if it served the first
-        ``cut_offset`` floats of a gradient in parts and stopped at a message it does not
-        serve (``cut_next``; None: none came within RCVTIMEO), for Python to go on with that
-        sequence, else the message's frames for the general path."""
+        arrays given to ``arm`` are released and ``out`` holds the new weights), else the
+        message's frames for the general path."""
         frames = recv(self.sock, 0)
         if not self.armed or len(frames) < 3:
             return frames
-        hot = _decode(frames[1:], self.numel, self.vsp != NULL)
+        hot = decode_hot(frames[1:], self.numel)
         if hot is None:
             return frames
         version, kind, s, q, ts, inc, fields = hot
-        if version != PROTOCOL_VERSION or not 0 <= s < self.learners:
-            return frames
-        if kind == KIND_GPART:       # a gradient in parts: its first part, whose reply we want
-            if fields["offset"] != 0 or not fields["pull"] or len(frames[2]) // 4 >= self.numel:
-                return frames
-        elif kind != KIND_PUSHPULL or "parts" in fields:
+        if version != PROTOCOL_VERSION or kind != KIND_PUSHPULL or not 0 <= s < self.learners:
             return frames
         ident = self.idents[s]
         if ident is None or frames[0].bytes != ident:
             return frames
         if (inc != 0 and inc != self.inc) or ts < 0 or ts > self.timestamp:
             return frames
+        self._step(frames, s, ts)
         self.sender, self.grad_ts = s, ts
-        self._rate(ts)
-        if kind == KIND_GPART:
-            return self._cut(frames, s, ts, ident)
-        self._step(frames)
         return None
 
-    cdef _rate(self, long long ts):
-        """σ, the learning rate and the gradient's scale of an update by a gradient of ``ts``."""
+    cdef _step(self, list frames, long long s, long long ts):
         cdef long long sigma = self.timestamp - ts
         cdef double clipped = <double>(sigma if sigma > 1 else 1)
         cdef double lr = self.base_lr, g_scale = 1.0
+        cdef Py_ssize_t i, j, nf = len(frames) - 2, a, b, lo, hi, a0, b0
+        cdef Py_ssize_t n = self.numel, step = self.part_floats
+        cdef Py_ssize_t nparts = (n + step - 1) // step, k = 0
+        cdef Py_buffer views[MAX_HOT_FRAMES]
+        cdef Py_ssize_t offs[MAX_HOT_FRAMES + 1]
         if self.policy == POLICY_STALENESS:
             lr = lr / clipped           # the engine: lr /= max(⟨σ⟩, 1), ⟨σ⟩ = σ / 1
         elif self.policy == POLICY_PER_GRADIENT:
@@ -205,144 +168,41 @@ cdef class HotPS:
         self.sigma, self.lr, self.g_scale = sigma, lr, g_scale
         self.new_ts = self.timestamp + 1
         self.send_errno = self.send_failures = 0
-        self.cut_parts = self.cut_offset = 0
-        self.cut_ident = self.cut_next = None
-
-    cdef void _apply(self, float *v_out, Py_buffer *views, Py_ssize_t *offs, Py_ssize_t nf,
-                     Py_ssize_t lo, Py_ssize_t hi) noexcept nogil:
-        """The update of weights [lo, hi) into out and ``v_out`` from the gradient frames
-        ``views`` (frame i holds floats [offs[i], offs[i+1]) of the gradient): each frame in
-        the range, and each parameter segment in that."""
-        cdef Py_ssize_t i, j, a, b, a0, b0
-        for i in range(nf):
-            a0 = max(lo, offs[i])
-            b0 = min(hi, offs[i + 1])
-            for j in range(self.nseg):
-                a = max(self.seg_start[j], a0)
-                b = min(self.seg_stop[j], b0)
-                if a < b:
-                    _momentum(self.outp + a, self.wp + a, v_out + a, self.vp + a,
-                              <const float *>views[i].buf + (a - offs[i]), b - a,
-                              self.lr * self.seg_lr[j], self.momentum,
-                              self.weight_decay * self.seg_decay[j], self.g_scale)
-
-    cdef Py_ssize_t _hold(self, list frames, Py_ssize_t base, Py_buffer *views,
-                          Py_ssize_t *offs) except -1:
-        """Take the buffers of the payload frames of ``frames`` (from index 2), the first
-        starting at float ``base``; returns how many (release them with PyBuffer_Release).
-        Holds none if it raises."""
-        cdef Py_ssize_t i = 0, nf = len(frames) - 2
-        offs[0] = base
-        try:
-            while i < nf:
-                PyObject_GetBuffer(frames[2 + i], &views[i], PyBUF_ANY_CONTIGUOUS)
-                offs[i + 1] = offs[i] + views[i].len // 4
-                i += 1
-        except BaseException:
-            while i > 0:
-                i -= 1
-                PyBuffer_Release(&views[i])
-            raise
-        return nf
-
-    cdef _step(self, list frames):
-        cdef Py_ssize_t i, nf = 0, lo, hi
-        cdef Py_ssize_t n = self.numel, step = self.part_floats
-        cdef Py_ssize_t nparts = (n + step - 1) // step, k = 0
-        cdef Py_buffer views[MAX_HOT_FRAMES]
-        cdef Py_ssize_t offs[MAX_HOT_FRAMES + 1]
         out = self.out
+        offs[0] = 0
+        for i in range(nf):      # the gradient's frames (decode_hot checked them), held
+            PyObject_GetBuffer(frames[2 + i], &views[i], PyBUF_ANY_CONTIGUOUS)
+            offs[i + 1] = offs[i] + views[i].len // 4
         try:
-            nf = self._hold(frames, 0, views, offs)   # (decode_hot checked the frames)
             for k in range(nparts):   # a part of the new weights, then its reply message
                 lo = k * step
                 hi = min(lo + step, n)
                 with nogil:
-                    self._apply(self.vp, views, offs, nf, lo, hi)
+                    for i in range(nf):              # each gradient frame in the part...
+                        a0 = max(lo, offs[i])
+                        b0 = min(hi, offs[i + 1])
+                        for j in range(self.nseg):   # ...and each parameter segment in that
+                            a = max(self.seg_start[j], a0)
+                            b = min(self.seg_stop[j], b0)
+                            if a < b:
+                                _momentum(self.outp + a, self.wp + a, self.vp + a,
+                                          self.vp + a, <const float *>views[i].buf +
+                                          (a - offs[i]), b - a, lr * self.seg_lr[j],
+                                          self.momentum, self.weight_decay * self.seg_decay[j],
+                                          g_scale)
                 if nparts == 1:
-                    self._reply(frames[0], KIND_WEIGHTS, out, {"sigma": self.sigma})
+                    self._reply(frames[0], KIND_WEIGHTS, out, {"sigma": sigma})
                 elif k < nparts - 1:
                     self._reply(frames[0], KIND_WPART, out[lo:hi], {"offset": lo})
                 else:
                     self._reply(frames[0], KIND_WEIGHTS, out[lo:hi],
-                                {"parts": nparts - 1, "sigma": self.sigma})
+                                {"parts": nparts - 1, "sigma": sigma})
         finally:
             for i in range(nf):
                 PyBuffer_Release(&views[i])
-            self._release()
+            self.armed = False
+            self.w = self.v = self.out = None
         self.reply_seq = self.seq - 1
-
-    cdef object _cut(self, list frames, long long s, long long ts, bytes ident):
-        """Serve the gradient in parts that ``frames`` starts (a GPART at offset 0): update
-        each part into out and the spare momentum and answer it, until the final message
-        (then None) or a message that does not continue the sequence as roles/push_parts.py
-        requires -- the same timestamp and pull, contiguous offsets, the final x{parts}
-        counting the parts and ending at the model size in a reply of one frame (then
-        HANDOFF, nothing adopted: Python takes over the sequence, and the buffers)."""
-        cdef Py_ssize_t i, nf = 0, lo = 0, hi
-        cdef long long count = 0
-        cdef bint final = False
-        cdef Py_buffer views[MAX_HOT_FRAMES]
-        cdef Py_ssize_t offs[MAX_HOT_FRAMES + 1]
-        out = self.out
-        msg = frames
-        self.cut_ident = frames[0]
-        try:
-            while True:   # msg continues the sequence at lo: update its part, answer it
-                try:
-                    nf = self._hold(msg, lo, views, offs)
-                    hi = offs[nf]
-                    with nogil:
-                        self._apply(self.vsp, views, offs, nf, lo, hi)
-                finally:
-                    for i in range(nf):
-                        PyBuffer_Release(&views[i])
-                    nf = 0
-                if final:
-                    self._reply(self.cut_ident, KIND_WEIGHTS, out[lo:hi],
-                                {"parts": count, "sigma": self.sigma})
-                    self.cut_parts, self.cut_offset = count, hi
-                    self.reply_seq = self.seq - 1
-                    return None
-                self._reply(self.cut_ident, KIND_WPART, out[lo:hi], {"offset": lo})
-                count += 1
-                lo = hi
-                self.cut_parts, self.cut_offset = count, lo
-                self.reply_seq = self.seq - 1
-                msg = self._next(ident)
-                if msg is None:
-                    return HANDOFF
-                hot = _decode(msg[1:], self.numel, True)
-                if hot is None or hot[0] != PROTOCOL_VERSION or hot[2] != s or hot[4] != ts \
-                        or (hot[5] != 0 and hot[5] != self.inc):
-                    self.cut_next = msg
-                    return HANDOFF
-                fields = hot[6]
-                if hot[1] == KIND_GPART and fields["offset"] == lo and fields["pull"] \
-                        and count < MAX_PARTS and lo + len(msg[2]) // 4 < self.numel:
-                    continue
-                final = (hot[1] == KIND_PUSHPULL and fields.get("parts", 0) == count
-                         and 0 < self.numel - lo <= self.chunk_floats
-                         and sum([len(f) for f in msg[2:]]) // 4 == self.numel - lo)
-                if not final:
-                    self.cut_next = msg
-                    return HANDOFF
-        finally:
-            self._release()
-
-    cdef object _next(self, bytes ident):
-        """The next message from ``ident``; other senders' messages are kept in ``held``.
-        None if none came within RCVTIMEO, or too many others did (a handoff either way)."""
-        while True:
-            try:
-                msg = recv(self.sock, 0)
-            except Again:
-                return None
-            if len(msg) >= 1 and msg[0].bytes == ident:
-                return msg
-            self.held.append(msg)
-            if len(self.held) >= MAX_PARTS:
-                return None
 
     cdef _reply(self, ident, int kind, part, dict fields):
         """Send one reply message (zero-copy ``part``), numbered ``seq``; a send libzmq
@@ -362,43 +222,23 @@ cdef class HotPS:
 
 # ------------------------------------------------------------------ a learner's hot request
 def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, list pieces,
-                 long long numel, list gparts=None):
+                 long long numel):
     """A learner's PUSHPULL of a whole gradient in float32 frames ``pieces`` (its chunks, at
     most 64) and the wait for its reply, in one call: encode (as wire.encode), send (the
     pieces zero-copy), receive (blocks up to the socket's RCVTIMEO, GIL released) and
-    recognise the reply. With ``gparts`` (float32 vectors, contiguous from offset 0), the
-    gradient goes in parts, as Channel.send_gradient sends it: a GPART x{offset, pull} per
-    part, numbered from ``seq``, then the PUSHPULL x{wait, parts} of ``pieces`` (the rest).
-    The reply recognised is a WEIGHTS of
+    recognise the reply: a WEIGHTS of
     ``numel`` floats, or a streamed one (WPART x{offset}... then WEIGHTS x{parts}) whose
     sequence is whole (one ts, contiguous offsets from 0, the declared count, ``numel`` in
     all; as wire.assemble checks it). Returns None without sending if the request is not of
-    the hot shape, else (pins, messages, reply): the ``pins`` to keep until done, the
+    the hot shape, else (pin, messages, reply): ``pin`` to keep until done (or None), the
     frames of every message received (none if RCVTIMEO passed first: wait on), and for a
     recognised reply (sender, seq, ts, inc, fields of the WEIGHTS, payload frames in order),
     else None (decode the messages the general way). Raises zmq.ZMQError if the send fails.
     Not thread-safe."""
-    cdef Py_ssize_t k, nparts = len(gparts) if gparts else 0
-    cdef long long offset = 0
-    heads = []
-    for k in range(nparts):
-        heads.append(encode_hot(KIND_GPART, sender, seq + k, ts, inc, [gparts[k]],
-                                {"offset": offset, "pull": True}))
-        if heads[k] is None:
-            return None
-        offset += len(gparts[k])
-    header = encode_hot(KIND_PUSHPULL, sender, seq + nparts, ts, inc, pieces,
-                        {"wait": bool(wait), "parts": nparts} if nparts else {"wait": bool(wait)})
+    header = encode_hot(KIND_PUSHPULL, sender, seq, ts, inc, pieces, {"wait": bool(wait)})
     if header is None:
         return None
-    pins = []
-    for k in range(nparts):
-        pin = send(sock, [heads[k], gparts[k]], 0)
-        if pin is not None:
-            pins.append(pin)
     pin = send(sock, [header, *pieces], 0)
-    if pin is not None:
-        pins.append(pin)
     messages = []
     payloads = []
     cdef long long total = 0, parts = 0, first_ts = 0
@@ -406,25 +246,25 @@ def pushpull_hot(uintptr_t sock, sender, seq, ts, inc, bint wait, list pieces,
         try:
             frames = recv(sock, 0)
         except Again:
-            return pins, messages, None
+            return pin, messages, None
         messages.append(frames)
         hot = decode_hot(frames, -1)
         if hot is None or hot[0] != PROTOCOL_VERSION or (parts and hot[4] != first_ts):
-            return pins, messages, None
+            return pin, messages, None
         if not parts:
             first_ts = hot[4]
         if hot[1] == KIND_WPART:
             if hot[6]["offset"] != total or parts >= MAX_PARTS:
-                return pins, messages, None
+                return pin, messages, None
             parts += 1
             total += len(frames[1]) // 4
             payloads.append(frames[1])
             continue
         if hot[1] != KIND_WEIGHTS or hot[6].get("parts", 0) != parts:
-            return pins, messages, None
+            return pin, messages, None
         for f in frames[1:]:
             total += len(f) // 4
             payloads.append(f)
         if numel >= 0 and total != numel:
-            return pins, messages, None
-        return pins, messages, (hot[2], hot[3], hot[4], hot[5], hot[6], payloads)
+            return pin, messages, None
+        return pin, messages, (hot[2], hot[3], hot[4], hot[5], hot[6], payloads)

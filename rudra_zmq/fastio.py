@@ -60,8 +60,6 @@ _fastio.bind_libzmq(_libzmq_addresses())
 _fastio.bind_kernels(kernels._kernels.c_api())   # the hot path's update: the same kernel
 
 HotPS = _fastio.HotPS
-HANDOFF = _fastio.HANDOFF   # HotPS.serve: a gradient in parts, served in part, goes on in Python
-decode_cut = _fastio.decode_cut   # decode_hot plus a gradient's parts (HotPS; tests)
 strerror = zmq.strerror
 POLICIES = {"constant": _fastio.POLICY_CONSTANT, "staleness": _fastio.POLICY_STALENESS,
             "per_gradient": _fastio.POLICY_PER_GRADIENT}
@@ -105,19 +103,19 @@ class FastSocket:
         return _fastio.recv(self.addr, flags)
 
     def pushpull_hot(self, sender: int, seq: int, ts: int, inc: int, wait: bool, pieces: list,
-                     numel: int, parts: list | None = None):
-        """A learner's PUSHPULL (``pieces``: its float32 chunks; with ``parts``, GPART
-        messages of those first, numbered from ``seq``) and the wait for its reply in one
-        compiled call (``_fastio.pushpull_hot``): returns (the frames of every message
-        received, the recognised reply or None), or None when the request is not of the hot
-        shape (nothing was sent). Blocks up to the socket's RCVTIMEO (then the list is
-        empty)."""
+                     numel: int):
+        """A learner's whole-gradient PUSHPULL (``pieces``: its float32 chunks) and the wait for
+        its reply in one compiled call (``_fastio.pushpull_hot``): returns (the frames of every
+        message received, the recognised reply or None), or None when the request is not of
+        the hot shape (nothing was sent). Blocks up to the socket's RCVTIMEO (then the list
+        is empty)."""
         self._check_open()
         self.prune()
-        r = _fastio.pushpull_hot(self.addr, sender, seq, ts, inc, wait, pieces, numel, parts)
+        r = _fastio.pushpull_hot(self.addr, sender, seq, ts, inc, wait, pieces, numel)
         if r is None:
             return None
-        self.pins.extend(r[0])
+        if r[0] is not None:
+            self.pins.append(r[0])
         return r[1], r[2]
 
     def prune(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import itertools
 import random
 import socket as _pysocket
 import time
@@ -224,17 +225,12 @@ class Channel:
                                                                                WAKE_MS))
         self.sock.connect(endpoint)
         self.io = fastio.FastSocket(self.sock)   # the compiled framing (fastio.py)
-        self._seq = 0  # the last sequence number used
+        self._seq = itertools.count(1)
         self.inc = 0  # the server incarnation we last heard from
-
-    def _next_seq(self, count: int = 1) -> int:
-        """Take ``count`` consecutive sequence numbers; returns the first."""
-        self._seq += count
-        return self._seq - count + 1
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
-        frames = wire.encode(kind, self.sender, self._next_seq(), ts, self.inc, payloads,
+        frames = wire.encode(kind, self.sender, next(self._seq), ts, self.inc, payloads,
                              **fields)
         self.io.send_multipart(frames)
 
@@ -260,20 +256,16 @@ class Channel:
     def pushpull(self, ts: int, vector, part_floats: int,
                  chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, *, wait: bool,
                  kinds=None, numel: int | None = None) -> wire.Message:
-        """Push the gradient ``vector`` (as ``send_gradient``: whole, or in parts when it is
-        longer than ``part_floats``) and return the validated reply (as ``recv``). This takes
-        the compiled hot path (``fastio.pushpull_hot``): one call encodes, sends, waits and
-        recognises a WEIGHTS reply, streamed or not; anything else is decoded and checked as
-        ``recv`` does. Blocks as ``recv``."""
+        """Push the gradient ``vector`` (as ``send_gradient``) and return the validated reply
+        (as ``recv``). A gradient that goes whole takes the compiled hot path
+        (``fastio.pushpull_hot``): one call encodes, sends, waits and recognises a WEIGHTS
+        reply, streamed or not; anything else is decoded and checked as ``recv`` does.
+        Blocks as ``recv``."""
         n = vector.shape[0]
-        if part_floats < 1:
-            raise ValueError(f"part_floats must be >= 1, got {part_floats}")
-        starts = range(0, n, part_floats)
-        parts = [vector[lo:lo + part_floats] for lo in starts[:-1]]
-        pieces = wire.chunk(vector[starts[-1]:], chunk_bytes) if n else ()
-        if 0 < len(pieces) <= fastio.HOT_MAX_FRAMES and len(parts) <= wire.MAX_PARTS:
-            r = self.io.pushpull_hot(self.sender, self._next_seq(len(parts) + 1), ts, self.inc,
-                                     wait, pieces, -1 if numel is None else numel, parts)
+        pieces = wire.chunk(vector, chunk_bytes) if 0 < n <= part_floats else ()
+        if 0 < len(pieces) <= fastio.HOT_MAX_FRAMES:
+            r = self.io.pushpull_hot(self.sender, next(self._seq), ts, self.inc, wait, pieces,
+                                     -1 if numel is None else numel)
             if r is not None:
                 messages, reply = r
                 if reply is not None and (kinds is None or wire.Kind.WEIGHTS in kinds):

@@ -111,11 +111,6 @@ class Updater:
             self._v_spare = np.empty_like(self.v)
         return self.versions.next_buffer(), self._v_spare
 
-    @property
-    def v_spare(self) -> np.ndarray | None:
-        """The second momentum buffer, once a cut-through update has needed it (else None)."""
-        return self._v_spare
-
     def step_part(self, piece: np.ndarray, lo: int, out: np.ndarray, v_out: np.ndarray,
                   g_scale: float, lr: float) -> None:
         """The update of weights [lo, lo + len(piece)) from gradient ``piece`` into ``out`` and

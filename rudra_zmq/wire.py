@@ -279,7 +279,7 @@ def _nbytes(buf) -> int:
 
 
 _F4 = PAYLOAD_DTYPES["f4"]
-_HOT = frozenset((Kind.PUSHPULL, Kind.WEIGHTS, Kind.WPART, Kind.GPART))
+_HOT = frozenset((Kind.PUSHPULL, Kind.WEIGHTS, Kind.WPART))
 if (HOT_KINDS != {k.name: k for k in _HOT} or HOT_MAX_PARTS != MAX_PARTS
         or HOT_VERSION != PROTOCOL_VERSION):  # pragma: no cover
     raise ImportError(f"rudra_zmq._fastio was built for protocol version {HOT_VERSION}, kinds "

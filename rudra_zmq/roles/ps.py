@@ -401,9 +401,6 @@ class ParameterServer(PushPartsMixin, HotPathMixin):
                 if frames is None:
                     self._hot_served()
                     last_msg = time.time()
-                elif frames is fastio.HANDOFF:   # a gradient in parts goes on in Python
-                    self._hot_handoff()
-                    last_msg = time.time()
                 elif frames is not _NOTHING:
                     self._disarm_hot()
                     self.handle(frames)

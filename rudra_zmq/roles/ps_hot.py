@@ -19,29 +19,16 @@ gradient in parts, the update that ends training -- goes to ``handle`` untouched
 A reply that the general path would stream in parts (``runtime.stream_parts``) is streamed the
 same way: each part's WPART leaves as soon as the kernel finished it, then WEIGHTS x{parts}.
 
-A gradient pushed in parts (GPART..., then PUSHPULL x{parts}; ``runtime.gradient_parts``) is
-served cut-through in C as ``push_parts.py`` serves it in Python: each part updated into the
-next weight version and the spare momentum buffer as it arrives, and answered with its WPART;
-the engine is fed and both buffers adopted only after the final message passed its checks.
-Messages of other senders that arrive meanwhile are kept and handled afterwards, in order, as
-the Python path holds them. At the first message that does not simply continue the sequence
-(a bad or missing part, a timeout), HotPS stops and hands the sequence over: the server
-rebuilds the Python path's state of that update (``PartAssembly.resume``) and goes on in
-Python, which refuses or completes it exactly as if it had served every part itself. The
-first gradient in parts takes the Python path, which allocates the spare momentum buffer.
-
 Served hot only when nothing else could apply: architecture base without broadcast, momentum
-SGD, protocol async or softsync with c = 1, replies of one frame per message (an unstreamed
-model within one ``runtime.chunk_mib`` chunk, or parts within one), no gradient in parts open,
-and for a streamed reply no learner parked on a pull.
+SGD, protocol async or softsync with c = 1, a gradient pushed whole (not in parts), replies of
+one frame per message (an unstreamed model within one ``runtime.chunk_mib`` chunk, or parts
+within one), no gradient in parts open, and for a streamed reply no learner parked on a pull.
 """
 from __future__ import annotations
 
-import copy
 import logging
 
 from .. import fastio
-from .push_parts import CutThrough, PartAssembly
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -58,11 +45,10 @@ class HotPathMixin:
                 and one_frame and -(-self.numel // self.part_floats) <= fastio.HOT_MAX_PARTS)
         self.hot = fastio.HotPS(self.sock, self.numel, cfg.sync.learners, self.inc,
                                 self.segments, o.momentum, o.weight_decay,
-                                self.io.pins, max(1, self.chunk_bytes // 4)) if fits else None
+                                self.io.pins) if fits else None
         self._hot_policy = fastio.POLICIES[o.lr_policy]
         self._hot_out = None       # the buffer HotPS was armed with
         self.hot_updates = 0       # updates served hot (PS metrics; tests)
-        self.hot_handoffs = 0      # gradients in parts begun hot, finished in Python (tests)
 
     def _arm_hot(self) -> None:
         """Arm HotPS for the next request, if it may serve one (see the module docstring)."""
@@ -77,7 +63,7 @@ class HotPathMixin:
         self.io.prune()    # sends libzmq finished with free their weight versions for reuse
         self._hot_out = self.versions.next_buffer()
         hot.arm(e.lr.base_at(nxt), self._hot_policy, e.timestamp, self._seq + 1, self.w,
-                self.v, self._hot_out, self.part_floats, self.updater.v_spare)
+                self.v, self._hot_out, self.part_floats)
 
     def _disarm_hot(self) -> None:
         """Before the general path runs: it may change what HotPS was armed with."""
@@ -86,11 +72,11 @@ class HotPathMixin:
             self.versions.give_back(self._hot_out)
             self._hot_out = None
 
-    def _hot_arrival(self, engine):
-        """Feed HotPS's gradient to ``engine`` (the server's, or a trial copy); its update,
-        checked against the one HotPS applied."""
-        h = self.hot
-        arrival = engine.receive(h.sender, h.grad_ts)
+    def _hot_served(self) -> None:
+        """HotPS applied an update and replied: account it as the general path would."""
+        h, out = self.hot, self._hot_out
+        self._hot_out = None
+        arrival = self.engine.receive(h.sender, h.grad_ts)
         update = arrival.update
         if (update is None or update.timestamp != h.new_ts or arrival.sigma != h.sigma
                 or update.lr != h.lr or update.g_scale * arrival.scale != h.g_scale):
@@ -99,50 +85,11 @@ class HotPathMixin:
                 f"{h.new_ts} (σ {h.sigma}, α {h.lr!r}, scale {h.g_scale!r}) but the sync "
                 f"engine decided {update} for learner {h.sender}'s gradient of timestamp "
                 f"{h.grad_ts}; please report this")
-        return update
-
-    def _hot_replies(self) -> None:
-        h = self.hot
+        self.versions.publish(out)
         self._seq = h.reply_seq
+        self.hot_updates += 1
         if h.send_failures:
             self.undelivered += h.send_failures
             log.warning("could not reply WEIGHTS to learner %d: %s", h.sender,
                         fastio.strerror(h.send_errno))
-
-    def _hot_served(self) -> None:
-        """HotPS applied an update and replied: account it as the general path would, then
-        handle the messages it kept meanwhile."""
-        h, out = self.hot, self._hot_out
-        self._hot_out = None
-        update = self._hot_arrival(self.engine)
-        if h.cut_parts:    # a gradient in parts, cut-through: as push_parts._cut_commit
-            self.updater.commit_parts(out, self.updater.v_spare)
-            self._discard.discard(h.sender)
-            self.gradients_in_parts += 1
-            self.cut_through_updates += 1
-        else:
-            self.versions.publish(out)
-        self._hot_replies()
-        self.hot_updates += 1
         self._after_update(update)
-        for frames in self.hot.take_held():
-            self.handle(frames)
-
-    def _hot_handoff(self) -> None:
-        """HotPS served the first parts of a gradient in parts and stopped: make that the
-        Python path's open cut-through update (as push_parts._maybe_cut would have made it),
-        then handle what HotPS kept and the message it stopped at."""
-        h, out = self.hot, self._hot_out
-        self._hot_out = None
-        self._hot_replies()
-        self.hot_handoffs += 1
-        update = self._hot_arrival(copy.deepcopy(self.engine))   # what it will decide
-        a = PartAssembly.resume(h.cut_ident.bytes, h.sender, h.grad_ts, h.cut_offset,
-                                h.cut_parts, CutThrough(update, h.g_scale, out,
-                                                        self.updater.v_spare))
-        self._discard.discard(h.sender)
-        self._parts[h.sender] = self._cut = a
-        for frames in h.take_held():
-            self.handle(frames)
-        if h.cut_next is not None:
-            self.handle(h.cut_next)

@@ -65,17 +65,6 @@ class PartAssembly:
         self.cut: CutThrough | None = None
         self.touched = time.monotonic()
 
-    @classmethod
-    def resume(cls, ident: bytes, sender: int, ts: int, offset: int, count: int,
-               cut: CutThrough) -> "PartAssembly":
-        """A cut-through sequence that the compiled hot path began (``ps_hot.py``): ``count``
-        parts, floats [0, ``offset``) already updated and answered."""
-        a = cls.__new__(cls)
-        a.ident, a.sender, a.ts, a.pull = ident, sender, ts, True
-        a.payloads, a.offset, a.count, a.cut = [], offset, count, cut
-        a.touched = time.monotonic()
-        return a
-
     def take(self, msg: wire.Message, numel: int) -> int:
         """Check that ``msg`` continues this sequence and keep its payload; returns the offset
         it starts at. Raises ProtocolViolation naming the mismatch."""
