@@ -90,6 +90,8 @@ class RuntimeConfig:
     #                                    (roles/ps_hot.py); false: always the Python path
     timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
     learners_per_process: int = 1      # >1 hosts several learner threads per process
+    device: str = "cpu"                # learners compute on: cpu | cuda (learner i on GPU
+    #                                    i mod #GPUs) | cuda:N (rudra_zmq/devices.py)
 
 
 @dataclass
@@ -127,6 +129,8 @@ class Config:
         _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
         _one_of("runtime.gradient_parts", r.gradient_parts, ("auto", "always", "never"))
         _one_of("data.dataset", d.dataset, ("digits", "cifar10", "imagefolder", "synthetic"))
+        from .devices import check_device_name
+        check_device_name(r.device)
         if s.learners < 1:
             raise ConfigError(f"sync.learners must be >= 1, got {s.learners}")
         if s.protocol == "softsync" and not 1 <= s.n <= s.learners:

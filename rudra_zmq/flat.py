@@ -15,6 +15,12 @@ gradient views (the next backward then allocates fresh, unshared tensors); ``.to
 ``p.grad`` (it accumulates out of place). Use ``FlatModel.zero_grad()``; ``check_views()``
 detects the rest.
 Buffers (e.g. BatchNorm running statistics) are not part of the flat weights.
+
+On a GPU (``FlatModel(module, device="cuda:0")``) the parameters and gradients are views into
+two flat buffers on the GPU, and ``weights``/``grads`` are pinned host copies, the ones that
+go on the wire: ``grads_to_host()`` after backward and ``weights_to_device()`` after writing
+``weights`` each move the whole model in one transfer (``load_weights`` does the latter
+itself). On CPU both are no-ops: the host arrays are the model's own buffers.
 """
 from __future__ import annotations
 
@@ -31,16 +37,22 @@ from .models import param_multipliers
 class FlatModel:
     """A module whose parameters and gradients live in two contiguous float32 arrays.
 
-    Attributes: ``module``; ``weights`` and ``grads`` (1-D float32 NumPy arrays sharing memory
-    with the module's parameters and gradients); ``layout``, a list of (name, start, stop, shape).
+    Attributes: ``module``; ``weights`` and ``grads`` (1-D float32 NumPy arrays: on CPU they
+    share memory with the module's parameters and gradients, on a GPU they are its host
+    copies); ``layout``, a list of (name, start, stop, shape); ``device``.
     Not thread-safe: writing ``weights`` while another thread runs the module races with it.
     """
 
     def __init__(self, module: nn.Module,
-                 multipliers: list[tuple[int, float, float]] | None = None):
+                 multipliers: list[tuple[int, float, float]] | None = None,
+                 device=None, staged: bool | None = None):
         """Move ``module``'s parameters into fresh flat buffers (copying their current values)
         and zero the gradients. ``multipliers`` defaults to ``models.param_multipliers(module)``.
-        Blocks for the copy. Raises ValueError/TypeError for a module it cannot flatten.
+        ``device`` (default CPU): where the module computes; the module (with its buffers) is
+        moved there. ``staged`` (default: on any device but the CPU) keeps the module's flat
+        buffers apart from the host arrays, as on a GPU; ``staged=True`` on CPU runs that path
+        without a GPU (tests). Blocks for the copy. Raises ValueError/TypeError for a module it
+        cannot flatten.
         """
         named = list(module.named_parameters())
         if not named:
@@ -50,21 +62,34 @@ class FlatModel:
                 raise TypeError(f"parameter {name!r} is {p.dtype} on {p.device}; FlatModel needs "
                                 "float32 CPU parameters (build the model on CPU, in float32)")
         self.module = module
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.staged = self.device.type != "cpu" if staged is None else bool(staged)
+        if self.device.type != "cpu":
+            module.to(self.device)   # buffers too; the parameters are rebound below
+            named = list(module.named_parameters())
         self.layout: list[tuple[str, int, int, tuple[int, ...]]] = []
         start = 0
         for name, p in named:
             self.layout.append((name, start, start + p.numel(), tuple(p.shape)))
             start += p.numel()
-        self.weights = np.empty(start, dtype=np.float32)
-        self.grads = np.zeros(start, dtype=np.float32)
-        # torch.from_numpy shares memory (and keeps the arrays alive): torch writes land in NumPy.
-        self._w = torch.from_numpy(self.weights)
-        self._g = torch.from_numpy(self.grads)
+        # Host arrays through torch (pinned for a GPU, so its copies run at full speed); the
+        # NumPy views keep the tensors alive, and torch writes land in NumPy.
+        pin = self.device.type == "cuda"
+        self._hw = torch.empty(start, dtype=torch.float32, pin_memory=pin)
+        self._hg = torch.zeros(start, dtype=torch.float32, pin_memory=pin)
+        self.weights, self.grads = self._hw.numpy(), self._hg.numpy()
+        if self.staged:
+            self._w = torch.empty(start, dtype=torch.float32, device=self.device)
+            self._g = torch.zeros(start, dtype=torch.float32, device=self.device)
+        else:
+            self._w, self._g = self._hw, self._hg
         with torch.no_grad():
             for (name, a, b, shape), (_, p) in zip(self.layout, named):
                 self._w[a:b].copy_(p.detach().reshape(-1))
                 p.data = self._w[a:b].view(shape)
                 p.grad = self._g[a:b].view(shape)
+            if self.staged:
+                self._hw.copy_(self._w)
         mults = param_multipliers(module) if multipliers is None else list(multipliers)
         if [m[0] for m in mults] != [b - a for _, a, b, _ in self.layout]:
             raise ValueError(f"multipliers give sizes {[m[0] for m in mults]} but the parameters "
@@ -97,17 +122,35 @@ class FlatModel:
         Use this instead of ``module.zero_grad()``/``optimizer.zero_grad()``, which set
         gradients to None by default and so cut them off from ``grads``.
         """
-        self.grads.fill(0.0)
+        if self.staged:
+            self._g.zero_()
+        else:
+            self.grads.fill(0.0)
+
+    def grads_to_host(self) -> None:
+        """Copy the module's gradient into ``grads`` (one device-to-host transfer; on CPU
+        nothing: they are the same memory). Blocks until the copy is done, so ``grads`` may go
+        on the wire at once."""
+        if self.staged:
+            self._hg.copy_(self._g)
+
+    def weights_to_device(self) -> None:
+        """Copy ``weights`` into the module's parameters (one host-to-device transfer; on CPU
+        nothing). Call after writing ``weights`` directly; ``load_weights`` calls it. Blocks
+        until ``weights`` may be written again."""
+        if self.staged:
+            self._w.copy_(self._hw)
 
     def check_views(self) -> None:
         """Raise RuntimeError naming the first parameter whose data or grad no longer aliases
         the flat buffers (rebound by zero_grad(set_to_none=True), .to(), .half(), ...).
         Does not block; cheap enough to call once per iteration.
         """
-        wbase, gbase = self.weights.ctypes.data, self.grads.ctypes.data
-        if self._w.data_ptr() != wbase or self._g.data_ptr() != gbase:
+        if (self._hw.data_ptr() != self.weights.ctypes.data
+                or self._hg.data_ptr() != self.grads.ctypes.data):
             raise RuntimeError("FlatModel's tensors no longer share memory with weights/grads "
                                "(were the arrays replaced? assign into them with [:] instead)")
+        wbase, gbase = self._w.data_ptr(), self._g.data_ptr()
         params = dict(self.module.named_parameters())
         for name, a, _, shape in self.layout:
             p = params.get(name)
@@ -120,7 +163,7 @@ class FlatModel:
                         f"parameter {name!r} has grad None: something called zero_grad() with "
                         "set_to_none=True (the default). Call FlatModel.zero_grad() instead, or "
                         "optimizer.zero_grad(set_to_none=False)")
-                if (t.device.type != "cpu" or t.dtype != torch.float32
+                if (t.device != self._w.device or t.dtype != torch.float32
                         or t.data_ptr() != base + 4 * a or tuple(t.shape) != shape
                         or not t.is_contiguous()):
                     raise RuntimeError(
@@ -163,6 +206,7 @@ class FlatModel:
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
         kernels.copy_into(self.weights, arr)
+        self.weights_to_device()
 
     def segments(self) -> list[tuple[int, int, float, float]]:
         """(start, stop, lr_mult, decay_mult) ranges of ``weights``, covering it in order, with

@@ -151,3 +151,57 @@ def test_modules_it_cannot_flatten_are_refused():
         FlatModel(torch.nn.Linear(2, 2).double())
     with pytest.raises(ValueError, match="multipliers"):
         FlatModel(torch.nn.Linear(2, 2), multipliers=[(4, 1.0, 1.0)])
+
+
+# ------------------------------------------------------------------ staged (the GPU path)
+def test_a_staged_model_moves_gradients_and_weights_only_through_its_two_copies():
+    """staged=True on CPU runs the GPU path's logic (the module's buffers apart from the host
+    arrays): backward writes only the module's gradient until grads_to_host; writing weights
+    reaches the module only through weights_to_device (or load_weights). Same results as the
+    plain model. tests/test_gpu.py runs it on a real GPU."""
+    plain, staged = _flat(seed=0), FlatModel(build_model("cifar10_full", 10, (3, 32, 32),
+                                                         seed=0), staged=True)
+    assert staged.staged and not plain.staged
+    assert staged.weights.ctypes.data != staged._w.data_ptr()
+    np.testing.assert_array_equal(staged.weights, plain.weights)   # the initial values
+    staged.check_views()
+    for fm in (plain, staged):
+        fm.zero_grad()
+        _loss(fm.module).backward()
+    assert not staged.grads.any()                   # not copied yet
+    staged.grads_to_host()
+    np.testing.assert_array_equal(staged.grads, plain.grads)
+    staged.zero_grad()                              # the module's gradient, kept as views
+    staged.check_views()
+    assert not staged._g.any() and staged.grads.any()
+    new = np.linspace(-0.1, 0.1, staged.numel, dtype=np.float32)
+    staged.weights[:] = new
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = staged.module(x).clone()
+        staged.weights_to_device()
+        plain.load_weights(new)
+        torch.testing.assert_close(staged.module(x), plain.module(x), rtol=0, atol=0)
+        assert not torch.equal(before, staged.module(x))
+    staged.load_weights(np.zeros(staged.numel, np.float32))
+    assert all(not p.any() for p in staged.module.parameters())
+
+
+def test_runtime_device_names_are_checked_and_a_missing_gpu_is_a_clear_error():
+    from rudra_zmq.config import ConfigError, load_config
+    from rudra_zmq.devices import learner_device
+
+    for bad in ("gpu", "cuda:", "cuda:x", "CUDA", ""):
+        with pytest.raises(ConfigError, match="runtime.device (is|must be str)"):
+            load_config(None, [f"runtime.device={bad}"])
+    for good in ("cpu", "cuda", "cuda:1"):
+        assert load_config(None, [f"runtime.device={good}"]).runtime.device == good
+    assert learner_device("cpu", 3) == torch.device("cpu")
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        assert learner_device("cuda", n + 1) == torch.device("cuda", 1 % n)
+        with pytest.raises(RuntimeError, match=f"has {n} visible CUDA GPU"):
+            learner_device(f"cuda:{n}", 0)
+    else:
+        with pytest.raises(RuntimeError, match="sees no CUDA GPU.*runtime.device=cpu"):
+            learner_device("cuda", 0)

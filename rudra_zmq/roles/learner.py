@@ -19,6 +19,11 @@ The gradient buffer is sent zero-copy; it is written again only by the next back
 which starts after the PS's reply, and the PS replies only after ZeroMQ delivered the push.
 Received weights are copied once, into the flat buffer that the model's parameters view.
 
+On a GPU (``runtime.device``, ``devices.py``) the model and its flat buffers live on the GPU:
+each minibatch goes there after augmentation, the flat gradient comes back to a pinned host
+buffer in one transfer after backward (that buffer is what is pushed), and received weights
+go to the GPU in one transfer once the reply is complete.
+
 Rudra-adv* (``architecture.kind: advstar``): push and pull are asynchronous. Weights arrive
 by the learners' broadcast on a :class:`~rudra_zmq.roles.broadcast.BroadcastMember` I/O
 thread, which forwards every chunk downstream as it comes and keeps the newest complete
@@ -86,6 +91,7 @@ class Learner:
         """``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
         children or None)."""
         from ..datasets import dataset_shape
+        from ..devices import learner_device
         from ..flat import FlatModel
         from ..models import build_model
         from .data_server import DataClient
@@ -95,8 +101,9 @@ class Learner:
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         shape = dataset_shape(cfg.data)
+        self.device = learner_device(cfg.runtime.device, learner_id)
         self.model = build_model(cfg.model.name, cfg.data.num_classes, shape, seed=cfg.model.seed)
-        self.flat = FlatModel(self.model)
+        self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
         from ..update import stream_part_floats
@@ -206,13 +213,14 @@ class Learner:
                 raise RuntimeError(f"learner {self.id}: the weight board holds version {ts}, "
                                    f"older than the {msg.ts} tree node {self._leaf} announced")
             self.ts = ts
-            return
-        off = 0
-        for part in msg.payloads:
-            n = part.shape[0]
-            kernels.copy_into(self.flat.weights[off:off + n], part)
-            off += n
-        self.ts = msg.ts
+        else:
+            off = 0
+            for part in msg.payloads:
+                n = part.shape[0]
+                kernels.copy_into(self.flat.weights[off:off + n], part)
+                off += n
+            self.ts = msg.ts
+        self.flat.weights_to_device()
 
     def _backward(self) -> None:
         x, y, _epoch, _ = self.data.next_batch()
@@ -221,9 +229,12 @@ class Learner:
         xf = to_float(x, mean, std)
         if self.cfg.data.augment:
             xf = augment(xf, self.generator)
+        if self.flat.staged:
+            xf, y = xf.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         self.flat.zero_grad()
         loss = self.loss_fn(self.model(xf), y)
         loss.backward()
+        self.flat.grads_to_host()
         self._loss_sum += loss.item()
 
     def step(self) -> bool:
@@ -242,7 +253,9 @@ class Learner:
     def _step_advstar(self) -> bool:
         """Rudra-adv*: adopt the newest broadcast version, compute, push without waiting."""
         self.member.check()       # the broadcast I/O thread failed: a silent upstream
-        self.ts = self.member.copy_latest_into(self.flat.weights, self.ts)
+        ts, self.ts = self.ts, self.member.copy_latest_into(self.flat.weights, self.ts)
+        if self.ts != ts:
+            self.flat.weights_to_device()
         grad_ts = self.ts
         self._backward()
         if self._in_flight:

@@ -1,0 +1,62 @@
+"""GPU learners (``runtime.device``; devices.py, flat.py): run where torch sees a CUDA GPU,
+skipped elsewhere (bench/gpu_check.sh runs them on a GPU machine). The same logic without a
+GPU is tested in test_flat.py (``staged=True``)."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rudra_zmq.flat import FlatModel
+from rudra_zmq.models import build_model
+from test_system import DIGITS, rudra_run, updates
+from cluster import weights_difference
+
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="no CUDA GPU here (torch.cuda.is_available() is False)"),
+              pytest.mark.timeout(300)]
+
+
+def test_a_flat_model_on_the_gpu_keeps_views_and_matches_the_cpu_gradient():
+    cpu = FlatModel(build_model("cifar10_full", 10, (3, 32, 32), seed=0))
+    gpu = FlatModel(build_model("cifar10_full", 10, (3, 32, 32), seed=0), device="cuda:0")
+    assert gpu.staged and gpu._w.is_cuda and gpu._hw.is_pinned()
+    for (_, a, _, _), p in zip(gpu.layout, gpu.module.parameters()):
+        assert p.is_cuda and p.data_ptr() == gpu._w.data_ptr() + 4 * a
+        assert p.grad.data_ptr() == gpu._g.data_ptr() + 4 * a
+    gpu.check_views()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+    for fm, dev in ((cpu, "cpu"), (gpu, "cuda:0")):
+        fm.zero_grad()
+        F.cross_entropy(fm.module(x.to(dev)), y.to(dev)).backward()
+    gpu.grads_to_host()
+    rel = np.linalg.norm(gpu.grads - cpu.grads) / np.linalg.norm(cpu.grads)
+    print(f"GPU vs CPU gradient of one minibatch: relative difference {rel:.2e}")
+    assert rel <= 1e-2      # (TF32 convolutions on the GPU)
+    gpu.load_weights(cpu.weights * 0.5)
+    np.testing.assert_array_equal(gpu._w.cpu().numpy(), cpu.weights * 0.5)
+
+
+def test_hardsync_gpu_learners_match_one_gpu_learner_with_lambda_times_the_minibatch(tmp_path):
+    common = [*DIGITS, "sync.protocol=hardsync", "train.epochs=0.12", "optimizer.lr=0.05",
+              "runtime.device=cuda"]
+    one, _ = rudra_run(tmp_path, "one", [*common, "sync.learners=1", "sync.batch_size=16"])
+    two, _ = rudra_run(tmp_path, "two", [*common, "sync.learners=2", "sync.batch_size=8"])
+    assert len(updates(one)) == len(updates(two)) >= 10
+    moved, rel = weights_difference(one, two)
+    print(f"GPU learners: training moved the weights by {moved:.2e}; one vs two learners "
+          f"differ by {rel:.2e}")
+    assert rel <= 1e-3, f"relative difference {rel:.2e}"
+    cpu, _ = rudra_run(tmp_path, "cpu", [*common[:-1], "sync.learners=1", "sync.batch_size=16"])
+    _, rel_cpu = weights_difference(one, cpu)
+    print(f"one GPU learner vs one CPU learner: relative difference {rel_cpu:.2e}")
+    assert rel_cpu <= 1e-2
+
+
+def test_the_quickstart_on_gpu_learners_reaches_95_percent(tmp_path):
+    import json
+    run_dir, out = rudra_run(tmp_path, "quick", ["runtime.device=cuda"])
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    print(f"quickstart on GPU learners: final test error {evals[-1]['test_error']:.4f}")
+    assert evals[-1]["test_error"] <= 0.05, evals[-1]
