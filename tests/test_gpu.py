@@ -60,3 +60,38 @@ def test_the_quickstart_on_gpu_learners_reaches_95_percent(tmp_path):
              if '"eval"' in line]
     print(f"quickstart on GPU learners: final test error {evals[-1]['test_error']:.4f}")
     assert evals[-1]["test_error"] <= 0.05, evals[-1]
+
+
+TREE = [*DIGITS, "sync.protocol=hardsync", "sync.learners=4", "sync.batch_size=8",
+        "train.epochs=0.25", "optimizer.lr=0.05", "architecture.kind=adv",
+        "architecture.fanout=2"]
+
+
+@pytest.mark.parametrize("shm", [False, True])
+def test_gpu_learners_through_a_tree_give_the_cpu_learners_weights(tmp_path, shm):
+    """Rudra-adv hardsync (2 leaves of 2 learners), payloads over ipc or through the leaf's
+    shared memory (the gradient slot written from the host copy of the GPU gradient, the
+    weight board read into it and then sent to the GPU): GPU learners end where CPU learners
+    do."""
+    extra = ["architecture.leaf_shm=true"] if shm else []
+    cpu, _ = rudra_run(tmp_path, "cpu", [*TREE, *extra])
+    gpu, _ = rudra_run(tmp_path, "gpu", [*TREE, *extra, "runtime.device=cuda"])
+    if shm:
+        logs = "".join(p.read_text() for p in gpu.glob("logs/*.log"))
+        assert logs.count("trades through shared memory") == 4, logs[-3000:]
+    _, rel = weights_difference(cpu, gpu)
+    print(f"adv hardsync{' with leaf_shm' if shm else ''}: GPU vs CPU learners {rel:.2e}")
+    assert rel <= 1e-3
+
+
+def test_gpu_learners_train_under_advstar(tmp_path):
+    """Rudra-adv*: weights reach each GPU learner only by the broadcast through the learners
+    (copied into its host buffer, then to the GPU when a newer version is adopted)."""
+    import json
+    from test_system import ROOT
+    run_dir, _ = rudra_run(tmp_path, "advstar", ["runtime.timeout_s=60", "runtime.device=cuda"],
+                           config=ROOT / "configs/quickstart_advstar.yaml")
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    print(f"advstar quickstart on GPU learners: final test error {evals[-1]['test_error']:.2%}")
+    assert evals[-1]["test_error"] <= 0.10, evals[-1]
