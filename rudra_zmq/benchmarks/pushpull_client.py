@@ -75,10 +75,7 @@ def raw_server(conn, stop, bind: str, io_threads: int = 1, fast: bool = False) -
                 parts = replies[key] = wire.chunk(buffers[-1], frame) if nbytes else []
             io.send_multipart([frames[0], *head, *parts], copy=False)
     finally:
-        if fast:
-            io.close(linger=0)
-        else:
-            sock.close(linger=0)
+        io.close(linger=0)    # (a FastSocket closes its socket as pyzmq's would)
         ctx.destroy(linger=0)
 
 
@@ -104,8 +101,8 @@ class _Client:
         self.chunk_bytes = chunk_bytes
         parts = wire.chunk(np.ones(self.nbytes, np.uint8), chunk_bytes)
         # each raw round trip of the mode: (request frames, reply frames, reply bytes, header
-        # frames in the reply); the
-        # push+pull trip carries nothing but the payload, as a bare pyzmq round trip would
+        # frames in the reply); the push+pull trip carries nothing but the payload, as a bare
+        # pyzmq round trip would
         self.raw_trips = []
         for u, d in RAW[mode]:
             reply = len(wire.chunk(np.empty(d * self.nbytes, np.uint8), chunk_bytes)) if d else 0
