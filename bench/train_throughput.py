@@ -35,9 +35,9 @@ import numpy as np
 import torch
 import yaml
 
-from rudra_zmq.datasets import load_dataset, to_float
+from rudra_zmq.datasets import load_dataset
 from rudra_zmq.benchmarks import common
-from rudra_zmq.models import build_model
+from rudra_zmq.models import build_model, input_transform
 
 # ----------------------------------------------------------------------------- defaults
 MODEL, SHAPE, CLASSES = "cifar10_full", [3, 32, 32], 10
@@ -94,7 +94,7 @@ def baseline(seconds, threads, data, device="cpu"):
             order, pos = rng.permutation(len(y_tr)), 0
         idx = order[pos:pos + MU]
         pos += MU
-        xb = to_float(x_tr[idx], mean, std).to(device)
+        xb = input_transform(MODEL)(x_tr[idx], mean, std).to(device)
         yb = torch.from_numpy(y_tr[idx]).to(device)
         opt.zero_grad()
         loss = loss_fn(model(xb), yb)

@@ -36,6 +36,7 @@ class DataConfig:
     synthetic_train: int = 4096
     synthetic_test: int = 512
     num_classes: int = 10
+    limit_per_class: int | None = None  # keep the first n images of each class per split
     augment: bool = False              # random crop + horizontal flip on the learner
     prefetch: int = 2                  # minibatches each learner keeps in flight
 
@@ -152,6 +153,9 @@ class Config:
             raise ConfigError(f"optimizer.lr_steps must be ascending, got {o.lr_steps}")
         if not self.train.epochs > 0:
             raise ConfigError(f"train.epochs must be > 0, got {self.train.epochs}")
+        if d.limit_per_class is not None and d.limit_per_class < 1:
+            raise ConfigError(f"data.limit_per_class must be >= 1 (or null for all), got "
+                              f"{d.limit_per_class}")
         if len(d.synthetic_shape) != 3 or min(d.synthetic_shape) < 1:
             raise ConfigError(f"data.synthetic_shape must be [C, H, W], got {d.synthetic_shape}")
         if r.timeout_s <= 0:

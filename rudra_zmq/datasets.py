@@ -151,16 +151,20 @@ def dataset_shape(data) -> tuple[int, int, int]:
 def dataset_size(data) -> int:
     """Training examples (the epoch size) of the dataset a DataConfig ``data`` describes.
 
-    digits and synthetic are known up front; cifar10 and imagefolder are loaded (from the npz
+    digits and synthetic (without data.limit_per_class) are known up front; cifar10 and imagefolder are loaded (from the npz
     cache after the first time), so this may block as long as ``load_dataset``.
     """
-    if data.dataset == "digits":
+    limit = data.limit_per_class
+    if data.dataset == "digits" and not limit:
         return 1797 - DIGITS_TEST
-    if data.dataset == "synthetic":
+    if data.dataset == "synthetic" and not limit:
         return int(data.synthetic_train)
     dataset_shape(data)  # rejects unknown names
     ds = load_dataset(data.dataset, root=data.root, image_size=data.image_size,
-                      download=data.download, progress=False)
+                      synthetic_shape=tuple(data.synthetic_shape),
+                      synthetic_n=(data.synthetic_train, data.synthetic_test),
+                      num_classes=data.num_classes, download=data.download,
+                      limit_per_class=limit, progress=False)
     return len(ds.y_train)
 
 

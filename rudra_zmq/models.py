@@ -1,7 +1,9 @@
 """The networks learners train, by name, and their per-parameter learning-rate multipliers.
 
 ``build_model(name, num_classes, in_shape)`` is the only constructor the rest of the package
-uses; ``MODEL_NAMES`` lists what it knows. ``param_multipliers(model)`` gives, for each tensor in
+uses; ``MODEL_NAMES`` lists what it knows. ``input_transform(name)`` is how that model wants its
+uint8 images as floats: every role that feeds a model (learners, the statistics server's
+evaluation, the simulator) preprocesses through it. ``param_multipliers(model)`` gives, for each tensor in
 ``model.parameters()`` order, ``(numel, lr_mult, decay_mult)``: the parameter server applies
 them per segment of the flat weight vector (see ``rudra_zmq.flat.FlatModel.segments``).
 
@@ -15,10 +17,13 @@ Models:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 import torch.nn.functional as F
+
+from .datasets import to_float
 
 MODEL_NAMES = ("cifar10_full", "digits_cnn", "alexnet", "mlp")
 
@@ -146,6 +151,36 @@ _BUILDERS = {
 _MULTS = {"cifar10_full": CIFAR10_FULL_MULTS}
 
 
+@dataclass(frozen=True)
+class InputTransform:
+    """uint8 images (..., C, H, W) -> the float32 input a model was designed for.
+
+    ``standardize``: (x / 255 - mean) / std per channel (torchvision's convention; AlexNet,
+    digits_cnn, mlp). ``caffe_mean``: x - 255 * mean per channel, on the 0..255 scale, as Caffe's
+    CIFAR-10 example feeds cifar10_full: its N(0, 1e-4) conv1 filler and its LRN assume inputs
+    of that size, and on standardized inputs (~60x smaller) the model does not learn at all.
+    ``mean``/``std`` are the training set's per-channel statistics on the 0..1 scale.
+    """
+
+    kind: str = "standardize"
+
+    def __call__(self, x, mean, std) -> torch.Tensor:
+        """A new float32 tensor of ``x`` preprocessed. Blocks (computes); thread-safe."""
+        if self.kind == "caffe_mean":
+            return to_float(x, mean, (1.0 / 255.0,) * len(mean))
+        return to_float(x, mean, std)
+
+
+INPUT_TRANSFORMS = {"cifar10_full": InputTransform("caffe_mean")}
+
+
+def input_transform(name: str) -> InputTransform:
+    """The preprocessing model ``name`` was designed for (see InputTransform). Does not block."""
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    return INPUT_TRANSFORMS.get(name, InputTransform())
+
+
 def build_model(name: str, num_classes: int, in_shape: tuple[int, int, int],
                 seed: int | None = 0) -> nn.Module:
     """Construct model ``name`` for ``num_classes`` classes and inputs of shape ``in_shape``.
@@ -183,5 +218,5 @@ def param_multipliers(model: nn.Module) -> list[tuple[int, float, float]]:
     return [(p.numel(), *mults.get(n, (1.0, 1.0))) for n, p in model.named_parameters()]
 
 
-__all__ = ["MODEL_NAMES", "build_model", "param_multipliers", "WithinChannelLRN", "Cifar10Full",
+__all__ = ["MODEL_NAMES", "build_model", "param_multipliers", "input_transform", "InputTransform", "WithinChannelLRN", "Cifar10Full",
            "DigitsCNN", "CIFAR10_FULL_MULTS"]

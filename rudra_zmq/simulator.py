@@ -52,12 +52,11 @@ class _Trainer:
     def __init__(self, cfg):
         import torch
 
-        from .datasets import to_float
         from .flat import FlatModel
-        from .models import build_model
+        from .models import build_model, input_transform
         from .roles.data_server import SampleStream, load_data
 
-        self.torch, self.to_float = torch, to_float
+        self.torch, self.prep = torch, input_transform(cfg.model.name)
         self.ds = load_data(cfg)  # the same data, split and order as the data server's
         self.flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, self.ds.shape,
                                           seed=cfg.model.seed))
@@ -73,7 +72,7 @@ class _Trainer:
 
     def gradient(self, weights: np.ndarray, learner: int, step: int) -> np.ndarray:
         idx = self._indices(learner, step)
-        x = self.to_float(self.torch.from_numpy(self.ds.x_train[idx]), self.ds.mean, self.ds.std)
+        x = self.prep(self.torch.from_numpy(self.ds.x_train[idx]), self.ds.mean, self.ds.std)
         y = self.torch.from_numpy(self.ds.y_train[idx])
         kernels.copy_into(self.flat.weights, weights)
         self.flat.zero_grad()
@@ -85,7 +84,7 @@ class _Trainer:
         errors, loss_sum = 0, 0.0
         with self.torch.no_grad():
             for i in range(0, len(self.ds.y_test), 500):
-                x = self.to_float(self.torch.from_numpy(self.ds.x_test[i:i + 500]),
+                x = self.prep(self.torch.from_numpy(self.ds.x_test[i:i + 500]),
                                   self.ds.mean, self.ds.std)
                 y = self.torch.from_numpy(self.ds.y_test[i:i + 500])
                 out = self.flat.module(x)

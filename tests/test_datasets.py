@@ -216,7 +216,8 @@ def test_the_shared_cifar10_tarball_loads_and_then_comes_from_the_cache(cache):
 
 def _data_cfg(**kw):
     base = dict(dataset="digits", root=None, download=False, image_size=None,
-                synthetic_shape=[3, 32, 32], synthetic_train=4096, synthetic_test=512)
+                synthetic_shape=[3, 32, 32], synthetic_train=4096, synthetic_test=512,
+                num_classes=10, limit_per_class=None)
     return SimpleNamespace(**(base | kw))
 
 
@@ -227,7 +228,8 @@ def test_dataset_shape_and_size_match_what_load_dataset_returns(tmp_path):
               load_dataset("synthetic", synthetic_shape=(2, 5, 6), synthetic_n=(30, 10))),
              (_data_cfg(dataset="cifar10", root=str(root)), load_dataset("cifar10", root=root)),
              (_data_cfg(dataset="imagefolder", root=str(root), image_size=8),
-              load_dataset("imagefolder", root=root, image_size=8))]
+              load_dataset("imagefolder", root=root, image_size=8)),
+             (_data_cfg(limit_per_class=7), load_dataset("digits", limit_per_class=7))]
     for cfg, ds in cases:
         assert dataset_shape(cfg) == ds.shape, cfg.dataset
         assert dataset_size(cfg) == len(ds.y_train), cfg.dataset

@@ -152,3 +152,20 @@ def test_digits_cnn_reaches_95_percent_on_digits_with_momentum_sgd():
     with torch.no_grad():
         pred = model(to_float(ds.x_test, ds.mean, ds.std)).argmax(1).numpy()
     assert (pred == ds.y_test).mean() >= 0.95
+
+
+def test_each_model_gets_the_input_scale_it_was_designed_for():
+    from rudra_zmq.models import input_transform
+
+    x = np.arange(2 * 3 * 4 * 4, dtype=np.uint8).reshape(2, 3, 4, 4)
+    mean, std = (0.5, 0.25, 0.125), (0.2, 0.4, 0.5)
+    m = np.array(mean, dtype=np.float32).reshape(1, 3, 1, 1)
+    s = np.array(std, dtype=np.float32).reshape(1, 3, 1, 1)
+    # cifar10_full: Caffe's example feeds pixel values 0..255 minus the training mean
+    caffe = input_transform("cifar10_full")(x, mean, std).numpy()
+    np.testing.assert_allclose(caffe, x.astype(np.float32) - 255 * m, rtol=1e-6, atol=1e-4)
+    for name in ("alexnet", "digits_cnn", "mlp"):   # torchvision's standardization
+        out = input_transform(name)(x, mean, std).numpy()
+        np.testing.assert_allclose(out, (x / 255.0 - m) / s, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="'resnet'"):
+        input_transform("resnet")

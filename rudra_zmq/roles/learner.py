@@ -93,7 +93,7 @@ class Learner:
         from ..datasets import dataset_shape
         from ..devices import learner_device
         from ..flat import FlatModel
-        from ..models import build_model
+        from ..models import build_model, input_transform
         from .data_server import DataClient
 
         self.cfg = cfg
@@ -103,6 +103,7 @@ class Learner:
         shape = dataset_shape(cfg.data)
         self.device = learner_device(cfg.runtime.device, learner_id)
         self.model = build_model(cfg.model.name, cfg.data.num_classes, shape, seed=cfg.model.seed)
+        self.prep = input_transform(cfg.model.name)
         self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
@@ -224,9 +225,7 @@ class Learner:
 
     def _backward(self) -> None:
         x, y, _epoch, _ = self.data.next_batch()
-        mean, std = self.data.mean, self.data.std
-        from ..datasets import to_float
-        xf = to_float(x, mean, std)
+        xf = self.prep(x, self.data.mean, self.data.std)
         if self.cfg.data.augment:
             xf = augment(xf, self.generator)
         if self.flat.staged:

@@ -68,7 +68,7 @@ class StatsServer:
     def __init__(self, cfg, bind: str, run_dir, ctx: zmq.Context | None = None, *,
                  t0: float | None = None, dataset=None, out=None):
         from ..flat import FlatModel
-        from ..models import build_model
+        from ..models import build_model, input_transform
         from .data_server import load_data
 
         self.cfg = cfg
@@ -81,6 +81,7 @@ class StatsServer:
         self.mean, self.std = tuple(ds.mean), tuple(ds.std)
         self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
                                  seed=cfg.model.seed)
+        self.prep = input_transform(cfg.model.name)
         self.flat = FlatModel(self.model)
         self.records = self.invalid = self.evals_done = self.evals_skipped = 0
         self._warned: set = set()
@@ -189,8 +190,6 @@ class StatsServer:
         import torch
         import torch.nn.functional as F
 
-        from ..datasets import to_float
-
         if isinstance(weights_parts, np.ndarray):
             weights_parts = [weights_parts]
         off = 0
@@ -204,7 +203,7 @@ class StatsServer:
         wrong, loss_sum, total = 0, 0.0, self.y_test.shape[0]
         with torch.no_grad():
             for i in range(0, total, EVAL_BATCH):
-                x = to_float(self.x_test[i:i + EVAL_BATCH], self.mean, self.std)
+                x = self.prep(self.x_test[i:i + EVAL_BATCH], self.mean, self.std)
                 y = torch.from_numpy(self.y_test[i:i + EVAL_BATCH])
                 out = self.model(x)
                 loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
