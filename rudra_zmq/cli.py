@@ -377,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .compare import add_parser as add_compare_parser
     add_compare_parser(sub)  # rudra-zmq compare RUN_DIR ...
+    from .sweep import add_parser as add_sweep_parser
+    add_sweep_parser(sub)   # rudra-zmq sweep GRID.yaml
+    from .report import add_parser as add_report_parser
+    add_report_parser(sub)   # rudra-zmq report PARENT|RUN ...
     from .benchmarks.cli import add_parser as add_bench_parser
     add_bench_parser(sub)   # rudra-zmq bench thr|lat|pushpull|allreduce|kernels
     return parser

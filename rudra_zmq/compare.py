@@ -5,28 +5,34 @@ final and best test error, the average staleness ⟨σ⟩ over all its gradients
 seconds per epoch -- and one PNG with the runs' test error against epoch and against wall
 time (``plots.compare_runs``). Reads only what a run wrote (``config.yaml``,
 ``metrics.jsonl``), so it works on finished, stopped and crashed runs alike; nothing is
-imported from torch.
+imported from torch. A parent directory (a sweep's) stands for the runs inside it
+(``expand_run_dirs``, which ``rudra-zmq report`` uses too).
 """
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
+
+import yaml
 
 from . import plots
 from .config import protocol_label
 
 COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
            "best_error", "mean_sigma", "wall_s", "s_per_epoch")
+SWEEP_FILE = "sweep.yaml"   # a sweep parent's grid: its points in order (sweep.py)
+POINT_FILE = "point.json"   # a sweep point's record: mode, status, exit code (sweep.py)
+log = logging.getLogger(__name__)
 
 
 class CompareError(ValueError):
     """A run directory that cannot be compared (the message names it and says why)."""
 
 
-def _config(run_dir: Path) -> dict:
-    import yaml
-
+def read_config(run_dir: Path) -> dict:
+    """The run's ``config.yaml`` as a plain dict ({} when missing or unreadable); reads only."""
     try:
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
@@ -34,15 +40,18 @@ def _config(run_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _get(cfg: dict, section: str, key: str):
+def config_value(cfg: dict, section: str, key: str):
+    """``cfg[section][key]`` of a ``read_config`` dict, or None where either is missing."""
     sec = cfg.get(section)
     return sec.get(key) if isinstance(sec, dict) else None
 
 
-def protocol_name(cfg: dict) -> str:
-    """``hardsync``, ``softsync n=2`` or ``async``, with the architecture when not base."""
-    name = protocol_label(_get(cfg, "sync", "protocol") or "?", _get(cfg, "sync", "n"))
-    arch = _get(cfg, "architecture", "kind")
+def protocol_name(cfg: dict, paper: bool = False) -> str:
+    """``hardsync``, ``softsync n=2`` (``2-softsync`` as the paper writes it, with ``paper``)
+    or ``async``, with the architecture when not base."""
+    protocol, n = config_value(cfg, "sync", "protocol") or "?", config_value(cfg, "sync", "n")
+    name = f"{n}-softsync" if paper and protocol == "softsync" else protocol_label(protocol, n)
+    arch = config_value(cfg, "architecture", "kind")
     return name if arch in (None, "base") else f"{name} ({arch})"
 
 
@@ -54,27 +63,102 @@ def _checked(run_dir) -> Path:
     return run_dir
 
 
+def is_run_dir(path, markers=(plots.METRICS_FILE,)) -> bool:
+    """Whether ``path`` holds one of the files ``markers`` that make a directory a run."""
+    return any((Path(path) / m).is_file() for m in markers)
+
+
+def _strings(node):
+    """Every scalar of a parsed YAML document, mapping keys included, in document order."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif node is not None:
+        yield str(node)
+
+
+def _sweep_order(parent: Path, names) -> list[str]:
+    """``names`` in the order the parent's ``sweep.yaml`` first mentions them (under its
+    ``points`` key when it has one), the others after them by name (all by name without a
+    readable sweep.yaml)."""
+    # Matched by name anywhere in the points rather than in one field, so that the order
+    # holds whichever way the grid spells them (a list of points or a mapping by name).
+    try:
+        grid = yaml.safe_load((parent / SWEEP_FILE).read_text())
+    except OSError:
+        grid = None
+    except yaml.YAMLError as exc:
+        log.warning("%s: not valid YAML (%s); runs in name order", parent / SWEEP_FILE, exc)
+        grid = None
+    if isinstance(grid, dict) and "points" in grid:
+        grid = grid["points"]     # not the sections around them: `base:` is no point
+    rank = {}
+    for i, s in enumerate(_strings(grid)):
+        rank.setdefault(s, i)
+    return sorted(names, key=lambda n: (rank.get(n, math.inf), n))
+
+
+def expand_run_dirs(paths, markers=(plots.METRICS_FILE,)) -> list[Path]:
+    """The run directories that ``paths`` name: each path is a run directory (it holds one of
+    ``markers``) or a parent of run directories, such as a sweep's, which stands for its
+    immediate subdirectories that are runs, in ``sweep.yaml``'s point order when it has one,
+    else by name. Raises CompareError naming a path that is neither. Reads directory
+    listings and ``sweep.yaml`` only."""
+    out = []
+    for path in map(Path, paths):
+        if is_run_dir(path, markers):
+            out.append(path)
+            continue
+        runs = {d.name: d for d in (path.iterdir() if path.is_dir() else ())
+                if d.is_dir() and is_run_dir(d, markers)}
+        if not runs:
+            what = " or ".join(markers)
+            raise CompareError(f"{path}: no {what} here, nor in any subdirectory; give run "
+                               "directories that `rudra-zmq run` or `simulate` printed, or "
+                               "the parent directory that holds them (a sweep's)")
+        out += [runs[name] for name in _sweep_order(path, runs)]
+    return out
+
+
+def add_run_dirs_argument(parser, dest: str, metavar: str) -> None:
+    """The positional argument of run paths that ``expand_run_dirs`` reads (compare, report)."""
+    parser.add_argument(dest, nargs="+", metavar=metavar,
+                        help="run directories, or a parent directory of runs (a sweep's)")
+
+
+def mean_sigma(metrics) -> float | None:
+    """⟨σ⟩ of a run: the mean staleness over every gradient of its update records (None
+    when it has none)."""
+    total, count = 0.0, 0
+    for u in metrics["update"]:
+        s, n = plots.sigma_sum(u)
+        total, count = total + s, count + n
+    return total / count if count else None
+
+
 def run_summary(run_dir, label: str | None = None) -> dict:
     """The table row of one run directory (``COLUMNS``; None where the run has no value),
     named ``label`` (default ``plots.run_label``). Raises CompareError if it holds no
     ``metrics.jsonl``."""
     run_dir = _checked(run_dir)
     metrics = plots.read_metrics(run_dir)
-    cfg = _config(run_dir)
+    cfg = read_config(run_dir)
     rows = [r for r in plots.summary_rows(metrics) if r["test_error"] is not None]
-    total, count = 0.0, 0
-    for u in metrics["update"]:
-        s, n = plots.sigma_sum(u)
-        total, count = total + s, count + n
     last = rows[-1] if rows else {}
     epochs, wall = last.get("epoch"), last.get("wall_s")
     return {"run": label or plots.run_label(run_dir), "protocol": protocol_name(cfg),
-            "learners": _get(cfg, "sync", "learners"), "batch": _get(cfg, "sync", "batch_size"),
-            "lr_policy": _get(cfg, "optimizer", "lr_policy"), "lr": _get(cfg, "optimizer", "lr"),
+            "learners": config_value(cfg, "sync", "learners"),
+            "batch": config_value(cfg, "sync", "batch_size"),
+            "lr_policy": config_value(cfg, "optimizer", "lr_policy"),
+            "lr": config_value(cfg, "optimizer", "lr"),
             "epochs": epochs,
             "final_error": last.get("test_error"),
             "best_error": min(r["test_error"] for r in rows) if rows else None,
-            "mean_sigma": total / count if count else None, "wall_s": wall,
+            "mean_sigma": mean_sigma(metrics), "wall_s": wall,
             "s_per_epoch": wall / epochs if wall and epochs else None}
 
 
@@ -102,10 +186,8 @@ def cmd_compare(args) -> int:
     import sys
 
     try:
-        for d in args.run_dirs:   # every directory checked before any is read
-            _checked(d)
-        rows = [run_summary(d, lab) for d, lab in zip(args.run_dirs,
-                                                      plots.run_labels(args.run_dirs))]
+        run_dirs = expand_run_dirs(args.run_dirs)   # every path checked before any is read
+        rows = [run_summary(d, lab) for d, lab in zip(run_dirs, plots.run_labels(run_dirs))]
     except CompareError as exc:
         print(f"rudra-zmq compare: error: {exc}", file=sys.stderr)
         return 2
@@ -117,7 +199,7 @@ def cmd_compare(args) -> int:
             w.writeheader()
             w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
         print(f"table: {args.csv}")
-    if plots.compare_runs(args.run_dirs, args.output) is not None:
+    if plots.compare_runs(run_dirs, args.output) is not None:
         print(f"plot: {args.output}")
     else:
         print("plot: none (no run has test-error records)")
@@ -130,7 +212,7 @@ def add_parser(sub) -> None:
                        description="Runs side by side: protocol, λ, µ, learning rate, final "
                                    "and best test error, mean staleness, wall time; and one "
                                    "PNG of their test error against epoch and wall time.")
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    add_run_dirs_argument(p, "run_dirs", "RUN_DIR")
     p.add_argument("-o", "--output", default="compare.png",
                    help="the PNG of test error vs epoch and vs wall time (default compare.png)")
     p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")

@@ -188,8 +188,9 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def _plot_error(ax, x, y, label=None):
-    ax.plot(x, 100 * y, marker="o", markersize=3, label=label)
+def _plot_error(ax, x, y, label=None, **style):
+    """Test error (0..1) as a percentage line; ``style``: matplotlib line keywords."""
+    ax.plot(x, 100 * y, marker="o", markersize=3, label=label, **style)
     ax.set_ylabel("test error (%)")
     ax.grid(True, alpha=0.3)
 

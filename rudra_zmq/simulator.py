@@ -7,8 +7,9 @@ learning-rate policy reach can be studied reproducibly on one core, for any λ (
 need neither 30 processes nor 30 copies of torch).
 
 With ``train=True`` each learner computes its real gradient (PyTorch) on the weights it last
-pulled, on its own strided minibatches of the dataset, and the PS update runs the same
-compiled kernels as the parameter server; only time is simulated. Hardsync learners wait
+pulled, on its own minibatches in the data server's order (``data_order``), and the PS's
+optimizer state and update are the parameter server's own (``update.Updater``); only time is
+simulated. Hardsync learners wait
 for the update after their push; softsync/async learners go on at once with the newest
 weights, as in the real system's PUSHPULL.
 
@@ -28,7 +29,10 @@ import numpy as np
 
 from . import config as config_mod
 from . import kernels
+from .data_order import SampleStream, load_data
+from .datasets import dataset_size
 from .sync import LRSchedule, SyncEngine
+from .update import Updater
 
 
 @dataclass
@@ -47,14 +51,14 @@ class SimResult:
 
 
 class _Trainer:
-    """Real gradients for simulated learners: one model, loaded with each learner's weights."""
+    """Real gradients for simulated learners: one model, loaded with each learner's weights,
+    fed each learner's minibatches in the data server's order (``data_order``)."""
 
     def __init__(self, cfg):
         import torch
 
         from .flat import FlatModel
         from .models import build_model, input_transform
-        from .roles.data_server import SampleStream, load_data
 
         self.torch, self.prep = torch, input_transform(cfg.model.name)
         self.ds = load_data(cfg)  # the same data, split and order as the data server's
@@ -65,27 +69,24 @@ class _Trainer:
         self.n = len(self.ds.y_train)
         self.stream = SampleStream(self.n, cfg.train.seed)
 
-    def _indices(self, learner: int, step: int) -> np.ndarray:
-        # The data server's strided assignment (DataServer.batch_indices).
-        lam, mu = self.cfg.sync.learners, self.cfg.sync.batch_size
-        return self.stream.indices((step * lam + learner) * mu, mu)
-
     def gradient(self, weights: np.ndarray, learner: int, step: int) -> np.ndarray:
-        idx = self._indices(learner, step)
-        x = self.prep(self.torch.from_numpy(self.ds.x_train[idx]), self.ds.mean, self.ds.std)
+        """The gradient of ``learner``'s minibatch at ``step`` on ``weights``: a view of the
+        model's flat gradient buffer, valid until the next call. Blocks (computes)."""
+        s = self.cfg.sync
+        idx = self.stream.batch(learner, step, s.learners, s.batch_size)
+        x = self.prep(self.ds.x_train[idx], self.ds.mean, self.ds.std)
         y = self.torch.from_numpy(self.ds.y_train[idx])
         kernels.copy_into(self.flat.weights, weights)
         self.flat.zero_grad()
         self.loss(self.flat.module(x), y).backward()
-        return self.flat.grads.copy()
+        return self.flat.grads
 
     def evaluate(self, weights: np.ndarray) -> tuple[float, float]:
         kernels.copy_into(self.flat.weights, weights)
         errors, loss_sum = 0, 0.0
         with self.torch.no_grad():
             for i in range(0, len(self.ds.y_test), 500):
-                x = self.prep(self.torch.from_numpy(self.ds.x_test[i:i + 500]),
-                                  self.ds.mean, self.ds.std)
+                x = self.prep(self.ds.x_test[i:i + 500], self.ds.mean, self.ds.std)
                 y = self.torch.from_numpy(self.ds.y_test[i:i + 500])
                 out = self.flat.module(x)
                 loss_sum += float(self.loss(out, y)) * len(y)
@@ -114,7 +115,6 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         raise ValueError(f"jitter must be >= 0, got {jitter}")
     o = cfg.optimizer
     trainer = _Trainer(cfg) if train else None
-    from .datasets import dataset_size
     epoch_size = trainer.n if trainer else dataset_size(cfg.data)
     engine = SyncEngine(cfg.sync.protocol, lam,
                         LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
@@ -122,12 +122,12 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
     rng = np.random.default_rng(seed)
     result = SimResult()
     if trainer:
-        w = trainer.flat.weights.copy()
-        v, acc = np.zeros_like(w), np.zeros_like(w)
-        segments = trainer.flat.segments() if o.param_multipliers else [(0, w.size, 1.0, 1.0)]
-        have = [w.copy() for _ in range(lam)]
+        w0 = trainer.flat.weights
+        segments = trainer.flat.segments() if o.param_multipliers else [(0, w0.size, 1.0, 1.0)]
+        updater = Updater(w0, segments, o, part_floats=w0.size)   # the PS's optimizer state
+        have = [w0.copy() for _ in range(lam)]
         next_eval = cfg.train.eval_every_epochs or math.inf
-        _record_eval(result, trainer, w, engine, 0.0, progress)
+        _record_eval(result, trainer, updater.w, engine, 0.0, progress)
 
     have_ts = [0] * lam
     steps = [0] * lam
@@ -139,8 +139,8 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         t, i = heapq.heappop(events)
         arrival = engine.receive(i, have_ts[i])
         if trainer:
-            g = trainer.gradient(have[i], i, steps[i])
-            kernels.accumulate_scaled(acc, g, arrival.scale)
+            updater.receive([trainer.gradient(have[i], i, steps[i])], arrival.scale,
+                            arrival.update)
         steps[i] += 1
         update = arrival.update
         if update is not None:
@@ -148,15 +148,10 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
                                    "epoch": update.epoch, "mean_sigma": update.mean_sigma,
                                    "sigmas": list(update.sigmas), "lr": update.lr,
                                    "n_grads": len(update.sigmas)})
-            if trainer:
-                for a, b, lm, dm in segments:
-                    kernels.sgd_momentum_step(w[a:b], v[a:b], acc[a:b], update.lr * lm,
-                                              o.momentum, o.weight_decay * dm, update.g_scale,
-                                              zero_acc=True)
-                if update.epoch >= next_eval or update.epoch >= cfg.train.epochs:
-                    while update.epoch >= next_eval:
-                        next_eval += cfg.train.eval_every_epochs
-                    _record_eval(result, trainer, w, engine, t, progress)
+            if trainer and (update.epoch >= next_eval or update.epoch >= cfg.train.epochs):
+                while update.epoch >= next_eval:
+                    next_eval += cfg.train.eval_every_epochs
+                _record_eval(result, trainer, updater.w, engine, t, progress)
             if update.epoch >= cfg.train.epochs and max_updates is None:
                 break
         if cfg.sync.protocol == "hardsync":
@@ -169,11 +164,11 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         for j in resume:  # pull the newest weights, start the next gradient
             have_ts[j] = engine.timestamp
             if trainer:
-                kernels.copy_into(have[j], w)
+                kernels.copy_into(have[j], updater.w)
             heapq.heappush(events, (t + _duration(speeds[j], jitter, rng), j))
         result.sim_time = t
     if trainer:
-        result.weights = w
+        result.weights = updater.w.copy()
     return result
 
 

@@ -98,6 +98,19 @@ class Updater:
                 on_part(lo, hi, out, hi == self.numel, len(parts))
         self.versions.publish(out)
 
+    def receive(self, payloads, scale: float, update, count: int = 1, on_part=None) -> None:
+        """Account one message holding the sum of ``count`` gradients (contiguous pieces
+        ``payloads``, each to be scaled by ``scale``) and apply ``update`` (a ``sync.Update``
+        or None) if it completes one. When the message alone makes the update (async, c = 1;
+        or one relayed sum) the step reads the frames directly, with no pass over ``acc``.
+        ``on_part`` as in ``step``. Does not block beyond the kernels."""
+        if update is not None and len(update.learners) == count:
+            self.step(payloads, update.g_scale * scale, update.lr, False, on_part)
+            return
+        self.add(payloads, scale)
+        if update is not None:
+            self.step([self.acc], update.g_scale, update.lr, True, on_part)
+
     # ------------------------------------------------------------ cut-through updates
     # A gradient pushed in parts (GPART..., then PUSHPULL x{parts}) can be applied part by part
     # as the parts arrive, before the last one is even received. Nothing the server holds may

@@ -19,7 +19,7 @@ from rudra_zmq.config import load_config
 from rudra_zmq.datasets import to_float
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
-from rudra_zmq.roles.data_server import load_data
+from rudra_zmq.data_order import load_data
 from rudra_zmq.roles.stats_client import METRIC_HWM, StatsClient
 from rudra_zmq.roles.stats_server import StatsServer
 from rudra_zmq.wire import Kind

@@ -1,16 +1,10 @@
 """The data server: every learner's minibatches, disjoint and deterministic, over ZeroMQ.
 
-The training set is loaded once, as uint8, and served from memory. The order of samples is one
-endless stream: the concatenation of per-epoch permutations, the permutation of epoch ``e``
-seeded by ``(train.seed, e)``. A request of learner ``i`` for its step ``k`` gets the stream
-positions ``[(k*λ + i)*µ, (k*λ + i + 1)*µ)`` (λ = ``sync.learners``, µ = ``sync.batch_size``)::
-
-    stream   | L0 k=0 | L1 k=0 | ... | Lλ-1 k=0 | L0 k=1 | L1 k=1 | ...
-             |<- µ  ->|
-
-So λ learners of µ each see exactly the batches one learner of λ·µ would, whatever their
-timing, and no two batches overlap. The answer depends only on (learner, step): a learner that
-restarts or asks again gets the same batch, and nothing per learner is stored.
+The training set is loaded once, as uint8, and served from memory, in the order
+``rudra_zmq.data_order`` defines: a request of learner ``i`` for its step ``k`` gets that
+learner's k-th minibatch of the strided sample stream. The answer depends only on (learner,
+step): a learner that restarts or asks again gets the same batch, and nothing per learner is
+stored.
 
 Wire traffic (see ``rudra_zmq.wire``): a DEALER sends BATCH_REQ x{step} with its learner id as
 the header's sender; the ROUTER answers BATCH with payloads [images u1 (µ·C·H·W), labels i8 (µ)]
@@ -24,7 +18,6 @@ reply. The client copies each batch once out of ZeroMQ's read-only receive buffe
 """
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import signal
@@ -33,72 +26,14 @@ import threading
 import numpy as np
 import zmq
 
-from .. import datasets, transport, wire
+from .. import transport, wire
+from ..data_order import SampleStream, load_data
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.data")
 
 POLL_MS = 100          # how often serve_forever looks at its stop event
 DRAIN_MAX = 256        # requests handled per wake-up before looking at the stop event again
-PERM_CACHE_EPOCHS = 4  # epoch permutations kept (learners may straddle an epoch boundary)
-
-
-def load_data(cfg) -> datasets.Dataset:
-    """The run's dataset as every role sees it (train and test split). Blocks while loading.
-
-    The dataset seed is the loader's default, not ``train.seed``: the data (the digits split,
-    the synthetic images) stays the same when only the sample order changes. Raises ValueError
-    when the data has more classes than ``data.num_classes``.
-    """
-    d = cfg.data
-    ds = datasets.load_dataset(
-        d.dataset, root=d.root, image_size=d.image_size,
-        synthetic_shape=tuple(d.synthetic_shape), synthetic_n=(d.synthetic_train, d.synthetic_test),
-        num_classes=d.num_classes, download=d.download, limit_per_class=d.limit_per_class)
-    if ds.num_classes > d.num_classes:
-        raise ValueError(f"data.num_classes is {d.num_classes} but {d.dataset} has "
-                         f"{ds.num_classes} classes; set data.num_classes={ds.num_classes}")
-    return ds
-
-
-class SampleStream:
-    """Stream positions -> sample indices over concatenated per-epoch permutations.
-
-    The permutation of epoch ``e`` comes from ``np.random.default_rng((seed, e))``; the last
-    few are cached. Not thread-safe (the cache); does not block beyond computing a permutation.
-    """
-
-    def __init__(self, n: int, seed: int, cache_epochs: int = PERM_CACHE_EPOCHS):
-        if n < 1:
-            raise ValueError(f"cannot stream an empty dataset (n={n})")
-        self.n = n
-        self.seed = seed % 2**63  # SeedSequence takes non-negative integers only
-        self._cache: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()
-        self._cache_epochs = cache_epochs
-
-    def permutation(self, epoch: int) -> np.ndarray:
-        """The sample order of ``epoch`` (int64, length n). Do not modify it."""
-        perm = self._cache.get(epoch)
-        if perm is None:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-            self._cache[epoch] = perm
-            if len(self._cache) > self._cache_epochs:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(epoch)
-        return perm
-
-    def indices(self, start: int, count: int) -> np.ndarray:
-        """Sample indices of stream positions [start, start + count), crossing epochs if needed."""
-        out = np.empty(count, dtype=np.int64)
-        filled, pos = 0, start
-        while filled < count:
-            epoch, off = divmod(pos, self.n)
-            take = min(count - filled, self.n - off)
-            out[filled:filled + take] = self.permutation(epoch)[off:off + take]
-            filled += take
-            pos += take
-        return out
 
 
 class DataServer:
@@ -149,8 +84,7 @@ class DataServer:
 
     def batch_indices(self, learner: int, step: int) -> np.ndarray:
         """The sample indices of learner ``learner``'s batch at ``step`` (no checks)."""
-        start = (step * self.learners + learner) * self.batch_size
-        return self.stream.indices(start, self.batch_size)
+        return self.stream.batch(learner, step, self.learners, self.batch_size)
 
     # ------------------------------------------------------------------ handling
     def handle(self, frames) -> None:
@@ -360,4 +294,4 @@ def serve(cfg, bind: str) -> int:
     return 0
 
 
-__all__ = ["DataServer", "DataClient", "SampleStream", "load_data", "serve"]
+__all__ = ["DataServer", "DataClient", "serve"]

@@ -309,30 +309,24 @@ class ParameterServer(PushPartsMixin, HotPathMixin):
                 to.append((reply, {"sigma": sigma}))
             if to:
                 self.parked, self._streamed = [], reply is not None
-        if update is not None and len(update.learners) == count:
-            # they alone make the update (async, c = 1; or one relay): step straight from the
-            # received frames, no pass over acc.
-            self._step(payloads, update.g_scale * scale, update.lr, zero_acc=False, to=to)
-        else:
-            self.updater.add(payloads, scale)
-            if update is not None:
-                self._step([self.acc], update.g_scale, update.lr, zero_acc=True, to=to)
+        self.updater.receive(payloads, scale, update, count, self._part_sender(to))
         if update is not None:
             self._after_update(update)
 
-    def _step(self, sources, g_scale: float, lr: float, zero_acc: bool, to=()) -> None:
-        """Apply one update (``Updater.step``). With ``to`` ((routing id, reply fields)
-        pairs), the new weights are computed part by part and each part is sent to them as
-        soon as it is final (WPART..., then WEIGHTS), so ZeroMQ moves part i while the kernel
-        computes part i+1."""
+    def _part_sender(self, to):
+        """``Updater.step``'s ``on_part`` for ``to`` ((routing id, reply fields) pairs), or
+        None: each part of the new weights goes to them as soon as it is final (WPART...,
+        then WEIGHTS), so ZeroMQ moves part i while the kernel computes part i+1."""
+        if not to:
+            return None
+
         def send_part(lo, hi, out, last, n_parts):
             for ident, fields in to:
                 if last:
                     self._send(ident, Kind.WEIGHTS, [out[lo:hi]], parts=n_parts - 1, **fields)
                 else:
                     self._send(ident, Kind.WPART, [out[lo:hi]], offset=lo)
-
-        self.updater.step(sources, g_scale, lr, zero_acc, send_part if to else None)
+        return send_part
 
     def _after_update(self, update) -> None:
         self.metrics.update(update)

@@ -59,7 +59,7 @@ class StatsServer:
         run_dir: where ``metrics.jsonl``, ``summary.csv`` and the PNGs go (created).
         ctx: ZeroMQ context; a private one (terminated at the end) if None.
         t0: the time the records' ``t`` is made relative to; default: now.
-        dataset: an already loaded ``datasets.Dataset``; default ``data_server.load_data``.
+        dataset: an already loaded ``datasets.Dataset``; default ``data_order.load_data``.
         out: where progress lines go (default stdout).
     Construct in any thread, then use only from the thread that runs ``serve_forever``.
     Counters: ``records``, ``invalid``, ``evals_done``, ``evals_skipped``.
@@ -69,7 +69,7 @@ class StatsServer:
                  t0: float | None = None, dataset=None, out=None):
         from ..flat import FlatModel
         from ..models import build_model, input_transform
-        from .data_server import load_data
+        from ..data_order import load_data
 
         self.cfg = cfg
         self.t0 = time.time() if t0 is None else float(t0)
