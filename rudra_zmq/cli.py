@@ -247,8 +247,9 @@ def cmd_simulate(args) -> int:
                                            f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
     from . import simulator
 
-    # The simulator computes one gradient at a time: give it every core.
-    _set_threads(os.cpu_count() or 1, torch_too=args.train)
+    # The simulator computes one gradient at a time: every core, unless
+    # runtime.threads_per_learner says otherwise (e.g. 1 beside another run).
+    _set_threads(cfg.runtime.threads_per_learner or os.cpu_count() or 1, torch_too=args.train)
     try:
         return simulator.main_simulate(cfg, run_dir, jitter=args.jitter, speeds=speeds,
                                        seed=args.seed, train=args.train)
