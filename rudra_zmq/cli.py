@@ -20,6 +20,7 @@ import sys
 import time
 
 from .config import ConfigError, load_config
+from .run_plan import learner_threads, ps_threads
 
 PROG = "rudra-zmq"
 
@@ -48,19 +49,6 @@ def _parse_ids(text: str) -> list[int]:
     if len(set(ids)) != len(ids) or min(ids) < 0:
         raise argparse.ArgumentTypeError(f"--id must be distinct ids >= 0, got {text!r}")
     return ids
-
-
-def learner_threads(cfg) -> int:
-    """Torch threads per learner: runtime.threads_per_learner, or cores / λ (at least 1)."""
-    return cfg.runtime.threads_per_learner or max(1, (os.cpu_count() or 1) // cfg.sync.learners)
-
-
-def ps_threads(cfg) -> int:
-    """OpenMP threads for the parameter server's kernels: runtime.ps_threads, else what the
-    launcher chose for a PS sharing its machine with learners (RUDRA_ZMQ_PS_THREADS), else all
-    cores (a PS started by hand on its own host)."""
-    return (cfg.runtime.ps_threads or int(os.environ.get("RUDRA_ZMQ_PS_THREADS", 0))
-            or (os.cpu_count() or 1))
 
 
 def _set_threads(n: int, *, torch_too: bool) -> None:

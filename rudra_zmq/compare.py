@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from . import plots
-from .config import protocol_label
+from .sync import protocol_label
 
 COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
            "best_error", "mean_sigma", "wall_s", "s_per_epoch")

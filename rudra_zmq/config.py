@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .devices import check_device_name
+from .sync import LR_POLICIES, check_protocol
+
 
 class ConfigError(ValueError):
     """A configuration value or key that is not accepted; the message says which and why."""
@@ -43,21 +46,17 @@ class DataConfig:
 
 @dataclass
 class SyncConfig:
-    protocol: str = "hardsync"         # hardsync | softsync | async
+    protocol: str = "hardsync"         # sync.PROTOCOLS: hardsync | softsync | async
     n: int = 1                         # the n of n-softsync (c = floor(learners / n))
     learners: int = 4                  # λ
     batch_size: int = 32               # µ, per learner
 
 
-def protocol_label(protocol: str, n) -> str:
-    """How runs name a protocol: ``hardsync``, ``softsync n=2``, ``async``."""
-    return f"{protocol} n={n}" if protocol == "softsync" else protocol
-
-
 @dataclass
 class OptimizerConfig:
     lr: float = 0.05                   # α0
-    lr_policy: str = "constant"        # constant | staleness (α0/<σ>) | per_gradient
+    lr_policy: str = "constant"        # sync.LR_POLICIES: constant | staleness (α0/<σ>) |
+    #                                    per_gradient
     momentum: float = 0.9
     weight_decay: float = 0.0
     lr_steps: list[float] = field(default_factory=list)   # epochs where α0 *= lr_gamma
@@ -125,18 +124,15 @@ class Config:
     def validate(self) -> "Config":
         """Cross-field checks; raises ConfigError naming the value and what to do."""
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
-        _one_of("sync.protocol", s.protocol, ("hardsync", "softsync", "async"))
-        _one_of("optimizer.lr_policy", o.lr_policy, ("constant", "staleness", "per_gradient"))
+        _one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
         _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
         _one_of("runtime.gradient_parts", r.gradient_parts, ("auto", "always", "never"))
         _one_of("data.dataset", d.dataset, ("digits", "cifar10", "imagefolder", "synthetic"))
-        from .devices import check_device_name
-        check_device_name(r.device)
-        if s.learners < 1:
-            raise ConfigError(f"sync.learners must be >= 1, got {s.learners}")
-        if s.protocol == "softsync" and not 1 <= s.n <= s.learners:
-            raise ConfigError(f"sync.n must be between 1 and sync.learners={s.learners} for "
-                              f"softsync, got {s.n} (n = learners is async)")
+        try:
+            check_protocol(s.protocol, s.n, s.learners)
+            check_device_name(r.device)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         for key, val in (("sync.batch_size", s.batch_size), ("data.num_classes", d.num_classes),
                          ("runtime.chunk_mib", r.chunk_mib),
                          ("runtime.learners_per_process", r.learners_per_process),

@@ -20,12 +20,10 @@ _NAME = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
 def check_device_name(name: str) -> None:
-    """Raise ConfigError unless ``name`` is cpu, cuda or cuda:N (a syntax check: whether that
+    """Raise ValueError unless ``name`` is cpu, cuda or cuda:N (a syntax check: whether that
     GPU exists is checked where the learner starts, by ``learner_device``)."""
-    from .config import ConfigError
-
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"runtime.device is {name!r}; expected cpu, cuda (learner i on GPU "
+        raise ValueError(f"runtime.device is {name!r}; expected cpu, cuda (learner i on GPU "
                           "i mod the number of GPUs) or cuda:N")
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paper, plots
+from .sync import PROTOCOLS, nominal_staleness
 from .compare import (POINT_FILE, CompareError, add_run_dirs_argument, config_value,
                       expand_run_dirs, is_run_dir, mean_sigma, protocol_name, read_config)
 
@@ -99,8 +100,10 @@ def load_runs(run_dirs) -> list[Run]:
 def sigma_column(cfg: dict):
     """σ as Table 2 writes it: n for n-softsync, 0 for hardsync, λ for async."""
     protocol = config_value(cfg, "sync", "protocol")
-    return {"softsync": config_value(cfg, "sync", "n"), "hardsync": 0,
-            "async": config_value(cfg, "sync", "learners")}.get(protocol)
+    if protocol not in PROTOCOLS:
+        return None
+    return nominal_staleness(protocol, config_value(cfg, "sync", "n"),
+                             config_value(cfg, "sync", "learners"))
 
 
 def _at_budget(metrics, budget) -> tuple[dict | None, dict | None]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from . import config as config_mod
 from . import topology, transport
 from .config import ConfigError
+from .sync import protocol_label
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
 # message, MEASURED.md); these make it reuse heap memory instead, from process start.
@@ -88,10 +89,21 @@ def learner_groups(cfg) -> list[list[int]]:
     return [list(range(i * k, min((i + 1) * k, n))) for i in range(math.ceil(n / k))]
 
 
+def learner_threads(cfg) -> int:
+    """Torch threads per learner: runtime.threads_per_learner, or cores / λ (at least 1)."""
+    return cfg.runtime.threads_per_learner or max(1, (os.cpu_count() or 1) // cfg.sync.learners)
+
+
+def ps_threads(cfg) -> int:
+    """OpenMP threads for the parameter server's kernels: runtime.ps_threads, else what the
+    launcher chose for a PS sharing its machine with learners (RUDRA_ZMQ_PS_THREADS), else all
+    cores (a PS started by hand on its own host)."""
+    return (cfg.runtime.ps_threads or int(os.environ.get("RUDRA_ZMQ_PS_THREADS", 0))
+            or (os.cpu_count() or 1))
+
+
 def role_env(cfg, role: str) -> dict[str, str]:
     """The child environment: thread counts per role, unbuffered output, malloc tuning."""
-    from .cli import learner_threads  # one definition of the thread count
-
     cores = os.cpu_count() or 1
     busy = cfg.sync.learners * learner_threads(cfg)
     # The PS shares this machine with the learners: by default give its kernels the cores the
@@ -117,7 +129,7 @@ def role_env(cfg, role: str) -> dict[str, str]:
 def summary(plan: Plan) -> str:
     cfg = plan.cfg
     s = cfg.sync
-    proto = config_mod.protocol_label(s.protocol, s.n)
+    proto = protocol_label(s.protocol, s.n)
     lines = [
         f"rudra-zmq run {cfg.name!r}: {proto}, lambda={s.learners} learners "
         f"({len(plan.learner_groups)} processes), mu={s.batch_size} per learner",

@@ -31,7 +31,7 @@ from . import config as config_mod
 from . import kernels
 from .data_order import SampleStream, load_data
 from .datasets import dataset_size
-from .sync import LRSchedule, SyncEngine
+from .sync import LRSchedule, SyncEngine, learners_wait, protocol_label
 from .update import Updater
 
 
@@ -154,7 +154,7 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
                 _record_eval(result, trainer, updater.w, engine, t, progress)
             if update.epoch >= cfg.train.epochs and max_updates is None:
                 break
-        if cfg.sync.protocol == "hardsync":
+        if learners_wait(cfg.sync.protocol):
             waiting.append(i)
             if update is None:
                 continue
@@ -207,7 +207,7 @@ def main_simulate(cfg, run_dir, *, jitter, speeds, seed, train) -> int:
     res = simulate(cfg, speeds=speeds, jitter=jitter, seed=seed, train=train,
                    progress=lambda line: print(line, flush=True))
     s = cfg.sync
-    print(f"simulated {config_mod.protocol_label(s.protocol, s.n)}, "
+    print(f"simulated {protocol_label(s.protocol, s.n)}, "
           f"λ={s.learners}, µ={s.batch_size}: {len(res.updates)} updates, "
           f"<σ> = {res.mean_staleness:.2f}"
           + (f", final test error {100 * res.evals[-1]['test_error']:.2f}%" if res.evals else "")

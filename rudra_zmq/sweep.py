@@ -2,7 +2,7 @@
 
 A grid file names a base config, a shared budget and the points::
 
-    base: cifar10_baseline.yaml        # relative to the grid file
+    base: ../cifar10_baseline.yaml     # relative to the grid file
     budget: 6                          # epochs for every point (train.epochs)
     set:                               # overrides for every point
       train.eval_every_epochs: 1
@@ -83,8 +83,8 @@ def load_grid(path, budget: float | None = None, extra=()) -> Grid:
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"grid file {str(path)!r} does not exist (see configs/*grid*.yaml)"
-                                ) from None
+        raise FileNotFoundError(f"grid file {str(path)!r} does not exist "
+                                "(see configs/grids/)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -251,7 +251,7 @@ def add_parser(sub) -> None:
     """Register ``rudra-zmq sweep`` on the CLI's subparsers."""
     p = sub.add_parser("sweep", help="run a grid of configs, one run directory per point",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("grid", metavar="GRID.yaml", help="grid file (see configs/*grid*.yaml)")
+    p.add_argument("grid", metavar="GRID.yaml", help="grid file (see configs/grids/)")
     p.add_argument("--parent", metavar="DIR",
                    help="parent of the point directories (default runs/GRID-NAME, "
                         "runs/GRID-NAME-sim with --simulate)")

@@ -45,6 +45,36 @@ PROTOCOLS = ("hardsync", "softsync", "async")
 LR_POLICIES = ("constant", "staleness", "per_gradient")
 
 
+def check_protocol(protocol: str, n: int, learners: int) -> None:
+    """Raise ValueError, naming the value, unless ``protocol`` with ``n`` and ``learners`` (λ)
+    is a protocol this engine runs. Pure."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"sync.protocol is {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    if learners < 1:
+        raise ValueError(f"sync.learners must be >= 1, got {learners}")
+    if protocol == "softsync" and not 1 <= n <= learners:
+        raise ValueError(f"sync.n must be between 1 and sync.learners={learners} for softsync, "
+                         f"got {n} (n = learners is async)")
+
+
+def learners_wait(protocol: str) -> bool:
+    """Whether a learner waits for the update its push belongs to before computing again
+    (hardsync: every gradient must use the newest weights); otherwise it goes on at once
+    with whatever weights the server has. Pure."""
+    return protocol == "hardsync"
+
+
+def nominal_staleness(protocol: str, n: int, learners: int) -> int:
+    """The σ a protocol is named by, as the paper's tables write it: 0 for hardsync, n for
+    n-softsync, λ for async. Pure."""
+    return {"hardsync": 0, "softsync": n, "async": learners}[protocol]
+
+
+def protocol_label(protocol: str, n) -> str:
+    """How runs name a protocol: ``hardsync``, ``softsync n=2``, ``async``. Pure."""
+    return f"{protocol} n={n}" if protocol == "softsync" else protocol
+
+
 class ProtocolViolation(ValueError):
     """A gradient that the protocol cannot accept; the engine's state is unchanged."""
 
@@ -132,14 +162,7 @@ class SyncEngine:
     _pending_learners: set = field(default_factory=set, repr=False)
 
     def __post_init__(self):
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
-        if self.n_learners < 1:
-            raise ValueError(f"need at least 1 learner, got {self.n_learners}")
-        if self.protocol == "softsync" and not 1 <= self.n <= self.n_learners:
-            raise ValueError(
-                f"n-softsync needs 1 <= n <= λ; got n={self.n} with λ={self.n_learners} "
-                "(n = λ is async)")
+        check_protocol(self.protocol, self.n, self.n_learners)
         if self.batch_size < 1 or self.epoch_size < 0:
             raise ValueError(
                 f"batch_size must be >= 1 and epoch_size >= 0, got {self.batch_size}, "

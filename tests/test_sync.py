@@ -67,7 +67,8 @@ def test_softsync_updates_after_lambda_over_n_gradients(learners, n, c):
 
 
 def test_softsync_n_out_of_range_is_an_error():
-    with pytest.raises(ValueError, match="1 <= n <= λ"):
+    with pytest.raises(ValueError, match="sync.n must be between 1 and sync.learners=4 for "
+                                         "softsync, got 5"):
         engine("softsync", 4, n=5)
 
 

@@ -57,6 +57,7 @@ import torch
 import zmq
 
 from .. import kernels, transport, wire
+from ..sync import learners_wait
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.learner")
@@ -194,7 +195,7 @@ class Learner:
         """Push the gradient and pull newer weights in one round trip. To the root PS
         (architecture base) a large gradient goes in parts, so that the PS updates each part
         as it arrives (``runtime.stream_parts``; wire.py GPART)."""
-        wait = self.cfg.sync.protocol == "hardsync"
+        wait = learners_wait(self.cfg.sync.protocol)
         kinds = {Kind.WEIGHTS, Kind.UPTODATE}
         if self.cfg.architecture.kind == "base":
             return self.ps.pushpull(self.ts, self.flat.grads, self._part_floats,

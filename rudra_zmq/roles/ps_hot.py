@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 
 from .. import fastio
+from ..sync import learners_wait
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -41,7 +42,7 @@ class HotPathMixin:
         one_frame = self.part_floats < self.numel or 4 * self.numel <= self.chunk_bytes
         fits = (cfg.runtime.hot_path and self.broadcast is None and self.tree is None
                 and o.momentum > 0
-                and cfg.sync.protocol != "hardsync" and self.engine.gradients_per_update == 1
+                and not learners_wait(cfg.sync.protocol) and self.engine.gradients_per_update == 1
                 and one_frame and -(-self.numel // self.part_floats) <= fastio.HOT_MAX_PARTS)
         self.hot = fastio.HotPS(self.sock, self.numel, cfg.sync.learners, self.inc,
                                 self.segments, o.momentum, o.weight_decay,

@@ -55,7 +55,7 @@ import numpy as np
 import zmq
 
 from .. import kernels, shm, topology, transport, wire
-from ..sync import ProtocolViolation, RelayClock
+from ..sync import ProtocolViolation, RelayClock, learners_wait
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.tree_node")
@@ -77,7 +77,7 @@ class TreeNode:
         self.id = node_id
         self.sender = wire.node_sender(node_id)
         self.lam = cfg.sync.learners
-        self.hardsync = cfg.sync.protocol == "hardsync"
+        self.hardsync = learners_wait(cfg.sync.protocol)
         self.advstar = cfg.architecture.kind == "advstar"
         self.clock = RelayClock(cfg.sync.protocol, self.spec.subtree,
                                 gather=cfg.architecture.relay == "gather")
