@@ -78,7 +78,8 @@ class RuntimeConfig:
     transport: str = "tcp"             # tcp | ipc (same host only)
     run_dir: str = "runs"              # parent folder of run directories
     threads_per_learner: int = 0       # torch threads per learner; 0 = cores / λ, at least 1
-    ps_threads: int = 0                # kernel OpenMP threads on the PS; 0 = all cores
+    ps_threads: int = 0                # kernel OpenMP threads on the PS; 0 = all cores for a
+    #                                    PS started by hand, what the learners leave under run
     chunk_mib: int = 8                 # max payload frame size for model-sized messages
     stream_parts: int = 8              # PS: send a weights reply that follows its update in up
     #                                    to this many parts as they are computed (1 = off)

@@ -2,7 +2,7 @@
 
 There is no pure-Python fallback: the parameter server's speed rests on these one-pass,
 GIL-releasing loops, so a missing extension is an import error that says how to build it.
-NumPy twins of every kernel live in ``tests/oracles.py`` (test oracle, benchmark baseline).
+NumPy twins of every kernel live in ``rudra_zmq/benchmarks/numpy_twins.py`` (test oracle, benchmark baseline).
 """
 try:
     from . import _kernels

@@ -17,7 +17,7 @@ from .config import ConfigError
 from .sync import protocol_label
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
-# message, MEASURED.md); these make it reuse heap memory instead, from process start.
+# message, ../shared/MEASURED.md); these make it reuse heap memory instead, from process start.
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_MAX_": "0",
               "MALLOC_TRIM_THRESHOLD_": "2147483647"}
 

@@ -253,8 +253,8 @@ def add_parser(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("grid", metavar="GRID.yaml", help="grid file (see configs/grids/)")
     p.add_argument("--parent", metavar="DIR",
-                   help="parent of the point directories (default runs/GRID-NAME, "
-                        "runs/GRID-NAME-sim with --simulate)")
+                   help="parent of the point directories (default runs/NAME, the grid's name, "
+                        "runs/NAME-sim with --simulate)")
     p.add_argument("--simulate", action="store_true",
                    help="simulate each point in one process (real gradients, simulated time)")
     p.add_argument("--jitter", type=float, default=0.0,

@@ -31,9 +31,9 @@ def _run(module):
 def add_parser(sub) -> argparse.ArgumentParser:
     """Add ``bench`` (with one subcommand per benchmark) to the main CLI's subparsers."""
     p = sub.add_parser("bench", help="benchmark the communication layer and the kernels",
-                       description="Benchmarks of the communication layer (see the README's "
-                                   "'Benchmarking the communication layer'). Each prints one "
-                                   "line per case; --csv, --png and --json write the figures.")
+                       description="Benchmarks of the communication layer (see "
+                                   "docs/benchmarks.md). Each prints one line per case; "
+                                   "--csv, --png and --json write the figures.")
     bench = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f"rudra_zmq.benchmarks.{name}")
