@@ -14,8 +14,9 @@ A grid file names a base config, a shared budget and the points::
 The points are ``points`` × ``grid`` (either may be absent). Each runs in its own process,
 real (``rudra-zmq run``) or simulated (``rudra-zmq simulate --train``, ``--simulate``), into
 ``PARENT/POINT/``, with its output in ``PARENT/POINT/sweep.log`` and ``point.json`` written
-when it ends. A sweep is resumable: a point whose ``point.json`` says ``done`` is skipped; any
-other point directory (a failed, interrupted or crashed run) is removed and run again. One
+when it ends. A sweep is resumable: a point whose ``point.json`` says ``done`` is skipped (one
+done with other settings, ``runtime.*`` aside, is refused); any other point directory (a
+failed, interrupted or crashed run) is removed and run again. One
 line per point is printed as it finishes; ``rudra-zmq report PARENT`` tabulates the result.
 """
 from __future__ import annotations
@@ -152,6 +153,12 @@ def _status(point_dir: Path) -> dict | None:
         return None
 
 
+def _experiment(overrides) -> list[str]:
+    """The overrides that define a point's experiment: runtime.* (threads, transport, learners
+    per process, ...) changes how a run is carried out, not what it computes."""
+    return [o for o in overrides if not o.startswith("runtime.")]
+
+
 def _command(grid: Grid, point: Point, run_dir: Path, simulate: bool, jitter: float) -> list:
     cmd = [sys.executable, "-m", "rudra_zmq", "simulate" if simulate else "run", str(grid.base),
            "--run-dir", str(run_dir)]
@@ -229,7 +236,7 @@ def sweep(grid: Grid, parent, *, simulate: bool = False, jitter: float = 0.0,
     for i, point in enumerate(grid.points, 1):
         status = _status(parent / point.name)
         if status and status.get("status") == "done":
-            if status.get("overrides") != list(point.overrides):
+            if _experiment(status.get("overrides") or []) != _experiment(point.overrides):
                 raise ConfigError(
                     f"{parent / point.name} was run with other settings "
                     f"({status.get('overrides')}); remove it, or use another --parent")
