@@ -21,7 +21,9 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,24 +64,37 @@ class _Trainer:
 
         self.torch, self.prep = torch, input_transform(cfg.model.name)
         self.ds = load_data(cfg)  # the same data, split and order as the data server's
-        self.flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, self.ds.shape,
-                                          seed=cfg.model.seed))
+        self._new_flat = lambda: FlatModel(build_model(
+            cfg.model.name, cfg.data.num_classes, self.ds.shape, seed=cfg.model.seed))
+        self.flat = self._new_flat()
+        self._local = threading.local()   # each worker thread computes on its own model
+        self._local.flat = self.flat
         self.loss = torch.nn.CrossEntropyLoss()
         self.cfg = cfg
         self.n = len(self.ds.y_train)
         self.stream = SampleStream(self.n, cfg.train.seed)
+        self._order_lock = threading.Lock()   # SampleStream's permutation cache
 
-    def gradient(self, weights: np.ndarray, learner: int, step: int) -> np.ndarray:
-        """The gradient of ``learner``'s minibatch at ``step`` on ``weights``: a view of the
-        model's flat gradient buffer, valid until the next call. Blocks (computes)."""
+    def gradient(self, weights: np.ndarray, learner: int, step: int,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """The gradient of ``learner``'s minibatch at ``step`` on ``weights``, copied into
+        ``out``, or (None) a view of this thread's flat gradient buffer, valid until its next
+        call. Blocks (computes); thread-safe (each thread has its own model)."""
+        flat = getattr(self._local, "flat", None)
+        if flat is None:
+            flat = self._local.flat = self._new_flat()
         s = self.cfg.sync
-        idx = self.stream.batch(learner, step, s.learners, s.batch_size)
+        with self._order_lock:
+            idx = self.stream.batch(learner, step, s.learners, s.batch_size)
         x = self.prep(self.ds.x_train[idx], self.ds.mean, self.ds.std)
         y = self.torch.from_numpy(self.ds.y_train[idx])
-        kernels.copy_into(self.flat.weights, weights)
-        self.flat.zero_grad()
-        self.loss(self.flat.module(x), y).backward()
-        return self.flat.grads
+        kernels.copy_into(flat.weights, weights)
+        flat.zero_grad()
+        self.loss(flat.module(x), y).backward()
+        if out is None:
+            return flat.grads
+        kernels.copy_into(out, flat.grads)
+        return out
 
     def evaluate(self, weights: np.ndarray) -> tuple[float, float]:
         kernels.copy_into(self.flat.weights, weights)
@@ -95,8 +110,42 @@ class _Trainer:
         return errors / n, loss_sum / n
 
 
+class _Gradients:
+    """The gradients of the learners in flight, computed ahead of the simulated clock.
+
+    A learner's gradient depends only on the weights it pulled and its minibatch, both fixed
+    when it starts, so with ``workers`` > 1 a thread pool computes it right then, each worker
+    on its own model copy with 1/workers of the torch threads: on CPUs, small minibatches
+    use one core each better than a few cores together. The values are those of computing
+    one at a time with that thread count; with 1 worker each is computed when it arrives.
+    """
+
+    def __init__(self, trainer: _Trainer, learners: int, workers: int):
+        self.trainer, self.workers = trainer, workers
+        self.pool = ThreadPoolExecutor(workers, "sim-gradient") if workers > 1 else None
+        self.out = [np.empty_like(trainer.flat.grads) for _ in range(learners)] \
+            if self.pool else None
+        self.pending: dict = {}
+
+    def start(self, learner: int, weights: np.ndarray, step: int) -> None:
+        """``learner`` starts its gradient on ``weights`` (left unchanged until ``take``)."""
+        self.pending[learner] = (self.pool.submit(self.trainer.gradient, weights, learner, step,
+                                                  self.out[learner])
+                                 if self.pool else (weights, step))
+
+    def take(self, learner: int) -> np.ndarray:
+        """``learner``'s gradient (blocks until computed); valid until its next ``start``."""
+        job = self.pending.pop(learner)
+        return job.result() if self.pool else self.trainer.gradient(job[0], learner, job[1])
+
+    def close(self) -> None:
+        if self.pool:
+            self.pool.shutdown(cancel_futures=True)
+
+
 def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: bool = False,
-             max_updates: int | None = None, progress=None) -> SimResult:
+             max_updates: int | None = None, progress=None,
+             workers: int | None = None) -> SimResult:
     """Simulate a run of ``cfg`` (Rudra-base) and return its records. Blocks; CPU only.
 
     Args:
@@ -105,6 +154,8 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         train: compute real gradients and test error (else only the protocol is simulated).
         max_updates: stop after this many updates (default: ``train.epochs`` of data).
         progress: optional callable(str) for one line per evaluation.
+        workers: threads computing gradients ahead (``_Gradients``); default: one per torch
+            thread, at most λ. Torch's thread count is divided among them for the run.
     """
     lam = cfg.sync.learners
     speeds = list(speeds) if speeds is not None else [1.0] * lam
@@ -113,8 +164,26 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
                          f"learners, got {speeds}")
     if jitter < 0:
         raise ValueError(f"jitter must be >= 0, got {jitter}")
+    if not train:
+        return _simulate(cfg, lam, speeds, jitter, seed, None, None, max_updates, progress)
+    import torch
+
+    trainer = _Trainer(cfg)
+    threads = torch.get_num_threads()
+    workers = min(threads, lam) if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    grads = _Gradients(trainer, lam, workers)
+    torch.set_num_threads(max(1, threads // workers))
+    try:
+        return _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress)
+    finally:
+        grads.close()
+        torch.set_num_threads(threads)
+
+
+def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress):
     o = cfg.optimizer
-    trainer = _Trainer(cfg) if train else None
     epoch_size = trainer.n if trainer else dataset_size(cfg.data)
     engine = SyncEngine(cfg.sync.protocol, lam,
                         LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
@@ -128,6 +197,8 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         have = [w0.copy() for _ in range(lam)]
         next_eval = cfg.train.eval_every_epochs or math.inf
         _record_eval(result, trainer, updater.w, engine, 0.0, progress)
+        for i in range(lam):
+            grads.start(i, have[i], 0)
 
     have_ts = [0] * lam
     steps = [0] * lam
@@ -139,8 +210,7 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         t, i = heapq.heappop(events)
         arrival = engine.receive(i, have_ts[i])
         if trainer:
-            updater.receive([trainer.gradient(have[i], i, steps[i])], arrival.scale,
-                            arrival.update)
+            updater.receive([grads.take(i)], arrival.scale, arrival.update)
         steps[i] += 1
         update = arrival.update
         if update is not None:
@@ -165,6 +235,7 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
             have_ts[j] = engine.timestamp
             if trainer:
                 kernels.copy_into(have[j], updater.w)
+                grads.start(j, have[j], steps[j])
             heapq.heappush(events, (t + _duration(speeds[j], jitter, rng), j))
         result.sim_time = t
     if trainer:

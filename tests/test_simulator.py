@@ -57,3 +57,24 @@ def test_simulated_training_learns_digits_and_writes_a_run_directory(tmp_path):
 def test_bad_speeds_are_named():
     with pytest.raises(ValueError, match="each of the 2 learners"):
         simulate(cfg("sync.learners=2"), speeds=[1.0])
+
+
+@pytest.mark.parametrize("overrides", [("sync.protocol=softsync", "sync.learners=4", "sync.n=2"),
+                                       ("sync.protocol=hardsync", "sync.learners=3")])
+def test_gradients_computed_ahead_on_worker_threads_change_nothing(overrides):
+    import torch
+
+    c = cfg(*overrides, "train.epochs=0.5", "sync.batch_size=8")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)          # one gradient at a time, one thread
+        alone = simulate(c, train=True, jitter=0.3, workers=1)
+        torch.set_num_threads(2)          # two workers of one thread each
+        ahead = simulate(c, train=True, jitter=0.3, workers=2)
+        assert torch.get_num_threads() == 2   # given back after the run
+    finally:
+        torch.set_num_threads(threads)
+    assert alone.updates == ahead.updates and alone.evals == ahead.evals
+    np.testing.assert_array_equal(alone.weights, ahead.weights)
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        simulate(c, train=True, workers=0)
