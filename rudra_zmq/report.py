@@ -216,7 +216,7 @@ def line_styles(runs: list[Run], rows: list[dict]) -> list[dict]:
 
 def write_figures(runs: list[Run], rows: list[dict], out_dir: Path) -> list[Path]:
     """Write ``fig3_error_vs_epoch.png`` (test error vs epoch, Figure 3's styles) and
-    ``fig4_error_vs_time.png`` (vs time, coloured by protocol; a panel each for real and
+    ``fig4_error_vs_time.png`` (vs time, the same styles; a panel each for real and
     simulated runs) into ``out_dir``. Runs without evals are left out; returns the paths
     written (none when no run has an eval)."""
     styles = line_styles(runs, rows)
@@ -234,13 +234,10 @@ def write_figures(runs: list[Run], rows: list[dict], out_dir: Path) -> list[Path
 
     kinds = [k for k in TIME_AXIS if any(run.mode == k for run, _, _ in shown)]
     fig, ax = plots._figure(ncols=len(kinds), size=(8.0, 5.0))
-    colours = {}
-    for run, row, st in shown:
-        a = ax[0, kinds.index(run.mode)]
-        colour = colours.setdefault(row["protocol"], f"C{len(colours) % 10}")
+    for run, _, st in shown:
         m = run.metrics
-        plots._plot_error(a, *plots._series(m["eval"], "t", "test_error", plots._t0(m)),
-                          label=st["label"], color=colour, linestyle=st["linestyle"])
+        plots._plot_error(ax[0, kinds.index(run.mode)],
+                          *plots._series(m["eval"], "t", "test_error", plots._t0(m)), **st)
     for a, kind in zip(ax[0], kinds):
         a.set_xlabel(TIME_AXIS[kind])
         a.set_title(f"test error vs {TIME_AXIS[kind].split(' (')[0]} ({kind} runs)")

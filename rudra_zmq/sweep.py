@@ -59,7 +59,8 @@ class Grid:
     name: str
     base: Path
     budget: float | None
-    points: list[Point]
+    points: list[Point]           # the points to run (``select`` narrows them)
+    order: list[str]              # every point's name, in the grid's order
 
 
 def _override(key: str, value) -> str:
@@ -133,7 +134,7 @@ def load_grid(path, budget: float | None = None, extra=()) -> Grid:
         except (ConfigError, FileNotFoundError) as exc:
             raise ConfigError(f"{path}: point {name!r}: {exc}") from None
         out.append(Point(name, tuple(overrides)))
-    return Grid(str(data.get("name") or path.stem), base, budget, out)
+    return Grid(str(data.get("name") or path.stem), base, budget, out, [p.name for p in out])
 
 
 def select(points: list[Point], patterns) -> list[Point]:
@@ -223,8 +224,9 @@ def sweep(grid: Grid, parent, *, simulate: bool = False, jitter: float = 0.0,
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
     mode = "simulate" if simulate else "run"
+    # every point of the grid, in its order (report lists them so), whichever this run does
     meta = {"name": grid.name, "base": str(grid.base), "budget": grid.budget, "mode": mode,
-            "points": [{"name": p.name, "overrides": list(p.overrides)} for p in grid.points]}
+            "points": [{"name": name} for name in grid.order]}
     old = parent / SWEEP_FILE
     if old.is_file():
         prev = yaml.safe_load(old.read_text()) or {}

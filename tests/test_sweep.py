@@ -82,6 +82,8 @@ def test_a_sweep_runs_each_point_once_and_reruns_only_broken_ones(tmp_path):
     again = sweep(tmp_path, grid, "--only", "a",     # a finished point is skipped, also when
                   "--set", "runtime.learners_per_process=2")   # only how it runs differs
     assert again.returncode == 0 and "[1/1] a: done before, skipped" in again.stdout
+    listed = yaml.safe_load((tmp_path / "out/sweep.yaml").read_text())["points"]
+    assert [p["name"] for p in listed] == ["a", "b"]    # the whole grid, in its order
     (tmp_path / "out/a/point.json").unlink()           # as if it had crashed midway
     (tmp_path / "out/a/stale").write_text("x")
     third = sweep(tmp_path, grid, "--only", "a")
