@@ -285,21 +285,26 @@ def _apply_override(data: dict, item: str) -> None:
         cls = tp
 
 
+def read_mapping(path, what: str, examples: str) -> dict:
+    """A YAML file whose top level is a mapping (empty: {}), read with ``safe_load``.
+    FileNotFoundError or ConfigError name the file (a ``what``; examples in ``examples``)."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist (see {examples} for "
+                                "examples)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {data!r}")
+    return data
+
+
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
     """Load a YAML config (or the defaults when ``path`` is None), apply ``key=value``
     overrides, type-check and validate it. Raises ConfigError / FileNotFoundError."""
-    data = {}
-    if path is not None:
-        try:
-            with open(path) as f:
-                data = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise FileNotFoundError(f"config file {str(path)!r} does not exist "
-                                    "(see configs/ for examples)") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping, got {data!r}")
+    data = read_mapping(path, "config file", "configs/") if path is not None else {}
     for item in overrides:
         _apply_override(data, item)
     return _build(Config, data, "").validate()

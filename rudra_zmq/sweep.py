@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from .compare import POINT_FILE, SWEEP_FILE, CompareError, run_summary
-from .config import ConfigError, load_config
+from .config import ConfigError, load_config, read_mapping
 
 GRID_KEYS = ("base", "budget", "set", "points", "grid", "name")
 # Short names for the usual keys in generated point names ("softsync-n30-mu4-l30-staleness").
@@ -82,15 +82,7 @@ def load_grid(path, budget: float | None = None, extra=()) -> Grid:
     command line and win over the file. Raises ConfigError naming the bad value. Does not
     block beyond reading files."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"grid file {str(path)!r} does not exist "
-                                "(see configs/grids/)") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a grid file is a mapping with keys {', '.join(GRID_KEYS)}")
+    data = read_mapping(path, "grid file", "configs/grids/")
     unknown = sorted(set(data) - set(GRID_KEYS))
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; valid keys: "
