@@ -59,6 +59,11 @@ CASES = {
     "tpl2_passive": (["sync.learners=2", "runtime.threads_per_learner=2"], PASSIVE, False),
     "ps1": (["sync.learners=2", "runtime.ps_threads=1"], {}, False),
     "lambda1": (["sync.learners=1"], {}, False),                 # one learner on 2 threads
+    # where per-message cost binds most (issue #13): does the compiled hot path pay end to end?
+    "async_mu4_l8_hot": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4",
+                          "runtime.hot_path=true"], {}, False),
+    "async_mu4_l8_python": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4",
+                             "runtime.hot_path=false"], {}, False),
 }
 DEFAULT_CASES = ["default", "tpl2", "tpl2_passive", "lambda1"]
 
