@@ -144,14 +144,14 @@ def distributed(name, overrides, env, epochs, skip_s, trim_s, keep):
     if len(win) < 10:
         raise RuntimeError(f"case {name}: only {len(win)} updates in the steady-state window "
                            f"({len(ups)} in all over {t_last - t_first:.1f} s); raise --epochs")
-    samples = sum(r["n_grads"] for r in win[1:]) * MU
+    resolved = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
+    samples = sum(r["n_grads"] for r in win[1:]) * resolved["sync"]["batch_size"]
     rate = samples / (win[-1]["t"] - win[0]["t"])
     lrn = {}
     for r in recs:
         if r["type"] == "learner" and win[0]["t"] <= r["t"] <= win[-1]["t"]:
             lrn.setdefault(r["learner"], []).append(r["samples_per_s"])
     lrn_rate = sum(statistics.median(v) for v in lrn.values()) if lrn else float("nan")
-    resolved = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
     if not keep:
         import shutil
         shutil.rmtree(root, ignore_errors=True)
