@@ -68,25 +68,10 @@ def is_run_dir(path, markers=(plots.METRICS_FILE,)) -> bool:
     return any((Path(path) / m).is_file() for m in markers)
 
 
-def _strings(node):
-    """Every scalar of a parsed YAML document, mapping keys included, in document order."""
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _strings(k)
-            yield from _strings(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _strings(v)
-    elif node is not None:
-        yield str(node)
-
-
 def _sweep_order(parent: Path, names) -> list[str]:
-    """``names`` in the order the parent's ``sweep.yaml`` first mentions them (under its
-    ``points`` key when it has one), the others after them by name (all by name without a
+    """``names`` in the order of the parent's ``sweep.yaml`` points (sweep.py writes
+    ``points: [{name: ...}, ...]``), the others after them by name (all by name without a
     readable sweep.yaml)."""
-    # Matched by name anywhere in the points rather than in one field, so that the order
-    # holds whichever way the grid spells them (a list of points or a mapping by name).
     try:
         grid = yaml.safe_load((parent / SWEEP_FILE).read_text())
     except OSError:
@@ -94,11 +79,10 @@ def _sweep_order(parent: Path, names) -> list[str]:
     except yaml.YAMLError as exc:
         log.warning("%s: not valid YAML (%s); runs in name order", parent / SWEEP_FILE, exc)
         grid = None
-    if isinstance(grid, dict) and "points" in grid:
-        grid = grid["points"]     # not the sections around them: `base:` is no point
-    rank = {}
-    for i, s in enumerate(_strings(grid)):
-        rank.setdefault(s, i)
+    points = grid.get("points") if isinstance(grid, dict) else None
+    listed = [p["name"] for p in points if isinstance(p, dict) and "name" in p] \
+        if isinstance(points, list) else []
+    rank = {str(name): i for i, name in reversed(list(enumerate(listed)))}
     return sorted(names, key=lambda n: (rank.get(n, math.inf), n))
 
 

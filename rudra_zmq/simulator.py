@@ -121,7 +121,7 @@ class _Gradients:
     """
 
     def __init__(self, trainer: _Trainer, learners: int, workers: int):
-        self.trainer, self.workers = trainer, workers
+        self.trainer = trainer
         self.pool = ThreadPoolExecutor(workers, "sim-gradient") if workers > 1 else None
         self.out = [np.empty_like(trainer.flat.grads) for _ in range(learners)] \
             if self.pool else None
