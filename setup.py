@@ -1,7 +1,7 @@
-"""Build rudra_zmq and its compiled Cython extensions: the update kernels
-(``rudra_zmq._kernels``) and the hot path's ZeroMQ framing (``rudra_zmq._fastio``).
+"""Build rudra_zmq and its compiled Cython extension, the update kernels
+(``rudra_zmq._kernels``).
 
-The extensions are required: a missing compiler or Cython fails the install with a clear
+The extension is required: a missing compiler or Cython fails the install with a clear
 message instead of falling back to pure Python. OpenMP is used on Linux when the compiler
 accepts ``-fopenmp`` (set ``RUDRA_ZMQ_NO_OPENMP=1`` to build without it).
 """
@@ -83,12 +83,6 @@ ext = Extension(
     ],
 )
 
-# The framing calls libzmq through function pointers taken from the libzmq that pyzmq loaded
-# (rudra_zmq/fastio.py), so it needs neither zmq.h nor a link to libzmq at build time.
-fastio = Extension("rudra_zmq._fastio", sources=["csrc/_fastio.pyx"], extra_compile_args=["-O2"],
-                   depends=["csrc/fastio_decode.pxi", "csrc/fastio_encode.pxi",
-                            "csrc/fastio_hot.pxi"])   # its includes (rebuilds, sdists)
-
 setup(
     name="rudra_zmq",
     version="0.1.0",
@@ -99,7 +93,7 @@ setup(
     packages=find_packages(include=["rudra_zmq", "rudra_zmq.*"]),
     package_data={"rudra_zmq": ["*.pyx", "configs/*.yaml"]},
     ext_modules=cythonize(
-        [ext, fastio],
+        [ext],
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,

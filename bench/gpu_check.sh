@@ -20,5 +20,5 @@ export PYTHONUNBUFFERED=1
 $PY -m pytest -q -s -rs -p no:cacheprovider tests/test_gpu.py tests/test_flat.py 2>&1 \
     | tee "$OUT/gpu_tests.log"
 # a GPU step is ~4 ms: 60 epochs of 8192 samples give a steady-state window of several seconds
-$PY bench/train_throughput.py --device cuda --cases lambda1 default --no-one-thread-ref \
+$PY -m rudra_zmq bench train-throughput --device cuda --cases lambda1 default --no-one-thread-ref \
     --epochs 60 --skip-s 3 --baseline-s 10 2>&1 | tee "$OUT/train_throughput_gpu.log"

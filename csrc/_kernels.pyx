@@ -201,8 +201,7 @@ cdef void _momentum_loop(real *w_out, const real *w, real *v_out, const real *v,
     # Caffe's SGD: v = m*v + lr*(g_scale*acc + wd*w); w_out = w - v   (one read of w, v, acc).
     # w_out is w itself (in place) or another buffer, so that the parameter server can write
     # the next weight version while the current one is still being sent zero-copy; likewise
-    # v_out is v or another buffer, so that a cut-through update (computed part by part before
-    # the whole gradient is validated) can be dropped leaving the momentum untouched.
+    # v_out is v or another buffer (an update computed aside, then adopted or dropped).
     cdef Py_ssize_t i
     cdef real vi
     for i in prange(n, schedule="static", num_threads=nt):
@@ -221,23 +220,6 @@ cdef int _sgd_momentum(real[::1] w_out, const real[::1] w, real[::1] v_out,
         _momentum_loop(&w_out[0], &w[0], &v_out[0], &v[0], &acc[0], n, <real>momentum,
                        <real>(lr * g_scale), <real>(lr * weight_decay), _threads_for(n))
     return 0
-
-
-cdef void _momentum_f32(float *w_out, const float *w, float *v_out, const float *v,
-                        const float *g, Py_ssize_t n, double lr, double momentum,
-                        double weight_decay, double g_scale) noexcept nogil:
-    # The float32 step above for callers holding raw pointers (the hot path, _fastio.pyx,
-    # which gets its address from c_api()): no checks here, the caller made them.
-    _momentum_loop(w_out, w, v_out, v, g, n, <float>momentum, <float>(lr * g_scale),
-                   <float>(lr * weight_decay), _threads_for(n))
-
-
-def c_api():
-    """Addresses of the kernels' C entry points for other compiled modules (rudra_zmq._fastio):
-    ``momentum_f32`` is ``void (float *w_out, const float *w, float *v_out, const float *v,
-    const float *g, Py_ssize_t n, double lr, double momentum, double weight_decay, double
-    g_scale)``, the float32 ``sgd_momentum_step`` without its checks. Thread-safe."""
-    return {"momentum_f32": <size_t>&_momentum_f32}
 
 
 cdef int _sgd_momentum_zero(real[::1] w_out, const real[::1] w, real[::1] v_out,

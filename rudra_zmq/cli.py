@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .report import add_parser as add_report_parser
     add_report_parser(sub)   # rudra-zmq report PARENT|RUN ...
     from .benchmarks.cli import add_parser as add_bench_parser
-    add_bench_parser(sub)   # rudra-zmq bench thr|lat|pushpull|allreduce|kernels
+    add_bench_parser(sub)   # rudra-zmq bench NAME: the commands in benchmarks/cli.py
     return parser
 
 

@@ -81,14 +81,6 @@ class RuntimeConfig:
     ps_threads: int = 0                # kernel OpenMP threads on the PS; 0 = all cores for a
     #                                    PS started by hand, what the learners leave under run
     chunk_mib: int = 8                 # max payload frame size for model-sized messages
-    stream_parts: int = 8              # PS: send a weights reply that follows its update in up
-    #                                    to this many parts as they are computed (1 = off)
-    gradient_parts: str = "auto"       # push a large gradient in stream_parts parts so the PS
-    #                                    updates while the rest arrives (cut-through): always |
-    #                                    never | auto (parts unless the PS is on this host:
-    #                                    on loopback the copies keep the cores busy already)
-    hot_path: bool = True              # PS: serve a c = 1 PUSHPULL in compiled code
-    #                                    (roles/ps_hot.py); false: always the Python path
     timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
     learners_per_process: int = 1      # >1 hosts several learner threads per process
     device: str = "cpu"                # learners compute on: cpu | cuda (learner i on GPU
@@ -127,7 +119,6 @@ class Config:
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
         _one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
         _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
-        _one_of("runtime.gradient_parts", r.gradient_parts, ("auto", "always", "never"))
         _one_of("data.dataset", d.dataset, ("digits", "cifar10", "imagefolder", "synthetic"))
         try:
             check_protocol(s.protocol, s.n, s.learners)
@@ -136,8 +127,7 @@ class Config:
             raise ConfigError(str(exc)) from None
         for key, val in (("sync.batch_size", s.batch_size), ("data.num_classes", d.num_classes),
                          ("runtime.chunk_mib", r.chunk_mib),
-                         ("runtime.learners_per_process", r.learners_per_process),
-                         ("runtime.stream_parts", r.stream_parts)):
+                         ("runtime.learners_per_process", r.learners_per_process)):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
         if not o.lr > 0:
@@ -235,12 +225,25 @@ def _check_type(key: str, value, tp):
     raise ConfigError(f"{key} must be {tp.__name__}, got {value!r} ({type(value).__name__})")
 
 
+# Keys of earlier releases, and why they went (bench/RESULTS.md has the measurements).
+REMOVED_KEYS = {
+    "runtime.hot_path": "the compiled PS path gave 1.08x end to end, under the 1.2x it had to earn",
+    "runtime.stream_parts": "weights and gradients in parts gave no gain with 4 learners on a LAN",
+    "runtime.gradient_parts": "weights and gradients in parts gave no gain with 4 learners on a LAN",
+}
+
+
 def _build(cls, data: dict, prefix: str):
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'the config'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(data) - known
+    for name in sorted(unknown):
+        key = f"{prefix}.{name}" if prefix else name
+        if key in REMOVED_KEYS:
+            raise ConfigError(f"{key} was removed: {REMOVED_KEYS[key]}; delete it from the "
+                              "config")
     if unknown:
         where = f"section {prefix!r}" if prefix else "the top level"
         raise ConfigError(f"unknown key(s) {', '.join(map(repr, sorted(unknown)))} in {where}; "
@@ -260,6 +263,9 @@ def _apply_override(data: dict, item: str) -> None:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.key=value")
     path, raw = item.split("=", 1)
+    if path.strip() in REMOVED_KEYS:
+        raise ConfigError(f"override {path.strip()!r}: that key was removed: "
+                          f"{REMOVED_KEYS[path.strip()]}")
     keys = path.strip().split(".")
     cls, node = Config, data
     for i, k in enumerate(keys):

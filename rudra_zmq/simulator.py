@@ -193,7 +193,7 @@ def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progr
     if trainer:
         w0 = trainer.flat.weights
         segments = trainer.flat.segments() if o.param_multipliers else [(0, w0.size, 1.0, 1.0)]
-        updater = Updater(w0, segments, o, part_floats=w0.size)   # the PS's optimizer state
+        updater = Updater(w0, segments, o)   # the PS's optimizer state
         have = [w0.copy() for _ in range(lam)]
         next_eval = cfg.train.eval_every_epochs or math.inf
         _record_eval(result, trainer, updater.w, engine, 0.0, progress)

@@ -21,10 +21,9 @@ import random
 import socket as _pysocket
 import time
 
-import numpy as np
 import zmq
 
-from . import fastio, wire
+from . import wire
 
 LINGER_MS = 200
 # The longest a blocking wait stays inside libzmq before returning to Python. A signal sent to
@@ -137,16 +136,6 @@ def is_local_endpoint(endpoint: str) -> bool:
     return False
 
 
-def pushes_gradients_in_parts(setting: str, ps_endpoint: str | None) -> bool:
-    """``runtime.gradient_parts`` resolved for a PS at ``ps_endpoint`` (None: one on this
-    machine): ``always``/``never`` as said; ``auto`` pushes in parts unless the PS is on this
-    host (bench/RESULTS.md: cut-through pays on a link, costs on loopback, where the copies
-    already keep the cores busy). Does not block beyond a name lookup; thread-safe."""
-    if setting == "auto":
-        return ps_endpoint is not None and not is_local_endpoint(ps_endpoint)
-    return setting == "always"
-
-
 def wait_readable(sock: zmq.Socket, timeout_ms: int) -> bool:
     """Whether ``sock`` has a message within ``timeout_ms`` (-1: no limit). Blocks, in slices
     of at most ``WAKE_MS`` so that signal handlers run promptly (see ``WAKE_MS``)."""
@@ -224,7 +213,6 @@ class Channel:
         self.sock.setsockopt(zmq.RCVTIMEO, WAKE_MS if timeout_ms < 0 else min(timeout_ms,
                                                                                WAKE_MS))
         self.sock.connect(endpoint)
-        self.io = fastio.FastSocket(self.sock)   # the compiled framing (fastio.py)
         self._seq = itertools.count(1)
         self.inc = 0  # the server incarnation we last heard from
 
@@ -232,77 +220,29 @@ class Channel:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
         frames = wire.encode(kind, self.sender, next(self._seq), ts, self.inc, payloads,
                              **fields)
-        self.io.send_multipart(frames)
+        self.sock.send_multipart(frames, copy=False)
 
-    def send_gradient(self, kind: wire.Kind, ts: int, vector, part_floats: int,
-                      chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, **fields) -> None:
-        """Queue a PUSH/PUSHPULL of the model-sized ``vector``, zero-copy: as one message in
-        frames of at most ``chunk_bytes``, or, when it is longer than ``part_floats``, as
-        GPART messages of ``part_floats`` and a final message x{parts} with the rest (the
-        PS may then update each part as it arrives; see wire.py). Do not modify ``vector``
-        until the reply. May block only while ZeroMQ's send queue is full."""
-        n = vector.shape[0]
-        if part_floats < 1:
-            raise ValueError(f"part_floats must be >= 1, got {part_floats}")
-        starts = range(0, n, part_floats)
-        pull = kind == wire.Kind.PUSHPULL
-        for lo in starts[:-1]:
-            self.send(wire.Kind.GPART, ts, [vector[lo:lo + part_floats]], offset=lo, pull=pull)
-        if len(starts) > 1:
-            fields["parts"] = len(starts) - 1
-        self.send(kind, ts, wire.chunk(vector[starts[-1]:] if n else vector, chunk_bytes),
-                  **fields)
+    def send_vector(self, kind: wire.Kind, ts: int, vector,
+                    chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, **fields) -> None:
+        """Queue a request carrying the model-sized ``vector`` in frames of at most
+        ``chunk_bytes``, zero-copy: do not modify ``vector`` until the reply."""
+        self.send(kind, ts, wire.chunk(vector, chunk_bytes), **fields)
 
-    def pushpull(self, ts: int, vector, part_floats: int,
-                 chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, *, wait: bool,
-                 kinds=None, numel: int | None = None) -> wire.Message:
-        """Push the gradient ``vector`` (as ``send_gradient``) and return the validated reply
-        (as ``recv``). A gradient that goes whole takes the compiled hot path
-        (``fastio.pushpull_hot``): one call encodes, sends, waits and recognises a WEIGHTS
-        reply, streamed or not; anything else is decoded and checked as ``recv`` does.
-        Blocks as ``recv``."""
-        n = vector.shape[0]
-        pieces = wire.chunk(vector, chunk_bytes) if 0 < n <= part_floats else ()
-        if 0 < len(pieces) <= fastio.HOT_MAX_FRAMES:
-            r = self.io.pushpull_hot(self.sender, next(self._seq), ts, self.inc, wait, pieces,
-                                     -1 if numel is None else numel)
-            if r is not None:
-                messages, reply = r
-                if reply is not None and (kinds is None or wire.Kind.WEIGHTS in kinds):
-                    sender, seq, ts, inc, fields, payloads = reply
-                    if inc:
-                        self.inc = inc
-                    return wire.Message(wire.Kind.WEIGHTS, sender, seq, ts, inc, fields,
-                                        [np.frombuffer(f, np.float32) for f in payloads])
-                return self.recv(kinds, numel, first=messages)
-        self.send_gradient(wire.Kind.PUSHPULL, ts, vector, part_floats, chunk_bytes, wait=wait)
-        return self.recv(kinds, numel)
-
-    def recv(self, kinds=None, numel: int | None = None, first=None) -> wire.Message:
+    def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
-        ``ServerError`` for an ERROR reply. ``first``: the frames of messages of the reply
-        already received (``pushpull``), taken before the socket."""
-        parts = []
-        first = list(first or ())
+        ``ServerError`` for an ERROR reply. A STOP passes whatever ``kinds`` says. Blocks at
+        most ``timeout_ms`` (in slices of WAKE_MS, so signal handlers run)."""
         t0 = time.monotonic()
-        while True:   # a streamed WEIGHTS reply comes as WPART messages, then WEIGHTS
+        while True:
             try:
-                frames = first.pop(0) if first else self.io.recv_multipart()
+                frames = self.sock.recv_multipart(copy=False)
+                break
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
                 if self.timeout_ms < 0 or time.monotonic() - t0 < self.timeout_ms / 1000:
                     continue
                 raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} within "
                                    f"{self.timeout_ms / 1000:g} s (is it running?)") from None
-            msg = wire.decode(frames)
-            if msg.kind != wire.Kind.WPART:
-                if msg.kind == wire.Kind.ERROR:   # also after parts: a cut-through refused
-                    parts = []
-                break
-            if len(parts) >= wire.MAX_PARTS:
-                raise wire.WireError("bad_parts", f"{self.name} sent more than "
-                                                  f"{wire.MAX_PARTS} WPART messages in a row")
-            parts.append(msg)
-        msg = wire.assemble(parts, msg, numel)
+        msg = wire.decode(frames, numel=numel)
         if msg.kind == wire.Kind.ERROR:
             raise ServerError(msg.fields["code"], f"{self.name} refused the request: "
                                                   f"{msg.fields['error']}")
@@ -319,7 +259,7 @@ class Channel:
         return self.recv(reply_kinds, numel)
 
     def close(self) -> None:
-        self.io.close(linger=0)
+        self.sock.close(linger=0)
 
 
 class ServerError(RuntimeError):

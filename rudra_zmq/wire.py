@@ -55,29 +55,6 @@ A model-sized vector (gradient, weights) may be split into several payload frame
 float32; their counts add up to the model size. Chunks let the PS accumulate each frame as it
 is, at its offset, with no reassembly copy (see :func:`chunk`).
 
-A WEIGHTS reply that follows the update it answers may be streamed: the PS sends each part as
-soon as the update has computed it, so the transfer overlaps the rest of the update (ZeroMQ
-hands a multipart message to its I/O thread only once the last frame is queued)::
-
-    WPART    ts, x{offset: o}        payload: weights[o : o + count]    (first part: o = 0)
-    ...      (each part starts where the previous one ended, same ts)
-    WEIGHTS  ts, x{parts: k, sigma}  payload(s): the rest, up to the model size
-
-:func:`assemble` checks such a sequence (offsets contiguous from 0, one ts, the count of
-parts, the total size) and returns one WEIGHTS message whose payloads are all the parts.
-
-A large gradient may be pushed the same way (learner -> PS, ``runtime.stream_parts``), so
-that the PS can update each part as it arrives (cut-through) while the rest is in flight::
-
-    GPART      ts, x{offset: o, pull: bool}   payload: gradient[o : o + count]  (first: o = 0)
-    ...        (contiguous, same ts; pull: the final message will be a PUSHPULL)
-    PUSHPULL   ts, x{wait, parts: k}          payload(s): the rest, up to the model size
-    (or PUSH)
-
-A GPART gets no reply of its own; the final message is answered as usual (with a cut-through
-update, the WEIGHTS reply is streamed as WPARTs of the same boundaries). The PS checks the
-sequence part by part (``roles/push_parts.py``).
-
 Nothing here is pickled: headers are msgpack with strict limits and payloads are raw arrays
 interpreted only after their length and dtype were checked. :func:`decode` validates a message
 completely before any role may act on it and raises :class:`WireError` otherwise.
@@ -90,9 +67,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from .fastio import HOT_KINDS, HOT_MAX_PARTS, HOT_VERSION, decode_hot, encode_hot
-
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2          # 2: no WPART/GPART, no x{parts}
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
@@ -102,7 +77,7 @@ _DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
 SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
 SENDER_NODE0 = -100          # tree node k sends as SENDER_NODE0 - k
 MAX_CLOCK = 16384            # entries in one RELAY's clock (the header must stay < 64 KiB)
-MAX_PARTS = 4096             # WPART messages before one WEIGHTS (as many as payload frames)
+MAX_FRAMES = 4096            # payload frames of one model-sized message
 
 
 def node_sender(node: int) -> int:
@@ -146,8 +121,6 @@ class Kind(enum.IntEnum):
     RELAY = 16       # tree node -> parent: sum of gradients, x{wait, clock}; like PUSHPULL
     BCAST = 17       # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
     CREDIT = 18      # broadcast member -> upstream: may send k more chunks; x{credit, reset}
-    WPART = 19       # PS -> learner: leading part of a WEIGHTS reply at ts; x{offset}
-    GPART = 20       # learner -> PS: leading part of a PUSH/PUSHPULL gradient; x{offset, pull}
 
 
 # Kind-specific fields: name -> allowed Python types, and whether it is required.
@@ -156,11 +129,11 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False),
                  "shm": (_STR, False)},
     Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True), "shm": (_STR, False)},
-    Kind.PUSH: {"slot": (_INT, False), "parts": (_INT, False)},
+    Kind.PUSH: {"slot": (_INT, False)},
     Kind.ACK: {"sigma": (_INT, False)},
     Kind.PULL: {"wait": (_BOOL, True)},
-    Kind.PUSHPULL: {"wait": (_BOOL, True), "slot": (_INT, False), "parts": (_INT, False)},
-    Kind.WEIGHTS: {"sigma": (_INT, False), "parts": (_INT, False), "board": (_BOOL, False)},
+    Kind.PUSHPULL: {"wait": (_BOOL, True), "slot": (_INT, False)},
+    Kind.WEIGHTS: {"sigma": (_INT, False), "board": (_BOOL, False)},
     Kind.UPTODATE: {"sigma": (_INT, False)},
     Kind.STOP: {"reason": (_STR, True)},
     Kind.ERROR: {"code": (_STR, True), "error": (_STR, True)},
@@ -173,18 +146,14 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.RELAY: {"wait": (_BOOL, True), "clock": (_LIST, True)},
     Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
     Kind.CREDIT: {"credit": (_INT, True), "reset": (_BOOL, True)},
-    Kind.WPART: {"offset": (_INT, True)},
-    Kind.GPART: {"offset": (_INT, True), "pull": (_BOOL, True)},
 }
 # How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
 _MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL, Kind.RELAY}
 _PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
-_PAYLOAD_FRAMES.update({k: (1, 4096) for k in _MODEL_SIZED})
+_PAYLOAD_FRAMES.update({k: (1, MAX_FRAMES) for k in _MODEL_SIZED})
 _PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
 _PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
-_PAYLOAD_FRAMES[Kind.WPART] = (1, 1)
-_PAYLOAD_FRAMES[Kind.GPART] = (1, 1)
-_F4_ONLY = _MODEL_SIZED | {Kind.BCAST, Kind.WPART, Kind.GPART}
+_F4_ONLY = _MODEL_SIZED | {Kind.BCAST}
 
 _UNPACK_LIMITS = dict(max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024,
                       max_map_len=256, max_ext_len=0)
@@ -244,10 +213,6 @@ def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
     Send the result with ``socket.send_multipart(frames, copy=False)``. Raises ValueError if a
     field or payload does not fit the kind (a programming error, never network input).
     """
-    if kind in _HOT:   # the training step's messages: the same bytes, built in C
-        header = encode_hot(kind, sender, seq, ts, inc, payloads, fields)
-        if header is not None:
-            return [header, *payloads]
     spec = KIND_FIELDS[kind]
     for name in fields:
         if name not in spec:
@@ -278,20 +243,13 @@ def _nbytes(buf) -> int:
     return memoryview(buf).nbytes
 
 
-_F4 = PAYLOAD_DTYPES["f4"]
-_HOT = frozenset((Kind.PUSHPULL, Kind.WEIGHTS, Kind.WPART))
-if (HOT_KINDS != {k.name: k for k in _HOT} or HOT_MAX_PARTS != MAX_PARTS
-        or HOT_VERSION != PROTOCOL_VERSION):  # pragma: no cover
-    raise ImportError(f"rudra_zmq._fastio was built for protocol version {HOT_VERSION}, kinds "
-                      f"{HOT_KINDS}: rebuild it (`pip install -e .`)")
 _INT_KEYS = ("v", "k", "s", "q", "ts", "inc")
 _HEADER_KEYS = frozenset(_INT_KEYS + ("p", "x"))
 _KINDS = {int(k): k for k in Kind}
 
 
 def decode(frames, *, kinds=None, numel: int | None = None,
-           learners: int | None = None, slots: bool = False,
-           gradient_parts: bool = False) -> Message:
+           learners: int | None = None, slots: bool = False) -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
     Args:
@@ -302,28 +260,9 @@ def decode(frames, *, kinds=None, numel: int | None = None,
             (and a clock may list at most λ gradients).
         slots: accept a PUSH/PUSHPULL whose gradient is in a shared-memory slot (x{slot}, no
             payload); only a leaf with ``architecture.leaf_shm`` does.
-        gradient_parts: accept a PUSH/PUSHPULL that ends a gradient pushed in parts
-            (x{parts: k}, after k GPART); its payload is then the rest of the model, which
-            the receiver checks (only the root parameter server does).
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
-    # The messages of every training step (PUSHPULL x{wait}; WEIGHTS x{sigma?, parts?} and
-    # WPART x{offset}, float32 payloads) are recognised in C (fastio.decode_hot): the same
-    # checks, the same Message. Anything else -- every malformed message included -- takes
-    # the general path below.
-    hot = decode_hot(frames if type(frames) is list else list(frames),
-                     -1 if numel is None else numel)
-    if hot is not None and hot[0] == PROTOCOL_VERSION:
-        kind = _KINDS[hot[1]]
-        if kinds is None or kind in kinds:
-            return Message(kind, hot[2], hot[3], hot[4], hot[5], hot[6],
-                           [np.frombuffer(_buffer(f), dtype=_F4) for f in frames[1:]])
-    return _decode_general(frames, kinds, numel, learners, slots, gradient_parts)
-
-
-def _decode_general(frames, kinds, numel, learners, slots, gradient_parts) -> Message:
-    """``decode`` in Python, for every message (tests compare it with the C front)."""
     if not frames:
         raise WireError("empty", "empty message (no header frame)")
     raw = _buffer(frames[0])
@@ -359,9 +298,6 @@ def _decode_general(frames, kinds, numel, learners, slots, gradient_parts) -> Me
     if "slot" in fields and not slots:
         raise WireError("unexpected_field", f"{kind.name} x{{slot}} (a gradient in shared "
                         "memory) goes only to a leaf that accepted it in its WELCOME")
-    if fields.get("parts") and kind != Kind.WEIGHTS and not gradient_parts:
-        raise WireError("unexpected_field", f"{kind.name} x{{parts}} (a gradient pushed in "
-                        "parts) goes only to the parameter server of architecture.kind=base")
     payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields)
     return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
 
@@ -418,9 +354,8 @@ def _in_shm(kind: Kind, fields: dict) -> bool:
 
 def _check_payloads(kind: Kind, descr, frames, numel, fields):
     in_shm = _in_shm(kind, fields)
-    if in_shm and (fields.get("slot", 0) not in (0, 1) or fields.get("parts", 0)):
-        raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1 and a board reference "
-                                     f"has no parts, got {fields!r:.80}")
+    if in_shm and fields.get("slot", 0) not in (0, 1):
+        raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1, got {fields!r:.80}")
     lo, hi = (0, 0) if in_shm else _PAYLOAD_FRAMES[kind]
     if not isinstance(descr, list) or len(descr) != len(frames):
         raise WireError("bad_payload", f"{kind.name}: header describes "
@@ -446,16 +381,8 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields):
             raise WireError("bad_dtype", f"{kind.name}: model payloads are f4 (float32), "
                                          f"payload {i} is {d[0]}")
         out.append(np.frombuffer(buf, dtype=dtype))
-    parts = fields.get("parts", 0)
-    if not 0 <= parts <= MAX_PARTS:
-        raise WireError("bad_parts", f"{kind.name}: parts must be 0..{MAX_PARTS}, got {parts}")
-    if numel is not None and kind in _MODEL_SIZED and not in_shm and not parts:
+    if numel is not None and kind in _MODEL_SIZED and not in_shm:
         _check_numel(kind, sum(d[1] for d in descr), numel)
-    elif numel is not None and kind == Kind.GPART:
-        off, count = fields["offset"], descr[0][1]
-        if off < 0 or count < 1 or off + count > numel:
-            raise WireError("bad_length", f"GPART [{off:,}, {off + count:,}) is not a non-empty "
-                                          f"part of a model of {numel:,} floats")
     return out
 
 
@@ -465,36 +392,3 @@ def _check_numel(kind: Kind, total: int, numel: int) -> None:
                                       f"{numel:,} (is the sender running another model "
                                       "config?)")
 
-
-def assemble(parts: list, final: Message, numel: int | None = None) -> Message:
-    """Join a streamed reply: the WPART messages ``parts`` (in arrival order) and the message
-    that ended it. Returns ``final`` itself when there were no parts, else a WEIGHTS message
-    carrying every part's payload (no copy). Checks the sequence and, if ``numel`` is given,
-    that a model-sized reply adds up to it; raises :class:`WireError`. Thread-safe."""
-    declared = final.fields.get("parts", 0) if final.kind == Kind.WEIGHTS else 0
-    if not parts and not declared:
-        if numel is not None and final.kind in _MODEL_SIZED and not final.in_shm:
-            _check_numel(final.kind, final.payload_numel, numel)
-        return final
-    if final.kind != Kind.WEIGHTS:
-        raise WireError("bad_parts", f"{len(parts)} WPART messages ended by {final.kind.name}, "
-                                     "not WEIGHTS")
-    if declared != len(parts):
-        raise WireError("bad_parts", f"WEIGHTS says {declared} parts came before it; "
-                                     f"{len(parts)} arrived")
-    payloads, offset = [], 0
-    for i, part in enumerate(parts):
-        if part.ts != final.ts:
-            raise WireError("bad_parts", f"WPART {i} has timestamp {part.ts}, the WEIGHTS it "
-                                         f"belongs to {final.ts}")
-        if part.fields["offset"] != offset:
-            raise WireError("bad_parts", f"WPART {i} starts at {part.fields['offset']:,}; the "
-                                         f"parts before it end at {offset:,}")
-        payloads.extend(part.payloads)
-        offset += part.payload_numel
-    payloads.extend(final.payloads)
-    msg = Message(Kind.WEIGHTS, final.sender, final.seq, final.ts, final.inc,
-                  final.fields, payloads)
-    if numel is not None:
-        _check_numel(Kind.WEIGHTS, msg.payload_numel, numel)
-    return msg

@@ -1,4 +1,4 @@
-"""The Rudra-adv / adv* benchmarks: ``bench/root_ingress.py`` and ``bench/lan/`` at tiny sizes.
+"""The Rudra-adv / adv* benchmarks: ``bench root-ingress`` and ``bench lan-table1`` at tiny sizes.
 
 Run the way a user would (subprocesses); check the output's structure and that the root's
 counted bytes agree with the gradients it took (bytes = numel x 4 x gradient messages), with no
@@ -26,9 +26,14 @@ NETNS_SH = ROOT / "bench" / "lan" / "netns.sh"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_json(script, *args, timeout=100):
-    """``python SCRIPT ARGS --json``: (JSON records, its pid); fails the test on exit != 0."""
-    proc = subprocess.Popen([sys.executable, str(ROOT / script), *args, "--json"],
+def bench_cmd(name, *args):
+    return [sys.executable, "-m", "rudra_zmq", "bench", name, *args]
+
+
+def run_json(name, *args, timeout=100):
+    """``rudra-zmq bench NAME ARGS --json``: (JSON records, its pid); fails the test on exit
+    != 0."""
+    proc = subprocess.Popen(bench_cmd(name, *args, "--json"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -50,7 +55,7 @@ def csv_rows(path):
 
 def test_root_ingress_counts_one_model_per_gradient_message_and_less_through_a_tree(tmp_path):
     archs = ["base", "adv"] + (["advstar"] if advstar_available() else [])
-    recs, _ = run_json("bench/root_ingress.py", "--quick", "--archs", *archs,
+    recs, _ = run_json("root-ingress", "--quick", "--archs", *archs,
                        "--csv", str(tmp_path / "ri.csv"), "--png", str(tmp_path / "ri.png"))
     cases = [r for r in recs if r["type"] == "case"]
     assert {(c["arch"], c["protocol"]) for c in cases} == {   # advstar has no hardsync
@@ -82,7 +87,7 @@ def test_root_ingress_with_gathering_leaves_gets_whole_subtrees_under_softsync()
     """architecture.relay: gather — each relay carries its leaf's 2 learners, counted at the
     root: the root's ingress per gradient falls by exactly the fan-out factor."""
     archs = ["adv"] + (["advstar"] if advstar_available() else [])
-    recs, _ = run_json("bench/root_ingress.py", "--quick", "--relay", "gather",
+    recs, _ = run_json("root-ingress", "--quick", "--relay", "gather",
                        "--protocols", "softsync", "--archs", *archs)
     cases = [r for r in recs if r["type"] == "case"]
     assert {c["arch"] for c in cases} == set(archs)
@@ -179,7 +184,7 @@ def test_netns_up_that_fails_half_way_removes_what_it_built(lan_prefix):
 def test_table1_quick_reports_seconds_per_epoch_and_root_ingress_and_cleans_up(tmp_path):
     names = ["base-hardsync", "base-softsync", "adv-softsync"] + (
         ["advstar-softsync"] if advstar_available() else [])
-    recs, pid = run_json("bench/lan/table1.py", "--quick", "--cases", *names,
+    recs, pid = run_json("lan-table1", "--quick", "--cases", *names,
                          "--csv", str(tmp_path / "t1.csv"), "--png", str(tmp_path / "t1.png"))
     cases = [r for r in recs if r["type"] == "case"]
     assert [c["case"] for c in cases] == names
@@ -203,8 +208,8 @@ def test_table1_quick_reports_seconds_per_epoch_and_root_ingress_and_cleans_up(t
 
 @needs_lan
 def test_table1_interrupted_by_ctrl_c_leaves_no_namespace_or_process():
-    proc = subprocess.Popen([sys.executable, str(ROOT / "bench/lan/table1.py"), "--quick",
-                             "--epochs", "200", "--cases", "base-hardsync"],
+    proc = subprocess.Popen(bench_cmd("lan-table1", "--quick", "--epochs", "200", "--cases",
+                                      "base-hardsync"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
     prefix = f"rzt{proc.pid % 1_000_000}"
     pids = set()

@@ -1,4 +1,4 @@
-"""``bench/shm_leaf.py`` (issue #5): a leaf and its learners over ipc:// and shared memory.
+"""``rudra-zmq bench shm-leaf`` (issue #5): a leaf and its learners over ipc:// and shared memory.
 
 Tiny sizes, run the way a user would (a subprocess): the output's structure, every round's sum
 equal to the oracle both ways, and no shared-memory segment or learner process left behind,
@@ -6,7 +6,6 @@ also when the run is stopped with SIGTERM. The seqlock is tested directly agains
 that publishes while a reader copies. No timing thresholds: the machine is shared.
 """
 import csv
-import importlib.util
 import json
 import os
 import signal
@@ -19,18 +18,10 @@ import numpy as np
 import pytest
 from cluster import gone
 
+from rudra_zmq.benchmarks import shm_segment as shm
+
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
-SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, "bench", "shm_leaf.py")
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("shm_leaf", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-shm_leaf = load_bench()
+BENCH = [sys.executable, "-m", "rudra_zmq", "bench", "shm-leaf"]
 
 
 def learners_of(pid: int) -> list[int]:
@@ -53,13 +44,13 @@ def learners_of(pid: int) -> list[int]:
 def test_every_round_sums_to_the_oracle_both_ways_and_no_segment_is_left(tmp_path):
     # 10K is checked on every element, 70K (> FULL_CHECK_MAX) on a sample; k = 1 and 3
     proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--sizes", "10K", "70K", "--learners", "1", "3",
+        [*BENCH, "--sizes", "10K", "70K", "--learners", "1", "3",
          "--rounds", "3", "--repeat", "2", "--warmup", "1", "--chunk-mib", "0.1",
          "--pattern", "ramp", "--json", "--csv", str(tmp_path / "shm.csv")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=80)
     assert proc.returncode == 0, err[-3000:]
-    assert shm_leaf.our_segments(proc.pid) == []
+    assert shm.our_segments(proc.pid) == []
     records = [json.loads(line) for line in out.splitlines()]
     assert records[0]["type"] == "header" and records[-1]["type"] == "end"
     assert records[0]["nproc"] >= 1 and "build_info" in records[0]
@@ -82,7 +73,7 @@ def test_every_round_sums_to_the_oracle_both_ways_and_no_segment_is_left(tmp_pat
 
 def test_sigterm_stops_the_learners_and_leaves_no_segment():
     proc = subprocess.Popen(
-        [sys.executable, SCRIPT, "--sizes", "100K", "--learners", "2", "--rounds", "1000000",
+        [*BENCH, "--sizes", "100K", "--learners", "2", "--rounds", "1000000",
          "--repeat", "1", "--warmup", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -99,7 +90,7 @@ def test_sigterm_stops_the_learners_and_leaves_no_segment():
             proc.kill()
             proc.wait()
     assert proc.returncode == 143, proc.stderr.read()[-3000:]
-    assert shm_leaf.our_segments(proc.pid) == []
+    assert shm.our_segments(proc.pid) == []
     deadline = time.monotonic() + 10
     while not all(gone(p) for p in learners) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -108,10 +99,10 @@ def test_sigterm_stops_the_learners_and_leaves_no_segment():
 
 def test_seqlock_reader_never_keeps_a_half_written_buffer():
     n = 1 << 20
-    seg = shm_leaf.Segment(f"{shm_leaf.PREFIX}_{os.getpid()}_seqlock_test",
-                           shm_leaf.VERSION_BYTES + 4 * n, create=True)
+    seg = shm.Segment(f"{shm.PREFIX}_{os.getpid()}_seqlock_test",
+                           shm.VERSION_BYTES + 4 * n, create=True)
     try:
-        lock = shm_leaf.Seqlock(seg, n)
+        lock = shm.Seqlock(seg, n)
         sources = [np.full(n, v, np.float32) for v in (1.0, 2.0)]
         lock.publish(sources[0])
         stop, torn, versions = threading.Event(), [], []
@@ -144,10 +135,10 @@ def test_seqlock_reader_never_keeps_a_half_written_buffer():
 
 def test_checker_counts_a_misplaced_element_against_the_oracle():
     n = 1000
-    pattern = shm_leaf.make_pattern("ramp", n)
-    check = shm_leaf.Checker(n, pattern)
+    pattern = shm.make_pattern("ramp", n)
+    check = shm.Checker(n, pattern)
     acc = np.empty(n, np.float32)
-    shm_leaf.write(acc, 7.0, pattern)
+    shm.write(acc, 7.0, pattern)
     acc += pattern                            # 2 x pattern + 7: two learners' sum
     assert check(acc, 7.0, mult=2)
     acc[123] += 1
@@ -157,11 +148,11 @@ def test_checker_counts_a_misplaced_element_against_the_oracle():
 def test_segments_of_dead_runs_are_removed_and_live_ones_kept():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = os.path.join(shm_leaf.SHM_DIR, f"{shm_leaf.PREFIX}_{dead.pid}_1_1_w")
-    live = shm_leaf.Segment(f"{shm_leaf.PREFIX}_{os.getpid()}_live_test", 64, create=True)
+    stale = os.path.join(shm.SHM_DIR, f"{shm.PREFIX}_{dead.pid}_1_1_w")
+    live = shm.Segment(f"{shm.PREFIX}_{os.getpid()}_live_test", 64, create=True)
     try:
         open(stale, "wb").close()
-        removed = shm_leaf.remove_stale_segments()
+        removed = shm.remove_stale_segments()
         assert os.path.basename(stale) in removed and not os.path.exists(stale)
         assert os.path.exists(live.path)
     finally:

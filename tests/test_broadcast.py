@@ -327,7 +327,7 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
     ps = ParameterServer(advstar(), "tcp://127.0.0.1:0", ctx=ctx, broadcast="tcp://127.0.0.1:0",
                          model=(w0, [(0, SMALL, 1.0, 1.0)], SIG))
     seen = []
-    m = BroadcastMember(ctx, None, ps.broadcast.endpoint, SMALL, member=0, timeout_s=20,
+    m = BroadcastMember(ctx, None, ps.weights_out.endpoint, SMALL, member=0, timeout_s=20,
                         on_version=lambda ts, chunks: seen.append((ts, digest(chunks))))
     ctx.own(m)
     m.start()
@@ -342,9 +342,9 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
                                  clock=[[0, ts], [1, ts]])
             assert reply.kind == Kind.ACK and reply.ts == ts + 1 and not reply.payloads
             wait_until(lambda: m.latest()[0] == ts + 1, what=f"version {ts + 1}")
-            assert np.array_equal(m.latest()[1], ps.w), "the broadcast carries the PS's weights"
+            assert np.array_equal(m.latest()[1], ps.state.w), "the broadcast carries the PS's weights"
         assert [ts for ts, _ in seen] == [0, 1, 2, 3] and not errors
-        assert not np.array_equal(ps.w, w0)
+        assert not np.array_equal(ps.state.w, w0)
 
 
 def test_an_advstar_leaf_relays_pushes_answers_ack_and_serves_no_weights(ctx):

@@ -52,9 +52,16 @@ def test_cross_field_validation_names_the_value():
         load_config(None, ["sync.protocol=softsync", "sync.n=5"])
     with pytest.raises(ConfigError, match="sync.protocol is 'sometimes'"):
         load_config(None, ["sync.protocol=sometimes"])
-    with pytest.raises(ConfigError, match="runtime.gradient_parts is 'sometimes'; expected one of "
-                                          "auto, always, never"):
-        load_config(None, ["runtime.gradient_parts=sometimes"])
+    with pytest.raises(ConfigError, match="runtime.transport is 'carrier pigeon'; expected one"):
+        load_config(None, ["runtime.transport=carrier pigeon"])
+
+
+def test_removed_keys_say_why_and_what_to_do(tmp_path):
+    with pytest.raises(ConfigError, match="runtime.hot_path was removed: the compiled PS path "
+                                          "gave 1.08x.*delete it from the config"):
+        load_config(str(write(tmp_path, "runtime: {hot_path: true}")), [])
+    with pytest.raises(ConfigError, match="'runtime.stream_parts': that key was removed"):
+        load_config(None, ["runtime.stream_parts=8"])
 
 
 def test_missing_file_says_where_to_look(tmp_path):

@@ -53,7 +53,7 @@ FAKE_ROLE = textwrap.dedent("""
     # "ok": what the real role does, minus the work
     if role == "stats":
         print("epoch 0.0 starting", flush=True)
-        while not (run_dir / "ps.done").exists():
+        while not (run_dir / "ps.state.done").exists():
             time.sleep(0.05)
         print("epoch 1.0 test error 0.5", flush=True)
         print(f"run directory: {run_dir}", flush=True)
@@ -61,7 +61,7 @@ FAKE_ROLE = textwrap.dedent("""
         time.sleep(60)  # until SIGTERM
     elif role == "ps":
         time.sleep(0.5)
-        (run_dir / "ps.done").write_text("")
+        (run_dir / "ps.state.done").write_text("")
     else:
         time.sleep(0.3)
 """)

@@ -93,7 +93,6 @@ def test_a_gradient_in_a_slot_and_weights_on_the_board_travel_without_payload():
                                 slot=0), slots=True)
     weights = wire.decode(wire.encode(Kind.WEIGHTS, -100, 1, ts=9, board=True), numel=100)
     assert weights.in_shm and weights.payloads == []
-    assert wire.assemble([], weights, numel=100) is weights
     with pytest.raises(WireError, match="carries 1..4096"):   # board false: a payload is due
         wire.decode(wire.encode(Kind.WEIGHTS, -100, 1, ts=9, board=False), numel=100)
     hello = wire.decode(wire.encode(Kind.HELLO, 3, 1, model="m", numel=100, shm="abc"))
@@ -119,20 +118,20 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
     with contextlib.ExitStack() as stack:
         errors = [stack.enter_context(running(s)) for s in (ps, *inner, *leaves)]
         # learners 0-2 share memory with their leaf; learner 3 (same leaf as 2) sends payloads
-        ls = [ShmLearner(ctx, leaves[i // 2].endpoint, i, i // 2, ps.numel) for i in range(3)]
+        ls = [ShmLearner(ctx, leaves[i // 2].endpoint, i, i // 2, ps.state.numel) for i in range(3)]
         plain = FakeLearner(ctx, leaves[1].endpoint, 3)
-        welcomes = [l.hello(ps.signature) for l in ls]
+        welcomes = [l.hello(ps.state.signature) for l in ls]
         assert all(m.fields["shm"] for m in welcomes)
-        w0, _ = plain.hello(ps.signature, ps.numel)
+        w0, _ = plain.hello(ps.state.signature, ps.state.numel)
         np.testing.assert_array_equal(np.concatenate(welcomes[0].payloads), w0)
         w, v = w0, np.zeros_like(w0)
         for rnd in range(3):                           # slots 0, 1, 0: they alternate
             g = [x * (rnd + 1) for x in np.random.default_rng(rnd).standard_normal(
-                (4, ps.numel)).astype(np.float32)]
+                (4, ps.state.numel)).astype(np.float32)]
             for i in (2, 0, 1):
                 ls[i].pushpull(rnd, g[i], slot=rnd % 2)
             plain.send(Kind.PUSHPULL, rnd, [g[3]], wait=True)
-            w, v = expected_step(w, v, g, cfg, ps.segments)
+            w, v = expected_step(w, v, g, cfg, ps.state.updater.segments)
             for l in ls:
                 got, ts = l.weights()
                 assert ts == rnd + 1
@@ -140,9 +139,9 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
             msg = plain.recv()
             assert msg.kind == Kind.WEIGHTS and not msg.in_shm and msg.ts == rnd + 1
             np.testing.assert_allclose(np.concatenate(msg.payloads), w, rtol=1e-5, atol=1e-6)
-        assert ps.engine.updates == 3 and ps.engine.gradients_received == 12
+        assert ps.state.engine.updates == 3 and ps.state.engine.gradients_received == 12
         # every learner has pushed: the boards' names are gone, the mappings still work
-        assert not any(leaf.board.owner for leaf in leaves)
+        assert not any(leaf.shared.board.owner for leaf in leaves)
         for l in ls:
             l.close()
         plain.close()
@@ -156,13 +155,13 @@ def test_a_leaf_without_shared_memory_keeps_its_learners_on_payloads(ctx, monkey
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
     leaves = [TreeNode(cfg, k, "tcp://127.0.0.1:0", ps.endpoint, ctx=ctx) for k in (0, 1)]
     with running(ps) as e0, running(leaves[0]) as e1, running(leaves[1]) as e2:
-        ls = [ShmLearner(ctx, leaves[i // 2].endpoint, i, i // 2, ps.numel) for i in range(4)]
-        welcomes = [l.hello(ps.signature) for l in ls]
+        ls = [ShmLearner(ctx, leaves[i // 2].endpoint, i, i // 2, ps.state.numel) for i in range(4)]
+        welcomes = [l.hello(ps.state.signature) for l in ls]
         assert not any("shm" in m.fields for m in welcomes)   # declined: use payloads
-        ls[0].pushpull(0, np.ones(ps.numel, np.float32), slot=0)
+        ls[0].pushpull(0, np.ones(ps.state.numel, np.float32), slot=0)
         err = ls[0].fake.recv()
         assert err.kind == Kind.ERROR and "did not map its slots" in err.fields["error"]
-        g = [np.full(ps.numel, i, np.float32) for i in range(4)]
+        g = [np.full(ps.state.numel, i, np.float32) for i in range(4)]
         for i, l in enumerate(ls):
             l.fake.send(Kind.PUSHPULL, 0, [g[i]], wait=True)
         for l in ls:

@@ -135,7 +135,7 @@ def test_a_signal_taken_by_another_thread_still_ends_a_long_wait():
 
 
 def test_local_endpoints_are_told_from_remote_ones():
-    """runtime.gradient_parts=auto pushes in parts only to a PS on another host."""
+    """ipc, loopback and this host's own names are local; other hosts are not."""
     import socket
 
     from rudra_zmq.transport import is_local_endpoint
@@ -145,22 +145,3 @@ def test_local_endpoints_are_told_from_remote_ones():
         assert is_local_endpoint(ep), ep
     for ep in ("tcp://192.0.2.7:5555", "tcp://no-such-host.invalid:1"):   # TEST-NET-1
         assert not is_local_endpoint(ep), ep
-
-
-def test_gradient_parts_auto_pushes_in_parts_only_to_a_ps_on_another_host():
-    from rudra_zmq.transport import pushes_gradients_in_parts as in_parts
-
-    assert in_parts("auto", "tcp://192.0.2.7:5555")              # TEST-NET-1: elsewhere
-    assert not in_parts("auto", "tcp://127.0.0.1:5555")
-    assert not in_parts("auto", None)                             # a PS spawned here
-    assert in_parts("always", "tcp://127.0.0.1:5555") and in_parts("always", None)
-    assert not in_parts("never", "tcp://192.0.2.7:5555")
-
-
-def test_send_gradient_refuses_parts_of_no_floats(ctx):
-    ch = transport.Channel(ctx, "tcp://127.0.0.1:1", 0)
-    try:
-        with pytest.raises(ValueError, match="part_floats must be >= 1, got 0"):
-            ch.send_gradient(Kind.PUSH, 0, np.zeros(4, np.float32), 0)
-    finally:
-        ch.close()

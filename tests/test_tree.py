@@ -215,7 +215,7 @@ def test_relay_roundtrip_carries_the_sum_and_its_vector_clock():
     ("0,0", "field 'clock' has type str"),
 ])
 def test_malformed_relay_clocks_are_refused_by_the_wire(clock, match):
-    hdr = msgpack.packb({"v": 1, "k": int(Kind.RELAY), "s": -100, "q": 1, "ts": 0, "inc": 0,
+    hdr = msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.RELAY), "s": -100, "q": 1, "ts": 0, "inc": 0,
                          "p": [["f4", 2]], "x": {"wait": False, "clock": clock}})
     with pytest.raises(WireError, match=match):
         wire.decode([hdr, np.zeros(2, np.float32).tobytes()], numel=2, learners=4)
@@ -224,7 +224,7 @@ def test_malformed_relay_clocks_are_refused_by_the_wire(clock, match):
 # ----------------------------------------------------------------------------- the root
 def node_hello(ctx, ps, node_id, subtree):
     n = FakeLearner(ctx, ps.endpoint, wire.node_sender(node_id))
-    n.send(Kind.HELLO, model=ps.signature, numel=ps.numel, subtree=subtree)
+    n.send(Kind.HELLO, model=ps.state.signature, numel=ps.state.numel, subtree=subtree)
     msg = n.recv()
     assert msg.kind == Kind.WELCOME, msg.fields
     return n, np.concatenate(msg.payloads)
@@ -235,17 +235,17 @@ def test_the_root_averages_relayed_sums_like_flat_hardsync(ctx):
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
     with running(ps) as errors:
         (a, w0), (b, _) = node_hello(ctx, ps, 0, [0, 1]), node_hello(ctx, ps, 1, [2, 3])
-        g = grads(4, ps.numel)
+        g = grads(4, ps.state.numel)
         a.send(Kind.RELAY, 0, [g[0] + g[1]], wait=True, clock=[[0, 0], [1, 0]])
         assert not a.has_reply(300), "hardsync: the root waits for every learner's gradient"
         b.send(Kind.RELAY, 0, [g[2] + g[3]], wait=True, clock=[[3, 0], [2, 0]])
         ra, rb = a.recv(), b.recv()
         assert ra.kind == rb.kind == Kind.WEIGHTS and ra.ts == rb.ts == 1
-        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.segments)
+        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.state.updater.segments)
         np.testing.assert_allclose(np.concatenate(ra.payloads), w1, rtol=1e-5, atol=1e-6)
         a.close(), b.close()
     assert not errors
-    assert ps.engine.gradients_received == 4 and ps.engine.updates == 1
+    assert ps.state.engine.gradients_received == 4 and ps.state.engine.updates == 1
 
 
 def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ctx):
@@ -253,8 +253,8 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
     with running(ps):
         a, _ = node_hello(ctx, ps, 0, [0, 1])
-        before = ps.w.copy(), ps.v.copy(), ps.acc.copy()
-        good = np.ones(ps.numel, np.float32)
+        before = ps.state.w.copy(), ps.state.updater.v.copy(), ps.state.updater.acc.copy()
+        good = np.ones(ps.state.numel, np.float32)
         relay = lambda clock, ts=0, g=good, s=-100: wire.encode(
             Kind.RELAY, s, 1, ts, 0, [g], wait=True, clock=clock)
         cases = [
@@ -266,11 +266,11 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
             (wire.encode(Kind.PUSHPULL, -100, 1, 0, 0, [good], wait=True), "protocol",
              "tree nodes send their gradient sums as RELAY"),
             (relay([[2, 0]], s=-101), "protocol", "tree node 1 has not said HELLO"),
-            (wire.encode(Kind.HELLO, 0, 1, model=ps.signature, numel=ps.numel), "protocol",
+            (wire.encode(Kind.HELLO, 0, 1, model=ps.state.signature, numel=ps.state.numel), "protocol",
              "belongs under tree node 0"),
-            (wire.encode(Kind.HELLO, -101, 1, model=ps.signature, numel=ps.numel,
+            (wire.encode(Kind.HELLO, -101, 1, model=ps.state.signature, numel=ps.state.numel,
                          subtree=[2]), "protocol", "places learners [2, 3] below it"),
-            (wire.encode(Kind.HELLO, -107, 1, model=ps.signature, numel=ps.numel,
+            (wire.encode(Kind.HELLO, -107, 1, model=ps.state.signature, numel=ps.state.numel,
                          subtree=[2]), "protocol", "tree node 7 is not a child of the root"),
         ]
         for frames, code, text in cases:
@@ -278,9 +278,9 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
             r = a.recv()
             assert r.kind == Kind.ERROR and r.fields["code"] == code, (code, r.fields)
             assert text in r.fields["error"], r.fields["error"]
-        for arr, ref in zip((ps.w, ps.v, ps.acc), before):
+        for arr, ref in zip((ps.state.w, ps.state.updater.v, ps.state.updater.acc), before):
             assert arr.tobytes() == ref.tobytes()
-        assert ps.engine.gradients_received == 0 and ps.engine.timestamp == 0
+        assert ps.state.engine.gradients_received == 0 and ps.state.engine.timestamp == 0
         a.close()
 
 
@@ -289,18 +289,18 @@ def test_a_stop_to_a_node_counts_for_every_learner_below_it(ctx):
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
     with running(ps):
         (a, _), (b, _) = node_hello(ctx, ps, 0, [0, 1]), node_hello(ctx, ps, 1, [2, 3])
-        g = np.zeros(ps.numel, np.float32)
+        g = np.zeros(ps.state.numel, np.float32)
         a.send(Kind.RELAY, 0, [g], wait=False, clock=[[0, 0], [1, 0]])
         assert a.recv().kind == Kind.WEIGHTS
         b.send(Kind.RELAY, 0, [g], wait=False, clock=[[2, 0], [3, 0]])
         assert b.recv().kind == Kind.STOP
-        assert ps.stopped == {2, 3}
+        assert ps.state.stopped == {2, 3}
         a.send(Kind.RELAY, 1, [g], wait=False, clock=[[0, 1]])
         assert a.recv().kind == Kind.STOP
         deadline = time.time() + 5
         while ps.sock and not ps.sock.closed and time.time() < deadline:
             time.sleep(0.05)                                       # the server returns by itself
-        assert ps.sock.closed and ps.stopped == {0, 1, 2, 3}
+        assert ps.sock.closed and ps.state.stopped == {0, 1, 2, 3}
         a.close(), b.close()
 
 
@@ -350,7 +350,7 @@ def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_
                 assert msg.kind == Kind.WEIGHTS and msg.ts == step + 1
                 np.testing.assert_array_equal(msg.payloads[0], w)
         l0.close(), l1.close()
-    assert not errors and node.relays == 2 and node.gradients == 4
+    assert not errors and node.state.relays == 2 and node.state.gradients == 4
 
 
 def test_a_softsync_leaf_relays_at_once_and_sends_what_arrived_meanwhile_next(ctx):
@@ -400,8 +400,8 @@ def test_a_leaf_refuses_bad_gradients_and_its_sum_stays_unchanged(ctx):
             who.send_raw(frames)
             r = who.recv()
             assert r.kind == Kind.ERROR and text in r.fields["error"], r.fields
-        assert parent.quiet(100) and node.clock.pending == 0 and node.gradients == 0
-        assert node.invalid == len(cases)
+        assert parent.quiet(100) and node.state.clock.pending == 0 and node.state.gradients == 0
+        assert node.state.invalid == len(cases)
         l0.close(), l1.close()
 
 
@@ -443,56 +443,26 @@ def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
     with running(ps) as e0, running(inner) as e1, running(leaves[0]) as e2, \
             running(leaves[1]) as e3:
         ls = [FakeLearner(ctx, leaves[i // 2].endpoint, i) for i in range(4)]
-        w0 = [l.hello(ps.signature, ps.numel)[0] for l in ls][0]
-        g = grads(4, ps.numel)
+        w0 = [l.hello(ps.state.signature, ps.state.numel)[0] for l in ls][0]
+        g = grads(4, ps.state.numel)
         for i in (3, 0, 2, 1):
             ls[i].send(Kind.PUSHPULL, 0, [g[i]], wait=True)
-        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.segments)
+        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.state.updater.segments)
         for l in ls:
             msg = l.recv()
             assert msg.kind == Kind.WEIGHTS and msg.ts == 1
             np.testing.assert_allclose(np.concatenate(msg.payloads), w1, rtol=1e-5, atol=1e-6)
-        assert ps.engine.updates == 1 and ps.engine.gradients_received == 4
+        assert ps.state.engine.updates == 1 and ps.state.engine.gradients_received == 4
         for l in ls:
             l.close()
     assert not (e0 or e1 or e2 or e3)
-
-
-def test_a_tree_passes_a_streamed_root_reply_on_as_the_whole_update(ctx, monkeypatch):
-    """A 2.4 MiB model: the root streams its reply to the leaf (WPART, WPART, WEIGHTS); the
-    leaf's channel assembles it and its children get the exact update."""
-    import rudra_zmq.update as update_mod
-
-    monkeypatch.setattr(update_mod, "STREAM_MIN_PART_BYTES", 1 << 20)
-    n = 600_000
-    cfg = adv("sync.protocol=hardsync", "runtime.stream_parts=8")
-    w0 = np.random.default_rng(3).standard_normal(n).astype(np.float32)
-    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx,
-                         model=(w0, [(0, n, 1.0, 1.0)], "synth"))
-    assert ps.part_floats < n
-    leaves = [TreeNode(cfg, k, "tcp://127.0.0.1:0", ps.endpoint, ctx=ctx) for k in (0, 1)]
-    with running(ps) as e0, running(leaves[0]) as e1, running(leaves[1]) as e2:
-        ls = [FakeLearner(ctx, leaves[i // 2].endpoint, i) for i in range(4)]
-        for l in ls:
-            l.hello(ps.signature, ps.numel)
-        g = grads(4, n)
-        for i in range(4):
-            ls[i].send(Kind.PUSHPULL, 0, [g[i]], wait=True)
-        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.segments)
-        for l in ls:
-            msg = l.recv()
-            assert msg.kind == Kind.WEIGHTS and msg.ts == 1
-            np.testing.assert_allclose(np.concatenate(msg.payloads), w1, rtol=1e-5, atol=1e-6)
-        for l in ls:
-            l.close()
-    assert not (e0 or e1 or e2)
 
 
 def test_a_base_parameter_server_refuses_tree_nodes(ctx):
     ps = ParameterServer(small_config(), "tcp://127.0.0.1:0", ctx=ctx)
     with running(ps):
         n = FakeLearner(ctx, ps.endpoint, wire.node_sender(0))
-        n.send(Kind.HELLO, model=ps.signature, numel=ps.numel, subtree=[0, 1])
+        n.send(Kind.HELLO, model=ps.state.signature, numel=ps.state.numel, subtree=[0, 1])
         r = n.recv()
         assert r.kind == Kind.ERROR and "runs architecture.kind=base" in r.fields["error"]
         n.close()

@@ -97,35 +97,3 @@ def test_encode_refuses_fields_the_kind_does_not_have():
         wire.encode(Kind.PUSH, 0, 1, payloads=[np.zeros(3, np.float64)])
 
 
-def _msg(kind, ts, payload, **fields):
-    return wire.decode(wire.encode(kind, wire.SENDER_PS, 1, ts, 5, [payload], **fields))
-
-
-def test_assemble_joins_wparts_and_weights_without_copying():
-    a, b, c = (np.full(k, k, np.float32) for k in (3, 4, 2))
-    parts = [_msg(Kind.WPART, 7, a, offset=0), _msg(Kind.WPART, 7, b, offset=3)]
-    msg = wire.assemble(parts, _msg(Kind.WEIGHTS, 7, c, parts=2, sigma=1), numel=9)
-    assert msg.kind == Kind.WEIGHTS and msg.ts == 7 and msg.fields["sigma"] == 1
-    np.testing.assert_array_equal(np.concatenate(msg.payloads), np.r_[a, b, c])
-    assert msg.payloads[0].base is not None   # views of the received frames, not copies
-
-
-@pytest.mark.parametrize("parts, final, numel, match", [
-    ([(7, 0, 3)], (Kind.WEIGHTS, 7, 2, 1), 5, "says 1 parts came before it; 0 arrived"),
-    ([(7, 0, 3)], (Kind.WEIGHTS, 7, 2, 2), 5, "says 2 parts came before it; 1 arrived"),
-    ([(6, 0, 3)], (Kind.WEIGHTS, 7, 2, 1), 5, "WPART 0 has timestamp 6"),
-    ([(7, 1, 3)], (Kind.WEIGHTS, 7, 2, 1), 5, "WPART 0 starts at 1"),
-    ([(7, 0, 3)], (Kind.WEIGHTS, 7, 2, 1), 6, "carries 5 floats; the model has 6"),
-    ([(7, 0, 3)], (Kind.UPTODATE, 7, 0, 0), None, "ended by UPTODATE"),
-])
-def test_assemble_refuses_broken_sequences(parts, final, numel, match):
-    got = [_msg(Kind.WPART, ts, np.zeros(k, np.float32), offset=off) for ts, off, k in parts]
-    kind, ts, k, declared = final
-    if kind == Kind.WEIGHTS:
-        end = _msg(kind, ts, np.zeros(k, np.float32), parts=declared)
-    else:
-        end = wire.decode(wire.encode(kind, wire.SENDER_PS, 1, ts, 5))
-    if "0 arrived" in match:
-        got = []
-    with pytest.raises(WireError, match=match):
-        wire.assemble(got, end, numel)

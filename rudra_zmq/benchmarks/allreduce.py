@@ -29,7 +29,7 @@ import time
 import zmq
 
 from .. import transport
-from . import common, pushpull, pushpull_client, sides
+from . import common, pushpull, pushpull_client, pushpull_server, sides
 
 
 def _rank_process(conn, rank: int, world: int, init: str, args: dict) -> None:
@@ -124,9 +124,8 @@ class Ranks:
 def _ps_args(args) -> argparse.Namespace:
     return argparse.Namespace(protocol="hardsync", learners=args.nprocs, softsync_n=1,
                               ps_threads=args.ps_threads, io_threads=args.io_threads,
-                              chunk_mib=args.chunk_mib, stream_parts=args.stream_parts,
+                              chunk_mib=args.chunk_mib,
                               arch="base", fanout=2, depth=1, connect=args.ps,
-                              gradient_parts="auto",
                               seconds=args.seconds,
                               warmup=args.warmup, repeat=args.repeat)
 
@@ -178,7 +177,6 @@ def add_arguments(p) -> None:
     p.add_argument("--no-ps", action="store_true", help="gloo only")
     p.add_argument("--ps-threads", type=int, default=1, help="PS kernel threads (default 1)")
     p.add_argument("--chunk-mib", type=int, default=8, help="PS runtime.chunk_mib")
-    p.add_argument("--stream-parts", type=int, default=8, help="PS runtime.stream_parts")
     p.add_argument("--io-threads", type=int, default=1, help="ZeroMQ I/O threads of the PS")
     common.add_size_args(p, "1M", "10M", 10, "tensor size in float32 elements")
     common.add_timing_args(p)
@@ -219,7 +217,7 @@ def run(args) -> int:
     peers = clients = None
     try:
         if with_ps:
-            peers = sides.Sides(ctx, "pushpull", args.ps, pushpull.handlers)
+            peers = sides.Sides(ctx, "pushpull", args.ps, pushpull_server.handlers)
             clients = pushpull_client.Clients(world)
         for n in sizes:
             gloo = ranks.run(n)

@@ -316,19 +316,11 @@ def write_png(path: str, rows: list[dict], x: str, panels, series: str, keep=Non
     fig.savefig(path, format="png")
 
 
-_UNSET = object()
-
-
-def parse_with_quick(p: argparse.ArgumentParser, argv, quick: dict) -> argparse.Namespace:
-    """Parse ``argv`` with ``p``; with ``--quick`` (an option ``quick`` of ``p``), set the
-    options named in ``quick`` to its values unless the command line gave them, so that
-    ``--quick --epochs 200`` runs 200 epochs."""
-    a = p.parse_args(argv)
-    if a.quick:
-        # argparse fills in a default only where the namespace lacks the attribute
-        given = p.parse_args(argv, namespace=argparse.Namespace(**{k: _UNSET for k in quick}))
-        for k, v in quick.items():
-            if getattr(given, k) is _UNSET:
-                setattr(a, k, v)
-    return a
-
+def resolve_quick(args, defaults: dict, quick: dict) -> argparse.Namespace:
+    """Fill the options named in ``defaults`` that the command line left at None: from
+    ``quick`` with ``--quick`` (``args.quick``), else from ``defaults``; so ``--quick --epochs
+    200`` runs 200 epochs. Declare those options with ``default=None``. Returns ``args``."""
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, quick.get(k, v) if args.quick else v)
+    return args

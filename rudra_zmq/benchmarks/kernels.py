@@ -9,7 +9,7 @@ writes w, v -- and acc with zero_acc -- so 5 or 6 x 4 bytes x n), then the same 
 touched/2 bytes: read half, write half). Implementations are timed round-robin (A B C A B C...)
 after a warm-up, so load from other users hits all alike; the number of rounds is calibrated
 to ``--seconds`` per case (``--reps`` fixes it). At the end the issue's targets for 10M float32
-on 2 threads are checked and printed as PASS/MISS. ``bench/kernels.py`` runs this module.
+on 2 threads are checked and printed as PASS/MISS.
 
     rudra-zmq bench kernels                               # 1M 10M 100M, 1 and 2 threads
     rudra-zmq bench kernels --sizes 10M --threads 2 --reps 30 --csv bench/out/k.csv

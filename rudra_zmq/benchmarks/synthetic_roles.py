@@ -1,4 +1,4 @@
-"""Torch-free roles for the Rudra-adv / adv* benchmarks (``bench/root_ingress.py``, ``bench/lan``).
+"""Torch-free roles for the Rudra-adv / adv* benchmarks (``bench root-ingress``, ``lan-table1``).
 
 Three roles, each a process started as ``python -m rudra_zmq.benchmarks.synthetic_roles ROLE``
 (by :mod:`.synthetic_cluster`, optionally inside a network namespace), all loading the same
@@ -77,7 +77,7 @@ def counting_ps_class():
 
         ``rx_bytes``: every frame of every message after the routing id (headers included);
         ``rx_grad_bytes``/``rx_grad_msgs``: gradient payloads of PUSH/PUSHPULL/RELAY and how
-        many messages carried them; ``tx_bytes``: payloads it sends (WELCOME/WPART/WEIGHTS);
+        many messages carried them; ``tx_bytes``: payloads it sends (WELCOME/WEIGHTS);
         ``bcast_bytes()``: what its Rudra-adv* broadcast root sent (advstar);
         ``log``: one row per update (see ``LOG_FIELDS``). Same threading rules as the base.
         """
@@ -97,46 +97,41 @@ def counting_ps_class():
             self.rx_bytes += sum(len(f) for f in frames[1:])
             super().handle(frames)
 
-        def _count_grad(self, msg) -> None:
+        def on_gradient(self, ident, msg) -> None:
             if self.t_first_grad is None:
                 self.t_first_grad = time.time()
             self.rx_grad_msgs += 1
             self.rx_grad_bytes += sum(p.nbytes for p in msg.payloads)
+            super().on_gradient(ident, msg)
 
-        # *a, **kw: pass through whatever else the base class's handlers take
-        def _push(self, msg, *a, **kw):
-            self._count_grad(msg)
-            return super()._push(msg, *a, **kw)
-
-        def _relay(self, msg, *a, **kw):
-            self._count_grad(msg)
-            return super()._relay(msg, *a, **kw)
-
-        def _send(self, ident, kind, payloads=(), **fields) -> None:
+        def send(self, ident, kind, payloads=(), **fields) -> None:
             self.tx_bytes += sum(p.nbytes for p in payloads)
-            super()._send(ident, kind, payloads, **fields)
+            super().send(ident, kind, payloads, **fields)
 
-        def _after_update(self, update, *a, **kw) -> None:
-            self.log.append((time.time(), self.engine.gradients_received, self.rx_bytes,
+        def _after_update(self, update) -> None:
+            self.log.append((time.time(), self.state.engine.gradients_received, self.rx_bytes,
                              self.rx_grad_bytes, self.rx_grad_msgs, self.tx_bytes,
                              len(update.sigmas), update.mean_sigma, self.bcast_bytes()))
-            super()._after_update(update, *a, **kw)
+            super()._after_update(update)
 
         def bcast_bytes(self) -> int:
             """advstar: weight bytes the broadcast root sent so far (whole versions: chunks
             sent / chunks per version x model bytes; read from its I/O thread's counter)."""
-            fan = getattr(getattr(self, "broadcast", None), "_fan", None)
+            root = getattr(getattr(self, "weights_out", None), "root", None)
+            fan = getattr(root, "_fan", None)
             if fan is None:
                 return 0
-            per_version = -(-self.numel * 4 // self.chunk_bytes)
-            return fan.sent_chunks * self.numel * 4 // per_version
+            numel = self.state.numel
+            per_version = -(-numel * 4 // self.chunk_bytes)
+            return fan.sent_chunks * numel * 4 // per_version
 
         def report(self) -> dict:
-            return {"role": "ps", "numel": self.numel, "rx_bytes": self.rx_bytes,
+            engine = self.state.engine
+            return {"role": "ps", "numel": self.state.numel, "rx_bytes": self.rx_bytes,
                     "rx_msgs": self.rx_msgs, "rx_grad_bytes": self.rx_grad_bytes,
                     "rx_grad_msgs": self.rx_grad_msgs, "tx_bytes": self.tx_bytes,
-                    "updates": self.engine.updates, "grads": self.engine.gradients_received,
-                    "t_first_grad": self.t_first_grad, "invalid": self.invalid,
+                    "updates": engine.updates, "grads": engine.gradients_received,
+                    "t_first_grad": self.t_first_grad, "invalid": self.state.counters.invalid,
                     "bcast_bytes": self.bcast_bytes(),
                     "log_fields": list(self.LOG_FIELDS), "log": self.log, **_usage()}
 
@@ -270,8 +265,8 @@ def main_ps(args) -> dict:
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}   # advstar only
     ps = counting_ps_class()(_cfg(args), args.bind,
                              model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE), **extra)
-    if ps.broadcast is not None:
-        print(f"broadcast on {ps.broadcast.endpoint}", flush=True)   # before "listening on"
+    if ps.weights_out.endpoint is not None:   # advstar: before "listening on"
+        print(f"broadcast on {ps.weights_out.endpoint}", flush=True)
     print(f"listening on {ps.endpoint}", flush=True)
     ps.serve_forever()
     return ps.report()
@@ -285,8 +280,9 @@ def main_node(args) -> dict:
     node = TreeNode(_cfg(args), args.id, args.bind, args.parent)
     print(f"listening on {node.endpoint}", flush=True)
     node.serve_forever()
-    return {"role": "node", "id": args.id, "relays": node.relays, "gradients": node.gradients,
-            "invalid": node.invalid, **_usage()}
+    st = node.state
+    return {"role": "node", "id": args.id, "relays": st.relays, "gradients": st.gradients,
+            "invalid": st.invalid, **_usage()}
 
 
 def main_learners(args) -> dict:

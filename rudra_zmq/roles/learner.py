@@ -11,40 +11,13 @@ Loop (one learner)::
         UPTODATE, and the learner goes on with what it has)
     -> until the PS answers STOP.
 
-To a PS on another host (``runtime.gradient_parts``) a large gradient goes as GPART parts
-and a final PUSHPULL x{parts}, so that the PS can update each part as it arrives; the reply
-is the same WEIGHTS (streamed in parts), assembled by the channel before it is copied in.
-
-The gradient buffer is sent zero-copy; it is written again only by the next backward pass,
-which starts after the PS's reply, and the PS replies only after ZeroMQ delivered the push.
-Received weights are copied once, into the flat buffer that the model's parameters view.
+How gradients and weights travel (push/pull, Rudra-adv* push + broadcast, shared-memory
+slots with the leaf) is chosen once at start: ``learner_exchange.py``.
 
 On a GPU (``runtime.device``, ``devices.py``) the model and its flat buffers live on the GPU:
 each minibatch goes there after augmentation, the flat gradient comes back to a pinned host
 buffer in one transfer after backward (that buffer is what is pushed), and received weights
 go to the GPU in one transfer once the reply is complete.
-
-Rudra-adv* (``architecture.kind: advstar``): push and pull are asynchronous. Weights arrive
-by the learners' broadcast on a :class:`~rudra_zmq.roles.broadcast.BroadcastMember` I/O
-thread, which forwards every chunk downstream as it comes and keeps the newest complete
-version; gradients go to the leaf tree node as PUSH::
-
-    adopt the newest complete version (copy_into the flat weights; between steps only)
-    -> forward/backward                 (meanwhile: the previous push travels, on ZeroMQ's
-                                         I/O thread; new versions arrive, on the member's)
-    -> collect the previous push's reply (ACK, or STOP: leave)
-    -> copy the gradient into the send buffer (kernels.copy_into) and PUSH it, zero-copy,
-       stamped with the version it was computed on, without waiting for the reply
-
-The send buffer is written only after the previous push was answered, so ZeroMQ is done
-with it; the model's own gradient buffer is free for the next backward pass at once.
-
-Shared memory with the leaf (``architecture.leaf_shm``, ``shm.py``): the learner makes two
-gradient slots in /dev/shm and offers them in its HELLO; if the leaf's WELCOME accepts, each
-push copies the gradient into the next slot (alternating; one pass instead of ZeroMQ's socket
-copies) and names it, x{slot}, with no payload, and a WEIGHTS x{board: true} reply is copied
-from the leaf's weight board (its seqlock returns no torn version). Otherwise, or if anything
-about shared memory fails, payloads as above.
 """
 from __future__ import annotations
 
@@ -52,13 +25,11 @@ import logging
 import threading
 import time
 
-import numpy as np
 import torch
 import zmq
 
-from .. import kernels, transport, wire
-from ..sync import learners_wait
-from ..wire import Kind
+from .. import transport
+from .learner_exchange import make_exchange
 
 log = logging.getLogger("rudra_zmq.learner")
 
@@ -83,8 +54,8 @@ class Learner:
     """One learner; ``run()`` trains in the calling thread until the PS says STOP.
 
     Owns its sockets (not thread-safe); several learners may share a process, each in its
-    own thread, with a shared thread-safe ``zmq.Context``. Under advstar it also owns a
-    broadcast member, whose I/O thread runs from construction until ``close()``.
+    own thread, with a shared thread-safe ``zmq.Context``. Under advstar its exchange also
+    owns a broadcast member, whose I/O thread runs from construction until ``close()``.
     """
 
     def __init__(self, cfg, learner_id: int, ps: str, data: str, stats: str | None = None,
@@ -107,12 +78,6 @@ class Learner:
         self.prep = input_transform(cfg.model.name)
         self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
-        self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        from ..update import stream_part_floats
-        self._part_floats = self.flat.numel     # floats per pushed part (all: one message)
-        if transport.pushes_gradients_in_parts(cfg.runtime.gradient_parts, ps):
-            self._part_floats = stream_part_floats(self.flat.numel, self.chunk_bytes,
-                                                   cfg.runtime.stream_parts)
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
         self.ps = transport.Channel(self.ctx, ps, learner_id, name="parameter server",
                                     timeout_ms=timeout_ms, hwm=4)
@@ -123,106 +88,15 @@ class Learner:
             from .stats_client import StatsClient
             self.stats = StatsClient(self.ctx, stats, learner_id)
         self.generator = torch.Generator().manual_seed(cfg.train.seed * 1000 + learner_id)
-        self.ts = 0
         self.steps = 0
         self.finished = False     # the PS said STOP
-        self.member = None
-        self.slots = self.board = None   # leaf_shm: ours, and the leaf's (shm.py)
-        self._slot = 0
-        if cfg.architecture.leaf_shm:
-            self._make_slots()
-        if cfg.architecture.kind == "advstar":
-            self._start_member(bcast)
+        self._loss_sum = 0.0
+        self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
 
-    def _start_member(self, bcast) -> None:
-        from .. import topology
-        from .broadcast import BroadcastMember
-
-        if not bcast or not bcast[0]:
-            raise ValueError(f"learner {self.id}: architecture.kind=advstar needs its broadcast "
-                             "upstream (rudra-zmq learner --bcast-upstream EP)")
-        up = topology.broadcast_upstream(self.cfg, self.id)
-        kids = topology.broadcast_children(self.cfg, self.id)
-        if kids and not bcast[1]:
-            raise ValueError(f"learner {self.id} forwards the broadcast to learners {kids}: "
-                             "give it an endpoint to bind (--bcast-bind EP)")
-        self.member = BroadcastMember(
-            self.ctx, bcast[1] if kids else None, bcast[0], self.flat.numel, member=self.id,
-            children=kids, chunk_bytes=self.chunk_bytes, timeout_s=self.cfg.runtime.timeout_s,
-            upstream_name="the root" if up is None else f"learner {up}").start()
-        self._sendbuf = np.empty_like(self.flat.grads)
-        self._in_flight = False
-
-    def _make_slots(self) -> None:
-        from .. import shm, topology
-
-        self._leaf = topology.plan(self.cfg).leaf_of(self.id).id
-        try:
-            self.slots = shm.GradientSlots.create(shm.new_token(), self._leaf, self.id,
-                                                  self.flat.numel)
-        except (shm.ShmUnavailable, OSError) as exc:
-            log.warning("learner %d: no shared memory with tree node %d, pushing ZeroMQ "
-                        "payloads: %s", self.id, self._leaf, exc)
-
-    def _shm_welcome(self, welcome: wire.Message) -> None:
-        """The leaf's WELCOME: keep the slots (and map its board) if it accepted them."""
-        from .. import shm
-
-        self.slots.unlink()       # the leaf has mapped them, or never will: no name to leak
-        token = welcome.fields.get("shm")
-        try:
-            if token is None:
-                raise shm.ShmUnavailable(f"tree node {self._leaf} declined (see its log)")
-            if token:
-                self.board = shm.WeightBoard.attach(token, self._leaf, self.flat.numel)
-            elif self.member is None:
-                raise shm.ShmUnavailable(f"tree node {self._leaf} has no weight board")
-        except (shm.ShmUnavailable, OSError, ValueError) as exc:
-            log.warning("learner %d: pushing ZeroMQ payloads: %s", self.id, exc)
-            self.slots.close()
-            self.slots = None
-
-    def _gradient(self) -> tuple[list, dict]:
-        """The pushed gradient as (payloads, fields): in the next shared slot, or frames."""
-        if self.slots is None:
-            return wire.chunk(self._sendbuf if self.member is not None else self.flat.grads,
-                              self.chunk_bytes), {}
-        slot, self._slot = self._slot, self._slot ^ 1
-        kernels.copy_into(self.slots.slot(slot), self.flat.grads)
-        return [], {"slot": slot}
-
-    def _pushpull(self) -> wire.Message:
-        """Push the gradient and pull newer weights in one round trip. To the root PS
-        (architecture base) a large gradient goes in parts, so that the PS updates each part
-        as it arrives (``runtime.stream_parts``; wire.py GPART)."""
-        wait = learners_wait(self.cfg.sync.protocol)
-        kinds = {Kind.WEIGHTS, Kind.UPTODATE}
-        if self.cfg.architecture.kind == "base":
-            return self.ps.pushpull(self.ts, self.flat.grads, self._part_floats,
-                                    self.chunk_bytes, wait=wait, kinds=kinds,
-                                    numel=self.flat.numel)
-        payloads, shared = self._gradient()
-        return self.ps.request(Kind.PUSHPULL, self.ts, payloads, reply_kinds=kinds,
-                               numel=self.flat.numel, wait=wait, **shared)
-
-    def _load(self, msg: wire.Message) -> None:
-        if msg.in_shm:
-            if self.board is None:
-                raise RuntimeError(f"learner {self.id}: tree node {self._leaf} said to read its "
-                                   "weight board, but it never offered one in its WELCOME")
-            ts = self.board.read_into(self.flat.weights, timeout_s=self.cfg.runtime.timeout_s)
-            if ts < msg.ts:
-                raise RuntimeError(f"learner {self.id}: the weight board holds version {ts}, "
-                                   f"older than the {msg.ts} tree node {self._leaf} announced")
-            self.ts = ts
-        else:
-            off = 0
-            for part in msg.payloads:
-                n = part.shape[0]
-                kernels.copy_into(self.flat.weights[off:off + n], part)
-                off += n
-            self.ts = msg.ts
-        self.flat.weights_to_device()
+    @property
+    def ts(self) -> int:
+        """The timestamp of the weights the model holds."""
+        return self.exchange.ts
 
     def _backward(self) -> None:
         x, y, _epoch, _ = self.data.next_batch()
@@ -238,61 +112,18 @@ class Learner:
         self._loss_sum += loss.item()
 
     def step(self) -> bool:
-        """One minibatch: gradient, push, pull. Returns False once the PS said STOP."""
-        if self.member is not None:
-            return self._step_advstar()
-        self._backward()
-        reply = self._pushpull()
-        self.steps += 1
-        if reply.kind == Kind.STOP:
-            return False
-        if reply.kind == Kind.WEIGHTS:
-            self._load(reply)
-        return True
-
-    def _step_advstar(self) -> bool:
-        """Rudra-adv*: adopt the newest broadcast version, compute, push without waiting."""
-        self.member.check()       # the broadcast I/O thread failed: a silent upstream
-        ts, self.ts = self.ts, self.member.copy_latest_into(self.flat.weights, self.ts)
-        if self.ts != ts:
-            self.flat.weights_to_device()
-        grad_ts = self.ts
-        self._backward()
-        if self._in_flight:
-            reply = self.ps.recv({Kind.ACK})
-            self._in_flight = False
-            if reply.kind == Kind.STOP:
-                return False
-        if self.slots is None:
-            kernels.copy_into(self._sendbuf, self.flat.grads)
-        payloads, shared = self._gradient()
-        self.ps.send(Kind.PUSH, grad_ts, payloads, **shared)
-        self._in_flight = True
-        self.steps += 1
-        return True
-
-    def _wait_for_broadcast(self) -> None:
-        """advstar: wait until the first version came down the broadcast (the root sends
-        its initial weights to every member that joins), so a learner whose upstream is not
-        up yet does not train blind. Bounded by the member's runtime.timeout_s."""
-        while self.member.latest_version() is None:
-            self.member.check()
-            time.sleep(0.01)
+        """One minibatch: gradient, push, newer weights. Returns False once the PS said STOP."""
+        alive = self.exchange.step(self._backward)
+        if alive:
+            self.steps += 1
+        return alive
 
     def run(self, stop_event: threading.Event | None = None) -> int:
         """Say HELLO, then train until STOP (or ``stop_event``). Blocks; raises on failure."""
         try:
-            self.ps.send(Kind.HELLO, model=self.flat.signature, numel=self.flat.numel,
-                         **({"shm": self.slots.token} if self.slots is not None else {}))
-            welcome = self.ps.recv({Kind.WELCOME}, numel=self.flat.numel)
-            if welcome.kind == Kind.STOP:
+            if not self.exchange.start():
                 self.finished = True
                 return 0
-            self._load(welcome)
-            if self.slots is not None:
-                self._shm_welcome(welcome)
-            if self.member is not None:
-                self._wait_for_broadcast()
             self._loss_sum, t_last, steps_last = 0.0, time.time(), 0
             mu = self.cfg.sync.batch_size
             while stop_event is None or not stop_event.is_set():
@@ -312,11 +143,9 @@ class Learner:
             self.close()
 
     def close(self) -> None:
-        for seg in (self.slots, self.board):
-            if seg is not None:
-                seg.close()
-        if self.member is not None:  # a learner that leaves passes STOP on to its children
-            self.member.close(stop_reason="training finished" if self.finished else None)
+        """Close the exchange and every socket (a learner that leaves after STOP passes it on
+        down the broadcast). Idempotent enough for ``run``'s finally."""
+        self.exchange.close(self.finished)
         self.ps.close()
         self.data.close()
         if self.stats:

@@ -1,59 +1,44 @@
-"""The Rudra-base parameter server: holds the weights, sums gradients, applies updates.
+"""The parameter server: a serve loop, one handler per message kind, and its state.
 
-One thread owns everything (the ROUTER socket, the weights, the sync engine), so the update
-needs no lock; the heavy work runs in the compiled kernels with the GIL released and, for
-large models, on ``runtime.ps_threads`` OpenMP threads. ZeroMQ's I/O thread moves the bytes.
+One thread owns the ROUTER socket and the ``ServerState`` (weights, momentum, sum, sync
+engine, registrations), so the update needs no lock; the heavy work runs in the compiled
+kernels with the GIL released. ZeroMQ's I/O thread moves the bytes.
 
-Per request (all validated by ``wire.decode`` and ``SyncEngine.check`` before any state is
-touched; a refused request gets an ERROR reply and leaves the weights bit-identical):
+Every request is validated by ``wire.decode`` and the state's checks before anything changes;
+a refused request gets an ERROR reply and leaves the weights bit-identical. Handlers:
 
-- HELLO: check the learner's model signature and size, reply WELCOME with the weights;
-- PUSH / PUSHPULL: the gradient frames are read in place (no copy) and either
-  accumulated into ``acc`` with their staleness scale, or — when this one gradient completes
-  an update (async, c = 1) — fed straight into the update kernel, skipping the sum. Such a
-  PUSHPULL is served in compiled code (``ps_hot.py``: the same checks, kernel and reply, then
-  the engine's accounting) unless ``runtime.hot_path`` is off;
-- GPART... then PUSH / PUSHPULL x{parts}: a gradient in parts (``push_parts.py``): updated
-  part by part as it arrives when it alone makes the update (cut-through), else kept and
-  handled as one PUSH / PUSHPULL when complete;
-- PULL / PUSHPULL: answered with WEIGHTS if the server's timestamp is newer than the learner's,
-  else UPTODATE, or (hardsync: ``wait``) parked until the next update.
-- RELAY (Rudra-adv, ``architecture.kind: adv``): a tree node's sum of several learners'
-  gradients with their vector clock; the sync engine accounts every gradient of the clock
-  (``receive_many``: c counts learner gradients), the sum is added to ``acc`` and the update
-  averages by the number of gradients; answered like PUSHPULL. A tree node's HELLO names the
-  learners below it, checked against the tree the config plans; a STOP to a node counts as a
-  STOP to each of those learners (the node passes it on), so the server ends when every
-  learner was told, directly or through its node.
+- HELLO: register the learner or tree node (model signature and size checked), reply WELCOME
+  with the weights;
+- PUSH / PUSHPULL: one learner's gradient, read in place from its frames; RELAY: a tree
+  node's sum with its vector clock (Rudra-adv). The sync engine decides whether it completes
+  an update; the reply comes from the way this run hands out weights (``ps_weights.py``):
+  weights in replies, or ACK and the learners' broadcast (Rudra-adv*);
+- PULL: weights if newer, else UPTODATE, or (hardsync) parked until the next update;
+- BYE: the sender leaves (a tree node's BYE covers the learners below it).
 
-Copies, and why: none for weights. Pulls are answered with the current weight array itself,
-zero-copy, so a version must never be written again once handed out: the update writes the
-next version into another buffer instead of in place (``versions.WeightVersions``; the kernels'
-``out=``, the same single pass over memory). A buffer is reused once no send holds it.
+Weights are never copied: replies send the current version zero-copy, and the update writes
+the next version into another buffer (``versions.WeightVersions``).
 """
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 import zmq
 
-from .. import fastio, kernels, topology, transport, wire
-from ..update import Updater, stream_part_floats
-from ..sync import LRSchedule, ProtocolViolation, SyncEngine
+from .. import kernels, transport, wire
+from ..server_state import ServerState
+from ..sync import ProtocolViolation
 from ..wire import Kind
 from .ps_report import PSReport
-from .ps_hot import HotPathMixin
-from .push_parts import PushPartsMixin
+from .ps_weights import make_weights_out
 
 log = logging.getLogger("rudra_zmq.ps")
 
-_NOTHING = object()   # serve_forever: the wait ended without a message
 WAIT_MS = 100   # the longest the serving loop waits in libzmq before looking at its clocks
-_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY, Kind.GPART}
+_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
 
 
 def initial_model(cfg):
@@ -69,7 +54,7 @@ def initial_model(cfg):
     return flat.weights.copy(), segments, flat.signature, shape
 
 
-class ParameterServer(PushPartsMixin, HotPathMixin):
+class ParameterServer:
     """A parameter server bound at ``bind``; ``serve_forever()`` runs it in the calling thread.
 
     Args:
@@ -79,296 +64,130 @@ class ParameterServer(PushPartsMixin, HotPathMixin):
         run_dir: where to write ``weights.npy`` at the end, or None.
         model: optional (weights, segments, signature) to skip building the torch model
             (benchmarks with synthetic gradients).
-        broadcast: architecture.kind advstar only: the endpoint the Rudra-adv* broadcast root
-            binds (``roles/broadcast.py``); every new version goes out there, and gradients
-            are answered ACK (no weights in replies).
+        broadcast: architecture.kind advstar only: the endpoint the broadcast root binds.
     Not thread-safe: construct and serve from one thread.
     """
 
     def __init__(self, cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
                  ctx: zmq.Context | None = None, model=None, broadcast: str | None = None):
+        from ..datasets import dataset_size
+
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
-        if model is None:
-            weights, segments, signature, _ = initial_model(cfg)
-        else:
-            weights, segments, signature = model
+        weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
+        self.state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        numel = int(np.asarray(weights).shape[0])
-        self.updater = Updater(weights, segments, cfg.optimizer, stream_part_floats(
-            numel, self.chunk_bytes, cfg.runtime.stream_parts))
-        # the optimizer state, by name (tests and benchmarks look at them)
-        self.numel, self.segments, self.versions = numel, segments, self.updater.versions
-        self.acc, self.part_floats = self.updater.acc, self.updater.part_floats
-        self.signature = signature
-        self.inc = secrets.randbits(62) + 1
-        s, o = cfg.sync, cfg.optimizer
-        from ..datasets import dataset_size
-        self.engine = SyncEngine(
-            s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
-            n=s.n, batch_size=s.batch_size, epoch_size=dataset_size(cfg.data))
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
-        self.sock = transport.make_socket(self.ctx, zmq.ROUTER, hwm=max(64, 4 * s.learners))
+        self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
+                                          hwm=max(64, 4 * cfg.sync.learners))
         # A restarted learner reconnects with the same routing id: let it take over the name
         # instead of being silently refused while the old connection lingers.
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.endpoint = transport.bind(self.sock, bind)
-        # every message in and out goes through the compiled framing (fastio.py)
-        self.io = fastio.FastSocket(self.sock)
         self.stats = None
         if stats:
             from .stats_client import StatsClient
             self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
-        self.identities: dict[int, bytes] = {}
-        # Rudra-adv: the planned tree, and the learners below each registered tree node
-        self.tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
-        # Rudra-adv* (advstar): the one place that sets up the broadcast; see _after_update.
-        self.broadcast = None
-        if cfg.architecture.kind == "advstar":
-            from .broadcast import BroadcastRoot
-            if not broadcast:
-                raise ValueError("architecture.kind=advstar: the parameter server needs a "
-                                 "broadcast endpoint to bind (rudra-zmq ps --bcast-bind EP)")
-            self.broadcast = BroadcastRoot(
-                self.ctx, broadcast, self.numel, chunk_bytes=self.chunk_bytes,
-                children=topology.broadcast_children(cfg, None)).start()
-            # v0: the chain is up. No copy: a weight version is never written again while
-            # anything refers to it (WeightVersions), the broadcast's frames included.
-            self.broadcast.publish(self.engine.timestamp, self.w, copy=False)
-        self.subtrees: dict[int, frozenset] = {}
-        self.parked: list[tuple[bytes, int]] = []   # (routing id, learner) waiting for ts+1
-        self.stopped: set[int] = set()
-        self.done = False
-        self.invalid = 0
-        self.undelivered = 0
-        self._warned: set = set()
-        self._seq = 0
-        self._streamed = False     # handle(): the reply went out during the update
+        self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats)
+        self._warned: set = set()
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
-        self._init_parts()
-        self._init_hot()
+        self.handlers = {Kind.HELLO: self.on_hello, Kind.PUSH: self.on_gradient,
+                         Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient,
+                         Kind.PULL: self.on_pull, Kind.BYE: self.on_bye}
 
     # ------------------------------------------------------------------ sending
-    def _send(self, ident: bytes, kind: Kind, payloads=(), at_ts: int | None = None,
-              **fields) -> None:
-        """Send one message to ``ident``, stamped with the current timestamp (or ``at_ts``:
-        a cut-through update's parts go out before the engine has advanced)."""
-        self._seq += 1
-        ts = self.engine.timestamp if at_ts is None else at_ts
-        frames = wire.encode(kind, wire.SENDER_PS, self._seq, ts, self.inc, payloads, **fields)
+    def send(self, ident: bytes, kind: Kind, payloads=(), **fields) -> None:
+        """Send one message to ``ident``, stamped with the current timestamp. Never blocks:
+        each peer has at most one request in flight, so a full queue means it misbehaves,
+        and the reply is dropped (and counted) rather than stalling the server."""
+        st = self.state
+        st.counters.sent += 1
+        frames = wire.encode(kind, wire.SENDER_PS, st.counters.sent, st.engine.timestamp,
+                             st.incarnation, payloads, **fields)
         try:
-            # NOBLOCK: each learner has at most one request in flight, so its queue is never
-            # full unless it misbehaves; then the reply is dropped rather than stalling the PS.
-            self.io.send_multipart([ident, *frames], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: that learner is gone (ROUTER_MANDATORY)
-            self.undelivered += 1
+            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
+            st.counters.undelivered += 1
             log.warning("could not reply %s to %r: %s", kind.name, ident, exc)
 
-    @property
-    def w(self) -> np.ndarray:
-        """The current weights (never written again: safe to send zero-copy)."""
-        return self.updater.w
-
-    @property
-    def v(self) -> np.ndarray:
-        """The momentum (a cut-through update swaps in its second buffer)."""
-        return self.updater.v
-
-    def _weights_payload(self) -> list[np.ndarray]:
-        return wire.chunk(self.w, self.chunk_bytes)
-
     def _refuse(self, ident: bytes, sender, code: str, message: str) -> None:
-        self.invalid += 1
-        key = (ident, code)
-        if key not in self._warned:  # log once per sender and reason, count all
-            self._warned.add(key)
+        self.state.counters.invalid += 1
+        if (ident, code) not in self._warned:  # log once per sender and reason, count all
+            self._warned.add((ident, code))
             log.warning("refused a message from %s (%r): %s", sender, ident, message)
-        self._send(ident, Kind.ERROR, code=code, error=message)
+        self.send(ident, Kind.ERROR, code=code, error=message)
 
-    # ------------------------------------------------------------------ handling
+    def _stop(self, ident: bytes, sender: int) -> None:
+        self.state.mark_stopped(sender)
+        self.send(ident, Kind.STOP,
+                  reason=f"training finished at epoch {self.state.engine.epoch:.2f}")
+
+    # ------------------------------------------------------------------ handlers
     def handle(self, frames) -> None:
         """Process one ROUTER message (routing id first). Never raises for bad input."""
         if len(frames) < 2:
             return  # no routing id + header: nothing to answer
         ident = bytes(frames[0])
         try:
-            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.numel,
-                              learners=self.cfg.sync.learners, gradient_parts=True)
+            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.state.numel,
+                              learners=self.state.learners)
         except wire.WireError as exc:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
-        if self._holds(msg):   # behind an open cut-through update (push_parts.py)
-            self._held.append((ident, msg))
-            return
-        self._dispatch(ident, msg)
-        if self._cut is None and self._held:
-            self._release_held()
-
-    def _dispatch(self, ident: bytes, msg: wire.Message) -> None:
-        """Act on one validated request (refusing what the protocol does not allow)."""
-        if self.done:
-            if msg.kind != Kind.GPART:   # a gradient in parts gets its STOP at the end
-                self._drop_parts(msg.sender)
-                self._stop(ident, msg.sender)
+        if self.state.done:
+            self._stop(ident, msg.sender)
             return
         try:
-            if msg.kind == Kind.HELLO:
-                self._hello(ident, msg)
-                return
-            self._check_sender(ident, msg)
-            if msg.kind == Kind.GPART or msg.fields.get("parts") or msg.sender in self._parts:
-                msg = self._part(ident, msg)
-                if msg is None:
-                    return
-            if msg.kind == Kind.BYE:
-                self._stopped(msg.sender)
-                self._send(ident, Kind.ACK)
-                return
-            sigma, self._streamed = None, False
-            reply = None if msg.kind == Kind.PUSH else ident
-            if msg.kind in (Kind.PUSH, Kind.PUSHPULL):
-                sigma = self._push(msg, reply)
-            elif msg.kind == Kind.RELAY:
-                sigma = self._relay(msg, reply)
-            if self.done:  # this gradient completed training
-                self._stop(ident, msg.sender)
-            elif self._streamed:
-                pass       # the new weights went out part by part during the update
-            elif msg.kind == Kind.PUSH or self.broadcast is not None:  # advstar: no weights
-                self._send(ident, Kind.ACK, sigma=sigma)
-            else:
-                self._pull(ident, msg, sigma)
+            if msg.kind != Kind.HELLO:
+                self.state.check_sender(ident, msg)
+            self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
             self._refuse(ident, msg.sender, "protocol", str(exc))
 
-    def _hello(self, ident: bytes, msg: wire.Message) -> None:
-        learner, f = msg.sender, msg.fields
-        who = wire.sender_name(learner)
-        if self.tree is not None:
-            below = self.tree.check_child(None, learner, f.get("subtree"))
-        elif wire.node_id(learner) is not None or "subtree" in f:
-            raise ProtocolViolation(f"{who} says HELLO as a tree node, but this server runs "
-                                    "architecture.kind=base (is it running another config?)")
-        elif not 0 <= learner < self.cfg.sync.learners:
-            raise ProtocolViolation(f"learner id {learner} is out of range 0.."
-                                    f"{self.cfg.sync.learners - 1} (sync.learners)")
-        if f["numel"] != self.numel or f["model"] != self.signature:
-            raise ProtocolViolation(
-                f"{who} runs a model with {f['numel']:,} parameters (signature "
-                f"{f['model']}); this server holds {self.numel:,} ({self.signature}). Is "
-                f"{who} running another model config?")
-        self.identities[learner] = ident
-        if self.hot is not None:
-            self.hot.set_ident(learner, ident)
-        self._drop_parts(learner)   # a restarted learner starts its gradients afresh
-        if wire.node_id(learner) is not None:
-            self.subtrees[learner] = below
-        self._send(ident, Kind.WELCOME, self._weights_payload(), learners=self.cfg.sync.learners,
-                   protocol=self.cfg.sync.protocol)
+    def on_hello(self, ident: bytes, msg: wire.Message) -> None:
+        """Register the sender and send it the weights."""
+        self.state.register(ident, msg)
+        self.send(ident, Kind.WELCOME, wire.chunk(self.state.w, self.chunk_bytes),
+                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol)
 
-    def _check_sender(self, ident: bytes, msg: wire.Message) -> None:
-        if self.identities.get(msg.sender) != ident:
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} has not said HELLO on "
-                                    "this connection")
-        if msg.inc not in (0, self.inc):
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} talks to server incarnation "
-                                    f"{msg.inc}, this is {self.inc} (the server restarted): say "
-                                    "HELLO again")
-        is_node = msg.sender in self.subtrees
-        if msg.kind == Kind.RELAY and not is_node:
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent RELAY; only tree "
-                                    "nodes relay gradient sums")
-        if msg.kind in (Kind.PUSH, Kind.PUSHPULL, Kind.GPART) and is_node:
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent {msg.kind.name}; "
-                                    "tree nodes send their gradient sums as RELAY")
-
-    def _push(self, msg: wire.Message, reply: bytes | None) -> int:
-        arrival = self.engine.receive(msg.sender, msg.ts)   # raises before touching weights
-        self._add(msg.payloads, arrival.scale, arrival.update, 1, reply, arrival.sigma)
-        return arrival.sigma
-
-    def _relay(self, msg: wire.Message, reply: bytes | None) -> int:
-        """A tree node's sum of gradients: account its clock, add the sum, maybe update."""
-        entries = msg.clock
-        topology.Tree.check_clock(msg.sender, entries, self.subtrees[msg.sender])
-        arrival = self.engine.receive_many(entries)   # raises before touching weights
-        self._add(msg.payloads, 1.0, arrival.update, len(entries), reply, arrival.sigma)
-        return arrival.sigma
-
-    def _add(self, payloads, scale: float, update, count: int, reply=None, sigma=None) -> None:
-        """Add one message's ``count`` gradients (summed in ``payloads``) to ``acc``, and apply
-        ``update`` if they complete one — streaming the new weights to ``reply`` (the sender,
-        if it pulls) and the parked learners as they are computed, where that applies."""
-        to = ()
-        if update is not None and self.part_floats < self.numel and self.broadcast is None \
-                and update.epoch < self.cfg.train.epochs:   # (the last update answers STOP)
-            to = [(ident, {}) for ident, _ in self.parked]
-            if reply is not None:
-                to.append((reply, {"sigma": sigma}))
-            if to:
-                self.parked, self._streamed = [], reply is not None
-        self.updater.receive(payloads, scale, update, count, self._part_sender(to))
+    def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
+        """PUSH, PUSHPULL or RELAY: account, maybe update, answer."""
+        if msg.kind == Kind.PUSHPULL:
+            self.weights_out.check_pull(msg)    # advstar refuses it before any state changes
+        step = self.state.relay if msg.kind == Kind.RELAY else self.state.push
+        sigma, update = step(msg)
         if update is not None:
             self._after_update(update)
+        if self.state.done:  # this gradient completed training
+            self._stop(ident, msg.sender)
+        else:
+            self.weights_out.answer(ident, msg, sigma)
 
-    def _part_sender(self, to):
-        """``Updater.step``'s ``on_part`` for ``to`` ((routing id, reply fields) pairs), or
-        None: each part of the new weights goes to them as soon as it is final (WPART...,
-        then WEIGHTS), so ZeroMQ moves part i while the kernel computes part i+1."""
-        if not to:
-            return None
+    def on_pull(self, ident: bytes, msg: wire.Message) -> None:
+        """Weights if newer, else UPTODATE or parked (see ``ps_weights``)."""
+        self.weights_out.pull(ident, msg)
 
-        def send_part(lo, hi, out, last, n_parts):
-            for ident, fields in to:
-                if last:
-                    self._send(ident, Kind.WEIGHTS, [out[lo:hi]], parts=n_parts - 1, **fields)
-                else:
-                    self._send(ident, Kind.WPART, [out[lo:hi]], offset=lo)
-        return send_part
+    def on_bye(self, ident: bytes, msg: wire.Message) -> None:
+        """The sender leaves cleanly."""
+        self.state.mark_stopped(msg.sender)
+        self.send(ident, Kind.ACK)
 
     def _after_update(self, update) -> None:
         self.metrics.update(update)
+        self.weights_out.updated(update, self._stop)
         t = self.cfg.train
-        if update.epoch >= t.epochs:
-            self.done = True
-        if self.broadcast is not None:  # Rudra-adv*: the new version goes down the broadcast
-            self.broadcast.publish(update.timestamp, self.w, done=self.done, copy=False,
-                                   reason=f"training finished at epoch {update.epoch:.2f}")
         if (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0) or \
-                update.epoch >= self._next_eval_epoch or self.done:
+                update.epoch >= self._next_eval_epoch or self.state.done:
             while update.epoch >= self._next_eval_epoch:
                 self._next_eval_epoch += t.eval_every_epochs
             self._eval()
-        parked, self.parked = self.parked, []
-        for ident, learner in parked:
-            if self.done:
-                self._stop(ident, learner)
-            else:
-                self._send(ident, Kind.WEIGHTS, self._weights_payload())
 
-    def _pull(self, ident: bytes, msg: wire.Message, sigma) -> None:
-        extra = {} if sigma is None else {"sigma": sigma}
-        if self.engine.timestamp > msg.ts:
-            self._send(ident, Kind.WEIGHTS, self._weights_payload(), **extra)
-        elif msg.fields["wait"]:
-            self.parked.append((ident, msg.sender))
-        else:
-            self._send(ident, Kind.UPTODATE, **extra)
-
-    def _stopped(self, sender: int) -> None:
-        self.stopped |= self.tree.below(sender) if self.tree else {sender}  # nodes pass it on
-
-    def _stop(self, ident: bytes, learner: int) -> None:
-        self._stopped(learner)
-        self._send(ident, Kind.STOP, reason=f"training finished at epoch {self.engine.epoch:.2f}")
-
-    # ------------------------------------------------------------------ statistics
     def _eval(self) -> None:
         if self.stats:
-            self.stats.eval_weights(self.engine.timestamp, self.engine.epoch,
-                                    self.w, self.chunk_bytes)
+            self.stats.eval_weights(self.state.engine.timestamp, self.state.engine.epoch,
+                                    self.state.w, self.chunk_bytes)
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
@@ -376,58 +195,50 @@ class ParameterServer(PushPartsMixin, HotPathMixin):
 
         Blocks. Raises TimeoutError if no learner sends anything for ``runtime.timeout_s``.
         """
-        timeout = self.cfg.runtime.timeout_s
+        timeout, st = self.cfg.runtime.timeout_s, self.state
         last_msg = time.time()
         if self.stats:
             self._eval()  # test error of the initial weights (epoch 0)
         # One blocking receive per message (libzmq waits with the GIL released, at most
-        # WAIT_MS): no Poller and no zmq.Again per message on the hot path.
+        # WAIT_MS): no Poller and no zmq.Again per message.
         self.sock.setsockopt(zmq.RCVTIMEO, WAIT_MS)
         try:
-            while not (stop_event is not None and stop_event.is_set()):
-                if self.done and self.stopped >= set(range(self.cfg.sync.learners)):
-                    break
-                self._arm_hot()
-                try:   # HotPS serves the hot request in C (ps_hot.py); else frames
-                    frames = self.io.recv_multipart() if self.hot is None else self.hot.serve()
+            while not (stop_event is not None and stop_event.is_set()) and not st.all_stopped:
+                try:
+                    self.handle(self.sock.recv_multipart(copy=False))
+                    last_msg = time.time()
                 except zmq.Again:
-                    frames = _NOTHING
-                if frames is None:
-                    self._hot_served()
-                    last_msg = time.time()
-                elif frames is not _NOTHING:
-                    self._disarm_hot()
-                    self.handle(frames)
-                    last_msg = time.time()
-                elif time.time() - last_msg > timeout:
-                    if self.done:
-                        log.warning("training is done but learners %s never came back; exiting",
-                                    sorted(set(range(self.cfg.sync.learners)) - self.stopped))
-                        break
-                    raise TimeoutError(
-                        f"parameter server: no message from any learner for {timeout:.0f} s at "
-                        f"timestamp {self.engine.timestamp} (learners registered: "
-                        f"{sorted(i for i in self.identities if i >= 0)}, tree nodes: "
-                        f"{sorted(wire.node_id(s) for s in self.subtrees)}); is a learner or "
-                        "tree node dead?")
-                if self._parts:
-                    self._expire_parts()
+                    if time.time() - last_msg > timeout:
+                        if self._timed_out(timeout):
+                            break
                 self.metrics.tick(self)
         finally:
             self._finish()
         return 0
 
+    def _timed_out(self, timeout: float) -> bool:
+        """No message for ``timeout``: True (stop serving) if training is done, else raise."""
+        st = self.state
+        if st.done:
+            log.warning("training is done but learners %s never came back; exiting",
+                        sorted(set(range(st.learners)) - st.stopped))
+            return True
+        raise TimeoutError(
+            f"parameter server: no message from any learner for {timeout:.0f} s at timestamp "
+            f"{st.engine.timestamp} (learners registered: "
+            f"{sorted(i for i in st.identities if i >= 0)}, tree nodes: "
+            f"{sorted(wire.node_id(s) for s in st.subtrees)}); is a learner or tree node dead?")
+
     def _finish(self) -> None:
         self.metrics.tick(self, force=True)
-        if self.done:
+        if self.state.done:
             self.metrics.done(self)
         if self.stats:
             self.stats.close()
         if self.run_dir is not None:
-            np.save(self.run_dir / "weights.npy", self.w)
-        if self.broadcast is not None:
-            self.broadcast.close()
-        self.io.close(linger=transport.LINGER_MS)
+            np.save(self.run_dir / "weights.npy", self.state.w)
+        self.weights_out.close()
+        self.sock.close(linger=transport.LINGER_MS)
         if self._own_ctx:
             self.ctx.term()
 
@@ -438,8 +249,8 @@ def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
     threads = cfg.runtime.ps_threads or kernels.get_num_threads()
     kernels.set_num_threads(threads)
     ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast)
-    if ps.broadcast is not None:
-        print(f"broadcast root listening on {ps.broadcast.endpoint}", flush=True)
-    print(f"parameter server listening on {ps.endpoint} ({ps.numel:,} parameters, "
+    if ps.weights_out.endpoint is not None:
+        print(f"broadcast root listening on {ps.weights_out.endpoint}", flush=True)
+    print(f"parameter server listening on {ps.endpoint} ({ps.state.numel:,} parameters, "
           f"{cfg.sync.protocol}, λ={cfg.sync.learners}, {threads} kernel threads)", flush=True)
     return ps.serve_forever()

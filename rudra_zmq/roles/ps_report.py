@@ -3,8 +3,7 @@
 - one ``update`` record per update (timestamp, epoch, ⟨σ⟩, every σ, α, gradient count),
   batched and sent every FLUSH_S so that a fast PS sends a few messages a second, not one per
   update;
-- one ``ps`` record a second: updates/s, gradients/s, refused messages, gradients received in
-  parts and how many of those updated cut-through;
+- one ``ps`` record a second: updates/s, gradients/s, refused messages;
 - a ``done`` record when training finished.
 
 Sends go through ``StatsClient``, which never blocks (a full queue drops and counts). Not
@@ -50,18 +49,19 @@ class PSReport:
             self._last_flush = now
         if force or now - self._last_rate >= RATE_EVERY_S:
             dt = max(now - self._last_rate, 1e-9)
-            upd, grads = ps.engine.updates, ps.engine.gradients_received
+            eng = ps.state.engine
+            upd, grads = eng.updates, eng.gradients_received
             self.stats.metric({
-                "type": "ps", "t": now, "ts": ps.engine.timestamp,
+                "type": "ps", "t": now, "ts": eng.timestamp,
                 "updates_per_s": (upd - self._counts[0]) / dt,
                 "gradients_per_s": (grads - self._counts[1]) / dt,
-                "invalid": ps.invalid, "gradients_in_parts": ps.gradients_in_parts,
-                "cut_through_updates": ps.cut_through_updates})
+                "invalid": ps.state.counters.invalid})
             self._counts = (upd, grads)
             self._last_rate = now
 
     def done(self, ps) -> None:
         """The end-of-training record."""
         if self.stats is not None:
-            self.stats.metric({"type": "done", "t": time.time(), "ts": ps.engine.timestamp,
-                               "epoch": ps.engine.epoch, "invalid": ps.invalid})
+            self.stats.metric({"type": "done", "t": time.time(), "ts": ps.state.engine.timestamp,
+                               "epoch": ps.state.engine.epoch,
+                               "invalid": ps.state.counters.invalid})

@@ -14,15 +14,16 @@ The baseline is the loop a user would write instead, in this process: ``torch.se
 ``to_float`` preprocessing, µ = 128, ``torch.optim.SGD(momentum=0.9)``. It is timed before
 and after the distributed cases (load drifts on this shared box) and the two are pooled.
 
-    python bench/train_throughput.py                    # defaults below, ~4 minutes
-    python bench/train_throughput.py --cases default --epochs 6 --csv bench/out/train.csv
-    python bench/train_throughput.py --device cuda --cases lambda1 default   # GPU learners
+    rudra-zmq bench train-throughput                    # defaults below, ~4 minutes
+    rudra-zmq bench train-throughput --cases default --epochs 6 --csv bench/out/train.csv
+    rudra-zmq bench train-throughput --device cuda --cases lambda1 default   # GPU learners
 
 ``--device cuda``: the learners run with ``runtime.device=cuda`` and the baseline loop trains
 on the GPU too (its batches prepared on the CPU as the learners' are); the goal line is for
 the CPU cases of the issue, so it is not printed then.
 """
-import argparse
+from __future__ import annotations
+
 import json
 import os
 import statistics
@@ -32,12 +33,9 @@ import tempfile
 import time
 
 import numpy as np
-import torch
 import yaml
 
-from rudra_zmq.datasets import load_dataset
-from rudra_zmq.benchmarks import common
-from rudra_zmq.models import build_model, input_transform
+from . import common
 
 # ----------------------------------------------------------------------------- defaults
 MODEL, SHAPE, CLASSES = "cifar10_full", [3, 32, 32], 10
@@ -59,11 +57,8 @@ CASES = {
     "tpl2_passive": (["sync.learners=2", "runtime.threads_per_learner=2"], PASSIVE, False),
     "ps1": (["sync.learners=2", "runtime.ps_threads=1"], {}, False),
     "lambda1": (["sync.learners=1"], {}, False),                 # one learner on 2 threads
-    # where per-message cost binds most (issue #13): does the compiled hot path pay end to end?
-    "async_mu4_l8_hot": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4",
-                          "runtime.hot_path=true"], {}, False),
-    "async_mu4_l8_python": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4",
-                             "runtime.hot_path=false"], {}, False),
+    # where per-message cost binds most: async, µ = 4, λ = 8
+    "async_mu4_l8": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4"], {}, False),
 }
 DEFAULT_CASES = ["default", "tpl2", "tpl2_passive", "lambda1"]
 
@@ -83,7 +78,12 @@ def run_config(run_root, epochs):
 
 # ----------------------------------------------------------------------------- baseline
 def baseline(seconds, threads, data, device="cpu"):
-    """Images/s (and per-step seconds) of a plain single-process training loop."""
+    """Images/s (and per-step seconds) of a plain single-process training loop; blocks for
+    about ``seconds``."""
+    import torch
+
+    from ..models import build_model, input_transform
+
     torch.set_num_threads(threads)
     x_tr, y_tr, mean, std = data
     model = build_model(MODEL, CLASSES, tuple(SHAPE), seed=0).to(device)
@@ -121,7 +121,8 @@ def baseline(seconds, threads, data, device="cpu"):
 
 # ----------------------------------------------------------------------------- distributed
 def distributed(name, overrides, env, epochs, skip_s, trim_s, keep):
-    """Run one ``rudra-zmq run`` and measure its steady-state throughput."""
+    """Run one ``rudra-zmq run`` (blocks until it ends) and measure its steady-state
+    throughput."""
     root = tempfile.mkdtemp(prefix=f"bench-train-{name}-")
     cfg_path = os.path.join(root, "config.yaml")
     with open(cfg_path, "w") as f:
@@ -172,9 +173,8 @@ def scaling(r, one):
             f"{r['learners']} x 1-thread reference")
 
 
-# ----------------------------------------------------------------------------- main
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+# ----------------------------------------------------------------------------- command
+def add_arguments(ap) -> None:
     ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     ap.add_argument("--epochs", type=float, default=EPOCHS, help="epochs per distributed run")
     ap.add_argument("--skip-s", type=float, default=SKIP_S)
@@ -187,7 +187,13 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu", help="runtime.device of the learners and the "
                     "baseline's device (cpu, cuda, cuda:N)")
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
-    args = ap.parse_args(argv)
+
+
+def run(args) -> int:
+    """The baseline, every case, the baseline again, then the verdict; blocks until done."""
+    import torch
+
+    from ..datasets import load_dataset
 
     facts = common.machine_facts(env_keys=(
         "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
@@ -257,7 +263,4 @@ def main(argv=None):
             ratio = r["images_per_s"] / base
             print(f"{'PASS' if ratio >= GOAL else 'MISS'}  {name}  want >= {GOAL:.2f}x  "
                   f"got {ratio:.2f}x")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return 0

@@ -4,38 +4,48 @@ Case: cifar10_full on CIFAR-10, µ = 4, λ = 30, 30-softsync with α0/⟨σ⟩ -
 paper's Table 2 studies and the costliest to run for real (30 learner processes). The simulator
 (``simulator.simulate(train=True)``) computes every learner's real gradient and the PS's real
 update, by default ahead on one worker thread per core (also timed with ``workers=1``, one
-gradient at a time on every core); the baseline is a plain PyTorch loop of one process training µ = 4 minibatches of the
-same data with the same input transform and momentum-SGD. Both get every core. They alternate
+gradient at a time on every core); the baseline is a plain PyTorch loop of one process
+training µ = 4 minibatches of the same data with the same input transform and momentum-SGD.
+Both get every core. They alternate
 ``--repeat`` times in this one run (the machine is shared); each prints samples/s, and the
 verdict is the median ratio simulator / baseline (goal: >= 1, no slower).
 
-    python bench/sim_speed.py --data ../shared/data/cifar10-jpeg.tar.gz
+    rudra-zmq bench sim-speed --data ../shared/data/cifar10-jpeg.tar.gz
 """
-import argparse
+from __future__ import annotations
+
 import os
 import statistics
 import time
 
-import torch
+from .. import kernels
 
-from rudra_zmq import kernels
-from rudra_zmq.config import load_config
-from rudra_zmq.data_order import SampleStream, load_data
-from rudra_zmq.models import build_model, input_transform
-from rudra_zmq.simulator import simulate
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join("configs", "cifar10_30softsync.yaml")   # in the source tree
 GRADIENTS = 2000      # per measurement: 8,000 samples at µ = 4
 REPEAT = 3
 
 
-def config(data_root: str):
-    return load_config(os.path.join(ROOT, "configs/cifar10_30softsync.yaml"),
-                       [f"data.root={data_root}", "train.eval_every_epochs=0"])
+def find_config(path: str | None) -> str:
+    """``path``, else ``configs/cifar10_30softsync.yaml`` of the source tree this package runs
+    from or of the current directory; ValueError if none exists."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for p in ([path] if path else [os.path.join(repo, CONFIG), CONFIG]):
+        if os.path.isfile(p):
+            return p
+    raise ValueError(f"config {path or CONFIG} not found (give --config)")
+
+
+def config(path: str, data_root: str):
+    from ..config import load_config
+
+    return load_config(path, [f"data.root={data_root}", "train.eval_every_epochs=0"])
 
 
 def time_simulator(cfg, gradients: int, workers: int | None) -> float:
-    """Samples/s of the simulator, from the end of its initial evaluation to its return."""
+    """Samples/s of the simulator, from the end of its initial evaluation to its return
+    (blocks while it trains)."""
+    from ..simulator import simulate
+
     marks = []
     simulate(cfg, train=True, max_updates=gradients,   # async: one gradient per update
              progress=lambda line: marks.append(time.perf_counter()), workers=workers)
@@ -43,7 +53,13 @@ def time_simulator(cfg, gradients: int, workers: int | None) -> float:
 
 
 def time_plain_loop(cfg, ds, gradients: int) -> float:
-    """Samples/s of one process training µ-sample minibatches with torch.optim.SGD."""
+    """Samples/s of one process training µ-sample minibatches with torch.optim.SGD (blocks
+    while it trains)."""
+    import torch
+
+    from ..data_order import SampleStream
+    from ..models import build_model, input_transform
+
     o, mu = cfg.optimizer, cfg.sync.batch_size
     model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape, seed=0)
     prep, loss_fn = input_transform(cfg.model.name), torch.nn.CrossEntropyLoss()
@@ -60,16 +76,24 @@ def time_plain_loop(cfg, ds, gradients: int) -> float:
     return gradients * mu / (time.perf_counter() - t0)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--data", required=True, help="CIFAR-10 root (e.g. the JPEG tarball)")
-    p.add_argument("--gradients", type=int, default=GRADIENTS)
-    p.add_argument("--repeat", type=int, default=REPEAT)
-    args = p.parse_args()
+    p.add_argument("--config", help=f"the case (default {CONFIG} of the source tree)")
+    p.add_argument("--gradients", type=int, default=GRADIENTS,
+                   help=f"gradients per measurement (default {GRADIENTS})")
+    p.add_argument("--repeat", type=int, default=REPEAT, help=f"rounds (default {REPEAT})")
+
+
+def run(args) -> int:
+    """``--repeat`` rounds of simulator, simulator with one worker, plain loop; blocks."""
+    import torch
+
+    from ..data_order import load_data
+
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     kernels.set_num_threads(threads)
-    cfg = config(args.data)
+    cfg = config(find_config(args.config), args.data)
     ds = load_data(cfg)
     print(f"cifar10_full, µ={cfg.sync.batch_size}, λ={cfg.sync.learners}, "
           f"{cfg.sync.n}-softsync, {args.gradients} gradients per measurement, "
@@ -88,7 +112,4 @@ def main() -> None:
           f"(one gradient at a time {n / statistics.median(ones):.0f} s), one learner process "
           f"{n / statistics.median(plains):.0f} s; median ratio {ratio:.2f} "
           f"({'no slower' if ratio >= 1 else 'SLOWER'})")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -14,18 +14,16 @@ Protocols: 1-softsync (c = λ gradients per update, no barrier: a leaf relays wh
 pending as soon as its previous relay is answered) and hardsync (each update one gradient per
 learner: a leaf relays once all its learners contributed, so the root gets λ/fanout messages).
 
-    python bench/root_ingress.py                       # λ=16, 10M, base/adv/advstar x 2 protocols
-    python bench/root_ingress.py --quick               # λ=4, 10k parameters, seconds
-    python bench/root_ingress.py --archs base adv --protocols softsync --csv out.csv --png out.png
+    rudra-zmq bench root-ingress                       # λ=16, 10M, base/adv/advstar x 2 protocols
+    rudra-zmq bench root-ingress --quick               # λ=4, 10k parameters, seconds
+    rudra-zmq bench root-ingress --archs base adv --protocols softsync --csv out.csv --png out.png
 """
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 
-from rudra_zmq.benchmarks import common, synthetic_cluster as sc, synthetic_roles as sr
+from . import common, synthetic_cluster as sc, synthetic_roles as sr
 
 LEARNERS = 16
 PARAMS = 10_000_000
@@ -36,6 +34,8 @@ WARMUP_UPDATES = 3
 TIMED_UPDATES = 11
 ARCHS = ["base", "adv", "advstar"]
 PROTOCOLS = ["softsync", "hardsync"]
+DEFAULTS = dict(learners=LEARNERS, params=PARAMS, fanout=FANOUT, warmup_updates=WARMUP_UPDATES,
+                timed_updates=TIMED_UPDATES)
 QUICK = dict(learners=4, params=10_000, fanout=2, warmup_updates=2, timed_updates=7)
 MIB = 2 ** 20
 
@@ -147,29 +147,32 @@ def write_png(path: str, rows: list[dict]) -> None:
     fig.savefig(path, format="png")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--learners", type=int, default=LEARNERS)
-    p.add_argument("--params", type=common.parse_size, default=PARAMS,
+def add_arguments(p) -> None:
+    p.add_argument("--learners", type=int, help=f"λ (default {LEARNERS}; --quick 4)")
+    p.add_argument("--params", type=common.parse_size,
                    help=f"model size in float32 (default {PARAMS:,}; K/M/Ki/Mi accepted)")
-    p.add_argument("--fanout", type=int, default=FANOUT)
+    p.add_argument("--fanout", type=int, help=f"tree fan-out (default {FANOUT})")
     p.add_argument("--relay", choices=("eager", "gather"), default="eager",
                    help="architecture.relay of the tree nodes under softsync (gather: relay "
                         "only whole subtrees)")
     p.add_argument("--archs", nargs="+", default=ARCHS, choices=sr.ARCHS)
     p.add_argument("--protocols", nargs="+", default=PROTOCOLS, choices=PROTOCOLS)
-    p.add_argument("--warmup-updates", type=int, default=WARMUP_UPDATES)
-    p.add_argument("--timed-updates", type=int, default=TIMED_UPDATES,
-                   help="updates after the warm-up (the last one, answered STOP, not timed)")
+    p.add_argument("--warmup-updates", type=int, help=f"default {WARMUP_UPDATES}")
+    p.add_argument("--timed-updates", type=int,
+                   help=f"updates after the warm-up (the last one, answered STOP, not timed; "
+                        f"default {TIMED_UPDATES})")
     p.add_argument("--quick", action="store_true",
                    help="tiny run (λ=4, 10k parameters, fanout 2) to check the harness")
     common.add_output_args(p)
-    a = common.parse_with_quick(p, argv, QUICK)
+
+
+def run(a) -> int:
+    """Run every (protocol, architecture) case in turn; blocks until done."""
+    common.resolve_quick(a, DEFAULTS, QUICK)
     if a.warmup_updates < 1 or a.timed_updates < 3:
-        p.error("--warmup-updates must be >= 1 and --timed-updates >= 3")
+        raise ValueError("--warmup-updates must be >= 1 and --timed-updates >= 3")
     if a.learners % a.fanout:
-        p.error(f"--learners {a.learners} must be a multiple of --fanout {a.fanout}")
+        raise ValueError(f"--learners {a.learners} must be a multiple of --fanout {a.fanout}")
     archs = list(a.archs)
     report = common.Report(a, "root ingress (Rudra-base vs adv vs adv*)", notes=[
         f"λ={a.learners} synthetic learners (one process each, no compute), "
@@ -211,7 +214,3 @@ def main(argv=None) -> int:
     if a.png and report.rows:
         write_png(a.png, report.rows)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,10 +9,11 @@ USS (private pages only), and the machine's used memory (``total - available`` f
 this shared box, so it is an upper bound of ours plus noise). One line per case shows the
 peaks beside the machine's total RAM (the baseline: it must fit) and the run's wall time.
 
-    python bench/memory.py                              # defaults below, ~4-6 minutes
-    python bench/memory.py --cases quickstart --csv bench/out/memory.csv
+    rudra-zmq bench memory                              # defaults below, ~4-6 minutes
+    rudra-zmq bench memory --cases quickstart --csv bench/out/memory.csv
 """
-import argparse
+from __future__ import annotations
+
 import csv
 import os
 import subprocess
@@ -20,13 +21,10 @@ import sys
 import tempfile
 import time
 
-import psutil
-
-from rudra_zmq.benchmarks import common
+from . import common
 
 # ----------------------------------------------------------------------------- defaults
-CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs",
-                      "quickstart.yaml")
+CONFIG = os.path.join("configs", "quickstart.yaml")   # in the source tree
 INTERVAL_S = 0.2
 THIRTY = ["sync.learners=30", "sync.batch_size=4", "train.epochs=2"]
 CASES = {   # name -> --set overrides on configs/quickstart.yaml
@@ -48,9 +46,21 @@ def role_of(cmdline):
     return "other"
 
 
+def find_config(path: str | None) -> str:
+    """``path``, else ``configs/quickstart.yaml`` of the source tree this package runs from or
+    of the current directory; ValueError if none exists."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for p in ([path] if path else [os.path.join(repo, CONFIG), CONFIG]):
+        if os.path.isfile(p):
+            return p
+    raise ValueError(f"config {path or CONFIG} not found (give --config)")
+
+
 def sample(root_pid, roles):
     """(rss, pss, uss, n) summed over root_pid and its descendants; updates ``roles`` with
     each role's largest single-process PSS. Processes that vanish mid-sample are skipped."""
+    import psutil
+
     try:
         root = psutil.Process(root_pid)
         procs = [root, *root.children(recursive=True)]
@@ -72,11 +82,14 @@ def sample(root_pid, roles):
 
 
 def used():
+    import psutil
+
     vm = psutil.virtual_memory()
     return vm.total - vm.available
 
 
 def measure(name, overrides, interval, config, keep):
+    """Launch one ``rudra-zmq run`` and sample it until it exits (blocks); its peaks."""
     root = tempfile.mkdtemp(prefix="bench-memory-")
     cmd = [sys.executable, "-m", "rudra_zmq", "run", config, "--run-dir",
            os.path.join(root, "run"), *(a for o in overrides for a in ("--set", o))]
@@ -110,15 +123,19 @@ def measure(name, overrides, interval, config, keep):
             "by_role": by_role, "root": root}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--config", default=CONFIG)
+    ap.add_argument("--config", help=f"the run's config (default {CONFIG} of the source tree)")
     ap.add_argument("--interval", type=float, default=INTERVAL_S, help="seconds between samples")
     ap.add_argument("--keep", action="store_true", help="keep the temporary run directories")
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
-    args = ap.parse_args(argv)
 
+
+def run(args) -> int:
+    """Run and sample every case in turn, then the verdict; blocks until done."""
+    import psutil
+
+    args.config = find_config(args.config)
     mem = psutil.virtual_memory()
     total = mem.total
     facts = common.machine_facts(psutil=psutil.__version__)
@@ -156,7 +173,4 @@ def main(argv=None):
         ok = r["rc"] == 0 and worst < GOAL_GIB and worst * GIB < total
         print(f"{'PASS' if ok else 'MISS'}  {r['case']:<24} want < {GOAL_GIB:g} GiB  got "
               f"{worst:.2f} GiB" + ("" if r["rc"] == 0 else f" (run failed, rc {r['rc']})"))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return 0

@@ -6,9 +6,10 @@ steady-state window after the first ``--skip`` fraction of updates, (t_last - t_
 (epoch_last - epoch_first), so start-up (imports, data loading) is excluded. One line per
 config; the full run's time is about that times its ``train.epochs``.
 
-    python bench/epoch_time.py --data ../shared/data/cifar10-jpeg.tar.gz configs/cifar10_*.yaml
+    rudra-zmq bench epoch-time --data ../shared/data/cifar10-jpeg.tar.gz configs/cifar10_*.yaml
 """
-import argparse
+from __future__ import annotations
+
 import json
 import subprocess
 import sys
@@ -32,13 +33,17 @@ def seconds_per_epoch(metrics: Path, skip: float) -> float | None:
     return (ups[-1]["t"] - ups[0]["t"]) / (ups[-1]["epoch"] - ups[0]["epoch"])
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("configs", nargs="+", help="config files")
     p.add_argument("--data", required=True, help="CIFAR-10 root (e.g. the JPEG tarball)")
-    p.add_argument("--epochs", type=float, default=EPOCHS)
-    p.add_argument("--skip", type=float, default=SKIP)
-    args = p.parse_args()
+    p.add_argument("--epochs", type=float, default=EPOCHS,
+                   help=f"epochs of each run (default {EPOCHS:g})")
+    p.add_argument("--skip", type=float, default=SKIP,
+                   help=f"fraction of updates left out at the start (default {SKIP:g})")
+
+
+def run(args) -> int:
+    """Run each config in turn (blocks until all end); exit code 1 if any failed."""
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, path in enumerate(args.configs):
@@ -60,7 +65,3 @@ def main() -> int:
             print(f"{path}: {spe:7.1f} s/epoch  ({spe * epochs / 3600:.1f} h for its "
                   f"{epochs:g} epochs)", flush=True)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,12 +13,15 @@ root (the update that completes the epoch's gradients). softsync = 1-softsync (c
 On success, failure or Ctrl-C every process is stopped and the namespaces are removed.
 Needs root and ``ip netns``.
 
-    sudo .venv/bin/python bench/lan/table1.py                 # 4 hosts x 4 learners, 2.5M
-    python bench/lan/table1.py --quick --json                  # 2 x 2 learners, 10k, seconds
+    sudo .venv/bin/rudra-zmq bench lan-table1              # 4 hosts x 4 learners, 2.5M
+    rudra-zmq bench lan-table1 --quick --json               # 2 x 2 learners, 10k, seconds
+
+``netns.sh`` is a shell script of the source tree, not of the package: it is found as
+``bench/lan/netns.sh`` beside the package or under the current directory, or given with
+``--netns-sh``.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-from rudra_zmq.benchmarks import common, synthetic_cluster as sc, synthetic_roles as sr
+from . import common, synthetic_cluster as sc, synthetic_roles as sr
 
 HOSTS = 4                 # learner hosts (the root is one more)
 PER_HOST = 4              # learners per host = the tree's fan-out
@@ -37,8 +40,20 @@ EPOCH_GRADIENTS = 128     # one "epoch" (8 gradients per learner)
 EPOCHS = 3                # the first is a warm-up
 RATE = "1gbit"
 CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
+DEFAULTS = dict(hosts=HOSTS, per_host=PER_HOST, params=PARAMS, compute_ms=COMPUTE_MS,
+                epoch_gradients=EPOCH_GRADIENTS, epochs=EPOCHS)
 QUICK = dict(hosts=2, per_host=2, params=10_000, compute_ms=5.0, epoch_gradients=16, epochs=2)
-NETNS_SH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "netns.sh")
+NETNS_SH = os.path.join("bench", "lan", "netns.sh")   # in the source tree
+
+
+def find_netns_sh() -> str | None:
+    """``bench/lan/netns.sh`` of the source tree this package runs from, or under the current
+    directory; None if neither exists."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for path in (os.path.join(repo, NETNS_SH), os.path.abspath(NETNS_SH)):
+        if os.path.isfile(path):
+            return path
+    return None
 MIB = 2 ** 20
 
 
@@ -57,13 +72,13 @@ def lan_available() -> str | None:
 class Lan:
     """``netns.sh up`` on enter, ``down`` on exit (also after an error or Ctrl-C)."""
 
-    def __init__(self, n_hosts: int, rate: str):
-        self.n, self.rate = n_hosts, rate
+    def __init__(self, n_hosts: int, rate: str, netns_sh: str):
+        self.n, self.rate, self.sh = n_hosts, rate, netns_sh
         self.prefix = f"rzt{os.getpid() % 1_000_000}"
         self.hosts: list[sc.Host] = []
 
     def __enter__(self):
-        res = subprocess.run([NETNS_SH, "up", str(self.n), self.rate, "--prefix", self.prefix],
+        res = subprocess.run([self.sh, "up", str(self.n), self.rate, "--prefix", self.prefix],
                              capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
             raise RuntimeError(f"netns.sh up failed (exit {res.returncode}): {res.stderr}")
@@ -73,7 +88,7 @@ class Lan:
         return self
 
     def __exit__(self, *exc):
-        subprocess.run([NETNS_SH, "down", "--prefix", self.prefix], timeout=120)
+        subprocess.run([self.sh, "down", "--prefix", self.prefix], timeout=120)
 
 
 def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
@@ -169,30 +184,32 @@ def _interrupt(*_):
     raise KeyboardInterrupt
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hosts", type=int, default=HOSTS, help="learner hosts (+1 for the root)")
-    p.add_argument("--per-host", type=int, default=PER_HOST,
-                   help="learners per host, and the tree's fan-out")
-    p.add_argument("--params", type=common.parse_size, default=PARAMS)
-    p.add_argument("--compute-ms", type=float, default=COMPUTE_MS)
-    p.add_argument("--epoch-gradients", type=int, default=EPOCH_GRADIENTS)
-    p.add_argument("--epochs", type=int, default=EPOCHS, help="the first is a warm-up")
+def add_arguments(p) -> None:
+    p.add_argument("--hosts", type=int, help=f"learner hosts, +1 for the root (default {HOSTS})")
+    p.add_argument("--per-host", type=int,
+                   help=f"learners per host, and the tree's fan-out (default {PER_HOST})")
+    p.add_argument("--params", type=common.parse_size, help=f"default {PARAMS:,}")
+    p.add_argument("--compute-ms", type=float, help=f"default {COMPUTE_MS:g}")
+    p.add_argument("--epoch-gradients", type=int, help=f"default {EPOCH_GRADIENTS}")
+    p.add_argument("--epochs", type=int, help=f"the first is a warm-up (default {EPOCHS})")
     p.add_argument("--rate", default=RATE, help="each host link's rate, both ways (tc units)")
     p.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
+    p.add_argument("--netns-sh", metavar="PATH", help=f"the LAN script (default: {NETNS_SH} "
+                   "of the source tree or the current directory)")
     p.add_argument("--quick", action="store_true", help="2 hosts x 2 learners, 10k, seconds")
     common.add_output_args(p)
-    return p
 
 
-def main(argv=None) -> int:
-    p = build_parser()
-    a = common.parse_with_quick(p, argv, QUICK)
+def run(a) -> int:
+    """Build the LAN, run every case, remove the LAN (also on error, SIGTERM or Ctrl-C);
+    blocks until done. Exit code 2 where the LAN cannot be built."""
+    common.resolve_quick(a, DEFAULTS, QUICK)
     lam = a.hosts * a.per_host
     if a.epoch_gradients % lam:
-        p.error(f"--epoch-gradients {a.epoch_gradients} must be a multiple of λ = {lam} "
-                "(hardsync updates take one gradient per learner)")
+        raise ValueError(f"--epoch-gradients {a.epoch_gradients} must be a multiple of λ = "
+                         f"{lam} (hardsync updates take one gradient per learner)")
+    netns_sh = a.netns_sh or find_netns_sh()
+    why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
     why = lan_available()
     if why:
         print(f"table1: cannot build the emulated LAN: {why}", file=sys.stderr)
@@ -219,7 +236,7 @@ def main(argv=None) -> int:
     old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with tempfile.TemporaryDirectory(prefix="rzt-") as workdir, \
-                Lan(a.hosts + 1, a.rate) as lan:
+                Lan(a.hosts + 1, a.rate, netns_sh) as lan:
             os.chmod(workdir, 0o755)
             for case in cases:
                 r = run_case(case, a, lan, workdir)
@@ -234,7 +251,3 @@ def main(argv=None) -> int:
     if a.png and report.rows:
         write_png(a.png, report.rows)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

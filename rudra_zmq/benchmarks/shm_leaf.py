@@ -33,20 +33,20 @@ Correctness is checked every round, outside the timed part: the sum against the 
 learner got against what the leaf sent (and in shm the seqlock version), on every element up
 to ``FULL_CHECK_MAX`` parameters and on 257 evenly spaced ones above.
 
-Segments are files in /dev/shm named ``rudra_shm_leaf_<pid>_...``. The leaf unlinks them as
-soon as every learner has mapped them (the memory lives until the last mapping goes), so a
-run killed after start-up leaves nothing behind; before that, ``finally`` unlinks them, SIGTERM
-is turned into SystemExit so it runs, and each run first removes segments of dead runs.
+Segments (:mod:`.shm_segment`) are files in /dev/shm named ``rudra_shm_leaf_<pid>_...``. The
+leaf unlinks them as soon as every learner has mapped them (the memory lives until the last
+mapping goes), so a run killed after start-up leaves nothing behind; before that, ``finally``
+unlinks them, SIGTERM is turned into SystemExit so it runs, and each run first removes
+segments of dead runs.
 
-    python bench/shm_leaf.py                              # defaults below, ~2-3 minutes
-    python bench/shm_leaf.py --sizes 10M --learners 4 --repeat 9 --csv out.csv --json
+    rudra-zmq bench shm-leaf                              # defaults below, ~2-3 minutes
+    rudra-zmq bench shm-leaf --sizes 10M --learners 4 --repeat 9 --csv out.csv --json
 """
-import argparse
+from __future__ import annotations
+
 import json
-import mmap
 import multiprocessing as mp
 import os
-import re
 import signal
 import struct
 import sys
@@ -56,10 +56,11 @@ import time
 import numpy as np
 import zmq
 
-from rudra_zmq import kernels, transport, wire
-from rudra_zmq.benchmarks import common
+from .. import kernels, transport, wire
+from . import common
+from .shm_segment import (PREFIX, SHM_DIR, TIMEOUT_S, VERSION_BYTES, Checker, Segment, Seqlock,
+                          grad_value, make_pattern, remove_stale_segments, weight_value, write)
 
-# ----------------------------------------------------------------------------- defaults
 SIZES = ["1M", "10M"]        # float32 parameters
 LEARNERS = [1, 2, 4]         # learners per leaf
 ROUNDS = 30                  # timed rounds per block
@@ -67,156 +68,10 @@ REPEAT = 5                   # blocks per way, alternating ipc / shm
 WARMUP = 8                   # untimed rounds of each way before the first block
 CHUNK_MIB = 8                # runtime.chunk_mib (the default): frame size of the ipc way
 LEAF_THREADS = 1             # kernel threads at the leaf
-TIMEOUT_S = 60.0             # a silent peer fails the run after this long
-FULL_CHECK_MAX = 1 << 16     # check every element up to this many parameters, else a sample
-SHM_DIR = "/dev/shm"
-PREFIX = "rudra_shm_leaf"
 WAYS = ("ipc", "shm")
-
 # A notification / round header, both directions: way, op, learner, slot, round, version.
 HDR = struct.Struct("<BBHBxxxIQ")        # 20 bytes
 OP_ROUND, OP_STOP, OP_HELLO = 0, 1, 2
-VERSION_BYTES = 64                       # the seqlock counter's cache line, before the weights
-
-
-# ----------------------------------------------------------------------------- shared memory
-class Segment:
-    """A named shared-memory file in ``SHM_DIR``, mapped read-write.
-
-    ``create=True`` makes it (exclusively) and owns its name: ``unlink()`` removes the name
-    (idempotent); the mapping stays valid until ``close()`` and process exit. Not thread-safe.
-    """
-
-    def __init__(self, name: str, nbytes: int, create: bool):
-        self.path, self.nbytes, self.owner = os.path.join(SHM_DIR, name), nbytes, False
-        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
-        try:
-            self.owner = create
-            if create:
-                os.ftruncate(fd, nbytes)
-            self.mm = mmap.mmap(fd, nbytes)
-        except BaseException:
-            os.close(fd)
-            self.unlink()
-            raise
-        os.close(fd)
-
-    def array(self, dtype, count: int, offset: int) -> np.ndarray:
-        return np.frombuffer(self.mm, dtype, count, offset)
-
-    def unlink(self) -> None:
-        if self.owner:
-            self.owner = False
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-
-    def close(self) -> None:
-        self.unlink()
-        try:
-            self.mm.close()
-        except BufferError:   # arrays still view it: the mapping goes with the process
-            pass
-
-
-def remove_stale_segments() -> list[str]:
-    """Unlink segments left by runs whose leaf process no longer exists (a SIGKILL during
-    start-up); returns their names."""
-    gone = []
-    for name in os.listdir(SHM_DIR) if os.path.isdir(SHM_DIR) else ():
-        m = re.match(rf"{PREFIX}_(\d+)_", name)
-        if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                gone.append(name)
-            except OSError:
-                pass
-    return gone
-
-
-def our_segments(pid: int | None = None) -> list[str]:
-    """Names in ``SHM_DIR`` made by the leaf ``pid`` (default this process)."""
-    head = f"{PREFIX}_{os.getpid() if pid is None else pid}_"
-    return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(head))
-
-
-class Seqlock:
-    """Weights in a shared segment behind a version counter.
-
-    The writer makes the counter odd, copies the weights in, makes it even; a reader copies
-    them out and starts again if the counter was odd or changed meanwhile. Correct as written
-    on x86-64 (stores are seen in program order, loads are not reordered with loads; the
-    kernels' OpenMP regions end in a barrier); a weakly ordered CPU (ARM) needs acquire/release
-    fences around the copy. One writer; readers never block it, but a writer that publishes
-    without pause would starve them (the leaf publishes once per round). Not thread-safe per
-    object.
-    """
-
-    def __init__(self, seg: Segment, n: int):
-        self.version = seg.array(np.uint64, 1, 0)
-        self.weights = seg.array(np.float32, n, VERSION_BYTES)
-
-    def publish(self, src: np.ndarray) -> int:
-        v = int(self.version[0]) + 1
-        self.version[0] = v            # odd: writing
-        kernels.copy_into(self.weights, src)
-        self.version[0] = v + 1        # even: complete
-        return v + 1
-
-    def read_into(self, dst: np.ndarray, timeout_s: float = TIMEOUT_S) -> tuple[int, int]:
-        """Copy a complete version into ``dst``; returns (version, retries)."""
-        retries, deadline = 0, time.monotonic() + timeout_s
-        while True:
-            v = int(self.version[0])
-            if not v & 1:
-                kernels.copy_into(dst, self.weights)
-                if int(self.version[0]) == v:
-                    return v, retries
-            retries += 1
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"weights stayed mid-write (version {v}) for {timeout_s} s")
-
-
-# ----------------------------------------------------------------------------- values
-def weight_value(rnd: int) -> float:
-    return 1.5 if rnd % 2 == 0 else 2.5        # the two preallocated weight buffers
-
-
-def grad_value(learner: int, rnd: int) -> float:
-    return float(learner + 1 + rnd % 8)        # small integers: every sum is exact
-
-
-def make_pattern(kind: str, n: int) -> np.ndarray | None:
-    return None if kind == "fill" else (np.arange(n) % 1024).astype(np.float32)
-
-
-def write(out: np.ndarray, value: float, pattern) -> None:
-    """The learner's one write pass of its gradient (or the leaf's weights)."""
-    if pattern is None:
-        out.fill(value)
-    else:
-        np.add(pattern, np.float32(value), out=out)
-
-
-class Checker:
-    """Compares a buffer with ``mult x pattern + value`` on every element (small n) or on a
-    fixed sample; counts mismatches."""
-
-    def __init__(self, n: int, pattern):
-        self.idx = None if n <= FULL_CHECK_MAX else np.linspace(0, n - 1, 257).astype(np.int64)
-        self.pattern = pattern
-        self.errors = 0
-
-    def __call__(self, arr: np.ndarray, value: float, mult: int = 1) -> bool:
-        a = arr if self.idx is None else arr[self.idx]
-        want = np.float32(value)
-        if self.pattern is not None:
-            p = self.pattern if self.idx is None else self.pattern[self.idx]
-            want = p * np.float32(mult) + want
-        ok = bool(np.all(a == want))
-        self.errors += not ok
-        return ok
 
 
 # ----------------------------------------------------------------------------- learner
@@ -475,8 +330,7 @@ def rows(r: dict) -> list[dict]:
                     "learner_cpu_ms": r[f"{w}_learner_cpu_ms"]} for w in WAYS]
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(p) -> None:
     p.add_argument("--sizes", nargs="+", default=SIZES, help=f"parameters (default {SIZES})")
     p.add_argument("--learners", nargs="+", type=int, default=LEARNERS,
                    help=f"learners per leaf (default {LEARNERS})")
@@ -491,15 +345,13 @@ def parse_args(argv):
                         "position-dependent ramp (catches misplaced chunks; an extra read)")
     p.add_argument("--csv", metavar="PATH", help="write one row per case and way here")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
-    args = p.parse_args(argv)
+
+
+def run(args) -> int:
+    """Run every case (blocks until done); SIGTERM exits 143 after cleaning up."""
     if min(args.learners) < 1 or args.rounds < 1 or args.repeat < 1 or args.warmup < 0:
-        p.error("--learners, --rounds and --repeat must be >= 1, --warmup >= 0")
+        raise ValueError("--learners, --rounds and --repeat must be >= 1, --warmup >= 0")
     args.png = None
-    return args
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
     sizes = [common.parse_size(s) for s in args.sizes]
     if not os.path.isdir(SHM_DIR):
         raise SystemExit(f"{SHM_DIR} does not exist: this benchmark needs POSIX shared memory")
@@ -507,7 +359,7 @@ def main(argv=None) -> int:
     stale = remove_stale_segments()
     transport.tune_malloc()
     kernels.set_num_threads(args.leaf_threads)
-    report = common.Report(args, "bench shm_leaf (leaf <-> k learners: ipc:// vs shared "
+    report = common.Report(args, "bench shm-leaf (leaf <-> k learners: ipc:// vs shared "
                            "memory)", notes=[
         f"a round: weights out to k learners, k gradients in and summed at the leaf; "
         f"{args.warmup} warm-up rounds per way, then {args.repeat} blocks x {args.rounds} "
@@ -527,7 +379,3 @@ def main(argv=None) -> int:
         ctx.destroy(linger=0)
     report.close()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

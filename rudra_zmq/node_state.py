@@ -1,0 +1,144 @@
+"""A Rudra-adv tree node's state: what a checkpoint of the node would hold.
+
+The sum of the children's gradients being built and the one in flight to the parent, the
+vector clock of each (``sync.RelayClock``), who waits for which relay, the parent's newest
+weights (its received frames, never written), registrations, incarnation, who was told to
+stop, and counters. Pure data and the rules that change it: no sockets, no sends
+(``roles/tree_node.py`` does the talking).
+
+Not thread-safe: owned by the tree node's thread.
+"""
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+from . import kernels, topology, wire
+from .sync import ProtocolViolation, RelayClock
+
+
+class NodeState:
+    """Tree node ``node_id`` of the config's tree (``topology.plan``)."""
+
+    def __init__(self, cfg, node_id: int):
+        self.tree = topology.plan(cfg)
+        self.spec = self.tree.node(node_id)
+        self.id = node_id
+        self.advstar = cfg.architecture.kind == "advstar"
+        self.clock = RelayClock(cfg.sync.protocol, self.spec.subtree,
+                                gather=cfg.architecture.relay == "gather")
+        self.incarnation = secrets.randbits(62) + 1
+        self.numel: int | None = None        # learned from the first child's HELLO
+        self.signature: str | None = None
+        self.welcome: dict | None = None     # the parent's WELCOME fields, once it answered
+        self.weights: list = []              # the newest weights (parent's frames, read-only)
+        self.identities: dict[int, bytes] = {}
+        self.subtrees: dict[int, frozenset] = {}
+        self.hellos: list[tuple[bytes, int]] = []            # waiting for the parent's WELCOME
+        self.waiting: list[tuple[bytes, int, wire.Kind, int]] = []  # in the pending sum
+        self.flight: list[tuple[bytes, int, wire.Kind, int]] = []   # in the relay in flight
+        self.parked: list[tuple[bytes, int, int]] = []       # PULL wait=True: (id, sender, ts)
+        self._sum = self._spare = None       # the sum being built / the one in flight
+        self._summed = 0                     # gradients in _sum
+        self.stop_reason: str | None = None
+        self.stopped: set[int] = set()
+        self.relays = self.gradients = self.invalid = 0
+
+    @property
+    def ts(self) -> int:
+        """The newest weights timestamp this node holds (-1 before the parent's WELCOME)."""
+        return self.clock.timestamp
+
+    @property
+    def finished(self) -> bool:
+        """Whether the parent said STOP and every learner below was told."""
+        return self.stop_reason is not None and self.stopped >= self.spec.subtree
+
+    def register(self, ident: bytes, msg: wire.Message) -> bool:
+        """Accept a child's HELLO (checked against the planned tree and the model of the first
+        child). Returns True for the first child: the node must then say HELLO upstream.
+        Raises ProtocolViolation (nothing changed) otherwise."""
+        f, who = msg.fields, wire.sender_name(msg.sender)
+        below = self.tree.check_child(self.id, msg.sender, f.get("subtree"))
+        first = self.signature is None
+        if not first and (f["model"], f["numel"]) != (self.signature, self.numel):
+            raise ProtocolViolation(
+                f"{who} runs a model with {f['numel']:,} parameters (signature {f['model']}); "
+                f"tree node {self.id} relays {self.numel:,} ({self.signature}). Is {who} "
+                "running another model config?")
+        if first:
+            self.signature, self.numel = f["model"], f["numel"]
+        self.identities[msg.sender] = ident
+        self.subtrees[msg.sender] = below
+        return first
+
+    def check_sender(self, ident: bytes, msg: wire.Message) -> None:
+        """Raise ProtocolViolation unless ``msg`` comes from a registered child on its own
+        connection, for this incarnation."""
+        if self.identities.get(msg.sender) != ident or msg.inc not in (0, self.incarnation):
+            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} has not said HELLO to "
+                                    f"tree node {self.id} on this connection")
+
+    def entries(self, msg: wire.Message) -> list[tuple[int, int]]:
+        """The (learner, gradient timestamp) pairs a gradient message carries (checked)."""
+        is_node = wire.node_id(msg.sender) is not None
+        if (msg.kind == wire.Kind.RELAY) != is_node:
+            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent {msg.kind.name}; "
+                                    "learners push gradients, tree nodes relay sums")
+        if not is_node:
+            return [(msg.sender, msg.ts)]
+        topology.Tree.check_clock(msg.sender, msg.clock, self.subtrees[msg.sender])
+        return msg.clock
+
+    def add(self, ident: bytes, msg: wire.Message, entries, pieces) -> None:
+        """Add a child's gradient (contiguous ``pieces``) to the pending sum. Raises
+        ProtocolViolation before the sum is touched. Does not block beyond the kernels."""
+        if self.advstar:  # the learner's version came by broadcast; the root checks it
+            self.clock.timestamp = max(self.clock.timestamp, max(t for _, t in entries))
+        self.clock.add(entries)
+        if self._sum is None:
+            self._sum, self._spare = (np.empty(self.numel, np.float32) for _ in range(2))
+        off = 0
+        for part in pieces:
+            n = part.shape[0]
+            if self._summed:
+                kernels.accumulate(self._sum[off:off + n], part)
+            else:  # the first gradient of this sum: a copy instead of zeroing, then adding
+                kernels.copy_into(self._sum[off:off + n], part)
+            off += n
+        self._summed += len(entries)
+        self.gradients += len(entries)
+        self.waiting.append((ident, msg.sender, msg.kind, msg.ts))
+
+    def take_relay(self):
+        """(sum buffer, clock) to relay now, or None. The buffer stays untouched until the
+        parent answers (ZeroMQ may still read it)."""
+        if self.stop_reason is not None or not self.clock.ready:
+            return None
+        clock = self.clock.take()
+        buf, self._sum, self._spare = self._sum, self._spare, self._sum
+        self._summed = 0
+        self.flight, self.waiting = self.waiting, []
+        self.relays += 1
+        return buf, clock
+
+    def answered(self, ts: int, weights=None) -> list:
+        """The parent answered the relay in flight with ``weights`` of ``ts`` (None: no new
+        weights). Returns the children that relay carried, to be answered."""
+        if weights is not None and ts > self.ts:
+            self.weights = weights
+        self.clock.answered(ts)
+        flight, self.flight = self.flight, []
+        return flight
+
+    def stop(self, reason: str) -> list:
+        """The parent said STOP: returns every child waiting for anything (to be told)."""
+        self.stop_reason = reason
+        told = self.flight + self.waiting + self.parked + self.hellos
+        self.flight, self.waiting, self.parked, self.hellos = [], [], [], []
+        return told
+
+    def mark_stopped(self, sender: int) -> None:
+        """``sender`` was told STOP or said BYE (for a tree node: every learner below it)."""
+        self.stopped |= self.tree.below(sender)

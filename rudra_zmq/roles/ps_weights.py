@@ -1,0 +1,110 @@
+"""How the parameter server hands out weights: one class per architecture, chosen at start.
+
+- :class:`ReplyWeights` (``base``, ``adv``): weights travel in replies. A PUSHPULL, RELAY or
+  PULL is answered WEIGHTS when the server is newer than the sender, else UPTODATE, or (with
+  ``wait``: hardsync) parked until the next update.
+- :class:`BroadcastWeights` (``advstar``): every new version goes down the learners'
+  broadcast (``broadcast.py``); gradients are answered ACK and pulls are refused.
+
+Both send through the server's ``send(ident, kind, payloads=(), **fields)`` and read its
+``ServerState``. Not thread-safe: owned by the parameter server's thread.
+"""
+from __future__ import annotations
+
+from .. import topology, wire
+from ..sync import ProtocolViolation
+from ..wire import Kind
+
+
+def make_weights_out(cfg, state, send, ctx, broadcast: str | None):
+    """The way this run's PS hands out weights (``architecture.kind``)."""
+    chunk_bytes = cfg.runtime.chunk_mib << 20
+    if cfg.architecture.kind == "advstar":
+        if not broadcast:
+            raise ValueError("architecture.kind=advstar: the parameter server needs a "
+                             "broadcast endpoint to bind (rudra-zmq ps --bcast-bind EP)")
+        return BroadcastWeights(state, send, ctx, broadcast, chunk_bytes,
+                                topology.broadcast_children(cfg, None))
+    return ReplyWeights(state, send, chunk_bytes)
+
+
+class ReplyWeights:
+    """Weights in replies to PUSHPULL, RELAY and PULL (Rudra-base and Rudra-adv)."""
+
+    endpoint = None   # no broadcast
+
+    def __init__(self, state, send, chunk_bytes: int):
+        self.state, self.send, self.chunk_bytes = state, send, chunk_bytes
+        self.parked: list[tuple[bytes, int]] = []   # (routing id, sender) waiting for ts + 1
+
+    def answer(self, ident: bytes, msg: wire.Message, sigma: int) -> None:
+        """Answer a gradient that did not end training: ACK a PUSH, else as a pull."""
+        if msg.kind == Kind.PUSH:
+            self.send(ident, Kind.ACK, sigma=sigma)
+        else:
+            self.pull(ident, msg, sigma)
+
+    def check_pull(self, msg: wire.Message) -> None:
+        """Pulls are served."""
+
+    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None) -> None:
+        """WEIGHTS if the server is newer than ``msg.ts``; else park (``wait``) or UPTODATE."""
+        extra = {} if sigma is None else {"sigma": sigma}
+        if self.state.engine.timestamp > msg.ts:
+            self.send(ident, Kind.WEIGHTS, wire.chunk(self.state.w, self.chunk_bytes), **extra)
+        elif msg.fields["wait"]:
+            self.parked.append((ident, msg.sender))
+        else:
+            self.send(ident, Kind.UPTODATE, **extra)
+
+    def updated(self, update, stop) -> None:
+        """A new version exists: the parked pulls get it (or ``stop(ident, sender)`` once
+        training is done)."""
+        parked, self.parked = self.parked, []
+        for ident, sender in parked:
+            if self.state.done:
+                stop(ident, sender)
+            else:
+                self.send(ident, Kind.WEIGHTS, wire.chunk(self.state.w, self.chunk_bytes))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class BroadcastWeights:
+    """Rudra-adv*: each version goes down the broadcast; gradients are answered ACK."""
+
+    def __init__(self, state, send, ctx, bind: str, chunk_bytes: int, children):
+        from .broadcast import BroadcastRoot
+
+        self.state, self.send = state, send
+        self.root = BroadcastRoot(ctx, bind, state.numel, chunk_bytes=chunk_bytes,
+                                  children=children).start()
+        self.endpoint = self.root.endpoint
+        # v0: the chain is up. No copy: a weight version is never written again while
+        # anything refers to it (WeightVersions), the broadcast's frames included.
+        self.root.publish(state.engine.timestamp, state.w, copy=False)
+
+    def answer(self, ident: bytes, msg: wire.Message, sigma: int) -> None:
+        """ACK every gradient: no weights in replies."""
+        self.send(ident, Kind.ACK, sigma=sigma)
+
+    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None) -> None:
+        """Refused (see ``check_pull``)."""
+        self.check_pull(msg)
+
+    def check_pull(self, msg: wire.Message) -> None:
+        """Raise ProtocolViolation: weights come by the broadcast."""
+        raise ProtocolViolation(
+            f"{wire.sender_name(msg.sender)} sent {msg.kind.name}, but with architecture."
+            "kind=advstar the parameter server serves no weights: they come by the learners' "
+            "broadcast; push gradients with PUSH")
+
+    def updated(self, update, stop) -> None:
+        """Publish the new version (and, at the end, STOP down the broadcast)."""
+        self.root.publish(update.timestamp, self.state.w, done=self.state.done, copy=False,
+                          reason=f"training finished at epoch {update.epoch:.2f}")
+
+    def close(self) -> None:
+        """Stop the broadcast's I/O thread."""
+        self.root.close()
