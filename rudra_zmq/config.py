@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from .devices import check_device_name
-from .sync import LR_POLICIES, check_protocol
+from .sync import LR_POLICIES, check_protocol, learners_wait
 
 
 class ConfigError(ValueError):
@@ -161,11 +161,12 @@ class Config:
                          ("architecture.broadcast_fanout", a.broadcast_fanout)):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
-        if a.kind == "advstar" and self.sync.protocol == "hardsync":
+        if a.kind == "advstar" and learners_wait(self.sync.protocol):
             raise ConfigError("architecture.kind=advstar is asynchronous by design (learners "
                               "never wait for weights; they adopt whatever the broadcast brought)"
-                              ", so sync.protocol=hardsync is not supported: use softsync or "
-                              "async, or architecture.kind=adv for hardsync through a PS tree")
+                              f", so sync.protocol={self.sync.protocol} is not supported: use "
+                              "softsync or async, or architecture.kind=adv for it through a PS "
+                              "tree")
         if a.kind == "base":
             if a.leaves:
                 raise ConfigError("architecture.leaves is used only by the PS tree: set "

@@ -66,9 +66,8 @@ import threading
 import time
 
 from . import config as config_mod
-from . import topology
 from .children import Child, accepting, echo_lines, kill_tree, tail
-from .run_plan import Plan, endpoints, learner_groups, make_run_dir, role_env, summary
+from .run_plan import Plan, learner_endpoints, make_plan, role_env, summary
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
@@ -143,7 +142,7 @@ class Launcher:
             label = f"learner{ids[0]}" if len(ids) == 1 else f"learner{ids[0]}-{ids[-1]}"
             if ids != list(range(ids[0], ids[0] + len(ids))):  # a leaf of architecture.leaves
                 label = "learner" + "+".join(map(str, ids))
-            ps = ep["ps"] if p.tree is None else ep[f"node{p.tree.leaf_of(ids[0]).id}"]
+            ps = learner_endpoints(p, ids[0])["ps"]
             learners.append((label, "learner", ["--id", ",".join(map(str, ids)), "--ps", ps,
                                                 "--data", ep["data"], "--stats", ep["stats"],
                                                 *self._bcast_args(ids)]))
@@ -174,13 +173,11 @@ class Launcher:
 
     def _bcast_args(self, ids: list[int]) -> list[str]:
         """advstar: each learner's broadcast upstream and bind endpoints (none: no children)."""
-        cfg, ep = self.plan.cfg, self.plan.endpoints
-        if cfg.architecture.kind != "advstar":
+        if self.plan.cfg.architecture.kind != "advstar":
             return []
-        ups = [topology.broadcast_upstream(cfg, i) for i in ids]
-        return ["--bcast-upstream", ",".join(ep["bcast" if u is None else f"bcast{u}"]
-                                             for u in ups),
-                "--bcast-bind", ",".join(ep.get(f"bcast{i}", "none") for i in ids)]
+        eps = [learner_endpoints(self.plan, i)["bcast"] for i in ids]
+        return ["--bcast-upstream", ",".join(up for up, _ in eps),
+                "--bcast-bind", ",".join(bind or "none" for _, bind in eps)]
 
     def _node_steps(self) -> list:
         """Start steps for the tree nodes: one per level, the top level (the root's
@@ -363,17 +360,6 @@ def run(config_path, overrides=(), run_dir=None) -> int:
     success, 1 a role failed, 130 interrupted. Raises ConfigError / FileNotFoundError (before
     any process starts) for a bad config, run directory or endpoint."""
     cfg = config_mod.load_config(config_path, list(overrides))
-    path = make_run_dir(cfg, run_dir)
-    config_mod.save(cfg, path / "config.yaml")
-    tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
-    eps = endpoints(cfg, path)
-    if cfg.architecture.kind == "advstar":
-        eps.update(topology.broadcast_endpoints(cfg, path))
-    if tree is None:
-        plan = Plan(cfg, path, eps, learner_groups(cfg))
-    else:
-        eps.update(topology.node_endpoints(cfg, tree, path))
-        plan = Plan(cfg, path, eps, topology.learner_groups(tree, cfg.runtime.learners_per_process),
-                    tree)
+    plan = make_plan(cfg, run_dir)
     print(summary(plan), flush=True)
     return Launcher(plan).run()

@@ -126,6 +126,34 @@ def role_env(cfg, role: str) -> dict[str, str]:
     return env
 
 
+def make_plan(cfg, run_dir=None) -> Plan:
+    """Create the run directory (with the resolved ``config.yaml``) and plan every endpoint
+    and learner group of the run. Raises ConfigError for a bad directory or endpoint."""
+    path = make_run_dir(cfg, run_dir)
+    config_mod.save(cfg, path / "config.yaml")
+    tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
+    eps = endpoints(cfg, path)
+    if cfg.architecture.kind == "advstar":
+        eps.update(topology.broadcast_endpoints(cfg, path))
+    if tree is None:
+        return Plan(cfg, path, eps, learner_groups(cfg))
+    eps.update(topology.node_endpoints(cfg, tree, path))
+    return Plan(cfg, path, eps, topology.learner_groups(tree, cfg.runtime.learners_per_process),
+                tree)
+
+
+def learner_endpoints(plan: Plan, learner: int) -> dict:
+    """Where learner ``learner`` connects: its PS (the root, or its leaf tree node), the data
+    and stats servers, and (advstar) its broadcast (upstream, bind or None)."""
+    ep, cfg = plan.endpoints, plan.cfg
+    ps = ep["ps"] if plan.tree is None else ep[f"node{plan.tree.leaf_of(learner).id}"]
+    out = {"ps": ps, "data": ep["data"], "stats": ep["stats"], "bcast": None}
+    if cfg.architecture.kind == "advstar":
+        up = topology.broadcast_upstream(cfg, learner)
+        out["bcast"] = (ep["bcast" if up is None else f"bcast{up}"], ep.get(f"bcast{learner}"))
+    return out
+
+
 def summary(plan: Plan) -> str:
     cfg = plan.cfg
     s = cfg.sync

@@ -1,6 +1,7 @@
-"""Whole Rudra-adv* runs: `rudra-zmq run` with architecture.kind=advstar starts the root PS
-(with its broadcast root), the tree nodes and the learners (each a broadcast member) as
-processes, as a user would. Each run takes ~15-20 s on 2 cores."""
+"""Whole Rudra-adv* runs: the root PS (with its broadcast root), the tree nodes and the
+learners (each a broadcast member) of architecture.kind=advstar; as threads of this process
+where training is the subject (tests/inproc.py), as processes of `rudra-zmq run` where a
+process dies or is started by hand."""
 import json
 import os
 import signal
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from test_system import DIGITS, ROOT, rudra_run, updates
+from test_system import DIGITS, ROOT, threaded_run, updates
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 CONFIG = ROOT / "configs/quickstart_advstar.yaml"
@@ -23,7 +24,7 @@ def records(run_dir, kind):
 
 def test_quickstart_advstar_trains_to_high_accuracy_with_weights_only_from_the_broadcast(
         tmp_path):
-    run_dir, out = rudra_run(tmp_path, "advstar", ["runtime.timeout_s=60"], config=CONFIG)
+    run_dir, out = threaded_run(tmp_path, "advstar", ["runtime.timeout_s=60"], config=CONFIG)
     assert "broadcast: root -> learner 0" in out and "broadcast: learner 2 -> learner 3" in out
     evals = records(run_dir, "eval")
     print(f"advstar quickstart: final test error {evals[-1]['test_error']:.2%}")

@@ -1,18 +1,18 @@
 """The shipped ImageNet configs (the paper's Table 1 rows: AlexNet, 61M parameters) run end to
-end through `rudra-zmq run`, on a tiny ImageFolder tree made here: every role, the 220 MiB
-gradient and weight messages, the tree of Rudra-adv and the broadcast of Rudra-adv*.
+end on a tiny ImageFolder tree made here: every role (threads of the test process,
+tests/inproc.py), the 220 MiB gradient and weight messages, the tree of Rudra-adv and the
+broadcast of Rudra-adv*.
 
 Only the learner count, minibatch, epochs, class count and data root are overridden; image
-size, model, protocol, optimizer and architecture are the configs' own. ~30 s per config on 2 cores (AlexNet at 224x224, one thread per
-learner).
+size, model, protocol, optimizer and architecture are the configs' own.
 """
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from test_system import threaded_run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -45,16 +45,11 @@ def image_tree(tmp_path_factory):
     ("imagenet_advstar_softsync", 2, ["architecture.fanout=2"]),
 ])
 def test_an_imagenet_config_trains_end_to_end(tmp_path, image_tree, config, learners, extra):
-    run_dir = tmp_path / config
+    run_dir = tmp_path / config   # every role a thread of this process (tests/inproc.py)
     sets = [f"data.root={image_tree}", f"data.num_classes={CLASSES}",
             f"sync.learners={learners}", "sync.batch_size=4", "train.epochs=1",
             "runtime.timeout_s=300", *extra]
-    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs" / f"{config}.yaml"),
-           "--run-dir", str(run_dir)]
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=380, cwd=ROOT)
-    assert proc.returncode == 0, f"{config} failed:\n{proc.stdout}\n{proc.stderr}"
+    threaded_run(tmp_path, config, sets, config=ROOT / "configs" / f"{config}.yaml")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if r.get("type") == "update"]
     evals = [r for r in records if r.get("type") == "eval"]

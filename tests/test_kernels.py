@@ -132,9 +132,9 @@ def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, m
 @pytest.mark.parametrize("zero_acc", [False, True])
 def test_momentum_into_separate_buffers_equals_in_place_and_leaves_v_untouched(n, zero_acc,
                                                                                threads):
-    """A cut-through update writes the new weights and the new momentum into spare buffers
-    (out=, v_out=) before it knows the whole gradient is valid: bit-identical to the in-place
-    step, with w and v (read-only here) unchanged, so dropping the result loses nothing."""
+    """An update computed aside (out=, v_out=) writes the new weights and the new momentum
+    into spare buffers: bit-identical to the in-place step, with w and v (read-only here)
+    unchanged, so the result can be adopted or dropped without losing anything."""
     w, v, acc = _arrays(n, np.float32, 3)
     w_in, v_in = w.copy(), v.copy()
     w_in.flags.writeable = v_in.flags.writeable = False

@@ -1,6 +1,6 @@
 """The parameter server against hand-driven fake learners (real ZeroMQ sockets)."""
+import msgpack
 import numpy as np
-import pytest
 
 import oracles
 from cluster import FakeLearner, running, small_config
@@ -80,10 +80,9 @@ def test_malformed_and_mismatched_messages_are_refused_and_leave_weights_bit_ide
         a = FakeLearner(ctx, ps.endpoint, 0)
         _, ts = a.hello(ps.state.signature, ps.state.numel)
         before = ps.state.w.copy(), ps.state.updater.v.copy(), ps.state.updater.acc.copy()
-        from rudra_zmq import wire
-        import msgpack
         good = np.ones(ps.state.numel, np.float32)
-        hdr = lambda **kw: msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.PUSH), "s": 0, "q": 9, "ts": 0,
+        hdr = lambda **kw: msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.PUSH),
+                                          "s": 0, "q": 9, "ts": 0,
                                           "inc": 0, "p": [["f4", ps.state.numel]], "x": {}, **kw})
         cases = [
             ([b"\x93\xff\x00garbage", good.tobytes()], "bad_header"),

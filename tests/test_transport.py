@@ -1,7 +1,6 @@
 """transport.Channel: a silent server is a TimeoutError naming it, never a hang."""
 import time
 
-import numpy as np
 import pytest
 import zmq
 

@@ -1,13 +1,13 @@
-"""Whole Rudra-adv runs: `rudra-zmq run` with architecture.kind=adv starts the root PS, the
-tree nodes and the learners as processes, as a user would; compared with flat Rudra-base runs
-of the same learners and data. Each run takes ~12-20 s on 2 cores."""
+"""Whole Rudra-adv runs: the root PS, the tree nodes and the learners of architecture.kind=adv
+(as threads of this process, tests/inproc.py; a tree node that dies: `rudra-zmq run`, as a
+user would), compared with flat Rudra-base runs of the same learners and data."""
 import sys
 
 import numpy as np
 import pytest
 
 from cluster import kill_during_training, weights_difference
-from test_system import DIGITS, ROOT, rudra_run, updates
+from test_system import DIGITS, ROOT, threaded_run, updates
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -20,14 +20,15 @@ TREE = ["architecture.kind=adv", "architecture.fanout=2"]
 
 @pytest.fixture(scope="module")
 def flat_hardsync(tmp_path_factory):
-    run_dir, _ = rudra_run(tmp_path_factory.mktemp("flat"), "flat", HARD)
+    run_dir, _ = threaded_run(tmp_path_factory.mktemp("flat"), "flat", HARD)
     return run_dir
 
 
 @pytest.mark.parametrize("depth", [1, 2])
 def test_hardsync_through_a_tree_gives_the_weights_of_flat_hardsync(flat_hardsync, tmp_path,
                                                                      depth):
-    tree, out = rudra_run(tmp_path, f"tree{depth}", [*HARD, *TREE, f"architecture.depth={depth}"])
+    tree, out = threaded_run(tmp_path, f"tree{depth}",
+                             [*HARD, *TREE, f"architecture.depth={depth}"])
     assert "tree node 0 (leaf): learners 0,1" in out
     if depth == 2:
         assert "tree node 2 (inner node, level 2): nodes 0,1" in out
@@ -42,8 +43,8 @@ def test_hardsync_through_a_tree_gives_the_weights_of_flat_hardsync(flat_hardsyn
 
 
 def test_softsync_through_a_tree_has_the_staleness_of_flat_softsync(tmp_path):
-    flat, _ = rudra_run(tmp_path, "flat", SOFT)
-    tree, _ = rudra_run(tmp_path, "tree", [*SOFT, *TREE])
+    flat, _ = threaded_run(tmp_path, "flat", SOFT)
+    tree, _ = threaded_run(tmp_path, "tree", [*SOFT, *TREE])
     s_flat = np.mean([s for r in updates(flat)[20:] for s in r["sigmas"]])
     s_tree = np.mean([s for r in updates(tree)[20:] for s in r["sigmas"]])
     print(f"2-softsync, λ=4: <σ> flat {s_flat:.2f}, tree (2 leaves of 2) {s_tree:.2f}")

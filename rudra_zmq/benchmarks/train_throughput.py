@@ -120,9 +120,9 @@ def baseline(seconds, threads, data, device="cpu"):
 
 
 # ----------------------------------------------------------------------------- distributed
-def distributed(name, overrides, env, epochs, skip_s, trim_s, keep):
+def distributed(name, overrides, env, epochs, skip_s, trim_s, keep, tree=None):
     """Run one ``rudra-zmq run`` (blocks until it ends) and measure its steady-state
-    throughput."""
+    throughput. ``tree``: run the rudra_zmq of that checkout instead (built in place)."""
     root = tempfile.mkdtemp(prefix=f"bench-train-{name}-")
     cfg_path = os.path.join(root, "config.yaml")
     with open(cfg_path, "w") as f:
@@ -132,8 +132,9 @@ def distributed(name, overrides, env, epochs, skip_s, trim_s, keep):
            *(a for o in overrides for a in ("--set", o))]
     t0 = time.time()
     with open(os.path.join(root, "launcher.log"), "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, **env})
+        extra = {} if tree is None else {"PYTHONPATH": os.path.abspath(tree)}
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
+                             env={**os.environ, **env, **extra})
     wall = time.time() - t0
     if rc != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {rc}; see {root}/launcher.log and "
@@ -164,6 +165,24 @@ def distributed(name, overrides, env, epochs, skip_s, trim_s, keep):
             "ps_threads": resolved["runtime"]["ps_threads"], "root": root}
 
 
+def compare_runs(name, sets, env, args):
+    """Run case ``name`` with this checkout and with ``args.against``, A B B A; returns the
+    two pooled results (images/s over both windows; the rest from the first run)."""
+    got = {"this": [], "other": []}
+    for who in ("this", "other", "other", "this"):
+        r = distributed(name, sets, env, args.epochs, args.skip_s, args.trim_s, args.keep,
+                        tree=args.against if who == "other" else None)
+        got[who].append(r)
+        print(f"# {name} [{who}] {r['images_per_s']:.1f} images/s over {r['window_s']:.1f} s, "
+              f"loadavg {os.getloadavg()[0]:.2f}", flush=True)
+
+    def pool(rs):
+        rate = sum(r["images_per_s"] * r["window_s"] for r in rs) / sum(r["window_s"] for r in rs)
+        return {**rs[0], "images_per_s": rate,
+                "runs": "(" + ", ".join(f"{r['images_per_s']:.1f}" for r in rs) + ")"}
+    return pool(got["this"]), pool(got["other"])
+
+
 def scaling(r, one):
     """' | 0.93 of 2 x 1-thread' where each learner has one thread and the reference ran."""
     threads = r["threads_per_learner"] or max(1, (os.cpu_count() or 1) // r["learners"])
@@ -187,6 +206,10 @@ def add_arguments(ap) -> None:
     ap.add_argument("--device", default="cpu", help="runtime.device of the learners and the "
                     "baseline's device (cpu, cuda, cuda:N)")
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
+    ap.add_argument("--against", metavar="CHECKOUT", help="also run every case with the "
+                    "rudra_zmq of another checkout (its extensions built in place, e.g. a git "
+                    "worktree of an earlier commit), in the order this, other, other, this; "
+                    "prints this/other")
 
 
 def run(args) -> int:
@@ -224,11 +247,15 @@ def run(args) -> int:
     print(f"baseline (before)  {b1['images_per_s']:7.1f} images/s  step median "
           f"{b1['step_median_s'] * 1e3:6.1f} ms  ({b1['steps']} steps)  loadavg "
           f"{os.getloadavg()[0]:.2f}", flush=True)
-    results = {}
+    results, others = {}, {}
     for name in args.cases:
         overrides, env, _ = CASES[name]
-        results[name] = distributed(name, [*overrides, f"runtime.device={args.device}"], env,
-                                    args.epochs, args.skip_s, args.trim_s, args.keep)
+        sets = [*overrides, f"runtime.device={args.device}"]
+        if args.against:
+            results[name], others[name] = compare_runs(name, sets, env, args)
+        else:
+            results[name] = distributed(name, sets, env, args.epochs, args.skip_s,
+                                        args.trim_s, args.keep)
         r = results[name]
         print(f"# ran {name}: lambda={r['learners']} threads_per_learner={r['threads_per_learner']}"
               f" ps_threads={r['ps_threads']} env={env or '-'}: {r['images_per_s']:.1f} images/s"
@@ -253,6 +280,13 @@ def run(args) -> int:
               f"{r['learner_records_images_per_s']:7.1f}) | plain torch {base:7.1f} images/s | "
               f"ratio {ratio:4.2f}x" + scaling(r, one), flush=True)
         rows.append({"case": name, "ratio": ratio, **r})
+        if name in others:
+            o = others[name]
+            print(f"train {name:<12} this checkout {r['images_per_s']:7.1f} images/s "
+                  f"{r['runs']} | {args.against}: {o['images_per_s']:7.1f} images/s {o['runs']} "
+                  f"| this/other {r['images_per_s'] / o['images_per_s']:4.2f}x | other/plain "
+                  f"torch {o['images_per_s'] / base:4.2f}x", flush=True)
+            rows.append({"case": f"{name}@other", "ratio": o["images_per_s"] / base, **o})
     if args.csv:
         common.write_csv(args.csv, rows)
     goal = (f"goal: rudra-zmq (lambda=2, default threads) >= {GOAL:.2f}x plain torch"
