@@ -12,7 +12,7 @@ import time
 import pytest
 from cluster import gone
 
-from rudra_zmq import launcher
+from rudra_zmq import launcher, run_plan
 from rudra_zmq.config import ConfigError, load_config
 
 pytestmark = pytest.mark.timeout(30)
@@ -247,10 +247,10 @@ def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, si
 
 def test_ipc_endpoints_live_in_the_run_directory(tmp_path):
     cfg = load_config(None, ["runtime.transport=ipc"])
-    assert launcher.endpoints(cfg, pathlib.Path("/r")) == {
+    assert run_plan.endpoints(cfg, pathlib.Path("/r")) == {
         "ps": "ipc:///r/ps.sock", "data": "ipc:///r/data.sock", "stats": "ipc:///r/stats.sock"}
     with pytest.raises(ConfigError, match="longer than 107 bytes"):
-        launcher.endpoints(cfg, pathlib.Path("/" + "x" * 100))
+        run_plan.endpoints(cfg, pathlib.Path("/" + "x" * 100))
 
 
 def test_children_get_thread_counts_and_malloc_settings():
@@ -265,7 +265,7 @@ def test_children_get_thread_counts_and_malloc_settings():
 
 def test_run_directories_are_unique(tmp_path):
     cfg = load_config(None, [f"runtime.run_dir={tmp_path}"])
-    first, second = launcher.make_run_dir(cfg), launcher.make_run_dir(cfg)
+    first, second = run_plan.make_run_dir(cfg), run_plan.make_run_dir(cfg)
     assert first != second and (first / "logs").is_dir() and (second / "logs").is_dir()
 
 
