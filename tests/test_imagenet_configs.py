@@ -45,11 +45,12 @@ def image_tree(tmp_path_factory):
     ("imagenet_advstar_softsync", 2, ["architecture.fanout=2"]),
 ])
 def test_an_imagenet_config_trains_end_to_end(tmp_path, image_tree, config, learners, extra):
-    run_dir = tmp_path / config   # every role a thread of this process (tests/inproc.py)
     sets = [f"data.root={image_tree}", f"data.num_classes={CLASSES}",
             f"sync.learners={learners}", "sync.batch_size=4", "train.epochs=1",
             "runtime.timeout_s=300", *extra]
-    threaded_run(tmp_path, config, sets, config=ROOT / "configs" / f"{config}.yaml")
+    # every role a thread of this process (tests/inproc.py); a short run directory name, as
+    # the leaves' ipc socket paths must stay under 108 bytes
+    run_dir, _ = threaded_run(tmp_path, "r", sets, config=ROOT / "configs" / f"{config}.yaml")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if r.get("type") == "update"]
     evals = [r for r in records if r.get("type") == "eval"]

@@ -239,7 +239,15 @@ def add_transport_sweep_args(p, bind_help: str) -> None:
                    help="default: tcp ipc inproc (tcp only with --connect)")
     p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
     add_timing_args(p)
+    p.add_argument("--count", type=int, default=0, metavar="N",
+                   help="messages per repeat, fixed (as libzmq's local_thr/local_lat take "
+                        "them); default 0: as many as fill --seconds")
     add_output_args(p)
+
+
+def op_count(args, per_op_s: float) -> int:
+    """``--count`` if given, else the operations that fill ``--seconds`` at ``per_op_s``."""
+    return args.count if args.count > 0 else calibrate(per_op_s, args.seconds, lo=10)
 
 
 def run_transport_sweep(args, command: str, handlers, title: str, note: str, plot,

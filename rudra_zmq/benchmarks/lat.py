@@ -83,7 +83,7 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
         for size in sizes:
             buf = np.full(size, 0x5A, np.uint8)
             per = common.warm_up(lambda: trips(req, buf, copy, 10), args.warmup) / 10
-            count = common.calibrate(per, args.seconds, lo=10)
+            count = common.op_count(args, per)
             samples, averages = [], []
             for _ in range(args.repeat):
                 averages.append(trips(req, buf, copy, count, samples) / (2 * count) * 1e6)

@@ -89,7 +89,7 @@ def run_case(ctl: sides.Control, ctx, kind: str, mode: str, size: int, args) -> 
         r = burst(int(min(1000, max(10, (1 << 20) // size))))     # probe (includes connecting)
         per = r["elapsed_s"] / r["count"]
         r = burst(common.calibrate(per, args.warmup, lo=10))
-        count = common.calibrate(r["elapsed_s"] / r["count"], args.seconds, lo=10)
+        count = common.op_count(args, r["elapsed_s"] / r["count"])
         runs = [burst(count) for _ in range(args.repeat)]
     finally:
         push.close(linger=0)

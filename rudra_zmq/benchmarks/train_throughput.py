@@ -165,6 +165,15 @@ def distributed(name, overrides, env, epochs, skip_s, trim_s, keep, tree=None):
             "ps_threads": resolved["runtime"]["ps_threads"], "root": root}
 
 
+def timed_baseline(when, args, data):
+    """Run the baseline loop once and print its line; blocks about ``args.baseline_s``."""
+    b = baseline(args.baseline_s, args.baseline_threads, data, args.device)
+    print(f"{f'baseline ({when})':<19}{b['images_per_s']:7.1f} images/s  step "
+          f"median {b['step_median_s'] * 1e3:6.1f} ms  ({b['steps']} steps)  loadavg "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    return b
+
+
 def compare_runs(name, sets, env, args):
     """Run case ``name`` with this checkout and with ``args.against``, A B B A; returns the
     two pooled results (images/s over both windows; the rest from the first run)."""
@@ -243,10 +252,7 @@ def run(args) -> int:
               f"{one['step_median_s'] * 1e3:6.1f} ms  ({one['steps']} steps)  loadavg "
               f"{os.getloadavg()[0]:.2f}  (not the baseline; 2 x this = perfect 2-learner "
               f"scaling)", flush=True)
-    b1 = baseline(args.baseline_s, args.baseline_threads, data, args.device)
-    print(f"baseline (before)  {b1['images_per_s']:7.1f} images/s  step median "
-          f"{b1['step_median_s'] * 1e3:6.1f} ms  ({b1['steps']} steps)  loadavg "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    b1 = timed_baseline("before", args, data)
     results, others = {}, {}
     for name in args.cases:
         overrides, env, _ = CASES[name]
@@ -262,10 +268,7 @@ def run(args) -> int:
               f" over {r['window_s']:.1f} s ({r['window_updates']} updates), start-up "
               f"{r['startup_s']:.1f} s, wall {r['wall_s']:.1f} s, loadavg "
               f"{os.getloadavg()[0]:.2f}", flush=True)
-    b2 = baseline(args.baseline_s, args.baseline_threads, data, args.device)
-    print(f"baseline (after)   {b2['images_per_s']:7.1f} images/s  step median "
-          f"{b2['step_median_s'] * 1e3:6.1f} ms  ({b2['steps']} steps)  loadavg "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    b2 = timed_baseline("after", args, data)
     base = (b1["steps"] + b2["steps"]) * MU / (b1["seconds"] + b2["seconds"])
 
     rows = [{"case": "baseline", "images_per_s": base, "before": b1["images_per_s"],
