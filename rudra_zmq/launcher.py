@@ -1,60 +1,22 @@
 """Run every role of one training run on this machine, supervise them, stop them all.
 
-``rudra-zmq run CONFIG`` (:func:`run`) creates a run directory, saves the resolved config
-there as ``config.yaml``, and starts one process per role, in this order::
+``rudra-zmq run CONFIG`` (:func:`run`) creates a run directory, saves the resolved config there
+as ``config.yaml`` and starts one process per role, in this order: stats server, data server,
+PS, tree nodes (``architecture.kind`` adv or advstar; top level first), then learner processes
+(``runtime.learners_per_process`` learners each). Each server accepts connections before
+anything that connects to it is started. Each process logs to ``RUN/logs/ROLE.log``;
+``RUN/processes.json`` lists every pid and command line; the stats server's stdout is also
+echoed here, as the progress display.
 
-    stats server   rudra-zmq stats   --config RUN/config.yaml --bind STATS --run-dir RUN
-    data server    rudra-zmq data    --config RUN/config.yaml --bind DATA
-    param. server  rudra-zmq ps      --config RUN/config.yaml --bind PS --stats STATS --run-dir RUN
-    learners       rudra-zmq learner --config RUN/config.yaml --id 0[,1,...] --ps PS --data DATA
-                                     --stats STATS
+The run succeeds (0) when the PS and every learner exit 0: the data server is then sent SIGTERM
+and the stats server finishes by itself (or is stopped after ``STATS_EXIT_TIMEOUT_S``). A
+process that exits non-zero, a data server that exits before training ended, or a server not
+listening within ``runtime.timeout_s`` stops all others (SIGTERM, then SIGKILL of the process
+tree after ``TERM_GRACE_S``) and returns 1; Ctrl-C, SIGTERM or SIGHUP does the same and returns
+130. Children run in their own sessions, so a terminal's Ctrl-C reaches only the launcher.
 
-one learner process per ``runtime.learners_per_process`` learners. With
-``architecture.kind: adv`` (a Rudra-adv PS tree, see :mod:`rudra_zmq.topology`) the tree nodes
-start between the PS and the learners, top level first, each learner process pointed at its
-leaf instead of the PS::
-
-    tree nodes     rudra-zmq node    --config RUN/config.yaml --id K --bind NODE --parent PARENT
-
-(leaves bind ipc sockets in the run directory, inner nodes tcp ports). With
-``architecture.kind: advstar`` (Rudra-adv*) the same tree carries the gradients, and the
-weights go down a broadcast among the learners (:mod:`rudra_zmq.roles.broadcast`): the PS
-gets ``--bcast-bind BCAST`` and each learner ``--bcast-upstream`` (the root's or its upstream
-learner's endpoint) and ``--bcast-bind`` (its own, or ``none`` without broadcast children),
-one per learner id. Each server accepts
-connections before anything that connects to it is started. Each process writes
-stdout and stderr to ``RUN/logs/ROLE.log``; the stats server's stdout is also echoed here, as
-the progress display. ``RUN/processes.json`` lists every role's pid and command line.
-
-The run succeeds when the PS and every learner exit 0: the data server is then sent SIGTERM,
-the stats server finishes by itself (it hears the end of training from the PS; one still busy
-after ``STATS_EXIT_TIMEOUT_S`` is stopped with a warning), and the launcher prints
-``run directory: RUN``. If any process exits non-zero, the data server exits before training
-ended, or a server does not listen within runtime.timeout_s, the launcher names it with its
-exit code and the tail of its log, stops all others (SIGTERM, then SIGKILL of the whole
-process tree after ``TERM_GRACE_S``) and returns 1. Ctrl-C, SIGTERM or SIGHUP to the
-launcher stops everything the same way and returns 130; a second Ctrl-C skips the grace
-period. Children run in their own sessions, so a terminal's Ctrl-C reaches only the
-launcher, which stops them in order (learners, tree nodes, PS, data, stats).
-
-Running across machines: start the same commands by hand, with endpoints the other machines
-can reach, in the order above, each server printing its "listening on" line before its
-clients start (ZeroMQ reconnects, but records that a finished PS or learner had queued for a
-stats server that was not up yet are dropped when it exits). With the same config file on
-every machine (``--set`` overrides work on each command)::
-
-    host-a$ rudra-zmq stats --config c.yaml --bind tcp://0.0.0.0:5557 --run-dir runs/r1
-    host-a$ rudra-zmq data  --config c.yaml --bind tcp://0.0.0.0:5556
-    host-a$ rudra-zmq ps    --config c.yaml --bind tcp://0.0.0.0:5555 \\
-                --stats tcp://host-a:5557 --run-dir runs/r1
-    host-b$ rudra-zmq learner --config c.yaml --id 0,1 --ps tcp://host-a:5555 \\
-                --data tcp://host-a:5556 --stats tcp://host-a:5557
-    host-c$ rudra-zmq learner --config c.yaml --id 2,3 --ps tcp://host-a:5555 \\
-                --data tcp://host-a:5556 --stats tcp://host-a:5557
-
-Every learner id in 0 .. sync.learners-1 must be started exactly once. The role commands
-set their own thread counts and malloc tuning (``transport.tune_malloc``); when training
-ends, stop the data server with Ctrl-C.
+Each role's command line and the stop order: ``docs/architecture.md`` (The launcher); the same
+commands started by hand across machines: ``docs/multihost.md``.
 """
 from __future__ import annotations
 

@@ -1,35 +1,22 @@
 """Shared memory between a Rudra-adv leaf tree node and its co-located learners (issue #5).
 
-Measured against ipc:// by ``bench/shm_leaf.py`` (``bench/RESULTS.md``): 1.9-3.3x faster rounds
-at 1M-10M parameters, 4-5x less leaf CPU. Two kinds of segment, files in /dev/shm, mmapped::
+Two kinds of segment, files in /dev/shm, mmapped: :class:`GradientSlots`
+(``rudra_zmq_<token>_n<node>_l<learner>``: two gradient slots, made by the learner, read by the
+leaf) and :class:`WeightBoard` (``rudra_zmq_<token>_n<node>_w``: made by the leaf, read by its
+learners). Layout, measurements and why not ``multiprocessing.shared_memory``:
+``docs/sharedmem.md``.
 
-    rudra_zmq_<token>_n<node>_l<learner>   GradientSlots, made by the learner, read by the leaf
-        | header | slot 0: numel x f4 | slot 1: numel x f4 |      (each part 64-byte aligned)
-    rudra_zmq_<token>_n<node>_w            WeightBoard, made by the leaf, read by its learners
-        | header | seq u64, ts i64 | weights: numel x f4 |
-    header (64 B): "RUDRASHM", layout, kind, creator pid + start time + pid namespace, numel
-
-Gradient slots alternate, so a learner that runs ahead (Rudra-adv* pushes without waiting)
-writes gradient k+1 while the leaf may still read slot k; the learner writes slot i again only
-after the push that named it was answered. A slot is handed over by a ZeroMQ message sent
-after it was written (PUSH x{slot}): the socket system calls order memory on every CPU.
-
-The board is read with no handshake, behind a seqlock: the leaf makes ``seq`` odd, writes ``ts``
-and the weights, makes it even; a reader retries while ``seq`` was odd or changed. **Memory
-ordering**: correct on x86-64 (TSO: stores become visible in program order, loads are not
-reordered with loads; ``seq`` is an aligned 8-byte word; the copy kernel's OpenMP region ends
-in a barrier, glibc's non-temporal memcpy in ``sfence``). ARM or POWER would need a release
-fence (``dmb ish``/``stlr``) before each ``seq`` store and an acquire fence (``dmb ishld``/
-``ldar``) after the first and before the second ``seq`` load, which NumPy cannot issue: the
-board refuses to exist there (:class:`ShmUnavailable`).
-
-Lifecycle: the creator unlinks the name on ``close()`` and at interpreter exit (atexit;
-rudra-zmq's CLI turns SIGTERM into an exception, so that runs too); ``unlink()`` early, once
-every peer has mapped a segment, and not even SIGKILL leaves it (the memory lives until the
-last mapping goes). Segments whose creator died are removed by :func:`sweep_stale`, which each
-``create`` runs first. Not ``multiprocessing.shared_memory``: before Python 3.13 its resource
-tracker unlinks segments a process merely attached to when it exits, and it has no
-``posix_fallocate``, which makes a full /dev/shm an error here, not a SIGBUS at first write.
+- Slots alternate: a learner writes slot i again only after the push that named it was
+  answered. A slot is handed over by a ZeroMQ message sent after it was written (PUSH x{slot}):
+  the socket system calls order memory on every CPU.
+- The board is read with no handshake, behind a seqlock: the leaf makes ``seq`` odd, writes
+  ``ts`` and the weights, makes it even; a reader retries while ``seq`` was odd or changed. This
+  is correct on x86-64 (TSO) only; NumPy cannot issue the fences ARM or POWER would need, so
+  the board refuses to exist there (:class:`ShmUnavailable`).
+- Lifecycle: the creator unlinks the name on ``close()`` and at interpreter exit (atexit);
+  ``unlink()`` early, once every peer has mapped a segment, and not even SIGKILL leaves it.
+  Segments whose creator died are removed by :func:`sweep_stale`, which each ``create`` runs
+  first.
 """
 from __future__ import annotations
 

@@ -8,30 +8,13 @@ arrival as ``(learner, gradient timestamp)``; it answers, deterministically:
 - whether the sum is now complete, and if so an :class:`Update`: which gradients it averages
   (the vector clock), ⟨σ⟩, the learning rate α for this update and the averaging factor 1/c.
 
-Protocols (λ learners):
-
-=============  =================================================================  ==========
-protocol       an update happens after                                            expected σ
-=============  =================================================================  ==========
-``hardsync``   exactly one gradient from every learner (c = λ)                    0
-``softsync``   c = ⌊λ/n⌋ gradients from any learners (n-softsync, 1 ≤ n ≤ λ)       ≈ n
-``async``      every gradient (λ-softsync, c = 1)                                  ≈ λ
-=============  =================================================================  ==========
-
-Learning-rate policies (α0 = ``base_lr`` times the step schedule's factor at this epoch):
-
-- ``constant``: α = α0;
-- ``staleness``: α = α0 / ⟨σ⟩ per update (the paper's staleness-aware rate); ⟨σ⟩ < 1 counts as 1
-  so α never exceeds α0 (hardsync keeps α0);
-- ``per_gradient``: each gradient is scaled by 1 / max(σᵢ, 1) before the sum; α = α0.
-
-The step schedule multiplies α0 by ``gamma`` at each epoch in ``steps`` (the paper's CIFAR-10
-runs: ÷10 at epochs 120 and 130). The epoch is counted from gradients received:
-epoch = gradients × µ / samples-per-epoch.
-
-Rudra-adv tree nodes relay sums of several learners' gradients with their vector clock; the
-root accounts them with :meth:`SyncEngine.receive_many` (c counts learner gradients, not
-messages), and each node decides when to relay with a :class:`RelayClock`.
+Protocols (λ learners): ``hardsync`` updates after one gradient from every learner (c = λ),
+n-``softsync`` after c = ⌊λ/n⌋ from any learners, ``async`` after every gradient (c = 1).
+Learning-rate policies: ``constant`` (α0), ``staleness`` (α0/⟨σ⟩, ⟨σ⟩ < 1 counting as 1) and
+``per_gradient`` (each gradient scaled by 1/max(σᵢ, 1)); α0 follows a step schedule
+(:class:`LRSchedule`). Tree nodes' relayed sums are accounted by :meth:`SyncEngine.receive_many`
+(c counts learner gradients, not messages); each node decides when to relay with a
+:class:`RelayClock`. Tables and the schedule: ``docs/protocols.md``.
 
 Not thread-safe: one owner (the PS loop, or a tree node's loop) drives an engine or clock.
 """

@@ -1,63 +1,23 @@
 """The wire protocol: the only module that builds or parses rudra_zmq's ZeroMQ frames.
 
-Every message is a ZeroMQ multipart message::
+A message is one ZeroMQ multipart message: the routing id (ROUTER side only, added and
+stripped by ZeroMQ), a msgpack header (<= MAX_HEADER_BYTES), then 0..N payload frames of raw
+little-endian array bytes, sent zero-copy. Header keys are short because they travel with
+every gradient: ``v`` protocol version (PROTOCOL_VERSION; a mismatch is refused), ``k`` kind
+(:class:`Kind`), ``s`` sender (a learner id >= 0, negative for servers and tools, <= -100 for
+tree nodes: :func:`node_sender`), ``q`` sequence number, ``ts`` weights timestamp, ``inc`` the
+PS's incarnation, ``p`` one [dtype, count] per payload frame (PAYLOAD_DTYPES), ``x``
+kind-specific fields (KIND_FIELDS, validated by type).
 
-    ROUTER side only:  +----------------+
-                       | routing id     |   (added/stripped by ZeroMQ's ROUTER socket)
-                       +----------------+
-    always:            | header         |   msgpack map, <= MAX_HEADER_BYTES
-                       +----------------+
-    0..N payload:      | payload 0      |   raw little-endian array bytes, sent zero-copy
-                       | payload 1 ...  |
-                       +----------------+
+A model-sized vector (gradient, weights) may be split into several float32 frames whose counts
+add up to the model size, so the PS accumulates each frame at its offset with no reassembly
+copy (:func:`chunk`). Nothing here is pickled: headers are msgpack with strict limits and
+payloads are raw arrays interpreted only after their length and dtype were checked.
+:func:`decode` validates a message completely before any role may act on it and raises
+:class:`WireError` otherwise.
 
-Header keys (short, because they travel with every gradient):
-
-    v    int   protocol version (PROTOCOL_VERSION); a mismatch is refused
-    k    int   message kind (Kind)
-    s    int   sender id: learner id >= 0; -1 the PS, -2 the data server, -3 stats, -4 tools,
-               <= -100 a tree node (node k is -100 - k; see node_sender)
-    q    int   sequence number, per sender, increasing (for reliability work and logging)
-    ts   int   weights timestamp: a gradient's, a pull's "I have", or the weights sent
-    inc  int   the parameter server's incarnation (random per PS start; 0 = unknown)
-    p    list  one [dtype, count] per payload frame, dtype in PAYLOAD_DTYPES
-    x    map   kind-specific fields (see KIND_FIELDS), validated by type
-
-Rudra-adv tree nodes speak to their parent (another node or the root PS) as learners do,
-with HELLO x{subtree: [learner, ...]} and RELAY instead of PUSHPULL::
-
-    RELAY  header x{wait: bool, clock: [[learner, ts], ...]}   ts = weights the node holds
-           payload: the SUM of the gradients listed in clock (float32, model-sized)
-
-``clock`` is the vector clock of the sum: one [learner id, gradient timestamp] pair per
-gradient, so the root computes every gradient's staleness as if it had arrived alone.
-
-Rudra-adv* (``architecture.kind: advstar``) broadcasts each weight version from the root
-through the learners (``roles/broadcast.py``) as BCAST chunks; each member grants its
-upstream credit in chunks::
-
-    BCAST   header ts = version, s = -1 (the root; members forward the frames unchanged),
-            x{chunk: i, offset: o, total: n}      payload: weights[o : o + count] (float32)
-    CREDIT  header s = member, x{credit: k, reset: bool}   (member -> upstream, no payload)
-
-With ``architecture.leaf_shm`` a leaf and the learners on its host trade gradients and
-weights through shared memory (``shm.py``); ZeroMQ then carries only the notifications::
-
-    HELLO     x{..., shm: token}   learner -> leaf: my gradient slots are in /dev/shm, named
-                                   from token, the leaf's id and mine (a learner may be elsewhere)
-    WELCOME   x{..., shm: token}   leaf -> learner: I mapped them; my weight board's token ("":
-                                   no board, advstar). Absent: declined, send payloads
-    PUSH, PUSHPULL  x{..., slot: 0|1}, no payload   the gradient is in that slot
-    WEIGHTS   ts, x{board: true}, no payload        copy the weights from the board (its
-                                                    version is ts or newer)
-
-A model-sized vector (gradient, weights) may be split into several payload frames, all
-float32; their counts add up to the model size. Chunks let the PS accumulate each frame as it
-is, at its offset, with no reassembly copy (see :func:`chunk`).
-
-Nothing here is pickled: headers are msgpack with strict limits and payloads are raw arrays
-interpreted only after their length and dtype were checked. :func:`decode` validates a message
-completely before any role may act on it and raises :class:`WireError` otherwise.
+Every kind and its fields, and the tree (RELAY), broadcast (BCAST, CREDIT) and shared-memory
+variants: ``docs/wire.md``.
 """
 from __future__ import annotations
 

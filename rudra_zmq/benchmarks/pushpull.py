@@ -1,40 +1,20 @@
 """``rudra-zmq bench pushpull``: the PS's own path beside an echo server and raw ZeroMQ.
 
 The passive side (``--bind``; :mod:`.pushpull_server`) runs per case a real
-:class:`~rudra_zmq.roles.ps.ParameterServer` (a synthetic model of n float32 parameters, so no
-torch), optionally under a Rudra-adv tree of :class:`~rudra_zmq.roles.tree_node.TreeNode`
-processes (``--arch adv``), an echo server (the PS's protocol, decode and encode, answering
-from a preallocated array with no update) and a raw ZeroMQ server (a ROUTER answering each
-request with a preallocated buffer, zero-copy both ways, in the same frame sizes). The
-measuring side (:mod:`.pushpull_client`) starts λ client processes; each speaks the wire
-protocol as ``roles/learner.py`` does (``transport.Channel``: HELLO, then PUSHPULL / PUSH /
-PULL with the gradient sent zero-copy in ``runtime.chunk_mib`` frames, replies received
-``copy=False`` and validated by ``wire.decode``; the learner's copy of received weights into
-its model is left out) to the PS and to the echo server, and sends the same bytes raw. Modes,
-as ps-lite's ``test_kv_app_benchmark``:
-
-=================  ===================================================  ==================
-mode               one operation                                        raw equivalent
-=================  ===================================================  ==================
-``push_then_pull`` PUSH -> ACK, then PULL -> WEIGHTS                    N up; then N down
-``pushpull``       PUSHPULL -> WEIGHTS (or UPTODATE)                    N up and N down
-``push``           PUSH -> ACK (not under hardsync: it needs the pull)   N up, a header down
-``pull``           PULL of timestamp -1 -> WEIGHTS                      a header up, N down
-=================  ===================================================  ==================
-
-Hardsync pulls wait for the update (``wait``), so an operation is one synchronous step of λ
-learners (the echo server never waits). Per case: a probe, a warm-up, an operation count
-calibrated to ``--seconds``, then ``--repeat`` rounds of one PS, one echo and one raw block
-(all λ clients at once, same count), so load from other users hits all alike. Printed:
-goodput (payload bits moved by all clients / wall time; min/median/max over rounds),
-operations and PS updates per second, p50/p99 of single operations for each target, PS/raw
-(time p50 and goodput), PS/echo (the PS's own work) and echo/raw (the protocol's cost); then
-CPU µs and minor page faults per operation of each target's server processes and of the
-clients.
+:class:`~rudra_zmq.roles.ps.ParameterServer` on a synthetic model of n float32 parameters (no
+torch), optionally under a tree of :class:`~rudra_zmq.roles.tree_node.TreeNode` processes
+(``--arch adv``), an echo server (the PS's protocol, answering from a preallocated array with no
+update) and a raw ZeroMQ server (a ROUTER answering with a preallocated buffer, zero-copy). The
+measuring side (:mod:`.pushpull_client`) starts λ client processes that speak the wire protocol
+as ``roles/learner.py`` does (``transport.Channel``, zero-copy gradients, replies validated by
+``wire.decode``) to the PS and the echo server, and send the same bytes raw. Modes, as ps-lite's
+``test_kv_app_benchmark``: ``push_then_pull``, ``pushpull``, ``push``, ``pull``. PS, echo and
+raw blocks alternate in every round, so load from other users hits all alike. Printed: goodput,
+operations and PS updates per second, p50/p99, PS/raw, PS/echo (the PS's own work), echo/raw
+(the protocol's cost), and CPU µs and page faults per operation. Modes, method, output and
+cross-host use: ``docs/benchmarks.md``.
 
     rudra-zmq bench pushpull --sizes 90K 1M 10M                    # λ=1, async, push+pull
-    rudra-zmq bench pushpull --learners 8 --mode push --protocol softsync --sizes 1M
-    rudra-zmq bench pushpull --sizes 10M --ps-env OMP_WAIT_POLICY=passive
     host-a$ rudra-zmq bench pushpull --bind tcp://0.0.0.0:5555     # PS 5556, raw 5557, echo 5558
     host-b$ rudra-zmq bench pushpull --connect tcp://host-a:5555 --learners 4 -b 100K -e 10M -f 10
 """

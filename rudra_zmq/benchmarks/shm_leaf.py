@@ -1,45 +1,22 @@
 """Shared memory vs ipc:// between a leaf and its co-located learners (issue #5).
 
-A leaf (this process) and k learner processes on this machine run lock-step exchange rounds:
-the leaf sends the weights to every learner, each learner takes them into its own flat
-parameter buffer, writes its gradient and hands it back, and the leaf sums the k gradients
-with ``rudra_zmq.kernels`` (the first one ``copy_into``, the rest ``accumulate``, as
-``roles/tree_node.py`` does). A round is timed at the leaf, from the start of sending the
-weights to the last gradient summed: "all k gradients in, weights out". Two ways, alternated
-in blocks of ``--rounds`` (order flipped every repeat) after an untimed warm-up of each:
+A leaf (this process) and k learner processes on this machine run lock-step rounds: the leaf
+sends the weights to every learner, each takes them into its flat parameter buffer, writes its
+gradient and hands it back, and the leaf sums the k gradients with ``rudra_zmq.kernels`` as
+``roles/tree_node.py`` does. A round is timed at the leaf, from the start of sending the weights
+to the last gradient summed. Two ways, alternated in blocks of ``--rounds`` (order flipped every
+repeat) after an untimed warm-up of each:
 
-- **ipc**: ZeroMQ over ipc://, zero-copy sends (``copy=False``, ``runtime.chunk_mib`` frames),
-  ``copy=False`` receives. The learner writes its gradient into a private flat buffer and sends
-  it; the leaf accumulates straight out of the received frames; the weights go out zero-copy
-  and the learner ``copy_into``s them into its parameters (as ``roles/learner.py`` does).
-- **shm**: each learner owns a shared segment of two gradient slots (alternating, so a learner
-  that runs ahead never overwrites a gradient the leaf is still reading) and writes its
-  gradient straight into it; the weights live in one shared segment behind a seqlock (a
-  version counter: odd while the leaf writes, so a reader that saw it odd or changed copies
-  again, and a learner never keeps a half-written buffer). ZeroMQ carries only a 16-byte
-  notification each way (round, slot, version). The leaf ``copy_into``s the weights into the
-  segment (it would have them in a frame from its parent) and accumulates out of the slots.
+- **ipc**: ZeroMQ over ipc://, zero-copy sends and ``copy=False`` receives;
+- **shm**: two alternating gradient slots per learner and the weights in one segment behind a
+  seqlock (:mod:`.shm_segment`); ZeroMQ carries only a 16-byte notification each way.
 
-Assumption about the learner's write: backward writes each gradient element once, into the
-flat gradient buffer, wherever that buffer lives (a private array for ipc, the shared slot for
-shm: ``param.grad`` views into the segment). So both ways count one write pass per learner
-per round (``fill``; ``--pattern ramp`` writes a position-dependent pattern instead, so a
-misplaced chunk is caught; the tests use it). Learners do no other work, so this measures the
-exchange alone. Every process calls ``transport.tune_malloc()``; kernels run ``--leaf-threads``
-threads at the leaf and one at each learner (their cores are busy training in real use).
+Correctness is checked every round, outside the timed part. Segments are files in /dev/shm named
+``rudra_shm_leaf_<pid>_...``, unlinked as soon as every learner has mapped them, before that by
+``finally`` (SIGTERM becomes SystemExit); each run first removes segments of dead runs. What
+each way does, the write assumption and the checks: ``docs/benchmarks.md``.
 
-Correctness is checked every round, outside the timed part: the sum against the oracle
-(k x pattern + the sum of the learners' round constants, exact in float32), the weights each
-learner got against what the leaf sent (and in shm the seqlock version), on every element up
-to ``FULL_CHECK_MAX`` parameters and on 257 evenly spaced ones above.
-
-Segments (:mod:`.shm_segment`) are files in /dev/shm named ``rudra_shm_leaf_<pid>_...``. The
-leaf unlinks them as soon as every learner has mapped them (the memory lives until the last
-mapping goes), so a run killed after start-up leaves nothing behind; before that, ``finally``
-unlinks them, SIGTERM is turned into SystemExit so it runs, and each run first removes
-segments of dead runs.
-
-    rudra-zmq bench shm-leaf                              # defaults below, ~2-3 minutes
+    rudra-zmq bench shm-leaf                              # defaults, ~2-3 minutes
     rudra-zmq bench shm-leaf --sizes 10M --learners 4 --repeat 9 --csv out.csv --json
 """
 from __future__ import annotations

@@ -1,44 +1,23 @@
 """Rudra-adv*: each weight version travels once from the root PS through the learners.
 
-With ``architecture.kind: advstar`` the root publishes every new version into a broadcast
-tree of the learners (``architecture.broadcast_fanout`` = k; k = 1 is a chain), and every
-learner forwards what it receives to its own children. Learner i's children are learners
-k(i+1) .. k(i+1)+k-1 (``topology.broadcast_children``)::
+With ``architecture.kind: advstar`` the root publishes every new version into a broadcast tree
+of the learners (``architecture.broadcast_fanout`` = k, k = 1 a chain; learner i's children are
+k(i+1) .. k(i+1)+k-1, ``topology.broadcast_children``). A version is sent as ``total`` BCAST
+chunks; a member forwards each chunk the moment it arrives (the received frames, zero-copy),
+so the chain pipelines.
 
-    k = 1 (chain)                              k = 2
-    root PS -> l0 -> l1 -> l2 -> l3            root PS -> l0 -> l2, l3
-                                                       -> l1 -> l4, l5
+- Flow control is credit-based per link, in chunks: a sender starts a version on a link only if
+  the link has credit for all of it; otherwise the link later gets the newest complete version,
+  whole. A slow member only misses superseded versions, and nobody waits for it.
+- Every chunk is validated before anything is forwarded or kept; a refused chunk changes nothing.
+- A complete version is an immutable :class:`Version` of the received frames (never written, no
+  copy) that becomes the newest by one reference assignment, so no reader sees half of one. The
+  learner copies the newest into its model between steps (``copy_latest_into``).
 
-    upstream  [ROUTER] ==BCAST chunks==> [DEALER  member  ROUTER] ==BCAST==> its children
-              <------- CREDIT k --------                        <-- CREDIT --
-
-A version is sent as ``total`` BCAST messages (wire.py: header ts = version, x{chunk, offset,
-total}; one float32 payload frame of at most ``chunk_bytes``). A member forwards each chunk
-the moment it arrives (the received frames themselves, zero-copy), so the chain pipelines:
-member i forwards chunk c while member i+1 forwards chunk c-1.
-
-Flow control is credit-based, per link, in chunks (the ZeroMQ guide's file-transfer pattern):
-a member grants its upstream ``window`` chunks (default two versions) and returns one credit
-per chunk it received. A sender starts a version on a link only if the link has credit for
-the whole version; otherwise that link skips it, and gets the newest complete version, whole,
-as soon as its credit allows. So a link never holds more than ``window`` chunks, a slow or
-stalled member only misses versions that were superseded (it never receives a fragment it
-cannot complete), and nobody upstream or beside it ever waits for it.
-
-Receiving: every chunk is validated (kind, sender, index, offset, total, length, dtype, model
-size, a version newer than the newest complete one, in order) before anything is forwarded
-or kept; a refused chunk changes nothing. A complete version is an immutable
-:class:`Version` of the received frames (never written, no copy); it becomes the newest by
-one reference assignment, so a reader can never see a half-written version. The learner
-copies the newest into its model between steps (``copy_latest_into``); versions it did not
-adopt in time are simply superseded.
-
-The sending side of each hop (credit, admission, catch-up, STOP) is ``broadcast_link.Fanout``,
-shared by the root and the members.
-
-Threads: :class:`BroadcastRoot` and :class:`BroadcastMember` each run one I/O thread that
-owns their sockets after ``start()``; the owner talks to it over an inproc PAIR pipe
-(``publish``, ``close``). No torch here.
+The sending side of each hop is ``broadcast_link.Fanout``. Threads: :class:`BroadcastRoot` and
+:class:`BroadcastMember` each run one I/O thread that owns their sockets after ``start()``; the
+owner talks to it over an inproc PAIR pipe (``publish``, ``close``). No torch here. Windows and
+validation: ``docs/architecture.md``; the messages: ``docs/wire.md``.
 """
 from __future__ import annotations
 

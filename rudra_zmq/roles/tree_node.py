@@ -1,44 +1,23 @@
 """A Rudra-adv tree node: sums its children's gradients and relays one sum to its parent.
 
-The node sits between its children (learners for a leaf, tree nodes for an inner node) and
-its parent (an inner node or the root parameter server)::
+To its children (learners for a leaf, tree nodes for an inner node) it looks like a parameter
+server (HELLO, PUSH/PUSHPULL, PULL, RELAY); to its parent (an inner node or the root PS) it looks
+like one client, sending HELLO x{subtree} and RELAY x{wait, clock}. One thread owns both
+sockets (ROUTER to the children, DEALER to the parent), polled together.
 
-    children --DEALER--> [ROUTER  tree node  DEALER] --RELAY--> parent
-     HELLO, PUSHPULL,       sum buffer, vector        HELLO, RELAY x{wait, clock}
-     PULL, RELAY            clock, cached weights     <- WELCOME, WEIGHTS/UPTODATE, STOP
+- Every HELLO is checked against the tree the config plans (``topology``); the model's size and
+  signature come from the first child, so the node never imports torch.
+- Gradients are checked by a :class:`~rudra_zmq.sync.RelayClock` and summed in place. A child
+  is answered when the relay carrying its gradient is answered: WEIGHTS or UPTODATE, or ACK
+  under advstar, where PULL and PUSHPULL are refused. PULLs are served from the cached weights.
+- STOP from the parent reaches every child at its next request (waiting ones at once); the node
+  returns once every learner below it has been told.
 
-To its children it looks like a parameter server (they speak HELLO/PUSHPULL/PULL/RELAY to
-it); to its parent it looks like one client. One thread owns both sockets, polled together.
-
-- HELLO: checked against the tree the config plans (``topology``). The node learns the model
-  signature and size from its first child (so it never imports torch), says HELLO upstream
-  with the learners below it, and answers its children's HELLOs with the parent's weights.
-- PUSH/PUSHPULL (learners) and RELAY (child nodes): checked by a :class:`~rudra_zmq.sync.
-  RelayClock` and summed in place into the sum buffer (the first gradient is copied, the
-  rest accumulated, by the compiled kernels). The child is answered when the relay carrying
-  its gradient is answered: with the weights the parent returned (WEIGHTS), or UPTODATE.
-- Relay: hardsync once every learner below has contributed, with ``wait`` (the root answers
-  after its update); softsync/async as soon as anything is pending and no relay is in flight.
-- PULL (no gradient): answered at once from the cached weights, or parked until newer ones.
-- STOP from the parent: every child is told STOP at its next request (waiting ones at once);
-  the node returns once every learner below it has been told.
-
-Rudra-adv* (``architecture.kind: advstar``): the same tree carries the gradients up, but no
-weights down. Learners PUSH and are answered ACK (or STOP) when the relay carrying their
-gradient is answered; the root answers relays ACK, whose header ts tells the node the root's
-timestamp. PULL and PUSHPULL are refused: weights reach the learners by their broadcast
-(``roles/broadcast.py``). A learner may hold a version newer than any reply the node has seen,
-so the node accepts any gradient timestamp >= 0 and the root checks it against its own.
-
-Shared memory with the learners on a leaf's host (``architecture.leaf_shm``): ``leaf_shm.py``.
-The node's state (sums, clocks, cached weights, registrations) is ``node_state.NodeState``;
-how children are answered is chosen once at start (``ChildWeights`` or ``ChildAcks``).
-
-Copies, and why: none for weights — the parent's WEIGHTS frames are received zero-copy, kept
-as the cache (never written) and sent on to children zero-copy. Gradients are summed into one
-of two buffers; the other is the relay in flight, which ZeroMQ may still read until the parent
-answers, so it is written again only after that. Never hangs: a parent silent for
-``runtime.timeout_s`` while a request is in flight, or children silent that long, raises.
+Copies: none for weights (the parent's frames are kept as the cache, never written, and sent on
+zero-copy). Gradients are summed into one of two buffers; the other is the relay in flight,
+written again only after the parent answers. Never hangs: a parent silent for
+``runtime.timeout_s`` while a request is in flight, or children silent that long, raises. State:
+``node_state.NodeState``; shared memory: ``leaf_shm.py``; relay rules: ``docs/architecture.md``.
 """
 from __future__ import annotations
 
