@@ -28,6 +28,7 @@ from .. import transport
 from . import common, sides
 
 TRANSPORTS, MODES = common.TRANSPORTS, common.MODES
+ECHO_IDLE_MS = 10_000     # an echo loop with no message this long: the measuring side left
 
 
 # ----------------------------------------------------------------------------- passive side
@@ -36,7 +37,9 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
 
     def echo(req):
         copy = req["copy"]
-        sock = transport.make_socket(ctx, zmq.REP, rcvtimeo=int(sides.CONTROL_TIMEOUT_S * 1e3))
+        # a quiet echo socket ends the loop: the measuring side's closing empty message can be
+        # lost (it closes with linger 0), and the agent must not stay deaf to the next run
+        sock = transport.make_socket(ctx, zmq.REP, rcvtimeo=ECHO_IDLE_MS)
         endpoint = transport.bind(sock, agent.data_endpoint(req["transport"]))
 
         def serve():
@@ -97,7 +100,7 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
     finally:
         try:    # end the echo loop (an empty message); REQ can send only after a reply
             req.send(b"", zmq.NOBLOCK)
-            req.poll(2000)
+            req.poll(ECHO_IDLE_MS)
         except zmq.ZMQError:
             pass
         req.close(linger=0)
