@@ -210,7 +210,6 @@ def run(a) -> int:
                          f"{lam} (hardsync updates take one gradient per learner)")
     netns_sh = a.netns_sh or find_netns_sh()
     why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
-    why = lan_available()
     if why:
         print(f"table1: cannot build the emulated LAN: {why}", file=sys.stderr)
         return 2
