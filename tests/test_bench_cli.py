@@ -81,6 +81,7 @@ def test_lat_reports_one_way_latency_percentiles_for_each_transport_and_mode(tmp
         assert 0 < c["latency_min_us"] <= c["latency_us"] <= c["latency_max_us"]
         assert 0 < c["p50_us"] <= c["p99_us"]
         assert close(c["mb_per_s"], c["size"] / c["latency_us"])
+        assert type(c["resent"]) is int and c["resent"] >= 0   # asked again after 1 s unanswered
     assert len(rows) == len(cases)
 
 
