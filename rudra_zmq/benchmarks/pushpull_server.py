@@ -93,73 +93,73 @@ def _node_process(conn, stop, node_id, bind, parent, overrides):
     node.serve_forever(stop_event=stop)
 
 
-def raw_server(conn, stop, bind: str, io_threads: int = 1) -> None:
-    """The raw baseline until ``stop``: a ROUTER answering a request ``[header, payload...]``
-    with the bytes its header asks for and ``[payload...]`` with as many bytes, in frames of
-    the requested size, zero-copy from buffers never written after allocation."""
+def _serve_router(conn, stop, bind: str, io_threads: int, answer) -> None:
+    """Bind a ROUTER at ``bind``, send its endpoint on ``conn``, and reply to every request
+    with ``answer(frames)`` (routing id first, as received) until ``stop``. Blocks; a helper
+    process's whole life."""
     sides.exit_with_parent()
     transport.tune_malloc()
     ctx = zmq.Context(io_threads=io_threads)
     sock = transport.make_socket(ctx, zmq.ROUTER, hwm=64, rcvtimeo=100)   # 100 ms: see stop
     conn.send(transport.bind(sock, bind))
-    buffers, replies = [], {}
     try:
         while not stop.is_set():
             try:
                 frames = sock.recv_multipart(copy=False)
             except zmq.Again:
                 continue
-            if len(frames[1]) == RAW_HDR.size:
-                key = frames[1].bytes
-                nbytes, frame, _ = RAW_HDR.unpack(key)
-                head = [frames[1]]
-            else:
-                frame = len(frames[1])
-                nbytes = frame if len(frames) == 2 else sum(len(f) for f in frames[1:])
-                key, head = (nbytes, frame), []
-            parts = replies.get(key)
-            if parts is None:   # a new request shape: views of a fresh buffer
-                buffers.append(np.ones(nbytes, np.uint8))
-                parts = replies[key] = wire.chunk(buffers[-1], frame) if nbytes else []
-            sock.send_multipart([frames[0], *head, *parts], copy=False)
+            sock.send_multipart([frames[0], *answer(frames)], copy=False)
     finally:
         sock.close(linger=0)
         ctx.destroy(linger=0)
+
+
+def raw_server(conn, stop, bind: str, io_threads: int = 1) -> None:
+    """The raw baseline until ``stop``: a ROUTER answering a request ``[header, payload...]``
+    with the bytes its header asks for and ``[payload...]`` with as many bytes, in frames of
+    the requested size, zero-copy from buffers never written after allocation."""
+    buffers, replies = [], {}
+
+    def answer(frames):
+        if len(frames[1]) == RAW_HDR.size:
+            key = frames[1].bytes
+            nbytes, frame, _ = RAW_HDR.unpack(key)
+            head = [frames[1]]
+        else:
+            frame = len(frames[1])
+            nbytes = frame if len(frames) == 2 else sum(len(f) for f in frames[1:])
+            key, head = (nbytes, frame), []
+        parts = replies.get(key)
+        if parts is None:   # a new request shape: views of a fresh buffer
+            buffers.append(np.ones(nbytes, np.uint8))
+            parts = replies[key] = wire.chunk(buffers[-1], frame) if nbytes else []
+        return [*head, *parts]
+
+    _serve_router(conn, stop, bind, io_threads, answer)
 
 
 def echo_server(conn, stop, bind: str, n: int, learners: int, protocol: str,
                 chunk_bytes: int, io_threads: int = 1) -> None:
     """The PS's protocol with no PS, until ``stop``: decode, then WELCOME / ACK / WEIGHTS
     (every pull answered, never UPTODATE) from one preallocated array, chunked as the PS."""
-    sides.exit_with_parent()
-    transport.tune_malloc()
-    ctx = zmq.Context(io_threads=io_threads)
-    sock = transport.make_socket(ctx, zmq.ROUTER, hwm=64, rcvtimeo=100)
-    conn.send(transport.bind(sock, bind))
     weights = wire.chunk(initial_weights(n), chunk_bytes)
     kinds = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE}
-    ts = seq = 0
-    try:
-        while not stop.is_set():
-            try:
-                frames = sock.recv_multipart(copy=False)
-            except zmq.Again:
-                continue
-            msg = wire.decode(frames[1:], kinds=kinds, numel=n)
-            seq += 1
-            if msg.kind == Kind.HELLO:
-                out = wire.encode(Kind.WELCOME, wire.SENDER_PS, seq, ts, 1, weights,
-                                  learners=learners, protocol=protocol)
-            elif msg.kind in (Kind.PUSH, Kind.BYE):
-                ts += msg.kind == Kind.PUSH
-                out = wire.encode(Kind.ACK, wire.SENDER_PS, seq, ts, 1, sigma=0)
-            else:
-                ts += msg.kind == Kind.PUSHPULL
-                out = wire.encode(Kind.WEIGHTS, wire.SENDER_PS, seq, ts, 1, weights, sigma=0)
-            sock.send_multipart([frames[0], *out], copy=False)
-    finally:
-        sock.close(linger=0)
-        ctx.destroy(linger=0)
+    state = {"ts": 0, "seq": 0}
+
+    def answer(frames):
+        msg = wire.decode(frames[1:], kinds=kinds, numel=n)
+        state["seq"] += 1
+        seq = state["seq"]
+        if msg.kind == Kind.HELLO:
+            return wire.encode(Kind.WELCOME, wire.SENDER_PS, seq, state["ts"], 1, weights,
+                               learners=learners, protocol=protocol)
+        if msg.kind in (Kind.PUSH, Kind.BYE):
+            state["ts"] += msg.kind == Kind.PUSH
+            return wire.encode(Kind.ACK, wire.SENDER_PS, seq, state["ts"], 1, sigma=0)
+        state["ts"] += msg.kind == Kind.PUSHPULL
+        return wire.encode(Kind.WEIGHTS, wire.SENDER_PS, seq, state["ts"], 1, weights, sigma=0)
+
+    _serve_router(conn, stop, bind, io_threads, answer)
 
 
 def _start(target, *args, env=None):
