@@ -46,6 +46,7 @@ class ServerState:
             s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
             n=s.n, batch_size=s.batch_size, epoch_size=epoch_size)
         self.numel = self.updater.numel
+        self.chunk_bytes = cfg.runtime.chunk_mib << 20   # the frames weights go out in
         self.signature = signature
         self.learners = s.learners
         self.epochs = cfg.train.epochs
@@ -61,6 +62,11 @@ class ServerState:
     def w(self) -> np.ndarray:
         """The current weights (never written again: safe to send zero-copy)."""
         return self.updater.w
+
+    def weight_frames(self) -> list[np.ndarray]:
+        """The current weights as payload frames of at most ``runtime.chunk_mib`` (views, no
+        copy)."""
+        return wire.chunk(self.w, self.chunk_bytes)
 
     @property
     def all_stopped(self) -> bool:

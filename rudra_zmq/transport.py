@@ -113,29 +113,6 @@ def _port_is_free(host: str, port: int) -> bool:
         return True
 
 
-def is_local_endpoint(endpoint: str) -> bool:
-    """Whether ``endpoint`` (a ZeroMQ address) is on this host: ipc/inproc, a loopback name or
-    address, or an address of one of this host's interfaces (one that a socket can bind).
-    Does not block beyond a name lookup; thread-safe."""
-    scheme, _, rest = endpoint.partition("://")
-    if scheme in ("ipc", "inproc"):
-        return True
-    host = rest.rsplit(":", 1)[0].strip("[]")
-    if host in ("localhost", "*", "0.0.0.0", "::", "::1") or host.startswith("127."):
-        return True
-    try:
-        for family, kind, proto, _, addr in _pysocket.getaddrinfo(host, None):
-            with _pysocket.socket(family, _pysocket.SOCK_STREAM) as s:
-                try:
-                    s.bind((addr[0], 0))
-                    return True       # only an address of this host can be bound
-                except OSError:
-                    continue
-    except OSError:
-        pass
-    return False
-
-
 def wait_readable(sock: zmq.Socket, timeout_ms: int) -> bool:
     """Whether ``sock`` has a message within ``timeout_ms`` (-1: no limit). Blocks, in slices
     of at most ``WAKE_MS`` so that signal handlers run promptly (see ``WAKE_MS``)."""
@@ -221,12 +198,6 @@ class Channel:
         frames = wire.encode(kind, self.sender, next(self._seq), ts, self.inc, payloads,
                              **fields)
         self.sock.send_multipart(frames, copy=False)
-
-    def send_vector(self, kind: wire.Kind, ts: int, vector,
-                    chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, **fields) -> None:
-        """Queue a request carrying the model-sized ``vector`` in frames of at most
-        ``chunk_bytes``, zero-copy: do not modify ``vector`` until the reply."""
-        self.send(kind, ts, wire.chunk(vector, chunk_bytes), **fields)
 
     def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or

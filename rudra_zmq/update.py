@@ -62,9 +62,25 @@ class Updater:
     def step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
         """One update from gradient ``sources`` (contiguous pieces covering the model, e.g.
         ``[self.acc]`` with ``zero_acc``, or received frames): the new weights go to a free
-        buffer, which then becomes the current version. Does not block beyond the kernels."""
-        out = self.versions.next_buffer()
-        self._step_range(sources, self.w, out, 0, self.numel, g_scale, lr, zero_acc)
+        buffer, which then becomes the current version; one kernel call per piece and
+        parameter segment they share. Does not block beyond the kernels."""
+        o, w, out = self.optimizer, self.w, self.versions.next_buffer()
+        off = 0
+        for src in sources:
+            end = off + src.shape[0]
+            for start, stop, lr_mult, decay_mult in self.segments:
+                a, b = max(start, off), min(stop, end)
+                if a >= b:
+                    continue
+                g = src[a - off:b - off]
+                if o.momentum:
+                    kernels.sgd_momentum_step(
+                        w[a:b], self.v[a:b], g, lr * lr_mult, o.momentum,
+                        o.weight_decay * decay_mult, g_scale, zero_acc, out=out[a:b])
+                else:
+                    kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
+                                     g_scale, zero_acc, out=out[a:b])
+            off = end
         self.versions.publish(out)
 
     def receive(self, payloads, scale: float, update, count: int = 1) -> None:
@@ -79,25 +95,3 @@ class Updater:
         self.add(payloads, scale)
         if update is not None:
             self.step([self.acc], update.g_scale, update.lr, True)
-
-    def _step_range(self, sources, w, out, lo, hi, g_scale, lr, zero_acc) -> None:
-        """The update of weights [lo, hi): every source piece and parameter segment in it;
-        ``sources`` are contiguous gradient pieces starting at offset 0."""
-        o = self.optimizer
-        off = 0
-        for src in sources:
-            end = off + src.shape[0]
-            if end > lo and off < hi:
-                for start, stop, lr_mult, decay_mult in self.segments:
-                    a, b = max(start, off, lo), min(stop, end, hi)
-                    if a >= b:
-                        continue
-                    g = src[a - off:b - off]
-                    if o.momentum:
-                        kernels.sgd_momentum_step(
-                            w[a:b], self.v[a:b], g, lr * lr_mult, o.momentum,
-                            o.weight_decay * decay_mult, g_scale, zero_acc, out=out[a:b])
-                    else:
-                        kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
-                                         g_scale, zero_acc, out=out[a:b])
-            off = end

@@ -45,8 +45,10 @@ def run_in_threads(config, overrides, run_dir):
             try:
                 server = make()
                 ready.set()
-                server.serve_forever(serve_event) if serve_event is not None else server.run(
-                    stop_event=failed)
+                if serve_event is not None:
+                    server.serve_forever(serve_event)
+                else:   # a learner
+                    server.run(stop_event=failed)
             except BaseException as exc:   # surfaced below
                 errors.append((name, exc))
                 failed.set()

@@ -132,6 +132,14 @@ def test_pushpull_refuses_push_only_under_hardsync_saying_why():
     assert "push-only under hardsync" in res.stderr and "Traceback" not in res.stderr
 
 
+def test_a_negative_count_is_refused_naming_it_before_anything_runs():
+    res = subprocess.run([sys.executable, "-m", "rudra_zmq", "bench", "lat", "--count", "-5"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and res.stdout == ""          # not even the header
+    assert "--count must be >= 0" in res.stderr and "got -5" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 def test_allreduce_reports_nccl_tests_bandwidths_beside_the_ps_hardsync_step(tmp_path):
     cases, rows = bench_json(tmp_path, "allreduce", "--nprocs", "2", "--sizes", "1K", *QUICK)
     (c,) = cases

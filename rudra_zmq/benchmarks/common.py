@@ -263,6 +263,8 @@ def run_transport_sweep(args, command: str, handlers, title: str, note: str, plo
     if args.bind:
         return sides.serve_agent(f"{command} server", args.bind, handlers, args.idle_timeout,
                                  args.exit_with_parent)
+    if args.count < 0:
+        raise ValueError(f"--count must be >= 0 (0: fill --seconds), got {args.count}")
     kinds = args.transports or (["tcp"] if args.connect else TRANSPORTS)
     if args.connect and "inproc" in kinds:
         raise ValueError("inproc needs both sides in one process: drop --connect")

@@ -2,7 +2,7 @@
 
 A client speaks to the parameter server exactly as ``roles/learner.py`` does (a
 ``transport.Channel``: HELLO, then PUSHPULL / PUSH / PULL, the gradient sent zero-copy in
-``chunk_bytes`` frames with ``Channel.send_vector``, replies received ``copy=False`` and
+``chunk_bytes`` frames (``wire.chunk``, ``Channel.send``), replies received ``copy=False`` and
 validated by ``wire.decode``, the reply's frames held until the next operation), minus the
 model: the learner's copy of new weights into its parameters is not timed. It does the same
 against the echo server (the protocol without the PS), and talks to the raw server (see
@@ -73,7 +73,7 @@ class _Client:
         """One request and its reply, as a learner makes it (blocks up to TIMEOUT_MS)."""
         ch = self.chans[target]
         if kind in (Kind.PUSHPULL, Kind.PUSH):   # the gradient, sent as the learner sends it
-            ch.send_vector(kind, ts, self.grad, self.chunk_bytes, **kw)
+            ch.send(kind, ts, wire.chunk(self.grad, self.chunk_bytes), **kw)
         else:
             ch.send(kind, ts, **kw)
         msg = ch.recv(set(replies), self.n)

@@ -72,12 +72,12 @@ class Frames:
 class SharedSlots:
     """leaf_shm: gradients through two shared slots, weights from the leaf's board."""
 
-    def __init__(self, cfg, learner_id: int, numel: int, timeout_s: float):
-        self.id, self.numel, self.timeout_s = learner_id, numel, timeout_s
+    def __init__(self, cfg, learner_id: int, numel: int, frames: Frames):
+        """``frames``: the carrier to fall back to (and to load frame replies with)."""
+        self.id, self.numel, self.timeout_s = learner_id, numel, cfg.runtime.timeout_s
         self.advstar = cfg.architecture.kind == "advstar"   # no board: weights by broadcast
         self.leaf = topology.plan(cfg).leaf_of(learner_id).id
-        self.frames = Frames(numel, cfg.runtime.chunk_mib << 20,
-                             own_buffer=self.advstar)
+        self.frames = frames
         self.slots = shm.GradientSlots.create(shm.new_token(), self.leaf, learner_id, numel)
         self.hello_fields = {"shm": self.slots.token}
         self.board = None
@@ -129,14 +129,16 @@ class SharedSlots:
 
 def make_carrier(cfg, learner_id: int, numel: int):
     """Frames, or shared slots where ``architecture.leaf_shm`` asks and /dev/shm allows."""
-    own = cfg.architecture.kind == "advstar"
+    # advstar pushes without waiting: the gradient must leave the model's buffer first
+    frames = Frames(numel, cfg.runtime.chunk_mib << 20,
+                    own_buffer=cfg.architecture.kind == "advstar")
     if cfg.architecture.leaf_shm:
         try:
-            return SharedSlots(cfg, learner_id, numel, cfg.runtime.timeout_s)
+            return SharedSlots(cfg, learner_id, numel, frames)
         except (shm.ShmUnavailable, OSError) as exc:
             log.warning("learner %d: no shared memory with its leaf, pushing ZeroMQ payloads: "
                         "%s", learner_id, exc)
-    return Frames(numel, cfg.runtime.chunk_mib << 20, own_buffer=own)
+    return frames
 
 
 class PushPull:

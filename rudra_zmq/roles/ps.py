@@ -76,7 +76,6 @@ class ParameterServer:
         self.run_dir = Path(run_dir) if run_dir else None
         weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
         self.state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))
-        self.chunk_bytes = cfg.runtime.chunk_mib << 20
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
@@ -149,7 +148,7 @@ class ParameterServer:
     def on_hello(self, ident: bytes, msg: wire.Message) -> None:
         """Register the sender and send it the weights."""
         self.state.register(ident, msg)
-        self.send(ident, Kind.WELCOME, wire.chunk(self.state.w, self.chunk_bytes),
+        self.send(ident, Kind.WELCOME, self.state.weight_frames(),
                   learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol)
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
@@ -187,7 +186,7 @@ class ParameterServer:
     def _eval(self) -> None:
         if self.stats:
             self.stats.eval_weights(self.state.engine.timestamp, self.state.engine.epoch,
-                                    self.state.w, self.chunk_bytes)
+                                    self.state.w, self.state.chunk_bytes)
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:

@@ -18,14 +18,13 @@ from ..wire import Kind
 
 def make_weights_out(cfg, state, send, ctx, broadcast: str | None):
     """The way this run's PS hands out weights (``architecture.kind``)."""
-    chunk_bytes = cfg.runtime.chunk_mib << 20
     if cfg.architecture.kind == "advstar":
         if not broadcast:
             raise ValueError("architecture.kind=advstar: the parameter server needs a "
                              "broadcast endpoint to bind (rudra-zmq ps --bcast-bind EP)")
-        return BroadcastWeights(state, send, ctx, broadcast, chunk_bytes,
+        return BroadcastWeights(state, send, ctx, broadcast,
                                 topology.broadcast_children(cfg, None))
-    return ReplyWeights(state, send, chunk_bytes)
+    return ReplyWeights(state, send)
 
 
 class ReplyWeights:
@@ -33,8 +32,8 @@ class ReplyWeights:
 
     endpoint = None   # no broadcast
 
-    def __init__(self, state, send, chunk_bytes: int):
-        self.state, self.send, self.chunk_bytes = state, send, chunk_bytes
+    def __init__(self, state, send):
+        self.state, self.send = state, send
         self.parked: list[tuple[bytes, int]] = []   # (routing id, sender) waiting for ts + 1
 
     def answer(self, ident: bytes, msg: wire.Message, sigma: int) -> None:
@@ -51,7 +50,7 @@ class ReplyWeights:
         """WEIGHTS if the server is newer than ``msg.ts``; else park (``wait``) or UPTODATE."""
         extra = {} if sigma is None else {"sigma": sigma}
         if self.state.engine.timestamp > msg.ts:
-            self.send(ident, Kind.WEIGHTS, wire.chunk(self.state.w, self.chunk_bytes), **extra)
+            self.send(ident, Kind.WEIGHTS, self.state.weight_frames(), **extra)
         elif msg.fields["wait"]:
             self.parked.append((ident, msg.sender))
         else:
@@ -65,7 +64,7 @@ class ReplyWeights:
             if self.state.done:
                 stop(ident, sender)
             else:
-                self.send(ident, Kind.WEIGHTS, wire.chunk(self.state.w, self.chunk_bytes))
+                self.send(ident, Kind.WEIGHTS, self.state.weight_frames())
 
     def close(self) -> None:
         """Nothing to release."""
@@ -74,11 +73,11 @@ class ReplyWeights:
 class BroadcastWeights:
     """Rudra-adv*: each version goes down the broadcast; gradients are answered ACK."""
 
-    def __init__(self, state, send, ctx, bind: str, chunk_bytes: int, children):
+    def __init__(self, state, send, ctx, bind: str, children):
         from .broadcast import BroadcastRoot
 
         self.state, self.send = state, send
-        self.root = BroadcastRoot(ctx, bind, state.numel, chunk_bytes=chunk_bytes,
+        self.root = BroadcastRoot(ctx, bind, state.numel, chunk_bytes=state.chunk_bytes,
                                   children=children).start()
         self.endpoint = self.root.endpoint
         # v0: the chain is up. No copy: a weight version is never written again while
