@@ -122,7 +122,7 @@ def counting_ps_class():
             if fan is None:
                 return 0
             numel = self.state.numel
-            per_version = -(-numel * 4 // self.chunk_bytes)
+            per_version = -(-numel * 4 // self.state.chunk_bytes)
             return fan.sent_chunks * numel * 4 // per_version
 
         def report(self) -> dict:
