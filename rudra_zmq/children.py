@@ -33,6 +33,8 @@ class Child:
     proc: subprocess.Popen
     echo: threading.Thread | None = None
     last_line: str = ""      # the last stdout line echoed (stats server only)
+    ended: bool = False      # its exit was handled by the supervisor
+    args: list | None = None  # the role's arguments (to restart it with)
 
     def describe_exit(self) -> str:
         rc = self.proc.returncode

@@ -32,10 +32,14 @@ class _UsageError(Exception):
 # ----------------------------------------------------------------------------- helpers
 def _load(args):
     """The config named by --config with the --set overrides applied, or _UsageError."""
+    from . import transport
+
     try:
-        return load_config(args.config, args.set)
+        cfg = load_config(args.config, args.set)
     except (ConfigError, FileNotFoundError) as exc:
         raise _UsageError(str(exc)) from None
+    transport.set_heartbeat(cfg.runtime.heartbeat_s)   # every socket this role makes
+    return cfg
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -144,7 +148,12 @@ def cmd_run(args) -> int:
     from . import launcher
 
     try:
-        return launcher.run(args.config, args.set, run_dir=args.run_dir)
+        if args.resume is None and args.config is None:
+            raise _UsageError("give a CONFIG to start a run, or --resume RUN_DIR to continue one")
+        if args.resume is not None and args.run_dir is not None:
+            raise _UsageError("--run-dir starts a new run; --resume RUN_DIR continues the run "
+                              "there: give one of them")
+        return launcher.run(args.config, args.set, run_dir=args.run_dir, resume=args.resume)
     except (ConfigError, FileNotFoundError) as exc:  # raised before any process starts
         raise _UsageError(str(exc)) from None
 
@@ -157,7 +166,8 @@ def cmd_ps(args) -> int:
                           f"{cfg.architecture.kind!r})")
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
     return _serve("ps", ps_threads(cfg), True,
-                  lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir, **extra))
+                  lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir,
+                                    resume=args.resume, **extra))
 
 
 def _bcast_args(cfg, args) -> tuple[list | None, list | None]:
@@ -219,7 +229,8 @@ def cmd_data(args) -> int:
 
 def cmd_stats(args) -> int:
     cfg = _load(args)
-    return _serve("stats_server", 1, False, lambda m: m.serve(cfg, args.bind, args.run_dir))
+    return _serve("stats_server", 1, False,
+                  lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume))
 
 
 def cmd_simulate(args) -> int:
@@ -272,7 +283,7 @@ def cmd_info(args) -> int:
 # ----------------------------------------------------------------------------- parser
 def _config_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
     if positional:
-        p.add_argument("config", metavar="CONFIG", help="YAML config file")
+        p.add_argument("config", metavar="CONFIG", nargs="?", help="YAML config file")
     else:
         p.add_argument("--config", required=True, metavar="C", help="YAML config file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -292,7 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    " and stop them all when training ends or anything fails.")
     _config_args(p, positional=True)
     p.add_argument("--run-dir", metavar="DIR",
-                   help="run directory (default: runtime.run_dir/NAME-YYYYmmdd-HHMMSS)")
+                   help="run directory (default: runtime.run_dir/NAME-YYYYmmdd-HHMMSS); one "
+                        "that holds a run already is refused")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its newest valid checkpoint (CONFIG "
+                        "optional; --set may change only train.epochs, evaluation and "
+                        "checkpoint intervals and runtime.*)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("ps", help="run the parameter server")
@@ -300,7 +316,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", required=True, metavar="ENDPOINT",
                    help="endpoint to bind, e.g. tcp://0.0.0.0:5555")
     p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
-    p.add_argument("--run-dir", metavar="DIR", help="where to write the PS's records")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="where to write the weights and checkpoints (DIR/checkpoints)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest valid checkpoint in --run-dir, as a new "
+                        "incarnation (learners rejoin by themselves)")
     p.add_argument("--bcast-bind", metavar="ENDPOINT",
                    help="advstar: endpoint the broadcast root binds (its first members "
                         "connect there)")
@@ -344,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", required=True, metavar="ENDPOINT", help="endpoint to bind")
     p.add_argument("--run-dir", required=True, metavar="DIR",
                    help="run directory for metrics, summary and plots")
+    p.add_argument("--resume", action="store_true",
+                   help="the run is resumed: mark it in metrics.jsonl (which is always "
+                        "appended to)")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("simulate", help="simulate a run in one process (no sockets)",

@@ -70,6 +70,8 @@ class TrainConfig:
     eval_every_epochs: float = 1.0     # test error this often (0 = never by epoch)
     eval_every_updates: int = 0        # and/or every k updates (0 = off)
     seed: int = 0                      # data order
+    checkpoint_every_s: float = 60.0   # PS state to RUN_DIR/checkpoints this often (0 = off)
+    checkpoint_every_updates: int = 0  # and/or every k updates (0 = off); always at the end
 
 
 @dataclass
@@ -82,6 +84,12 @@ class RuntimeConfig:
     #                                    PS started by hand, what the learners leave under run
     chunk_mib: int = 8                 # max payload frame size for model-sized messages
     timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
+    learner_timeout_s: float = 60.0    # the PS evicts a learner silent this long (0 = never);
+    #                                    set above the slowest step; it rejoins with a HELLO
+    retry_s: float = 5.0               # a client sends an unanswered request again after this
+    heartbeat_s: float = 2.0           # ZMTP heartbeat interval; a peer is dropped after 5x
+    restart: bool = True               # rudra-zmq run restarts a crashed role
+    max_restarts: int = 3              # failures of one role before the run stops
     learners_per_process: int = 1      # >1 hosts several learner threads per process
     device: str = "cpu"                # learners compute on: cpu | cuda (learner i on GPU
     #                                    i mod #GPUs) | cuda:N (rudra_zmq/devices.py)
@@ -147,6 +155,15 @@ class Config:
             raise ConfigError(f"data.synthetic_shape must be [C, H, W], got {d.synthetic_shape}")
         if r.timeout_s <= 0:
             raise ConfigError(f"runtime.timeout_s must be > 0, got {r.timeout_s}")
+        for key, val in (("runtime.learner_timeout_s", r.learner_timeout_s),
+                         ("runtime.heartbeat_s", r.heartbeat_s),
+                         ("runtime.max_restarts", r.max_restarts),
+                         ("train.checkpoint_every_s", self.train.checkpoint_every_s),
+                         ("train.checkpoint_every_updates", self.train.checkpoint_every_updates)):
+            if val < 0:
+                raise ConfigError(f"{key} must be >= 0 (0 = off), got {val}")
+        if not r.retry_s > 0:
+            raise ConfigError(f"runtime.retry_s must be > 0, got {r.retry_s}")
         self._validate_architecture()
         return self
 

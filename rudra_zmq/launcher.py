@@ -8,12 +8,17 @@ anything that connects to it is started. Each process logs to ``RUN/logs/ROLE.lo
 ``RUN/processes.json`` lists every pid and command line; the stats server's stdout is also
 echoed here, as the progress display.
 
-The run succeeds (0) when the PS and every learner exit 0: the data server is then sent SIGTERM
-and the stats server finishes by itself (or is stopped after ``STATS_EXIT_TIMEOUT_S``). A
-process that exits non-zero, a data server that exits before training ended, or a server not
-listening within ``runtime.timeout_s`` stops all others (SIGTERM, then SIGKILL of the process
-tree after ``TERM_GRACE_S``) and returns 1; Ctrl-C, SIGTERM or SIGHUP does the same and returns
-130. Children run in their own sessions, so a terminal's Ctrl-C reaches only the launcher.
+The run succeeds (0) when the PS (and every tree node) exits 0: the learners get
+``LEARNER_EXIT_S`` to follow, the data server is sent SIGTERM and the stats server finishes
+by itself (or is stopped after ``STATS_EXIT_TIMEOUT_S``). A role that fails (exits non-zero,
+or the data server exits at all) is restarted with ``runtime.restart`` (the PS from its newest
+checkpoint, ``--resume``), at most ``runtime.max_restarts`` times per role; without restarts a
+failed learner is left out (the PS evicts it and the others go on) and any other failure ends
+the run. A run that cannot go on, or a server not listening within ``runtime.timeout_s``,
+stops all others (SIGTERM, then SIGKILL of the process tree after ``TERM_GRACE_S``) and
+returns 1; Ctrl-C, SIGTERM or SIGHUP does the same and returns 130. Children run in their own
+sessions, so a terminal's Ctrl-C reaches only the launcher. ``resume``: the run in the run
+directory continues from its checkpoint (``rudra-zmq run --resume``).
 
 Each role's command line and the stop order: ``docs/architecture.md`` (The launcher); the same
 commands started by hand across machines: ``docs/multihost.md``.
@@ -34,6 +39,10 @@ from .run_plan import Plan, learner_endpoints, make_plan, role_env, summary
 POLL_S = 0.2                 # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
+LEARNER_EXIT_S = 10.0        # after the PS finished, how long learners may take to exit
+RESTARTABLE = {"base": ("stats", "data", "ps", "learner"),
+               "adv": ("stats", "data", "ps", "node", "learner"),
+               "advstar": ("stats", "data")}   # the broadcast chain is not rebuilt (yet)
 
 def _role_command(role: str, args: list[str]) -> list[str]:
     """The command line that starts ``role`` (stats | data | ps | learner) with ``args``.
@@ -47,11 +56,14 @@ def _role_command(role: str, args: list[str]) -> list[str]:
 class Launcher:
     """Starts and supervises the processes of one run. Use once, from one thread."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, resume: bool = False):
         self.plan = plan
+        self.resume = resume
         self.children: list[Child] = []
         self.interrupted = False
         self.hurry = False  # a second interrupt: skip the SIGTERM grace period
+        self.restarts: dict[str, int] = {}   # label -> times restarted
+        self.left_out: set[str] = set()      # learners that failed and were not restarted
 
     # -- signals -----------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -77,7 +89,7 @@ class Launcher:
                 stdout=subprocess.PIPE if role == "stats" else log, stderr=log,
                 env=role_env(cfg, role), start_new_session=True,
                 text=role == "stats", errors="replace" if role == "stats" else None)
-        child = Child(label, role, command, log_path, proc)
+        child = Child(label, role, command, log_path, proc, args=list(args))
         self.children.append(child)
         if role == "stats":
             child.echo = threading.Thread(target=echo_lines, name="stats-echo", daemon=True,
@@ -108,11 +120,12 @@ class Launcher:
             learners.append((label, "learner", ["--id", ",".join(map(str, ids)), "--ps", ps,
                                                 "--data", ep["data"], "--stats", ep["stats"],
                                                 *self._bcast_args(ids)]))
+        resume = ["--resume"] if self.resume else []
         steps = [
-            ([("stats", "stats", ["--bind", ep["stats"], "--run-dir", str(p.run_dir)]),
+            ([("stats", "stats", ["--bind", ep["stats"], "--run-dir", str(p.run_dir), *resume]),
               ("data", "data", ["--bind", ep["data"]])], ["stats"]),
             ([("ps", "ps", ["--bind", ep["ps"], "--stats", ep["stats"],
-                            "--run-dir", str(p.run_dir),
+                            "--run-dir", str(p.run_dir), *resume,
                             *(["--bcast-bind", ep["bcast"]] if "bcast" in ep else [])])],
              ["data", "ps"]),
             *self._node_steps(),
@@ -200,25 +213,73 @@ class Launcher:
                 print(f"    {line}", file=sys.stderr)
 
     def supervise(self) -> int:
-        """Poll the children until training ends (0), something fails (1), or we are
-        interrupted (130). Blocks; returns with every child stopped."""
-        trainers = [c for c in self.children if c.role in ("ps", "node", "learner")]
+        """Poll the children until training ends (0), something fails that cannot be
+        restarted (1), or we are interrupted (130). Blocks; returns with every child stopped."""
+        ended_at = None     # when the PS (and every tree node) finished training
         while True:
             if self.interrupted:
                 return self.interrupt()
-            for c in self.children:
+            for c in list(self.children):
                 rc = c.proc.poll()
-                if rc is None:
+                if rc is None or c.ended:
                     continue
-                if c.role == "data" or rc != 0:
-                    self._report(c, early=(c.role == "data" and rc == 0))
-                    self.stop_all()
-                    return 1
-                # rc == 0 of the stats server is fine: it returns once the PS announced
-                # the end of training, which may be a little before the PS itself exits.
-            if all(c.proc.returncode == 0 for c in trainers):
+                c.ended = True
+                # rc == 0 of the stats server is fine: it returns once the PS announced the
+                # end of training, which may be a little before the PS itself exits; so is
+                # a learner's after STOP, or anything's once training ended.
+                if (rc == 0 and c.role != "data") or ended_at is not None:
+                    continue
+                outcome = self._failed(c)
+                if outcome is not None:
+                    return outcome
+            live = [c for c in self.children if not c.ended]
+            if ended_at is None and not any(c.role in ("ps", "node") for c in live):
+                ended_at = time.monotonic()
+            if ended_at is not None and (not any(c.role == "learner" for c in live)
+                                         or time.monotonic() - ended_at > LEARNER_EXIT_S):
                 return self.finish()
             time.sleep(POLL_S)
+
+    def _failed(self, c: Child) -> int | None:
+        """``c`` failed during training: restart it, leave it out (a learner, without
+        restarts), or stop the run (its exit code). Blocks only for the fork/exec."""
+        cfg = self.plan.cfg.runtime
+        self._report(c, early=(c.role == "data" and c.proc.returncode == 0))
+        kind = self.plan.cfg.architecture.kind
+        if cfg.restart and c.role in RESTARTABLE[kind]:
+            n = self.restarts.get(c.label, 0)
+            if n >= cfg.max_restarts:
+                print(f"rudra-zmq: {c.label} failed {n + 1} times (runtime.max_restarts="
+                      f"{cfg.max_restarts}); stopping the run", file=sys.stderr)
+                self.stop_all()
+                return 1
+            self.restarts[c.label] = n + 1
+            args = list(c.args)
+            if c.role in ("ps", "stats") and "--resume" not in args:
+                args.append("--resume")
+            how = " from its newest checkpoint" if c.role == "ps" else ""
+            print(f"rudra-zmq: restarting {c.label}{how} ({n + 1} of at most "
+                  f"{cfg.max_restarts})", file=sys.stderr, flush=True)
+            try:
+                self.start(c.label, c.role, args)
+            except OSError as exc:
+                print(f"rudra-zmq: could not restart {c.label}: {exc}", file=sys.stderr)
+                self.stop_all()
+                return 1
+            return None
+        if c.role == "learner" and not cfg.restart:
+            self.left_out.add(c.label)
+            if any(x.role == "learner" and not x.ended for x in self.children):
+                print(f"rudra-zmq: {c.label} is left out (runtime.restart is off); the run "
+                      "goes on with the other learners", file=sys.stderr, flush=True)
+                return None
+            print("rudra-zmq: every learner has failed; stopping the run", file=sys.stderr)
+        elif cfg.restart:
+            print(f"rudra-zmq: {c.label} cannot be restarted with architecture.kind={kind}; "
+                  f"stopping the run (continue it with `rudra-zmq run --resume "
+                  f"{self.plan.run_dir}`)", file=sys.stderr)
+        self.stop_all()
+        return 1
 
     def finish(self) -> int:
         """Training ended well: stop the data server, let the stats server finish."""
@@ -317,11 +378,20 @@ def _outcome(run_dir) -> str | None:
             "side by side")
 
 
-def run(config_path, overrides=(), run_dir=None) -> int:
+def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     """Launch a whole run on this machine; blocks until it ends. Returns the exit code: 0
-    success, 1 a role failed, 130 interrupted. Raises ConfigError / FileNotFoundError (before
-    any process starts) for a bad config, run directory or endpoint."""
-    cfg = config_mod.load_config(config_path, list(overrides))
-    plan = make_plan(cfg, run_dir)
+    success, 1 a role failed, 130 interrupted. ``resume``: a run directory to continue from
+    its newest checkpoint (``config_path`` optional; ``resume.resume_config`` checks what may
+    change). Raises ConfigError / FileNotFoundError (before any process starts) for a bad
+    config, run directory or endpoint."""
+    if resume is not None:
+        from .resume import resume_config
+        cfg = resume_config(resume, config_path, list(overrides))
+        plan = make_plan(cfg, resume, resume=True)
+    else:
+        cfg = config_mod.load_config(config_path, list(overrides))
+        plan = make_plan(cfg, run_dir)
     print(summary(plan), flush=True)
-    return Launcher(plan).run()
+    if resume is not None:
+        print(f"  resuming from {plan.run_dir / 'checkpoints'}", flush=True)
+    return Launcher(plan, resume=resume is not None).run()

@@ -15,7 +15,7 @@ import secrets
 import numpy as np
 
 from . import kernels, topology, wire
-from .sync import ProtocolViolation, RelayClock
+from .sync import ProtocolViolation, Rejoin, RelayClock
 
 
 class NodeState:
@@ -35,10 +35,13 @@ class NodeState:
         self.weights: list = []              # the newest weights (parent's frames, read-only)
         self.identities: dict[int, bytes] = {}
         self.subtrees: dict[int, frozenset] = {}
-        self.hellos: list[tuple[bytes, int]] = []            # waiting for the parent's WELCOME
-        self.waiting: list[tuple[bytes, int, wire.Kind, int]] = []  # in the pending sum
-        self.flight: list[tuple[bytes, int, wire.Kind, int]] = []   # in the relay in flight
-        self.parked: list[tuple[bytes, int, int]] = []       # PULL wait=True: (id, sender, ts)
+        # Who waits for what; each entry ends with the request's seq (replies echo it, x{re})
+        self.hellos: list[tuple[bytes, int, int]] = []       # waiting for the parent's WELCOME
+        self.waiting: list[tuple[bytes, int, wire.Kind, int, int]] = []  # in the pending sum
+        self.flight: list[tuple[bytes, int, wire.Kind, int, int]] = []   # in the relay in flight
+        self.parked: list[tuple[bytes, int, int, int]] = []  # PULL wait=True: (id, sender, ts)
+        self.rejoins: list[tuple[bytes, int, int]] = []      # HELLOs of children held above
+        self.seqs: dict[int, int] = {}       # child -> seq of its last gradient (at most once)
         self._sum = self._spare = None       # the sum being built / the one in flight
         self._summed = 0                     # gradients in _sum
         self.stop_reason: str | None = None
@@ -77,8 +80,25 @@ class NodeState:
         """Raise ProtocolViolation unless ``msg`` comes from a registered child on its own
         connection, for this incarnation."""
         if self.identities.get(msg.sender) != ident or msg.inc not in (0, self.incarnation):
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} has not said HELLO to "
-                                    f"tree node {self.id} on this connection")
+            raise Rejoin(f"{wire.sender_name(msg.sender)} has not said HELLO to tree node "
+                         f"{self.id} on this connection (did the node restart?)")
+
+    def is_duplicate(self, ident: bytes, msg: wire.Message) -> bool:
+        """Whether a gradient is the child's last one sent again (its reply now goes to
+        ``ident``). Raises ProtocolViolation for an older one (a replay)."""
+        last = self.seqs.get(msg.sender)
+        if last is None or msg.seq > last:
+            return False
+        if msg.seq < last:
+            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent sequence number "
+                                    f"{msg.seq}, older than its last {last} (a replay)")
+        for queue in (self.waiting, self.flight):
+            queue[:] = [(ident, *e[1:]) if e[1] == msg.sender else e for e in queue]
+        return True
+
+    def held(self, sender: int) -> bool:
+        """Whether ``sender``'s gradient is in the pending sum or the relay in flight."""
+        return any(e[1] == sender for e in self.waiting + self.flight)
 
     def entries(self, msg: wire.Message) -> list[tuple[int, int]]:
         """The (learner, gradient timestamp) pairs a gradient message carries (checked)."""
@@ -109,7 +129,8 @@ class NodeState:
             off += n
         self._summed += len(entries)
         self.gradients += len(entries)
-        self.waiting.append((ident, msg.sender, msg.kind, msg.ts))
+        self.waiting.append((ident, msg.sender, msg.kind, msg.ts, msg.seq))
+        self.seqs[msg.sender] = msg.seq
 
     def take_relay(self):
         """(sum buffer, clock) to relay now, or None. The buffer stays untouched until the
@@ -135,8 +156,8 @@ class NodeState:
     def stop(self, reason: str) -> list:
         """The parent said STOP: returns every child waiting for anything (to be told)."""
         self.stop_reason = reason
-        told = self.flight + self.waiting + self.parked + self.hellos
-        self.flight, self.waiting, self.parked, self.hellos = [], [], [], []
+        told = self.flight + self.waiting + self.parked + self.hellos + self.rejoins
+        self.flight, self.waiting, self.parked, self.hellos, self.rejoins = [], [], [], [], []
         return told
 
     def mark_stopped(self, sender: int) -> None:

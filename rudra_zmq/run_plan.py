@@ -35,12 +35,17 @@ class Plan:
     tree: topology.Tree | None = None  # architecture.kind adv
 
 
-def make_run_dir(cfg, run_dir=None) -> Path:
+def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
     """Create and return the run directory (``logs/`` inside it). Without ``run_dir`` it is
-    ``runtime.run_dir/NAME-YYYYmmdd-HHMMSS``, made unique with a ``-2``, ``-3`` suffix."""
+    ``runtime.run_dir/NAME-YYYYmmdd-HHMMSS``, made unique with a ``-2``, ``-3`` suffix. A
+    ``run_dir`` that already holds a run is refused unless ``resume``."""
     try:
         if run_dir is not None:
             path = Path(run_dir).absolute()
+            if (path / "config.yaml").exists() and not resume:
+                raise ConfigError(f"{path} already holds a run (its config.yaml is there); "
+                                  f"continue it with `rudra-zmq run --resume {path}` or give "
+                                  "another --run-dir")
             path.mkdir(parents=True, exist_ok=True)
         else:
             parent = Path(cfg.runtime.run_dir).absolute()
@@ -126,10 +131,11 @@ def role_env(cfg, role: str) -> dict[str, str]:
     return env
 
 
-def make_plan(cfg, run_dir=None) -> Plan:
+def make_plan(cfg, run_dir=None, resume: bool = False) -> Plan:
     """Create the run directory (with the resolved ``config.yaml``) and plan every endpoint
-    and learner group of the run. Raises ConfigError for a bad directory or endpoint."""
-    path = make_run_dir(cfg, run_dir)
+    and learner group of the run (``resume``: of the run already in ``run_dir``). Raises
+    ConfigError for a bad directory or endpoint."""
+    path = make_run_dir(cfg, run_dir, resume)
     config_mod.save(cfg, path / "config.yaml")
     tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
     eps = endpoints(cfg, path)

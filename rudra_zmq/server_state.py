@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import topology, wire
-from .sync import LRSchedule, ProtocolViolation, SyncEngine
+from .sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine
 from .update import Updater
+from .versions import WeightVersions
 
 
 @dataclass
@@ -27,6 +28,9 @@ class Counters:
     invalid: int = 0        # requests refused (bad wire data or a protocol violation)
     undelivered: int = 0    # replies ZeroMQ could not deliver (the peer was gone)
     sent: int = 0           # messages sent: the ``seq`` of the next header
+    duplicates: int = 0     # gradients received again (a resend or a replay), not applied
+    evictions: int = 0      # learners dropped for silence (runtime.learner_timeout_s)
+    lost_updates: int = 0   # updates a learner had seen that the restored checkpoint lacked
 
 
 class ServerState:
@@ -51,6 +55,11 @@ class ServerState:
         self.learners = s.learners
         self.epochs = cfg.train.epochs
         self.incarnation = secrets.randbits(62) + 1   # tells learners this server restarted
+        self.incarnations = [self.incarnation]        # every incarnation of this run, oldest first
+        self.restored_ts: int | None = None           # the checkpoint timestamp we started from
+        self.applied: dict[int, tuple] = {}   # sender -> (last seq, its σ; None for a HELLO)
+        self.steps: dict[int, int] = {}               # learner -> gradients accepted (data step)
+        self.last_heard: dict[int, float] = {}        # learner -> when it last sent anything
         self.tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
         self.identities: dict[int, bytes] = {}        # sender -> its connection's routing id
         self.subtrees: dict[int, frozenset] = {}      # tree node sender -> learners below it
@@ -70,8 +79,9 @@ class ServerState:
 
     @property
     def all_stopped(self) -> bool:
-        """Whether training is over and every learner was told."""
-        return self.done and self.stopped >= set(range(self.learners))
+        """Whether training is over and every member learner was told (an evicted one that
+        never came back is not waited for)."""
+        return self.done and self.stopped >= self.engine.members
 
     def register(self, ident: bytes, msg: wire.Message) -> None:
         """Accept a HELLO from ``msg.sender`` on connection ``ident``: it must be a learner or
@@ -96,22 +106,79 @@ class ServerState:
         self.identities[sender] = ident
         if wire.node_id(sender) is not None:
             self.subtrees[sender] = below
+        # at most once: nothing sent before this HELLO may be applied any more
+        self.applied[sender] = (msg.seq, None)
+        had = f.get("had", -1)   # the newest timestamp this learner saw (a restarted PS)
+        if self.restored_ts is not None and had - self.restored_ts > self._lost_now:
+            self._lost_now = had - self.restored_ts
+            self.counters.lost_updates = self._lost_base + self._lost_now
+
+    def owes_update(self, sender: int) -> bool:
+        """Whether ``sender`` (or, for a tree node, a learner below it) has a gradient in
+        the pending update: a hardsync sender that says HELLO again must then wait for that
+        update, or it would push twice for one timestamp."""
+        if self.engine.protocol != "hardsync":
+            return False
+        below = self.subtrees.get(sender) or {sender}
+        return bool(below & self.engine.pending_learners)
+
+    def join(self, sender: int, now: float):
+        """A registered learner becomes a member again (elastic λ); returns True if it was
+        out (λ changed). Tree nodes are not members: the learners below them are."""
+        self.last_heard[sender] = now
+        if sender < 0 or sender in self.engine.members:
+            return False
+        self.engine.join(sender)
+        self.stopped.discard(sender)
+        return True
+
+    def evict(self, learner: int):
+        """Stop waiting for ``learner`` (silent too long): it must say HELLO to come back.
+        Returns the update its leaving completes (the caller applies it), or None."""
+        self.identities.pop(learner, None)
+        self.last_heard.pop(learner, None)
+        self.counters.evictions += 1
+        update = self.engine.leave(learner)
+        if update is not None:
+            self._apply((), 1.0, update, 0)
+        return update
+
+    def silent(self, now: float, timeout_s: float, waiting=()) -> list[int]:
+        """Members that sent nothing for ``timeout_s`` and are not ``waiting`` for a reply the
+        server owes them (a parked hardsync pull). Pure."""
+        return sorted(i for i, t in self.last_heard.items()
+                      if now - t > timeout_s and i in self.engine.members and i not in waiting)
+
+    def is_duplicate(self, msg: wire.Message) -> bool:
+        """Whether a gradient was applied already (a resend of the last one: answer it as
+        before, apply nothing). Raises ProtocolViolation for anything older (a replay)."""
+        last = self.applied.get(msg.sender)
+        if last is None or msg.seq > last[0]:
+            return False
+        self.counters.duplicates += 1
+        if msg.seq == last[0] and last[1] is not None:
+            return True
+        raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent sequence number "
+                                f"{msg.seq}, not newer than the {last[0]} it sent before (a "
+                                "replayed message): refused")
 
     def check_sender(self, ident: bytes, msg: wire.Message) -> None:
         """Raise ProtocolViolation unless ``msg`` comes from a registered sender on its own
         connection, for this incarnation, of a kind its role may send."""
         who = wire.sender_name(msg.sender)
+        if msg.inc not in (0, self.incarnation):   # 0: a client that never heard from us
+            raise Rejoin(f"{who} talks to server incarnation {msg.inc}, this is "
+                         f"{self.incarnation} (the server restarted): say HELLO again")
         if self.identities.get(msg.sender) != ident:
-            raise ProtocolViolation(f"{who} has not said HELLO on this connection")
-        if msg.inc not in (0, self.incarnation):
-            raise ProtocolViolation(f"{who} talks to server incarnation {msg.inc}, this is "
-                                    f"{self.incarnation} (the server restarted): say HELLO again")
+            raise Rejoin(f"{who} has not said HELLO on this connection (or was evicted)")
         is_node = msg.sender in self.subtrees
         if msg.kind == wire.Kind.RELAY and not is_node:
             raise ProtocolViolation(f"{who} sent RELAY; only tree nodes relay gradient sums")
         if msg.kind in (wire.Kind.PUSH, wire.Kind.PUSHPULL) and is_node:
             raise ProtocolViolation(f"{who} sent {msg.kind.name}; tree nodes send their "
                                     "gradient sums as RELAY")
+        if msg.kind == wire.Kind.RELAY:
+            topology.Tree.check_clock(msg.sender, msg.clock, self.subtrees[msg.sender])
 
     def push(self, msg: wire.Message):
         """Account and apply one learner's gradient (PUSH/PUSHPULL). Returns (σ, the
@@ -119,22 +186,68 @@ class ServerState:
         weights. Does not block beyond the kernels."""
         arrival = self.engine.receive(msg.sender, msg.ts)
         self._apply(msg.payloads, arrival.scale, arrival.update, 1)
+        self.applied[msg.sender] = (msg.seq, arrival.sigma)
+        self.steps[msg.sender] = self.steps.get(msg.sender, 0) + 1
         return arrival.sigma, arrival.update
 
     def relay(self, msg: wire.Message):
         """Account and apply a tree node's RELAY (the sum of the gradients its clock lists);
         returns and raises as ``push``."""
-        entries = msg.clock
-        topology.Tree.check_clock(msg.sender, entries, self.subtrees[msg.sender])
+        entries = msg.clock      # checked against the tree by check_sender
         arrival = self.engine.receive_many(entries)
         self._apply(msg.payloads, 1.0, arrival.update, len(entries))
+        self.applied[msg.sender] = (msg.seq, arrival.sigma)
+        for learner, _ in entries:
+            self.steps[learner] = self.steps.get(learner, 0) + 1
         return arrival.sigma, arrival.update
 
     def _apply(self, payloads, scale: float, update, count: int) -> None:
-        self.updater.receive(payloads, scale, update, count)
+        if payloads or update is not None:
+            self.updater.receive(payloads, scale, update, count)
         if update is not None and update.epoch >= self.epochs:
             self.done = True
 
     def mark_stopped(self, sender: int) -> None:
         """``sender`` was told STOP or said BYE: a tree node passes it to every learner below."""
         self.stopped |= self.tree.below(sender) if self.tree else {sender}
+
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot(self) -> tuple[dict, dict]:
+        """(arrays, meta): everything a restarted server needs, for ``checkpoint.save``. The
+        arrays are the live buffers (no copy): save them before the next update. Pure."""
+        u, c = self.updater, self.counters
+        meta = {"numel": self.numel, "signature": self.signature,
+                "engine": self.engine.state_dict(), "incarnations": self.incarnations,
+                "applied": {str(k): list(v) for k, v in self.applied.items()},
+                "steps": {str(k): v for k, v in self.steps.items()},
+                "stopped": sorted(self.stopped), "done": self.done,
+                "counters": {"invalid": c.invalid, "duplicates": c.duplicates,
+                             "evictions": c.evictions, "lost_updates": c.lost_updates}}
+        return {"w": u.w, "v": u.v, "acc": u.acc}, meta
+
+    def restore(self, arrays: dict, meta: dict) -> None:
+        """Continue from a ``snapshot`` (a checkpoint), as a new incarnation: every learner
+        must say HELLO again. Raises ValueError if the checkpoint holds another model."""
+        if meta["numel"] != self.numel or meta["signature"] != self.signature:
+            raise ValueError(f"the checkpoint holds a model of {meta['numel']:,} parameters "
+                             f"({meta['signature']}); this run's model has {self.numel:,} "
+                             f"({self.signature}): was the model config changed?")
+        for name in ("w", "v", "acc"):
+            if arrays[name].shape != (self.numel,) or arrays[name].dtype != np.float32:
+                raise ValueError(f"checkpoint array {name!r} is {arrays[name].dtype} "
+                                 f"{arrays[name].shape}, expected float32 ({self.numel},)")
+        u = self.updater
+        u.versions = WeightVersions(np.ascontiguousarray(arrays["w"]))
+        u.v[:] = arrays["v"]
+        u.acc[:] = arrays["acc"]
+        self.engine.load_state(meta["engine"])
+        self.incarnations = [int(i) for i in meta["incarnations"]] + [self.incarnation]
+        self.applied = {int(k): (int(v[0]), None if v[1] is None else int(v[1]))
+                        for k, v in meta["applied"].items()}
+        self.steps = {int(k): int(v) for k, v in meta["steps"].items()}
+        self.stopped = {int(i) for i in meta["stopped"]}
+        self.done = bool(meta["done"])
+        for k, v in meta["counters"].items():
+            setattr(self.counters, k, int(v))
+        self.restored_ts = self.engine.timestamp
+        self._lost_base, self._lost_now = self.counters.lost_updates, 0

@@ -62,6 +62,11 @@ class ProtocolViolation(ValueError):
     """A gradient that the protocol cannot accept; the engine's state is unchanged."""
 
 
+class Rejoin(ProtocolViolation):
+    """A learner that is no longer a member (evicted, or the server restarted): it must say
+    HELLO again and continue from the current weights."""
+
+
 @dataclass(frozen=True)
 class LRSchedule:
     """α0 and its step schedule; see the module docstring for the policies."""
@@ -129,6 +134,12 @@ class SyncEngine:
         epoch_size: samples per epoch (to count epochs); 0 leaves the epoch at 0.
         timestamp: the starting weights timestamp.
 
+    Membership (elastic λ): ``members`` are the learners the protocol waits for, all λ at
+    start. :meth:`leave` drops one (an evicted or departed learner: c is recomputed from the
+    members alive, hardsync's barrier no longer waits for it), :meth:`join` takes one back; its
+    gradients are refused (:class:`Rejoin`) while it is out. ``state_dict``/``load_state``
+    are what a checkpoint keeps.
+
     Not thread-safe; performs no I/O and never blocks.
     """
 
@@ -143,9 +154,12 @@ class SyncEngine:
     updates: int = 0
     _pending: list = field(default_factory=list, repr=False)
     _pending_learners: set = field(default_factory=set, repr=False)
+    members: set = None
 
     def __post_init__(self):
         check_protocol(self.protocol, self.n, self.n_learners)
+        if self.members is None:
+            self.members = set(range(self.n_learners))
         if self.batch_size < 1 or self.epoch_size < 0:
             raise ValueError(
                 f"batch_size must be >= 1 and epoch_size >= 0, got {self.batch_size}, "
@@ -153,12 +167,44 @@ class SyncEngine:
 
     @property
     def gradients_per_update(self) -> int:
-        """c: λ for hardsync, ⌊λ/n⌋ for n-softsync, 1 for async."""
+        """c: λ for hardsync, ⌊λ/n⌋ for n-softsync, 1 for async; λ counts the members alive
+        (at least 1)."""
+        alive = max(len(self.members), 1)
         if self.protocol == "hardsync":
-            return self.n_learners
+            return alive
         if self.protocol == "async":
             return 1
-        return self.n_learners // self.n
+        return max(alive // self.n, 1)
+
+    def leave(self, learner: int) -> Update | None:
+        """``learner`` is no longer waited for (dead, hung, or gone). Gradients it already
+        sent stay in the pending sum. Returns the update its leaving completes (hardsync's
+        barrier, or a smaller softsync c), which the caller must apply, or None."""
+        self.members.discard(learner)
+        if self._pending and len(self._pending) >= self.gradients_per_update:
+            return self._make_update()
+        return None
+
+    def join(self, learner: int) -> None:
+        """``learner`` is waited for again (from the next gradient it sends)."""
+        if not 0 <= learner < self.n_learners:
+            raise ProtocolViolation(f"learner id {learner} is out of range 0.."
+                                    f"{self.n_learners - 1} (sync.learners)")
+        self.members.add(learner)
+
+    def state_dict(self) -> dict:
+        """The engine's state as plain JSON-able values (for a checkpoint). Pure."""
+        return {"timestamp": self.timestamp, "gradients_received": self.gradients_received,
+                "updates": self.updates, "pending": [list(p) for p in self._pending],
+                "members": sorted(self.members)}
+
+    def load_state(self, d: dict) -> None:
+        """Restore what ``state_dict`` returned (the schedule comes from the config)."""
+        self.timestamp, self.updates = int(d["timestamp"]), int(d["updates"])
+        self.gradients_received = int(d["gradients_received"])
+        self._pending = [tuple(int(v) for v in p) for p in d["pending"]]
+        self._pending_learners = {p[0] for p in self._pending}
+        self.members = {int(m) for m in d["members"]}
 
     @property
     def epoch(self) -> float:
@@ -177,12 +223,20 @@ class SyncEngine:
         """Gradients summed since the last update."""
         return len(self._pending)
 
+    @property
+    def pending_learners(self) -> frozenset:
+        """The learners whose gradients are summed since the last update."""
+        return frozenset(self._pending_learners)
+
     def check(self, learner: int, grad_ts: int) -> None:
         """Raise :class:`ProtocolViolation` if ``receive`` would refuse this gradient."""
         if not 0 <= learner < self.n_learners:
             raise ProtocolViolation(
                 f"learner id {learner} is out of range: this run has λ={self.n_learners} "
                 f"learners (ids 0..{self.n_learners - 1})")
+        if learner not in self.members:
+            raise Rejoin(f"learner {learner} is not a member any more (it was silent for too "
+                         "long, or left): say HELLO again to rejoin at the current weights")
         if grad_ts > self.timestamp:
             raise ProtocolViolation(
                 f"learner {learner} pushed a gradient with timestamp {grad_ts}, newer than the "

@@ -8,6 +8,8 @@ Every role creates its sockets here so that the lessons in ../shared/MEASURED.md
 - high-water marks are small for model-sized traffic (they count messages, not bytes);
 - large frames are received with ``copy=False`` (a copy=True receive of zero-copy frames
   deadlocked pyzmq over inproc);
+- ZMTP heartbeats on every socket (``set_heartbeat``), so a peer that vanished without closing
+  its connection (a host that died, a cable) is dropped and reconnected to;
 - ``tune_malloc()`` stops glibc from giving every large ZeroMQ buffer a fresh mmap, which
   cost ~16k page faults per 40 MB message.
 """
@@ -32,6 +34,15 @@ LINGER_MS = 200
 # thread's poll is not interrupted: its Python handler runs only when the call returns. A
 # learner waiting out a 60 s receive timeout once outlived its SIGKILLed launcher that way.
 WAKE_MS = 250
+_HEARTBEAT_MS = 2000   # ZMTP heartbeat interval; the timeout and TTL are 5x (set_heartbeat)
+
+
+def set_heartbeat(seconds: float) -> None:
+    """Heartbeat interval for the sockets this process makes from now on (``runtime.
+    heartbeat_s``; 0 = none): a peer silent for 5 intervals is disconnected. Not thread-safe:
+    call once at process start."""
+    global _HEARTBEAT_MS
+    _HEARTBEAT_MS = max(0, int(seconds * 1000))
 
 
 def tune_malloc() -> bool:
@@ -149,6 +160,10 @@ def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = 16, identity: bytes |
     sock.setsockopt(zmq.RCVTIMEO, rcvtimeo)
     if identity is not None:
         sock.setsockopt(zmq.ROUTING_ID, identity)
+    if _HEARTBEAT_MS:
+        sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * _HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, min(5 * _HEARTBEAT_MS, 6_553_500) // 100 * 100)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     return sock
@@ -173,12 +188,16 @@ class Channel:
     """One DEALER connection to a server: numbered requests and validated replies.
 
     Blocking calls (``request``, ``recv``) wait at most ``timeout_ms`` and then raise
-    ``TimeoutError`` naming the peer, so a dead server never hangs a learner forever.
+    ``TimeoutError`` naming the peer, so a dead server never hangs a learner forever. A
+    request unanswered for ``retry_ms`` is sent again, unchanged (same sequence number: the
+    server applies a gradient once and answers a resend as before); a reply that names
+    another request (``x{re}``) is a late answer to an earlier send and is dropped. Sequence
+    numbers start from the clock in microseconds, so a restarted sender never reuses one.
     Not thread-safe (owns one socket).
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, sender: int, *, name: str = "server",
-                 timeout_ms: int = 60_000, hwm: int = 16):
+                 timeout_ms: int = 60_000, hwm: int = 16, retry_ms: int = 5_000):
         self.endpoint = endpoint
         self.sender = sender
         self.name = name
@@ -190,30 +209,48 @@ class Channel:
         self.sock.setsockopt(zmq.RCVTIMEO, WAKE_MS if timeout_ms < 0 else min(timeout_ms,
                                                                                WAKE_MS))
         self.sock.connect(endpoint)
-        self._seq = itertools.count(1)
+        self._seq = itertools.count(time.time_ns() // 1000)
+        self.retry_ms = retry_ms
+        self.resent = 0          # requests sent again (for tests and logs)
+        self._last: tuple[int, list] | None = None   # (seq, frames) awaiting its reply
         self.inc = 0  # the server incarnation we last heard from
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
-        frames = wire.encode(kind, self.sender, next(self._seq), ts, self.inc, payloads,
-                             **fields)
+        seq = next(self._seq)
+        frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
+        self._last = (seq, frames)
         self.sock.send_multipart(frames, copy=False)
+
+    def resend(self) -> None:
+        """Send the request awaiting its reply again, unchanged (for callers that poll the
+        socket themselves instead of waiting in ``recv``)."""
+        if self._last is not None:
+            self.sock.send_multipart(self._last[1], copy=False)
+            self.resent += 1
 
     def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
         ``ServerError`` for an ERROR reply. A STOP passes whatever ``kinds`` says. Blocks at
         most ``timeout_ms`` (in slices of WAKE_MS, so signal handlers run)."""
-        t0 = time.monotonic()
+        t0 = sent = time.monotonic()
         while True:
             try:
-                frames = self.sock.recv_multipart(copy=False)
-                break
+                msg = wire.decode(self.sock.recv_multipart(copy=False), numel=numel)
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
-                if self.timeout_ms < 0 or time.monotonic() - t0 < self.timeout_ms / 1000:
-                    continue
-                raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} within "
-                                   f"{self.timeout_ms / 1000:g} s (is it running?)") from None
-        msg = wire.decode(frames, numel=numel)
+                now = time.monotonic()
+                if self.timeout_ms >= 0 and now - t0 >= self.timeout_ms / 1000:
+                    raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} "
+                                       f"within {self.timeout_ms / 1000:g} s (is it "
+                                       "running?)") from None
+                if now - sent >= self.retry_ms / 1000:
+                    self.resend()
+                    sent = now
+                continue
+            re = msg.fields.get("re")
+            if re is None or self._last is None or re == self._last[0]:
+                break   # a reply without x{re} (tree nodes, broadcast) is taken as it comes
+        self._last = None
         if msg.kind == wire.Kind.ERROR:
             raise ServerError(msg.fields["code"], f"{self.name} refused the request: "
                                                   f"{msg.fields['error']}")

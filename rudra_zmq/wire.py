@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 2          # 2: no WPART/GPART, no x{parts}
+PROTOCOL_VERSION = 3          # 3: replies echo the request's seq (x{re}); HELLO x{had}
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
@@ -63,8 +63,10 @@ def sender_name(sender: int) -> str:
 class Kind(enum.IntEnum):
     """Message kinds. Requests get exactly one reply from the server they were sent to."""
 
-    HELLO = 1        # learner/node -> PS: x{model, numel, subtree?}; WELCOME or ERROR
-    WELCOME = 2      # PS -> learner: weights payload; x{learners, protocol}
+    HELLO = 1        # learner/node -> PS: x{model, numel, subtree?, had?}; WELCOME or ERROR
+    WELCOME = 2      # PS -> learner: weights payload; x{learners, protocol, step?}
+    # Replies (WELCOME, ACK, WEIGHTS, UPTODATE, STOP, ERROR) may carry x{re}: the seq of the
+    # request they answer, so a client drops a late answer to a request it sent again.
     PUSH = 3         # learner -> PS: gradient payload, ts = weights it was computed on; ACK
     ACK = 4          # PS -> learner: x{sigma}
     PULL = 5         # learner -> PS: ts = weights it has; x{wait}; WEIGHTS or UPTODATE
@@ -87,16 +89,17 @@ class Kind(enum.IntEnum):
 _INT, _FLOAT, _STR, _BOOL, _LIST, _MAP = (int,), (int, float), (str,), (bool,), (list,), (dict,)
 KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False),
-                 "shm": (_STR, False)},
-    Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True), "shm": (_STR, False)},
+                 "shm": (_STR, False), "had": (_INT, False)},
+    Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True), "shm": (_STR, False),
+                   "step": (_INT, False), "re": (_INT, False)},
     Kind.PUSH: {"slot": (_INT, False)},
-    Kind.ACK: {"sigma": (_INT, False)},
+    Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
     Kind.PULL: {"wait": (_BOOL, True)},
     Kind.PUSHPULL: {"wait": (_BOOL, True), "slot": (_INT, False)},
-    Kind.WEIGHTS: {"sigma": (_INT, False), "board": (_BOOL, False)},
-    Kind.UPTODATE: {"sigma": (_INT, False)},
-    Kind.STOP: {"reason": (_STR, True)},
-    Kind.ERROR: {"code": (_STR, True), "error": (_STR, True)},
+    Kind.WEIGHTS: {"sigma": (_INT, False), "board": (_BOOL, False), "re": (_INT, False)},
+    Kind.UPTODATE: {"sigma": (_INT, False), "re": (_INT, False)},
+    Kind.STOP: {"reason": (_STR, True), "re": (_INT, False)},
+    Kind.ERROR: {"code": (_STR, True), "error": (_STR, True), "re": (_INT, False)},
     Kind.BATCH_REQ: {"step": (_INT, True)},
     Kind.BATCH: {"shape": (_LIST, True), "epoch": (_FLOAT, True), "step": (_INT, True),
                  "mean": (_LIST, False), "std": (_LIST, False)},  # per-channel, 0..1 scale

@@ -86,8 +86,8 @@ def fake_roles(monkeypatch):
     monkeypatch.setitem(sys.modules, "rudra_zmq.roles", package)
 
     def recorder(name):
-        def serve(*args):
-            calls[name] = args
+        def serve(*args, **kwargs):
+            calls[name] = args + tuple(kwargs.values())
             return 0
         return serve
 
@@ -114,10 +114,10 @@ def test_role_commands_pass_their_endpoints_and_overrides_to_serve(tmp_path, fak
     assert cli.main(["stats", *common, "--bind", "tcp://h:3", "--run-dir", "r"]) == 0
 
     expected = load_config(cfg, ["optimizer.lr=0.5", "runtime.ps_threads=3"])
-    assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r")
+    assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r", False)   # resume=False
     assert calls["learner"] == (expected, [0, 2], "tcp://h:1", "tcp://h:2", None)
     assert calls["data_server"] == (expected, "tcp://h:2")
-    assert calls["stats_server"] == (expected, "tcp://h:3", "r")
+    assert calls["stats_server"] == (expected, "tcp://h:3", "r", False)
     assert calls["malloc"] is True
     assert threads == [3, cli.learner_threads(expected), 1, 1]
 

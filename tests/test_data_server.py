@@ -189,7 +189,13 @@ def test_data_client_times_out_naming_the_endpoint_when_no_server_listens():
         ctx.term()
 
 
-def test_data_client_refuses_replies_out_of_step_order():
+def _batch(step):
+    return wire.encode(Kind.BATCH, wire.SENDER_DATA, 1,
+                       payloads=[np.full(4, step, np.uint8), np.zeros(1, np.int64)],
+                       shape=[1, 1, 2, 2], epoch=0.0, step=step)
+
+
+def test_data_client_refuses_a_step_it_never_asked_for():
     ctx = zmq.Context()
     router = transport.make_socket(ctx, zmq.ROUTER)
     try:
@@ -198,12 +204,42 @@ def test_data_client_refuses_replies_out_of_step_order():
         try:
             assert router.poll(5000)
             ident = router.recv_multipart()[0]
-            frames = wire.encode(Kind.BATCH, wire.SENDER_DATA, 1,
-                                 payloads=[np.zeros(4, np.uint8), np.zeros(1, np.int64)],
-                                 shape=[1, 1, 2, 2], epoch=0.0, step=1)
-            router.send_multipart([ident, *frames])
-            with pytest.raises(wire.WireError, match="answered step 1; learner 0 expected step 0"):
+            router.send_multipart([ident, *_batch(7)])
+            with pytest.raises(wire.WireError, match="answered step 7, never asked for; learner "
+                                                     "0 expected step 0"):
                 c.next_batch()
+        finally:
+            c.close()
+    finally:
+        router.close(linger=0)
+
+
+def test_data_client_asks_again_for_lost_steps_and_drops_late_duplicates():
+    """A data server that lost step 0 (it restarted) but answered step 1: the client drops
+    the early step 1, asks again for 0 and 1 after retry_ms, and returns them in order."""
+    ctx = zmq.Context()
+    router = transport.make_socket(ctx, zmq.ROUTER)
+    try:
+        endpoint = transport.bind(router, "tcp://127.0.0.1:0")
+        c = DataClient(ctx, endpoint, 0, prefetch=2, timeout_ms=10_000, retry_ms=300)
+        try:
+            first = [router.recv_multipart() for _ in range(2)]
+            ident = first[0][0]
+            assert [wire.decode(f[1:]).fields["step"] for f in first] == [0, 1]
+            router.send_multipart([ident, *_batch(1)])
+            again = []
+
+            def serve_resends():
+                for _ in range(2):
+                    step = wire.decode(router.recv_multipart()[1:]).fields["step"]
+                    again.append(step)
+                    router.send_multipart([ident, *_batch(step)])
+            t = threading.Thread(target=serve_resends, daemon=True)
+            t.start()
+            got = [c.next_batch()[3], c.next_batch()[3]]
+            t.join(10)
+            assert again == [0, 1]
+            assert got == [0, 1] and c.resent >= 1
         finally:
             c.close()
     finally:

@@ -163,19 +163,38 @@ def test_a_server_that_never_listens_fails_the_run_after_the_timeout(tmp_path, f
     assert not (only_run_dir(tmp_path) / "learner0.started").exists()
 
 
-def test_a_failing_learner_stops_the_run_quickly_and_every_other_process(tmp_path, fake,
-                                                                         capsys):
+def test_a_failing_learner_is_restarted_max_restarts_times_then_stops_every_process(
+        tmp_path, fake, capsys):
     fake({"learner1": "exit:3", "ps": "sleep", "learner0": "sleep", "learner2": "hang"})
     cfg = write_config(tmp_path, "sync: {learners: 3}")
     start = time.monotonic()
-    assert launcher.run(cfg) == 1
-    assert time.monotonic() - start < 6  # 1 s grace for the SIGTERM-ignoring learner2
+    assert launcher.run(cfg, ["runtime.max_restarts=2"]) == 1
+    assert time.monotonic() - start < 8  # 3 failures, 1 s grace for the SIGTERM-ignoring learner2
     err = capsys.readouterr().err
+    assert "restarting learner1 (1 of at most 2)" in err and "(2 of at most 2)" in err
+    assert "learner1 failed 3 times (runtime.max_restarts=2); stopping the run" in err
     pid = {r["role"]: r["pid"] for r in
            json.loads((only_run_dir(tmp_path) / "processes.json").read_text())}
     assert f"rudra-zmq: learner1 (pid {pid['learner1']}) exited with code 3" in err
     assert "learner1 failing on purpose" in err  # the tail of its log
     assert all(gone(p) for p in all_pids(tmp_path))
+
+
+def test_without_restarts_a_failing_learner_is_left_out_and_the_run_goes_on(tmp_path, fake,
+                                                                            capsys):
+    fake({"learner1": "exit:3"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 2}"),
+                        ["runtime.restart=false"]) == 0
+    err = capsys.readouterr().err
+    assert "learner1 is left out (runtime.restart is off); the run goes on" in err
+
+
+def test_a_run_directory_that_holds_a_run_is_refused_without_resume(tmp_path, fake):
+    fake({})
+    cfg = write_config(tmp_path, "sync: {learners: 1}")
+    assert launcher.run(cfg, run_dir=tmp_path / "r") == 0
+    with pytest.raises(ConfigError, match="already holds a run .* `rudra-zmq run --resume "):
+        launcher.run(cfg, run_dir=tmp_path / "r")
 
 
 def test_a_child_killed_by_a_signal_is_named_by_it(tmp_path, fake, capsys):
@@ -186,8 +205,9 @@ def test_a_child_killed_by_a_signal_is_named_by_it(tmp_path, fake, capsys):
 
 
 def test_a_hanging_process_tree_is_killed_grandchildren_included(tmp_path, fake, capsys):
-    fake({"data": "hang_tree", "learner0": "exit:1"})
-    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}")) == 1
+    fake({"data": "hang_tree", "learner0": "exit:1", "ps": "sleep"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
+                        ["runtime.restart=false"]) == 1
     run_dir = only_run_dir(tmp_path)
     assert (run_dir / "data.grandchild").exists()
     assert all(gone(p) for p in all_pids(tmp_path))

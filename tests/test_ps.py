@@ -91,7 +91,7 @@ def test_malformed_and_mismatched_messages_are_refused_and_leave_weights_bit_ide
             ([hdr(p=[["u1", ps.state.numel * 4]]), good.tobytes()], "bad_dtype"),
             (wire.encode(Kind.PUSH, 0, 1, 0, 0, [good[:-8]]), "bad_length"),
             (wire.encode(Kind.PUSH, 0, 1, 5, 0, [good]), "protocol"),        # from the future
-            (wire.encode(Kind.PUSH, 7, 1, 0, 0, [good]), "protocol"),        # unknown learner
+            (wire.encode(Kind.PUSH, 7, 1, 0, 0, [good]), "rejoin"),          # unknown learner
             (wire.encode(Kind.HELLO, 1, 1, model="deadbeef", numel=ps.state.numel), "protocol"),
             (wire.encode(Kind.HELLO, 1, 1, model=ps.state.signature, numel=ps.state.numel - 8), "protocol"),
         ]

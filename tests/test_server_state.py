@@ -80,8 +80,8 @@ def test_a_root_state_accounts_a_relayed_sum_gradient_by_gradient():
                                      clock=[[0, 0], [1, 0]]))
     assert st.engine.gradients_received == 2
     with pytest.raises(ProtocolViolation):
-        st.relay(message(Kind.RELAY, node, 0, [np.ones(N, np.float32)], wait=False,
-                         clock=[[2, 0]]))          # learner 2 is not below node 0
+        st.check_sender(b"-100", message(Kind.RELAY, node, 0, [np.ones(N, np.float32)],
+                                         wait=False, clock=[[2, 0]]))  # 2 is not below node 0
     st.mark_stopped(node)
     assert st.stopped == {0, 1}
 

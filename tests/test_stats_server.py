@@ -108,7 +108,8 @@ def test_metrics_end_up_in_metrics_jsonl_with_times_relative_to_t0(cfg, digits, 
         assert ps.metric({"type": "learner", "learner": 0, "step": 4, "samples_per_s": 99.0,
                           "loss": 2.3})  # no "t": stamped with its arrival
         finish(server, ps)
-    recs = read_jsonl(tmp_path / "metrics.jsonl")
+    start, *recs = read_jsonl(tmp_path / "metrics.jsonl")
+    assert start == {"type": "start", "t": 0.0, "unix": t0}    # the run's clock, for restarts
     assert [r["type"] for r in recs] == ["ps", "update", "update", "update", "learner", "done"]
     assert [r["t"] for r in recs[:4]] == pytest.approx([5.0, 6.0, 7.0, 8.0])
     assert 99.0 < recs[4]["t"] < 120.0
@@ -186,7 +187,7 @@ def test_garbage_messages_are_counted_and_ignored(cfg, digits, tmp_path):
         assert ps.metric({"type": "ps", "t": time.time(), "ts": 0, "updates_per_s": 0.0,
                           "gradients_per_s": 0.0, "invalid": 0})
         finish(server, ps)
-    assert [r["type"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == ["ps", "done"]
+    assert [r["type"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == ["start", "ps", "done"]
     assert server.invalid == len(garbage) and server.evals_done == 0
 
 

@@ -48,8 +48,9 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
         a, _ = node_hello(ctx, ps, 0, [0, 1])
         before = ps.state.w.copy(), ps.state.updater.v.copy(), ps.state.updater.acc.copy()
         good = np.ones(ps.state.numel, np.float32)
+        seqs = iter(range(10**6, 2 * 10**6))   # after the HELLO's: each one is new
         relay = lambda clock, ts=0, g=good, s=-100: wire.encode(
-            Kind.RELAY, s, 1, ts, 0, [g], wait=True, clock=clock)
+            Kind.RELAY, s, next(seqs), ts, 0, [g], wait=True, clock=clock)
         cases = [
             (relay([[2, 0]]), "protocol", "learner 2, which is not below it"),
             (relay([[0, 0], [0, 0]]), "protocol", "two gradients of learner 0"),
@@ -58,7 +59,7 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
             (relay([[0, 1]], ts=1), "protocol", "newer than the server's"),
             (wire.encode(Kind.PUSHPULL, -100, 1, 0, 0, [good], wait=True), "protocol",
              "tree nodes send their gradient sums as RELAY"),
-            (relay([[2, 0]], s=-101), "protocol", "tree node 1 has not said HELLO"),
+            (relay([[2, 0]], s=-101), "rejoin", "tree node 1 has not said HELLO"),
             (wire.encode(Kind.HELLO, 0, 1, model=ps.state.signature, numel=ps.state.numel), "protocol",
              "belongs under tree node 0"),
             (wire.encode(Kind.HELLO, -101, 1, model=ps.state.signature, numel=ps.state.numel,

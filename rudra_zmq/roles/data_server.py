@@ -22,6 +22,7 @@ import logging
 import math
 import signal
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -186,7 +187,7 @@ class DataClient:
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, learner_id: int, prefetch: int = 2,
-                 timeout_ms: int = 60_000, *, start_step: int = 0):
+                 timeout_ms: int = 60_000, *, start_step: int = 0, retry_ms: int = 5_000):
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.endpoint = endpoint
@@ -201,7 +202,25 @@ class DataClient:
         self.sock.connect(endpoint)
         self._seq = 0
         self._next_request = self._expected = start_step
+        self.retry_ms = retry_ms
+        self.resent = 0
         self._fill()
+
+    @property
+    def expected(self) -> int:
+        """The step of the next minibatch ``next_batch`` returns."""
+        return self._expected
+
+    def _resend(self) -> None:
+        """Ask again for every outstanding step (a restarted data server lost them)."""
+        for step in range(self._expected, self._next_request):
+            self._seq += 1
+            try:
+                self.sock.send_multipart(wire.encode(Kind.BATCH_REQ, self.learner_id,
+                                                     self._seq, step=step), flags=zmq.NOBLOCK)
+            except zmq.Again:   # not connected (yet): the next resend tries again
+                return
+        self.resent += 1
 
     def _fill(self) -> None:
         while self._next_request - self._expected < self.prefetch:
@@ -224,22 +243,8 @@ class DataClient:
         import torch  # here, not at module level: the data server process never needs torch
 
         self._fill()
-        if not transport.wait_readable(self.sock, self.timeout_ms):
-            raise TimeoutError(
-                f"learner {self.learner_id}: no minibatch from the data server at "
-                f"{self.endpoint} within {self.timeout_ms / 1000:g} s (is `rudra-zmq data` "
-                "running and reachable there?)")
-        frames = self.sock.recv_multipart(copy=False)
-        msg = wire.decode(frames, kinds={Kind.BATCH, Kind.ERROR})
-        if msg.kind == Kind.ERROR:
-            raise transport.ServerError(
-                msg.fields["code"], f"the data server at {self.endpoint} refused learner "
-                                    f"{self.learner_id}'s request: {msg.fields['error']}")
+        msg = self._receive_expected()
         step, shape = msg.fields["step"], msg.fields["shape"]
-        if step != self._expected:
-            raise wire.WireError("out_of_order", f"the data server at {self.endpoint} answered "
-                                                 f"step {step}; learner {self.learner_id} "
-                                                 f"expected step {self._expected}")
         images, labels = msg.payloads
         if (len(shape) != 4 or not all(type(d) is int and d > 0 for d in shape)
                 or math.prod(shape) != images.shape[0] or labels.shape[0] != shape[0]):
@@ -263,6 +268,35 @@ class DataClient:
         x = torch.from_numpy(images.reshape(shape).copy())
         y = torch.from_numpy(labels.copy())
         return x, y, float(msg.fields["epoch"]), step
+
+    def _receive_expected(self) -> wire.Message:
+        """The BATCH of step ``expected``: requests unanswered for ``retry_ms`` are sent again,
+        and answers to steps already taken (a resend answered twice) are dropped."""
+        t0 = time.monotonic()
+        while True:
+            left = self.timeout_ms / 1000 - (time.monotonic() - t0)
+            if left <= 0:
+                raise TimeoutError(
+                    f"learner {self.learner_id}: no minibatch from the data server at "
+                    f"{self.endpoint} within {self.timeout_ms / 1000:g} s (is `rudra-zmq data` "
+                    "running and reachable there?)")
+            if not transport.wait_readable(self.sock, int(1000 * min(left, self.retry_ms / 1000))):
+                self._resend()
+                continue
+            msg = wire.decode(self.sock.recv_multipart(copy=False), kinds={Kind.BATCH, Kind.ERROR})
+            if msg.kind == Kind.ERROR:
+                raise transport.ServerError(
+                    msg.fields["code"], f"the data server at {self.endpoint} refused learner "
+                                        f"{self.learner_id}'s request: {msg.fields['error']}")
+            step = msg.fields["step"]
+            if step == self._expected:
+                return msg
+            if step >= self._next_request:
+                raise wire.WireError("out_of_order", f"the data server at {self.endpoint} "
+                                     f"answered step {step}, never asked for; learner "
+                                     f"{self.learner_id} expected step {self._expected}")
+            # a late duplicate of a step already taken, or one after a lost step: the
+            # resend brings them again, in order
 
     def close(self) -> None:
         """Close the socket at once (outstanding requests are abandoned)."""

@@ -80,18 +80,33 @@ class Learner:
         self.loss_fn = torch.nn.CrossEntropyLoss()
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
         self.ps = transport.Channel(self.ctx, ps, learner_id, name="parameter server",
-                                    timeout_ms=timeout_ms, hwm=4)
-        self.data = DataClient(self.ctx, data, learner_id, prefetch=cfg.data.prefetch,
-                               timeout_ms=timeout_ms)
+                                    timeout_ms=timeout_ms, hwm=4,
+                                    retry_ms=int(cfg.runtime.retry_s * 1000))
+        self._data_args = (self.ctx, data, learner_id)
+        self._data_kw = dict(prefetch=cfg.data.prefetch, timeout_ms=timeout_ms,
+                             retry_ms=int(cfg.runtime.retry_s * 1000))
+        self.data = DataClient(*self._data_args, **self._data_kw)
         self.stats = None
         if stats:
             from .stats_client import StatsClient
             self.stats = StatsClient(self.ctx, stats, learner_id)
-        self.generator = torch.Generator().manual_seed(cfg.train.seed * 1000 + learner_id)
+        # augmentation is seeded per (seed, learner, step): a learner that resumes at a step
+        # draws what it would have drawn there
+        self.generator = torch.Generator()
+        self._aug_seed = (cfg.train.seed * 1_000_003 + learner_id) * 1_000_000_007
         self.steps = 0
         self.finished = False     # the PS said STOP
         self._loss_sum = 0.0
         self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
+        self.exchange.on_welcome = self._start_data_at
+
+    def _start_data_at(self, step: int | None) -> None:
+        """The server says this learner's next minibatch is its ``step``-th: the data order
+        continues where the run is (after a restart or a resume), not from 0."""
+        if step is not None and step != self.data.expected:
+            from .data_server import DataClient
+            self.data.close()
+            self.data = DataClient(*self._data_args, start_step=step, **self._data_kw)
 
     @property
     def ts(self) -> int:
@@ -99,9 +114,10 @@ class Learner:
         return self.exchange.ts
 
     def _backward(self) -> None:
-        x, y, _epoch, _ = self.data.next_batch()
+        x, y, _epoch, step = self.data.next_batch()
         xf = self.prep(x, self.data.mean, self.data.std)
         if self.cfg.data.augment:
+            self.generator.manual_seed((self._aug_seed + step) % 2**63)
             xf = augment(xf, self.generator)
         if self.flat.staged:
             xf, y = xf.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

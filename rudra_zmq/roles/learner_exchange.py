@@ -19,6 +19,11 @@ Carriers (how the bytes travel to the first hop):
   leaf maps (alternating), and the leaf's weight board; the push names its slot and carries
   no payload. Falls back to frames if the leaf declines or anything about shared memory fails.
 
+Rejoining: a server that answers ``rejoin`` (it restarted from a checkpoint, or evicted this
+learner for silence) gets a new HELLO with the newest timestamp this learner saw; the
+gradient it refused is dropped (at most once), and the WELCOME's weights and data step
+(``on_welcome``) are where the learner goes on.
+
 Not thread-safe: one learner thread owns its exchange.
 """
 from __future__ import annotations
@@ -147,18 +152,27 @@ class PushPull:
     def __init__(self, cfg, learner_id: int, flat, channel: transport.Channel, carrier):
         self.id, self.flat, self.ps, self.carrier = learner_id, flat, channel, carrier
         self.wait = learners_wait(cfg.sync.protocol)
-        self.ts = 0
+        self.ts = -1
+        self.rejoins = 0
+        self.on_welcome = lambda step: None   # the learner repositions its data here
 
     def start(self) -> bool:
         """Say HELLO and load the WELCOME's weights. Blocks; False if the run already ended."""
         self.ps.send(Kind.HELLO, model=self.flat.signature, numel=self.flat.numel,
-                     **self.carrier.hello_fields)
+                     **({"had": self.ts} if self.ts >= 0 else {}), **self.carrier.hello_fields)
         welcome = self.ps.recv({Kind.WELCOME}, numel=self.flat.numel)
         if welcome.kind == Kind.STOP:
             return False
         self._load(welcome)
         self.carrier = self.carrier.welcomed(welcome)
+        self.on_welcome(welcome.fields.get("step"))
         return True
+
+    def rejoin(self, why: Exception) -> bool:
+        """The server asked for a new HELLO: say it (see the module docstring). Blocks."""
+        self.rejoins += 1
+        log.warning("learner %d: rejoining (%s)", self.id, why)
+        return self.start()
 
     def _load(self, msg: wire.Message) -> None:
         self.ts = self.carrier.load(msg, self.flat.weights)
@@ -169,9 +183,14 @@ class PushPull:
         reply; False once the server said STOP."""
         backward()
         payloads, fields = self.carrier.gradient(self.flat.grads)
-        reply = self.ps.request(Kind.PUSHPULL, self.ts, payloads, numel=self.flat.numel,
-                                reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=self.wait,
-                                **fields)
+        try:
+            reply = self.ps.request(Kind.PUSHPULL, self.ts, payloads, numel=self.flat.numel,
+                                    reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=self.wait,
+                                    **fields)
+        except transport.ServerError as exc:
+            if exc.code != "rejoin":
+                raise
+            return self.rejoin(exc)
         if reply.kind == Kind.STOP:
             return False
         if reply.kind == Kind.WEIGHTS:
@@ -226,8 +245,13 @@ class BroadcastPush(PushPull):
         backward()
         if self._in_flight:
             self._in_flight = False
-            if self.ps.recv({Kind.ACK}).kind == Kind.STOP:
-                return False
+            try:
+                if self.ps.recv({Kind.ACK}).kind == Kind.STOP:
+                    return False
+            except transport.ServerError as exc:
+                if exc.code != "rejoin":
+                    raise
+                return self.rejoin(exc)
         payloads, fields = self.carrier.gradient(self.flat.grads)
         self.ps.send(Kind.PUSH, grad_ts, payloads, **fields)
         self._in_flight = True

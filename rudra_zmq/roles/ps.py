@@ -16,6 +16,12 @@ a refused request gets an ERROR reply and leaves the weights bit-identical. Hand
 - PULL: weights if newer, else UPTODATE, or (hardsync) parked until the next update;
 - BYE: the sender leaves (a tree node's BYE covers the learners below it).
 
+Failures (``docs/fault-tolerance.md``): a gradient sent again (same sequence number) is
+answered as before and applied once; a learner silent for ``runtime.learner_timeout_s`` is
+evicted and the protocol goes on with the others (λ and c are reported), and it rejoins with
+a HELLO; the state is checkpointed (``ps_checkpoint.py``) and a restarted server continues
+from the newest valid checkpoint as a new incarnation.
+
 Weights are never copied: replies send the current version zero-copy, and the update writes
 the next version into another buffer (``versions.WeightVersions``).
 """
@@ -30,8 +36,9 @@ import zmq
 
 from .. import kernels, transport, wire
 from ..server_state import ServerState
-from ..sync import ProtocolViolation
+from ..sync import ProtocolViolation, Rejoin
 from ..wire import Kind
+from .ps_checkpoint import CheckpointSchedule, checkpoint_dir, restore_latest
 from .ps_report import PSReport
 from .ps_weights import make_weights_out
 
@@ -65,17 +72,27 @@ class ParameterServer:
         model: optional (weights, segments, signature) to skip building the torch model
             (benchmarks with synthetic gradients).
         broadcast: architecture.kind advstar only: the endpoint the broadcast root binds.
+        resume: continue from the newest valid checkpoint in ``run_dir/checkpoints`` (if any)
+            as a new incarnation.
     Not thread-safe: construct and serve from one thread.
     """
 
     def __init__(self, cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
-                 ctx: zmq.Context | None = None, model=None, broadcast: str | None = None):
+                 ctx: zmq.Context | None = None, model=None, broadcast: str | None = None,
+                 resume: bool = False):
         from ..datasets import dataset_size
 
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
         weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
         self.state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))
+        self.resumed_from = None
+        if resume and self.run_dir is not None:
+            self.resumed_from = restore_latest(self.state, checkpoint_dir(self.run_dir))
+        t = cfg.train
+        self.checkpoints = None
+        if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
+            self.checkpoints = CheckpointSchedule(t, checkpoint_dir(self.run_dir))
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
@@ -92,6 +109,10 @@ class ParameterServer:
         self.metrics = PSReport(self.stats)
         self._warned: set = set()
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
+        while self._next_eval_epoch <= self.state.engine.epoch:   # resumed: the next one due
+            self._next_eval_epoch += cfg.train.eval_every_epochs
+        self.welcomes: list[tuple[bytes, int, int]] = []   # hardsync rejoins owed a WELCOME
+        self._learner_timeout = cfg.runtime.learner_timeout_s
         self.handlers = {Kind.HELLO: self.on_hello, Kind.PUSH: self.on_gradient,
                          Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient,
                          Kind.PULL: self.on_pull, Kind.BYE: self.on_bye}
@@ -111,16 +132,17 @@ class ParameterServer:
             st.counters.undelivered += 1
             log.warning("could not reply %s to %r: %s", kind.name, ident, exc)
 
-    def _refuse(self, ident: bytes, sender, code: str, message: str) -> None:
+    def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
         self.state.counters.invalid += 1
         if (ident, code) not in self._warned:  # log once per sender and reason, count all
             self._warned.add((ident, code))
             log.warning("refused a message from %s (%r): %s", sender, ident, message)
-        self.send(ident, Kind.ERROR, code=code, error=message)
+        self.send(ident, Kind.ERROR, code=code, error=message,
+                  **({} if re is None else {"re": re}))
 
-    def _stop(self, ident: bytes, sender: int) -> None:
+    def _stop(self, ident: bytes, sender: int, seq: int) -> None:
         self.state.mark_stopped(sender)
-        self.send(ident, Kind.STOP,
+        self.send(ident, Kind.STOP, re=seq,
                   reason=f"training finished at epoch {self.state.engine.epoch:.2f}")
 
     # ------------------------------------------------------------------ handlers
@@ -136,31 +158,53 @@ class ParameterServer:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
         if self.state.done:
-            self._stop(ident, msg.sender)
+            self._stop(ident, msg.sender, msg.seq)
             return
         try:
             if msg.kind != Kind.HELLO:
                 self.state.check_sender(ident, msg)
+            if msg.sender >= 0:
+                self.state.last_heard[msg.sender] = time.time()
             self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
-            self._refuse(ident, msg.sender, "protocol", str(exc))
+            code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
+            self._refuse(ident, msg.sender, code, str(exc), re=msg.seq)
 
     def on_hello(self, ident: bytes, msg: wire.Message) -> None:
-        """Register the sender and send it the weights."""
-        self.state.register(ident, msg)
-        self.send(ident, Kind.WELCOME, self.state.weight_frames(),
-                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol)
+        """Register the sender (a learner rejoins at the current timestamp) and send it the
+        weights. Under hardsync a learner whose gradient is in the pending update gets its
+        WELCOME with the next version (it would otherwise push twice for this one)."""
+        st = self.state
+        st.register(ident, msg)
+        if st.join(msg.sender, time.time()):
+            self._members_changed(msg.sender, "joined")
+        if st.owes_update(msg.sender):
+            self.welcomes.append((ident, msg.sender, msg.seq))
+        else:
+            self._welcome(ident, msg.sender, msg.seq)
+
+    def _welcome(self, ident: bytes, sender: int, seq: int) -> None:
+        self.send(ident, Kind.WELCOME, self.state.weight_frames(), re=seq,
+                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol,
+                  step=self.state.steps.get(sender, 0))
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
-        """PUSH, PUSHPULL or RELAY: account, maybe update, answer."""
+        """PUSH, PUSHPULL or RELAY: account, maybe update, answer. A gradient sent again
+        (the same sequence number) is answered as before and not applied again."""
         if msg.kind == Kind.PUSHPULL:
             self.weights_out.check_pull(msg)    # advstar refuses it before any state changes
+        if self.state.is_duplicate(msg):
+            if msg.sender in self.weights_out.waiting:
+                self.weights_out.readdress(msg.sender, ident)   # its reply is still owed
+            else:
+                self.weights_out.answer(ident, msg, self.state.applied[msg.sender][1])
+            return
         step = self.state.relay if msg.kind == Kind.RELAY else self.state.push
         sigma, update = step(msg)
         if update is not None:
             self._after_update(update)
         if self.state.done:  # this gradient completed training
-            self._stop(ident, msg.sender)
+            self._stop(ident, msg.sender, msg.seq)
         else:
             self.weights_out.answer(ident, msg, sigma)
 
@@ -171,11 +215,22 @@ class ParameterServer:
     def on_bye(self, ident: bytes, msg: wire.Message) -> None:
         """The sender leaves cleanly."""
         self.state.mark_stopped(msg.sender)
-        self.send(ident, Kind.ACK)
+        self.send(ident, Kind.ACK, re=msg.seq)
 
     def _after_update(self, update) -> None:
+        now = time.time()
+        for sender in self.weights_out.waiting:   # answered now: its silence starts here
+            self.state.last_heard[sender] = now
         self.metrics.update(update)
         self.weights_out.updated(update, self._stop)
+        welcomes, self.welcomes = self.welcomes, []
+        for ident, sender, seq in welcomes:
+            if self.state.done:
+                self._stop(ident, sender, seq)
+            else:
+                self._welcome(ident, sender, seq)
+        if self.checkpoints is not None:
+            self.checkpoints.after_update(self.state)
         t = self.cfg.train
         if (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0) or \
                 update.epoch >= self._next_eval_epoch or self.state.done:
@@ -210,10 +265,30 @@ class ParameterServer:
                     if time.time() - last_msg > timeout:
                         if self._timed_out(timeout):
                             break
+                if self._learner_timeout:
+                    self._evict_silent()
                 self.metrics.tick(self)
         finally:
             self._finish()
         return 0
+
+    def _evict_silent(self) -> None:
+        """Evict learners silent for ``runtime.learner_timeout_s`` (not those the server owes
+        a reply): the protocol goes on with the others."""
+        st = self.state
+        for learner in st.silent(time.time(), self._learner_timeout, self.weights_out.waiting):
+            log.warning("learner %d sent nothing for %.0f s (runtime.learner_timeout_s): "
+                        "evicted; it rejoins with a HELLO", learner, self._learner_timeout)
+            update = st.evict(learner)
+            self._members_changed(learner, "evicted")
+            if update is not None:
+                self._after_update(update)
+
+    def _members_changed(self, learner: int, why: str) -> None:
+        eng = self.state.engine
+        log.info("learner %d %s: λ=%d alive, c=%d", learner, why, len(eng.members),
+                 eng.gradients_per_update)
+        self.metrics.members(learner, why, eng)
 
     def _timed_out(self, timeout: float) -> bool:
         """No message for ``timeout``: True (stop serving) if training is done, else raise."""
@@ -229,6 +304,8 @@ class ParameterServer:
             f"{sorted(wire.node_id(s) for s in st.subtrees)}); is a learner or tree node dead?")
 
     def _finish(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.save(self.state)
         self.metrics.tick(self, force=True)
         if self.state.done:
             self.metrics.done(self)
@@ -243,11 +320,18 @@ class ParameterServer:
 
 
 def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
-          broadcast: str | None = None) -> int:
-    """Entry point of ``rudra-zmq ps``: run one parameter server until training ends."""
+          broadcast: str | None = None, resume: bool = False) -> int:
+    """Entry point of ``rudra-zmq ps``: run one parameter server until training ends
+    (``resume``: from the newest valid checkpoint in ``run_dir``)."""
     threads = cfg.runtime.ps_threads or kernels.get_num_threads()
     kernels.set_num_threads(threads)
-    ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast)
+    ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast, resume=resume)
+    if ps.resumed_from is not None:
+        st = ps.state
+        print(f"parameter server: resumed from {ps.resumed_from} at timestamp "
+              f"{st.engine.timestamp}, epoch {st.engine.epoch:.2f} (incarnation "
+              f"{len(st.incarnations)})", flush=True)
+        ps.metrics.restart(ps)
     if ps.weights_out.endpoint is not None:
         print(f"broadcast root listening on {ps.weights_out.endpoint}", flush=True)
     print(f"parameter server listening on {ps.endpoint} ({ps.state.numel:,} parameters, "

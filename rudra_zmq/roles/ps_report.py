@@ -4,6 +4,8 @@
   batched and sent every FLUSH_S so that a fast PS sends a few messages a second, not one per
   update;
 - one ``ps`` record a second: updates/s, gradients/s, refused messages;
+- a ``members`` record whenever λ changes (a learner evicted or rejoining), with λ and c;
+- a ``restart`` record when a restarted server resumed from a checkpoint;
 - a ``done`` record when training finished.
 
 Sends go through ``StatsClient``, which never blocks (a full queue drops and counts). Not
@@ -55,7 +57,7 @@ class PSReport:
                 "type": "ps", "t": now, "ts": eng.timestamp,
                 "updates_per_s": (upd - self._counts[0]) / dt,
                 "gradients_per_s": (grads - self._counts[1]) / dt,
-                "invalid": ps.state.counters.invalid})
+                **_counters(ps)})
             self._counts = (upd, grads)
             self._last_rate = now
 
@@ -63,5 +65,26 @@ class PSReport:
         """The end-of-training record."""
         if self.stats is not None:
             self.stats.metric({"type": "done", "t": time.time(), "ts": ps.state.engine.timestamp,
-                               "epoch": ps.state.engine.epoch,
-                               "invalid": ps.state.counters.invalid})
+                               "epoch": ps.state.engine.epoch, **_counters(ps)})
+
+    def members(self, learner: int, event: str, engine) -> None:
+        """λ changed: ``learner`` was ``event`` (evicted | joined); sent at once."""
+        if self.stats is not None:
+            self.stats.metric({"type": "members", "t": time.time(), "ts": engine.timestamp,
+                               "epoch": engine.epoch, "learner": learner, "event": event,
+                               "learners": len(engine.members),
+                               "c": engine.gradients_per_update})
+
+    def restart(self, ps) -> None:
+        """This server resumed from a checkpoint; sent at once."""
+        if self.stats is not None:
+            st = ps.state
+            self.stats.metric({"type": "restart", "t": time.time(), "ts": st.engine.timestamp,
+                               "epoch": st.engine.epoch, "incarnation": len(st.incarnations),
+                               "checkpoint": str(ps.resumed_from)})
+
+
+def _counters(ps) -> dict:
+    c = ps.state.counters
+    return {"invalid": c.invalid, "duplicates": c.duplicates, "evictions": c.evictions,
+            "lost_updates": c.lost_updates}

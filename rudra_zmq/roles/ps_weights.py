@@ -34,12 +34,21 @@ class ReplyWeights:
 
     def __init__(self, state, send):
         self.state, self.send = state, send
-        self.parked: list[tuple[bytes, int]] = []   # (routing id, sender) waiting for ts + 1
+        self.parked: list[tuple[bytes, int, int]] = []  # (routing id, sender, seq) for ts + 1
+
+    @property
+    def waiting(self) -> set[int]:
+        """Senders whose pull is parked: the server owes them a reply."""
+        return {sender for _, sender, _ in self.parked}
+
+    def readdress(self, sender: int, ident: bytes) -> None:
+        """``sender`` asked again on connection ``ident``: its parked reply goes there."""
+        self.parked = [(ident if s == sender else i, s, q) for i, s, q in self.parked]
 
     def answer(self, ident: bytes, msg: wire.Message, sigma: int) -> None:
         """Answer a gradient that did not end training: ACK a PUSH, else as a pull."""
         if msg.kind == Kind.PUSH:
-            self.send(ident, Kind.ACK, sigma=sigma)
+            self.send(ident, Kind.ACK, sigma=sigma, re=msg.seq)
         else:
             self.pull(ident, msg, sigma)
 
@@ -48,23 +57,23 @@ class ReplyWeights:
 
     def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None) -> None:
         """WEIGHTS if the server is newer than ``msg.ts``; else park (``wait``) or UPTODATE."""
-        extra = {} if sigma is None else {"sigma": sigma}
+        extra = {"re": msg.seq} if sigma is None else {"sigma": sigma, "re": msg.seq}
         if self.state.engine.timestamp > msg.ts:
             self.send(ident, Kind.WEIGHTS, self.state.weight_frames(), **extra)
         elif msg.fields["wait"]:
-            self.parked.append((ident, msg.sender))
+            self.parked.append((ident, msg.sender, msg.seq))
         else:
             self.send(ident, Kind.UPTODATE, **extra)
 
     def updated(self, update, stop) -> None:
-        """A new version exists: the parked pulls get it (or ``stop(ident, sender)`` once
+        """A new version exists: the parked pulls get it (or ``stop(ident, sender, seq)`` once
         training is done)."""
         parked, self.parked = self.parked, []
-        for ident, sender in parked:
+        for ident, sender, seq in parked:
             if self.state.done:
-                stop(ident, sender)
+                stop(ident, sender, seq)
             else:
-                self.send(ident, Kind.WEIGHTS, self.state.weight_frames())
+                self.send(ident, Kind.WEIGHTS, self.state.weight_frames(), re=seq)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -84,9 +93,14 @@ class BroadcastWeights:
         # anything refers to it (WeightVersions), the broadcast's frames included.
         self.root.publish(state.engine.timestamp, state.w, copy=False)
 
+    waiting: set = frozenset()   # nothing is ever parked
+
+    def readdress(self, sender: int, ident: bytes) -> None:
+        """Nothing is parked."""
+
     def answer(self, ident: bytes, msg: wire.Message, sigma: int) -> None:
         """ACK every gradient: no weights in replies."""
-        self.send(ident, Kind.ACK, sigma=sigma)
+        self.send(ident, Kind.ACK, sigma=sigma, re=msg.seq)
 
     def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None) -> None:
         """Refused (see ``check_pull``)."""

@@ -66,7 +66,7 @@ class StatsServer:
     """
 
     def __init__(self, cfg, bind: str, run_dir, ctx: zmq.Context | None = None, *,
-                 t0: float | None = None, dataset=None, out=None):
+                 t0: float | None = None, dataset=None, out=None, resume: bool = False):
         from ..flat import FlatModel
         from ..models import build_model, input_transform
         from ..data_order import load_data
@@ -97,7 +97,15 @@ class StatsServer:
         try:
             self.endpoint = transport.bind(self.sock, bind)
             self.metrics_path = self.run_dir / plots.METRICS_FILE
+            start = _run_start(self.metrics_path)
+            if start is not None and t0 is None:   # a restart: the run's clock goes on
+                self.t0 = start
             self._file = open(self.metrics_path, "a")
+            if start is None:   # the run's clock, for a restarted stats server to go on with
+                self._file.write(_json_line({"type": "start", "t": 0.0, "unix": self.t0}) + "\n")
+            if resume:
+                self._file.write(_json_line({"type": "resume",
+                                             "t": round(time.time() - self.t0, 6)}) + "\n")
         except BaseException:
             self.sock.close(linger=0)
             if self._own_ctx:
@@ -314,6 +322,19 @@ class StatsServer:
             self.ctx.term()
 
 
+def _run_start(path: Path) -> float | None:
+    """The run's start (unix time) from the ``start`` record that opens an existing
+    metrics file; None for a new file (or one written before start records existed)."""
+    try:
+        with open(path) as f:
+            first = json.loads(f.readline() or "null")
+    except (OSError, ValueError):
+        return None
+    if isinstance(first, dict) and first.get("type") == "start" and _is_number(first.get("unix")):
+        return float(first["unix"])
+    return None
+
+
 def _json_line(rec: dict) -> str:
     """One strict JSON line: a NaN or infinite number (a diverged loss) becomes null, since
     JSON has no NaN and other readers (jq, pandas) refuse Python's ``NaN``. Raises TypeError
@@ -338,14 +359,14 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def serve(cfg, bind: str, run_dir) -> int:
+def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     """Entry point of ``rudra-zmq stats``: run until the PS reports "done" or SIGTERM/SIGINT;
     either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
     import torch
 
     torch.set_num_threads(1)  # evaluation shares the machine with the learners
     stop = threading.Event()
-    server = StatsServer(cfg, bind, run_dir)
+    server = StatsServer(cfg, bind, run_dir, resume=resume)
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -29,7 +29,7 @@ import zmq
 
 from .. import transport, wire
 from ..node_state import NodeState
-from ..sync import ProtocolViolation, learners_wait
+from ..sync import ProtocolViolation, Rejoin, learners_wait
 from ..wire import Kind
 from .leaf_shm import LeafShm
 
@@ -48,18 +48,18 @@ class ChildWeights:
     def check_pull(self, msg: wire.Message) -> None:
         """Pulls are served."""
 
-    def answer(self, ident: bytes, kind: Kind, child_ts: int) -> None:
-        """Answer a child whose gradient (or pull) is done: ACK a PUSH; else newer weights
-        or UPTODATE."""
+    def answer(self, ident: bytes, kind: Kind, child_ts: int, re: int) -> None:
+        """Answer a child's request ``re`` whose gradient (or pull) is done: ACK a PUSH; else
+        newer weights or UPTODATE."""
         st = self.state
         if kind == Kind.PUSH:
-            self.send(ident, Kind.ACK)
+            self.send(ident, Kind.ACK, re=re)
         elif st.ts > child_ts and self.shared is not None and ident in self.shared.by_board:
-            self.send(ident, Kind.WEIGHTS, board=True)   # published when the weights came
+            self.send(ident, Kind.WEIGHTS, board=True, re=re)   # published with the weights
         elif st.ts > child_ts:
-            self.send(ident, Kind.WEIGHTS, st.weights)
+            self.send(ident, Kind.WEIGHTS, st.weights, re=re)
         else:
-            self.send(ident, Kind.UPTODATE)
+            self.send(ident, Kind.UPTODATE, re=re)
 
 
 class ChildAcks:
@@ -75,9 +75,9 @@ class ChildAcks:
             f"architecture.kind=advstar tree node {self.state.id} serves no weights: they "
             "come by the learners' broadcast; push gradients with PUSH")
 
-    def answer(self, ident: bytes, kind: Kind, child_ts: int) -> None:
+    def answer(self, ident: bytes, kind: Kind, child_ts: int, re: int) -> None:
         """ACK."""
-        self.send(ident, Kind.ACK)
+        self.send(ident, Kind.ACK, re=re)
 
 
 class TreeNode:
@@ -110,6 +110,8 @@ class TreeNode:
         answers = ChildAcks if self.state.advstar else ChildWeights
         self.children_out = answers(self.state, self._send, self.shared)
         self._asked: float | None = None     # when the request to the parent in flight was sent
+        self._resent = 0.0                   # when it was last sent (again)
+        self.retry_s = cfg.runtime.retry_s
         self._seq = 0
         self._warned: set = set()
         self.handlers = {Kind.HELLO: self.on_hello, Kind.PULL: self.on_pull,
@@ -130,16 +132,17 @@ class TreeNode:
         except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
             log.warning("could not send %s to %r: %s", kind.name, ident, exc)
 
-    def _refuse(self, ident: bytes, sender, code: str, message: str) -> None:
+    def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
         self.state.invalid += 1
         if (ident, code) not in self._warned:
             self._warned.add((ident, code))
             log.warning("refused a message from %s (%r): %s", sender, ident, message)
-        self._send(ident, Kind.ERROR, code=code, error=message)
+        self._send(ident, Kind.ERROR, code=code, error=message,
+                   **({} if re is None else {"re": re}))
 
-    def _stop(self, ident: bytes, sender: int) -> None:
+    def _stop(self, ident: bytes, sender: int, re: int) -> None:
         self.state.mark_stopped(sender)
-        self._send(ident, Kind.STOP, reason=self.state.stop_reason)
+        self._send(ident, Kind.STOP, reason=self.state.stop_reason, re=re)
 
     def handle(self, frames) -> None:
         """Process one message from a child (routing id first). Never raises for bad input."""
@@ -153,14 +156,15 @@ class TreeNode:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
         if self.state.stop_reason is not None:
-            self._stop(ident, msg.sender)
+            self._stop(ident, msg.sender, msg.seq)
             return
         try:
             if msg.kind != Kind.HELLO:
                 self.state.check_sender(ident, msg)
             self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
-            self._refuse(ident, msg.sender, "protocol", str(exc))
+            code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
+            self._refuse(ident, msg.sender, code, str(exc), re=msg.seq)
 
     def on_hello(self, ident: bytes, msg: wire.Message) -> None:
         """Register the child; the first one makes the node say HELLO upstream. Answered
@@ -169,37 +173,44 @@ class TreeNode:
         if st.register(ident, msg):
             self.parent.send(Kind.HELLO, model=st.signature, numel=st.numel,
                              subtree=sorted(self.spec.subtree))
-            self._asked = time.time()
+            self._asked = self._resent = time.time()
         if self.shared is not None and "shm" in msg.fields:
             self.shared.map_slots(msg.sender, msg.fields["shm"], st.numel,
                                   st.weights if st.welcome is not None else None, st.ts)
         if st.welcome is None:
-            st.hellos.append((ident, msg.sender))
+            st.hellos.append((ident, msg.sender, msg.seq))
+        elif st.held(msg.sender):   # it restarted: welcome it once its old gradient is answered
+            st.rejoins.append((ident, msg.sender, msg.seq))
         else:
-            self._welcome(ident, msg.sender)
+            self._welcome(ident, msg.sender, msg.seq)
 
-    def _welcome(self, ident: bytes, sender: int) -> None:
+    def _welcome(self, ident: bytes, sender: int, re: int) -> None:
         extra = self.shared.welcome_fields(sender) if self.shared is not None else {}
-        self._send(ident, Kind.WELCOME, self.state.weights, **self.state.welcome, **extra)
+        self._send(ident, Kind.WELCOME, self.state.weights, **self.state.welcome, **extra,
+                   re=re)
 
     def on_pull(self, ident: bytes, msg: wire.Message) -> None:
         """Answered at once from the cached weights, or parked (wait) until newer ones."""
         self.children_out.check_pull(msg)
         if self.ts > msg.ts or not msg.fields["wait"]:
-            self.children_out.answer(ident, Kind.PULL, msg.ts)
+            self.children_out.answer(ident, Kind.PULL, msg.ts, msg.seq)
         else:
-            self.state.parked.append((ident, msg.sender, msg.ts))
+            self.state.parked.append((ident, msg.sender, msg.ts, msg.seq))
 
     def on_bye(self, ident: bytes, msg: wire.Message) -> None:
         """The child leaves (a child node's BYE covers the learners below it)."""
         self.state.mark_stopped(msg.sender)
-        self._send(ident, Kind.ACK)
+        self._send(ident, Kind.ACK, re=msg.seq)
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
         """PUSH/PUSHPULL from a learner or RELAY from a child node: into the pending sum."""
         if msg.kind == Kind.PUSHPULL:
             self.children_out.check_pull(msg)
         st = self.state
+        if st.is_duplicate(ident, msg):   # a resend: held (answered later) or answered again
+            if not st.held(msg.sender):
+                self.children_out.answer(ident, msg.kind, msg.ts, msg.seq)
+            return
         entries = st.entries(msg)
         pieces = msg.payloads if self.shared is None else self.shared.pieces(msg)
         st.add(ident, msg, entries, pieces)     # raises before the sum is touched
@@ -215,7 +226,7 @@ class TreeNode:
             buf, clock = relay
             self.parent.send(Kind.RELAY, self.ts, wire.chunk(buf, self.chunk_bytes),
                              wait=self.hardsync, clock=[list(e) for e in clock])
-            self._asked = time.time()
+            self._asked = self._resent = time.time()
 
     def _from_parent(self) -> None:
         st = self.state
@@ -224,20 +235,22 @@ class TreeNode:
         try:
             msg = self.parent.recv(kinds, numel=st.numel)
         except transport.ServerError as exc:
-            for ident, sender in st.hellos:  # the parent refused our HELLO: say why
-                self._send(ident, Kind.ERROR, code=exc.code, error=str(exc))
+            for ident, sender, seq in st.hellos:  # the parent refused our HELLO: say why
+                self._send(ident, Kind.ERROR, code=exc.code, error=str(exc), re=seq)
+            # "rejoin": the parent restarted; so does this node (the launcher restarts it)
+            # and its children rejoin it, so nothing below is counted twice
             raise RuntimeError(f"tree node {self.id}: {exc}") from None
         self._asked = None
         if msg.kind == Kind.STOP:
-            for ident, sender, *_ in st.stop(msg.fields["reason"]):
-                self._stop(ident, sender)
+            for ident, sender, *_, seq in st.stop(msg.fields["reason"]):
+                self._stop(ident, sender, seq)
         elif msg.kind == Kind.WELCOME:
-            st.welcome = dict(msg.fields)
+            st.welcome = {k: msg.fields[k] for k in ("learners", "protocol")}
             st.weights, st.clock.timestamp = msg.payloads, msg.ts
             if self.shared is not None:
                 self.shared.publish(msg.ts, st.weights)
-            for ident, sender in st.hellos:
-                self._welcome(ident, sender)
+            for ident, sender, seq in st.hellos:
+                self._welcome(ident, sender, seq)
             st.hellos = []
         else:
             self._answered(msg)
@@ -249,14 +262,20 @@ class TreeNode:
         if weights is not None and msg.ts > st.ts and self.shared is not None:
             self.shared.publish(msg.ts, weights)   # before any child is told to read it
         ts = msg.ts if msg.kind in (Kind.WEIGHTS, Kind.ACK) else st.ts
-        for ident, _sender, kind, child_ts in st.answered(ts, weights):
-            self.children_out.answer(ident, kind, child_ts)
-        parked, st.parked = st.parked, []
-        for ident, sender, child_ts in parked:
-            if st.ts > child_ts:
-                self.children_out.answer(ident, Kind.PULL, child_ts)
+        for ident, _sender, kind, child_ts, seq in st.answered(ts, weights):
+            self.children_out.answer(ident, kind, child_ts, seq)
+        rejoins, st.rejoins = st.rejoins, []
+        for ident, sender, seq in rejoins:
+            if st.held(sender):
+                st.rejoins.append((ident, sender, seq))
             else:
-                st.parked.append((ident, sender, child_ts))
+                self._welcome(ident, sender, seq)
+        parked, st.parked = st.parked, []
+        for ident, sender, child_ts, seq in parked:
+            if st.ts > child_ts:
+                self.children_out.answer(ident, Kind.PULL, child_ts, seq)
+            else:
+                st.parked.append((ident, sender, child_ts, seq))
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
@@ -290,6 +309,9 @@ class TreeNode:
 
     def _check_time(self, last_child: float) -> None:
         now, st = time.time(), self.state
+        if self._asked is not None and now - self._resent > self.retry_s:
+            self.parent.resend()       # the parent may have restarted and lost it
+            self._resent = now
         if self._asked is not None and now - self._asked > self.timeout:
             raise TimeoutError(
                 f"tree node {self.id}: no reply from its {self.parent.name} at "

@@ -1,0 +1,59 @@
+"""What ``rudra-zmq run --resume RUN_DIR`` may change about a run, and the checks.
+
+A resumed run continues the weights, momentum, sync engine and data order of a checkpoint, so
+everything that defines the training (model, data, sync, optimizer, architecture, seeds) must
+stay as it was. Only keys in ``RESUMABLE`` may differ, and only when given with ``--set``:
+how long to train, how often to evaluate and checkpoint, and how the processes run. Pure:
+no sockets, no processes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import config as config_mod
+from .config import ConfigError
+
+# Keys (or whole sections, ending in ".") a resumed run may change with --set.
+RESUMABLE = ("train.epochs", "train.eval_every_epochs", "train.eval_every_updates",
+             "train.checkpoint_every_s", "train.checkpoint_every_updates", "runtime.")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def resumable(key: str) -> bool:
+    """Whether ``key`` (``section.name``) may change when a run is resumed. Pure."""
+    return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
+
+
+def resume_config(run_dir, config_path=None, overrides=()):
+    """The config to resume ``run_dir`` with: its saved ``config.yaml`` (or ``config_path``,
+    which must match it) with the ``--set`` ``overrides``. Raises ConfigError naming a key
+    that changed without --set, or one that a resumed run cannot change; FileNotFoundError
+    when ``run_dir`` holds no run."""
+    saved_path = Path(run_dir) / "config.yaml"
+    if not saved_path.is_file():
+        raise FileNotFoundError(f"{run_dir} holds no run to resume (no config.yaml there)")
+    saved = config_mod.load_config(saved_path)
+    cfg = config_mod.load_config(config_path or saved_path, list(overrides))
+    given = {item.split("=", 1)[0].strip() for item in overrides}
+    old, new = _flat(config_mod.to_dict(saved)), _flat(config_mod.to_dict(cfg))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) == new.get(key):
+            continue
+        if not resumable(key):
+            raise ConfigError(
+                f"{key} is {old.get(key)!r} in {saved_path} but {new.get(key)!r} now: a resumed "
+                f"run cannot change it (it defines the training). Resumable with --set: "
+                f"{', '.join(RESUMABLE)}")
+        if key not in given:
+            raise ConfigError(f"{key} changed from {old.get(key)!r} to {new.get(key)!r} "
+                              f"without --set; give --set {key}=... to change it on resume")
+    return cfg
