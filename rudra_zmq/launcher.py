@@ -281,12 +281,17 @@ class Launcher:
         self.stop_all()
         return 1
 
+    def _current(self) -> list[Child]:
+        """The newest process of each label (a restarted role replaces its predecessor)."""
+        newest = {c.label: c for c in self.children}
+        return list(newest.values())
+
     def finish(self) -> int:
         """Training ended well: stop the data server, let the stats server finish."""
         for c in self.children:
             if c.role == "data" and c.proc.poll() is None:
                 c.proc.send_signal(signal.SIGTERM)
-        stats = [c for c in self.children if c.role == "stats"]
+        stats = [c for c in self._current() if c.role == "stats"]
         deadline = time.monotonic() + STATS_EXIT_TIMEOUT_S
         while any(c.proc.poll() is None for c in stats):
             if self.interrupted:

@@ -19,7 +19,8 @@ log = logging.getLogger("rudra_zmq.stats")
 
 METRIC_HWM = 100       # metric messages a client queues before it drops new ones
 EVAL_HWM = 2           # weight snapshots a client queues (model-sized: keep it tiny)
-DONE_SEND_WAIT_MS = 1000  # the final "done" record may wait this long for room, no longer
+DONE_SEND_WAIT_MS = 15_000  # the final "done" record waits this long for room (a stats
+#                            server being restarted), no longer
 CLOSE_LINGER_MS = 1000    # time ZeroMQ gets at close to deliver what is queued
 
 
@@ -47,6 +48,7 @@ class StatsClient:
         self.endpoint = endpoint
         self.sender = sender
         self.dropped = self.evals_sent = self.evals_dropped = 0
+        self._done_sent = False
         self._seq = 0
         self._warned: set = set()
         self._metrics = transport.make_socket(ctx, zmq.PUSH, hwm=METRIC_HWM)
@@ -61,6 +63,7 @@ class StatsClient:
         if not isinstance(record, dict):
             raise TypeError(f"a metric record is a dict, got {type(record).__name__}")
         if record.get("type") == "done":
+            self._done_sent = True
             record = {**record, "evals_sent": self.evals_sent}
             if not self._metrics.poll(DONE_SEND_WAIT_MS, zmq.POLLOUT):
                 return self._drop("done", "the final 'done' record: the queue stayed full")
@@ -117,10 +120,12 @@ class StatsClient:
 
     def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
         """Close both sockets, giving ZeroMQ up to ``linger_ms`` (in ``ctx.term()``) to deliver
-        what is queued, e.g. the final "done" record."""
-        for sock in (self._metrics, self._evals):
+        what is queued; after a "done" record, up to ``DONE_SEND_WAIT_MS`` for the metrics (a
+        statistics server being restarted must still get it)."""
+        metrics_linger = max(linger_ms, DONE_SEND_WAIT_MS) if self._done_sent else linger_ms
+        for sock, linger in ((self._metrics, metrics_linger), (self._evals, linger_ms)):
             if not sock.closed:
-                sock.close(linger=linger_ms)
+                sock.close(linger=linger)
 
 
 __all__ = ["StatsClient"]
