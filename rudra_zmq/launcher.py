@@ -269,7 +269,9 @@ class Launcher:
             return None
         if c.role == "learner" and not cfg.restart:
             self.left_out.add(c.label)
-            if any(x.role == "learner" and not x.ended for x in self.children):
+            # others still training, or one that finished (it was told STOP): the run goes on
+            if any(x.role == "learner" and (not x.ended or x.proc.returncode == 0)
+                   for x in self._current()):
                 print(f"rudra-zmq: {c.label} is left out (runtime.restart is off); the run "
                       "goes on with the other learners", file=sys.stderr, flush=True)
                 return None

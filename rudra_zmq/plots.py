@@ -5,10 +5,17 @@ The statistics server appends one JSON object per line, each with a ``"type"``:
     update   {"ts", "t", "epoch", "mean_sigma", "sigmas": [int, ...], "lr", "n_grads"}
     eval     {"ts", "t", "epoch", "test_error" (0..1), "test_loss"}
     learner  {"learner", "t", "step", "samples_per_s", "loss"}
-    ps       {"t", "ts", "updates_per_s", "gradients_per_s", "invalid"}
+    ps       {"t", "ts", "updates_per_s", "gradients_per_s", "invalid", "duplicates",
+              "evictions", "lost_updates"}
+    members  {"t", "ts", "epoch", "learner", "event" (evicted | joined), "learners" (λ), "c"}
+    restart  {"t", "ts", "epoch", "incarnation", "checkpoint"}   (a PS resumed a checkpoint)
+    resume   {"t"}                                  (``rudra-zmq run --resume``)
+    start    {"t": 0, "unix"}                       (the run's clock: the first line)
+    done     {"t", "ts", "epoch", counters as ``ps``, "evals_sent"}
 
-``t`` is wall seconds since the start of the run (absolute Unix times are accepted too: they are
-shifted so the earliest record is 0). ``ts`` is the weights timestamp, i.e. updates applied.
+``t`` is wall seconds since the start of the run, across restarts and resumes (absolute Unix
+times are accepted too: they are shifted so the earliest record is 0). λ changes, PS restarts
+and resumes are drawn as vertical lines. ``ts`` is the weights timestamp, i.e. updates applied.
 
 Plots use matplotlib's object API (``Figure`` + ``FigureCanvasAgg``), never pyplot, so nothing
 global (backend, current figure) changes for other users in the process, and it is safe to call
@@ -30,7 +37,7 @@ from matplotlib.figure import Figure
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-KNOWN_TYPES = ("update", "eval", "learner", "ps")
+KNOWN_TYPES = ("update", "eval", "learner", "ps", "members", "restart", "resume")
 SUMMARY_FIELDS = ("epoch", "wall_s", "ts", "test_error", "test_loss", "mean_sigma",
                   "updates_per_s")
 _ABSOLUTE_T = 1e9  # t values beyond this are Unix times (after 2001), not seconds since start
@@ -195,6 +202,29 @@ def _plot_error(ax, x, y, label=None, **style):
     ax.grid(True, alpha=0.3)
 
 
+def _mark_events(ax, m, xkey: str, t0: float = 0.0) -> None:
+    """Vertical lines where λ changed (``members``: evicted/joined, labelled λ and c) and where
+    the PS restarted or the run was resumed (``restart``/``resume``), on an x of ``t`` or
+    ``epoch``."""
+    seen = set()
+    for kind, style in (("members", dict(color="tab:orange", linestyle=":")),
+                        ("restart", dict(color="tab:red", linestyle="--")),
+                        ("resume", dict(color="tab:purple", linestyle="-."))):
+        for r in m[kind]:
+            x = _num(r.get(xkey))
+            if x is None:
+                continue
+            if kind == "members":
+                label = f"λ={r.get('learners')}, c={r.get('c')} ({r.get('event')})"
+            else:
+                label = "PS restarted" if kind == "restart" else "run resumed"
+            ax.axvline(x - t0 if xkey == "t" else x, linewidth=1, alpha=0.8,
+                       label=None if label in seen else label, **style)
+            seen.add(label)
+    if seen:
+        ax.legend(fontsize="small")
+
+
 def plot_run(run_dir, out_dir=None) -> list[Path]:
     """Write a run's PNG plots into ``out_dir`` (default: the run directory).
 
@@ -216,6 +246,7 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
         if len(x):
             fig, ax = _figure()
             _plot_error(ax[0, 0], x, y)
+            _mark_events(ax[0, 0], m, xkey, t0)
             ax[0, 0].set_xlabel(xlabel)
             ax[0, 0].set_title(f"{name}: test error vs {xlabel.split(' (')[0]} "
                                f"(last {100 * y[-1]:.2f} %)")
@@ -270,6 +301,8 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
             a.grid(True, alpha=0.3)
             if not m["learner"]:
                 a.set_title(f"{name}: parameter server throughput")
+        for a in ax[:, 0]:
+            _mark_events(a, m, "t", t0)
         ax[-1, 0].set_xlabel("wall time (s)")
         written.append(_save(fig, out_dir / "throughput.png"))
     return written

@@ -60,11 +60,11 @@ def test_softsync_through_a_tree_has_the_staleness_of_flat_softsync(tmp_path):
         assert r["lr"] == pytest.approx(0.02 / max(r["mean_sigma"], 1.0), rel=1e-12)
 
 
-def test_a_tree_node_that_dies_stops_the_run_with_a_clear_message(tmp_path):
+def test_without_restarts_a_tree_node_that_dies_stops_the_run_with_a_clear_message(tmp_path):
     run_dir = tmp_path / "dies"
     cmd = [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml"),
            "--run-dir", str(run_dir)]
-    for o in [*HARD, *TREE, "train.epochs=1000"]:
+    for o in [*HARD, *TREE, "train.epochs=1000", "runtime.restart=false"]:
         cmd += ["--set", o]
     rc, out, victim = kill_during_training(
         cmd, run_dir, lambda entries: next((e for e in entries if e["role"] == "node1"), None),

@@ -27,6 +27,10 @@ COMMANDS = {
     "epoch-time": ("epoch_time", "seconds per epoch of config files, through `rudra-zmq run`"),
     "sim-speed": ("sim_speed", "the simulator's speed beside one learner process"),
     "memory": ("memory", "peak memory (RSS/PSS/USS) of whole `rudra-zmq run`s"),
+    "checkpoint": ("checkpoint_cost", "ms per PS checkpoint and update throughput with "
+                                      "checkpoints beside none"),
+    "failover": ("failover", "detection of dead and hung learners, PS crash to next update, "
+                             "under `rudra-zmq run`"),
 }
 
 

@@ -92,7 +92,8 @@ class ParameterServer:
         t = cfg.train
         self.checkpoints = None
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
-            self.checkpoints = CheckpointSchedule(t, checkpoint_dir(self.run_dir))
+            self.checkpoints = CheckpointSchedule(t, checkpoint_dir(self.run_dir),
+                                                  self.state.engine.timestamp)
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER,

@@ -26,24 +26,23 @@ def checkpoint_dir(run_dir) -> Path:
 
 
 class CheckpointSchedule:
-    """Writes the state's checkpoints into ``directory`` on the configured schedule."""
+    """Writes the state's checkpoints into ``directory`` on the configured schedule, counting
+    updates from ``timestamp`` (where the server starts)."""
 
-    def __init__(self, train_cfg, directory: Path):
+    def __init__(self, train_cfg, directory: Path, timestamp: int = 0):
         self.every_s = train_cfg.checkpoint_every_s
         self.every_updates = train_cfg.checkpoint_every_updates
         self.directory = directory
         self._last_t = time.monotonic()
-        self._last_ts: int | None = None
+        self.last_ts = timestamp
         self.written = 0
         self.seconds = 0.0      # time spent writing (for the PS's report)
 
     def after_update(self, state) -> None:
         """Write a checkpoint if one is due. Blocks while writing."""
         ts = state.engine.timestamp
-        if self._last_ts is None:
-            self._last_ts = ts
         due_t = self.every_s > 0 and time.monotonic() - self._last_t >= self.every_s
-        due_u = self.every_updates > 0 and ts - self._last_ts >= self.every_updates
+        due_u = self.every_updates > 0 and ts - self.last_ts >= self.every_updates
         if due_t or due_u:
             self.save(state)
 
@@ -52,7 +51,7 @@ class CheckpointSchedule:
         t0 = time.monotonic()
         arrays, meta = state.snapshot()
         path = checkpoint.save(self.directory, arrays, meta)
-        self._last_t, self._last_ts = time.monotonic(), state.engine.timestamp
+        self._last_t, self.last_ts = time.monotonic(), state.engine.timestamp
         self.written += 1
         self.seconds += self._last_t - t0
         log.info("checkpoint %s at timestamp %d (%.0f ms)", path.name, state.engine.timestamp,

@@ -1,0 +1,54 @@
+"""What `rudra-zmq run --resume RUN_DIR` may change about a run (resume.resume_config) and
+the command line around it. No processes."""
+import pytest
+
+from rudra_zmq import cli, config as config_mod
+from rudra_zmq.config import ConfigError, load_config
+from rudra_zmq.resume import resumable, resume_config
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    config_mod.save(load_config(None, ["sync.learners=3", "train.epochs=5"]), d / "config.yaml")
+    return d
+
+
+def test_resuming_without_changes_gives_the_saved_config(run_dir):
+    assert resume_config(run_dir) == load_config(run_dir / "config.yaml")
+
+
+def test_training_longer_and_runtime_keys_may_change_with_set(run_dir):
+    cfg = resume_config(run_dir, None, ["train.epochs=9", "runtime.learner_timeout_s=5"])
+    assert cfg.train.epochs == 9 and cfg.runtime.learner_timeout_s == 5
+    assert resumable("runtime.timeout_s") and resumable("train.epochs")
+    assert not resumable("train.seed") and not resumable("sync.learners")
+
+
+@pytest.mark.parametrize("key", ["sync.learners=4", "optimizer.lr=0.5", "model.seed=3",
+                                 "train.seed=1", "architecture.kind=adv"])
+def test_a_key_that_defines_the_training_is_refused_naming_it(run_dir, key):
+    name = key.split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{name} is .* a resumed run cannot change it"):
+        resume_config(run_dir, None, [key])
+
+
+def test_a_config_file_that_differs_without_set_is_refused_naming_the_key(run_dir, tmp_path):
+    other = tmp_path / "other.yaml"
+    config_mod.save(load_config(None, ["sync.learners=3", "train.epochs=8"]), other)
+    with pytest.raises(ConfigError, match="train.epochs changed from 5.0 to 8.0 without --set"):
+        resume_config(run_dir, other)
+    assert resume_config(run_dir, other, ["train.epochs=8"]).train.epochs == 8
+
+
+def test_a_directory_without_a_run_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="holds no run to resume"):
+        resume_config(tmp_path)
+
+
+def test_the_run_command_needs_a_config_or_resume_and_not_both_dirs(capsys):
+    assert cli.main(["run"]) == 2
+    assert "give a CONFIG to start a run, or --resume RUN_DIR" in capsys.readouterr().err
+    assert cli.main(["run", "--resume", "a", "--run-dir", "b"]) == 2
+    assert "give one of them" in capsys.readouterr().err
