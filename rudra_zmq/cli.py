@@ -160,6 +160,8 @@ def cmd_run(args) -> int:
 
 def cmd_ps(args) -> int:
     cfg = _load(args)
+    if args.resume and not args.run_dir:
+        raise _UsageError("--resume continues from the checkpoints in --run-dir DIR; give it")
     if (cfg.architecture.kind == "advstar") != bool(args.bcast_bind):
         raise _UsageError("--bcast-bind (the endpoint the broadcast root binds) is needed with "
                           "architecture.kind=advstar, and only then (the config says "

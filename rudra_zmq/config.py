@@ -89,7 +89,7 @@ class RuntimeConfig:
     retry_s: float = 5.0               # a client sends an unanswered request again after this
     heartbeat_s: float = 2.0           # ZMTP heartbeat interval; a peer is dropped after 5x
     restart: bool = True               # rudra-zmq run restarts a crashed role
-    max_restarts: int = 3              # failures of one role before the run stops
+    max_restarts: int = 3              # restarts of one role; its next failure stops the run
     learners_per_process: int = 1      # >1 hosts several learner threads per process
     device: str = "cpu"                # learners compute on: cpu | cuda (learner i on GPU
     #                                    i mod #GPUs) | cuda:N (rudra_zmq/devices.py)

@@ -255,8 +255,8 @@ class Launcher:
                 return 1
             self.restarts[c.label] = n + 1
             args = list(c.args)
-            if c.role in ("ps", "stats") and "--resume" not in args:
-                args.append("--resume")
+            if c.role == "ps" and "--resume" not in args:
+                args.append("--resume")   # (a stats server always appends, on the run's clock)
             how = " from its newest checkpoint" if c.role == "ps" else ""
             print(f"rudra-zmq: restarting {c.label}{how} ({n + 1} of at most "
                   f"{cfg.max_restarts})", file=sys.stderr, flush=True)

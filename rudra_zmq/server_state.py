@@ -57,6 +57,7 @@ class ServerState:
         self.incarnation = secrets.randbits(62) + 1   # tells learners this server restarted
         self.incarnations = [self.incarnation]        # every incarnation of this run, oldest first
         self.restored_ts: int | None = None           # the checkpoint timestamp we started from
+        self._lost_base = self._lost_now = 0          # lost updates: before / in this incarnation
         self.applied: dict[int, tuple] = {}   # sender -> (last seq, its σ; None for a HELLO)
         self.steps: dict[int, int] = {}               # learner -> gradients accepted (data step)
         self.last_heard: dict[int, float] = {}        # learner -> when it last sent anything
@@ -143,11 +144,14 @@ class ServerState:
             self._apply((), 1.0, update, 0)
         return update
 
-    def silent(self, now: float, timeout_s: float, waiting=()) -> list[int]:
+    def silent(self, now: float, timeout_s: float, waiting=(), never_by: float | None = None
+               ) -> list[int]:
         """Members that sent nothing for ``timeout_s`` and are not ``waiting`` for a reply the
-        server owes them (a parked hardsync pull). Pure."""
-        return sorted(i for i, t in self.last_heard.items()
-                      if now - t > timeout_s and i in self.engine.members and i not in waiting)
+        server owes them (a parked hardsync pull); with ``never_by``, also members never heard
+        from by that time (learners that never started). Pure."""
+        late = never_by is not None and now > never_by
+        return sorted(i for i in self.engine.members if i not in waiting and (
+            now - self.last_heard[i] > timeout_s if i in self.last_heard else late))
 
     def is_duplicate(self, msg: wire.Message) -> bool:
         """Whether a gradient was applied already (a resend of the last one: answer it as

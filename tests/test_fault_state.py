@@ -78,6 +78,10 @@ def test_silent_members_are_found_but_not_those_the_server_owes_a_reply():
     st.last_heard[2] = 130.0
     assert st.silent(now=140.0, timeout_s=30) == [0, 1]
     assert st.silent(now=140.0, timeout_s=30, waiting={0}) == [1]
+    del st.last_heard[1]                       # as if learner 1 had never said HELLO
+    assert st.silent(now=140.0, timeout_s=30) == [0]
+    assert st.silent(now=140.0, timeout_s=30, never_by=139.0) == [0, 1]
+    st.join(1, now=100.0)
     st.push(message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)], wait=True))
     st.push(message(Kind.PUSHPULL, 2, 2, 0, [g(3.0)], wait=True))
     update = st.evict(1)                        # the barrier completes without learner 1

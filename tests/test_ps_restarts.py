@@ -43,10 +43,15 @@ def test_a_replayed_pushpull_is_applied_once_and_answered_each_time(ctx):
         b.send_raw(wire.encode(Kind.PUSHPULL, 0, a.seq, 0, 0, [g], wait=False))   # older
         r = b.recv()
         assert r.kind == Kind.ERROR and "replayed" in r.fields["error"]
+        push = wire.encode(Kind.PUSH, 0, a.seq + 2, 1, 0, [g])    # a plain PUSH, three times
+        for _ in range(3):
+            b.send_raw(push)
+            r = b.recv()
+            assert (r.kind, r.fields["re"], r.fields["sigma"]) == (Kind.ACK, a.seq + 2, 0)
         a.close(), b.close()
     assert not errors
-    assert ps.state.engine.timestamp == 1 and ps.state.engine.gradients_received == 1
-    assert ps.state.counters.duplicates == 4
+    assert ps.state.engine.timestamp == 2 and ps.state.engine.gradients_received == 2
+    assert ps.state.counters.duplicates == 7
 
 
 def start_ps(cfg, endpoint, run_dir, ctx, resume):

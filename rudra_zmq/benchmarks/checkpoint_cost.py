@@ -46,7 +46,7 @@ def add_arguments(p) -> None:
 def _config(every_s: float, learners: int):
     from ..config import load_config
     return load_config(None, ["sync.protocol=async", f"sync.learners={learners}",
-                              "train.epochs=1e12", "train.eval_every_epochs=0",
+                              "train.epochs=1000000000000.0", "train.eval_every_epochs=0",
                               f"train.checkpoint_every_s={every_s}",
                               "train.checkpoint_every_updates=0",
                               "runtime.learner_timeout_s=0", "optimizer.momentum=0.9"])

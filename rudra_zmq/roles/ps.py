@@ -45,6 +45,7 @@ from .ps_weights import make_weights_out
 log = logging.getLogger("rudra_zmq.ps")
 
 WAIT_MS = 100   # the longest the serving loop waits in libzmq before looking at its clocks
+EVICT_CHECK_S = 0.1   # how often the loop looks for silent learners (not per message)
 _REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
 
 
@@ -89,6 +90,10 @@ class ParameterServer:
         self.resumed_from = None
         if resume and self.run_dir is not None:
             self.resumed_from = restore_latest(self.state, checkpoint_dir(self.run_dir))
+            if self.resumed_from is None:   # it died before its first checkpoint
+                log.warning("no checkpoint in %s: starting from the initial weights",
+                            checkpoint_dir(self.run_dir))
+                self.state.restored_ts = 0  # what learners saw is all lost (and reported)
         t = cfg.train
         self.checkpoints = None
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
@@ -251,7 +256,7 @@ class ParameterServer:
         Blocks. Raises TimeoutError if no learner sends anything for ``runtime.timeout_s``.
         """
         timeout, st = self.cfg.runtime.timeout_s, self.state
-        last_msg = time.time()
+        last_msg = self._started = self._next_evict_check = time.time()
         if self.stats:
             self._eval()  # test error of the initial weights (epoch 0)
         # One blocking receive per message (libzmq waits with the GIL released, at most
@@ -266,7 +271,8 @@ class ParameterServer:
                     if time.time() - last_msg > timeout:
                         if self._timed_out(timeout):
                             break
-                if self._learner_timeout:
+                if self._learner_timeout and time.time() >= self._next_evict_check:
+                    self._next_evict_check = time.time() + EVICT_CHECK_S
                     self._evict_silent()
                 self.metrics.tick(self)
         finally:
@@ -277,9 +283,13 @@ class ParameterServer:
         """Evict learners silent for ``runtime.learner_timeout_s`` (not those the server owes
         a reply): the protocol goes on with the others."""
         st = self.state
-        for learner in st.silent(time.time(), self._learner_timeout, self.weights_out.waiting):
-            log.warning("learner %d sent nothing for %.0f s (runtime.learner_timeout_s): "
-                        "evicted; it rejoins with a HELLO", learner, self._learner_timeout)
+        # a learner that never said HELLO gets runtime.timeout_s from the server's start
+        never_by = self._started + self.cfg.runtime.timeout_s if self.state.tree is None else None
+        for learner in st.silent(time.time(), self._learner_timeout, self.weights_out.waiting,
+                                 never_by):
+            log.warning("learner %d sent nothing for %g s (runtime.learner_timeout_s; never: "
+                        "runtime.timeout_s from the start): evicted; it rejoins with a HELLO",
+                        learner, self._learner_timeout)
             update = st.evict(learner)
             self._members_changed(learner, "evicted")
             if update is not None:

@@ -4,7 +4,7 @@ training path.
 Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
 
 - METRIC x{metric: record}: one record dict with a ``"type"`` (``update``, ``eval``,
-  ``learner``, ``ps``, ``done``; see ``rudra_zmq.plots`` for the fields), or
+  ``learner``, ``ps``, ``members``, ``restart``, ``done``; see ``rudra_zmq.plots``), or
   ``{"type": "batch", "items": [record, ...]}``, expanded here. Records carry an absolute
   ``"t"`` (``time.time()``); they are written to ``RUN/metrics.jsonl``, one JSON line each, with
   ``t`` made relative to the server's start ``t0``, and flushed at least every 0.5 s.
@@ -168,6 +168,12 @@ class StatsServer:
                 self._sigma[1] += n
         elif kind == "learner" and _is_number(r.get("samples_per_s")):
             self._rates[r.get("learner", sender)] = r["samples_per_s"]
+        elif kind == "members":
+            self._print(f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
+                        f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}")
+        elif kind == "restart":
+            self._print(f"parameter server restarted (incarnation {r.get('incarnation')}) at "
+                        f"ts {r.get('ts')} from {r.get('checkpoint')}")
         elif kind == "done" and self._done is None:
             announced = r.get("evals_sent")
             self._done = (now, sender, announced if _is_number(announced) else 0)
@@ -259,7 +265,8 @@ class StatsServer:
             try:
                 print(line, file=self.out, flush=True)
             except UnicodeEncodeError:  # a terminal without UTF-8
-                print(line.replace("σ", "sigma"), file=self.out, flush=True)
+                print(line.replace("σ", "sigma").replace("λ", "lambda"), file=self.out,
+                      flush=True)
         except BrokenPipeError:
             # the reader (the launcher, which echoes these lines) is gone: everything is in
             # the run directory, so go on without progress lines rather than fail

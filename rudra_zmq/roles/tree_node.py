@@ -170,9 +170,10 @@ class TreeNode:
         """Register the child; the first one makes the node say HELLO upstream. Answered
         once the parent's WELCOME is here."""
         st = self.state
-        if st.register(ident, msg):
+        if st.register(ident, msg):   # x{had}: what its first child saw (a restarted root)
+            had = {"had": msg.fields["had"]} if "had" in msg.fields else {}
             self.parent.send(Kind.HELLO, model=st.signature, numel=st.numel,
-                             subtree=sorted(self.spec.subtree))
+                             subtree=sorted(self.spec.subtree), **had)
             self._asked = self._resent = time.time()
         if self.shared is not None and "shm" in msg.fields:
             self.shared.map_slots(msg.sender, msg.fields["shm"], st.numel,
