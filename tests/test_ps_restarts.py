@@ -51,7 +51,7 @@ def test_a_replayed_pushpull_is_applied_once_and_answered_each_time(ctx):
         a.close(), b.close()
     assert not errors
     assert ps.state.engine.timestamp == 2 and ps.state.engine.gradients_received == 2
-    assert ps.state.counters.duplicates == 7
+    assert ps.state.counters.duplicates == 6     # resends and replays, applied or not
 
 
 def start_ps(cfg, endpoint, run_dir, ctx, resume):

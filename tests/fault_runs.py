@@ -1,0 +1,73 @@
+"""A `rudra-zmq run` in the background for the failure tests (test_fault_*.py): start it,
+wait for a timestamp, signal one of its processes, read its metrics."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAST = ["train.eval_every_epochs=0", "runtime.timeout_s=60", "runtime.retry_s=1"]
+
+
+def records(run_dir, kind=None):
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["type"] == "batch":
+            out += rec["items"]
+        else:
+            out.append(rec)
+    return [r for r in out if kind is None or r["type"] == kind]
+
+
+def newest_ts(run_dir) -> int:
+    try:
+        return max((r.get("ts", 0) for r in records(run_dir) if r["type"] in ("ps", "update")),
+                   default=0)
+    except (OSError, ValueError):   # not there yet, or a line half written
+        return 0
+
+
+def pid_of(run_dir, label) -> int:
+    rows = json.loads((run_dir / "processes.json").read_text())
+    return [r["pid"] for r in rows if r["role"] == label][-1]   # the newest (after restarts)
+
+
+class Run:
+    """A ``rudra-zmq run`` in the background; ``finish()`` waits for it (bounded)."""
+
+    def __init__(self, tmp_path, name, overrides, config="quickstart.yaml", resume=False):
+        self.dir = tmp_path / name
+        cmd = [sys.executable, "-m", "rudra_zmq", "run"]
+        cmd += ["--resume", str(self.dir)] if resume else [str(ROOT / "configs" / config),
+                                                           "--run-dir", str(self.dir)]
+        for o in overrides:
+            cmd += ["--set", o]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=ROOT)
+
+    def wait_ts(self, ts, timeout=90):
+        """Block until the PS reported timestamp ``ts`` (at most ``timeout`` s)."""
+        deadline = time.time() + timeout
+        while newest_ts(self.dir) < ts:
+            assert self.proc.poll() is None, self.proc.communicate()[0]
+            assert time.time() < deadline, f"timestamp {ts} not reached in {timeout} s"
+            time.sleep(0.1)
+
+    def signal(self, label, sig):
+        pid = pid_of(self.dir, label)
+        os.kill(pid, sig)
+        return pid
+
+    def finish(self, timeout=120):
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+        self.out = out
+        return self.proc.returncode
