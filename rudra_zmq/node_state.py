@@ -42,6 +42,7 @@ class NodeState:
         self.parked: list[tuple[bytes, int, int, int]] = []  # PULL wait=True: (id, sender, ts)
         self.rejoins: list[tuple[bytes, int, int]] = []      # HELLOs of children held above
         self.seqs: dict[int, int] = {}       # child -> seq of its last gradient (at most once)
+        self.steps: dict[int, int] = {}      # learner below -> its data step (parent's + ours)
         self._sum = self._spare = None       # the sum being built / the one in flight
         self._summed = 0                     # gradients in _sum
         self.stop_reason: str | None = None
@@ -129,8 +130,26 @@ class NodeState:
             off += n
         self._summed += len(entries)
         self.gradients += len(entries)
+        for learner, _ in entries:
+            self.steps[learner] = self.steps.get(learner, 0) + 1
         self.waiting.append((ident, msg.sender, msg.kind, msg.ts, msg.seq))
         self.seqs[msg.sender] = msg.seq
+
+    def welcomed(self, fields: dict) -> None:
+        """The parent's WELCOME: keep what children are welcomed with and, from x{steps},
+        each learner's data step (entries that are not [learner below, step >= 0] are
+        ignored)."""
+        self.welcome = {k: fields[k] for k in ("learners", "protocol")}
+        for e in fields.get("steps", ()):
+            if (isinstance(e, list) and len(e) == 2 and all(type(v) is int for v in e)
+                    and e[0] in self.spec.subtree and e[1] >= 0):
+                self.steps[e[0]] = e[1]
+
+    def where(self, child: int) -> dict:
+        """A child's WELCOME fields for its data: x{step} (a learner) or x{steps} (a node)."""
+        if child in self.subtrees and wire.node_id(child) is not None:
+            return {"steps": [[i, self.steps.get(i, 0)] for i in sorted(self.subtrees[child])]}
+        return {"step": self.steps.get(child, 0)}
 
     def take_relay(self):
         """(sum buffer, clock) to relay now, or None. The buffer stays untouched until the

@@ -64,7 +64,8 @@ class Kind(enum.IntEnum):
     """Message kinds. Requests get exactly one reply from the server they were sent to."""
 
     HELLO = 1        # learner/node -> PS: x{model, numel, subtree?, had?}; WELCOME or ERROR
-    WELCOME = 2      # PS -> learner: weights payload; x{learners, protocol, step?}
+    WELCOME = 2      # PS -> learner: weights payload; x{learners, protocol, step?}; to a tree
+    #                  node x{steps?}: [learner, step] for each learner below it
     # Replies (WELCOME, ACK, WEIGHTS, UPTODATE, STOP, ERROR) may carry x{re}: the seq of the
     # request they answer, so a client drops a late answer to a request it sent again.
     PUSH = 3         # learner -> PS: gradient payload, ts = weights it was computed on; ACK
@@ -91,7 +92,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False),
                  "shm": (_STR, False), "had": (_INT, False)},
     Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True), "shm": (_STR, False),
-                   "step": (_INT, False), "re": (_INT, False)},
+                   "step": (_INT, False), "steps": (_LIST, False), "re": (_INT, False)},
     Kind.PUSH: {"slot": (_INT, False)},
     Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
     Kind.PULL: {"wait": (_BOOL, True)},

@@ -130,3 +130,19 @@ def test_a_checkpoint_of_another_model_is_refused_naming_both():
     meta = {**meta, "numel": N + 1}
     with pytest.raises(ValueError, match="13 parameters .* 12"):
         state("sync.protocol=async").restore(arrays, meta)
+
+
+def test_a_tree_node_hands_each_learner_its_data_step_from_the_root_plus_its_own():
+    from rudra_zmq.node_state import NodeState
+
+    cfg = small_config("sync.protocol=softsync", "sync.learners=4", "sync.n=1",
+                       "architecture.kind=adv", "architecture.fanout=2")
+    st = NodeState(cfg, 0)                       # the leaf of learners 0 and 1
+    for i in (0, 1):
+        st.register(str(i).encode(), message(Kind.HELLO, i, 1, model=SIG, numel=N))
+    st.welcomed({"learners": 4, "protocol": "softsync",
+                 "steps": [[0, 7], [1, 5], [2, 99], [1, -3], "junk"]})   # 2: not below it
+    assert st.welcome == {"learners": 4, "protocol": "softsync"} and st.steps == {0: 7, 1: 5}
+    st.clock.timestamp = 0
+    st.add(b"0", message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)], wait=False), [(0, 0)], [g(1.0)])
+    assert st.where(0) == {"step": 8} and st.where(1) == {"step": 5}

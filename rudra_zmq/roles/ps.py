@@ -190,9 +190,13 @@ class ParameterServer:
             self._welcome(ident, msg.sender, msg.seq)
 
     def _welcome(self, ident: bytes, sender: int, seq: int) -> None:
-        self.send(ident, Kind.WELCOME, self.state.weight_frames(), re=seq,
-                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol,
-                  step=self.state.steps.get(sender, 0))
+        """WELCOME with the weights and where the data stream of the sender (a learner) or
+        of each learner below it (a tree node) goes on."""
+        st = self.state
+        where = ({"step": st.steps.get(sender, 0)} if sender not in st.subtrees else
+                 {"steps": [[i, st.steps.get(i, 0)] for i in sorted(st.subtrees[sender])]})
+        self.send(ident, Kind.WELCOME, st.weight_frames(), re=seq,
+                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol, **where)
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
         """PUSH, PUSHPULL or RELAY: account, maybe update, answer. A gradient sent again

@@ -188,7 +188,7 @@ class TreeNode:
     def _welcome(self, ident: bytes, sender: int, re: int) -> None:
         extra = self.shared.welcome_fields(sender) if self.shared is not None else {}
         self._send(ident, Kind.WELCOME, self.state.weights, **self.state.welcome, **extra,
-                   re=re)
+                   **self.state.where(sender), re=re)
 
     def on_pull(self, ident: bytes, msg: wire.Message) -> None:
         """Answered at once from the cached weights, or parked (wait) until newer ones."""
@@ -246,7 +246,7 @@ class TreeNode:
             for ident, sender, *_, seq in st.stop(msg.fields["reason"]):
                 self._stop(ident, sender, seq)
         elif msg.kind == Kind.WELCOME:
-            st.welcome = {k: msg.fields[k] for k in ("learners", "protocol")}
+            st.welcomed(msg.fields)
             st.weights, st.clock.timestamp = msg.payloads, msg.ts
             if self.shared is not None:
                 self.shared.publish(msg.ts, st.weights)
