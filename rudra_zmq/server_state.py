@@ -224,7 +224,7 @@ class ServerState:
                 "engine": self.engine.state_dict(), "incarnations": self.incarnations,
                 "applied": {str(k): list(v) for k, v in self.applied.items()},
                 "steps": {str(k): v for k, v in self.steps.items()},
-                "stopped": sorted(self.stopped), "done": self.done,
+                "done": self.done,
                 "counters": {"invalid": c.invalid, "duplicates": c.duplicates,
                              "evictions": c.evictions, "lost_updates": c.lost_updates}}
         return {"w": u.w, "v": u.v, "acc": u.acc}, meta
@@ -249,8 +249,10 @@ class ServerState:
         self.applied = {int(k): (int(v[0]), None if v[1] is None else int(v[1]))
                         for k, v in meta["applied"].items()}
         self.steps = {int(k): int(v) for k, v in meta["steps"].items()}
-        self.stopped = {int(i) for i in meta["stopped"]}
-        self.done = bool(meta["done"])
+        # every learner says HELLO again (and is told STOP then, if training is over); a run
+        # resumed with more train.epochs goes on
+        self.stopped = set()
+        self.done = self.engine.epoch >= self.epochs
         for k, v in meta["counters"].items():
             setattr(self.counters, k, int(v))
         self.restored_ts = self.engine.timestamp

@@ -124,6 +124,23 @@ def test_updates_lost_in_a_restart_are_counted_from_what_rejoining_learners_saw(
     assert b.counters.lost_updates == 7
 
 
+def test_a_finished_run_restored_with_more_epochs_goes_on(tmp_path):
+    a = state("sync.protocol=async", "train.epochs=1")   # 8 gradients of µ=8 in an epoch of 64
+    hello(a, 0)
+    for seq in range(2, 10):
+        a.push(message(Kind.PUSH, 0, seq, a.engine.timestamp, [g(1.0)]))
+    a.mark_stopped(0), a.mark_stopped(1)
+    assert a.done and a.all_stopped
+    checkpoint.save(tmp_path, *a.snapshot())
+    ck = checkpoint.load_latest(tmp_path)
+    b = state("sync.protocol=async", "train.epochs=2")
+    b.restore(ck.arrays, ck.meta)
+    assert not b.done and b.stopped == set() and b.engine.timestamp == 8
+    c = state("sync.protocol=async", "train.epochs=1")
+    c.restore(ck.arrays, ck.meta)
+    assert c.done and not c.all_stopped      # learners are told STOP when they say HELLO
+
+
 def test_a_checkpoint_of_another_model_is_refused_naming_both():
     a = state("sync.protocol=async")
     arrays, meta = a.snapshot()
