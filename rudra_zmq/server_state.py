@@ -107,8 +107,11 @@ class ServerState:
         self.identities[sender] = ident
         if wire.node_id(sender) is not None:
             self.subtrees[sender] = below
-        # at most once: nothing sent before this HELLO may be applied any more
-        self.applied[sender] = (msg.seq, None)
+        # at most once: nothing sent before this HELLO may be applied any more (a late copy
+        # of an old HELLO does not move the window back)
+        last = self.applied.get(sender)
+        if last is None or msg.seq > last[0]:
+            self.applied[sender] = (msg.seq, None)
         had = f.get("had", -1)   # the newest timestamp this learner saw (a restarted PS)
         if self.restored_ts is not None and had - self.restored_ts > self._lost_now:
             self._lost_now = had - self.restored_ts

@@ -212,6 +212,7 @@ class Channel:
         self._seq = itertools.count(time.time_ns() // 1000)
         self.retry_ms = retry_ms
         self.resent = 0          # requests sent again (for tests and logs)
+        self.late = 0            # late answers to requests sent twice, dropped
         self._last: tuple[int, list] | None = None   # (seq, frames) awaiting its reply
         self.inc = 0  # the server incarnation we last heard from
 
@@ -228,6 +229,18 @@ class Channel:
         if self._last is not None:
             self.sock.send_multipart(self._last[1], copy=False)
             self.resent += 1
+
+    def drop_late(self) -> int:
+        """Drop what is queued while no request is outstanding (late answers to a request
+        sent twice); returns how many. Never blocks."""
+        n = 0
+        while True:
+            try:
+                self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self.late += n
+                return n
+            n += 1
 
     def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
@@ -248,8 +261,9 @@ class Channel:
                     sent = now
                 continue
             re = msg.fields.get("re")
-            if re is None or self._last is None or re == self._last[0]:
-                break   # a reply without x{re} (tree nodes, broadcast) is taken as it comes
+            if re is None or (self._last is not None and re == self._last[0]):
+                break   # a reply without x{re} (older servers' ERROR) is taken as it comes
+            self.late += 1   # a late answer to a request sent twice: dropped
         self._last = None
         if msg.kind == wire.Kind.ERROR:
             raise ServerError(msg.fields["code"], f"{self.name} refused the request: "

@@ -65,6 +65,8 @@ def test_a_gradient_sent_again_is_answered_and_applied_once_and_a_replay_is_refu
     np.testing.assert_array_equal(st.w, w1)
     with pytest.raises(ProtocolViolation, match="replayed"):
         st.is_duplicate(message(Kind.PUSHPULL, 0, 10, 0, [g(1.0)], wait=False))
+    hello(st, 0, seq=10)                        # a late copy of the first HELLO
+    assert st.is_duplicate(push)                # does not reopen the window
     with pytest.raises(ProtocolViolation, match="replayed"):   # from before a new HELLO
         hello(st, 0, seq=20)
         st.is_duplicate(push)

@@ -43,6 +43,33 @@ def test_a_reply_is_validated_and_an_error_reply_raises_server_error(ctx):
     ch.close()
 
 
+def test_an_unanswered_request_is_sent_again_unchanged_and_a_late_answer_is_dropped(ctx):
+    import threading
+
+    server, ch, _ = server_and_channel(ctx, 3, 10_000, retry_ms=300)
+    got = []
+    client = threading.Thread(target=lambda: got.append(ch.request(Kind.PULL, 0, wait=False)))
+    client.start()
+    first = server.recv_multipart()
+    again = server.recv_multipart()            # nothing answered within retry_ms
+    assert first[1:] == again[1:] and ch.resent >= 1
+    seq = wire.decode(first[1:]).seq
+    answer = lambda re: server.send_multipart(
+        [first[0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 77, re=re)])
+    answer(seq)
+    client.join(10)
+    assert got[0].fields["re"] == seq
+    answer(seq)                                 # the answer to the second copy, late
+    ch.send(Kind.PULL, 0, wait=False)
+    nxt = wire.decode(server.recv_multipart()[1:]).seq
+    answer(nxt)
+    assert ch.recv({Kind.UPTODATE}).fields["re"] == nxt and ch.late == 1
+    answer(nxt)                                 # late again, while nothing is outstanding
+    time.sleep(0.2)
+    assert ch.drop_late() == 1 and ch.late == 2
+    ch.close()
+
+
 def test_free_tcp_endpoints_are_distinct_and_outside_the_ephemeral_range():
     # a launcher takes several before any role binds; the kernel once offered the same
     # free port twice (data and stats collided in CI)

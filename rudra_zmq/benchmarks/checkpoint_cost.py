@@ -80,13 +80,12 @@ def _learner(ctx, endpoint, i, numel, until, counts):
 
     ch = transport.Channel(ctx, endpoint, i, name="parameter server", timeout_ms=60_000)
     ch.send(Kind.HELLO, model=SIGNATURE, numel=numel)
-    msg = ch.recv({Kind.WELCOME}, numel=numel)
+    ch.recv({Kind.WELCOME}, numel=numel)
     grad = wire.chunk(np.full(numel, 1e-4, np.float32))
     n = 0
-    while time.monotonic() < until:
-        msg = None
-        msg = ch.request(Kind.PUSHPULL, 0, grad, numel=numel,
-                         reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=False)
+    while time.monotonic() < until:   # each reply is dropped at once, releasing its frames
+        ch.request(Kind.PUSHPULL, 0, grad, numel=numel,
+                   reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=False)
         n += 1
     counts[i] = n
     ch.close()

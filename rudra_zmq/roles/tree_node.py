@@ -230,6 +230,9 @@ class TreeNode:
             self._asked = self._resent = time.time()
 
     def _from_parent(self) -> None:
+        if self._asked is None:   # nothing in flight: late answers to a request sent twice
+            self.parent.drop_late()
+            return
         st = self.state
         kinds = ({Kind.WELCOME} if st.welcome is None else
                  {Kind.ACK} if st.advstar else {Kind.WEIGHTS, Kind.UPTODATE})
