@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import topology, wire
-from .sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine
+from .sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine, learners_wait
 from .update import Updater
 from .versions import WeightVersions
 
@@ -121,7 +121,7 @@ class ServerState:
         """Whether ``sender`` (or, for a tree node, a learner below it) has a gradient in
         the pending update: a hardsync sender that says HELLO again must then wait for that
         update, or it would push twice for one timestamp."""
-        if self.engine.protocol != "hardsync":
+        if not learners_wait(self.engine.protocol):
             return False
         below = self.subtrees.get(sender) or {sender}
         return bool(below & self.engine.pending_learners)
