@@ -114,7 +114,7 @@ setup(
         "psutil>=5.9",  # process-tree cleanup and memory reporting in the launcher
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3", "hypothesis>=6.100"],
     },
     entry_points={"console_scripts": ["rudra-zmq=rudra_zmq.cli:main"]},
     zip_safe=False,
