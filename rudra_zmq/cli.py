@@ -39,6 +39,13 @@ def _load(args):
     except (ConfigError, FileNotFoundError) as exc:
         raise _UsageError(str(exc)) from None
     transport.set_heartbeat(cfg.runtime.heartbeat_s)   # every socket this role makes
+    if hasattr(args, "keys") and cfg.security.curve:     # a role: CURVE on every socket
+        from . import security
+
+        try:
+            transport.set_security(security.for_role(cfg, args.keys, args.key))
+        except (security.SecurityError, OSError, ValueError) as exc:
+            raise _UsageError(str(exc)) from None
     return cfg
 
 
@@ -288,6 +295,10 @@ def _config_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
         p.add_argument("config", metavar="CONFIG", nargs="?", help="YAML config file")
     else:
         p.add_argument("--config", required=True, metavar="C", help="YAML config file")
+        p.add_argument("--keys", metavar="DIR", help="security.curve: the key directory "
+                       "(`rudra-zmq keys init DIR`; default: security.keys)")
+        p.add_argument("--key", metavar="NAME", help="security.curve: the client key to use "
+                       "(default: learner-N, node-N or ps, by role)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set sync.learners=8 (repeatable)")
 
@@ -395,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sweep_parser(sub)   # rudra-zmq sweep GRID.yaml
     from .report import add_parser as add_report_parser
     add_report_parser(sub)   # rudra-zmq report PARENT|RUN ...
+    from .keys import add_parser as add_keys_parser
+    add_keys_parser(sub)
     from .benchmarks.cli import add_parser as add_bench_parser
     add_bench_parser(sub)   # rudra-zmq bench NAME: the commands in benchmarks/cli.py
     return parser

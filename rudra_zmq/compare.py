@@ -11,6 +11,7 @@ imported from torch. A parent directory (a sweep's) stands for the runs inside i
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 from pathlib import Path
@@ -124,6 +125,23 @@ def mean_sigma(metrics) -> float | None:
     return total / count if count else None
 
 
+def ps_final(run_dir, metrics) -> dict | None:
+    """The PS's final epoch (``ps_final.json``, its own state) and the test error of the
+    evaluation at its final timestamp (else the last one before it); None where the PS wrote
+    no final state. Raises OSError/ValueError for an unreadable file."""
+    from .roles.ps_report import PS_FINAL_FILE
+
+    path = Path(run_dir) / PS_FINAL_FILE
+    if not path.exists():
+        return None
+    final = json.loads(path.read_text())
+    ts = final["timestamp"]
+    evals = [r for r in metrics["eval"] if isinstance(r.get("ts"), int) and r["ts"] <= ts]
+    at_end = [r for r in evals if r["ts"] == ts] or evals[-1:]
+    return {"epoch": float(final["epoch"]),
+            "test_error": at_end[-1].get("test_error") if at_end else None}
+
+
 def run_summary(run_dir, label: str | None = None) -> dict:
     """The table row of one run directory (``COLUMNS``; None where the run has no value),
     named ``label`` (default ``plots.run_label``). Raises CompareError if it holds no
@@ -134,6 +152,9 @@ def run_summary(run_dir, label: str | None = None) -> dict:
     rows = [r for r in plots.summary_rows(metrics) if r["test_error"] is not None]
     last = rows[-1] if rows else {}
     epochs, wall = last.get("epoch"), last.get("wall_s")
+    final = ps_final(run_dir, metrics)
+    if final is not None:   # where the PS itself says training ended, and that evaluation
+        epochs, last = final["epoch"], {**last, "test_error": final["test_error"]}
     return {"run": label or plots.run_label(run_dir), "protocol": protocol_name(cfg),
             "learners": config_value(cfg, "sync", "learners"),
             "batch": config_value(cfg, "sync", "batch_size"),

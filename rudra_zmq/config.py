@@ -112,6 +112,13 @@ class ArchitectureConfig:
 
 
 @dataclass
+class SecurityConfig:
+    curve: bool = False                # CurveZMQ on every socket, allow-listed client keys
+    #                                    (docs/security.md); `rudra-zmq run` makes per-run keys
+    keys: str = ""                     # by hand: the key directory (or each command's --keys)
+
+
+@dataclass
 class Config:
     name: str = "run"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -121,6 +128,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     architecture: ArchitectureConfig = field(default_factory=ArchitectureConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> "Config":
         """Cross-field checks; raises ConfigError naming the value and what to do."""

@@ -33,8 +33,9 @@ import threading
 import time
 
 from . import config as config_mod
+from . import security
 from .children import Child, accepting, echo_lines, kill_tree, tail
-from .run_plan import Plan, learner_endpoints, make_plan, role_env, summary
+from .run_plan import Plan, learner_endpoints, make_plan, role_env, run_keys, summary
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
@@ -64,6 +65,11 @@ class Launcher:
         self.hurry = False  # a second interrupt: skip the SIGTERM grace period
         self.restarts: dict[str, int] = {}   # label -> times restarted
         self.left_out: set[str] = set()      # learners that failed and were not restarted
+        # the run's token (the stats server knows the PS's records by it) and, with
+        # security.curve, the per-run key directory every role uses
+        self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
+        if plan.cfg.security.curve:
+            self.secrets[security.KEYS_ENV] = str(run_keys(plan))
 
     # -- signals -----------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -87,7 +93,7 @@ class Launcher:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if role == "stats" else log, stderr=log,
-                env=role_env(cfg, role), start_new_session=True,
+                env={**role_env(cfg, role), **self.secrets}, start_new_session=True,
                 text=role == "stats", errors="replace" if role == "stats" else None)
         child = Child(label, role, command, log_path, proc, args=list(args))
         self.children.append(child)

@@ -178,3 +178,18 @@ def summary(plan: Plan) -> str:
     if cfg.architecture.kind == "advstar":
         lines += [f"  {line}" for line in topology.describe_broadcast(cfg)]
     return "\n".join(lines)
+
+
+def run_keys(plan: Plan) -> Path:
+    """Make (or, resumed, reuse) ``RUN_DIR/keys``: the servers' key pair and a client key per
+    learner, per tree node and for the PS (``security.curve`` under ``rudra-zmq run``)."""
+    from . import keys
+
+    directory = plan.run_dir / "keys"
+    if (directory / "server.key").exists():
+        return directory
+    names = [f"learner-{i}" for i in range(plan.cfg.sync.learners)] + ["ps"]
+    if plan.tree is not None:
+        names += [f"node-{n.id}" for n in plan.tree.nodes]
+    keys.make_run_keys(directory, names)
+    return directory

@@ -10,6 +10,10 @@ Every role creates its sockets here so that the lessons in ../shared/MEASURED.md
   deadlocked pyzmq over inproc);
 - ZMTP heartbeats on every socket (``set_heartbeat``), so a peer that vanished without closing
   its connection (a host that died, a cable) is dropped and reconnected to;
+- ``set_security``: CurveZMQ on every socket (``security.py``), applied in ``bind``/``connect``;
+- ``ZMQ_MAXMSGSIZE`` (``max_bytes``): a peer sending a larger frame is disconnected before
+  anything is allocated for it; clients use unpredictable routing ids and no ROUTER hands
+  an id over, so no connection can take another's name;
 - ``tune_malloc()`` stops glibc from giving every large ZeroMQ buffer a fresh mmap, which
   cost ~16k page faults per 40 MB message.
 """
@@ -19,6 +23,8 @@ import ctypes
 import ctypes.util
 import errno
 import itertools
+import logging
+import os
 import random
 import socket as _pysocket
 import time
@@ -35,6 +41,34 @@ LINGER_MS = 200
 # learner waiting out a 60 s receive timeout once outlived its SIGKILLed launcher that way.
 WAKE_MS = 250
 _HEARTBEAT_MS = 2000   # ZMTP heartbeat interval; the timeout and TTL are 5x (set_heartbeat)
+_SECURITY = None       # security.Curve once set_security was called: CURVE on every socket
+MESSAGE_SLACK = wire.MAX_HEADER_BYTES + 4096   # a frame's bytes beyond its float payload
+
+log = logging.getLogger("rudra_zmq.transport")
+
+
+def set_security(curve) -> None:
+    """CURVE for every socket this process binds or connects from now on (a
+    ``security.Curve``), or None for plaintext. Not thread-safe: call once at process start."""
+    global _SECURITY
+    _SECURITY = curve
+
+
+def security():
+    """This process's ``security.Curve``, or None (plaintext)."""
+    return _SECURITY
+
+
+def frame_limit(payload_bytes: int) -> int:
+    """``max_bytes`` for a socket whose largest frame is a ``payload_bytes`` payload (for
+    model-sized traffic, ``runtime.chunk_mib``: weights and gradients travel in chunks)."""
+    return int(payload_bytes) + MESSAGE_SLACK
+
+
+def new_routing_id() -> bytes:
+    """An unpredictable routing id for a client socket (16 bytes, never starting with 0,
+    which libzmq reserves): no other connection can guess it and take its replies."""
+    return b"r" + os.urandom(15)
 
 
 def set_heartbeat(seconds: float) -> None:
@@ -137,10 +171,15 @@ def wait_readable(sock: zmq.Socket, timeout_ms: int) -> bool:
 
 
 def bind(sock: zmq.Socket, endpoint: str) -> str:
-    """Bind ``sock``; ``tcp://HOST:0`` or ``tcp://HOST:*`` picks a random port.
+    """Bind ``sock`` (a CURVE server first, if ``set_security`` was called); ``tcp://HOST:0``
+    or ``tcp://HOST:*`` picks a random port.
 
     Returns the endpoint actually bound (with the real port), for peers to connect to.
     """
+    if _SECURITY is not None:
+        _SECURITY.server(sock)
+    elif endpoint.startswith("tcp://") and _wildcard(endpoint):
+        _warn_exposed(endpoint)
     if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1] in ("0", "*"):
         host = endpoint[len("tcp://"):].rsplit(":", 1)[0]
         port = sock.bind_to_random_port(f"tcp://{host}")
@@ -149,11 +188,59 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+def connect(sock: zmq.Socket, endpoint: str, sender: int) -> None:
+    """Connect ``sock`` for ``sender`` (a wire sender id: with CURVE, its key is used)."""
+    if _SECURITY is not None:
+        _SECURITY.client(sock, sender)
+    sock.connect(endpoint)
+
+
+def term(ctx: zmq.Context) -> None:
+    """Stop ``ctx``'s ZAP handler, if any, then ``ctx.term()`` (which would wait for it).
+    Blocks until every socket of ``ctx`` is closed."""
+    if _SECURITY is not None:
+        _SECURITY.release(ctx)
+    ctx.term()
+
+
+_warned_exposed: set = set()
+
+
+def _wildcard(endpoint: str) -> bool:
+    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    return host in ("*", "0.0.0.0", "::", "")
+
+
+def _warn_exposed(endpoint: str) -> None:
+    """One warning per process: a plaintext socket on every interface is open to anyone."""
+    if not _warned_exposed:
+        _warned_exposed.add(endpoint)
+        log.warning("%s listens on every network interface without encryption: anyone who can "
+                    "reach this host can read the weights and send gradients. Set "
+                    "security.curve=true (rudra-zmq keys init DIR; --keys DIR), or bind one "
+                    "address on a trusted network.", endpoint)
+
+
+def peer_connected(sock: zmq.Socket, ident: bytes, sender: int) -> bool:
+    """Whether the ROUTER ``sock`` still has the connection ``ident``: a probe goes out that
+    a ``Channel`` drops unread (an ERROR answering request 0, which no client ever sends),
+    or the ROUTER says that peer is gone (EHOSTUNREACH, ROUTER_MANDATORY). Never blocks."""
+    frames = wire.encode(wire.Kind.ERROR, sender, 0, code="probe", error="", re=0)
+    try:
+        sock.send_multipart([ident, *frames], zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        return exc.errno != zmq.EHOSTUNREACH   # EAGAIN: there, with a full queue
+    return True
+
+
 def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = 16, identity: bytes | None = None,
-                rcvtimeo: int = -1) -> zmq.Socket:
-    """A socket with LINGER, HWM and (for ROUTER) ROUTER_MANDATORY set. Not thread-safe:
-    use a socket only from the thread that made it."""
+                rcvtimeo: int = -1, max_bytes: int = -1) -> zmq.Socket:
+    """A socket with LINGER, HWM, heartbeats, (for ROUTER) ROUTER_MANDATORY and, if
+    ``max_bytes`` >= 0, ZMQ_MAXMSGSIZE (a peer sending a larger frame is disconnected). Not
+    thread-safe: use a socket only from the thread that made it."""
     sock = ctx.socket(kind)
+    if max_bytes >= 0:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
@@ -197,18 +284,20 @@ class Channel:
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, sender: int, *, name: str = "server",
-                 timeout_ms: int = 60_000, hwm: int = 16, retry_ms: int = 5_000):
+                 timeout_ms: int = 60_000, hwm: int = 16, retry_ms: int = 5_000,
+                 max_bytes: int = -1):
         self.endpoint = endpoint
         self.sender = sender
         self.name = name
         self.timeout_ms = timeout_ms
-        self.sock = make_socket(ctx, zmq.DEALER, hwm=hwm, identity=f"{sender}".encode())
+        self.sock = make_socket(ctx, zmq.DEALER, hwm=hwm, identity=new_routing_id(),
+                                max_bytes=max_bytes)
         # A receive timeout instead of poll() before each recv: Socket.poll builds a Poller
         # per call, Python work on every round trip of the hot path. At most WAKE_MS, so a
         # long wait returns to Python (and its signal handlers) regularly.
         self.sock.setsockopt(zmq.RCVTIMEO, WAKE_MS if timeout_ms < 0 else min(timeout_ms,
                                                                                WAKE_MS))
-        self.sock.connect(endpoint)
+        connect(self.sock, endpoint, sender)
         self._seq = itertools.count(time.time_ns() // 1000)
         self.retry_ms = retry_ms
         self.resent = 0          # requests sent again (for tests and logs)
@@ -253,9 +342,12 @@ class Channel:
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
                 now = time.monotonic()
                 if self.timeout_ms >= 0 and now - t0 >= self.timeout_ms / 1000:
+                    hint = "" if _SECURITY is None else (
+                        "; with security.curve, is this key allow-listed there and the "
+                        "server key the same?")
                     raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} "
                                        f"within {self.timeout_ms / 1000:g} s (is it "
-                                       "running?)") from None
+                                       f"running?{hint})") from None
                 if now - sent >= self.retry_ms / 1000:
                     self.resend()
                     sent = now

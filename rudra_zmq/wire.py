@@ -22,6 +22,7 @@ variants: ``docs/wire.md``.
 from __future__ import annotations
 
 import enum
+import reprlib
 from dataclasses import dataclass
 
 import msgpack
@@ -104,8 +105,8 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.BATCH_REQ: {"step": (_INT, True)},
     Kind.BATCH: {"shape": (_LIST, True), "epoch": (_FLOAT, True), "step": (_INT, True),
                  "mean": (_LIST, False), "std": (_LIST, False)},  # per-channel, 0..1 scale
-    Kind.METRIC: {"metric": (_MAP, True)},
-    Kind.EVAL: {"epoch": (_FLOAT, True)},
+    Kind.METRIC: {"metric": (_MAP, True), "token": (_STR, False)},   # token: from the PS
+    Kind.EVAL: {"epoch": (_FLOAT, True), "token": (_STR, False)},
     Kind.BYE: {},
     Kind.RELAY: {"wait": (_BOOL, True), "clock": (_LIST, True)},
     Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
@@ -168,6 +169,16 @@ def chunk(vector: np.ndarray, max_bytes: int = DEFAULT_CHUNK_BYTES) -> list[np.n
     if n <= step:
         return [vector]
     return [vector[i:i + step] for i in range(0, n, step)]
+
+
+_SHOW = reprlib.Repr()   # keyword arguments only from Python 3.12
+_SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 3, 60, 60, 6, 6
+
+
+def _show(value) -> str:
+    """A peer's value quoted in an error message: bounded in depth and length, so a deeply
+    nested or huge value can neither crash the refusal nor make its reply too large."""
+    return _SHOW.repr(value)
 
 
 def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
@@ -242,7 +253,7 @@ def decode(frames, *, kinds=None, numel: int | None = None,
     for key in _INT_KEYS:
         val = h.get(key)
         if type(val) is not int:
-            raise WireError("bad_header", f"header field {key!r} must be an integer, got {val!r}")
+            raise WireError("bad_header", f"header field {key!r} must be an integer, got {_show(val)}")
     if h["v"] != PROTOCOL_VERSION:
         raise WireError("version", f"protocol version {h['v']} is not {PROTOCOL_VERSION} "
                                    "(are all roles running the same rudra_zmq release?)")
@@ -253,7 +264,7 @@ def decode(frames, *, kinds=None, numel: int | None = None,
         names = ", ".join(sorted(k.name for k in kinds))
         raise WireError("unexpected_kind", f"{kind.name} is not accepted here (expects {names})")
     if not _HEADER_KEYS.issuperset(h):
-        raise WireError("bad_header", f"unknown header fields {sorted(set(h) - _HEADER_KEYS)}")
+        raise WireError("bad_header", f"unknown header fields {_show(sorted(map(repr, set(h) - _HEADER_KEYS)))}")
     fields = h.get("x", {})
     if not isinstance(fields, dict):
         raise WireError("bad_header", f"field map 'x' must be a map, got {type(fields).__name__}")
@@ -270,7 +281,7 @@ def _check_fields(kind: Kind, fields: dict) -> None:
     spec = KIND_FIELDS[kind]
     for name, val in fields.items():
         if name not in spec:
-            raise WireError("bad_field", f"{kind.name} has no field {name!r}")
+            raise WireError("bad_field", f"{kind.name} has no field {_show(name)}")
         types, _ = spec[name]
         if type(val) not in types:
             raise WireError("bad_field", f"{kind.name} field {name!r} has type "
@@ -292,16 +303,16 @@ def _check_learner_lists(kind: Kind, fields: dict, learners: int | None) -> None
                                          f"1..{limit}{top}")
         for e in clock:
             if not (isinstance(e, list) and len(e) == 2 and all(type(v) is int for v in e)):
-                raise WireError("bad_clock", f"RELAY clock entry {e!r:.60} is not a "
+                raise WireError("bad_clock", f"RELAY clock entry {_show(e)} is not a "
                                              "[learner, timestamp] pair of integers")
         ids, what = [e[0] for e in clock], "RELAY clock"
         if min(e[1] for e in clock) < 0:
-            raise WireError("bad_clock", f"RELAY clock has a negative timestamp: {clock!r:.80}")
+            raise WireError("bad_clock", f"RELAY clock has a negative timestamp: {_show(clock)}")
     elif kind == Kind.HELLO and "subtree" in fields:
         ids, what = fields["subtree"], "HELLO subtree"
         if not 1 <= len(ids) <= limit or any(type(v) is not int for v in ids):
             raise WireError("bad_field", f"HELLO subtree must list 1..{limit} learner ids"
-                                         f"{top}, got {ids!r:.80}")
+                                         f"{top}, got {_show(ids)}")
     else:
         return
     bad = [i for i in ids if i < 0 or (learners is not None and i >= learners)]
@@ -319,11 +330,11 @@ def _in_shm(kind: Kind, fields: dict) -> bool:
 def _check_payloads(kind: Kind, descr, frames, numel, fields):
     in_shm = _in_shm(kind, fields)
     if in_shm and fields.get("slot", 0) not in (0, 1):
-        raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1, got {fields!r:.80}")
+        raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1, got {_show(fields)}")
     lo, hi = (0, 0) if in_shm else _PAYLOAD_FRAMES[kind]
     if not isinstance(descr, list) or len(descr) != len(frames):
         raise WireError("bad_payload", f"{kind.name}: header describes "
-                        f"{len(descr) if isinstance(descr, list) else descr!r} payload frames "
+                        f"{len(descr) if isinstance(descr, list) else _show(descr)} payload frames "
                         f"but {len(frames)} arrived")
     if not lo <= len(frames) <= hi:
         raise WireError("bad_payload", f"{kind.name} carries {lo}..{hi} payload frames, "
@@ -333,7 +344,7 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields):
         if (not isinstance(d, list) or len(d) != 2 or type(d[0]) is not str
                 or d[0] not in PAYLOAD_DTYPES
                 or type(d[1]) is not int or d[1] < 0):
-            raise WireError("bad_payload", f"{kind.name}: payload {i} descriptor {d!r} is not "
+            raise WireError("bad_payload", f"{kind.name}: payload {i} descriptor {_show(d)} is not "
                                            f"[dtype in {list(PAYLOAD_DTYPES)}, count >= 0]")
         dtype = PAYLOAD_DTYPES[d[0]]
         buf = _buffer(frame)

@@ -149,8 +149,9 @@ class BroadcastMember(IOThread):
         self.upstream, self.upstream_name, self.on_version = upstream, upstream_name, on_version
         self.window = window or default_window(numel, chunk_bytes)
         self._up = transport.make_socket(ctx, zmq.DEALER, hwm=self.window + 8,
-                                         identity=f"bcast{member}".encode())
-        self._up.connect(upstream)
+                                         identity=transport.new_routing_id(),
+                                         max_bytes=transport.frame_limit(chunk_bytes))
+        transport.connect(self._up, upstream, member)
         self._down, self._fan, self.endpoint = None, None, None
         if bind:
             self._down, self.endpoint = router(ctx, bind, 2 * self.window + 8)

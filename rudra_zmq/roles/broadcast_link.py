@@ -71,7 +71,10 @@ class Fanout:
     def __init__(self, sock: zmq.Socket, children, name: str, max_window: int):
         self.sock, self.name, self.max_window = sock, name, max_window
         self.allowed = None if children is None else frozenset(children)
-        self.kids: dict[int, _Child] = {}
+        # by connection, not by member id: a second connection claiming a member's id gets a
+        # copy of the stream (CURVE stops that) but never takes the member's place
+        self.kids: dict[bytes, _Child] = {}
+        self.max_kids = 64 if children is None else 2 * len(self.allowed)
         self.sent_chunks = self.invalid = self.dropped = 0
         self.stop_frames = None     # once STOP went down: children that join later get it too
         self._warned: set = set()
@@ -89,15 +92,22 @@ class Fanout:
             if msg.sender < 0 or not 1 <= k <= self.max_window:
                 raise wire.WireError("bad_credit", f"CREDIT {k} from sender {msg.sender}: "
                                      f"credit must be 1..{self.max_window}, sender >= 0")
+            sec = transport.security()
+            if sec is not None and not sec.may_speak(frames[1], msg.sender):
+                raise wire.WireError("forbidden", f"a key that may not speak as learner "
+                                     f"{msg.sender} sent its CREDIT")
+            if ident not in self.kids and len(self.kids) >= self.max_kids:
+                raise wire.WireError("too_many", f"{self.name} already feeds "
+                                     f"{len(self.kids)} connections")
         except wire.WireError as exc:
             self.invalid += 1
             if (ident, exc.code) not in self._warned:
                 self._warned.add((ident, exc.code))
                 log.warning("%s refused a message from %r: %s", self.name, ident, exc)
             return
-        c = self.kids.get(msg.sender)
-        if c is None or msg.fields["reset"] or c.ident != ident:
-            self.kids[msg.sender] = _Child(ident, msg.sender, k, k)
+        c = self.kids.get(ident)
+        if c is None or msg.fields["reset"] or c.member != msg.sender:
+            self.kids[ident] = _Child(ident, msg.sender, k, k)
         else:  # never beyond what the child granted at first: the bound on its queue
             c.credit = min(c.credit + k, c.window)
 
@@ -107,7 +117,7 @@ class Fanout:
         except zmq.ZMQError as exc:  # gone (ROUTER_MANDATORY) or over its HWM: forget it
             (log.debug if quiet else log.warning)("%s: dropped broadcast child learner %d: %s",
                                                   self.name, c.member, exc)
-            self.kids.pop(c.member, None)
+            self.kids.pop(c.ident, None)
             self.dropped += 1
             return False
         return True
@@ -155,8 +165,8 @@ def drain(sock: zmq.Socket, handle, copy: bool = True) -> None:
 
 
 def router(ctx, bind: str, hwm: int):
-    sock = transport.make_socket(ctx, zmq.ROUTER, hwm=hwm)
-    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted child takes its name over
+    # children send CREDITs only (headers); a restarted child is a new connection
+    sock = transport.make_socket(ctx, zmq.ROUTER, hwm=hwm, max_bytes=transport.frame_limit(0))
     return sock, transport.bind(sock, bind)
 
 

@@ -70,8 +70,9 @@ class DataServer:
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
         # Each learner keeps data.prefetch requests in flight; the HWM only bounds misbehaviour.
-        self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
-                                          hwm=max(16, 4 * cfg.data.prefetch))
+        self.sock = transport.make_socket(self.ctx, zmq.ROUTER,   # requests are headers only
+                                          hwm=max(16, 4 * cfg.data.prefetch),
+                                          max_bytes=transport.frame_limit(0))
         try:
             self.endpoint = transport.bind(self.sock, bind)
         except BaseException:  # e.g. address in use: leave no socket or context behind
@@ -174,7 +175,7 @@ class DataServer:
         if not self.sock.closed:
             self.sock.close(linger=0)
         if self._own_ctx and not self.ctx.closed:
-            self.ctx.term()
+            transport.term(self.ctx)
 
 
 class DataClient:
@@ -187,7 +188,8 @@ class DataClient:
     """
 
     def __init__(self, ctx: zmq.Context, endpoint: str, learner_id: int, prefetch: int = 2,
-                 timeout_ms: int = 60_000, *, start_step: int = 0, retry_ms: int = 5_000):
+                 timeout_ms: int = 60_000, *, start_step: int = 0, retry_ms: int = 5_000,
+                 max_bytes: int = -1):
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.endpoint = endpoint
@@ -198,8 +200,9 @@ class DataClient:
         self.std: tuple[float, ...] | None = None
         # No routing id of our own: ZeroMQ picks a unique one, so a restarted learner is never
         # refused as a duplicate. The server answers by routing id; our id is in the header.
-        self.sock = transport.make_socket(ctx, zmq.DEALER, hwm=max(16, prefetch + 1))
-        self.sock.connect(endpoint)
+        self.sock = transport.make_socket(ctx, zmq.DEALER, hwm=max(16, prefetch + 1),
+                                          max_bytes=max_bytes)
+        transport.connect(self.sock, endpoint, learner_id)
         self._seq = 0
         self._next_request = self._expected = start_step
         self.retry_ms = retry_ms

@@ -22,6 +22,7 @@ go to the GPU in one transfer once the reply is complete.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 
@@ -81,10 +82,13 @@ class Learner:
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
         self.ps = transport.Channel(self.ctx, ps, learner_id, name="parameter server",
                                     timeout_ms=timeout_ms, hwm=4,
-                                    retry_ms=int(cfg.runtime.retry_s * 1000))
+                                    retry_ms=int(cfg.runtime.retry_s * 1000),
+                                    max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
         self._data_args = (self.ctx, data, learner_id)
         self._data_kw = dict(prefetch=cfg.data.prefetch, timeout_ms=timeout_ms,
-                             retry_ms=int(cfg.runtime.retry_s * 1000))
+                             retry_ms=int(cfg.runtime.retry_s * 1000),   # float32 at most
+                             max_bytes=transport.frame_limit(
+                                 4 * cfg.sync.batch_size * math.prod(shape)))
         self.data = DataClient(*self._data_args, **self._data_kw)
         self.stats = None
         if stats:
@@ -167,7 +171,7 @@ class Learner:
         if self.stats:
             self.stats.close()
         if self._own_ctx:
-            self.ctx.term()
+            transport.term(self.ctx)
 
 
 def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = None,
@@ -187,6 +191,8 @@ def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = N
         # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is still
         # being built, before run()'s finally closes its sockets; term() would then wait for
         # them forever and the process would outlive the run.
+        if transport.security() is not None:
+            transport.security().release(ctx)
         ctx.destroy(linger=transport.LINGER_MS)
 
 

@@ -27,7 +27,9 @@ the next version into another buffer (``versions.WeightVersions``).
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -39,8 +41,9 @@ from ..server_state import ServerState
 from ..sync import ProtocolViolation, Rejoin
 from ..wire import Kind
 from .ps_checkpoint import CheckpointSchedule, checkpoint_dir, restore_latest
-from .ps_report import PSReport
+from .ps_report import PS_FINAL_FILE, PSReport
 from .ps_weights import make_weights_out
+from ..throttled_log import ThrottledLog
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -101,11 +104,11 @@ class ParameterServer:
                                                   self.state.engine.timestamp)
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
+        # No ROUTER_HANDOVER: a restarted learner comes back on a new connection (a new
+        # routing id) and says HELLO; no one else can take over a live learner's name.
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
-                                          hwm=max(64, 4 * cfg.sync.learners))
-        # A restarted learner reconnects with the same routing id: let it take over the name
-        # instead of being silently refused while the old connection lingers.
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                                          hwm=max(64, 4 * cfg.sync.learners),
+                                          max_bytes=transport.frame_limit(self.state.chunk_bytes))
         self.endpoint = transport.bind(self.sock, bind)
         self.stats = None
         if stats:
@@ -113,7 +116,8 @@ class ParameterServer:
             self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats)
-        self._warned: set = set()
+        self.log = ThrottledLog(log)
+        self.security = transport.security()
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
         while self._next_eval_epoch <= self.state.engine.epoch:   # resumed: the next one due
             self._next_eval_epoch += cfg.train.eval_every_epochs
@@ -136,15 +140,17 @@ class ParameterServer:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
             st.counters.undelivered += 1
-            log.warning("could not reply %s to %r: %s", kind.name, ident, exc)
+            self.log.warning(("undelivered", ident), "could not reply %s to %r: %s",
+                             kind.name, ident, exc)
 
     def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
         self.state.counters.invalid += 1
-        if (ident, code) not in self._warned:  # log once per sender and reason, count all
-            self._warned.add((ident, code))
-            log.warning("refused a message from %s (%r): %s", sender, ident, message)
+        self.log.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
+                         message)
         self.send(ident, Kind.ERROR, code=code, error=message,
                   **({} if re is None else {"re": re}))
+
+
 
     def _stop(self, ident: bytes, sender: int, seq: int) -> None:
         self.state.mark_stopped(sender)
@@ -163,13 +169,17 @@ class ParameterServer:
         except wire.WireError as exc:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
+        if self.security is not None and not self.security.may_speak(frames[1], msg.sender):
+            self._refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
+                         f"as {wire.sender_name(msg.sender)}", re=msg.seq)
+            return
         if self.state.done:
             self._stop(ident, msg.sender, msg.seq)
             return
         try:
             if msg.kind != Kind.HELLO:
                 self.state.check_sender(ident, msg)
-            if msg.sender >= 0:
+            if msg.sender >= 0 and msg.kind != Kind.HELLO:   # a HELLO counts once accepted
                 self.state.last_heard[msg.sender] = time.time()
             self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
@@ -181,6 +191,12 @@ class ParameterServer:
         weights. Under hardsync a learner whose gradient is in the pending update gets its
         WELCOME with the next version (it would otherwise push twice for this one)."""
         st = self.state
+        old = st.identities.get(msg.sender)
+        if old is not None and old != ident and transport.peer_connected(self.sock, old, wire.SENDER_PS):   # not evicted
+            self._refuse(ident, msg.sender, "in_use", f"{wire.sender_name(msg.sender)} is "
+                         "connected already (is a second one running with this id?)",
+                         re=msg.seq)
+            return
         st.register(ident, msg)
         if st.join(msg.sender, time.time()):
             self._members_changed(msg.sender, "joined")
@@ -328,10 +344,22 @@ class ParameterServer:
             self.stats.close()
         if self.run_dir is not None:
             np.save(self.run_dir / "weights.npy", self.state.w)
+            self._write_final()
         self.weights_out.close()
         self.sock.close(linger=transport.LINGER_MS)
         if self._own_ctx:
-            self.ctx.term()
+            transport.term(self.ctx)
+
+
+    def _write_final(self) -> None:
+        """``RUN_DIR/ps_final.json``: where training ended, from this server's own state (the
+        launcher's result line reads it, not what the statistics server was told)."""
+        eng = self.state.engine
+        final = {"timestamp": eng.timestamp, "epoch": eng.epoch, "updates": eng.updates,
+                 "done": self.state.done, "incarnation": len(self.state.incarnations)}
+        tmp = self.run_dir / "ps_final.json.tmp"
+        tmp.write_text(json.dumps(final) + "\n")
+        os.replace(tmp, self.run_dir / PS_FINAL_FILE)
 
 
 def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None,

@@ -18,6 +18,7 @@ import time
 FLUSH_S = 0.5          # update records are batched this long
 RATE_EVERY_S = 1.0     # a "ps" record this often
 BATCH_ITEMS = 200      # update records per message
+PS_FINAL_FILE = "ps_final.json"   # RUN_DIR: where training ended, in the PS's own words
 
 
 class PSReport:

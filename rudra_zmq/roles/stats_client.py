@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import zmq
 
-from .. import transport, wire
+from .. import security, transport, wire
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.stats")
@@ -51,10 +51,13 @@ class StatsClient:
         self._done_sent = False
         self._seq = 0
         self._warned: set = set()
+        # the PS proves its records are its own with the run's token (security.run_token)
+        token = security.run_token() if sender == wire.SENDER_PS else None
+        self._token = {} if token is None else {"token": token}
         self._metrics = transport.make_socket(ctx, zmq.PUSH, hwm=METRIC_HWM)
         self._evals = transport.make_socket(ctx, zmq.PUSH, hwm=EVAL_HWM)
         for sock in (self._metrics, self._evals):
-            sock.connect(endpoint)
+            transport.connect(sock, endpoint, sender)
 
     def metric(self, record: dict) -> bool:
         """Queue one record (plain JSON-like values; NumPy scalars are converted). Returns
@@ -87,7 +90,7 @@ class StatsClient:
 
     def _encode(self, record):
         self._seq += 1
-        return wire.encode(Kind.METRIC, self.sender, self._seq, metric=record)
+        return wire.encode(Kind.METRIC, self.sender, self._seq, metric=record, **self._token)
 
     def _drop(self, reason: str, text: str | None) -> bool:
         self.dropped += 1
@@ -109,7 +112,8 @@ class StatsClient:
             return False
         self._seq += 1
         frames = wire.encode(Kind.EVAL, self.sender, self._seq, ts=ts,
-                             payloads=wire.chunk(weights, chunk_bytes), epoch=float(epoch))
+                             payloads=wire.chunk(weights, chunk_bytes), epoch=float(epoch),
+                             **self._token)
         try:
             self._evals.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:

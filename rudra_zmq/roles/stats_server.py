@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from .. import kernels, plots, transport, wire
+from .. import kernels, plots, security, transport, wire
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.stats")
@@ -48,6 +48,8 @@ FLUSH_S = 0.5          # metrics.jsonl is flushed at least this often
 DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
 DONE_WAIT_S = 10.0     # ... and at most this long for announced EVALs still in flight
 EVAL_BATCH = 500
+OWN_RECORDS = {"eval", "start", "resume"}      # written by this server only
+PS_RECORDS = {"done", "update", "ps", "members", "restart"}   # by the parameter server only
 
 
 class StatsServer:
@@ -91,9 +93,12 @@ class StatsServer:
         self._sigma = [0.0, 0]                           # since the previous eval
         self._last_sigma = "-"                           # as last printed
         self._rates: dict = {}                           # learner -> latest samples/s
+        self.security, self._token = transport.security(), security.run_token()
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
-        self.sock = transport.make_socket(self.ctx, zmq.PULL, hwm=RECV_HWM)
+        self.sock = transport.make_socket(   # EVALs come in chunks of runtime.chunk_mib
+            self.ctx, zmq.PULL, hwm=RECV_HWM,
+            max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
         try:
             self.endpoint = transport.bind(self.sock, bind)
             self.metrics_path = self.run_dir / plots.METRICS_FILE
@@ -109,7 +114,7 @@ class StatsServer:
         except BaseException:
             self.sock.close(linger=0)
             if self._own_ctx:
-                self.ctx.term()
+                transport.term(self.ctx)
             raise
         self._last_flush = time.time()
 
@@ -128,6 +133,10 @@ class StatsServer:
             msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL}, numel=self.flat.numel)
         except wire.WireError as exc:
             self._refuse("an unknown sender", exc.code, str(exc))
+            return
+        forged = self._forged(frames, msg)
+        if forged:
+            self._refuse(f"sender {msg.sender}", "forged", forged)
             return
         if msg.kind == Kind.EVAL:
             self._evals_received[msg.sender] = self._evals_received.get(msg.sender, 0) + 1
@@ -149,7 +158,28 @@ class StatsServer:
                 continue
             self._record(r, now, msg.sender)
 
+    def _forged(self, frames, msg) -> str | None:
+        """Why ``msg`` cannot be from the sender it names, or None. With CURVE its key must
+        be allowed to speak as that sender; without, what claims to be the PS (and every
+        EVAL) must carry the run's token when this server has one (``rudra-zmq run``)."""
+        if self.security is not None:
+            if not self.security.may_speak(frames[0], msg.sender):
+                return f"its key may not speak as {wire.sender_name(msg.sender)}"
+        elif self._token is not None and (msg.sender == wire.SENDER_PS or
+                                          msg.kind == Kind.EVAL):
+            if not security.token_matches(msg.fields.get("token"), self._token):
+                return "it claims to be the parameter server without the run's token"
+        if msg.kind == Kind.EVAL and msg.sender != wire.SENDER_PS:
+            return "only the parameter server sends weights to evaluate"
+        return None
+
     def _record(self, r: dict, now: float, sender: int) -> None:
+        kind = r["type"]
+        if kind in OWN_RECORDS or (kind in PS_RECORDS and sender != wire.SENDER_PS):
+            self._refuse(f"sender {sender}", "forged", f"a {kind!r} record from "
+                         f"{wire.sender_name(sender)}: only "
+                         f"{'this server' if kind in OWN_RECORDS else 'the PS'} writes those")
+            return
         t = r.get("t")
         rel = (t if _is_number(t) else now) - self.t0
         r = {**r, "t": round(rel, 6)}
@@ -158,7 +188,6 @@ class StatsServer:
         except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
             self._refuse(f"sender {sender}", "bad_metric", f"a record JSON cannot hold: {exc}")
             return
-        kind = r["type"]
         if kind == "update":
             mean = r.get("mean_sigma")
             n = r.get("n_grads")
@@ -326,7 +355,7 @@ class StatsServer:
         if not self.sock.closed:
             self.sock.close(linger=0)
         if self._own_ctx and not self.ctx.closed:
-            self.ctx.term()
+            transport.term(self.ctx)
 
 
 def _run_start(path: Path) -> float | None:

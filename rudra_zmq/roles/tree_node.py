@@ -31,6 +31,7 @@ from .. import transport, wire
 from ..node_state import NodeState
 from ..sync import ProtocolViolation, Rejoin, learners_wait
 from ..wire import Kind
+from ..throttled_log import ThrottledLog
 from .leaf_shm import LeafShm
 
 log = logging.getLogger("rudra_zmq.tree_node")
@@ -99,12 +100,13 @@ class TreeNode:
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
-                                          hwm=max(64, 4 * len(self.spec.subtree)))
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+                                          hwm=max(64, 4 * len(self.spec.subtree)),
+                                          max_bytes=transport.frame_limit(self.chunk_bytes))
         self.endpoint = transport.bind(self.sock, bind)
         up = "the root" if self.spec.parent is None else f"tree node {self.spec.parent}"
         self.parent = transport.Channel(self.ctx, parent, self.sender, name=f"parent ({up})",
-                                        timeout_ms=int(self.timeout * 1000), hwm=4)
+                                        timeout_ms=int(self.timeout * 1000), hwm=4,
+                                        max_bytes=transport.frame_limit(self.chunk_bytes))
         self.shared = (LeafShm(node_id, self.spec.subtree, self.state.advstar)
                        if cfg.architecture.leaf_shm and self.spec.is_leaf else None)
         answers = ChildAcks if self.state.advstar else ChildWeights
@@ -113,7 +115,8 @@ class TreeNode:
         self._resent = 0.0                   # when it was last sent (again)
         self.retry_s = cfg.runtime.retry_s
         self._seq = 0
-        self._warned: set = set()
+        self.log = ThrottledLog(log)
+        self.security = transport.security()
         self.handlers = {Kind.HELLO: self.on_hello, Kind.PULL: self.on_pull,
                          Kind.BYE: self.on_bye, Kind.PUSH: self.on_gradient,
                          Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient}
@@ -130,13 +133,13 @@ class TreeNode:
         try:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
-            log.warning("could not send %s to %r: %s", kind.name, ident, exc)
+            self.log.warning(("undelivered", ident), "could not send %s to %r: %s",
+                             kind.name, ident, exc)
 
     def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
         self.state.invalid += 1
-        if (ident, code) not in self._warned:
-            self._warned.add((ident, code))
-            log.warning("refused a message from %s (%r): %s", sender, ident, message)
+        self.log.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
+                         message)
         self._send(ident, Kind.ERROR, code=code, error=message,
                    **({} if re is None else {"re": re}))
 
@@ -155,6 +158,10 @@ class TreeNode:
         except wire.WireError as exc:
             self._refuse(ident, "unknown sender", exc.code, str(exc))
             return
+        if self.security is not None and not self.security.may_speak(frames[1], msg.sender):
+            self._refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
+                         f"as {wire.sender_name(msg.sender)}", re=msg.seq)
+            return
         if self.state.stop_reason is not None:
             self._stop(ident, msg.sender, msg.seq)
             return
@@ -170,6 +177,13 @@ class TreeNode:
         """Register the child; the first one makes the node say HELLO upstream. Answered
         once the parent's WELCOME is here."""
         st = self.state
+        old = st.identities.get(msg.sender)
+        if old is not None and old != ident and transport.peer_connected(self.sock, old,
+                                                                         self.sender):
+            self._refuse(ident, msg.sender, "in_use", f"{wire.sender_name(msg.sender)} is "
+                         "connected already (is a second one running with this id?)",
+                         re=msg.seq)
+            return
         if st.register(ident, msg):   # x{had}: what its first child saw (a restarted root)
             had = {"had": msg.fields["had"]} if "had" in msg.fields else {}
             self.parent.send(Kind.HELLO, model=st.signature, numel=st.numel,
@@ -339,7 +353,7 @@ class TreeNode:
             except OSError:
                 pass
         if self._own_ctx:
-            self.ctx.term()
+            transport.term(self.ctx)
 
 
 def serve(cfg, node_id: int, bind: str, parent: str) -> int:
