@@ -138,7 +138,7 @@ def ps_final(run_dir, metrics) -> dict | None:
     ts = final["timestamp"]
     evals = [r for r in metrics["eval"] if isinstance(r.get("ts"), int) and r["ts"] <= ts]
     at_end = [r for r in evals if r["ts"] == ts] or evals[-1:]
-    return {"epoch": float(final["epoch"]),
+    return {"epoch": float(final["epoch"]), "ts": ts,
             "test_error": at_end[-1].get("test_error") if at_end else None}
 
 
@@ -150,9 +150,11 @@ def run_summary(run_dir, label: str | None = None) -> dict:
     metrics = plots.read_metrics(run_dir)
     cfg = read_config(run_dir)
     rows = [r for r in plots.summary_rows(metrics) if r["test_error"] is not None]
+    final = ps_final(run_dir, metrics)
+    if final is not None:   # only what the PS itself says happened: nothing past its end
+        rows = [r for r in rows if isinstance(r.get("ts"), int) and r["ts"] <= final["ts"]]
     last = rows[-1] if rows else {}
     epochs, wall = last.get("epoch"), last.get("wall_s")
-    final = ps_final(run_dir, metrics)
     if final is not None:   # where the PS itself says training ended, and that evaluation
         epochs, last = final["epoch"], {**last, "test_error": final["test_error"]}
     return {"run": label or plots.run_label(run_dir), "protocol": protocol_name(cfg),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 3          # 3: replies echo the request's seq (x{re}); HELLO x{had}
+PROTOCOL_VERSION = 4          # 4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024

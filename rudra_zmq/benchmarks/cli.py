@@ -29,6 +29,7 @@ COMMANDS = {
     "memory": ("memory", "peak memory (RSS/PSS/USS) of whole `rudra-zmq run`s"),
     "checkpoint": ("checkpoint_cost", "ms per PS checkpoint and update throughput with "
                                       "checkpoints beside none"),
+    "curve": ("curve_cost", "CurveZMQ beside plaintext on push+pull (round trips/s, p50)"),
     "failover": ("failover", "detection of dead and hung learners, PS crash to next update, "
                              "under `rudra-zmq run`"),
 }

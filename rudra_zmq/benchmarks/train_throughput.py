@@ -59,6 +59,10 @@ CASES = {
     "lambda1": (["sync.learners=1"], {}, False),                 # one learner on 2 threads
     # where per-message cost binds most: async, µ = 4, λ = 8
     "async_mu4_l8": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4"], {}, False),
+    # the same two with CurveZMQ on every socket (per-run keys): what encryption costs
+    "curve": (["sync.learners=2", "security.curve=true"], {}, False),
+    "async_mu4_l8_curve": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4",
+                            "security.curve=true"], {}, False),
 }
 DEFAULT_CASES = ["default", "tpl2", "tpl2_passive", "lambda1"]
 

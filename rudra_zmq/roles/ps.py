@@ -116,7 +116,7 @@ class ParameterServer:
             self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats)
-        self.log = ThrottledLog(log)
+        self.warn = ThrottledLog(log)
         self.security = transport.security()
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
         while self._next_eval_epoch <= self.state.engine.epoch:   # resumed: the next one due
@@ -140,12 +140,12 @@ class ParameterServer:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
             st.counters.undelivered += 1
-            self.log.warning(("undelivered", ident), "could not reply %s to %r: %s",
+            self.warn.warning(("undelivered", ident), "could not reply %s to %r: %s",
                              kind.name, ident, exc)
 
     def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
         self.state.counters.invalid += 1
-        self.log.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
+        self.warn.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
                          message)
         self.send(ident, Kind.ERROR, code=code, error=message,
                   **({} if re is None else {"re": re}))

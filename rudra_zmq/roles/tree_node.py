@@ -115,7 +115,7 @@ class TreeNode:
         self._resent = 0.0                   # when it was last sent (again)
         self.retry_s = cfg.runtime.retry_s
         self._seq = 0
-        self.log = ThrottledLog(log)
+        self.warn = ThrottledLog(log)
         self.security = transport.security()
         self.handlers = {Kind.HELLO: self.on_hello, Kind.PULL: self.on_pull,
                          Kind.BYE: self.on_bye, Kind.PUSH: self.on_gradient,
@@ -133,12 +133,12 @@ class TreeNode:
         try:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
-            self.log.warning(("undelivered", ident), "could not send %s to %r: %s",
+            self.warn.warning(("undelivered", ident), "could not send %s to %r: %s",
                              kind.name, ident, exc)
 
     def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
         self.state.invalid += 1
-        self.log.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
+        self.warn.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
                          message)
         self._send(ident, Kind.ERROR, code=code, error=message,
                    **({} if re is None else {"re": re}))
