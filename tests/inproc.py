@@ -10,7 +10,7 @@ import threading
 
 import zmq
 
-from rudra_zmq import kernels
+from rudra_zmq import kernels, transport
 from rudra_zmq.config import load_config
 from rudra_zmq.run_plan import learner_endpoints, learner_threads, make_plan, summary
 
@@ -93,5 +93,7 @@ def run_in_threads(config, overrides, run_dir):
         # A role still inside a request (a test cut short by its timeout) must not have its
         # sockets closed under it (libzmq aborts the process): leave them to their timeouts.
         if not any(t.is_alive() for t in learners + servers):
+            if transport.security() is not None:   # its ZAP handler, before the context
+                transport.security().release(ctx)
             ctx.destroy(linger=0)
     return plan.run_dir, summary(plan)

@@ -92,7 +92,7 @@ class BroadcastRoot(IOThread):
             if self._ctl_io in events:
                 drain(self._ctl_io, self._command)
             if self._down in events:
-                drain(self._down, self._fan.on_message)
+                drain(self._down, self._fan.on_message, copy=False)   # User-Id (CURVE)
                 self._fan.catch_up(self.current)
 
     def _command(self, cmd) -> None:
@@ -213,7 +213,7 @@ class BroadcastMember(IOThread):
             if self._ctl_io in events:
                 drain(self._ctl_io, self._command)
             if self._down is not None and self._down in events:
-                drain(self._down, self._fan.on_message)
+                drain(self._down, self._fan.on_message, copy=False)   # User-Id (CURVE)
                 self._fan.catch_up(self._ready)
             if self._up in events:
                 self._owed = 0                      # credit to return upstream
