@@ -216,7 +216,8 @@ def _warn_exposed(endpoint: str) -> None:
     if not _warned_exposed:
         _warned_exposed.add(endpoint)
         log.warning("%s listens on every network interface without encryption: anyone who can "
-                    "reach this host can read the weights and send gradients. Set "
+                    "reach this host can read what it serves (weights, training data) and "
+                    "send it requests (gradients, records). Set "
                     "security.curve=true (rudra-zmq keys init DIR; --keys DIR), or bind one "
                     "address on a trusted network.", endpoint)
 
