@@ -1,5 +1,5 @@
 """The shipped ImageNet configs (the paper's Table 1 rows: AlexNet, 61M parameters) run end to
-end on a tiny ImageFolder tree made here: every role (threads of the test process,
+end on a tiny ImageFolder tree made here: every role (threads of one fresh process,
 tests/inproc.py), the 220 MiB gradient and weight messages, the tree of Rudra-adv and the
 broadcast of Rudra-adv*.
 
@@ -7,12 +7,13 @@ Only the learner count, minibatch, epochs, class count and data root are overrid
 size, model, protocol, optimizer and architecture are the configs' own.
 """
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from test_system import threaded_run
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -48,9 +49,18 @@ def test_an_imagenet_config_trains_end_to_end(tmp_path, image_tree, config, lear
     sets = [f"data.root={image_tree}", f"data.num_classes={CLASSES}",
             f"sync.learners={learners}", "sync.batch_size=4", "train.epochs=1",
             "runtime.timeout_s=300", *extra]
-    # every role a thread of this process (tests/inproc.py); a short run directory name, as
-    # the leaves' ipc socket paths must stay under 108 bytes
-    run_dir, _ = threaded_run(tmp_path, "r", sets, config=ROOT / "configs" / f"{config}.yaml")
+    # every role a thread of one fresh process (tests/inproc.py), not of this test worker: a
+    # native crash there (a libzmq abort seen twice under load, cause unknown) fails this
+    # test with its stderr instead of killing the worker and hiding the message; a short run
+    # directory name, as the leaves' ipc socket paths must stay under 108 bytes
+    run_dir = tmp_path / "r"
+    script = ("import sys; sys.path.insert(0, 'tests'); from inproc import run_in_threads; "
+              "run_in_threads(sys.argv[1], sys.argv[3:], sys.argv[2])")
+    proc = subprocess.run([sys.executable, "-c", script,
+                           str(ROOT / "configs" / f"{config}.yaml"), str(run_dir), *sets],
+                          cwd=ROOT, capture_output=True, text=True, timeout=380)
+    assert proc.returncode == 0, (f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-6000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     updates = [r for r in records if r.get("type") == "update"]
     evals = [r for r in records if r.get("type") == "eval"]
