@@ -20,7 +20,7 @@ import sys
 import time
 
 from .config import ConfigError, load_config
-from .run_plan import learner_threads, ps_threads
+from .run_plan import host_learners, learner_threads, ps_threads, usable_cores
 
 PROG = "rudra-zmq"
 
@@ -212,7 +212,10 @@ def cmd_learner(args) -> int:
                           f"sync.learners-1 = {cfg.sync.learners - 1}")
     ups, binds = _bcast_args(cfg, args)
     extra = {} if ups is None else {"bcast_upstream": ups, "bcast_bind": binds}
-    return _serve("learner", learner_threads(cfg), True,
+    # threads: the usable cores over the learners on this host (as the launcher said, else
+    # this process's own learners)
+    threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
+    return _serve("learner", threads, True,
                   lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats, **extra))
 
 
@@ -257,7 +260,7 @@ def cmd_simulate(args) -> int:
 
     # The simulator computes one gradient at a time: every core, unless
     # runtime.threads_per_learner says otherwise (e.g. 1 beside another run).
-    _set_threads(cfg.runtime.threads_per_learner or os.cpu_count() or 1, torch_too=args.train)
+    _set_threads(cfg.runtime.threads_per_learner or usable_cores(), torch_too=args.train)
     try:
         return simulator.main_simulate(cfg, run_dir, jitter=args.jitter, speeds=speeds,
                                        seed=args.seed, train=args.train)

@@ -35,7 +35,7 @@ import time
 from . import config as config_mod
 from . import security
 from .children import Child, accepting, echo_lines, kill_tree, tail
-from .run_plan import Plan, learner_endpoints, make_plan, role_env, run_keys, summary
+from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
@@ -115,29 +115,8 @@ class Launcher:
         """Start stats, data, PS, learners, each server accepting connections before anyone
         that connects to it starts (a PUSH that closes before its peer is up loses its
         messages). Returns None when all run, else the run's exit code (all stopped)."""
-        p, ep = self.plan, self.plan.endpoints
-        conf = ["--config", str(p.run_dir / "config.yaml")]
-        learners = []
-        for ids in p.learner_groups:
-            label = f"learner{ids[0]}" if len(ids) == 1 else f"learner{ids[0]}-{ids[-1]}"
-            if ids != list(range(ids[0], ids[0] + len(ids))):  # a leaf of architecture.leaves
-                label = "learner" + "+".join(map(str, ids))
-            ps = learner_endpoints(p, ids[0])["ps"]
-            learners.append((label, "learner", ["--id", ",".join(map(str, ids)), "--ps", ps,
-                                                "--data", ep["data"], "--stats", ep["stats"],
-                                                *self._bcast_args(ids)]))
-        resume = ["--resume"] if self.resume else []
-        steps = [
-            ([("stats", "stats", ["--bind", ep["stats"], "--run-dir", str(p.run_dir), *resume]),
-              ("data", "data", ["--bind", ep["data"]])], ["stats"]),
-            ([("ps", "ps", ["--bind", ep["ps"], "--stats", ep["stats"],
-                            "--run-dir", str(p.run_dir), *resume,
-                            *(["--bcast-bind", ep["bcast"]] if "bcast" in ep else [])])],
-             ["data", "ps"]),
-            *self._node_steps(),
-            (learners, []),
-        ]
-        for specs, ready in steps:
+        conf = ["--config", str(self.plan.run_dir / "config.yaml")]
+        for specs, ready in role_steps(self.plan, self.resume):
             for label, role, args in specs:
                 if self.interrupted:
                     return self.interrupt()
@@ -151,29 +130,6 @@ class Launcher:
             if rc is not None:
                 return rc
         return None
-
-    def _bcast_args(self, ids: list[int]) -> list[str]:
-        """advstar: each learner's broadcast upstream and bind endpoints (none: no children)."""
-        if self.plan.cfg.architecture.kind != "advstar":
-            return []
-        eps = [learner_endpoints(self.plan, i)["bcast"] for i in ids]
-        return ["--bcast-upstream", ",".join(up for up, _ in eps),
-                "--bcast-bind", ",".join(bind or "none" for _, bind in eps)]
-
-    def _node_steps(self) -> list:
-        """Start steps for the tree nodes: one per level, the top level (the root's
-        children) first, each level accepting connections before the one below starts."""
-        tree, ep = self.plan.tree, self.plan.endpoints
-        if tree is None:
-            return []
-        steps = []
-        for level in range(max(n.level for n in tree.nodes), 0, -1):
-            specs = [(f"node{n.id}", "node", [
-                "--id", str(n.id), "--bind", ep[f"node{n.id}"],
-                "--parent", ep["ps"] if n.parent is None else ep[f"node{n.parent}"]])
-                for n in tree.nodes if n.level == level]
-            steps.append((specs, [label for label, _, _ in specs]))
-        return steps
 
     def wait_ready(self, servers: list[Child]) -> int | None:
         """Block until every server accepts connections on its endpoint (None), or a child

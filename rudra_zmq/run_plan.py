@@ -33,6 +33,12 @@ class Plan:
     endpoints: dict[str, str]        # by label: ps, data, stats, node0, node1, ...
     learner_groups: list[list[int]]
     tree: topology.Tree | None = None  # architecture.kind adv
+    binds: dict[str, str] | None = None  # by label, where a server binds when that is not
+    # its endpoint (a cluster launch binds every interface and is reached by host name)
+
+    def bind(self, label: str) -> str:
+        """The endpoint the server ``label`` binds (its endpoint, unless ``binds`` says)."""
+        return (self.binds or {}).get(label, self.endpoints[label])
 
 
 def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
@@ -94,34 +100,64 @@ def learner_groups(cfg) -> list[list[int]]:
     return [list(range(i * k, min((i + 1) * k, n))) for i in range(math.ceil(n / k))]
 
 
-def learner_threads(cfg) -> int:
-    """Torch threads per learner: runtime.threads_per_learner, or cores / λ (at least 1)."""
-    return cfg.runtime.threads_per_learner or max(1, (os.cpu_count() or 1) // cfg.sync.learners)
+HOST_LEARNERS_ENV = "RUDRA_ZMQ_HOST_LEARNERS"   # learners the launcher placed on this host
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a SLURM cpuset, ``taskset``),
+    else every core."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def host_learners(cfg, default: int | None = None) -> int:
+    """How many learners share this host: what the launcher said (``RUDRA_ZMQ_HOST_LEARNERS``),
+    else ``default`` (a hand-started learner: its own ``--id`` count), else λ (every learner
+    here, as under ``rudra-zmq run``)."""
+    said = os.environ.get(HOST_LEARNERS_ENV, "")
+    if said.isdigit() and int(said) > 0:
+        return int(said)
+    return default or cfg.sync.learners
+
+
+def learner_threads(cfg, learners_here: int | None = None) -> int:
+    """Torch threads per learner: runtime.threads_per_learner, or the usable cores over the
+    learners on this host (:func:`host_learners`), at least 1."""
+    if cfg.runtime.threads_per_learner:
+        return cfg.runtime.threads_per_learner
+    return max(1, usable_cores() // (learners_here or host_learners(cfg)))
 
 
 def ps_threads(cfg) -> int:
     """OpenMP threads for the parameter server's kernels: runtime.ps_threads, else what the
     launcher chose for a PS sharing its machine with learners (RUDRA_ZMQ_PS_THREADS), else all
-    cores (a PS started by hand on its own host)."""
+    usable cores (a PS started by hand on its own host)."""
     return (cfg.runtime.ps_threads or int(os.environ.get("RUDRA_ZMQ_PS_THREADS", 0))
-            or (os.cpu_count() or 1))
+            or usable_cores())
 
 
-def role_env(cfg, role: str) -> dict[str, str]:
-    """The child environment: thread counts per role, unbuffered output, malloc tuning."""
-    cores = os.cpu_count() or 1
-    busy = cfg.sync.learners * learner_threads(cfg)
+def role_env(cfg, role: str, learners_here: int | None = None,
+             base: dict | None = None) -> dict[str, str]:
+    """The child environment: thread counts per role, unbuffered output, malloc tuning.
+    ``learners_here``: learners on the role's host (default λ: all on this one); ``base``:
+    the environment to extend (default ``os.environ``)."""
+    here = cfg.sync.learners if learners_here is None else learners_here
+    cores = usable_cores()
+    busy = here * learner_threads(cfg, max(here, 1))
     # The PS shares this machine with the learners: by default give its kernels the cores the
     # learners leave (at least 1, at most 4 — memory bandwidth saturates before that). Two
     # kernel threads on a box the learners keep busy were 1.7x slower than one and burned
     # 1.8-3.4x the CPU per update (bench/RESULTS.md, push+pull).
     ps = cfg.runtime.ps_threads or max(1, min(4, cores - busy))
-    threads = {"learner": learner_threads(cfg), "ps": ps}.get(role, 1)
-    env = dict(os.environ)
+    threads = {"learner": learner_threads(cfg, max(here, 1)), "ps": ps}.get(role, 1)
+    env = dict(os.environ if base is None else base)
     env.update(MALLOC_ENV, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads),
                # each role asks to be sent SIGTERM if this launcher dies (cli._follow_launcher)
                RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()))
+    env[HOST_LEARNERS_ENV] = str(max(here, 1))
     if busy + ps > cores:
         # Oversubscribed: OpenMP threads that spin while waiting steal the cores other
         # processes compute on (2 learners x 2 threads on 2 cores: 0.49x; passive: 1.15x).
@@ -156,8 +192,55 @@ def learner_endpoints(plan: Plan, learner: int) -> dict:
     out = {"ps": ps, "data": ep["data"], "stats": ep["stats"], "bcast": None}
     if cfg.architecture.kind == "advstar":
         up = topology.broadcast_upstream(cfg, learner)
-        out["bcast"] = (ep["bcast" if up is None else f"bcast{up}"], ep.get(f"bcast{learner}"))
+        mine = f"bcast{learner}"
+        out["bcast"] = (ep["bcast" if up is None else f"bcast{up}"],
+                        plan.bind(mine) if mine in ep else None)
     return out
+
+
+def learner_label(ids: list[int]) -> str:
+    """The label of the learner process running ``ids``: learner3, learner0-3, learner0+4."""
+    if len(ids) == 1:
+        return f"learner{ids[0]}"
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"learner{ids[0]}-{ids[-1]}"
+    return "learner" + "+".join(map(str, ids))   # a leaf of architecture.leaves
+
+
+def role_steps(plan: Plan, resume: bool = False) -> list[tuple[list, list[str]]]:
+    """What to start, in order: a list of steps ``([(label, role, args), ...], ready)``, where
+    ``ready`` names the servers of the step that must accept connections before the next
+    step starts. ``args`` are the role's command-line arguments without ``--config``."""
+    ep, bind = plan.endpoints, plan.bind
+    again = ["--resume"] if resume else []
+    learners = []
+    for ids in plan.learner_groups:
+        mine = learner_endpoints(plan, ids[0])
+        args = ["--id", ",".join(map(str, ids)), "--ps", mine["ps"], "--data", ep["data"],
+                "--stats", ep["stats"]]
+        if plan.cfg.architecture.kind == "advstar":
+            eps = [learner_endpoints(plan, i)["bcast"] for i in ids]
+            args += ["--bcast-upstream", ",".join(up for up, _ in eps),
+                     "--bcast-bind", ",".join(b or "none" for _, b in eps)]
+        learners.append((learner_label(ids), "learner", args))
+    steps = [
+        ([("stats", "stats", ["--bind", bind("stats"), "--run-dir", str(plan.run_dir), *again]),
+          ("data", "data", ["--bind", bind("data")])], ["stats"]),
+        ([("ps", "ps", ["--bind", bind("ps"), "--stats", ep["stats"],
+                        "--run-dir", str(plan.run_dir), *again,
+                        *(["--bcast-bind", bind("bcast")] if "bcast" in ep else [])])],
+         ["data", "ps"]),
+    ]
+    tree = plan.tree
+    # tree nodes: one step per level, the root's children first
+    for level in range(max((n.level for n in tree.nodes), default=0) if tree else 0, 0, -1):
+        specs = [(f"node{n.id}", "node", [
+            "--id", str(n.id), "--bind", bind(f"node{n.id}"),
+            "--parent", ep["ps"] if n.parent is None else ep[f"node{n.parent}"]])
+            for n in tree.nodes if n.level == level]
+        steps.append((specs, [label for label, _, _ in specs]))
+    steps.append((learners, []))
+    return steps
 
 
 def summary(plan: Plan) -> str:
