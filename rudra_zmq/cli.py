@@ -311,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Parameter-server distributed deep learning on ZeroMQ (Rudra).",
         epilog="Run `rudra-zmq COMMAND --help` for the options of one command.")
+    from . import __version__, build_info   # the package is loaded already: costs nothing
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__} "
+                        f"(kernels built with {build_info()['compile_args']})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("run", help="run every role on this machine (one command, one run)",
@@ -411,6 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)   # rudra-zmq report PARENT|RUN ...
     from .keys import add_parser as add_keys_parser
     add_keys_parser(sub)
+    from .cluster_launch import add_parser as add_launch_parser
+    add_launch_parser(sub)   # rudra-zmq launch CONFIG --hostfile F
+    from .ranks import add_parser as add_env_parser
+    add_env_parser(sub)      # rudra-zmq env
     from .benchmarks.cli import add_parser as add_bench_parser
     add_bench_parser(sub)   # rudra-zmq bench NAME: the commands in benchmarks/cli.py
     return parser

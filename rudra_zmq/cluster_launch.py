@@ -1,0 +1,284 @@
+"""``rudra-zmq launch CONFIG --hostfile F``: one run across the hosts of a hostfile.
+
+The plan comes from :mod:`rudra_zmq.cluster_plan`; this module starts it. Roles on this host
+start as processes, as under ``rudra-zmq run``; roles on other hosts start over ssh (or
+pdsh) as ``python -m rudra_zmq.host_guard ROLE ARGS`` in the run directory, which has the
+same absolute path on every host. Before anything starts, each remote host gets
+``config.yaml`` (and, with ``security.curve``, the run's keys) unless it shares this host's
+file system (a marker file tells). Every process's output comes back here, each line prefixed
+``host:label``, into ``RUN/logs/LABEL.log``. Supervision, restarts and the stop order are
+:class:`rudra_zmq.launcher.Launcher`'s; stopping a remote role closes its ssh stdin, which its
+guard takes as the order to stop it, and a lost connection does the same. At the end the
+server host's files (metrics, plots, checkpoints) are copied back here when it does not share
+this file system. Blocks; use from the main thread.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+
+from . import cluster_plan, hostfile
+from . import config as config_mod
+from .children import Child
+from .config import ConfigError
+from .launcher import Launcher
+from .run_plan import role_env
+
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
+               "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]
+MARKER = ".launch-id"      # in the run directory: tells a shared file system
+COPY_TIMEOUT_S = 300.0
+
+
+class LaunchError(RuntimeError):
+    """A host could not be prepared or reached: the message names it and what ssh said."""
+
+
+class _RemotePopen(subprocess.Popen):
+    """ssh (or pdsh) running one remote role. SIGTERM closes its stdin, which the remote
+    guard takes as the order to stop the role; other signals reach ssh itself."""
+
+    def send_signal(self, sig):
+        if sig == signal.SIGTERM and self.stdin is not None and not self.stdin.closed:
+            try:
+                self.stdin.close()
+            except OSError:
+                pass
+            return
+        super().send_signal(sig)
+
+
+def _echo(pipe, log_path, child: Child, prefix: str) -> None:
+    """Thread body: copy a role's output to its log and, prefixed, to our stdout."""
+    echo = True
+    with pipe, open(log_path, "a", buffering=1, errors="replace") as log:
+        for line in pipe:
+            log.write(line)
+            child.last_line = line.rstrip("\n")
+            if echo:
+                try:
+                    sys.stdout.write(f"{prefix} {line}")
+                    sys.stdout.flush()
+                except (OSError, ValueError):
+                    echo = False
+
+
+class ClusterLauncher(Launcher):
+    """Starts and supervises one run on many hosts. Use once, from the main thread."""
+
+    def __init__(self, cp: cluster_plan.ClusterPlan, *, via: str = "ssh",
+                 ssh_options: list[str] = (), forward: dict[str, str] | None = None,
+                 python: str | None = None):
+        super().__init__(cp.plan)
+        self.cp, self.via, self.forward = cp, via, dict(forward or {})
+        self.ssh_options = list(ssh_options)
+        self.python = python or sys.executable
+        self.shared: dict[str, bool] = {}     # remote host -> shares our file system
+
+    # -- commands --------------------------------------------------------------------------
+    def remote(self, host: str, command: str) -> list[str]:
+        """The local argv that runs the shell ``command`` on ``host``."""
+        if self.via == "pdsh":
+            return ["pdsh", "-N", "-S", "-R", "ssh", "-w", host, command]
+        return ["ssh", *SSH_OPTIONS, *self.ssh_options, host, command]
+
+    def role_command(self, host: str, label: str, role: str, args: list[str]) -> str:
+        """The shell command that starts one role on a remote host."""
+        run_dir = shlex.quote(str(self.plan.run_dir))
+        guard = [self.python, "-m", "rudra_zmq.host_guard"]
+        if self.via == "pdsh":
+            guard += ["--env-file", str(self.plan.run_dir / f".env-{label}.json")]
+        return f"cd {run_dir} && exec {shlex.join(guard + [role, *args])}"
+
+    def settings(self, host: str) -> dict:
+        """What a remote guard reads first: the launcher's variables, the learners here."""
+        return {"env": {**self.secrets, **self.forward},
+                "learners_here": self.cp.learners_on(host)}
+
+    # -- hosts -----------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Give every remote host the run directory, ``config.yaml`` and keys (unless it shares
+        our file system). Raises LaunchError naming the host that failed. Blocks."""
+        token = secrets.token_hex(8)
+        (self.plan.run_dir / MARKER).write_text(token)
+        payload = io.BytesIO()
+        with tarfile.open(fileobj=payload, mode="w") as tar:
+            tar.add(self.plan.run_dir / "config.yaml", arcname="config.yaml")
+            if (self.plan.run_dir / "keys").is_dir():
+                tar.add(self.plan.run_dir / "keys", arcname="keys")
+        if self.via == "pdsh":   # pdsh forwards no stdin: the guard reads a 0600 file
+            for host, label, _, _ in cluster_plan.commands(self.cp):
+                path = self.plan.run_dir / f".env-{label}.json"
+                path.touch(mode=0o600)
+                path.write_text(json.dumps(self.settings(host)))
+        run_dir = shlex.quote(str(self.plan.run_dir))
+        script = (f"mkdir -p {run_dir}/logs && cd {run_dir} && "
+                  f"if [ \"$(cat {MARKER} 2>/dev/null)\" = {token} ]; then echo shared; "
+                  f"else tar -xf - && echo copied; fi")
+        for host in self.cp.host_names():
+            if hostfile.is_local(host):
+                continue
+            res = subprocess.run(self.remote(host, script), input=payload.getvalue(),
+                                 capture_output=True, timeout=COPY_TIMEOUT_S)
+            said = res.stdout.decode(errors="replace").split()
+            if res.returncode != 0 or not said:
+                raise LaunchError(f"could not prepare {host} ({' '.join(self.remote(host, '...'))}"
+                                  f" exited {res.returncode}): "
+                                  f"{res.stderr.decode(errors='replace').strip()[-500:]}")
+            self.shared[host] = said[-1] == "shared"
+
+    def copy_back(self) -> None:
+        """Copy the server host's run directory (metrics, plots, checkpoints) here, when it
+        does not share our file system. Best effort: a failure is reported, not raised."""
+        host = self.cp.server_host
+        if hostfile.is_local(host) or self.shared.get(host, True):
+            return
+        script = f"tar -C {shlex.quote(str(self.plan.run_dir))} --exclude=./logs -cf - ."
+        try:
+            res = subprocess.run(self.remote(host, script), capture_output=True,
+                                 timeout=COPY_TIMEOUT_S)
+            if res.returncode != 0:
+                raise LaunchError(res.stderr.decode(errors="replace").strip()[-500:])
+            with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tar:
+                tar.extractall(self.plan.run_dir, filter="data")
+        except (OSError, subprocess.SubprocessError, tarfile.TarError, LaunchError) as exc:
+            print(f"rudra-zmq: could not copy the run directory back from {host} ({exc}); "
+                  f"it is still there, in {self.plan.run_dir}", file=sys.stderr)
+
+    # -- processes -------------------------------------------------------------------------
+    def start(self, label: str, role: str, args: list[str]) -> Child:
+        """Start one role on its host; blocks only for the fork/exec (and the first write)."""
+        host = self.cp.placement[label]
+        log_path = self.plan.run_dir / "logs" / f"{label}.log"
+        if hostfile.is_local(host):
+            command = [sys.executable, "-m", "rudra_zmq", role, *args]
+            env = {**role_env(self.plan.cfg, role, self.cp.learners_on(host)),
+                   **self.secrets, **self.forward}
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    text=True, errors="replace")
+        else:
+            command = self.remote(host, self.role_command(host, label, role, args))
+            proc = _RemotePopen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, text=True,
+                                errors="replace")
+            if self.via == "ssh":
+                proc.stdin.write(json.dumps(self.settings(host)) + "\n")
+                proc.stdin.flush()   # and keep it open: closing it stops the role
+        child = Child(label, role, command, log_path, proc, args=list(args))
+        child.echo = threading.Thread(target=_echo, args=(proc.stdout, log_path, child,
+                                                          f"{host}:{label}"),
+                                      name=f"echo-{label}", daemon=True)
+        child.echo.start()
+        self.children.append(child)
+        self._write_processes()
+        return child
+
+    def _report(self, child: Child, early: bool = False) -> None:
+        print(f"rudra-zmq: on host {self.cp.placement[child.label]}:", file=sys.stderr)
+        super()._report(child, early)
+
+    def run(self) -> int:
+        """Prepare the hosts, start everything, supervise, copy the results back. Blocks."""
+        try:
+            self.prepare()
+        except (LaunchError, OSError, subprocess.SubprocessError) as exc:
+            print(f"rudra-zmq launch: {exc}", file=sys.stderr)
+            return 1
+        try:
+            return super().run()
+        finally:
+            self.copy_back()
+
+
+# ----------------------------------------------------------------------------- entry point
+def _forwarded(names: list[str]) -> dict[str, str]:
+    """``-x NAME`` (its value here) or ``-x NAME=VALUE``; raises ConfigError for an unset one."""
+    out = {}
+    for item in names:
+        name, eq, value = item.partition("=")
+        if not eq:
+            if name not in os.environ:
+                raise ConfigError(f"-x {name}: {name} is not set here; set it or give "
+                                  f"-x {name}=VALUE")
+            value = os.environ[name]
+        out[name] = value
+    return out
+
+
+def launch(args) -> int:
+    """``rudra-zmq launch``: plan, print, and (without ``--dry-run``) run. Returns the exit
+    code; raises ConfigError / HostfileError before anything starts."""
+    cfg = config_mod.load_config(args.config, list(args.set))
+    hosts = hostfile.load(args.hostfile, args.hosts, args.include, args.exclude)
+    if args.launcher == "pdsh" and shutil.which("pdsh") is None:
+        raise ConfigError("--launcher pdsh: pdsh is not installed here (Debian: apt-get "
+                          "install pdsh); or use --launcher ssh")
+    forward = _forwarded(args.export)
+    cp = cluster_plan.place(cfg, hosts, server_host=args.server_host, port=args.port,
+                            run_dir=args.run_dir, create=not args.dry_run)
+    print(f"rudra-zmq launch {cfg.name!r} on {hostfile.describe(hosts)}; run directory "
+          f"{cp.plan.run_dir}\n{cluster_plan.describe(cp)}", flush=True)
+    launcher = ClusterLauncher(cp, via=args.launcher, ssh_options=shlex.split(args.ssh_opts),
+                               forward=forward, python=args.python)
+    if args.dry_run:
+        for host, label, role, role_args in cluster_plan.commands(cp):
+            if hostfile.is_local(host):
+                print(f"{host}:{label}$ {shlex.join([sys.executable, '-m', 'rudra_zmq', role, *role_args])}")
+            else:
+                print(f"{host}:{label}$ "
+                      f"{shlex.join(launcher.remote(host, launcher.role_command(host, label, role, role_args)))}")
+        return 0
+    return launcher.run()
+
+
+def add_parser(sub) -> None:
+    """Register ``rudra-zmq launch``."""
+    p = sub.add_parser(
+        "launch", help="run every role across the hosts of a hostfile (over ssh)",
+        description="Place the roles of one run on the hosts of a hostfile (one slot = one "
+                    "learner; the servers on the first host), start them over ssh, show "
+                    "every host's output, and stop them all when training ends or anything "
+                    "fails. Every host needs rudra_zmq installed at the same python path "
+                    "(--python) and the run directory's path writable.")
+    p.add_argument("config", metavar="CONFIG", help="YAML config file (or a built-in name)")
+    p.add_argument("--hostfile", metavar="F", help="'host slots=N' lines (Open MPI, "
+                   "DeepSpeed, Horovod)")
+    p.add_argument("-H", "--hosts", metavar="HOST:N,...", help="hosts and slots inline")
+    p.add_argument("--include", metavar="SPEC", help="only these hosts/slots: h1@h2:0,2")
+    p.add_argument("--exclude", metavar="SPEC", help="not these hosts/slots: h1@h2:0,2")
+    p.add_argument("--server-host", metavar="HOST",
+                   help="where the PS, data and statistics servers run (default: first host)")
+    p.add_argument("--port", type=int, default=cluster_plan.DEFAULT_PORT,
+                   help=f"first port used on each host (default {cluster_plan.DEFAULT_PORT})")
+    p.add_argument("--launcher", choices=("ssh", "pdsh"), default="ssh",
+                   help="how to start remote roles (default ssh)")
+    p.add_argument("--ssh-opts", default="", metavar="OPTS",
+                   help="extra ssh options, e.g. \"-p 2222 -i ~/.ssh/cluster\"")
+    p.add_argument("-x", "--export", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="forward an environment variable to every role (repeatable)")
+    p.add_argument("--python", metavar="PATH",
+                   help=f"python on the remote hosts (default: this one, {sys.executable})")
+    p.add_argument("--run-dir", metavar="DIR", help="run directory, the same path on every host")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan and each host's exact commands; start nothing")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable)")
+    p.set_defaults(func=_cmd_launch)
+
+
+def _cmd_launch(args) -> int:
+    try:
+        return launch(args)
+    except (ConfigError, hostfile.HostfileError, FileNotFoundError) as exc:
+        print(f"rudra-zmq: error: {exc}", file=sys.stderr)
+        return 2

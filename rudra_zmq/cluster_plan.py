@@ -1,0 +1,161 @@
+"""Where each role of one run goes on a cluster: the plan of ``rudra-zmq launch``.
+
+Given a config and the hosts of a hostfile (:mod:`rudra_zmq.hostfile`; one slot = one
+learner), :func:`place` puts
+
+- the statistics server, the data server and the PS on the server host (the first host, or
+  ``server_host``), with the inner tree nodes and the advstar broadcast root;
+- learner processes (``runtime.learners_per_process`` learners each) on the hosts in order,
+  filling each host's slots before the next;
+- each Rudra-adv leaf on the host of its learners, and each advstar learner's broadcast
+  socket on its own host.
+
+Every server listens on ``tcp`` at ports counted up from ``port`` on its host; others reach
+it by the host's name as the hostfile writes it. A server binds that address when it is an IP
+address, else every interface (a host name may resolve to 127.0.1.1 on the host itself, as on
+Debian). Pure planning: :func:`place` starts nothing; with ``create`` it makes the run
+directory here and saves the resolved config, as ``rudra-zmq run`` does. Thread-safe.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import config as config_mod
+from . import hostfile, topology
+from .config import ConfigError
+from .run_plan import Plan, learner_groups, learner_label, make_run_dir, role_steps
+
+DEFAULT_PORT = 29500   # the first port on each host (torch.distributed's default)
+
+
+@dataclass
+class ClusterPlan:
+    """A :class:`run_plan.Plan` (endpoints as others reach them, binds as servers bind) and
+    the host of every process label."""
+    plan: Plan
+    hosts: list[hostfile.Host]
+    server_host: str
+    placement: dict[str, str]          # label (ps, data, node3, learner0-1, ...) -> host
+
+    def learners_on(self, host: str) -> int:
+        """How many learners the plan puts on ``host``."""
+        return sum(len(ids) for ids in self.plan.learner_groups
+                   if self.placement[learner_label(ids)] == host)
+
+    def host_names(self) -> list[str]:
+        """Every host that runs something, the server host first."""
+        names = [self.server_host]
+        for host in self.placement.values():
+            if host not in names:
+                names.append(host)
+        return names
+
+
+def _address(host: str) -> str:
+    """``host`` as it goes into a tcp endpoint (an IPv6 address in brackets)."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
+def _bind_address(host: str) -> str:
+    """Where a server on ``host`` binds: that IP address, or every interface for a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return "0.0.0.0"
+    return _address(host)
+
+
+def _place_groups(groups: list[list[int]], hosts: list[hostfile.Host]) -> list[str]:
+    """The host of each learner group: hosts in order, each filled up to its slots."""
+    out, i, free = [], 0, hosts[0].count
+    for ids in groups:
+        while i < len(hosts) and free < len(ids):
+            i += 1
+            free = hosts[i].count if i < len(hosts) else 0
+        if i == len(hosts):
+            raise ConfigError(
+                f"learners {','.join(map(str, ids))} (one process of "
+                f"runtime.learners_per_process learners) fit on no host that has slots left "
+                f"({hostfile.describe(hosts)}); give hosts more slots or lower "
+                "runtime.learners_per_process")
+        out.append(hosts[i].name)
+        free -= len(ids)
+    return out
+
+
+def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
+          port: int = DEFAULT_PORT, run_dir=None, create: bool = True) -> ClusterPlan:
+    """Plan the run of ``cfg`` on ``hosts``. ``create``: make the run directory (``run_dir``,
+    else ``runtime.run_dir/NAME-STAMP``) and save ``config.yaml`` there; without it nothing
+    is written (a dry run). Raises ConfigError: too few slots, a bad port."""
+    lam = cfg.sync.learners
+    slots = sum(h.count for h in hosts)
+    if slots < lam:
+        raise ConfigError(f"sync.learners={lam} learners need {lam} slots, and the hosts give "
+                          f"{slots} ({hostfile.describe(hosts)}); add slots or hosts, or set "
+                          f"sync.learners={slots}")
+    if not 1 <= port <= 65535 - 200:
+        raise ConfigError(f"--port {port}: give the first port of a free range, 1-65335")
+    server = server_host or hosts[0].name
+    tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
+    groups = (topology.learner_groups(tree, cfg.runtime.learners_per_process) if tree
+              else learner_groups(cfg))
+    placement = {"stats": server, "data": server, "ps": server}
+    for ids, host in zip(groups, _place_groups(groups, hosts)):
+        placement[learner_label(ids)] = host
+    host_of_learner = {i: placement[learner_label(ids)] for ids in groups for i in ids}
+
+    servers = ["ps", "data", "stats"]
+    if cfg.architecture.kind == "advstar":
+        placement["bcast"] = server
+        servers.append("bcast")
+        for i in range(lam):
+            if topology.broadcast_children(cfg, i):
+                placement[f"bcast{i}"] = host_of_learner[i]
+                servers.append(f"bcast{i}")
+    if tree is not None:
+        for n in tree.nodes:
+            placement[f"node{n.id}"] = host_of_learner[n.learners[0]] if n.is_leaf else server
+            servers.append(f"node{n.id}")
+
+    endpoints, binds, next_port = {}, {}, {}
+    for label in servers:
+        host = placement[label]
+        p = next_port.get(host, port)
+        next_port[host] = p + 1
+        endpoints[label] = f"tcp://{_address(host)}:{p}"
+        binds[label] = f"tcp://{_bind_address(host)}:{p}"
+    if create:
+        path = make_run_dir(cfg, run_dir)
+        config_mod.save(cfg, path / "config.yaml")
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = Path(run_dir or Path(cfg.runtime.run_dir) / f"{cfg.name}-{stamp}").absolute()
+    plan = Plan(cfg, path, endpoints, groups, tree, binds)
+    return ClusterPlan(plan, hosts, server, placement)
+
+
+def describe(cp: ClusterPlan) -> str:
+    """The placement, one line per host: ``host-a (2 slots): stats, data, ps, learner0-1``."""
+    slots = {h.name: h.count for h in cp.hosts}
+    lines = []
+    for host in cp.host_names():
+        labels = [label for label, h in cp.placement.items() if h == host]
+        n = slots.get(host)
+        what = f"{n} slot{'s' if n != 1 else ''}" if n is not None else "servers only"
+        lines.append(f"  {host} ({what}, {cp.learners_on(host)} learners): "
+                     + ", ".join(labels))
+    return "\n".join(lines)
+
+
+def commands(cp: ClusterPlan, resume: bool = False) -> list[tuple[str, str, str, list[str]]]:
+    """Every process in start order: ``(host, label, role, args)`` with ``--config`` first."""
+    conf = ["--config", str(cp.plan.run_dir / "config.yaml")]
+    return [(cp.placement[label], label, role, conf + args)
+            for specs, _ in role_steps(cp.plan, resume) for label, role, args in specs]
