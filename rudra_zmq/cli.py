@@ -418,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch_parser(sub)   # rudra-zmq launch CONFIG --hostfile F
     from .ranks import add_parser as add_env_parser
     add_env_parser(sub)      # rudra-zmq env
+    from .worker import add_parser as add_worker_parser
+    add_worker_parser(sub)   # rudra-zmq worker CONFIG (a rank under srun/mpirun/torchrun)
     from .benchmarks.cli import add_parser as add_bench_parser
     add_bench_parser(sub)   # rudra-zmq bench NAME: the commands in benchmarks/cli.py
     return parser
@@ -431,6 +433,9 @@ def main(argv=None) -> int:
     except _UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    except TimeoutError as exc:   # a role's peer never answered: say who, without a trace
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as exc:
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
         print(f"{PROG} {args.command}: stopped by {signal.Signals(signum).name}",

@@ -65,6 +65,7 @@ class Launcher:
         self.hurry = False  # a second interrupt: skip the SIGTERM grace period
         self.restarts: dict[str, int] = {}   # label -> times restarted
         self.left_out: set[str] = set()      # learners that failed and were not restarted
+        self.learners_here: int | None = None  # learners on this host (None: all λ)
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
         self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
@@ -93,7 +94,8 @@ class Launcher:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if role == "stats" else log, stderr=log,
-                env={**role_env(cfg, role), **self.secrets}, start_new_session=True,
+                env={**role_env(cfg, role, self.learners_here), **self.secrets},
+                start_new_session=True,
                 text=role == "stats", errors="replace" if role == "stats" else None)
         child = Child(label, role, command, log_path, proc, args=list(args))
         self.children.append(child)
@@ -116,7 +118,10 @@ class Launcher:
         that connects to it starts (a PUSH that closes before its peer is up loses its
         messages). Returns None when all run, else the run's exit code (all stopped)."""
         conf = ["--config", str(self.plan.run_dir / "config.yaml")]
+        began = time.monotonic()
         for specs, ready in role_steps(self.plan, self.resume):
+            if not specs:
+                continue
             for label, role, args in specs:
                 if self.interrupted:
                     return self.interrupt()
@@ -129,6 +134,10 @@ class Launcher:
             rc = self.wait_ready([c for c in self.children if c.label in ready])
             if rc is not None:
                 return rc
+            # a line per step: importing torch makes the start-up take seconds
+            what = ", ".join(label for label, _, _ in specs)
+            print(f"start-up: {what} {'listening' if ready else 'started'} "
+                  f"({time.monotonic() - began:.1f} s)", flush=True)
         return None
 
     def wait_ready(self, servers: list[Child]) -> int | None:

@@ -1,0 +1,159 @@
+"""``rudra-zmq worker CONFIG``: one rank of a run started by srun, mpirun or a torchrun-style
+launcher, which starts the same command once per rank and sets each rank's variables.
+
+Each process finds its rank (:mod:`rudra_zmq.ranks`: command line, ``RUDRA_*``, ``DMLC_*``,
+torchrun, Open MPI, PMI, SLURM) and takes its part:
+
+- rank 0 (or role ``servers``: ``DMLC_ROLE=server|scheduler``) runs the statistics server,
+  the data server, the PS and every tree node on its host, supervised as under ``rudra-zmq
+  run``, and writes the run directory;
+- rank r >= 1 (or role ``learner`` with ``DMLC_WORKER_ID`` = r - 1) runs learner process r - 1
+  of the plan (``runtime.learners_per_process`` learners each).
+
+So a run needs 1 + (learner processes) ranks; the error says how many when they differ. The
+servers listen on the master address (``MASTER_ADDR``, ``DMLC_PS_ROOT_URI``, the first SLURM
+host, ...) at ports counted from the master port (default 29500; one above torchrun's
+``MASTER_PORT``, which its own rendezvous may hold). Ranks may start in any order: a learner
+waits up to ``runtime.timeout_s`` for the servers and then names the one that did not answer.
+Rudra-adv\\* is not planned here (its broadcast needs every learner's host): use
+``rudra-zmq launch``. Blocks until the rank's part is done.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from . import config as config_mod
+from . import ranks, topology
+from .cluster_plan import DEFAULT_PORT
+from .config import ConfigError
+from .run_plan import HOST_LEARNERS_ENV, Plan, learner_endpoints, learner_groups, make_run_dir
+
+
+def _groups(cfg, tree) -> list[list[int]]:
+    per = cfg.runtime.learners_per_process
+    return topology.learner_groups(tree, per) if tree else learner_groups(cfg)
+
+
+def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
+    """``("servers", None)`` or ``("learner", index of the learner process)`` for ranks
+    ``r``. Raises ConfigError when the ranks do not fit the config."""
+    if cfg.architecture.kind == "advstar":
+        raise ConfigError("rudra-zmq worker plans Rudra-base and Rudra-adv; Rudra-adv* "
+                          "(architecture.kind=advstar) needs every learner's host: start it "
+                          "with `rudra-zmq launch CONFIG --hostfile F`")
+    tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+    n = len(_groups(cfg, tree))
+    world, rank = r.value("world_size"), r.value("rank")
+    if world is not None and world != n + 1:
+        raise ConfigError(
+            f"{world} ranks (from {r.world_size.source}) for a config with {n} learner "
+            f"processes: start {n + 1} ranks (rank 0 runs the servers), or change "
+            "sync.learners / runtime.learners_per_process")
+    num = r.value("num_learners")
+    if num is not None and num != n:
+        raise ConfigError(f"{num} learners (from {r.num_learners.source}) but the config plans "
+                          f"{n} learner processes")
+    role = r.value("role")
+    if role is None:
+        if rank is None:
+            raise ConfigError("no rank found: run under srun, mpirun or torchrun, or set "
+                              "RUDRA_RANK (see `rudra-zmq env`)")
+        role = "servers" if rank == 0 else "learner"
+    if role == "servers":
+        return "servers", None
+    index = r.value("learner_id")
+    if index is None:
+        if rank is None or rank == 0:
+            raise ConfigError("a learner needs its index: DMLC_WORKER_ID or a rank >= 1")
+        index = rank - 1
+    if index >= n:
+        raise ConfigError(f"learner process {index} does not exist: the config plans {n}")
+    return "learner", index
+
+
+def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
+    """The run's endpoints on the master host (every server there), its learner groups and
+    tree; ``create``: make the run directory and save the config (rank 0)."""
+    master = r.value("master_addr")
+    if master is None:
+        raise ConfigError("no master address: set MASTER_ADDR, RUDRA_MASTER_ADDR or "
+                          "DMLC_PS_ROOT_URI, or run under srun (see `rudra-zmq env`)")
+    port = r.value("master_port")
+    if port is None:
+        port = DEFAULT_PORT
+    elif r.master_port.source == "MASTER_PORT":
+        port += 1        # torchrun's rendezvous store may listen on MASTER_PORT itself
+    tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+    labels = ["ps", "data", "stats"] + ([f"node{n.id}" for n in tree.nodes] if tree else [])
+    host = f"[{master}]" if ":" in master else master
+    endpoints = {label: f"tcp://{host}:{port + i}" for i, label in enumerate(labels)}
+    binds = {label: f"tcp://{'[::]' if ':' in master else '0.0.0.0'}:{port + i}"
+             for i, label in enumerate(labels)}
+    path = None
+    if create:
+        path = make_run_dir(cfg, run_dir)
+        config_mod.save(cfg, path / "config.yaml")
+    return Plan(cfg, path, endpoints, _groups(cfg, tree), tree, binds)
+
+
+def run(args, environ=None) -> int:
+    """``rudra-zmq worker``: resolve this rank and run its part. Blocks; returns the exit
+    code. Raises ConfigError / RanksError before anything starts."""
+    from . import cli
+    from .launcher import Launcher
+
+    environ = os.environ if environ is None else environ
+    r = ranks.resolve({k: getattr(args, k, None) for k in ranks.CLI_KEYS}, environ)
+    cfg = config_mod.load_config(args.config, list(args.set))
+    what, index = part(cfg, r)
+    if what == "servers":
+        p = plan(cfg, r, args.run_dir, create=True)
+        print(f"rudra-zmq worker: rank {r.value('rank')}: the servers of {cfg.name!r} on "
+              f"{r.value('master_addr')}, run directory {p.run_dir}", flush=True)
+        servers = Plan(p.cfg, p.run_dir, p.endpoints, [], p.tree, p.binds)   # no learners here
+        launcher = Launcher(servers)
+        local = r.value("local_world_size")
+        launcher.learners_here = max(0, local - 1) if local else 0
+        return launcher.run()
+    p = plan(cfg, r)
+    ids = p.learner_groups[index]
+    eps = learner_endpoints(p, ids[0])
+    local = r.value("local_world_size")
+    if local:   # the ranks on this host share its cores
+        os.environ[HOST_LEARNERS_ENV] = str(local * len(ids))
+    print(f"rudra-zmq worker: rank {r.value('rank')}: learners {','.join(map(str, ids))} "
+          f"-> {eps['ps']}", file=sys.stderr, flush=True)
+    return cli.main(["learner", "--config", args.config, *sum((["--set", s] for s in args.set), []),
+                     "--id", ",".join(map(str, ids)), "--ps", eps["ps"],
+                     "--data", eps["data"], "--stats", eps["stats"]])
+
+
+def add_parser(sub) -> None:
+    """Register ``rudra-zmq worker``."""
+    p = sub.add_parser(
+        "worker", help="run this rank's part of a run (under srun, mpirun, torchrun)",
+        description="Start the same command once per rank: rank 0 runs the servers (stats, "
+                    "data, PS, tree nodes), rank r >= 1 runs learner process r-1. The rank "
+                    "and the master address come from the command line or the launcher's "
+                    "variables (`rudra-zmq env` shows what was found and where).")
+    p.add_argument("config", metavar="CONFIG", help="YAML config file (the same on every rank)")
+    p.add_argument("--rank", type=int, help="this process's rank")
+    p.add_argument("--world-size", type=int, help="how many ranks")
+    p.add_argument("--local-rank", type=int, help="rank among this host's ranks")
+    p.add_argument("--role", help="servers or learner (default: from the rank)")
+    p.add_argument("--master-addr", metavar="HOST", help="the servers' host")
+    p.add_argument("--master-port", type=int, metavar="PORT",
+                   help=f"first server port (default {DEFAULT_PORT})")
+    p.add_argument("--run-dir", metavar="DIR", help="rank 0's run directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable; the same on every rank)")
+    p.set_defaults(func=_cmd_worker)
+
+
+def _cmd_worker(args) -> int:
+    try:
+        return run(args)
+    except (ConfigError, ranks.RanksError, FileNotFoundError) as exc:
+        print(f"rudra-zmq: error: {exc}", file=sys.stderr)
+        return 2
