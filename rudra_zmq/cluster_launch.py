@@ -37,6 +37,7 @@ SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]
 MARKER = ".launch-id"      # in the run directory: tells a shared file system
 COPY_TIMEOUT_S = 300.0
+SSH_FAILED = 255           # ssh's exit code for its own errors (not the remote command's)
 
 
 class LaunchError(RuntimeError):
@@ -89,7 +90,8 @@ class ClusterLauncher(Launcher):
         """The local argv that runs the shell ``command`` on ``host``."""
         if self.via == "pdsh":
             return ["pdsh", "-N", "-S", "-R", "ssh", "-w", host, command]
-        return ["ssh", *SSH_OPTIONS, *self.ssh_options, host, command]
+        # the user's options first: for each option ssh uses the first value it is given
+        return ["ssh", *self.ssh_options, *SSH_OPTIONS, host, command]
 
     def role_command(self, host: str, label: str, role: str, args: list[str]) -> str:
         """The shell command that starts one role on a remote host."""
@@ -182,6 +184,25 @@ class ClusterLauncher(Launcher):
         self.children.append(child)
         self._write_processes()
         return child
+
+    def _failed(self, c: Child) -> int | None:
+        """As :meth:`Launcher._failed`, but a learner whose host was lost (ssh's own exit
+        code 255: the connection failed or broke) is left out, not restarted there."""
+        host = self.cp.placement[c.label]
+        if c.proc.returncode != SSH_FAILED or hostfile.is_local(host) or self.via != "ssh":
+            return super()._failed(c)
+        self._report(c)
+        print(f"rudra-zmq: lost host {host} (ssh exited {SSH_FAILED}: the connection failed "
+              "or broke)", file=sys.stderr, flush=True)
+        if c.role == "learner" and any(x.role == "learner" and not x.ended
+                                       for x in self._current()):
+            self.left_out.add(c.label)
+            print(f"rudra-zmq: {c.label} is left out; the run goes on with the other learners",
+                  file=sys.stderr, flush=True)
+            return None
+        print(f"rudra-zmq: {c.label} ran on the lost host; stopping the run", file=sys.stderr)
+        self.stop_all()
+        return 1
 
     def _report(self, child: Child, early: bool = False) -> None:
         print(f"rudra-zmq: on host {self.cp.placement[child.label]}:", file=sys.stderr)

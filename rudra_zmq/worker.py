@@ -100,7 +100,6 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
 def run(args, environ=None) -> int:
     """``rudra-zmq worker``: resolve this rank and run its part. Blocks; returns the exit
     code. Raises ConfigError / RanksError before anything starts."""
-    from . import cli
     from .launcher import Launcher
 
     environ = os.environ if environ is None else environ
@@ -124,9 +123,12 @@ def run(args, environ=None) -> int:
         os.environ[HOST_LEARNERS_ENV] = str(local * len(ids))
     print(f"rudra-zmq worker: rank {r.value('rank')}: learners {','.join(map(str, ids))} "
           f"-> {eps['ps']}", file=sys.stderr, flush=True)
-    return cli.main(["learner", "--config", args.config, *sum((["--set", s] for s in args.set), []),
-                     "--id", ",".join(map(str, ids)), "--ps", eps["ps"],
-                     "--data", eps["data"], "--stats", eps["stats"]])
+    sets = [x for s in args.set for x in ("--set", s)]
+    argv = [sys.executable, "-m", "rudra_zmq", "learner", "--config", args.config, *sets,
+            "--id", ",".join(map(str, ids)), "--ps", eps["ps"], "--data", eps["data"],
+            "--stats", eps["stats"]]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)   # this rank becomes the learner process (same pid)
 
 
 def add_parser(sub) -> None:

@@ -184,6 +184,12 @@ def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = N
     If one learner fails, the error is logged and raised at once: waiting for the others
     could hang (hardsync waits for every learner), and the launcher stops the run.
     """
+    import socket
+
+    ids = ",".join(map(str, learner_ids))
+    print(f"learner{'s' if len(learner_ids) > 1 else ''} {ids} on {socket.gethostname()}: "
+          f"{torch.get_num_threads()} torch threads, device {cfg.runtime.device}; "
+          f"parameter server {ps}", flush=True)
     ctx = zmq.Context()
     try:
         return _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind)

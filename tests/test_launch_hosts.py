@@ -1,0 +1,228 @@
+"""``rudra-zmq launch --hostfile`` across three emulated LAN hosts: network namespaces built by
+``bench/lan/netns.sh`` (1 Gbit/s tbf links), an OpenSSH server in each with keys made here,
+and the launcher started on the first host, as a user would on a cluster. It trains the
+quickstart for Rudra-base, -adv and -adv*, survives a learner host that drops off the
+network, stops everything on every host when a server fails or on Ctrl-C, and leaves nothing
+running. Needs root, iproute2 and Debian's openssh-server (.ci/run installs it); skips with
+the reason otherwise.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rudra_zmq.compare import run_summary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+ROOT = Path(__file__).resolve().parents[1]
+NETNS_SH = ROOT / "bench" / "lan" / "netns.sh"
+SSHD = "/usr/sbin/sshd"
+HOSTS = ["10.77.0.1", "10.77.0.2", "10.77.0.3"]
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (ip netns, sshd)"
+    for tool in ("ip", "tc", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    if not os.path.exists(SSHD):
+        return "needs an OpenSSH server (Debian: apt-get install openssh-server)"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "`ip netns` does not work here"
+    return None
+
+
+class Lan:
+    """Three namespaces with an sshd each; ``ns(i)`` is host i's namespace."""
+
+    def __init__(self, tmp: Path):
+        self.tmp, self.prefix = tmp, f"rzssh{os.getpid() % 100000}"
+        self.sshd_pids: set[int] = set()
+
+    def ns(self, i: int) -> str:
+        return f"{self.prefix}-h{i}"
+
+    def up(self) -> None:
+        subprocess.run(["bash", str(NETNS_SH), "up", "3", "1gbit", "--prefix", self.prefix],
+                       check=True, capture_output=True, timeout=60)
+        t = self.tmp
+        for name in ("host_key", "id"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(t / name)],
+                           check=True)
+        shutil.copy(t / "id.pub", t / "authorized_keys")
+        (t / "sshd_config").write_text(
+            f"HostKey {t / 'host_key'}\nAuthorizedKeysFile {t / 'authorized_keys'}\n"
+            "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
+            "StrictModes no\nPermitRootLogin prohibit-password\nPidFile none\n"
+            "ClientAliveInterval 2\nClientAliveCountMax 3\n")
+        (t / "ssh_config").write_text(
+            f"Host *\n  IdentityFile {t / 'id'}\n  StrictHostKeyChecking no\n"
+            "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+        os.makedirs("/run/sshd", exist_ok=True)     # sshd's privilege-separation directory
+        for i, addr in enumerate(HOSTS):
+            subprocess.run(["ip", "netns", "exec", self.ns(i), SSHD, "-f", str(t / "sshd_config"),
+                            "-o", f"ListenAddress={addr}", "-E", str(t / f"sshd{i}.log")],
+                           check=True, timeout=30)
+        deadline = time.monotonic() + 20
+        for i in range(3):
+            while not self.pids(i):
+                assert time.monotonic() < deadline, "sshd did not start"
+                time.sleep(0.1)
+            self.sshd_pids |= self.pids(i)
+
+    def down(self) -> None:
+        subprocess.run(["bash", str(NETNS_SH), "down", "--prefix", self.prefix],
+                       capture_output=True, timeout=120)
+
+    def pids(self, i: int) -> set[int]:
+        out = subprocess.run(["ip", "netns", "pids", self.ns(i)], capture_output=True,
+                             text=True).stdout
+        return {int(p) for p in out.split()}
+
+    def leftovers(self, timeout: float = 20.0) -> dict[int, list[str]]:
+        """What still runs in each namespace besides the sshd listeners, after waiting up
+        to ``timeout`` for it to end (the host guards give their roles 5 s)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = {}
+            for i in range(3):
+                rest = self.pids(i) - self.sshd_pids
+                cmds = []
+                for p in rest:
+                    try:
+                        cmds.append(Path(f"/proc/{p}/cmdline").read_bytes()
+                                    .replace(b"\0", b" ").decode(errors="replace"))
+                    except OSError:
+                        pass
+                if cmds:
+                    left[i] = cmds
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.3)
+
+    def launch(self, config: str, run_dir: Path, *extra: str, hosts: str = "") -> subprocess.Popen:
+        """``rudra-zmq launch`` started on host 0, output to ``run_dir``.out."""
+        hosts = hosts or f"{HOSTS[0]}:1,{HOSTS[1]}:2,{HOSTS[2]}:1"
+        cmd = ["ip", "netns", "exec", self.ns(0), sys.executable, "-m", "rudra_zmq", "launch",
+               str(ROOT / "configs" / config), "-H", hosts, "--run-dir", str(run_dir),
+               "--ssh-opts", f"-F {self.tmp / 'ssh_config'}", "-x", "OMP_NUM_THREADS=1", *extra]
+        out = open(f"{run_dir}.out", "w")
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def lan(tmp_path_factory):
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    lan = Lan(tmp_path_factory.mktemp("lan"))
+    try:
+        lan.up()
+        yield lan
+    finally:
+        lan.down()
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text(errors="replace"):
+        assert proc.poll() is None, f"launch ended early:\n{path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r}:\n{path.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("config", ["quickstart.yaml", "quickstart_adv.yaml",
+                                    "quickstart_advstar.yaml"])
+def test_launch_trains_across_three_hosts(lan, tmp_path, config):
+    run = tmp_path / "run"
+    rc = _finish(lan.launch(config, run, "--set", "train.epochs=1"))
+    out = Path(f"{run}.out").read_text()
+    assert rc == 0, out[-4000:]
+    summary = run_summary(run)
+    assert summary["epochs"] >= 1.0 and summary["final_error"] < 0.5, out[-2000:]
+    # every host ran its share, its lines prefixed host:label, its logs here
+    for prefix in ("10.77.0.1:ps ", "10.77.0.1:stats ", "10.77.0.2:learner1 ",
+                   "10.77.0.2:learner2 ", "10.77.0.3:learner3 "):
+        assert prefix in out, (prefix, out[-3000:])
+    assert {"ps.log", "stats.log", "learner3.log"} <= {p.name for p in (run / "logs").iterdir()}
+    if config != "quickstart.yaml":   # the leaf of learners 1,2 sits on their host
+        assert "10.77.0.2:node1 " in out
+    assert lan.leftovers() == {}
+
+
+def test_a_learner_host_that_drops_off_the_network_is_left_out(lan, tmp_path):
+    run = tmp_path / "run"
+    # learner 3 alone on host 2; ssh notices a dead link after 1 s x 3 keepalives
+    proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=40",
+                      "--set", "runtime.restart=true",
+                      "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -o ServerAliveInterval=1")
+    try:
+        _wait_for(Path(f"{run}.out"), "training started", proc)
+        subprocess.run(["ip", "-n", lan.ns(2), "link", "set", "eth0", "down"], check=True)
+        rc = _finish(proc)
+    finally:
+        subprocess.run(["ip", "-n", lan.ns(2), "link", "set", "eth0", "up"])
+    out = Path(f"{run}.out").read_text()
+    assert rc == 0, out[-4000:]
+    assert "lost host 10.77.0.3" in out and "learner3 is left out" in out, out[-3000:]
+    assert "restarting learner3" not in out
+    assert run_summary(run)["epochs"] >= 40.0 - 1e-6
+    # back on the network, sshd finds its client gone and the guard stops learner 3
+    assert lan.leftovers(timeout=60) == {}
+
+
+def test_a_failed_server_stops_every_host_and_names_it(lan, tmp_path):
+    run = tmp_path / "run"
+    proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=200",
+                      "--set", "runtime.restart=false")
+    _wait_for(Path(f"{run}.out"), "training started", proc)
+    subprocess.run(["ip", "netns", "exec", lan.ns(0), "pkill", "-KILL", "-f", "--",
+                    "-m rudra_zmq ps "], check=True)
+    rc = _finish(proc)
+    out = Path(f"{run}.out").read_text()
+    assert rc == 1, out[-3000:]
+    assert "on host 10.77.0.1:" in out and "rudra-zmq: ps (pid" in out, out[-3000:]
+    assert lan.leftovers() == {}
+
+
+def test_ctrl_c_tears_down_every_host(lan, tmp_path):
+    run = tmp_path / "run"
+    proc = lan.launch("quickstart_adv.yaml", run, "--set", "train.epochs=200")
+    _wait_for(Path(f"{run}.out"), "training started", proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    rc = _finish(proc, timeout=60)
+    assert rc == 130, Path(f"{run}.out").read_text()[-3000:]
+    assert lan.leftovers() == {}
+
+
+def test_dry_run_prints_each_hosts_commands_and_writes_nothing(tmp_path):
+    run = tmp_path / "never"
+    res = subprocess.run([sys.executable, "-m", "rudra_zmq", "launch",
+                          str(ROOT / "configs" / "quickstart_advstar.yaml"),
+                          "-H", "a:1,b:2,c:1", "--dry-run", "--run-dir", str(run)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    cmds = [ln for ln in lines if "$ " in ln]
+    assert [c.split("$")[0] for c in cmds] == [
+        "a:stats", "a:data", "a:ps", "a:node0", "b:node1", "a:learner0", "b:learner1",
+        "b:learner2", "c:learner3"]
+    assert all(" ssh " in f" {c} " and "rudra_zmq.host_guard" in c for c in cmds)
+    assert "--bcast-upstream tcp://a:29504 --bcast-bind tcp://0.0.0.0:29500" in cmds[6]
+    assert not run.exists()
