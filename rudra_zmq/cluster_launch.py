@@ -26,6 +26,8 @@ import sys
 import tarfile
 import threading
 
+import psutil
+
 from . import cluster_plan, hostfile
 from . import config as config_mod
 from .children import Child
@@ -45,8 +47,9 @@ class LaunchError(RuntimeError):
 
 
 class _RemotePopen(subprocess.Popen):
-    """ssh (or pdsh) running one remote role. SIGTERM closes its stdin, which the remote
-    guard takes as the order to stop the role; other signals reach ssh itself."""
+    """ssh (or pdsh) running one remote role. SIGTERM closes ssh's stdin, which the remote
+    guard takes as the order to stop the role; under pdsh (no stdin) it goes to pdsh's ssh
+    children first, whose end the guard notices, since pdsh does not pass it on."""
 
     def send_signal(self, sig):
         if sig == signal.SIGTERM and self.stdin is not None and not self.stdin.closed:
@@ -55,6 +58,12 @@ class _RemotePopen(subprocess.Popen):
             except OSError:
                 pass
             return
+        if self.stdin is None and self.poll() is None:
+            try:
+                for kid in psutil.Process(self.pid).children(recursive=True):
+                    kid.send_signal(sig)
+            except psutil.Error:
+                pass
         super().send_signal(sig)
 
 
@@ -170,7 +179,8 @@ class ClusterLauncher(Launcher):
                                     text=True, errors="replace")
         else:
             command = self.remote(host, self.role_command(host, label, role, args))
-            proc = _RemotePopen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            proc = _RemotePopen(command, stdout=subprocess.PIPE,
+                                stdin=subprocess.PIPE if self.via == "ssh" else subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT, start_new_session=True, text=True,
                                 errors="replace")
             if self.via == "ssh":

@@ -106,7 +106,8 @@ class Lan:
                 return left
             time.sleep(0.3)
 
-    def launch(self, config: str, run_dir: Path, *extra: str, hosts: str = "") -> subprocess.Popen:
+    def launch(self, config: str, run_dir: Path, *extra: str, hosts: str = "",
+               env: dict | None = None) -> subprocess.Popen:
         """``rudra-zmq launch`` started on host 0, output to ``run_dir``.out."""
         hosts = hosts or f"{HOSTS[0]}:1,{HOSTS[1]}:2,{HOSTS[2]}:1"
         cmd = ["ip", "netns", "exec", self.ns(0), sys.executable, "-m", "rudra_zmq", "launch",
@@ -114,7 +115,7 @@ class Lan:
                "--ssh-opts", f"-F {self.tmp / 'ssh_config'}", "-x", "OMP_NUM_THREADS=1", *extra]
         out = open(f"{run_dir}.out", "w")
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +164,18 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config):
     assert {"ps.log", "stats.log", "learner3.log"} <= {p.name for p in (run / "logs").iterdir()}
     if config != "quickstart.yaml":   # the leaf of learners 1,2 sits on their host
         assert "10.77.0.2:node1 " in out
+    assert lan.leftovers() == {}
+
+
+@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (apt-get install pdsh)")
+def test_launch_through_pdsh(lan, tmp_path):
+    run = tmp_path / "run"
+    proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=1", "--launcher", "pdsh",
+                      env={"PDSH_SSH_ARGS_APPEND": f"-F {lan.tmp / 'ssh_config'}"})
+    rc = _finish(proc)
+    out = Path(f"{run}.out").read_text()
+    assert rc == 0, out[-4000:]
+    assert "10.77.0.3:learner3 " in out and run_summary(run)["epochs"] >= 1.0
     assert lan.leftovers() == {}
 
 
