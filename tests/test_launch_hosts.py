@@ -148,11 +148,13 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 18
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("config", ["quickstart.yaml", "quickstart_adv.yaml",
-                                    "quickstart_advstar.yaml"])
-def test_launch_trains_across_three_hosts(lan, tmp_path, config):
+@pytest.mark.parametrize("config,extra", [
+    ("quickstart.yaml", []), ("quickstart_adv.yaml", []),
+    # adv* with CurveZMQ: the run's keys go to every host with the config
+    ("quickstart_advstar.yaml", ["--set", "security.curve=true"])])
+def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     run = tmp_path / "run"
-    rc = _finish(lan.launch(config, run, "--set", "train.epochs=1"))
+    rc = _finish(lan.launch(config, run, "--set", "train.epochs=1", *extra))
     out = Path(f"{run}.out").read_text()
     assert rc == 0, out[-4000:]
     summary = run_summary(run)
