@@ -312,8 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Parameter-server distributed deep learning on ZeroMQ (Rudra).",
         epilog="Run `rudra-zmq COMMAND --help` for the options of one command.")
     from . import __version__, build_info   # the package is loaded already: costs nothing
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__} "
-                        f"(kernels built with {build_info()['compile_args']})")
+    parser.add_argument("--version", action="version",
+                        version=f"{PROG} {__version__} (kernels: {build_info()['compile_args']})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("run", help="run every role on this machine (one command, one run)",

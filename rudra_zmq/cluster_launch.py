@@ -263,11 +263,10 @@ def launch(args) -> int:
                                forward=forward, python=args.python)
     if args.dry_run:
         for host, label, role, role_args in cluster_plan.commands(cp):
-            if hostfile.is_local(host):
-                print(f"{host}:{label}$ {shlex.join([sys.executable, '-m', 'rudra_zmq', role, *role_args])}")
-            else:
-                print(f"{host}:{label}$ "
-                      f"{shlex.join(launcher.remote(host, launcher.role_command(host, label, role, role_args)))}")
+            argv = ([sys.executable, "-m", "rudra_zmq", role, *role_args]
+                    if hostfile.is_local(host)
+                    else launcher.remote(host, launcher.role_command(host, label, role, role_args)))
+            print(f"{host}:{label}$ {shlex.join(argv)}")
         return 0
     return launcher.run()
 

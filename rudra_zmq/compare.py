@@ -1,12 +1,15 @@
 """``rudra-zmq compare RUN_DIR ...``: runs side by side, as a protocol study reads them.
 
 One table row per run directory -- protocol, λ, µ, learning-rate policy, how far it trained,
-final and best test error, the average staleness ⟨σ⟩ over all its gradients, wall time and
-seconds per epoch -- and one PNG with the runs' test error against epoch and against wall
-time (``plots.compare_runs``). Reads only what a run wrote (``config.yaml``,
-``metrics.jsonl``), so it works on finished, stopped and crashed runs alike; nothing is
-imported from torch. A parent directory (a sweep's) stands for the runs inside it
-(``expand_run_dirs``, which ``rudra-zmq report`` uses too).
+final and best test error, the average staleness ⟨σ⟩ over all its gradients, start-up, wall
+time since training started and seconds per epoch of it -- and one PNG with the runs' test
+error against epoch and against time since training started (``compare_runs``). Start-up
+(processes starting until the parameter server's first update, ``plots.startup_s``) is
+reported apart, so runs that started up slower or faster compare on their training alone.
+Reads only what a run wrote (``config.yaml``, ``metrics.jsonl``), so it works on finished,
+stopped and crashed runs alike; nothing is imported from torch. A parent directory (a
+sweep's) stands for the runs inside it (``expand_run_dirs``, which ``rudra-zmq report`` uses
+too).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from . import plots
 from .sync import protocol_label
 
 COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
-           "best_error", "mean_sigma", "wall_s", "s_per_epoch")
+           "best_error", "mean_sigma", "startup_s", "wall_s", "s_per_epoch")
 SWEEP_FILE = "sweep.yaml"   # a sweep parent's grid: its points in order (sweep.py)
 POINT_FILE = "point.json"   # a sweep point's record: mode, status, exit code (sweep.py)
 log = logging.getLogger(__name__)
@@ -144,8 +147,9 @@ def ps_final(run_dir, metrics) -> dict | None:
 
 def run_summary(run_dir, label: str | None = None) -> dict:
     """The table row of one run directory (``COLUMNS``; None where the run has no value),
-    named ``label`` (default ``plots.run_label``). Raises CompareError if it holds no
-    ``metrics.jsonl``."""
+    named ``label`` (default ``plots.run_label``). ``wall_s``: seconds from the start of
+    training to the last evaluation; ``startup_s``: before it (None for a simulation).
+    Raises CompareError if it holds no ``metrics.jsonl``."""
     run_dir = _checked(run_dir)
     metrics = plots.read_metrics(run_dir)
     cfg = read_config(run_dir)
@@ -165,8 +169,45 @@ def run_summary(run_dir, label: str | None = None) -> dict:
             "epochs": epochs,
             "final_error": last.get("test_error"),
             "best_error": min(r["test_error"] for r in rows) if rows else None,
-            "mean_sigma": mean_sigma(metrics), "wall_s": wall,
+            "mean_sigma": mean_sigma(metrics), "startup_s": plots.startup_s(metrics),
+            "wall_s": wall,
             "s_per_epoch": wall / epochs if wall and epochs else None}
+
+
+def compare_runs(run_dirs, out_png) -> Path | None:
+    """Overlay test error vs epoch (left) and vs time since training started (right) of
+    several runs, in one PNG.
+
+    Legend labels come from ``plots.run_labels`` (on the right with each run's start-up);
+    runs with no eval records are left out (with a warning). Returns ``out_png``, or None,
+    writing nothing, when no run has eval records.
+    """
+    runs = [Path(d) for d in run_dirs]
+    fig, ax = plots._figure(ncols=2)
+    plotted = 0
+    for d, label in zip(runs, plots.run_labels(runs)):
+        m = plots.read_metrics(d)
+        xe, ye = plots.eval_series(m, "epoch")
+        xt, yt = plots.eval_series(m, "t")
+        if not len(xe) and not len(xt):
+            log.warning("%s: no eval records; left out of the comparison", d)
+            continue
+        startup = plots.startup_s(m)
+        plots._plot_error(ax[0, 0], xe, ye, label)
+        plots._plot_error(ax[0, 1], xt, yt, label if startup is None else
+                          f"{label} (start-up {startup:.1f} s)")
+        plotted += 1
+    if not plotted:
+        return None
+    ax[0, 0].set_xlabel("epoch")
+    ax[0, 1].set_xlabel(plots.TIME_LABEL)
+    ax[0, 0].set_title("test error vs epoch")
+    ax[0, 1].set_title("test error vs time (start-up left out)")
+    for a in ax[0]:
+        a.legend(fontsize="small")
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    return plots._save(fig, out_png)
 
 
 def _fmt(key: str, v) -> str:
@@ -175,7 +216,7 @@ def _fmt(key: str, v) -> str:
     if key.endswith("_error"):
         return f"{100 * v:.2f}%"
     if isinstance(v, float):
-        return f"{v:g}" if key == "lr" else f"{v:.1f}" if key == "wall_s" else f"{v:.2f}"
+        return f"{v:g}" if key == "lr" else f"{v:.1f}" if key.endswith("_s") else f"{v:.2f}"
     return str(v)
 
 
@@ -206,7 +247,7 @@ def cmd_compare(args) -> int:
             w.writeheader()
             w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
         print(f"table: {args.csv}")
-    if plots.compare_runs(run_dirs, args.output) is not None:
+    if compare_runs(run_dirs, args.output) is not None:
         print(f"plot: {args.output}")
     else:
         print("plot: none (no run has test-error records)")
@@ -217,10 +258,12 @@ def add_parser(sub) -> None:
     """Register ``rudra-zmq compare`` on the CLI's subparsers."""
     p = sub.add_parser("compare", help="compare runs: accuracy, staleness, runtime (+ a plot)",
                        description="Runs side by side: protocol, λ, µ, learning rate, final "
-                                   "and best test error, mean staleness, wall time; and one "
-                                   "PNG of their test error against epoch and wall time.")
+                                   "and best test error, mean staleness, start-up, wall time "
+                                   "since training started; and one PNG of their test error "
+                                   "against epoch and time since training started.")
     add_run_dirs_argument(p, "run_dirs", "RUN_DIR")
     p.add_argument("-o", "--output", default="compare.png",
-                   help="the PNG of test error vs epoch and vs wall time (default compare.png)")
+                   help="the PNG of test error vs epoch and vs time since training started "
+                        "(default compare.png)")
     p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
     p.set_defaults(func=cmd_compare)

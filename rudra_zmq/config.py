@@ -17,6 +17,7 @@ import yaml
 
 from .devices import check_device_name
 from .sync import LR_POLICIES, check_protocol, learners_wait
+from .user_code import UserCodeError, is_import_path
 
 
 class ConfigError(ValueError):
@@ -25,13 +26,15 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    name: str = "digits_cnn"           # cifar10_full | digits_cnn | alexnet | mlp
+    name: str = "digits_cnn"           # cifar10_full | digits_cnn | alexnet | mlp, or your
+    #                                    own: package.module:function (models.py)
     seed: int = 0                      # initial weights (the PS builds them)
 
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"            # digits | cifar10 | imagefolder | synthetic
+    dataset: str = "digits"            # digits | cifar10 | imagefolder | synthetic, or your
+    #                                    own: package.module:function (datasets.py)
     root: str | None = None            # cifar-10-batches-py dir, ImageFolder tree or .tar.gz
     download: bool = False             # torchvision download (needs internet)
     image_size: int | None = None      # imagefolder resize/crop (default 224)
@@ -119,6 +122,12 @@ class SecurityConfig:
 
 
 @dataclass
+class LoggingConfig:
+    tensorboard: bool = False          # the stats server also writes RUN_DIR/tensorboard/
+    #                                    (needs pip install 'rudra_zmq[tensorboard]')
+
+
+@dataclass
 class Config:
     name: str = "run"
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -129,13 +138,16 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     architecture: ArchitectureConfig = field(default_factory=ArchitectureConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> "Config":
         """Cross-field checks; raises ConfigError naming the value and what to do."""
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
         _one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
         _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
-        _one_of("data.dataset", d.dataset, ("digits", "cifar10", "imagefolder", "synthetic"))
+        if not is_import_path(d.dataset):
+            _one_of("data.dataset", d.dataset,
+                    ("digits", "cifar10", "imagefolder", "synthetic", "package.module:function"))
         try:
             check_protocol(s.protocol, s.n, s.learners)
             check_device_name(r.device)
@@ -173,7 +185,37 @@ class Config:
         if not r.retry_s > 0:
             raise ConfigError(f"runtime.retry_s must be > 0, got {r.retry_s}")
         self._validate_architecture()
+        self._validate_user_code()
         return self
+
+    def _validate_user_code(self) -> None:
+        """model.name or data.dataset naming your code (``package.module:function``): import
+        it, call the data function and build the model once for the data's shape, so that a
+        path that does not import or a function that returns the wrong thing stops here,
+        before any role starts. Blocks while it does; each is done once per process."""
+        d = self.data
+        if "." in self.model.name and not is_import_path(self.model.name):
+            raise ConfigError(f"model.name {self.model.name!r} is neither a built-in model nor "
+                              "an import path: write package.module:function, with a colon "
+                              "before the function")
+        if not (is_import_path(self.model.name) or is_import_path(d.dataset)):
+            return
+        # torch and the user's modules: imported only for a config that names user code
+        from . import datasets, models
+
+        try:
+            shape = datasets.dataset_shape(d)
+            if is_import_path(d.dataset):
+                classes = datasets.user_data_info(d.dataset, d.root)[2]
+                if classes > d.num_classes:
+                    raise ConfigError(f"data.num_classes is {d.num_classes} but data.dataset "
+                                      f"{d.dataset!r} has {classes} classes; set "
+                                      f"data.num_classes={classes}")
+            if is_import_path(self.model.name):
+                models.check_model(self.model.name, d.num_classes, shape)
+                models.input_transform(self.model.name)
+        except UserCodeError as exc:
+            raise ConfigError(str(exc)) from exc
 
     def _validate_architecture(self) -> None:
         a, lam = self.architecture, self.sync.learners
@@ -333,9 +375,29 @@ def read_mapping(path, what: str, examples: str) -> dict:
     return data
 
 
+def builtin_config_path(name: str) -> str:
+    """The shipped config ``name`` (``quickstart``): ``rudra_zmq/configs/NAME.yaml`` of an
+    installed wheel, else ``configs/NAME.yaml`` beside the package (a source tree, an editable
+    install). ConfigError listing the built-in names if there is none of that name."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    folders = [os.path.join(here, "configs"), os.path.join(os.path.dirname(here), "configs")]
+    folder = next((f for f in folders if os.path.isdir(f)), None)
+    names = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")) if folder else []
+    if name not in names:
+        raise ConfigError(f"config {name!r} is not a file and not a built-in config; give a "
+                          f"YAML file or one of: {', '.join(names) or '(none found)'}")
+    return os.path.join(folder, name + ".yaml")
+
+
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
     """Load a YAML config (or the defaults when ``path`` is None), apply ``key=value``
-    overrides, type-check and validate it. Raises ConfigError / FileNotFoundError."""
+    overrides, type-check and validate it. A bare name (no ``/``, no ``.yaml``) that is not a
+    file here is a built-in config (:func:`builtin_config_path`). Raises ConfigError /
+    FileNotFoundError."""
+    text = os.fspath(path) if path is not None else ""
+    if text and "/" not in text and not text.endswith((".yaml", ".yml")) \
+            and not os.path.exists(text):
+        path = builtin_config_path(text)
     data = read_mapping(path, "config file", "configs/") if path is not None else {}
     for item in overrides:
         _apply_override(data, item)

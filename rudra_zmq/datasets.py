@@ -1,4 +1,5 @@
-"""Training data as uint8 arrays in memory: digits, CIFAR-10, ImageFolder trees, synthetic.
+"""Training data as uint8 arrays in memory: digits, CIFAR-10, ImageFolder trees, synthetic,
+and the user's own (``package.module:function``).
 
 ``load_dataset(name, ...)`` returns a ``Dataset``: images (N, C, H, W) uint8, labels int64,
 class names and the per-channel mean/std of the training images (0..1 scale). Learners keep the
@@ -13,6 +14,11 @@ Where the images come from:
   imagefolder ``root`` is such a tree (``val/`` may stand in for ``test/``) or a tarball of one;
               images are resized (shorter side) and center-cropped to ``image_size`` (224).
   synthetic   random images whose class sets their mean pattern (learnable), from ``seed``.
+  pkg.mod:fn  the user's function (``user_code.resolve``), called as ``fn()``, or ``fn(root)``
+              when ``root`` is given. It returns the arrays (x_train, y_train, x_test, y_test)
+              as a tuple, or a mapping with those keys and optionally ``classes``; or a pair
+              (train, test) of map-style datasets of (image, label), torchvision's included;
+              or a ``Dataset``. See ``from_user``.
 
 Image files are decoded once; the arrays are cached as one uncompressed ``.npz`` under the cache
 dir (``$RUDRA_ZMQ_CACHE``, default ``~/.cache/rudra_zmq``), so later loads take a fraction of a
@@ -27,6 +33,7 @@ import math
 import os
 import pickle
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +43,7 @@ import numpy as np
 from .images import (DECODE_CHUNK, IMAGE_EXTS, PARALLEL_MIN_IMAGES, SPLITS, TARBALL_EXTS,
                      decode_all as _decode_all, is_tarball as _is_tarball,
                      tar_items as _tar_items, tree_items as _tree_items)
+from .user_code import UserCodeError, call as _call_user, is_import_path
 
 DATASET_NAMES = ("digits", "cifar10", "imagefolder", "synthetic")
 CACHE_ENV = "RUDRA_ZMQ_CACHE"
@@ -100,10 +108,15 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: i
     ``synthetic_shape`` (default 3x32x32) and ``synthetic_n`` (train, test) apply to synthetic
     only. ``limit_per_class`` keeps the first n images of each class per split (by file name
     for image files), decoding only those. ``workers`` processes decode image files; progress
-    goes to stderr. Raises ValueError for bad arguments, FileNotFoundError when no data is found.
+    goes to stderr. ``name`` may also be an import path ``package.module:function`` (the
+    module docstring). Raises ValueError for bad arguments (UserCodeError for user code),
+    FileNotFoundError when no data is found.
     """
+    if is_import_path(name):
+        return _limit_dataset(_load_user(name, root), limit_per_class)
     if name not in DATASET_NAMES:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, "
+                         "or an import path package.module:function")
     _check_int("image_size", image_size, optional=True)
     _check_int("limit_per_class", limit_per_class, optional=True)
     _check_int("num_classes", num_classes)
@@ -136,7 +149,10 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: i
 
 def dataset_shape(data) -> tuple[int, int, int]:
     """(C, H, W) of the images a DataConfig ``data`` describes (fields dataset, image_size,
-    synthetic_shape), without loading them. Does not block."""
+    synthetic_shape), without loading them. Does not block, except for user data
+    (``package.module:function``): its function runs once per process (``user_data_info``)."""
+    if is_import_path(data.dataset):
+        return user_data_info(data.dataset, data.root)[0]
     if data.dataset == "synthetic":
         return tuple(int(d) for d in data.synthetic_shape)
     if data.dataset == "imagefolder":
@@ -144,7 +160,7 @@ def dataset_shape(data) -> tuple[int, int, int]:
     shapes = {"digits": (1, 8, 8), "cifar10": (3, 32, 32)}
     if data.dataset not in shapes:
         raise ValueError(f"unknown dataset {data.dataset!r}; valid names: "
-                         f"{', '.join(DATASET_NAMES)}")
+                         f"{', '.join(DATASET_NAMES)}, or an import path package.module:function")
     return shapes[data.dataset]
 
 
@@ -155,6 +171,8 @@ def dataset_size(data) -> int:
     cache after the first time), so this may block as long as ``load_dataset``.
     """
     limit = data.limit_per_class
+    if is_import_path(data.dataset) and not limit:
+        return user_data_info(data.dataset, data.root)[1]
     if data.dataset == "digits" and not limit:
         return 1797 - DIGITS_TEST
     if data.dataset == "synthetic" and not limit:
@@ -323,6 +341,128 @@ def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> D
 
 
 
+# ----------------------------------------------------------------------------- user data
+USER_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+_USER_INFO: dict = {}   # (path, root) -> (image shape, training examples, classes), per process
+
+
+def user_data_info(path: str, root=None) -> tuple[tuple[int, int, int], int, int]:
+    """(C, H, W), training-set size and number of classes of the user data ``path``
+    (``package.module:function``).
+    The function runs on the first call in this process; its arrays are not kept (a learner
+    needs only the shape). Blocks on that call. Raises UserCodeError."""
+    key = (path, None if root is None else str(root))
+    if key not in _USER_INFO:
+        _load_user(path, root)
+    return _USER_INFO[key]
+
+
+def _load_user(path: str, root) -> Dataset:
+    ds = from_user(_call_user(path, "data.dataset", *(() if root is None else (str(root),))),
+                   path)
+    _USER_INFO[(path, None if root is None else str(root))] = (ds.shape, len(ds.y_train),
+                                                               ds.num_classes)
+    return ds
+
+
+def from_user(out, name: str) -> Dataset:
+    """The Dataset of what the user's data function ``name`` returned: (x_train, y_train,
+    x_test, y_test), a mapping with those keys (and optionally ``classes``), a (train, test)
+    pair of map-style datasets of (image, label), or a Dataset. Images are uint8 (N, C, H, W);
+    labels any integer type. A map-style dataset is read item by item (blocks): PIL images and
+    arrays are (H, W) or (H, W, C), tensors (C, H, W); floating-point values count as 0..1
+    (``transforms.ToTensor``). Raises UserCodeError saying what was wrong."""
+    if isinstance(out, Dataset):
+        return out
+    classes = None
+    if isinstance(out, Mapping):
+        missing = [k for k in USER_ARRAYS if k not in out]
+        if missing:
+            raise UserCodeError(f"data.dataset {name!r} returned a mapping without "
+                                f"{', '.join(missing)}")
+        arrays, classes = [out[k] for k in USER_ARRAYS], out.get("classes")
+    elif isinstance(out, (tuple, list)) and len(out) == 4:
+        arrays = list(out)
+    elif isinstance(out, (tuple, list)) and len(out) == 2 and all(map(_map_style, out)):
+        arrays = [*_read_map_style(out[0], name, "train"), *_read_map_style(out[1], name, "test")]
+        classes = getattr(out[0], "classes", None)
+    else:
+        what = type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+        raise UserCodeError(
+            f"data.dataset {name!r} returned a {what}; it must return (x_train, y_train, x_test, "
+            "y_test) (uint8 images N x C x H x W, integer labels), a mapping with those keys, a "
+            "(train, test) pair of map-style datasets of (image, label), or a "
+            "rudra_zmq.datasets.Dataset")
+    x_tr, y_tr, x_te, y_te = (np.asarray(a) for a in arrays)
+    for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        if x.dtype != np.uint8 or x.ndim != 4 or len(x) == 0:
+            hint = ("; give grayscale images a channel axis: x[:, None]" if x.ndim == 3 else
+                    "; convert 0..1 floats with np.rint(x * 255).astype(np.uint8)"
+                    if x.dtype.kind == "f" else "")
+            raise UserCodeError(f"data.dataset {name!r}: x_{split} is {x.dtype} {x.shape}; it "
+                                f"must be uint8 (N, C, H, W) with N >= 1{hint}")
+        if y.dtype.kind not in "iu" or y.shape != x.shape[:1]:
+            raise UserCodeError(f"data.dataset {name!r}: y_{split} is {y.dtype} {y.shape}; it "
+                                f"must hold one integer label per image, ({len(x)},)")
+        if y.min() < 0:
+            raise UserCodeError(f"data.dataset {name!r}: y_{split} holds the label {y.min()}; "
+                                "labels run from 0")
+    if x_tr.shape[1:] != x_te.shape[1:]:
+        raise UserCodeError(f"data.dataset {name!r}: train images are {x_tr.shape[1:]} but test "
+                            f"images {x_te.shape[1:]}; both splits need one shape")
+    labels = max(int(y_tr.max()), int(y_te.max())) + 1
+    classes = [str(c) for c in classes] if classes is not None else list(map(str, range(labels)))
+    if len(classes) < labels:
+        raise UserCodeError(f"data.dataset {name!r}: {len(classes)} classes named but labels "
+                            f"run to {labels - 1}")
+    return _make(name, x_tr, y_tr.astype(np.int64), x_te, y_te.astype(np.int64), classes)
+
+
+def _map_style(d) -> bool:
+    return hasattr(d, "__getitem__") and hasattr(d, "__len__") and not isinstance(d, (str, bytes))
+
+
+def _read_map_style(ds, name: str, split: str):
+    """(images, labels) of a map-style dataset of (image, label) items."""
+    n = len(ds)
+    if n == 0:
+        raise UserCodeError(f"data.dataset {name!r}: the {split} dataset is empty")
+    x = y = None
+    for i in range(n):
+        item = ds[i]
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise UserCodeError(f"data.dataset {name!r}: {split} item {i} is a "
+                                f"{type(item).__name__}, not an (image, label) pair")
+        img = _image_chw(item[0], name, f"{split} item {i}")
+        if x is None:
+            x, y = np.empty((n, *img.shape), np.uint8), np.empty(n, np.int64)
+        elif img.shape != x.shape[1:]:
+            raise UserCodeError(f"data.dataset {name!r}: {split} item {i} is {img.shape} but "
+                                f"item 0 is {x.shape[1:]}; give every image one size (a "
+                                "Resize/CenterCrop transform)")
+        x[i], y[i] = img, int(item[1])
+    return x, y
+
+
+def _image_chw(img, name: str, where: str) -> np.ndarray:
+    """One image as uint8 (C, H, W): a tensor is (C, H, W), anything else (H, W[, C])."""
+    tensor = hasattr(img, "detach")
+    a = np.asarray(img.detach().cpu() if tensor else img)
+    if a.dtype.kind == "f":
+        a = np.clip(np.rint(a * 255.0), 0, 255)
+    elif a.dtype.kind not in "iub" or (a.size and not 0 <= a.min() <= a.max() <= 255):
+        raise UserCodeError(f"data.dataset {name!r}: {where} is {a.dtype} with values outside "
+                            "0..255; images must be 8-bit (or floats in 0..1)")
+    if a.ndim == 2:
+        a = a[None]
+    elif a.ndim == 3 and not tensor:
+        a = a.transpose(2, 0, 1)
+    elif a.ndim != 3:
+        raise UserCodeError(f"data.dataset {name!r}: {where} has shape {a.shape}; an image is "
+                            "(H, W), (H, W, C) or a (C, H, W) tensor")
+    return a.astype(np.uint8)
+
+
 # ------------------------------------------------------------------------------- helpers
 def _check_int(what: str, value, optional: bool = False):
     if not (optional and value is None) and not _positive_int(value):
@@ -374,6 +514,6 @@ def _limit_dataset(ds: Dataset, limit) -> Dataset:
 
 
 __all__ = ["Dataset", "DATASET_NAMES", "load_dataset", "to_float", "default_cache_dir",
-           "dataset_shape", "dataset_size",
+           "dataset_shape", "dataset_size", "user_data_info", "from_user", "USER_ARRAYS",
            # re-exported from .images
            "DECODE_CHUNK", "IMAGE_EXTS", "PARALLEL_MIN_IMAGES", "SPLITS", "TARBALL_EXTS"]

@@ -350,10 +350,11 @@ def _outcome(run_dir) -> str | None:
     if r["final_error"] is None:
         return "result: no test error was measured (train.eval_every_epochs = 0?)"
     sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
+    startup = "" if r.get("startup_s") is None else f" (after {r['startup_s']:.1f} s of start-up)"
     return (f"result: test error {100 * r['final_error']:.2f}% (best "
             f"{100 * r['best_error']:.2f}%) after {r['epochs']:.2f} epochs in "
-            f"{r['wall_s']:.1f} s; <σ> {sigma} over the run; `rudra-zmq compare` puts runs "
-            "side by side")
+            f"{r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
+            "`rudra-zmq compare` puts runs side by side")
 
 
 def run(config_path, overrides=(), run_dir=None, resume=None) -> int:

@@ -13,9 +13,16 @@ Models:
   digits_cnn    two 3x3 convolutions and a linear layer for sklearn's 8x8 digits (~10k params).
   alexnet       torchvision's AlexNet (ImageNet-shaped configs, 3x224x224).
   mlp           Flatten -> Linear -> ReLU -> Linear, for any input shape (tests, benchmarks).
+
+Your own model: ``name`` may be an import path ``package.module:function`` (``user_code``).
+The function takes ``(num_classes, input_shape)`` and returns a ``torch.nn.Module`` of float32
+CPU parameters; an attribute ``input_transform`` on the function (an ``InputTransform``, one of
+``TRANSFORM_KINDS``, or a callable like ``InputTransform.__call__``) says how it wants its
+images, else they are standardized. ``check_model`` builds it once and runs it on a batch.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -24,6 +31,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .datasets import to_float
+from .user_code import UserCodeError, call as _call_user, is_import_path, resolve
 
 MODEL_NAMES = ("cifar10_full", "digits_cnn", "alexnet", "mlp")
 
@@ -172,10 +180,22 @@ class InputTransform:
 
 
 INPUT_TRANSFORMS = {"cifar10_full": InputTransform("caffe_mean")}
+TRANSFORM_KINDS = ("standardize", "caffe_mean")
 
 
-def input_transform(name: str) -> InputTransform:
-    """The preprocessing model ``name`` was designed for (see InputTransform). Does not block."""
+def input_transform(name: str):
+    """The preprocessing model ``name`` was designed for (see InputTransform); for a user model
+    what its function declares (the module docstring). Does not block (a user model's module
+    is imported on first use). Raises ValueError (UserCodeError for user code)."""
+    if is_import_path(name):
+        declared = getattr(resolve(name, "model.name"), "input_transform", "standardize")
+        if isinstance(declared, str) and declared in TRANSFORM_KINDS:
+            return InputTransform(declared)
+        if callable(declared):   # an InputTransform, or the user's own (x, mean, std) -> tensor
+            return declared
+        raise UserCodeError(f"model.name {name!r} declares input_transform={declared!r}; use "
+                            f"one of {', '.join(TRANSFORM_KINDS)}, or a function (x_uint8, "
+                            "mean, std) -> float32 tensor")
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
     return INPUT_TRANSFORMS.get(name, InputTransform())
@@ -187,24 +207,69 @@ def build_model(name: str, num_classes: int, in_shape: tuple[int, int, int],
 
     With an integer ``seed`` the initial weights depend only on (name, num_classes, in_shape,
     seed), and the global torch RNG is left untouched; ``seed=None`` draws from the global RNG.
+    ``name`` may be an import path ``package.module:function`` (the module docstring).
     Blocks while it initializes (AlexNet: about a second). Raises ValueError for an unknown
-    name or a shape the model cannot take.
+    name or a shape the model cannot take, UserCodeError for user code that fails.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    user = is_import_path(name)
+    if not user and name not in _BUILDERS:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, or an "
+                         "import path package.module:function")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     shape = tuple(in_shape)
     if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
         raise ValueError(f"in_shape must be three positive ints (C, H, W), got {in_shape!r}")
+    build = functools.partial(_build_user, name) if user else _BUILDERS[name]
     if seed is None:
-        model = _BUILDERS[name](num_classes, shape)
+        model = build(num_classes, shape)
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = _BUILDERS[name](num_classes, shape)
+            model = build(num_classes, shape)
     setattr(model, _MULTS_ATTR, dict(_MULTS.get(name, {})))
     return model
+
+
+def _build_user(name: str, num_classes: int, shape: tuple[int, int, int]) -> nn.Module:
+    model = _call_user(name, "model.name", num_classes, shape)
+    if not isinstance(model, nn.Module):
+        raise UserCodeError(f"model.name {name!r} returned a {type(model).__name__} for "
+                            f"({num_classes}, {shape}); it must return a torch.nn.Module")
+    params = list(model.named_parameters())
+    if not params:
+        raise UserCodeError(f"model.name {name!r} returned a {type(model).__name__} without "
+                            "parameters: there is nothing to train")
+    bad = [(n, p) for n, p in params if p.dtype != torch.float32 or p.device.type != "cpu"]
+    if bad:
+        n, p = bad[0]
+        raise UserCodeError(f"model.name {name!r}: parameter {n!r} is {p.dtype} on {p.device}; "
+                            "build the model on the CPU in float32 (learners move it to "
+                            "runtime.device)")
+    return model
+
+
+@functools.lru_cache(maxsize=8)
+def check_model(name: str, num_classes: int, in_shape: tuple[int, int, int]) -> int:
+    """Build model ``name`` and run it on a batch of two zero images of ``in_shape``; return
+    its parameter count. Raises UserCodeError (ValueError) when it cannot be built or its
+    output is not (2, num_classes). Remembered per process: each distinct model is checked
+    once. Blocks while it builds and runs the model."""
+    model = build_model(name, num_classes, in_shape, seed=0)
+    batch = tuple(in_shape)
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.zeros((2, *batch), dtype=torch.float32))
+    except Exception as exc:
+        raise UserCodeError(f"model.name {name!r}: the model it returned fails on a batch of "
+                            f"(2, {', '.join(map(str, batch))}) images (the dataset's shape): "
+                            f"{type(exc).__name__}: {exc}") from exc
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserCodeError(f"model.name {name!r}: its output on a batch of 2 is {got}; a "
+                            f"model must return class scores (2, {num_classes}) "
+                            "(data.num_classes)")
+    return sum(p.numel() for p in model.parameters())
 
 
 def param_multipliers(model: nn.Module) -> list[tuple[int, float, float]]:
@@ -218,5 +283,6 @@ def param_multipliers(model: nn.Module) -> list[tuple[int, float, float]]:
     return [(p.numel(), *mults.get(n, (1.0, 1.0))) for n, p in model.named_parameters()]
 
 
-__all__ = ["MODEL_NAMES", "build_model", "param_multipliers", "input_transform", "InputTransform", "WithinChannelLRN", "Cifar10Full",
+__all__ = ["MODEL_NAMES", "build_model", "check_model", "param_multipliers", "input_transform",
+           "InputTransform", "TRANSFORM_KINDS", "WithinChannelLRN", "Cifar10Full",
            "DigitsCNN", "CIFAR10_FULL_MULTS"]

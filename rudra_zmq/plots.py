@@ -17,6 +17,13 @@ The statistics server appends one JSON object per line, each with a ``"type"``:
 times are accepted too: they are shifted so the earliest record is 0). λ changes, PS restarts
 and resumes are drawn as vertical lines. ``ts`` is the weights timestamp, i.e. updates applied.
 
+Training starts when the parameter server applies its first update (the earliest ``update``
+record); what comes before -- processes starting, data loading, learners registering and
+computing their first gradients -- is start-up (``startup_s``). Time axes, ``summary.csv``'s
+``wall_s`` and ``rudra-zmq compare`` count from the start of training (``time_origin``); an
+evaluation from before it (of the initial weights) is placed at 0. A simulation, which writes
+update and eval records only, has no start-up: its clock starts with training.
+
 Plots use matplotlib's object API (``Figure`` + ``FigureCanvasAgg``), never pyplot, so nothing
 global (backend, current figure) changes for other users in the process, and it is safe to call
 from a background thread. Every function here blocks on file I/O only.
@@ -41,6 +48,8 @@ KNOWN_TYPES = ("update", "eval", "learner", "ps", "members", "restart", "resume"
 SUMMARY_FIELDS = ("epoch", "wall_s", "ts", "test_error", "test_loss", "mean_sigma",
                   "updates_per_s")
 _ABSOLUTE_T = 1e9  # t values beyond this are Unix times (after 2001), not seconds since start
+TIME_LABEL = "time since training started (s)"
+REAL_RUN_TYPES = ("start", "ps", "learner", "done")   # a simulation writes update and eval only
 
 
 class Metrics(dict):
@@ -109,8 +118,46 @@ def _t0(metrics) -> float:
     return min(ts) if ts and min(ts) > _ABSOLUTE_T else 0.0
 
 
+def startup_s(metrics) -> float | None:
+    """Seconds from the start of the run to the start of training (the earliest ``update``
+    record); None for a simulation (no start-up) or a run whose training never started."""
+    t0 = _t0(metrics)
+    if t0 == 0.0 and not any(metrics.get(kind) for kind in REAL_RUN_TYPES):
+        return None
+    ts = [t for u in metrics.get("update", []) if (t := _num(u.get("t"))) is not None]
+    return max(min(ts) - t0, 0.0) if ts else None
+
+
+def time_origin(metrics) -> float:
+    """What to subtract from a record's ``t`` for seconds since training started (since the
+    start of the run where ``startup_s`` is None)."""
+    return _t0(metrics) + (startup_s(metrics) or 0.0)
+
+
+def eval_series(metrics, xkey: str):
+    """(x, test error) arrays of the eval records, x being ``epoch`` or ``t`` (seconds since
+    training started: an evaluation from before it, of the initial weights, at 0)."""
+    if xkey != "t":
+        return _series(metrics["eval"], xkey, "test_error")
+    x, y = _series(metrics["eval"], "t", "test_error", time_origin(metrics))
+    return np.maximum(x, 0.0), y
+
+
+def _since_start(x, y):
+    """The points of a time series at or after the start of training (x >= 0)."""
+    keep = x >= 0
+    return x[keep], y[keep]
+
+
+def _startup_note(metrics, before: str = ", ", after: str = "") -> str:
+    """``start-up 7.2 s`` between ``before`` and ``after`` for a title; "" without one."""
+    s = startup_s(metrics)
+    return "" if s is None else f"{before}start-up {s:.1f} s{after}"
+
+
 def _series(records, xkey, ykey, t0=0.0):
-    """Sorted (x, y) arrays from the records that have numeric values for both keys."""
+    """Sorted (x, y) arrays from the records that have numeric values for both keys; ``t``
+    values less ``t0``."""
     pts = []
     for r in records:
         x, y = _num(r.get(xkey)), _num(r.get(ykey))
@@ -136,11 +183,13 @@ def sigma_sum(update) -> tuple[float, int]:
 def summary_rows(metrics) -> list[dict]:
     """One dict per eval (``SUMMARY_FIELDS``), in timestamp order; missing values are None.
 
-    ``mean_sigma`` averages every gradient's staleness over the updates since the previous eval
-    (previous eval's ts < update ts <= this eval's ts); ``updates_per_s`` is the updates applied
-    since the previous eval over the wall time since it (from the start for the first eval).
+    ``wall_s`` is seconds since training started (``time_origin``; 0 for an evaluation from
+    before it). ``mean_sigma`` averages every gradient's staleness over the updates since the
+    previous eval (previous eval's ts < update ts <= this eval's ts); ``updates_per_s`` is the
+    updates applied since the previous eval over the wall time since it (since training started
+    for the first eval).
     """
-    t0 = _t0(metrics)
+    t0 = time_origin(metrics)
     evals = sorted((e for e in metrics.get("eval", []) if _num(e.get("ts")) is not None),
                    key=lambda e: (e["ts"], _num(e.get("t")) or 0.0))
     updates = sorted((u for u in metrics.get("update", []) if _num(u.get("ts")) is not None),
@@ -154,7 +203,7 @@ def summary_rows(metrics) -> list[dict]:
             total, count = total + s, count + n
             j += 1
         t = _num(e.get("t"))
-        wall = t - t0 if t is not None else None
+        wall = max(t - t0, 0.0) if t is not None else None
         rate = None
         if wall is not None and wall - prev_t > 0:
             rate = (e["ts"] - prev_ts) / (wall - prev_t)
@@ -237,19 +286,20 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     m = read_metrics(run_dir)
     name = run_label(run_dir)
-    t0 = _t0(m)
+    t0 = time_origin(m)
     written = []
 
     for xkey, xlabel, fname in (("epoch", "epoch", "test_error_vs_epoch.png"),
-                                ("t", "wall time (s)", "test_error_vs_time.png")):
-        x, y = _series(m["eval"], xkey, "test_error", t0)
+                                ("t", TIME_LABEL, "test_error_vs_time.png")):
+        x, y = eval_series(m, xkey)
         if len(x):
             fig, ax = _figure()
             _plot_error(ax[0, 0], x, y)
             _mark_events(ax[0, 0], m, xkey, t0)
             ax[0, 0].set_xlabel(xlabel)
-            ax[0, 0].set_title(f"{name}: test error vs {xlabel.split(' (')[0]} "
-                               f"(last {100 * y[-1]:.2f} %)")
+            ax[0, 0].set_title(f"{name}: test error vs {xkey if xkey == 'epoch' else 'time'} "
+                               f"(last {100 * y[-1]:.2f} %"
+                               f"{_startup_note(m) if xkey == 't' else ''})")
             written.append(_save(fig, out_dir / fname))
 
     sigmas = [s for u in m["update"] if isinstance(u.get("sigmas"), list)
@@ -280,12 +330,12 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
             for r in m["learner"]:
                 by_id.setdefault(r.get("learner"), []).append(r)
             for lid in sorted(by_id, key=str):
-                x, y = _series(by_id[lid], "t", "samples_per_s", t0)
+                x, y = _since_start(*_series(by_id[lid], "t", "samples_per_s", t0))
                 a.plot(x, y, linewidth=1, alpha=0.7, label=f"learner {lid}")
-            x, y = _total_rate(m["learner"], t0)
+            x, y = _since_start(*_total_rate(m["learner"], t0))
             a.plot(x, y, color="black", linewidth=2, drawstyle="steps-post", label="total")
             a.set_ylabel("samples / s")
-            a.set_title(f"{name}: throughput")
+            a.set_title(f"{name}: throughput{_startup_note(m, ' (', ')')}")
             a.legend(fontsize="small", ncol=2)
             a.grid(True, alpha=0.3)
             row += 1
@@ -293,17 +343,19 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
             a = ax[row, 0]
             for key, label in (("updates_per_s", "PS updates / s"),
                                ("gradients_per_s", "PS gradients / s")):
-                x, y = _series(m["ps"], "t", key, t0)
+                x, y = _since_start(*_series(m["ps"], "t", key, t0))
                 if len(x):
                     a.plot(x, y, linewidth=1.5, label=label)
             a.set_ylabel("per second")
-            a.legend(fontsize="small")
+            if a.lines:   # none when the PS reported during start-up only
+                a.legend(fontsize="small")
             a.grid(True, alpha=0.3)
             if not m["learner"]:
-                a.set_title(f"{name}: parameter server throughput")
+                a.set_title(f"{name}: parameter server throughput{_startup_note(m, ' (', ')')}")
         for a in ax[:, 0]:
             _mark_events(a, m, "t", t0)
-        ax[-1, 0].set_xlabel("wall time (s)")
+        ax[-1, 0].set_xlabel(TIME_LABEL)
+        ax[-1, 0].set_xlim(left=0)   # the start of training, though the first report is later
         written.append(_save(fig, out_dir / "throughput.png"))
     return written
 
@@ -345,39 +397,5 @@ def run_labels(run_dirs) -> list[str]:
             for lab, d in zip(labels, run_dirs)]
 
 
-def compare_runs(run_dirs, out_png) -> Path | None:
-    """Overlay test error vs epoch (left) and vs wall time (right) of several runs.
-
-    Legend labels come from ``run_label``; runs with no eval records are left out (with a
-    warning). Returns ``out_png``, or None, writing nothing, when no run has eval records.
-    """
-    runs = [Path(d) for d in run_dirs]
-    labels = run_labels(runs)
-    fig, ax = _figure(ncols=2)
-    plotted = 0
-    for d, label in zip(runs, labels):
-        m = read_metrics(d)
-        t0 = _t0(m)
-        xe, ye = _series(m["eval"], "epoch", "test_error")
-        xt, yt = _series(m["eval"], "t", "test_error", t0)
-        if not len(xe) and not len(xt):
-            log.warning("%s: no eval records; left out of the comparison", d)
-            continue
-        _plot_error(ax[0, 0], xe, ye, label)
-        _plot_error(ax[0, 1], xt, yt, label)
-        plotted += 1
-    if not plotted:
-        return None
-    ax[0, 0].set_xlabel("epoch")
-    ax[0, 1].set_xlabel("wall time (s)")
-    ax[0, 0].set_title("test error vs epoch")
-    ax[0, 1].set_title("test error vs wall time")
-    for a in ax[0]:
-        a.legend(fontsize="small")
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    return _save(fig, out_png)
-
-
-__all__ = ["read_metrics", "summary_rows", "write_summary_csv", "plot_run", "compare_runs",
-           "run_label", "Metrics"]
+__all__ = ["read_metrics", "summary_rows", "write_summary_csv", "plot_run", "run_label",
+           "run_labels", "Metrics", "startup_s", "time_origin", "eval_series", "TIME_LABEL"]

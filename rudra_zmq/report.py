@@ -38,14 +38,15 @@ POLICY = {"constant": "α0", "staleness": "α0/⟨σ⟩", "per_gradient": "α0/�
 LINESTYLE = {"staleness": "-", "constant": "--", "per_gradient": "-."}
 ERRORS = {"error_at_budget", "best_error", "paper_error"}   # fractions, shown in %
 TIME_UNIT = {"real": "s", "simulated": "sim"}
-TIME_AXIS = {"real": "wall time (s)", "simulated": "simulated time"}
+TIME_AXIS = {"real": plots.TIME_LABEL, "simulated": "simulated time"}
 FOOTNOTES = (
     "σ: n for n-softsync, 0 for hardsync, λ for async (as Table 2 writes it); ⟨σ⟩: the mean "
     "staleness over every gradient of the run. Error at budget: the last eval at or before the "
     "budget epoch (the eval of the update that reached it counts).",
     "¹ the best eval up to the budget.",
-    "² at the eval of the error at budget: wall seconds since the start (s) for real runs, "
-    "simulated time (sim; 1 = one gradient's compute time) for simulated runs; not comparable.",
+    "² at the eval of the error at budget: wall seconds since training started (s; the "
+    "parameter server's first update, start-up left out) for real runs, simulated time (sim; "
+    "1 = one gradient's compute time) for simulated runs; not comparable.",
     f"³ the paper's Table 2 (CIFAR-10, Rudra-base, n-softsync, α0/⟨σ⟩, "
     f"{paper.TABLE2_EPOCHS} epochs) row with the same µ·λ group, σ, µ and λ; blank where it "
     "has none.")
@@ -225,8 +226,7 @@ def write_figures(runs: list[Run], rows: list[dict], out_dir: Path) -> list[Path
         return []
     fig, ax = plots._figure(size=(8.0, 5.0))
     for run, _, st in shown:
-        plots._plot_error(ax[0, 0], *plots._series(run.metrics["eval"], "epoch", "test_error"),
-                          **st)
+        plots._plot_error(ax[0, 0], *plots.eval_series(run.metrics, "epoch"), **st)
     ax[0, 0].set_xlabel("epoch")
     ax[0, 0].set_title("test error vs epoch (solid α0/⟨σ⟩, dashed α0)")
     ax[0, 0].legend(fontsize="small")
@@ -235,9 +235,8 @@ def write_figures(runs: list[Run], rows: list[dict], out_dir: Path) -> list[Path
     kinds = [k for k in TIME_AXIS if any(run.mode == k for run, _, _ in shown)]
     fig, ax = plots._figure(ncols=len(kinds), size=(8.0, 5.0))
     for run, _, st in shown:
-        m = run.metrics
-        plots._plot_error(ax[0, kinds.index(run.mode)],
-                          *plots._series(m["eval"], "t", "test_error", plots._t0(m)), **st)
+        plots._plot_error(ax[0, kinds.index(run.mode)], *plots.eval_series(run.metrics, "t"),
+                          **st)
     for a, kind in zip(ax[0], kinds):
         a.set_xlabel(TIME_AXIS[kind])
         a.set_title(f"test error vs {TIME_AXIS[kind].split(' (')[0]} ({kind} runs)")

@@ -48,6 +48,31 @@ def test_compare_prints_a_row_per_run_and_writes_the_plot_and_csv(tmp_path, caps
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_compare_reports_start_up_apart_from_the_training_time(tmp_path, capsys):
+    """A real run's start-up (processes starting until the PS's first update) is its own
+    column; wall time and seconds per epoch count from the start of training."""
+    a = make_run(tmp_path / "a", "quick", "softsync", 1, "staleness",
+                 evals=[(6.4, 0, 0.0, 0.9), (18.5, 2, 1.0, 0.2), (20.5, 4, 2.0, 0.1)],
+                 updates=[(16.5, 1, [0]), (17.5, 2, [1]), (18.5, 3, [1]), (19.5, 4, [1])])
+    with open(a / "metrics.jsonl", "r+") as f:      # as the statistics server writes it
+        recs = f.read()
+        f.seek(0)
+        f.write(json.dumps({"type": "start", "t": 0.0, "unix": 1.78e9}) + "\n" + recs)
+    sim = make_run(tmp_path / "sim", "sim", "softsync", 1, "staleness",
+                   evals=[(0.0, 0, 0.0, 0.9), (4.0, 4, 2.0, 0.1)], updates=[(1.0, 1, [0])])
+    table = tmp_path / "t.csv"
+    assert cli.main(["compare", str(a), str(sim), "-o", str(tmp_path / "c.png"),
+                     "--csv", str(table)]) == 0
+    header, row_a, row_sim = capsys.readouterr().out.splitlines()[:3]
+    assert header.split()[-3:] == ["startup_s", "wall_s", "s_per_epoch"]
+    assert row_a.split()[-3:] == ["16.5", "4.0", "2.00"]
+    assert row_sim.split()[-3:] == ["-", "4.0", "2.00"]
+    ra, rs = csv.DictReader(table.open())
+    assert (float(ra["startup_s"]), float(ra["wall_s"]), float(ra["s_per_epoch"])) == \
+        (16.5, 4.0, 2.0)
+    assert rs["startup_s"] == ""                       # a simulation has no start-up
+
+
 def test_compare_names_a_directory_that_is_not_a_run(tmp_path, capsys):
     a = make_run(tmp_path / "a", "quick", "async", 4, "staleness",
                  evals=[(1.0, 1, 1.0, 0.5)], updates=[(1.0, 1, [3])])

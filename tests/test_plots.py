@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rudra_zmq import plots
+from rudra_zmq import compare, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -91,20 +91,22 @@ def test_summary_csv_has_one_row_per_eval_with_window_mean_sigma_and_update_rate
     assert [r["ts"] for r in rows] == ["0", "3", "6"]
     assert [float(r["test_error"]) for r in rows] == [0.9, 0.4, 0.25]
     assert [float(r["epoch"]) for r in rows] == [0.0, 0.5, 1.0]
-    assert [float(r["wall_s"]) for r in rows] == [0.5, 4.5, 8.5]
-    # No update before the first eval: no σ, and 0 updates in its 0.5 s.
-    assert rows[0]["mean_sigma"] == "" and float(rows[0]["updates_per_s"]) == 0.0
+    # since training started: the first update, at t 2.0; the first eval was before it
+    assert [float(r["wall_s"]) for r in rows] == [0.0, 2.5, 6.5]
+    # No update before the first eval: no σ, and no time for a rate.
+    assert rows[0]["mean_sigma"] == "" and rows[0]["updates_per_s"] == ""
     assert math.isclose(float(rows[1]["mean_sigma"]), 8 / 6)  # σ 0,1,2,1,1,3
     assert math.isclose(float(rows[2]["mean_sigma"]), 9 / 6)  # σ 2,4,0,1,1,1
-    assert math.isclose(float(rows[1]["updates_per_s"]), 3 / 4.0)
+    assert math.isclose(float(rows[1]["updates_per_s"]), 3 / 2.5)
     assert math.isclose(float(rows[2]["updates_per_s"]), 3 / 4.0)
 
 
-def test_summary_shifts_absolute_unix_times_to_seconds_since_start(tmp_path):
+def test_summary_shifts_absolute_unix_times_to_seconds_since_training_started(tmp_path):
     start = 1_780_000_000.0
     recs = [dict(r, t=r["t"] + start) for r in _records()]
-    rows = plots.summary_rows(plots.read_metrics(_write_run(tmp_path / "abs", recs)))
-    assert [r["wall_s"] for r in rows] == pytest.approx([0.0, 4.0, 8.0])  # earliest t is 0.5
+    m = plots.read_metrics(_write_run(tmp_path / "abs", recs))
+    assert plots.startup_s(m) == pytest.approx(1.5)        # earliest t 0.5, first update 2.0
+    assert [r["wall_s"] for r in plots.summary_rows(m)] == pytest.approx([0.0, 2.5, 6.5])
 
 
 def test_plot_run_writes_the_four_plots_as_valid_pngs(run):
@@ -143,10 +145,10 @@ def test_compare_runs_overlays_runs_and_leaves_out_runs_without_evals(run, tmp_p
               if r["type"] == "eval" else r for r in _records()]
     other = _write_run(tmp_path / "run2", slower)
     no_evals = _write_run(tmp_path / "run3", [r for r in _records() if r["type"] != "eval"])
-    out = plots.compare_runs([run, other, no_evals], tmp_path / "cmp" / "compare.png")
+    out = compare.compare_runs([run, other, no_evals], tmp_path / "cmp" / "compare.png")
     assert out == tmp_path / "cmp" / "compare.png"
     _assert_png(out)
-    assert plots.compare_runs([no_evals], tmp_path / "none.png") is None
+    assert compare.compare_runs([no_evals], tmp_path / "none.png") is None
     assert not (tmp_path / "none.png").exists()
 
 
@@ -158,3 +160,80 @@ def test_plotting_leaves_pyplot_and_the_global_backend_alone(run):
             "assert 'matplotlib.pyplot' not in sys.modules\n"
             "assert dict.__getitem__(matplotlib.rcParams, 'backend') == before\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# A quickstart as the statistics server records it: 16.5 s of start-up (the initial weights
+# evaluated at 6.4 s, the PS reporting from 7.4 s), then 4 s of training.
+def _quickstart():
+    recs = [{"type": "start", "t": 0.0, "unix": 1_780_000_000.0},
+            {"type": "eval", "ts": 0, "t": 6.4, "epoch": 0.0, "test_error": 0.92,
+             "test_loss": 2.3},
+            {"type": "ps", "t": 7.4, "ts": 0, "updates_per_s": 0.0, "gradients_per_s": 0.0}]
+    for ts in range(1, 41):
+        recs.append({"type": "update", "ts": ts, "t": 16.5 + 0.1 * (ts - 1), "epoch": ts / 10,
+                     "mean_sigma": 1.0, "sigmas": [1, 1], "lr": 0.05, "n_grads": 2})
+        if ts % 10 == 0:
+            recs.append({"type": "eval", "ts": ts, "t": 16.5 + 0.1 * ts, "epoch": ts / 10,
+                         "test_error": 0.5 / ts, "test_loss": 1.0})
+            recs.append({"type": "ps", "t": 16.5 + 0.1 * ts, "ts": ts, "updates_per_s": 10.0,
+                         "gradients_per_s": 20.0})
+            recs.append({"type": "learner", "learner": 0, "t": 16.5 + 0.1 * ts, "step": ts,
+                         "samples_per_s": 600.0, "loss": 1.0})
+    return recs + [{"type": "done", "t": 20.6, "ts": 40, "epoch": 4.0, "evals_sent": 5}]
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plots would save, by file name (nothing is written)."""
+    saved = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: saved.setdefault(path.name, fig)
+                        and path)
+    return saved
+
+
+def test_time_counts_from_the_first_update_and_start_up_is_reported_apart(tmp_path, figures):
+    run = _write_run(tmp_path / "q", _quickstart(), name="quickstart")
+    m = plots.read_metrics(run)
+    assert plots.startup_s(m) == 16.5 and plots.time_origin(m) == 16.5
+    x, y = plots.eval_series(m, "t")     # the initial weights' evaluation at 0
+    assert list(x) == pytest.approx([0.0, 1.0, 2.0, 3.0, 4.0]) and y[0] == 0.92
+    assert [r["wall_s"] for r in plots.summary_rows(m)] == pytest.approx([0, 1, 2, 3, 4])
+    plots.plot_run(run)
+    ax = figures["test_error_vs_time.png"].axes[0]
+    assert list(ax.get_lines()[0].get_xdata()) == pytest.approx(list(x))
+    assert ax.get_xlabel() == "time since training started (s)"
+    assert ax.get_title() == "quickstart: test error vs time (last 1.25 %, start-up 16.5 s)"
+    learners, ps = figures["throughput.png"].axes
+    assert learners.get_title() == "quickstart: throughput (start-up 16.5 s)"
+    xs = [v for a in (learners, ps) for line in a.get_lines() for v in line.get_xdata()]
+    assert min(xs) == pytest.approx(1.0) and ps.get_xlim()[0] == 0   # no start-up records
+
+
+def test_a_run_without_start_records_still_has_its_start_up_left_out(tmp_path):
+    old = [r for r in _quickstart() if r["type"] != "start"]   # written before they existed
+    m = plots.read_metrics(_write_run(tmp_path / "old", old))
+    assert plots.startup_s(m) == 16.5
+    assert plots.summary_rows(m)[-1]["wall_s"] == pytest.approx(4.0)
+
+
+def test_a_simulation_has_no_start_up_and_a_run_that_never_trained_keeps_its_clock(tmp_path):
+    sim = [r for r in _quickstart() if r["type"] in ("update", "eval")]
+    m = plots.read_metrics(_write_run(tmp_path / "sim", sim))
+    assert plots.startup_s(m) is None and plots.time_origin(m) == 0.0
+    assert list(plots.eval_series(m, "t")[0]) == pytest.approx([6.4, 17.5, 18.5, 19.5, 20.5])
+    stuck = [r for r in _quickstart() if r["type"] in ("start", "ps") or r.get("ts") == 0]
+    m = plots.read_metrics(_write_run(tmp_path / "stuck", stuck))
+    assert plots.startup_s(m) is None and list(plots.eval_series(m, "t")[0]) == [6.4]
+
+
+def test_compare_runs_labels_each_run_with_its_start_up(tmp_path, figures):
+    quick = _write_run(tmp_path / "q", _quickstart(), name="quickstart")
+    sim = _write_run(tmp_path / "s", [r for r in _quickstart() if r["type"] in ("update",
+                                                                               "eval")],
+                     name="simulated")
+    compare.compare_runs([quick, sim], tmp_path / "cmp.png")
+    by_epoch, by_time = figures["cmp.png"].axes
+    assert [t.get_text() for t in by_time.get_legend().get_texts()] == [
+        "quickstart (start-up 16.5 s)", "simulated"]
+    assert by_time.get_xlabel() == "time since training started (s)"
+    assert list(by_time.get_lines()[0].get_xdata()) == pytest.approx([0, 1, 2, 3, 4])

@@ -169,3 +169,13 @@ def test_a_path_that_holds_no_runs_is_named_and_exits_2(tmp_path, capsys, comman
     assert cli.main([command, str(tmp_path / "nope")]) == 2
     assert f"{tmp_path / 'nope'}: no metrics.jsonl" in capsys.readouterr().err
     assert list(empty.iterdir()) == [empty / "sub"]          # nothing written
+
+
+def test_a_real_runs_time_counts_from_the_start_of_training(tmp_path):
+    run = make_run(tmp_path / "real", ["sync.protocol=hardsync"], [(31, 0.4)], real=True)
+    metrics = run / "metrics.jsonl"     # as the statistics server writes it: its clock first
+    metrics.write_text(json.dumps({"type": "start", "t": 0.0, "unix": 1.78e9}) + "\n"
+                       + metrics.read_text())
+    row = report.table_row(report.load_runs([run])[0])
+    assert row["time"] == 60.0          # at 62 s; the first update, at 2 s, ended start-up
+    assert "since training started" in report.format_markdown([row])

@@ -3,6 +3,7 @@ run, and a client that never blocks training."""
 import contextlib
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -20,8 +21,11 @@ from rudra_zmq.datasets import to_float
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
 from rudra_zmq.data_order import load_data
+from rudra_zmq.config import ConfigError
 from rudra_zmq.roles.stats_client import METRIC_HWM, StatsClient
+from rudra_zmq.roles.stats_progress import Progress, duration
 from rudra_zmq.roles.stats_server import StatsServer
+from rudra_zmq.roles.stats_tensorboard import MISSING, check_tensorboard
 from rudra_zmq.wire import Kind
 
 
@@ -206,6 +210,7 @@ def test_done_writes_summary_csv_and_plots_and_returns(cfg, digits, tmp_path):
         finish(server, ps)
     rows = (tmp_path / "summary.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,wall_s,ts,test_error")
+    assert not (tmp_path / "tensorboard").exists()      # logging.tensorboard is off
     assert len(rows) == 2 and rows[1].startswith("0.5,")
     assert list(tmp_path.glob("*.png"))
     assert f"run directory: {tmp_path}" in server.out_text()
@@ -305,9 +310,10 @@ def test_serve_exits_cleanly_on_sigterm_and_writes_what_it_has(tmp_path):
     try:
         line = proc.stdout.readline()
         assert line.startswith("statistics server listening on tcp://127.0.0.1:")
+        assert line.rstrip().endswith("(waiting for the parameter server and 4 learners)")
         ctx = zmq.Context()
         try:
-            with client(ctx, line.split()[-1]) as ps:
+            with client(ctx, line.split("listening on ")[1].split()[0]) as ps:
                 assert ps.metric({"type": "ps", "t": time.time(), "ts": 0, "invalid": 0,
                                   "updates_per_s": 1.0, "gradients_per_s": 1.0})
                 wait_for(lambda: (tmp_path / "metrics.jsonl").stat().st_size > 0)
@@ -323,3 +329,157 @@ def test_serve_exits_cleanly_on_sigterm_and_writes_what_it_has(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------------------ progress lines
+def update(t, ts, epoch, sigma=1.0):
+    return {"type": "update", "t": t, "ts": ts, "epoch": epoch, "mean_sigma": sigma,
+            "sigmas": [sigma], "lr": 0.05, "n_grads": 1}
+
+
+def test_the_progress_line_gives_elapsed_time_and_an_eta_once_training_started():
+    p = Progress(epochs=10.0)
+    before = p.eval_line(6.4, 0, 0.0, 0.92, 2.3)           # the initial weights
+    assert before.endswith("samples/s -  elapsed -  ETA -"), before
+    assert p.update(update(16.5, 1, 0.1)) == ("training started: the parameter server "
+                                              "applied its first update after 16.5 s of "
+                                              "start-up")
+    assert p.eval_line(17.0, 1, 0.1, 0.5, 1.0).endswith("elapsed 0.5 s  ETA -")  # no rate yet
+    assert p.update(update(18.5, 20, 1.1)) is None          # 0.5 epochs/s: 8.9 left, 17.8 s
+    p.learner({"learner": 0, "samples_per_s": 640.0})
+    line = p.eval_line(18.5, 20, 1.1, 0.3, 0.8)
+    assert line == ("epoch   1.10  ts     20  test error 30.00%  loss 0.8000  <σ> 1.00  "
+                    "samples/s 640  elapsed 2.0 s  ETA 17.8 s")
+    # update records trail (batched): an evaluation is a point of the rate too
+    assert p.eval_line(20.0, 40, 2.1, 0.2, 0.5).endswith("elapsed 3.5 s  ETA 13.8 s")
+    p.update(update(200.5, 900, 9.0))                       # 8.9 epochs in 184 s: 1 left
+    assert p.eval_line(200.5, 900, 9.0, 0.1, 0.3).endswith("elapsed 3m04s  ETA 20.7 s")
+    p.update(update(230.0, 1000, 10.2))                     # past the end: nothing left
+    assert p.eval_line(230.5, 1000, 10.2, 0.1, 0.3).endswith("ETA 0.0 s")
+
+
+def test_durations_read_at_a_glance():
+    assert [duration(s) for s in (0.04, 59.94, 60.2, 125, 3599, 3 * 3600 + 7 * 60 + 29)] == \
+        ["0.0 s", "59.9 s", "1m00s", "2m05s", "59m59s", "3h07m"]
+
+
+def test_a_restarted_server_counts_elapsed_time_from_the_runs_training_start(cfg, digits,
+                                                                           tmp_path):
+    t0 = time.time() - 100.0
+    first = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO(),
+                        t0=t0)
+    first.handle(as_bytes(wire.encode(Kind.METRIC, wire.SENDER_PS, 1, metric={
+        "type": "batch", "items": [update(t0 + 16.5, 1, 0.1), update(t0 + 18.5, 2, 1.1)]})))
+    stop = threading.Event()
+    stop.set()
+    assert first.serve_forever(stop) == "stopped"
+    assert "after 16.5 s of start-up" in first.out.getvalue()
+    again = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO(),
+                        resume=True)
+    assert again.t0 == t0 and again.progress.started == 16.5
+    again.handle(as_bytes(wire.encode(Kind.EVAL, wire.SENDER_PS, 2, ts=2, epoch=1.1,
+                                      payloads=[again.flat.weights.copy()])))
+    again.handle(as_bytes(wire.encode(Kind.METRIC, wire.SENDER_PS, 3,
+                                      metric={"type": "done", "evals_sent": 1})))
+    assert again.serve_forever() == "done"
+    out = again.out.getvalue()
+    assert "training started" not in out                    # it had, before the restart
+    # ~100 s after the run's start, 16.5 s of it start-up; no update seen since: no rate yet
+    assert re.search(r"elapsed 1m2\ds  ETA -\n", out), out
+
+
+# ------------------------------------------------------------------ TensorBoard
+@pytest.fixture(scope="module")
+def tb_cfg():
+    return load_config(overrides=["data.dataset=digits", "model.name=digits_cnn",
+                                  "logging.tensorboard=true"])
+
+
+def test_tensorboard_gets_the_scalars_of_metrics_jsonl(tb_cfg, digits, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    t0 = time.time() - 100.0
+    with running_stats(tb_cfg, tmp_path, digits, t0=t0) as (server, ctx), \
+            client(ctx, server.endpoint) as ps, client(ctx, server.endpoint, 0) as l0, \
+            client(ctx, server.endpoint, 1) as l1:
+        ps.metric({"type": "ps", "t": t0 + 5.0, "ts": 0, "updates_per_s": 0.0,
+                   "gradients_per_s": 0.0, "invalid": 0})   # start-up
+        ps.eval_weights(0, 0.0, server.flat.weights.copy())    # the initial weights
+        wait_for(lambda: server.evals_done == 1)
+        ps.metric({"type": "batch", "items": [update(t0 + 10.0 + k, k + 1, 0.1 * (k + 1),
+                                                     sigma=0.5 * k) for k in range(4)]})
+        wait_for(lambda: server.records == 6)
+        l0.metric({"type": "learner", "learner": 0, "t": t0 + 11.5, "ts": 2, "step": 2,
+                   "samples_per_s": 100.0, "loss": 2.0})
+        wait_for(lambda: server.records == 7)
+        l1.metric({"type": "learner", "learner": 1, "t": t0 + 12.5, "ts": 3, "step": 3,
+                   "samples_per_s": 50.0, "loss": 2.0})
+        ps.metric({"type": "ps", "t": t0 + 13.0, "ts": 4, "updates_per_s": 2.0,
+                   "gradients_per_s": 2.0, "invalid": 0})
+        ps.metric({"type": "members", "t": t0 + 13.5, "ts": 4, "epoch": 0.4, "learner": 1,
+                   "event": "evicted", "learners": 3, "c": 3})
+        wait_for(lambda: server.records == 10)
+        ps.eval_weights(4, 0.4, np.zeros_like(server.flat.weights))
+        finish(server, ps)
+    recs = read_jsonl(tmp_path / "metrics.jsonl")
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+
+    def scalars(tag):
+        return [(e.step, pytest.approx(e.value, rel=1e-6), e.wall_time)
+                for e in acc.Scalars(tag)]
+
+    evals = [r for r in recs if r["type"] == "eval"]
+    updates = [r for r in recs if r["type"] == "update"]
+    assert [s[:2] for s in scalars("test/error")] == [(e["ts"], e["test_error"]) for e in evals]
+    assert [s[:2] for s in scalars("test/loss")] == [(e["ts"], e["test_loss"]) for e in evals]
+    assert evals[0]["test_error"] != evals[1]["test_error"]
+    assert [s[:2] for s in scalars("staleness/mean_sigma")] == \
+        [(u["ts"], u["mean_sigma"]) for u in updates] == [(1, 0.0), (2, 0.5), (3, 1.0), (4, 1.5)]
+    assert [s[:2] for s in scalars("throughput/samples_per_s")] == [(2, 100.0), (3, 150.0)]
+    assert [s[:2] for s in scalars("throughput/updates_per_s")] == [(0, 0.0), (4, 2.0)]
+    assert [s[:2] for s in scalars("sync/learners")] == [(0, 4), (4, 3)]
+    # wall time: the record's; what came before training, at its start (the first update)
+    start = t0 + 10.0
+    assert [s[2] for s in scalars("test/error")] == pytest.approx([start, t0 + evals[1]["t"]])
+    assert [s[2] for s in scalars("staleness/mean_sigma")] == \
+        pytest.approx([t0 + u["t"] for u in updates])
+    assert [s[2] for s in scalars("sync/learners")] == pytest.approx([start, t0 + 13.5])
+
+
+def test_what_tensorboard_hears_before_training_is_stamped_with_its_start(tmp_path):
+    """Once, the newest value of each tag, at the first update's time."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rudra_zmq.roles.stats_tensorboard import TensorBoardLog
+
+    tb = TensorBoardLog(tmp_path, t0=1000.0, learners=2)
+    for t in (5.0, 6.0, 7.0):      # the PS reports every second during start-up
+        tb.record({"type": "ps", "t": t, "ts": 0, "updates_per_s": 0.0})
+    tb.record(update(10.0, 1, 0.1))
+    # the initial weights' evaluation, written after training started (a long one)
+    tb.record({"type": "eval", "t": 6.0, "ts": 0, "test_error": 0.9, "test_loss": 2.3})
+    tb.record({"type": "eval", "t": 12.0, "ts": 5, "test_error": 0.5, "test_loss": 1.3})
+    tb.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.wall_time) for e in acc.Scalars("test/error")] == [(0, 1010.0),
+                                                                          (5, 1012.0)]
+    assert [(e.step, e.wall_time) for e in acc.Scalars("throughput/updates_per_s")] == \
+        [(0, 1010.0)]
+
+
+def test_tensorboard_without_its_package_fails_before_training_and_says_what_to_install(
+        tb_cfg, digits, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)    # `import tensorboard` fails
+    with pytest.raises(ConfigError) as err:
+        check_tensorboard()
+    assert str(err.value).startswith(MISSING)
+    assert MISSING == ("logging.tensorboard needs the tensorboard package: "
+                       "pip install 'rudra_zmq[tensorboard]'")
+    with pytest.raises(ConfigError, match=r"pip install 'rudra_zmq\[tensorboard\]'"):
+        StatsServer(tb_cfg, "tcp://127.0.0.1:0", tmp_path / "run", dataset=digits,
+                    out=io.StringIO())
+    assert not (tmp_path / "run").exists()              # nothing started, nothing written

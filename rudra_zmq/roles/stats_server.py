@@ -7,7 +7,8 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   ``learner``, ``ps``, ``members``, ``restart``, ``done``; see ``rudra_zmq.plots``), or
   ``{"type": "batch", "items": [record, ...]}``, expanded here. Records carry an absolute
   ``"t"`` (``time.time()``); they are written to ``RUN/metrics.jsonl``, one JSON line each, with
-  ``t`` made relative to the server's start ``t0``, and flushed at least every 0.5 s.
+  ``t`` made relative to the server's start ``t0``, and flushed at least every 0.5 s
+  (``stats_file``).
 - EVAL (weights payload at ts) x{epoch}: the weights are evaluated on the whole test split and
   an ``eval`` record is written. When several EVALs queue up, only the newest is evaluated (the
   others are counted in ``evals_skipped``). Metrics keep flowing during a long evaluation: the
@@ -17,6 +18,10 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   connection, evaluates the last one, writes ``summary.csv`` and the PNG plots
   (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns.
 
+It prints a line when training starts (the PS's first update, with the start-up time) and one
+per evaluation, with the time since training started and an ETA (``stats_progress``). With
+``logging.tensorboard`` every record also goes to TensorBoard (``stats_tensorboard``).
+
 Senders must never be slowed by statistics: their :class:`~.stats_client.StatsClient` sends with
 NOBLOCK and small high-water marks and drops (and counts) what does not fit. The server
 validates everything with ``wire.decode``; a bad message is counted and logged once per sender
@@ -24,7 +29,6 @@ and reason, never fatal.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import signal
@@ -38,13 +42,15 @@ import zmq
 
 from .. import kernels, plots, security, transport, wire
 from ..wire import Kind
+from .stats_file import MetricsFile, json_line
+from .stats_progress import Progress, is_number
+from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
 log = logging.getLogger("rudra_zmq.stats")
 
 RECV_HWM = 2           # per connection on the server; adds to the sender's queue
 POLL_MS = 100
 DRAIN_MAX = 1000       # messages taken per wake-up before the loop looks at clocks again
-FLUSH_S = 0.5          # metrics.jsonl is flushed at least this often
 DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
 DONE_WAIT_S = 10.0     # ... and at most this long for announced EVALs still in flight
 EVAL_BATCH = 500
@@ -56,11 +62,13 @@ class StatsServer:
     """The statistics server bound at ``bind`` (PULL; see ``.endpoint``), writing ``run_dir``.
 
     Args:
-        cfg: the run's Config (data and model, to evaluate EVALs).
+        cfg: the run's Config (data and model, to evaluate EVALs; ``train.epochs`` for the
+            ETA; ``logging.tensorboard``).
         bind: endpoint to bind; ``tcp://HOST:0`` picks a free port.
         run_dir: where ``metrics.jsonl``, ``summary.csv`` and the PNGs go (created).
         ctx: ZeroMQ context; a private one (terminated at the end) if None.
-        t0: the time the records' ``t`` is made relative to; default: now.
+        t0: the time the records' ``t`` is made relative to; default: the start of the run
+            in ``run_dir`` (a restarted server), else now.
         dataset: an already loaded ``datasets.Dataset``; default ``data_order.load_data``.
         out: where progress lines go (default stdout).
     Construct in any thread, then use only from the thread that runs ``serve_forever``.
@@ -73,8 +81,10 @@ class StatsServer:
         from ..models import build_model, input_transform
         from ..data_order import load_data
 
+        now = time.time()
+        if cfg.logging.tensorboard:
+            check_tensorboard()   # before anything: the run fails before training starts
         self.cfg = cfg
-        self.t0 = time.time() if t0 is None else float(t0)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.out = out if out is not None else sys.stdout
@@ -90,9 +100,8 @@ class StatsServer:
         self._pending: tuple[wire.Message, float] | None = None   # newest EVAL, arrival time
         self._evals_received: dict[int, int] = {}
         self._done: tuple[float, int, int] | None = None  # (arrival, sender, EVALs announced)
-        self._sigma = [0.0, 0]                           # since the previous eval
-        self._last_sigma = "-"                           # as last printed
-        self._rates: dict = {}                           # learner -> latest samples/s
+        self._tb: TensorBoardLog | None = None
+        self._file: MetricsFile | None = None
         self.security, self._token = transport.security(), security.run_token()
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
@@ -102,28 +111,26 @@ class StatsServer:
         try:
             self.endpoint = transport.bind(self.sock, bind)
             self.metrics_path = self.run_dir / plots.METRICS_FILE
-            start = _run_start(self.metrics_path)
-            if start is not None and t0 is None:   # a restart: the run's clock goes on
-                self.t0 = start
-            self._file = open(self.metrics_path, "a")
-            if start is None:   # the run's clock, for a restarted stats server to go on with
-                self._file.write(_json_line({"type": "start", "t": 0.0, "unix": self.t0}) + "\n")
-            if resume:
-                self._file.write(_json_line({"type": "resume",
-                                             "t": round(time.time() - self.t0, 6)}) + "\n")
+            self._file = MetricsFile(self.metrics_path, t0, now=now, resume=resume)
+            self.t0 = self._file.t0    # a restart goes on with the run's clock
+            self.progress = Progress(cfg.train.epochs, self._file.started)
+            if cfg.logging.tensorboard:
+                self._tb = TensorBoardLog(self.run_dir, self.t0, cfg.sync.learners,
+                                          self._file.started)
         except BaseException:
+            if self._file is not None:
+                self._file.close()
             self.sock.close(linger=0)
             if self._own_ctx:
                 transport.term(self.ctx)
             raise
-        self._last_flush = time.time()
 
     # ------------------------------------------------------------------ receiving
     def _drain(self) -> int:
         """Take every queued message (up to DRAIN_MAX): METRICs are written at once, EVALs
         become pending. Does not block. Returns how many messages it took."""
         taken = transport.drain(self.sock, self.handle, DRAIN_MAX)
-        self._maybe_flush()
+        self._file.flush(force=False)
         return taken
 
     def handle(self, frames) -> None:
@@ -181,22 +188,19 @@ class StatsServer:
                          f"{'this server' if kind in OWN_RECORDS else 'the PS'} writes those")
             return
         t = r.get("t")
-        rel = (t if _is_number(t) else now) - self.t0
+        rel = (t if is_number(t) else now) - self.t0
         r = {**r, "t": round(rel, 6)}
         try:
-            line = _json_line(r)
+            line = json_line(r)
         except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
             self._refuse(f"sender {sender}", "bad_metric", f"a record JSON cannot hold: {exc}")
             return
         if kind == "update":
-            mean = r.get("mean_sigma")
-            n = r.get("n_grads")
-            n = n if _is_number(n) and n >= 1 else 1
-            if _is_number(mean):  # weighted by gradients, as summary.csv's mean_sigma
-                self._sigma[0] += mean * n
-                self._sigma[1] += n
-        elif kind == "learner" and _is_number(r.get("samples_per_s")):
-            self._rates[r.get("learner", sender)] = r["samples_per_s"]
+            started = self.progress.update(r)
+            if started:
+                self._print(started)
+        elif kind == "learner":
+            self.progress.learner({"learner": sender, **r})
         elif kind == "members":
             self._print(f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
                         f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}")
@@ -205,18 +209,14 @@ class StatsServer:
                         f"ts {r.get('ts')} from {r.get('checkpoint')}")
         elif kind == "done" and self._done is None:
             announced = r.get("evals_sent")
-            self._done = (now, sender, announced if _is_number(announced) else 0)
-        self._write(line)
+            self._done = (now, sender, announced if is_number(announced) else 0)
+        self._write(r, line)
 
-    def _write(self, line: str) -> None:
-        self._file.write(line + "\n")
+    def _write(self, rec: dict, line: str) -> None:
+        self._file.write(line)
         self.records += 1
-
-    def _maybe_flush(self, force: bool = False) -> None:
-        now = time.time()
-        if force or now - self._last_flush >= FLUSH_S:
-            self._file.flush()
-            self._last_flush = now
+        if self._tb is not None:
+            self._tb.record(rec)
 
     def _refuse(self, who: str, code: str, message: str) -> None:
         self.invalid += 1
@@ -269,18 +269,10 @@ class StatsServer:
         # self._pending may hold a newer EVAL now: it arrived during the evaluation.
         rec = {"type": "eval", "ts": ts, "t": round(arrived - self.t0, 6),
                "epoch": epoch, "test_error": error, "test_loss": loss}
-        self._write(_json_line(rec))
+        self._write(rec, json_line(rec))
         self.evals_done += 1
-        self._maybe_flush(force=True)
-        # Update records come in batches (every 0.5 s from the PS) and may trail the EVAL:
-        # with none new since the last line, repeat the last value; "-" = nothing known yet.
-        if self._sigma[1]:
-            self._last_sigma = f"{self._sigma[0] / self._sigma[1]:.2f}"
-            self._sigma = [0.0, 0]
-        rate = f"{sum(self._rates.values()):.0f}" if self._rates else "-"
-        self._print(f"epoch {epoch:6.2f}  ts {ts:6d}  test error "
-                    f"{100 * error:5.2f}%  loss {loss:.4f}  <σ> {self._last_sigma}  "
-                    f"samples/s {rate}")
+        self._file.flush()
+        self._print(self.progress.eval_line(rec["t"], ts, epoch, error, loss))
         if not math.isfinite(loss) and "diverged" not in self._warned:  # say it once
             self._warned.add("diverged")
             self._print(f"warning: the test loss is {loss} at epoch {epoch:.2f}: training has "
@@ -319,7 +311,7 @@ class StatsServer:
                 if self.sock.poll(POLL_MS):
                     self._drain()
                 else:
-                    self._maybe_flush()
+                    self._file.flush(force=False)
         finally:
             if self._pending is not None:
                 self.evals_skipped += 1  # stopped before it was evaluated
@@ -340,8 +332,9 @@ class StatsServer:
         return True
 
     def _finish(self) -> None:
-        self._maybe_flush(force=True)
         self._file.close()
+        if self._tb is not None:
+            self._tb.close()
         try:
             metrics = plots.read_metrics(self.metrics_path)
             plots.write_summary_csv(metrics, self.run_dir / "summary.csv")
@@ -358,43 +351,6 @@ class StatsServer:
             transport.term(self.ctx)
 
 
-def _run_start(path: Path) -> float | None:
-    """The run's start (unix time) from the ``start`` record that opens an existing
-    metrics file; None for a new file (or one written before start records existed)."""
-    try:
-        with open(path) as f:
-            first = json.loads(f.readline() or "null")
-    except (OSError, ValueError):
-        return None
-    if isinstance(first, dict) and first.get("type") == "start" and _is_number(first.get("unix")):
-        return float(first["unix"])
-    return None
-
-
-def _json_line(rec: dict) -> str:
-    """One strict JSON line: a NaN or infinite number (a diverged loss) becomes null, since
-    JSON has no NaN and other readers (jq, pandas) refuse Python's ``NaN``. Raises TypeError
-    for what JSON cannot hold (a bytes key)."""
-    try:
-        return json.dumps(rec, separators=(",", ":"), allow_nan=False)
-    except ValueError:  # rare (a diverged run): copy the record only then
-        return json.dumps(_finite(rec), separators=(",", ":"), allow_nan=False)
-
-
-def _finite(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     """Entry point of ``rudra-zmq stats``: run until the PS reports "done" or SIGTERM/SIGINT;
     either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
@@ -408,7 +364,8 @@ def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        print(f"statistics server listening on {server.endpoint}", flush=True)
+        print(f"statistics server listening on {server.endpoint} (waiting for the parameter "
+              f"server and {cfg.sync.learners} learners)", flush=True)
         server.serve_forever(stop)
     finally:
         for sig, handler in previous.items():
