@@ -47,9 +47,10 @@ class Child:
         return f"{self.label} (pid {self.proc.pid}) {how}"
 
 
-def echo_lines(pipe, log_path: Path, child: "Child") -> None:
-    """Copy a child's stdout, line by line, to its log and to our stdout (progress display).
-    Runs in its own thread until the child's stdout closes."""
+def echo_lines(pipe, log_path: Path, child: "Child", prefix: str = "") -> None:
+    """Copy a child's stdout, line by line, to its log and to our stdout (progress display),
+    there after ``prefix`` (``host:label `` under ``rudra-zmq launch``). Runs in its own
+    thread until the child's stdout closes."""
     echo = True
     with pipe, open(log_path, "a", buffering=1, errors="replace") as log:
         for line in pipe:
@@ -57,7 +58,7 @@ def echo_lines(pipe, log_path: Path, child: "Child") -> None:
             child.last_line = line.rstrip("\n")
             if echo:
                 try:
-                    sys.stdout.write(line)
+                    sys.stdout.write(prefix + line)
                     sys.stdout.flush()
                 except (OSError, ValueError):  # our stdout is gone (closed pipe): keep logging
                     echo = False

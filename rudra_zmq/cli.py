@@ -6,19 +6,19 @@ run can be spread over several machines by hand. ``rudra-zmq simulate CONFIG`` r
 simulated learner speeds (see :mod:`rudra_zmq.simulator`); ``rudra-zmq info`` reports the build.
 
 Role modules (and torch) are imported inside their subcommand only, so ``--help`` and
-``info`` stay fast. Config problems print ``rudra-zmq: error: MESSAGE`` and exit 2; a role
-that fails at run time raises, and its traceback is what its log should show.
+``info`` stay fast; :mod:`rudra_zmq.role_process` prepares a role's process and runs it.
+Config problems print ``rudra-zmq: error: MESSAGE`` and exit 2; a role that fails at run time
+raises, and its traceback is what its log should show.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
 import os
 import signal
 import sys
 import time
 
+from . import role_process
 from .config import ConfigError, load_config
 from .run_plan import host_learners, learner_threads, ps_threads, usable_cores
 
@@ -62,94 +62,6 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _set_threads(n: int, *, torch_too: bool) -> None:
-    """Use ``n`` threads in the compiled kernels and, if ``torch_too`` or torch is already
-    imported, in torch (intra-op ``n``, inter-op 1). Call before the role starts work."""
-    from . import kernels
-
-    kernels.set_num_threads(n)
-    if not torch_too and "torch" not in sys.modules:
-        return  # do not pay for `import torch` in a role that never uses it
-    import torch
-
-    torch.set_num_threads(n)
-    try:  # allowed only once per process, and only before any inter-op work started
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(signum)
-
-
-ORPHAN_GRACE_S = 15.0   # a role's clean exit after its launcher died, before a hard exit
-
-
-def _follow_launcher(grace_s: float = ORPHAN_GRACE_S) -> None:
-    """Under ``rudra-zmq run`` (``RUDRA_ZMQ_LAUNCHER_PID`` set), make sure this role does not
-    outlive its launcher, even one killed by SIGKILL. A no-op elsewhere. Does not block.
-
-    Linux sends the role SIGTERM when the launcher dies (``PR_SET_PDEATHSIG``), so its
-    SIGTERM handling closes sockets and writes what it has. A daemon thread also watches the
-    parent pid: if the role is still alive ``grace_s`` after the launcher is gone -- its
-    cleanup is stuck somewhere, or it ignored the signal -- faulthandler writes every
-    thread's stack to the role's log (stderr) and the process exits with status 1 from a C
-    thread, which needs no GIL.
-    """
-    want = os.environ.get("RUDRA_ZMQ_LAUNCHER_PID")
-    if not want or not sys.platform.startswith("linux"):
-        return
-    launcher = int(want)
-    import ctypes
-    import threading
-
-    PR_SET_PDEATHSIG = 1
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        pass
-    threading.Thread(target=_exit_when_orphaned, args=(launcher, grace_s), daemon=True,
-                     name="launcher-watch").start()
-    if os.getppid() != launcher:       # the launcher died before prctl took effect
-        raise KeyboardInterrupt(signal.SIGTERM)
-
-
-def _exit_when_orphaned(launcher_pid: int, grace_s: float) -> None:
-    """Thread body: poll the parent pid; once the launcher is gone, arm a hard exit."""
-    import faulthandler
-
-    while os.getppid() == launcher_pid:
-        time.sleep(0.5)
-    try:
-        faulthandler.dump_traceback_later(grace_s, exit=True, file=sys.stderr)
-    except (ValueError, OSError, AttributeError):  # stderr unusable: exit without a dump
-        time.sleep(grace_s)
-        os._exit(1)
-
-
-def _serve(role_module: str, threads: int, torch_too: bool, call):
-    """Prepare this process for a role and run ``call(module)``; blocks until it returns.
-
-    SIGTERM raises KeyboardInterrupt here, like Ctrl-C, so the role's ``finally`` blocks close
-    their sockets when a launcher stops it (a role may install its own handler instead).
-    """
-    from . import transport
-
-    transport.tune_malloc()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    module = importlib.import_module(f"rudra_zmq.roles.{role_module}")
-    _set_threads(threads, torch_too=torch_too)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    _follow_launcher()
-    try:
-        return call(module)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 # ----------------------------------------------------------------------------- subcommands
 def cmd_run(args) -> int:
     from . import launcher
@@ -174,9 +86,9 @@ def cmd_ps(args) -> int:
                           "architecture.kind=advstar, and only then (the config says "
                           f"{cfg.architecture.kind!r})")
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
-    return _serve("ps", ps_threads(cfg), True,
-                  lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir,
-                                    resume=args.resume, **extra))
+    return role_process.serve("ps", ps_threads(cfg), True,
+                              lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir,
+                                                resume=args.resume, **extra))
 
 
 def _bcast_args(cfg, args) -> tuple[list | None, list | None]:
@@ -215,8 +127,9 @@ def cmd_learner(args) -> int:
     # threads: the usable cores over the learners on this host (as the launcher said, else
     # this process's own learners)
     threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
-    return _serve("learner", threads, True,
-                  lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats, **extra))
+    return role_process.serve("learner", threads, True,
+                              lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats,
+                                                **extra))
 
 
 def cmd_node(args) -> int:
@@ -230,19 +143,19 @@ def cmd_node(args) -> int:
         plan(cfg).node(args.id)
     except ValueError as exc:
         raise _UsageError(f"--id {args.id}: {exc}") from None
-    return _serve("tree_node", 1, False,
-                  lambda m: m.serve(cfg, args.id, args.bind, args.parent))
+    return role_process.serve("tree_node", 1, False,
+                              lambda m: m.serve(cfg, args.id, args.bind, args.parent))
 
 
 def cmd_data(args) -> int:
     cfg = _load(args)
-    return _serve("data_server", 1, False, lambda m: m.serve(cfg, args.bind))
+    return role_process.serve("data_server", 1, False, lambda m: m.serve(cfg, args.bind))
 
 
 def cmd_stats(args) -> int:
     cfg = _load(args)
-    return _serve("stats_server", 1, False,
-                  lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume))
+    return role_process.serve("stats_server", 1, False,
+                              lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume))
 
 
 def cmd_simulate(args) -> int:
@@ -260,7 +173,8 @@ def cmd_simulate(args) -> int:
 
     # The simulator computes one gradient at a time: every core, unless
     # runtime.threads_per_learner says otherwise (e.g. 1 beside another run).
-    _set_threads(cfg.runtime.threads_per_learner or usable_cores(), torch_too=args.train)
+    role_process.set_threads(cfg.runtime.threads_per_learner or usable_cores(),
+                             torch_too=args.train)
     try:
         return simulator.main_simulate(cfg, run_dir, jitter=args.jitter, speeds=speeds,
                                        seed=args.seed, train=args.train)

@@ -30,7 +30,7 @@ import psutil
 
 from . import cluster_plan, hostfile
 from . import config as config_mod
-from .children import Child
+from .children import Child, echo_lines
 from .config import ConfigError
 from .launcher import Launcher
 from .run_plan import role_env
@@ -65,21 +65,6 @@ class _RemotePopen(subprocess.Popen):
             except psutil.Error:
                 pass
         super().send_signal(sig)
-
-
-def _echo(pipe, log_path, child: Child, prefix: str) -> None:
-    """Thread body: copy a role's output to its log and, prefixed, to our stdout."""
-    echo = True
-    with pipe, open(log_path, "a", buffering=1, errors="replace") as log:
-        for line in pipe:
-            log.write(line)
-            child.last_line = line.rstrip("\n")
-            if echo:
-                try:
-                    sys.stdout.write(f"{prefix} {line}")
-                    sys.stdout.flush()
-                except (OSError, ValueError):
-                    echo = False
 
 
 class ClusterLauncher(Launcher):
@@ -187,8 +172,8 @@ class ClusterLauncher(Launcher):
                 proc.stdin.write(json.dumps(self.settings(host)) + "\n")
                 proc.stdin.flush()   # and keep it open: closing it stops the role
         child = Child(label, role, command, log_path, proc, args=list(args))
-        child.echo = threading.Thread(target=_echo, args=(proc.stdout, log_path, child,
-                                                          f"{host}:{label}"),
+        child.echo = threading.Thread(target=echo_lines, args=(proc.stdout, log_path, child,
+                                                               f"{host}:{label} "),
                                       name=f"echo-{label}", daemon=True)
         child.echo.start()
         self.children.append(child)

@@ -18,32 +18,33 @@ Where the images come from:
               when ``root`` is given. It returns the arrays (x_train, y_train, x_test, y_test)
               as a tuple, or a mapping with those keys and optionally ``classes``; or a pair
               (train, test) of map-style datasets of (image, label), torchvision's included;
-              or a ``Dataset``. See ``from_user``.
+              or a ``Dataset``. See :mod:`rudra_zmq.user_data`.
 
 Image files are decoded once; the arrays are cached as one uncompressed ``.npz`` under the cache
 dir (``$RUDRA_ZMQ_CACHE``, default ``~/.cache/rudra_zmq``), so later loads take a fraction of a
 second. A tarball is read as a stream and never extracted: writing 60,000 small files costs
 more than decoding them (CIFAR-10: about 9 s to extract against under 2 s to stream). Finding
-and decoding image files is :mod:`rudra_zmq.images`; this module turns them into a Dataset.
+and decoding image files is :mod:`rudra_zmq.images`; this module turns them into a Dataset
+(:mod:`rudra_zmq.dataset_arrays`).
 """
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import pickle
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-# Image files -> arrays lives in .images; these names stay importable from here.
+# The Dataset record, image files -> arrays and the user's data live in .dataset_arrays,
+# .images and .user_data; these names stay importable from here.
+from .dataset_arrays import Dataset, make_dataset as _make
 from .images import (DECODE_CHUNK, IMAGE_EXTS, PARALLEL_MIN_IMAGES, SPLITS, TARBALL_EXTS,
                      decode_all as _decode_all, is_tarball as _is_tarball,
                      tar_items as _tar_items, tree_items as _tree_items)
-from .user_code import UserCodeError, call as _call_user, is_import_path
+from .user_code import is_import_path
+from .user_data import USER_ARRAYS, from_user, load_user as _load_user, user_data_info
 
 DATASET_NAMES = ("digits", "cifar10", "imagefolder", "synthetic")
 CACHE_ENV = "RUDRA_ZMQ_CACHE"
@@ -51,43 +52,6 @@ CACHE_VERSION = 1
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_SYNTHETIC_SHAPE = (3, 32, 32)
 DIGITS_TEST = 360          # of sklearn's 1,797 digits; the other 1,437 train
-
-
-@dataclass
-class Dataset:
-    """Images and labels of one dataset, held in memory. ``mean``/``std`` are per channel of
-    the training images on the 0..1 scale (feed them to ``to_float``)."""
-    name: str
-    x_train: np.ndarray  # uint8 (N, C, H, W)
-    y_train: np.ndarray  # int64 (N,)
-    x_test: np.ndarray
-    y_test: np.ndarray
-    classes: list[str]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-    def __post_init__(self):
-        k = len(self.classes)
-        for split, x, y in (("train", self.x_train, self.y_train),
-                            ("test", self.x_test, self.y_test)):
-            if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != self.x_train.shape[1:]:
-                raise ValueError(f"{self.name}: x_{split} is {x.dtype} {x.shape}; both splits "
-                                 "need uint8 (N, C, H, W) with one image shape")
-            if y.dtype != np.int64 or y.shape != x.shape[:1] or (
-                    y.size and not 0 <= y.min() <= y.max() < k):
-                raise ValueError(f"{self.name}: y_{split} must be int64 ({x.shape[0]},) with "
-                                 f"labels in 0..{k - 1}, got {y.dtype} {y.shape}")
-        if not len(self.mean) == len(self.std) == self.x_train.shape[1]:
-            raise ValueError(f"{self.name}: mean/std need one value per channel")
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one image."""
-        return tuple(int(d) for d in self.x_train.shape[1:])
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
 
 
 def default_cache_dir() -> Path:
@@ -340,129 +304,6 @@ def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> D
     return _make(name, x[:k], y[:k], x[k:], y[k:], classes)
 
 
-
-# ----------------------------------------------------------------------------- user data
-USER_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
-_USER_INFO: dict = {}   # (path, root) -> (image shape, training examples, classes), per process
-
-
-def user_data_info(path: str, root=None) -> tuple[tuple[int, int, int], int, int]:
-    """(C, H, W), training-set size and number of classes of the user data ``path``
-    (``package.module:function``).
-    The function runs on the first call in this process; its arrays are not kept (a learner
-    needs only the shape). Blocks on that call. Raises UserCodeError."""
-    key = (path, None if root is None else str(root))
-    if key not in _USER_INFO:
-        _load_user(path, root)
-    return _USER_INFO[key]
-
-
-def _load_user(path: str, root) -> Dataset:
-    ds = from_user(_call_user(path, "data.dataset", *(() if root is None else (str(root),))),
-                   path)
-    _USER_INFO[(path, None if root is None else str(root))] = (ds.shape, len(ds.y_train),
-                                                               ds.num_classes)
-    return ds
-
-
-def from_user(out, name: str) -> Dataset:
-    """The Dataset of what the user's data function ``name`` returned: (x_train, y_train,
-    x_test, y_test), a mapping with those keys (and optionally ``classes``), a (train, test)
-    pair of map-style datasets of (image, label), or a Dataset. Images are uint8 (N, C, H, W);
-    labels any integer type. A map-style dataset is read item by item (blocks): PIL images and
-    arrays are (H, W) or (H, W, C), tensors (C, H, W); floating-point values count as 0..1
-    (``transforms.ToTensor``). Raises UserCodeError saying what was wrong."""
-    if isinstance(out, Dataset):
-        return out
-    classes = None
-    if isinstance(out, Mapping):
-        missing = [k for k in USER_ARRAYS if k not in out]
-        if missing:
-            raise UserCodeError(f"data.dataset {name!r} returned a mapping without "
-                                f"{', '.join(missing)}")
-        arrays, classes = [out[k] for k in USER_ARRAYS], out.get("classes")
-    elif isinstance(out, (tuple, list)) and len(out) == 4:
-        arrays = list(out)
-    elif isinstance(out, (tuple, list)) and len(out) == 2 and all(map(_map_style, out)):
-        arrays = [*_read_map_style(out[0], name, "train"), *_read_map_style(out[1], name, "test")]
-        classes = getattr(out[0], "classes", None)
-    else:
-        what = type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
-        raise UserCodeError(
-            f"data.dataset {name!r} returned a {what}; it must return (x_train, y_train, x_test, "
-            "y_test) (uint8 images N x C x H x W, integer labels), a mapping with those keys, a "
-            "(train, test) pair of map-style datasets of (image, label), or a "
-            "rudra_zmq.datasets.Dataset")
-    x_tr, y_tr, x_te, y_te = (np.asarray(a) for a in arrays)
-    for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
-        if x.dtype != np.uint8 or x.ndim != 4 or len(x) == 0:
-            hint = ("; give grayscale images a channel axis: x[:, None]" if x.ndim == 3 else
-                    "; convert 0..1 floats with np.rint(x * 255).astype(np.uint8)"
-                    if x.dtype.kind == "f" else "")
-            raise UserCodeError(f"data.dataset {name!r}: x_{split} is {x.dtype} {x.shape}; it "
-                                f"must be uint8 (N, C, H, W) with N >= 1{hint}")
-        if y.dtype.kind not in "iu" or y.shape != x.shape[:1]:
-            raise UserCodeError(f"data.dataset {name!r}: y_{split} is {y.dtype} {y.shape}; it "
-                                f"must hold one integer label per image, ({len(x)},)")
-        if y.min() < 0:
-            raise UserCodeError(f"data.dataset {name!r}: y_{split} holds the label {y.min()}; "
-                                "labels run from 0")
-    if x_tr.shape[1:] != x_te.shape[1:]:
-        raise UserCodeError(f"data.dataset {name!r}: train images are {x_tr.shape[1:]} but test "
-                            f"images {x_te.shape[1:]}; both splits need one shape")
-    labels = max(int(y_tr.max()), int(y_te.max())) + 1
-    classes = [str(c) for c in classes] if classes is not None else list(map(str, range(labels)))
-    if len(classes) < labels:
-        raise UserCodeError(f"data.dataset {name!r}: {len(classes)} classes named but labels "
-                            f"run to {labels - 1}")
-    return _make(name, x_tr, y_tr.astype(np.int64), x_te, y_te.astype(np.int64), classes)
-
-
-def _map_style(d) -> bool:
-    return hasattr(d, "__getitem__") and hasattr(d, "__len__") and not isinstance(d, (str, bytes))
-
-
-def _read_map_style(ds, name: str, split: str):
-    """(images, labels) of a map-style dataset of (image, label) items."""
-    n = len(ds)
-    if n == 0:
-        raise UserCodeError(f"data.dataset {name!r}: the {split} dataset is empty")
-    x = y = None
-    for i in range(n):
-        item = ds[i]
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise UserCodeError(f"data.dataset {name!r}: {split} item {i} is a "
-                                f"{type(item).__name__}, not an (image, label) pair")
-        img = _image_chw(item[0], name, f"{split} item {i}")
-        if x is None:
-            x, y = np.empty((n, *img.shape), np.uint8), np.empty(n, np.int64)
-        elif img.shape != x.shape[1:]:
-            raise UserCodeError(f"data.dataset {name!r}: {split} item {i} is {img.shape} but "
-                                f"item 0 is {x.shape[1:]}; give every image one size (a "
-                                "Resize/CenterCrop transform)")
-        x[i], y[i] = img, int(item[1])
-    return x, y
-
-
-def _image_chw(img, name: str, where: str) -> np.ndarray:
-    """One image as uint8 (C, H, W): a tensor is (C, H, W), anything else (H, W[, C])."""
-    tensor = hasattr(img, "detach")
-    a = np.asarray(img.detach().cpu() if tensor else img)
-    if a.dtype.kind == "f":
-        a = np.clip(np.rint(a * 255.0), 0, 255)
-    elif a.dtype.kind not in "iub" or (a.size and not 0 <= a.min() <= a.max() <= 255):
-        raise UserCodeError(f"data.dataset {name!r}: {where} is {a.dtype} with values outside "
-                            "0..255; images must be 8-bit (or floats in 0..1)")
-    if a.ndim == 2:
-        a = a[None]
-    elif a.ndim == 3 and not tensor:
-        a = a.transpose(2, 0, 1)
-    elif a.ndim != 3:
-        raise UserCodeError(f"data.dataset {name!r}: {where} has shape {a.shape}; an image is "
-                            "(H, W), (H, W, C) or a (C, H, W) tensor")
-    return a.astype(np.uint8)
-
-
 # ------------------------------------------------------------------------------- helpers
 def _check_int(what: str, value, optional: bool = False):
     if not (optional and value is None) and not _positive_int(value):
@@ -477,26 +318,6 @@ def _check_ints(what: str, values: tuple, expected: str, n: int):
 
 def _positive_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0
-
-
-def _channel_stats(x: np.ndarray):
-    """Exact per-channel mean and std (0..1 scale) of uint8 images via a 256-bin histogram,
-    which avoids a float64 copy of the whole training set."""
-    v = np.arange(256, dtype=np.float64) / 255.0
-    mean, std = [], []
-    for c in range(x.shape[1]):
-        h = np.bincount(x[:, c].ravel(), minlength=256).astype(np.float64)
-        n = max(h.sum(), 1.0)
-        m = float(h @ v / n)
-        mean.append(m)
-        std.append(float(math.sqrt(max(h @ (v * v) / n - m * m, 0.0))))
-    return tuple(mean), tuple(std)
-
-
-def _make(name, x_tr, y_tr, x_te, y_te, classes) -> Dataset:
-    mean, std = _channel_stats(x_tr)
-    return Dataset(name, np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_te), y_te,
-                   list(classes), mean, std)
 
 
 def _limit_dataset(ds: Dataset, limit) -> Dataset:
@@ -514,6 +335,7 @@ def _limit_dataset(ds: Dataset, limit) -> Dataset:
 
 
 __all__ = ["Dataset", "DATASET_NAMES", "load_dataset", "to_float", "default_cache_dir",
-           "dataset_shape", "dataset_size", "user_data_info", "from_user", "USER_ARRAYS",
-           # re-exported from .images
+           "dataset_shape", "dataset_size",
+           # re-exported from .user_data and .images
+           "user_data_info", "from_user", "USER_ARRAYS",
            "DECODE_CHUNK", "IMAGE_EXTS", "PARALLEL_MIN_IMAGES", "SPLITS", "TARBALL_EXTS"]

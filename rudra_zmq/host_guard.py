@@ -11,8 +11,8 @@ and exits with its exit code.
 It stops the role (SIGTERM, then SIGKILL of its process group after ``GRACE_S``) when its
 stdin reaches EOF (the launcher closed it, or the ssh connection is gone), when its parent
 changes (the ssh session ended), or on SIGTERM/SIGHUP/SIGINT. The role itself gets SIGTERM
-if the guard dies (``RUDRA_ZMQ_LAUNCHER_PID``, :func:`cli._follow_launcher`). Blocks until
-the role has exited; run as a program, from one thread.
+if the guard dies (``RUDRA_ZMQ_LAUNCHER_PID``, :func:`role_process.follow_launcher`). Blocks
+until the role has exited; run as a program, from one thread.
 """
 from __future__ import annotations
 

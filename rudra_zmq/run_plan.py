@@ -155,7 +155,8 @@ def role_env(cfg, role: str, learners_here: int | None = None,
     env = dict(os.environ if base is None else base)
     env.update(MALLOC_ENV, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
                MKL_NUM_THREADS=str(threads),
-               # each role asks to be sent SIGTERM if this launcher dies (cli._follow_launcher)
+               # each role asks to be sent SIGTERM if this launcher dies
+               # (role_process.follow_launcher)
                RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()))
     env[HOST_LEARNERS_ENV] = str(max(here, 1))
     if busy + ps > cores:

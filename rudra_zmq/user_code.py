@@ -8,7 +8,7 @@ role's process, on every host: installed, or its folder on ``PYTHONPATH``. ``imp
 says which folder this process imported it from, so that ``rudra_zmq.train`` can hand that
 folder to the roles it starts.
 
-No package imports here: ``datasets``, ``models`` and ``config`` all build on this module.
+No package imports here: ``datasets``, ``user_data``, ``models`` and ``config`` build on it.
 Nothing here blocks beyond importing the user's module and calling the user's function.
 """
 from __future__ import annotations

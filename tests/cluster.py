@@ -137,3 +137,25 @@ def weights_difference(reference_dir, other_dir) -> tuple[float, float]:
     assert moved > 1e-2, "training must move the weights for the comparison to mean anything"
     return moved, rel
 
+
+def free_port_range(n: int = 3) -> int:
+    """The first of ``n`` consecutive ports free on every interface (for roles that listen
+    at ports counted up from one base, as `rudra-zmq launch` and `worker` do)."""
+    import random
+    import socket
+
+    for _ in range(100):
+        base = random.randrange(20000, 60000)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found")

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from rudra_zmq import cli, transport
+from rudra_zmq import cli, role_process, transport
 from rudra_zmq.config import load_config
 
 pytestmark = pytest.mark.timeout(30)
@@ -96,9 +96,9 @@ def fake_roles(monkeypatch):
         module.serve = recorder(name)
         monkeypatch.setitem(sys.modules, module.__name__, module)
     threads = []
-    monkeypatch.setattr(cli, "_set_threads", lambda n, torch_too: threads.append(n))
+    monkeypatch.setattr(role_process, "set_threads", lambda n, torch_too: threads.append(n))
     monkeypatch.setattr(transport, "tune_malloc", lambda: calls.update(malloc=True))
-    monkeypatch.setattr(cli.logging, "basicConfig", lambda **kw: None)
+    monkeypatch.setattr(role_process.logging, "basicConfig", lambda **kw: None)
     return calls, threads
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cluster import free_port_range
+
 from rudra_zmq import cluster_plan
 from rudra_zmq.compare import run_summary
 from rudra_zmq.config import ConfigError, load_config
@@ -83,30 +85,10 @@ def test_launch_on_localhost_alone_needs_no_ssh(tmp_path):
     res = subprocess.run([sys.executable, "-m", "rudra_zmq", "launch",
                           str(ROOT / "configs" / "quickstart.yaml"), "-H", "localhost:2",
                           "--set", "sync.learners=2", "--set", "train.epochs=1",
-                          "--port", str(_free_base()), "--run-dir", str(run)],
+                          "--port", str(free_port_range()), "--run-dir", str(run)],
                          capture_output=True, text=True, timeout=200)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "localhost:stats " in res.stdout and "localhost:learner1 " in res.stdout
     assert "ssh" not in (run / "processes.json").read_text()
     assert run_summary(run)["epochs"] >= 1.0
 
-
-def _free_base() -> int:
-    import random
-    import socket
-
-    for _ in range(100):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + 3):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("0.0.0.0", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")

@@ -2,15 +2,14 @@
 run through `rudra-zmq worker`, under stand-ins for srun and mpirun that start the processes
 on this machine with the variables the real launchers set."""
 import os
-import random
 import shutil
-import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cluster import free_port_range
 
 from rudra_zmq.compare import run_summary
 
@@ -58,25 +57,6 @@ sys.exit(max(p.wait() for p in running))
 """
 
 
-def _free_ports(n: int = 3) -> int:
-    """The first of ``n`` consecutive free loopback ports."""
-    for _ in range(100):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("0.0.0.0", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 def _shim(tmp_path: Path, name: str, text: str) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -108,7 +88,7 @@ def test_the_sbatch_example_trains_under_srun(tmp_path):
     env = _shim(tmp_path, "srun", FAKE_SRUN)
     env.update(SLURM_JOB_ID="42", SLURM_NTASKS="3", SLURM_JOB_NODELIST="localhost",
                SLURM_TASKS_PER_NODE="3", SLURM_NODEID="0")
-    port = _free_ports()
+    port = free_port_range()
     res = subprocess.run(["bash", str(EXAMPLES / "slurm.sbatch"), "--set", "sync.learners=2",
                           "--set", "train.epochs=1", "--master-port", str(port)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=360)
@@ -121,7 +101,7 @@ def test_the_sbatch_example_trains_under_srun(tmp_path):
 def test_the_mpirun_mpmd_example_trains(tmp_path):
     env = _shim(tmp_path, "mpirun", FAKE_MPIRUN)
     env["LEARNERS"] = "2"
-    port = _free_ports()
+    port = free_port_range()
     res = subprocess.run(["bash", str(EXAMPLES / "mpirun_mpmd.sh"), "localhost", "localhost:3",
                           "--set", "sync.learners=2", "--set", "train.epochs=1",
                           "--master-port", str(port), "--run-dir", str(tmp_path / "run")],
@@ -149,7 +129,7 @@ def test_advstar_under_worker_points_to_launch(tmp_path):
 
 def test_a_learner_started_without_servers_names_the_missing_one(tmp_path):
     env = _shim(tmp_path, "srun", FAKE_SRUN)
-    port = _free_ports()
+    port = free_port_range()
     env.update(RUDRA_RANK="1", RUDRA_WORLD_SIZE="3", RUDRA_MASTER_ADDR="127.0.0.1",
                RUDRA_MASTER_PORT=str(port))
     res = subprocess.run(["rudra-zmq", "worker", "configs/quickstart.yaml", "--set",

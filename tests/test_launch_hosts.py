@@ -169,6 +169,41 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     assert lan.leftovers() == {}
 
 
+def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_results(
+        lan, tmp_path):
+    # a second sshd on host 0 (port 2222) in a mount namespace of its own, where a tmpfs
+    # hides the run's parent folder: what its sessions write is not seen here
+    private = tmp_path / "private"
+    private.mkdir()
+    script = (f"mount -t tmpfs tmpfs {private} && exec {SSHD} -p 2222 "
+              f"-f {lan.tmp / 'sshd_config'} -o ListenAddress={HOSTS[0]} "
+              f"-E {lan.tmp / 'sshd-private.log'}")
+    subprocess.run(["ip", "netns", "exec", lan.ns(0), "unshare", "-m", "--propagation",
+                    "private", "sh", "-c", script], check=True, timeout=30)
+    deadline = time.monotonic() + 20
+    while not lan.pids(0) - lan.sshd_pids:
+        assert time.monotonic() < deadline, "the private sshd did not start"
+        time.sleep(0.1)
+    extra_sshd = lan.pids(0) - lan.sshd_pids
+    try:
+        run = private / "run"
+        proc = lan.launch("quickstart.yaml", run, "--set", "sync.learners=2",
+                          "--set", "train.epochs=1",
+                          "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -p 2222",
+                          hosts=f"{HOSTS[0]}:2")
+        rc = _finish(proc)
+        out = Path(f"{run}.out").read_text()
+        assert rc == 0, out[-4000:]
+        # the roles ran in the hidden folder; metrics and plots came back, logs were here
+        assert run_summary(run)["epochs"] >= 1.0
+        assert (run / "throughput.png").exists() and (run / "ps_final.json").exists()
+        assert (run / "logs" / "ps.log").read_text().strip()
+    finally:
+        for pid in extra_sshd:
+            os.kill(pid, signal.SIGTERM)
+    assert lan.leftovers() == {}
+
+
 @pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (apt-get install pdsh)")
 def test_launch_through_pdsh(lan, tmp_path):
     run = tmp_path / "run"

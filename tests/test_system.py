@@ -182,9 +182,9 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
 
 _IGNORES_SIGTERM = """
 import signal, sys, time
-from rudra_zmq import cli
+from rudra_zmq import role_process
 signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a role whose cleanup never ends
-cli._follow_launcher(grace_s=1.0)
+role_process.follow_launcher(grace_s=1.0)
 print("ready", flush=True)
 time.sleep(120)
 """
