@@ -177,7 +177,9 @@ setup(
         "tensorboard": ["tensorboard>=2.10"],  # logging.tensorboard: the stats server's events
         # tensorboard too, so that the suite checks the events it writes rather than skip
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3", "hypothesis>=6.100",
-                 "build>=1", "tensorboard>=2.10"],
+                 "build>=1", "tensorboard>=2.10",
+                 # test_packaging builds with --no-isolation (offline): the build requirements
+                 "setuptools>=64", "Cython>=3.0"],
     },
     entry_points={"console_scripts": ["rudra-zmq=rudra_zmq.cli:main"]},
     zip_safe=False,

@@ -317,8 +317,8 @@ class Channel:
         """Send the request awaiting its reply again, unchanged (for callers that poll the
         socket themselves instead of waiting in ``recv``)."""
         if self._last is not None:
+            self.resent += 1     # first: whoever sees the copy arrive sees it counted
             self.sock.send_multipart(self._last[1], copy=False)
-            self.resent += 1
 
     def drop_late(self) -> int:
         """Drop what is queued while no request is outstanding (late answers to a request
