@@ -233,8 +233,10 @@ def test_launch_through_pdsh(lan, tmp_path):
 def test_a_learner_host_that_drops_off_the_network_is_left_out(lan, tmp_path):
     run = tmp_path / "run"
     # learner 3 alone on host 2; ssh notices a dead link after 1 s x 3 keepalives
+    # runtime.timeout_s=60 (120 by default): the PS, done, waits less for learner 3 before
+    # evicting it (a learner never heard from gets runtime.timeout_s from the PS's start)
     proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=40",
-                      "--set", "runtime.restart=true",
+                      "--set", "runtime.restart=true", "--set", "runtime.timeout_s=60",
                       "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -o ServerAliveInterval=1")
     try:
         _wait_for(Path(f"{run}.out"), "training started", proc)
@@ -246,6 +248,7 @@ def test_a_learner_host_that_drops_off_the_network_is_left_out(lan, tmp_path):
     assert rc == 0, out[-4000:]
     assert "lost host 10.77.0.3" in out and "learner3 is left out" in out, out[-3000:]
     assert "restarting learner3" not in out
+    assert "training is done; waiting to tell learners [3] to stop" in out, out[-3000:]
     assert run_summary(run)["epochs"] >= 40.0 - 1e-6
     # back on the network, sshd finds its client gone and the guard stops learner 3
     assert lan.leftovers(timeout=60) == {}

@@ -49,6 +49,7 @@ log = logging.getLogger("rudra_zmq.ps")
 
 WAIT_MS = 100   # the longest the serving loop waits in libzmq before looking at its clocks
 EVICT_CHECK_S = 0.1   # how often the loop looks for silent learners (not per message)
+WAIT_NOTE_S = 3.0     # training done this long with learners not yet told: say so
 _REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
 
 
@@ -123,6 +124,8 @@ class ParameterServer:
             self._next_eval_epoch += cfg.train.eval_every_epochs
         self.welcomes: list[tuple[bytes, int, int]] = []   # hardsync rejoins owed a WELCOME
         self._learner_timeout = cfg.runtime.learner_timeout_s
+        self._done_at: float | None = None   # when training ended (for the waiting note)
+        self._noted_waiting = False
         self.handlers = {Kind.HELLO: self.on_hello, Kind.PUSH: self.on_gradient,
                          Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient,
                          Kind.PULL: self.on_pull, Kind.BYE: self.on_bye}
@@ -291,9 +294,11 @@ class ParameterServer:
                     if time.time() - last_msg > timeout:
                         if self._timed_out(timeout):
                             break
-                if self._learner_timeout and time.time() >= self._next_evict_check:
+                if time.time() >= self._next_evict_check:
                     self._next_evict_check = time.time() + EVICT_CHECK_S
-                    self._evict_silent()
+                    if self._learner_timeout:
+                        self._evict_silent()
+                    self._note_waiting()
                 self.metrics.tick(self)
         finally:
             self._finish()
@@ -314,6 +319,21 @@ class ParameterServer:
             self._members_changed(learner, "evicted")
             if update is not None:
                 self._after_update(update)
+
+    def _note_waiting(self) -> None:
+        """Say once, WAIT_NOTE_S after training ended, which learners the server still waits
+        for (a lost host's): the run's end would otherwise be a silent wait of up to a minute."""
+        st = self.state
+        if not st.done or self._noted_waiting:
+            return
+        if self._done_at is None:
+            self._done_at = time.time()
+        elif time.time() - self._done_at >= WAIT_NOTE_S:
+            self._noted_waiting = True
+            log.info("training is done; waiting to tell learners %s to stop (each is evicted "
+                     "after runtime.learner_timeout_s=%g s of silence, or runtime.timeout_s=%g s "
+                     "from the start if never heard from)", sorted(st.engine.members - st.stopped),
+                     self._learner_timeout, self.cfg.runtime.timeout_s)
 
     def _members_changed(self, learner: int, why: str) -> None:
         eng = self.state.engine
