@@ -163,12 +163,18 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 18
 
 
 @pytest.mark.parametrize("config,extra", [
-    ("quickstart.yaml", []), ("quickstart_adv.yaml", []),
+    # base through pdsh (adv, adv* and the fault tests go through ssh, the default)
+    ("quickstart.yaml", ["--launcher", "pdsh"]), ("quickstart_adv.yaml", []),
     # adv* with CurveZMQ: the run's keys go to every host with the config
     ("quickstart_advstar.yaml", ["--set", "security.curve=true"])])
 def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
+    env = None
+    if "pdsh" in extra:
+        if shutil.which("pdsh") is None:
+            pytest.skip("needs pdsh (apt-get install pdsh)")
+        env = {"PDSH_SSH_ARGS_APPEND": f"-F {lan.tmp / 'ssh_config'}"}
     run = tmp_path / "run"
-    rc = _finish(lan.launch(config, run, "--set", "train.epochs=1", *extra))
+    rc = _finish(lan.launch(config, run, "--set", "train.epochs=1", *extra, env=env))
     out = Path(f"{run}.out").read_text()
     assert rc == 0, out[-4000:]
     summary = run_summary(run)
@@ -218,25 +224,13 @@ def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_re
     assert lan.leftovers() == {}
 
 
-@pytest.mark.skipif(shutil.which("pdsh") is None, reason="needs pdsh (apt-get install pdsh)")
-def test_launch_through_pdsh(lan, tmp_path):
-    run = tmp_path / "run"
-    proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=1", "--launcher", "pdsh",
-                      env={"PDSH_SSH_ARGS_APPEND": f"-F {lan.tmp / 'ssh_config'}"})
-    rc = _finish(proc)
-    out = Path(f"{run}.out").read_text()
-    assert rc == 0, out[-4000:]
-    assert "10.77.0.3:learner3 " in out and run_summary(run)["epochs"] >= 1.0
-    assert lan.leftovers() == {}
-
-
 def test_a_learner_host_that_drops_off_the_network_is_left_out(lan, tmp_path):
     run = tmp_path / "run"
     # learner 3 alone on host 2; ssh notices a dead link after 1 s x 3 keepalives
-    # runtime.timeout_s=60 (120 by default): the PS, done, waits less for learner 3 before
+    # runtime.timeout_s=45 (120 by default): the PS, done, waits less for learner 3 before
     # evicting it (a learner never heard from gets runtime.timeout_s from the PS's start)
     proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=40",
-                      "--set", "runtime.restart=true", "--set", "runtime.timeout_s=60",
+                      "--set", "runtime.restart=true", "--set", "runtime.timeout_s=45",
                       "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -o ServerAliveInterval=1")
     try:
         _wait_for(Path(f"{run}.out"), "training started", proc)
