@@ -150,10 +150,13 @@ class ServerState:
     def silent(self, now: float, timeout_s: float, waiting=(), never_by: float | None = None
                ) -> list[int]:
         """Members that sent nothing for ``timeout_s`` and are not ``waiting`` for a reply the
-        server owes them (a parked hardsync pull); with ``never_by``, also members never heard
-        from by that time (learners that never started). Pure."""
+        server owes them (a parked hardsync pull) nor, once training is done, told STOP
+        (finished, not lost; one that said BYE before is evicted as usual); with ``never_by``,
+        also members never heard from by that time (learners that never started). Pure."""
         late = never_by is not None and now > never_by
-        return sorted(i for i in self.engine.members if i not in waiting and (
+        quiet = (i for i in self.engine.members
+                 if i not in waiting and not (self.done and i in self.stopped))
+        return sorted(i for i in quiet if (
             now - self.last_heard[i] > timeout_s if i in self.last_heard else late))
 
     def is_duplicate(self, msg: wire.Message) -> bool:

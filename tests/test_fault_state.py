@@ -72,7 +72,7 @@ def test_a_gradient_sent_again_is_answered_and_applied_once_and_a_replay_is_refu
         st.is_duplicate(push)
 
 
-def test_silent_members_are_found_but_not_those_the_server_owes_a_reply():
+def test_silent_members_are_found_but_not_those_owed_a_reply_or_told_to_stop():
     st = state("sync.protocol=hardsync", "sync.learners=3")
     for i in range(3):
         hello(st, i)
@@ -83,6 +83,12 @@ def test_silent_members_are_found_but_not_those_the_server_owes_a_reply():
     del st.last_heard[1]                       # as if learner 1 had never said HELLO
     assert st.silent(now=140.0, timeout_s=30) == [0]
     assert st.silent(now=140.0, timeout_s=30, never_by=139.0) == [0, 1]
+    st.stopped.add(0)                          # said BYE during training: evicted as usual
+    assert st.silent(now=140.0, timeout_s=30, never_by=139.0) == [0, 1]
+    st.done = True                             # told STOP at the end: finished, not lost
+    assert st.silent(now=140.0, timeout_s=30, never_by=139.0) == [1]
+    st.stopped.discard(0)
+    st.done = False
     st.join(1, now=100.0)
     st.push(message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)], wait=True))
     st.push(message(Kind.PUSHPULL, 2, 2, 0, [g(3.0)], wait=True))
