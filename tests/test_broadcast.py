@@ -410,3 +410,27 @@ def test_a_sender_serves_only_its_planned_children_with_sane_credit(ctx):
     assert not any(s.poll(200) for s in socks[:3])
     for s in socks:
         s.close(0)
+
+
+def test_a_member_closed_after_stop_tells_a_planned_child_that_connects_late(ctx):
+    """A learner that started after training ended still gets STOP from its upstream member
+    (which lingers up to STOP_LINGER_S for its planned children), not a 120 s timeout."""
+    import threading
+
+    root = BroadcastRoot(ctx, "tcp://127.0.0.1:0", NUMEL, chunk_bytes=CHUNK)
+    ctx.own(root)
+    root.start()
+    m = member(ctx, 1, root.endpoint, children=[2])
+    closer = threading.Thread(target=m.close, args=("training finished at epoch 1.00",))
+    closer.start()                             # nobody connected yet: it waits for learner 2
+    time.sleep(0.5)
+    late = ctx.socket(zmq.DEALER)
+    late.setsockopt(zmq.LINGER, 0)
+    late.setsockopt(zmq.RCVTIMEO, 5000)
+    late.connect(m.endpoint)
+    late.send_multipart(wire.encode(Kind.CREDIT, 2, 1, credit=TOTAL, reset=True))
+    msg = wire.decode(late.recv_multipart())
+    assert msg.kind == Kind.STOP and msg.fields["reason"] == "training finished at epoch 1.00"
+    closer.join(10)
+    assert not closer.is_alive()               # told everyone: closed before the linger ran out
+    late.close(0)

@@ -36,6 +36,9 @@ log = logging.getLogger("rudra_zmq.broadcast")
 
 MAX_CHUNKS = 1 << 16        # chunks in one version
 _POLL_MS = 100
+# a member closed once STOP went down waits this long for planned children that have not
+# connected yet (a learner that started after training ended), to tell them STOP too
+STOP_LINGER_S = 3.0
 
 
 class BroadcastRoot(IOThread):
@@ -161,6 +164,7 @@ class BroadcastMember(IOThread):
         self._ready: Version | None = None     # newest complete version (swapped whole)
         self._partial: list | None = None      # [ts, total, chunks, frames, next offset]
         self.stop_reason: str | None = None
+        self._linger_until: float | None = None    # closed after STOP: serving late children
         self.received = self.versions = self.refused = self.aborted = 0
         self._seq = itertools.count(1)
         self._warned: set = set()
@@ -221,18 +225,27 @@ class BroadcastMember(IOThread):
                 if self._owed:
                     self._credit(self._owed)
                 last = time.monotonic()
-            elif self.stop_reason is None and time.monotonic() - last > self.timeout_s:
+            elif self.stop_reason is None and self._linger_until is None \
+                    and time.monotonic() - last > self.timeout_s:
                 raise TimeoutError(
                     f"broadcast member learner {self.id}: no weights from {self.upstream_name} "
                     f"at {self.upstream} for {self.timeout_s:g} s (runtime.timeout_s) while "
                     f"training is not finished; is {self.upstream_name} running?")
+            if self._linger_until is not None and (time.monotonic() > self._linger_until
+                                                   or self._fan.all_told()):
+                self._closing = True
 
     def _command(self, cmd) -> None:
-        """``close`` [reason]: with a reason, tell the children STOP first."""
-        self._closing = True
+        """``close`` [reason]: with a reason, tell the children STOP first. Once STOP went
+        down, close when every planned child was told, or after STOP_LINGER_S."""
         if len(cmd) > 1 and self._fan is not None and self.stop_reason is None:
             self._fan.stop(wire.encode(Kind.STOP, wire.SENDER_PS, 0,
                                        reason=cmd[1].decode(errors="replace")))
+        if self._fan is not None and self._fan.stop_frames is not None \
+                and not self._fan.all_told():
+            self._linger_until = time.monotonic() + STOP_LINGER_S
+        else:
+            self._closing = True
 
     def _credit(self, k: int, reset: bool = False) -> None:
         self._up.send_multipart(wire.encode(Kind.CREDIT, self.id, next(self._seq), credit=k,

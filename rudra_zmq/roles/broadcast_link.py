@@ -153,6 +153,11 @@ class Fanout:
             if c.passing == ts:
                 c.sent, c.passing = ts, None
 
+    def all_told(self) -> bool:
+        """Whether every planned child was told STOP (True when any child may connect)."""
+        return self.allowed is None or self.allowed <= {
+            c.member for c in self.kids.values() if c.told_stop}
+
     def stop(self, frames) -> None:
         self.stop_frames = frames
         for c in list(self.kids.values()):
