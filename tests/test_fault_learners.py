@@ -32,7 +32,9 @@ def test_a_killed_learner_no_longer_ends_the_run(tmp_path, protocol):
 def test_a_frozen_learner_is_evicted_then_rejoins(tmp_path):
     """SIGSTOP of a process of two learners for 3x the progress timeout (1 s), then SIGCONT:
     both evicted (λ 4 -> 2), their stale pushes refused, and they rejoin (λ 2 -> 4)."""
-    run = Run(tmp_path, "frozen", [*FAST, "sync.protocol=softsync", "train.epochs=25",
+    # 50 epochs (~20 s): under load the metrics that wait_ts reads lag the PS by seconds, and
+    # the freeze must fall in training
+    run = Run(tmp_path, "frozen", [*FAST, "sync.protocol=softsync", "train.epochs=50",
                                    "runtime.learner_timeout_s=1", "runtime.learners_per_process=2"])
     run.wait_ts(10)
     run.signal("learner0-1", signal.SIGSTOP)
