@@ -79,10 +79,15 @@ class ServerState:
         return wire.chunk(self.w, self.chunk_bytes)
 
     @property
+    def untold(self) -> set[int]:
+        """Member learners not yet told STOP (an evicted one is no longer a member)."""
+        return self.engine.members - self.stopped
+
+    @property
     def all_stopped(self) -> bool:
         """Whether training is over and every member learner was told (an evicted one that
         never came back is not waited for)."""
-        return self.done and self.stopped >= self.engine.members
+        return self.done and not self.untold
 
     def register(self, ident: bytes, msg: wire.Message) -> None:
         """Accept a HELLO from ``msg.sender`` on connection ``ident``: it must be a learner or

@@ -85,18 +85,28 @@ class Lan:
                              text=True).stdout
         return {int(p) for p in out.split()}
 
+    def commands(self, i: int) -> dict[int, str]:
+        """pid -> command line of what runs in namespace ``i`` besides the sshd listeners."""
+        cmds = {}
+        for p in self.pids(i) - self.sshd_pids:
+            try:
+                cmds[p] = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") \
+                    .decode(errors="replace")
+            except OSError:   # ended meanwhile
+                pass
+        return cmds
+
     def kill(self, i: int, pattern: str) -> int:
         """SIGKILL the processes of namespace ``i`` whose command line holds ``pattern``
         (never pkill: it would reach other tests' roles outside the namespace); how many."""
         n = 0
-        for p in self.pids(i) - self.sshd_pids:
-            try:
-                if pattern in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") \
-                        .decode(errors="replace"):
+        for p, cmd in self.commands(i).items():
+            if pattern in cmd:
+                try:
                     os.kill(p, signal.SIGKILL)
                     n += 1
-            except (OSError, ProcessLookupError):
-                pass
+                except ProcessLookupError:
+                    pass
         return n
 
     def leftovers(self, timeout: float = 20.0) -> dict[int, list[str]]:
@@ -104,18 +114,7 @@ class Lan:
         to ``timeout`` for it to end (the host guards give their roles 5 s)."""
         deadline = time.monotonic() + timeout
         while True:
-            left = {}
-            for i in range(3):
-                rest = self.pids(i) - self.sshd_pids
-                cmds = []
-                for p in rest:
-                    try:
-                        cmds.append(Path(f"/proc/{p}/cmdline").read_bytes()
-                                    .replace(b"\0", b" ").decode(errors="replace"))
-                    except OSError:
-                        pass
-                if cmds:
-                    left[i] = cmds
+            left = {i: list(cmds.values()) for i in range(3) if (cmds := self.commands(i))}
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.3)

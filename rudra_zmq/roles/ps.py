@@ -332,7 +332,7 @@ class ParameterServer:
             self._noted_waiting = True
             log.info("training is done; waiting to tell learners %s to stop (each is evicted "
                      "after runtime.learner_timeout_s=%g s of silence, or runtime.timeout_s=%g s "
-                     "from the start if never heard from)", sorted(st.engine.members - st.stopped),
+                     "from the start if never heard from)", sorted(st.untold),
                      self._learner_timeout, self.cfg.runtime.timeout_s)
 
     def _members_changed(self, learner: int, why: str) -> None:
