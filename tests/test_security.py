@@ -5,7 +5,8 @@ What it proves, each against the real role in this process and real ZeroMQ socke
 1. CURVE on a live parameter server: a plaintext client, a key that is not allow-listed and a
    key revoked while connected (and on a new connection) get no WELCOME and move no weight; a
    key made for learner 1 cannot speak as learner 0 ("forbidden"); the allow-listed key of
-   learner 0 is welcomed and its gradient applied.
+   learner 0 is welcomed and its gradient applied. On a live data server, learner 1's key
+   gets learner 1's minibatches and is refused learner 0's ("forbidden").
 2. Plaintext: a second connection cannot take a live learner's id ("in_use"), nor impersonate
    its unpredictable routing id, nor pull as it ("rejoin", no weights); once the learner's
    connection is gone, a new one takes the id back (a restart).
@@ -32,6 +33,7 @@ from cluster import running, small_config
 from rudra_zmq import compare, keys, security, transport, wire
 from rudra_zmq.data_order import load_data
 from rudra_zmq.launcher import _outcome
+from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq.roles.stats_server import DONE_QUIET_S, StatsServer
 from rudra_zmq.wire import Kind
@@ -136,6 +138,34 @@ def test_curve_admits_only_allow_listed_keys_speaking_as_their_own_learner(curve
         assert reply(zero).kind == Kind.ACK
         assert ps.state.engine.timestamp == 1 and not np.array_equal(ps.state.w, w0)
     assert not errors
+
+
+def test_with_curve_the_data_server_gives_a_key_only_its_own_learners_minibatches(tmp_path):
+    d = tmp_path / "keys"
+    keys.make_run_keys(d, ["learner-0", "learner-1"])
+    curve, ctx = security.Curve(d), zmq.Context()
+    transport.set_security(curve)
+    try:
+        cfg = small_config("data.dataset=synthetic", "data.synthetic_shape=[1,4,4]",
+                           "data.synthetic_train=64", "data.synthetic_test=8")
+        server = DataServer(cfg, "tcp://127.0.0.1:0", ctx)
+        spub = keys.server_keys(d, secret=False)[0]
+        with running(server) as errors:
+            one = dealer(ctx, server.endpoint, (spub, keys.client_keys(d, "learner-1")))
+            send(one, Kind.BATCH_REQ, 0, step=0)            # learner 1's key asking as learner 0
+            assert codes([reply(one)]) == [(Kind.ERROR, "forbidden")]
+            send(one, Kind.BATCH_REQ, 1, step=0)            # ... and as itself
+            own = reply(one)
+            assert own.kind == Kind.BATCH and own.fields["step"] == 0
+            plain = dealer(ctx, server.endpoint)            # no key: no handshake, no data
+            send(plain, Kind.BATCH_REQ, 0, step=0)
+            assert reply(plain, 1000) is None
+        assert not errors
+        assert (server.batches_served, server.invalid) == (1, 1)
+    finally:
+        transport.set_security(None)
+        curve.release(ctx)
+        ctx.destroy(linger=0)
 
 
 # ------------------------------------------------------------------ 2. ids without CURVE

@@ -10,6 +10,9 @@ Wire traffic (see ``rudra_zmq.wire``): a DEALER sends BATCH_REQ x{step} with its
 the header's sender; the ROUTER answers BATCH with payloads [images u1 (µ·C·H·W), labels i8 (µ)]
 and fields shape=[µ, C, H, W], epoch (stream position of the batch start / N), step, and the
 per-channel mean/std the learner normalises with; or ERROR x{code, error} for a bad request.
+With CURVE (``transport.set_security``) a connection's key gets only the minibatches of the
+learners it may speak as (``security.Curve.may_speak``, the PS's rule); others get
+ERROR forbidden.
 
 Copies, and why: the server gathers each batch into a fresh array (one ``np.take``) and sends
 it zero-copy; a fresh array, not a reused one, because ZeroMQ may still be sending the previous
@@ -67,6 +70,7 @@ class DataServer:
         self.samples_served = self.batches_served = self.invalid = self.undelivered = 0
         self._warned: set = set()
         self._seq = 0
+        self.security = transport.security()    # CURVE: who may ask for whose minibatches
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
         # Each learner keeps data.prefetch requests in flight; the HWM only bounds misbehaviour.
@@ -101,6 +105,12 @@ class DataServer:
             self._refuse(ident, f"peer {ident.hex()}", exc.code, str(exc))
             return
         learner, step = msg.sender, msg.fields["step"]
+        # With CURVE a key gets only its own learners' minibatches (the PS's rule, security.py)
+        if self.security is not None and not self.security.may_speak(frames[1], learner):
+            self._refuse(ident, f"learner {learner}", "forbidden",
+                         f"this connection's key may not ask for {wire.sender_name(learner)}'s "
+                         "minibatches (is the learner using another learner's key?)")
+            return
         if not 0 <= learner < self.learners:
             self._refuse(ident, f"learner {learner}", "bad_learner",
                          f"learner id {learner} is out of range 0..{self.learners - 1} "
