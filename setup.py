@@ -136,8 +136,9 @@ def _version():
 # configs/quickstart.yaml) and become the data-only package rudra_zmq.configs through
 # package_dir: build_py copies configs/*.yaml and configs/grids/*.yaml into the wheel as
 # rudra_zmq/configs/..., and the sdist carries them (MANIFEST.in), without a second copy in git.
-# An editable install has no rudra_zmq/configs/ folder: config.load_config then finds the
-# source tree's configs/ next to the package.
+# An editable install has no rudra_zmq/configs/ folder: rudra_zmq.shipped then finds the
+# source tree's configs/ next to the package. examples/ becomes rudra_zmq.examples the same
+# way (`rudra-zmq examples` lists them in an installed copy).
 setup(
     name="rudra_zmq",
     version=_version(),
@@ -146,9 +147,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=[*find_packages(include=["rudra_zmq", "rudra_zmq.*"]),
-              "rudra_zmq.configs", "rudra_zmq.configs.grids"],
-    package_dir={"rudra_zmq.configs": "configs"},
-    package_data={"rudra_zmq.configs": ["*.yaml"], "rudra_zmq.configs.grids": ["*.yaml"]},
+              "rudra_zmq.configs", "rudra_zmq.configs.grids", "rudra_zmq.examples"],
+    package_dir={"rudra_zmq.configs": "configs", "rudra_zmq.examples": "examples"},
+    package_data={"rudra_zmq.configs": ["*.yaml"], "rudra_zmq.configs.grids": ["*.yaml"],
+                  "rudra_zmq.examples": ["*"]},
     ext_modules=cythonize(
         [ext],
         compiler_directives={

@@ -334,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_env_parser(sub)      # rudra-zmq env
     from .worker import add_parser as add_worker_parser
     add_worker_parser(sub)   # rudra-zmq worker CONFIG (a rank under srun/mpirun/torchrun)
+    from .shipped import add_parser as add_examples_parser
+    add_examples_parser(sub)   # rudra-zmq examples [NAME]: the shipped example scripts
     from .benchmarks.cli import add_parser as add_bench_parser
     add_bench_parser(sub)   # rudra-zmq bench NAME: the commands in benchmarks/cli.py
     return parser

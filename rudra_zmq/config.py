@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from . import shipped
 from .devices import check_device_name
 from .sync import LR_POLICIES, check_protocol, learners_wait
 from .user_code import UserCodeError, is_import_path
@@ -375,29 +376,17 @@ def read_mapping(path, what: str, examples: str) -> dict:
     return data
 
 
-def builtin_config_path(name: str) -> str:
-    """The shipped config ``name`` (``quickstart``): ``rudra_zmq/configs/NAME.yaml`` of an
-    installed wheel, else ``configs/NAME.yaml`` beside the package (a source tree, an editable
-    install). ConfigError listing the built-in names if there is none of that name."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    folders = [os.path.join(here, "configs"), os.path.join(os.path.dirname(here), "configs")]
-    folder = next((f for f in folders if os.path.isdir(f)), None)
-    names = sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")) if folder else []
-    if name not in names:
-        raise ConfigError(f"config {name!r} is not a file and not a built-in config; give a "
-                          f"YAML file or one of: {', '.join(names) or '(none found)'}")
-    return os.path.join(folder, name + ".yaml")
-
-
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
     """Load a YAML config (or the defaults when ``path`` is None), apply ``key=value``
     overrides, type-check and validate it. A bare name (no ``/``, no ``.yaml``) that is not a
-    file here is a built-in config (:func:`builtin_config_path`). Raises ConfigError /
+    file here is a built-in config, as is ``configs/NAME.yaml`` where no such file is here
+    (:mod:`rudra_zmq.shipped`). Raises ConfigError /
     FileNotFoundError."""
-    text = os.fspath(path) if path is not None else ""
-    if text and "/" not in text and not text.endswith((".yaml", ".yml")) \
-            and not os.path.exists(text):
-        path = builtin_config_path(text)
+    if path is not None:
+        text = os.fspath(path)
+        path = shipped.resolve("config", text)
+        if path is None:
+            raise ConfigError(shipped.unknown("config", text))
     data = read_mapping(path, "config file", "configs/") if path is not None else {}
     for item in overrides:
         _apply_override(data, item)

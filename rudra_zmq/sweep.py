@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from .compare import POINT_FILE, SWEEP_FILE, CompareError, run_summary
+from . import shipped
 from .config import ConfigError, load_config, read_mapping
 
 GRID_KEYS = ("base", "budget", "set", "points", "grid", "name")
@@ -81,7 +82,10 @@ def load_grid(path, budget: float | None = None, extra=()) -> Grid:
     before anything runs. ``budget`` and ``extra`` (``key=value`` overrides) come from the
     command line and win over the file. Raises ConfigError naming the bad value. Does not
     block beyond reading files."""
-    path = Path(path)
+    found = shipped.resolve("grid", str(path))
+    if found is None:
+        raise ConfigError(shipped.unknown("grid", str(path)))
+    path = found
     data = read_mapping(path, "grid file", "configs/grids/")
     unknown = sorted(set(data) - set(GRID_KEYS))
     if unknown:
@@ -252,7 +256,8 @@ def add_parser(sub) -> None:
     """Register ``rudra-zmq sweep`` on the CLI's subparsers."""
     p = sub.add_parser("sweep", help="run a grid of configs, one run directory per point",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("grid", metavar="GRID.yaml", help="grid file (see configs/grids/)")
+    p.add_argument("grid", metavar="GRID", help="grid file, or a built-in grid's name (table2, "
+                   "figure3, hardsync; see configs/grids/)")
     p.add_argument("--parent", metavar="DIR",
                    help="parent of the point directories (default runs/NAME, the grid's name, "
                         "runs/NAME-sim with --simulate)")

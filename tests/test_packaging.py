@@ -117,6 +117,10 @@ def test_the_wheel_holds_the_compiled_kernels_and_the_configs_as_package_data(wh
                for p in REPO.glob("configs/**/*.yaml")}
     assert "rudra_zmq/configs/quickstart.yaml" in configs
     assert configs <= names, f"missing from the wheel: {sorted(configs - names)}"
+    examples = {f"rudra_zmq/examples/{p.name}" for p in (REPO / "examples").iterdir()
+                if p.is_file()}
+    assert "rudra_zmq/examples/slurm.sbatch" in examples
+    assert examples <= names, f"missing from the wheel: {sorted(examples - names)}"
 
 
 @pytest.mark.slow
@@ -136,6 +140,18 @@ def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_by_name(fresh_venv, tmp_p
     metrics = (run_dir / "metrics.jsonl").read_text()
     assert metrics.strip(), "the run wrote no metrics"
     assert "name: quickstart" in (run_dir / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_in_a_fresh_venv_finds_grids_and_examples_by_name(fresh_venv, tmp_path):
+    """The README's `sweep` and the docs' example scripts, from a folder with no repository."""
+    for grid in ("table2", "grids/table2", "configs/grids/table2.yaml"):
+        listed = _check([fresh_venv / "rudra-zmq", "sweep", grid, "--list"], cwd=tmp_path)
+        assert listed.stdout.startswith("baseline: "), (grid, listed.stdout)
+    printed = _check([fresh_venv / "rudra-zmq", "examples", "slurm.sbatch"], cwd=tmp_path)
+    assert printed.stdout == (REPO / "examples" / "slurm.sbatch").read_text()
+    listed = _check([fresh_venv / "rudra-zmq", "examples"], cwd=tmp_path).stdout
+    assert str(fresh_venv.parent) in listed and "custom_model.py" in listed, listed
 
 
 # ----------------------------------------------------------------------------- config names
