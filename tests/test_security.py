@@ -16,6 +16,9 @@ What it proves, each against the real role in this process and real ZeroMQ socke
 4. Size limits: a frame over ``max_bytes`` disconnects its sender and delivers nothing; a
    10,000-frame message leaves the PS up, answering, and its RSS within 50 MiB.
 5. The result line reads where the PS says training ended, not a later (forged) eval record.
+6. After training, STOP goes only to registered senders: an outsider speaking as a learner not
+   yet told (PULL, BYE, HELLO) cannot mark it stopped, at the PS or at a tree node, and the
+   real learner is still told.
 """
 import io
 import itertools
@@ -317,3 +320,64 @@ def test_the_result_line_reports_where_the_ps_ended(tmp_path):
 def test_the_best_error_ignores_evals_past_where_the_ps_ended(tmp_path):
     r = compare.run_summary(forged_run(tmp_path))
     assert r["best_error"] == 0.3, f"best error {r['best_error']} comes from a forged eval"
+
+
+# ------------------------------------------------------------------ 6. STOP after training
+def outsider_speaks_as(ctx, endpoint, sender, stopped):
+    """A new connection speaks as ``sender`` (not yet told STOP) after training: PULL and
+    BYE are refused ("rejoin"), HELLO too ("in_use": the real one is connected); none of it
+    marks ``sender`` stopped (``stopped()``: the server's set)."""
+    outsider = dealer(ctx, endpoint)
+    send(outsider, Kind.PULL, sender, 0, wait=False)
+    send(outsider, Kind.BYE, sender)
+    hello(outsider, sender)
+    got = [reply(outsider) for _ in range(3)]
+    assert codes(got) == [(Kind.ERROR, "rejoin")] * 2 + [(Kind.ERROR, "in_use")], codes(got)
+    assert sender not in stopped()
+    outsider.close()
+
+
+def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_the_ps(ctx):
+    model = (np.zeros(N, np.float32), [(0, N, 1.0, 1.0)], SIG)
+    ps = ParameterServer(small_config("sync.protocol=async", "train.epochs=0.01"),
+                         "tcp://127.0.0.1:0", ctx=ctx, model=model)
+    with running(ps) as errors:
+        zero, one = dealer(ctx, ps.endpoint), dealer(ctx, ps.endpoint)
+        for sock, i in ((zero, 0), (one, 1)):
+            hello(sock, i)
+            assert reply(sock).kind == Kind.WELCOME
+        for _ in range(10):                      # learner 0 pushes until training ends
+            send(zero, Kind.PUSH, 0, 0, [GRAD])
+            if reply(zero).kind == Kind.STOP:
+                break
+        assert ps.state.done and ps.state.stopped == {0}
+        outsider_speaks_as(ctx, ps.endpoint, 1, lambda: ps.state.stopped)
+        assert not ps.state.all_stopped
+        send(one, Kind.PULL, 1, 0, wait=False)   # the real learner 1 is told
+        while (r := reply(one)).fields.get("code") == "probe":   # the in_use check's
+            pass
+        assert r.kind == Kind.STOP and ps.state.all_stopped
+    assert not errors
+
+
+def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_a_tree_node(ctx):
+    from test_tree import NUMEL, SIG as TREE_SIG, adv, welcome_leaf
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=async"))
+    with running(node) as errors:
+        ident, _ = parent.recv()
+        l1.send(Kind.HELLO, model=TREE_SIG, numel=NUMEL)
+        parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
+                     protocol="async")
+        l0.recv(), l1.recv()
+        l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
+        parent.recv()
+        parent.reply(ident, Kind.STOP, reason="training finished")
+        assert l0.recv().kind == Kind.STOP
+        outsider_speaks_as(ctx, node.endpoint, 1, lambda: node.state.stopped)
+        assert not node.state.finished
+        l1.send(Kind.PULL, 0, wait=False)        # the real learner 1 is told
+        while (r := l1.recv()).fields.get("code") == "probe":   # the in_use check's
+            pass
+        assert r.kind == Kind.STOP and node.state.finished
+        l0.close(), l1.close()
+    assert not errors

@@ -176,14 +176,14 @@ class ParameterServer:
             self._refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
                          f"as {wire.sender_name(msg.sender)}", re=msg.seq)
             return
-        if self.state.done:
-            self._stop(ident, msg.sender, msg.seq)
-            return
         try:
             if msg.kind != Kind.HELLO:
                 self.state.check_sender(ident, msg)
             if msg.sender >= 0 and msg.kind != Kind.HELLO:   # a HELLO counts once accepted
                 self.state.last_heard[msg.sender] = time.time()
+            if self.state.done and msg.kind != Kind.HELLO:   # a HELLO is checked first
+                self._stop(ident, msg.sender, msg.seq)
+                return
             self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
             code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
@@ -201,6 +201,9 @@ class ParameterServer:
                          re=msg.seq)
             return
         st.register(ident, msg)
+        if st.done:   # after training: a planned sender with this model is told STOP
+            self._stop(ident, msg.sender, msg.seq)
+            return
         if st.join(msg.sender, time.time()):
             self._members_changed(msg.sender, "joined")
         if st.owes_update(msg.sender):

@@ -162,12 +162,12 @@ class TreeNode:
             self._refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
                          f"as {wire.sender_name(msg.sender)}", re=msg.seq)
             return
-        if self.state.stop_reason is not None:
-            self._stop(ident, msg.sender, msg.seq)
-            return
         try:
             if msg.kind != Kind.HELLO:
                 self.state.check_sender(ident, msg)
+            if self.state.stop_reason is not None and msg.kind != Kind.HELLO:
+                self._stop(ident, msg.sender, msg.seq)   # a HELLO is checked first
+                return
             self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
             code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
@@ -184,7 +184,11 @@ class TreeNode:
                          "connected already (is a second one running with this id?)",
                          re=msg.seq)
             return
-        if st.register(ident, msg):   # x{had}: what its first child saw (a restarted root)
+        first = st.register(ident, msg)
+        if st.stop_reason is not None:   # after training: a planned child is told STOP
+            self._stop(ident, msg.sender, msg.seq)
+            return
+        if first:   # x{had}: what its first child saw (a restarted root)
             had = {"had": msg.fields["had"]} if "had" in msg.fields else {}
             self.parent.send(Kind.HELLO, model=st.signature, numel=st.numel,
                              subtree=sorted(self.spec.subtree), **had)
