@@ -6,11 +6,15 @@ pdsh) as ``python -m rudra_zmq.host_guard ROLE ARGS`` in the run directory, whic
 same absolute path on every host. Before anything starts, each remote host gets
 ``config.yaml`` (and, with ``security.curve``, the run's keys) unless it shares this host's
 file system (a marker file tells). Every process's output comes back here, each line prefixed
-``host:label``, into ``RUN/logs/LABEL.log``. Supervision, restarts and the stop order are
-:class:`rudra_zmq.launcher.Launcher`'s; stopping a remote role closes its ssh stdin, which its
-guard takes as the order to stop it, and a lost connection does the same. At the end the
-server host's files (metrics, plots, checkpoints) are copied back here when it does not share
-this file system. Blocks; use from the main thread.
+``host:label``, into ``RUN/logs/LABEL.log``. ``security.curve`` unset means CurveZMQ whenever
+a role runs on another host or listens beyond loopback (``cluster_plan.place``); an explicit
+``false`` there is said once on the terminal. A launch that fails before every role is up
+removes the run directory it made, here and on the hosts that did not share it.
+Supervision, restarts and the stop order are :class:`rudra_zmq.launcher.Launcher`'s;
+stopping a remote role closes its ssh stdin, which its guard takes as the order to stop it,
+and a lost connection does the same. At the end the server host's files (metrics, plots,
+checkpoints) are copied back here when it does not share this file system. Blocks; use from
+the main thread.
 """
 from __future__ import annotations
 
@@ -25,10 +29,11 @@ import subprocess
 import sys
 import tarfile
 import threading
+from pathlib import Path
 
 import psutil
 
-from . import cluster_plan, hostfile
+from . import cluster_plan, hostfile, transport
 from . import config as config_mod
 from .children import Child, echo_lines
 from .config import ConfigError
@@ -67,19 +72,15 @@ class _RemotePopen(subprocess.Popen):
         super().send_signal(sig)
 
 
-class ClusterLauncher(Launcher):
-    """Starts and supervises one run on many hosts. Use once, from the main thread."""
+class Commands:
+    """The command lines of one launch: how a host is reached (ssh or pdsh, with the user's
+    options) and how a role starts there. Pure; what ``--dry-run`` prints."""
 
-    def __init__(self, cp: cluster_plan.ClusterPlan, *, via: str = "ssh",
-                 ssh_options: list[str] = (), forward: dict[str, str] | None = None,
+    def __init__(self, run_dir: Path, via: str = "ssh", ssh_options: list[str] = (),
                  python: str | None = None):
-        super().__init__(cp.plan)
-        self.cp, self.via, self.forward = cp, via, dict(forward or {})
-        self.ssh_options = list(ssh_options)
+        self.run_dir, self.via, self.ssh_options = run_dir, via, list(ssh_options)
         self.python = python or sys.executable
-        self.shared: dict[str, bool] = {}     # remote host -> shares our file system
 
-    # -- commands --------------------------------------------------------------------------
     def remote(self, host: str, command: str) -> list[str]:
         """The local argv that runs the shell ``command`` on ``host``."""
         if self.via == "pdsh":
@@ -89,11 +90,35 @@ class ClusterLauncher(Launcher):
 
     def role_command(self, host: str, label: str, role: str, args: list[str]) -> str:
         """The shell command that starts one role on a remote host."""
-        run_dir = shlex.quote(str(self.plan.run_dir))
+        run_dir = shlex.quote(str(self.run_dir))
         guard = [self.python, "-m", "rudra_zmq.host_guard"]
         if self.via == "pdsh":
-            guard += ["--env-file", str(self.plan.run_dir / f".env-{label}.json")]
+            guard += ["--env-file", str(self.run_dir / f".env-{label}.json")]
         return f"cd {run_dir} && exec {shlex.join(guard + [role, *args])}"
+
+    def argv(self, host: str, label: str, role: str, args: list[str]) -> list[str]:
+        """The local argv that starts one role: a child here, else through ssh/pdsh."""
+        if hostfile.is_local(host):
+            return [sys.executable, "-m", "rudra_zmq", role, *args]
+        return self.remote(host, self.role_command(host, label, role, args))
+
+
+class ClusterLauncher(Launcher):
+    """Starts and supervises one run on many hosts. Use once, from the main thread."""
+
+    def __init__(self, cp: cluster_plan.ClusterPlan, *, via: str = "ssh",
+                 ssh_options: list[str] = (), forward: dict[str, str] | None = None,
+                 python: str | None = None):
+        super().__init__(cp.plan)
+        self.commands = Commands(cp.plan.run_dir, via, ssh_options, python)
+        self.cp, self.via, self.forward = cp, via, dict(forward or {})
+        self.shared: dict[str, bool] = {}     # remote host -> shares our file system
+        self.made: list[str] = []             # remote hosts where we made the run directory
+        self.all_up = False                   # every role started and listening
+        if not cp.plan.cfg.security.curve and cluster_plan.exposed(cp.plan.binds,
+                                                                   cp.host_names()):
+            # `launch` said it once on the terminal (plaintext_warning): the roles keep quiet
+            self.secrets[transport.PLAINTEXT_NAMED_ENV] = "1"
 
     def settings(self, host: str) -> dict:
         """What a remote guard reads first: the launcher's variables, the learners here."""
@@ -117,20 +142,34 @@ class ClusterLauncher(Launcher):
                 path.touch(mode=0o600)
                 path.write_text(json.dumps(self.settings(host)))
         run_dir = shlex.quote(str(self.plan.run_dir))
-        script = (f"mkdir -p {run_dir}/logs && cd {run_dir} && "
+        script = (f"new=old; [ -e {run_dir} ] || new=new; mkdir -p {run_dir}/logs && "
+                  f"cd {run_dir} && "
                   f"if [ \"$(cat {MARKER} 2>/dev/null)\" = {token} ]; then echo shared; "
-                  f"else tar -xf - && echo copied; fi")
+                  f"else tar -xf - && echo copied $new; fi")
         for host in self.cp.host_names():
             if hostfile.is_local(host):
                 continue
-            res = subprocess.run(self.remote(host, script), input=payload.getvalue(),
+            res = subprocess.run(self.commands.remote(host, script), input=payload.getvalue(),
                                  capture_output=True, timeout=COPY_TIMEOUT_S)
             said = res.stdout.decode(errors="replace").split()
             if res.returncode != 0 or not said:
-                raise LaunchError(f"could not prepare {host} ({' '.join(self.remote(host, '...'))}"
-                                  f" exited {res.returncode}): "
+                how = " ".join(self.commands.remote(host, "..."))
+                raise LaunchError(f"could not prepare {host} ({how} exited {res.returncode}): "
                                   f"{res.stderr.decode(errors='replace').strip()[-500:]}")
             self.shared[host] = said[-1] == "shared"
+            if said[-1] == "new":
+                self.made.append(host)
+
+    def discard(self) -> None:
+        """Remove the run directory from the hosts where this launch made it (it never
+        trained). Best effort, bounded by COPY_TIMEOUT_S per host; blocks."""
+        for host in self.made:
+            try:
+                rm = f"rm -rf -- {shlex.quote(str(self.plan.run_dir))}"
+                subprocess.run(self.commands.remote(host, rm), capture_output=True,
+                               timeout=COPY_TIMEOUT_S)
+            except (OSError, subprocess.SubprocessError):
+                pass
 
     def copy_back(self) -> None:
         """Copy the server host's run directory (metrics, plots, checkpoints) here, when it
@@ -140,7 +179,7 @@ class ClusterLauncher(Launcher):
             return
         script = f"tar -C {shlex.quote(str(self.plan.run_dir))} --exclude=./logs -cf - ."
         try:
-            res = subprocess.run(self.remote(host, script), capture_output=True,
+            res = subprocess.run(self.commands.remote(host, script), capture_output=True,
                                  timeout=COPY_TIMEOUT_S)
             if res.returncode != 0:
                 raise LaunchError(res.stderr.decode(errors="replace").strip()[-500:])
@@ -163,7 +202,7 @@ class ClusterLauncher(Launcher):
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     text=True, errors="replace")
         else:
-            command = self.remote(host, self.role_command(host, label, role, args))
+            command = self.commands.argv(host, label, role, args)
             proc = _RemotePopen(command, stdout=subprocess.PIPE,
                                 stdin=subprocess.PIPE if self.via == "ssh" else subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT, start_new_session=True, text=True,
@@ -203,17 +242,30 @@ class ClusterLauncher(Launcher):
         print(f"rudra-zmq: on host {self.cp.placement[child.label]}:", file=sys.stderr)
         super()._report(child, early)
 
+    def start_all(self) -> int | None:
+        rc = super().start_all()
+        self.all_up = rc is None
+        return rc
+
     def run(self) -> int:
-        """Prepare the hosts, start everything, supervise, copy the results back. Blocks."""
+        """Prepare the hosts, start everything, supervise, copy the results back. Blocks.
+        A failure before every role is up removes the run directory from the hosts where
+        this launch made it (the caller removes ours)."""
         try:
             self.prepare()
         except (LaunchError, OSError, subprocess.SubprocessError) as exc:
             print(f"rudra-zmq launch: {exc}", file=sys.stderr)
+            self.discard()
             return 1
+        rc = 1
         try:
-            return super().run()
+            rc = super().run()
         finally:
-            self.copy_back()
+            if self.all_up:
+                self.copy_back()
+            elif rc != 0:
+                self.discard()
+        return rc
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -231,29 +283,83 @@ def _forwarded(names: list[str]) -> dict[str, str]:
     return out
 
 
+def plaintext_warning(cp: cluster_plan.ClusterPlan) -> str | None:
+    """The one terminal line for a launch that others could reach in plaintext (the config
+    said ``security.curve: false``), else None."""
+    if cp.plan.cfg.security.curve or not cluster_plan.exposed(cp.plan.binds, cp.host_names()):
+        return None
+    return ("rudra-zmq launch: warning: security.curve is false, so the roles talk in "
+            "PLAINTEXT beyond this machine: anyone who can reach them can read the weights "
+            "and the training data and push gradients; remove `security.curve: false` to "
+            "encrypt (docs/security.md)")
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """``path`` and those of its ancestors that do not exist yet, deepest first."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def _remove_made(run_dir: Path, made: list[Path], had: set[str]) -> None:
+    """Undo what this launch wrote for a run that never trained: the run directory and the
+    empty parents it made for it, or, in a directory that was there before (holding
+    ``had``), what it wrote there. Says so in one line."""
+    if run_dir in made:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for p in made[made.index(run_dir) + 1:]:
+            try:
+                p.rmdir()          # only if empty: never a folder with something else in it
+            except OSError:
+                break
+        print(f"rudra-zmq launch: removed {run_dir} (no training started there)",
+              file=sys.stderr)
+        return
+    for name in set(os.listdir(run_dir)) - had:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    print(f"rudra-zmq launch: removed what this launch wrote in {run_dir} (no training "
+          "started there)", file=sys.stderr)
+
+
 def launch(args) -> int:
     """``rudra-zmq launch``: plan, print, and (without ``--dry-run``) run. Returns the exit
-    code; raises ConfigError / HostfileError before anything starts."""
+    code; raises ConfigError / HostfileError before anything starts (and creates nothing)."""
     cfg = config_mod.load_config(args.config, list(args.set))
     hosts = hostfile.load(args.hostfile, args.hosts, args.include, args.exclude)
     if args.launcher == "pdsh" and shutil.which("pdsh") is None:
         raise ConfigError("--launcher pdsh: pdsh is not installed here (Debian: apt-get "
                           "install pdsh); or use --launcher ssh")
     forward = _forwarded(args.export)
+    target = Path(args.run_dir or cfg.runtime.run_dir).absolute()
+    made = [] if args.dry_run else _missing_dirs(target)
+    had = set(os.listdir(target)) if args.run_dir and not made else set()
     cp = cluster_plan.place(cfg, hosts, server_host=args.server_host, port=args.port,
                             run_dir=args.run_dir, create=not args.dry_run)
+    if not args.dry_run and args.run_dir is None:
+        made.insert(0, cp.plan.run_dir)        # a new NAME-STAMP folder under runtime.run_dir
     print(f"rudra-zmq launch {cfg.name!r} on {hostfile.describe(hosts)}; run directory "
           f"{cp.plan.run_dir}\n{cluster_plan.describe(cp)}", flush=True)
-    launcher = ClusterLauncher(cp, via=args.launcher, ssh_options=shlex.split(args.ssh_opts),
-                               forward=forward, python=args.python)
+    warning = plaintext_warning(cp)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if args.dry_run:
+        print(f"  ssh: {cluster_plan.LOCAL_RULE}")
+        commands = Commands(cp.plan.run_dir, args.launcher, shlex.split(args.ssh_opts),
+                            args.python)
         for host, label, role, role_args in cluster_plan.commands(cp):
-            argv = ([sys.executable, "-m", "rudra_zmq", role, *role_args]
-                    if hostfile.is_local(host)
-                    else launcher.remote(host, launcher.role_command(host, label, role, role_args)))
-            print(f"{host}:{label}$ {shlex.join(argv)}")
+            print(f"{host}:{label}$ {shlex.join(commands.argv(host, label, role, role_args))}")
         return 0
-    return launcher.run()
+    rc, launcher = 1, None
+    try:
+        launcher = ClusterLauncher(cp, via=args.launcher, ssh_options=shlex.split(args.ssh_opts),
+                                   forward=forward, python=args.python)
+        rc = launcher.run()
+    finally:
+        if rc != 0 and (launcher is None or not launcher.all_up):
+            _remove_made(cp.plan.run_dir, made, had)
+    return rc
 
 
 def add_parser(sub) -> None:

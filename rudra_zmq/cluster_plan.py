@@ -11,13 +11,17 @@ learner), :func:`place` puts
   socket on its own host.
 
 Every server listens on ``tcp`` at ports counted up from ``port`` on its host; others reach
-it by the host's name as the hostfile writes it. A server binds that address when it is an IP
-address, else every interface (a host name may resolve to 127.0.1.1 on the host itself, as on
-Debian). Pure planning: :func:`place` starts nothing; with ``create`` it makes the run
-directory here and saves the resolved config, as ``rudra-zmq run`` does. Thread-safe.
+it by the host's name as the hostfile writes it. A server binds what the user gave
+(:func:`bind_address`): an IP address exactly, ``localhost`` as 127.0.0.1, and every interface
+for any other name (a host name may resolve to 127.0.1.1 on the host itself, as on Debian).
+``security.curve`` unset (null) becomes on when any role runs on another host or listens
+beyond loopback, off otherwise (:func:`exposed`). Pure planning: :func:`place` starts nothing;
+with ``create`` it makes the run directory here and saves the resolved config, as
+``rudra-zmq run`` does. Thread-safe.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 from dataclasses import dataclass
@@ -39,6 +43,7 @@ class ClusterPlan:
     hosts: list[hostfile.Host]
     server_host: str
     placement: dict[str, str]          # label (ps, data, node3, learner0-1, ...) -> host
+    curve_given: bool | None = None    # security.curve as the config said it (None: unset)
 
     def learners_on(self, host: str) -> int:
         """How many learners the plan puts on ``host``."""
@@ -62,13 +67,42 @@ def _address(host: str) -> str:
         return host
 
 
-def _bind_address(host: str) -> str:
-    """Where a server on ``host`` binds: that IP address, or every interface for a name."""
+def bind_address(host: str) -> str:
+    """Where a server reached as ``host`` binds, as a tcp endpoint's host: that IP address
+    (IPv6 in brackets), 127.0.0.1 for ``localhost``, every interface for any other name."""
+    if host.rstrip(".").lower() == "localhost":
+        return "127.0.0.1"      # libzmq resolves a connect to localhost over IPv4 by default
     try:
         ipaddress.ip_address(host)
     except ValueError:
         return "0.0.0.0"
     return _address(host)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127/8, ::1; IPv6 bare or in brackets) or
+    ``localhost``. No DNS lookups."""
+    host = host.strip("[]")
+    if host.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether a ``tcp://HOST:PORT`` endpoint's HOST is loopback (ipc: True)."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    return is_loopback_host(endpoint[len("tcp://"):].rsplit(":", 1)[0])
+
+
+def exposed(binds: dict[str, str], hosts) -> bool:
+    """Whether others could reach servers that bind ``binds`` with roles on ``hosts``: a host
+    that is not this machine, or a server listening beyond loopback."""
+    return (not all(hostfile.is_local(h) for h in hosts)
+            or not all(is_loopback(ep) for ep in binds.values()))
 
 
 def _place_groups(groups: list[list[int]], hosts: list[hostfile.Host]) -> list[str]:
@@ -130,7 +164,11 @@ def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
         p = next_port.get(host, port)
         next_port[host] = p + 1
         endpoints[label] = f"tcp://{_address(host)}:{p}"
-        binds[label] = f"tcp://{_bind_address(host)}:{p}"
+        binds[label] = f"tcp://{bind_address(host)}:{p}"
+    given = cfg.security.curve
+    if given is None:     # unset: encrypt whenever someone else could reach the roles
+        on = exposed(binds, placement.values())
+        cfg = dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on))
     if create:
         path = make_run_dir(cfg, run_dir)
         config_mod.save(cfg, path / "config.yaml")
@@ -138,20 +176,39 @@ def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         path = Path(run_dir or Path(cfg.runtime.run_dir) / f"{cfg.name}-{stamp}").absolute()
     plan = Plan(cfg, path, endpoints, groups, tree, binds)
-    return ClusterPlan(plan, hosts, server, placement)
+    return ClusterPlan(plan, hosts, server, placement, given)
+
+
+LOCAL_RULE = ("localhost, 127.x.x.x, ::1 and this machine's own names run here without ssh "
+              "(as under Horovod); every other entry goes over ssh, this machine's network "
+              "addresses included (name one of them to reach it over ssh)")
 
 
 def describe(cp: ClusterPlan) -> str:
-    """The placement, one line per host: ``host-a (2 slots): stats, data, ps, learner0-1``."""
+    """The placement, one line per host (``host-a (2 slots, 2 learners; over ssh): stats,
+    data, ps, learner0-1``), then how the roles talk (``security: ...``)."""
     slots = {h.name: h.count for h in cp.hosts}
     lines = []
     for host in cp.host_names():
         labels = [label for label, h in cp.placement.items() if h == host]
         n = slots.get(host)
         what = f"{n} slot{'s' if n != 1 else ''}" if n is not None else "servers only"
-        lines.append(f"  {host} ({what}, {cp.learners_on(host)} learners): "
+        how = "this machine, no ssh" if hostfile.is_local(host) else "over ssh"
+        lines.append(f"  {host} ({what}, {cp.learners_on(host)} learners; {how}): "
                      + ", ".join(labels))
-    return "\n".join(lines)
+    return "\n".join([*lines, f"  security: {security_line(cp)}"])
+
+
+def security_line(cp: ClusterPlan) -> str:
+    """How the roles of ``cp`` talk, and why: one line for the plan."""
+    given = {None: "security.curve unset", True: "security.curve: true",
+             False: "security.curve: false"}[cp.curve_given]
+    if cp.plan.cfg.security.curve:
+        return (f"CurveZMQ on every socket ({given}); the run's keys are made in "
+                f"{cp.plan.run_dir / 'keys'} and copied to each host")
+    if exposed(cp.plan.binds, cp.host_names()):
+        return f"PLAINTEXT across hosts ({given}): anyone who can reach the roles can join"
+    return f"plaintext on loopback, every role on this machine ({given})"
 
 
 def commands(cp: ClusterPlan, resume: bool = False) -> list[tuple[str, str, str, list[str]]]:

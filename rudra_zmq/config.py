@@ -117,8 +117,10 @@ class ArchitectureConfig:
 
 @dataclass
 class SecurityConfig:
-    curve: bool = False                # CurveZMQ on every socket, allow-listed client keys
-    #                                    (docs/security.md); `rudra-zmq run` makes per-run keys
+    curve: bool | None = None          # CurveZMQ on every socket, allow-listed client keys
+    #                                    (docs/security.md); `rudra-zmq run` makes per-run keys.
+    #                                    null: on where others can reach the roles (`launch`
+    #                                    beyond loopback, `worker` with security.keys), else off
     keys: str = ""                     # by hand: the key directory (or each command's --keys)
 
 

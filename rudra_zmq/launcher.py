@@ -57,7 +57,7 @@ def _role_command(role: str, args: list[str]) -> list[str]:
 class Launcher:
     """Starts and supervises the processes of one run. Use once, from one thread."""
 
-    def __init__(self, plan: Plan, resume: bool = False):
+    def __init__(self, plan: Plan, resume: bool = False, keys_dir: str | None = None):
         self.plan = plan
         self.resume = resume
         self.children: list[Child] = []
@@ -69,8 +69,8 @@ class Launcher:
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
         self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
-        if plan.cfg.security.curve:
-            self.secrets[security.KEYS_ENV] = str(run_keys(plan))
+        if plan.cfg.security.curve:   # keys_dir: the user's (worker), else per-run keys
+            self.secrets[security.KEYS_ENV] = keys_dir or str(run_keys(plan))
 
     # -- signals -----------------------------------------------------------------------
     def _on_signal(self, signum, frame):

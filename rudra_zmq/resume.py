@@ -45,6 +45,9 @@ def resume_config(run_dir, config_path=None, overrides=()):
     cfg = config_mod.load_config(config_path or saved_path, list(overrides))
     given = {item.split("=", 1)[0].strip() for item in overrides}
     old, new = _flat(config_mod.to_dict(saved)), _flat(config_mod.to_dict(cfg))
+    for flat in (old, new):   # unset and false both mean plaintext under `run` (runs saved
+        if flat.get("security.curve") is None:    # before the unset default said false)
+            flat["security.curve"] = False
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key):
             continue

@@ -204,6 +204,7 @@ def term(ctx: zmq.Context) -> None:
 
 
 _warned_exposed: set = set()
+PLAINTEXT_NAMED_ENV = "RUDRA_ZMQ_PLAINTEXT_NAMED"   # set: the launcher said it on the terminal
 
 
 def _wildcard(endpoint: str) -> bool:
@@ -215,11 +216,13 @@ def _warn_exposed(endpoint: str) -> None:
     """One warning per process: a plaintext socket on every interface is open to anyone."""
     if not _warned_exposed:
         _warned_exposed.add(endpoint)
-        log.warning("%s listens on every network interface without encryption: anyone who can "
-                    "reach this host can read what it serves (weights, training data) and "
-                    "send it requests (gradients, records). Set "
-                    "security.curve=true (rudra-zmq keys init DIR; --keys DIR), or bind one "
-                    "address on a trusted network.", endpoint)
+        # under `rudra-zmq launch`, which said it once for the whole run, only at debug level
+        level = logging.DEBUG if os.environ.get(PLAINTEXT_NAMED_ENV) else logging.WARNING
+        log.log(level, "%s listens on every network interface without encryption: anyone who "
+                "can reach this host can read what it serves (weights, training data) and "
+                "send it requests (gradients, records). Set "
+                "security.curve=true (rudra-zmq keys init DIR; --keys DIR), or bind one "
+                "address on a trusted network.", endpoint)
 
 
 def peer_connected(sock: zmq.Socket, ident: bytes, sender: int) -> bool:

@@ -11,21 +11,27 @@ torchrun, Open MPI, PMI, SLURM) and takes its part:
   of the plan (``runtime.learners_per_process`` learners each).
 
 So a run needs 1 + (learner processes) ranks; the error says how many when they differ. The
-servers listen on the master address (``MASTER_ADDR``, ``DMLC_PS_ROOT_URI``, the first SLURM
-host, ...) at ports counted from the master port (default 29500; one above torchrun's
-``MASTER_PORT``, which its own rendezvous may hold). Ranks may start in any order: a learner
+servers are reached at the master address (``MASTER_ADDR``, ``DMLC_PS_ROOT_URI``, the first
+SLURM host, ...) at ports counted from the master port (default 29500; one above torchrun's
+``MASTER_PORT``, which its own rendezvous may hold), and bind what it says
+(``cluster_plan.bind_address``: an IP address exactly, ``localhost`` as 127.0.0.1, every
+interface for another name). ``security.curve`` unset means CurveZMQ when the master is not
+loopback and ``security.keys`` names a key directory (every rank must read it: worker cannot
+copy keys); plaintext beyond loopback is said once on rank 0's terminal (:func:`security_of`). Ranks may start in any order: a learner
 waits up to ``runtime.timeout_s`` for the servers and then names the one that did not answer.
 Rudra-adv\\* is not planned here (its broadcast needs every learner's host): use
 ``rudra-zmq launch``. Blocks until the rank's part is done.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from pathlib import Path
 
 from . import config as config_mod
 from . import ranks, topology
-from .cluster_plan import DEFAULT_PORT
+from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
 from .config import ConfigError
 from .run_plan import HOST_LEARNERS_ENV, Plan, learner_endpoints, learner_groups, make_run_dir
 
@@ -88,13 +94,36 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
     labels = ["ps", "data", "stats"] + ([f"node{n.id}" for n in tree.nodes] if tree else [])
     host = f"[{master}]" if ":" in master else master
     endpoints = {label: f"tcp://{host}:{port + i}" for i, label in enumerate(labels)}
-    binds = {label: f"tcp://{'[::]' if ':' in master else '0.0.0.0'}:{port + i}"
+    binds = {label: f"tcp://{bind_address(master)}:{port + i}"
              for i, label in enumerate(labels)}
     path = None
     if create:
         path = make_run_dir(cfg, run_dir)
         config_mod.save(cfg, path / "config.yaml")
     return Plan(cfg, path, endpoints, _groups(cfg, tree), tree, binds)
+
+
+def security_of(cfg, master: str):
+    """``(cfg with security.curve decided, the terminal line or None)`` for ranks whose
+    servers are at ``master``. Unset: on when ``master`` is not loopback and
+    ``security.keys`` names a key directory. The line: plaintext beyond loopback. Raises
+    ConfigError for CURVE without ``security.keys`` (no rank could get the others' keys)."""
+    given, keys_dir = cfg.security.curve, cfg.security.keys
+    across = not is_loopback_host(master)
+    on = (across and bool(keys_dir)) if given is None else given
+    if on and not keys_dir:
+        raise ConfigError("security.curve under `rudra-zmq worker` needs security.keys: a key "
+                          "directory every rank can read (rudra-zmq keys init DIR; keys add DIR "
+                          "learner-0 ... ps; copy it to each host; docs/security.md)")
+    line = None
+    if across and not on:
+        why = ("security.curve is false" if given is False else
+               "security.keys names no key directory")
+        line = (f"rudra-zmq worker: warning: {why}, so the roles talk in PLAINTEXT across "
+                f"hosts: anyone who can reach {master} can read the weights and the training "
+                "data and push gradients; set security.keys to a key directory on every host "
+                "to encrypt (docs/security.md)")
+    return dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on)), line
 
 
 def run(args, environ=None) -> int:
@@ -106,24 +135,30 @@ def run(args, environ=None) -> int:
     r = ranks.resolve({k: getattr(args, k, None) for k in ranks.CLI_KEYS}, environ)
     cfg = config_mod.load_config(args.config, list(args.set))
     what, index = part(cfg, r)
+    p = plan(cfg, r)          # checks the master address before anything is made
+    cfg, line = security_of(cfg, r.value("master_addr"))
+    how = "CurveZMQ" if cfg.security.curve else "plaintext"
     if what == "servers":
         p = plan(cfg, r, args.run_dir, create=True)
         print(f"rudra-zmq worker: rank {r.value('rank')}: the servers of {cfg.name!r} on "
-              f"{r.value('master_addr')}, run directory {p.run_dir}", flush=True)
+              f"{r.value('master_addr')} ({how}), run directory {p.run_dir}", flush=True)
+        if line:
+            print(line, file=sys.stderr, flush=True)
         servers = Plan(p.cfg, p.run_dir, p.endpoints, [], p.tree, p.binds)   # no learners here
-        launcher = Launcher(servers)
+        keys_dir = str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
+        launcher = Launcher(servers, keys_dir=keys_dir)
         local = r.value("local_world_size")
         launcher.learners_here = max(0, local - 1) if local else 0
         return launcher.run()
-    p = plan(cfg, r)
     ids = p.learner_groups[index]
     eps = learner_endpoints(p, ids[0])
     local = r.value("local_world_size")
     if local:   # the ranks on this host share its cores
         os.environ[HOST_LEARNERS_ENV] = str(local * len(ids))
     print(f"rudra-zmq worker: rank {r.value('rank')}: learners {','.join(map(str, ids))} "
-          f"-> {eps['ps']}", file=sys.stderr, flush=True)
-    sets = [x for s in args.set for x in ("--set", s)]
+          f"-> {eps['ps']} ({how})", file=sys.stderr, flush=True)
+    sets = [x for s in [*args.set, f"security.curve={str(cfg.security.curve).lower()}"]
+            for x in ("--set", s)]
     argv = [sys.executable, "-m", "rudra_zmq", "learner", "--config", args.config, *sets,
             "--id", ",".join(map(str, ids)), "--ps", eps["ps"], "--data", eps["data"],
             "--stats", eps["stats"]]

@@ -8,7 +8,7 @@ import pytest
 
 from cluster import free_port_range
 
-from rudra_zmq import cluster_plan
+from rudra_zmq import cli, cluster_plan
 from rudra_zmq.compare import run_summary
 from rudra_zmq.config import ConfigError, load_config
 from rudra_zmq.hostfile import parse_hosts_arg
@@ -73,6 +73,52 @@ def test_commands_start_in_order_with_the_config_first():
                for _, _, _, args in cmds)
 
 
+@pytest.mark.parametrize("host, bind", [
+    ("localhost", "tcp://127.0.0.1:29500"), ("127.0.0.1", "tcp://127.0.0.1:29500"),
+    ("127.0.0.2", "tcp://127.0.0.2:29500"), ("::1", "tcp://[::1]:29500"),
+    ("10.0.0.1", "tcp://10.0.0.1:29500"), ("node1", "tcp://0.0.0.0:29500")])
+def test_servers_bind_what_the_hostfile_says(host, bind):
+    assert _place(["sync.learners=1"], f"{host}:1" if ":" not in host else f"[{host}]:1"
+                  ).plan.bind("ps") == bind
+
+
+@pytest.mark.parametrize("hosts, given, on, said", [
+    # other hosts: encrypted unless the config says false
+    ("a:2,b:2", None, True, "CurveZMQ"), ("localhost:2,b:2", None, True, "CurveZMQ"),
+    # every role on this machine, on loopback
+    ("localhost:4", None, False, "plaintext on loopback"),
+    ("127.0.0.1:4", None, False, "plaintext on loopback"),
+    ("a:2,b:2", False, False, "PLAINTEXT across hosts (security.curve: false)"),
+    ("localhost:4", True, True, "CurveZMQ")])
+def test_curve_unset_is_on_exactly_when_others_could_reach_the_roles(hosts, given, on, said):
+    sets = ["sync.learners=4"] + ([] if given is None else [f"security.curve={given}"])
+    cp = _place(sets, hosts)
+    assert cp.plan.cfg.security.curve is on and cp.curve_given is given
+    assert cluster_plan.security_line(cp).startswith(said)
+
+
+def test_curve_unset_is_on_for_this_machine_named_by_its_own_name(monkeypatch):
+    monkeypatch.setattr(cluster_plan.hostfile, "is_local", lambda name: True)
+    cp = _place(["sync.learners=2"], "box:2")          # binds every interface
+    assert cp.plan.bind("ps") == "tcp://0.0.0.0:29500" and cp.plan.cfg.security.curve
+
+
+def test_the_saved_config_holds_the_decided_curve(tmp_path):
+    cfg = load_config(None, ["sync.learners=2"])
+    cp = cluster_plan.place(cfg, parse_hosts_arg("a:2"), run_dir=tmp_path / "run")
+    assert "curve: true" in (tmp_path / "run" / "config.yaml").read_text()
+    assert cfg.security.curve is None          # the caller's config is left as it was
+    assert load_config(tmp_path / "run" / "config.yaml").security.curve is True
+    assert cp.plan.cfg.security.curve is True
+
+
+def test_the_plan_says_how_each_host_is_reached_and_how_roles_talk():
+    text = cluster_plan.describe(_place(["sync.learners=3"], "localhost:1,b:2"))
+    assert "localhost (1 slot, 1 learners; this machine, no ssh): stats" in text
+    assert "b (2 slots, 2 learners; over ssh): learner1, learner2" in text
+    assert "security: CurveZMQ on every socket (security.curve unset)" in text
+
+
 def test_a_bad_port_is_refused():
     with pytest.raises(ConfigError, match="--port 0"):
         _place([], "a:4", port=0)
@@ -89,6 +135,71 @@ def test_launch_on_localhost_alone_needs_no_ssh(tmp_path):
                          capture_output=True, text=True, timeout=200)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "localhost:stats " in res.stdout and "localhost:learner1 " in res.stdout
-    assert "ssh" not in (run / "processes.json").read_text()
+    processes = (run / "processes.json").read_text()
+    assert "ssh" not in processes
+    # localhost binds loopback: no role listens on every interface, nothing warns about it
+    assert "tcp://127.0.0.1:" in processes and "0.0.0.0" not in processes
+    assert "every network interface" not in res.stdout + res.stderr
+    assert "plaintext on loopback" in res.stdout
     assert run_summary(run)["epochs"] >= 1.0
 
+
+
+# ------------------------------------------------------------------ the launch command
+def _launch(capsys, *argv):
+    rc = cli.main(["launch", str(ROOT / "configs" / "quickstart.yaml"), *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_dry_run_states_the_ssh_rule_and_writes_nothing(tmp_path, capsys):
+    rc, out, err = _launch(capsys, "-H", "localhost:2,b:2", "--dry-run",
+                           "--run-dir", str(tmp_path / "never"))
+    assert rc == 0, err
+    assert "localhost, 127.x.x.x, ::1 and this machine's own names run here without ssh" in out
+    assert "localhost:learner0$ " + sys.executable in out          # here, no ssh
+    assert "b:learner2$ ssh " in out
+    assert "CurveZMQ" in out and "PLAINTEXT" not in err             # unset: encrypted
+    assert not (tmp_path / "never").exists()
+
+
+def test_plaintext_across_hosts_is_said_once_on_the_terminal(tmp_path, capsys):
+    rc, out, err = _launch(capsys, "-H", "a:2,b:2", "--dry-run", "--set", "security.curve=false",
+                           "--run-dir", str(tmp_path / "never"))
+    assert rc == 0 and err.count("PLAINTEXT") == 1 and "security.curve is false" in err, err
+    rc, out, err = _launch(capsys, "-H", "localhost:4", "--dry-run", "--set",
+                           "security.curve=false", "--run-dir", str(tmp_path / "never"))
+    assert rc == 0 and err == "" and "plaintext on loopback" in out
+
+
+def test_a_launch_whose_host_cannot_be_reached_leaves_no_run_directory(tmp_path, capsys):
+    runs = tmp_path / "runs"                     # made by this launch: removed with the run
+    rc, out, err = _launch(capsys, "-H", "unreachable-host:2", "--set", "sync.learners=2",
+                           "--set", f"runtime.run_dir={runs}",
+                           "--ssh-opts", "-o ProxyCommand=false")
+    assert rc == 1, err
+    assert "could not prepare unreachable-host" in err and "removed " in err, err
+    assert not runs.exists()
+
+
+def test_a_failed_launch_into_a_folder_that_was_there_leaves_it_as_it_was(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    for _ in range(2):                           # nothing left behind blocks a second try
+        rc, out, err = _launch(capsys, "-H", "unreachable-host:2", "--set", "sync.learners=2",
+                               "--run-dir", str(run), "--ssh-opts", "-o ProxyCommand=false")
+        assert rc == 1 and "could not prepare unreachable-host" in err, err
+        assert [p.name for p in run.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_launch_whose_server_cannot_start_leaves_no_run_directory(tmp_path, capsys):
+    # every role is pointed at a key directory that holds no keys: the first server exits
+    rc, out, err = _launch(capsys, "-H", "localhost:2", "--set", "sync.learners=2",
+                           "--set", "security.curve=true", "-x", f"RUDRA_ZMQ_KEYS={tmp_path}",
+                           "--port", str(free_port_range()), "--run-dir", str(tmp_path / "run"))
+    assert rc == 1, out + err
+    assert "exited with code 2" in err and "removed " in err, err
+    assert not (tmp_path / "run").exists()

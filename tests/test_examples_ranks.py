@@ -98,15 +98,21 @@ def test_the_sbatch_example_trains_under_srun(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_the_mpirun_mpmd_example_trains(tmp_path):
+def test_the_mpirun_mpmd_example_trains_with_curve_from_a_key_directory(tmp_path):
+    from rudra_zmq import keys
+
     env = _shim(tmp_path, "mpirun", FAKE_MPIRUN)
     env["LEARNERS"] = "2"
+    keys.make_run_keys(tmp_path / "keys", ["learner-0", "learner-1", "ps"])   # every rank's
     port = free_port_range()
     res = subprocess.run(["bash", str(EXAMPLES / "mpirun_mpmd.sh"), "localhost", "localhost:3",
                           "--set", "sync.learners=2", "--set", "train.epochs=1",
+                          "--set", "security.curve=true", "--set", "security.keys=keys",
                           "--master-port", str(port), "--run-dir", str(tmp_path / "run")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=360)
     _check_run(tmp_path / "run", res)
+    assert (res.stdout + res.stderr).count("(CurveZMQ)") == 3        # the servers, 2 learners
+    assert not (tmp_path / "run" / "keys").exists()                  # the given keys, not new
 
 
 def test_a_worker_count_that_does_not_fit_the_config_names_both(tmp_path):
@@ -158,3 +164,54 @@ def test_worker_plan_puts_every_server_on_the_master(tmp_path):
                               "DMLC_PS_ROOT_PORT": "9000"})
     assert worker.part(cfg, dmlc) == ("learner", 0)
     assert worker.plan(cfg, dmlc).endpoints["data"] == "tcp://10.0.0.1:9001"
+
+
+@pytest.mark.parametrize("master, bind", [
+    ("127.0.0.1", "tcp://127.0.0.1:29500"), ("localhost", "tcp://127.0.0.1:29500"),
+    ("10.0.0.1", "tcp://10.0.0.1:29500"), ("::1", "tcp://[::1]:29500"),
+    ("node1", "tcp://0.0.0.0:29500")])
+def test_worker_servers_bind_the_master_address_they_are_given(master, bind):
+    from rudra_zmq import ranks, worker
+    from rudra_zmq.config import load_config
+
+    r = ranks.resolve({}, {"RUDRA_MASTER_ADDR": master, "RUDRA_RANK": "0"})
+    assert worker.plan(load_config(None, []), r).bind("ps") == bind
+
+
+@pytest.mark.parametrize("master, sets, on, warns", [
+    ("127.0.0.1", [], False, None),                                  # one machine: loopback
+    ("node1", [], False, "security.keys names no key directory"),    # no keys to get
+    ("node1", ["security.keys=k"], True, None),                      # keys: encrypted
+    ("node1", ["security.keys=k", "security.curve=false"], False, "security.curve is false"),
+    ("127.0.0.1", ["security.keys=k", "security.curve=true"], True, None)])
+def test_worker_encrypts_across_hosts_when_it_has_keys_else_says_plaintext(master, sets, on,
+                                                                           warns):
+    from rudra_zmq import worker
+    from rudra_zmq.config import load_config
+
+    cfg, line = worker.security_of(load_config(None, sets), master)
+    assert cfg.security.curve is on
+    assert (line is None) if warns is None else (warns in line and "PLAINTEXT" in line)
+
+
+def test_worker_with_curve_and_no_key_directory_is_refused():
+    from rudra_zmq import worker
+    from rudra_zmq.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="needs security.keys"):
+        worker.security_of(load_config(None, ["security.curve=true"]), "node1")
+
+
+def test_worker_rank_0_says_plaintext_once_on_the_terminal(tmp_path, monkeypatch, capsys):
+    from rudra_zmq import cli, launcher
+
+    started = []
+    monkeypatch.setattr(launcher.Launcher, "run", lambda self: started.append(self) or 0)
+    monkeypatch.setenv("RUDRA_RANK", "0")
+    monkeypatch.setenv("RUDRA_MASTER_ADDR", "node1")
+    rc = cli.main(["worker", str(ROOT / "configs" / "quickstart.yaml"),
+                   "--run-dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert rc == 0 and len(started) == 1, err
+    assert err.count("PLAINTEXT") == 1 and "(plaintext)" in out
+    assert started[0].plan.bind("ps") == "tcp://0.0.0.0:29500"

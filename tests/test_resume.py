@@ -42,6 +42,20 @@ def test_a_config_file_that_differs_without_set_is_refused_naming_the_key(run_di
     assert resume_config(run_dir, other, ["train.epochs=8"]).train.epochs == 8
 
 
+def test_a_run_saved_with_curve_false_resumes_with_its_file_that_leaves_curve_unset(tmp_path):
+    original = tmp_path / "c.yaml"
+    original.write_text("sync:\n  learners: 3\n")                  # security.curve unset
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = load_config(original)
+    saved.security.curve = False                  # what runs saved before unset was the default
+    config_mod.save(saved, run / "config.yaml")
+    assert load_config(original).security.curve is None
+    assert not resume_config(run, original).security.curve
+    with pytest.raises(ConfigError, match="security.curve"):        # on is still a change
+        resume_config(run, original, ["security.curve=true"])
+
+
 def test_a_directory_without_a_run_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no run to resume"):
         resume_config(tmp_path)

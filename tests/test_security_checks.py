@@ -64,6 +64,21 @@ def test_a_plaintext_wildcard_bind_warns_once_naming_the_fix(monkeypatch, caplog
         ctx.destroy(linger=0)
 
 
+def test_under_a_launcher_that_said_it_a_plaintext_wildcard_bind_does_not_warn(monkeypatch,
+                                                                              caplog):
+    monkeypatch.setattr(transport, "_warned_exposed", set())
+    monkeypatch.setenv(transport.PLAINTEXT_NAMED_ENV, "1")
+    ctx = zmq.Context()
+    try:
+        with caplog.at_level(logging.WARNING, logger="rudra_zmq.transport"):
+            s = ctx.socket(zmq.ROUTER)
+            s.linger = 0
+            transport.bind(s, "tcp://0.0.0.0:0")
+        assert caplog.records == []
+    finally:
+        ctx.destroy(linger=0)
+
+
 def test_client_routing_ids_are_random_and_never_start_with_zero():
     ids = {transport.new_routing_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(len(i) == 16 and i[0] != 0 for i in ids)
