@@ -334,7 +334,7 @@ def launch(args) -> int:
     forward = _forwarded(args.export)
     target = Path(args.run_dir or cfg.runtime.run_dir).absolute()
     made = [] if args.dry_run else _missing_dirs(target)
-    had = set(os.listdir(target)) if args.run_dir and not made else set()
+    had = set(os.listdir(target)) if args.run_dir and target.is_dir() else set()
     cp = cluster_plan.place(cfg, hosts, server_host=args.server_host, port=args.port,
                             run_dir=args.run_dir, create=not args.dry_run)
     if not args.dry_run and args.run_dir is None:
