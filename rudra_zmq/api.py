@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import compare, launcher, simulator
+from . import compare, launcher, preflight, simulator
 from . import config as config_mod
 from .children import tail
 from .config import Config, ConfigError
@@ -94,12 +94,14 @@ def train(config, overrides=None, *, run_dir=None, quiet: bool = False) -> Train
     to stdout, failures to stderr, as under ``rudra-zmq run``).
 
     Blocks until the run ends; not thread-safe (module docstring). Raises ConfigError before
-    anything starts for a bad config (user code that does not import, or returns the wrong
-    thing, included); TrainingError if a role fails and the run cannot go on;
-    KeyboardInterrupt if interrupted. Whatever it raises, no role is left running.
+    anything starts (no run directory) for a bad config (user code that does not import, or
+    returns the wrong thing, included) or data that cannot be read (``preflight``);
+    TrainingError if a role fails and the run cannot go on; KeyboardInterrupt if
+    interrupted. Whatever it raises, no role is left running.
     """
     cfg = load_config(config, overrides)
     with _children_import(cfg), _silenced(quiet):
+        preflight.run(cfg)   # data, extras; image data decoded once for every role
         plan = make_plan(cfg, run_dir)
         print(summary(plan), flush=True)
         runner = _Launcher(plan)

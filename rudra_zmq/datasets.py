@@ -22,23 +22,24 @@ Where the images come from:
 
 Image files are decoded once; the arrays are cached as one uncompressed ``.npz`` under the cache
 dir (``$RUDRA_ZMQ_CACHE``, default ``~/.cache/rudra_zmq``), so later loads take a fraction of a
-second. A tarball is read as a stream and never extracted: writing 60,000 small files costs
-more than decoding them (CIFAR-10: about 9 s to extract against under 2 s to stream). Finding
-and decoding image files is :mod:`rudra_zmq.images`; this module turns them into a Dataset
-(:mod:`rudra_zmq.dataset_arrays`).
+second; a file lock lets one process of a machine decode while others wait for its cache
+(:mod:`rudra_zmq.dataset_cache`; ``rudra-zmq run`` decodes before it starts the roles,
+:mod:`rudra_zmq.preflight`). A tarball is read as a stream and never extracted: writing
+60,000 small files costs more than decoding them (CIFAR-10: about 9 s to extract against
+under 2 s to stream). Finding and decoding image files is :mod:`rudra_zmq.images`; this module
+turns them into a Dataset (:mod:`rudra_zmq.dataset_arrays`).
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
 
 # The Dataset record, image files -> arrays and the user's data live in .dataset_arrays,
 # .images and .user_data; these names stay importable from here.
+from . import dataset_cache
 from .dataset_arrays import Dataset, make_dataset as _make
 from .images import (DECODE_CHUNK, IMAGE_EXTS, PARALLEL_MIN_IMAGES, SPLITS, TARBALL_EXTS,
                      decode_all as _decode_all, is_tarball as _is_tarball,
@@ -48,7 +49,7 @@ from .user_data import USER_ARRAYS, from_user, load_user as _load_user, user_dat
 
 DATASET_NAMES = ("digits", "cifar10", "imagefolder", "synthetic")
 CACHE_ENV = "RUDRA_ZMQ_CACHE"
-CACHE_VERSION = 1
+CACHE_VERSION = dataset_cache.CACHE_VERSION
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_SYNTHETIC_SHAPE = (3, 32, 32)
 DIGITS_TEST = 360          # of sklearn's 1,797 digits; the other 1,437 train
@@ -107,8 +108,9 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: i
     if image_size not in (None, 32):
         raise ValueError(f"cifar10 images are 32x32, got image_size={image_size}; use the "
                          "imagefolder dataset to resize a tree of images")
-    root = Path(root).expanduser() if root is not None else cache / "cifar10"
-    return _load_cifar10(root, download, opts)
+    given = root is not None
+    root = Path(root).expanduser() if given else cache / "cifar10"
+    return _load_cifar10(root, download, opts, given)
 
 
 def dataset_shape(data) -> tuple[int, int, int]:
@@ -131,8 +133,9 @@ def dataset_shape(data) -> tuple[int, int, int]:
 def dataset_size(data) -> int:
     """Training examples (the epoch size) of the dataset a DataConfig ``data`` describes.
 
-    digits and synthetic (without data.limit_per_class) are known up front; cifar10 and imagefolder are loaded (from the npz
-    cache after the first time), so this may block as long as ``load_dataset``.
+    digits and synthetic (without data.limit_per_class) are known up front; cifar10 and
+    imagefolder are loaded (from the npz cache after the first time), so this may block as
+    long as ``load_dataset``.
     """
     limit = data.limit_per_class
     if is_import_path(data.dataset) and not limit:
@@ -148,6 +151,26 @@ def dataset_size(data) -> int:
                       num_classes=data.num_classes, download=data.download,
                       limit_per_class=limit, progress=False)
     return len(ds.y_train)
+
+
+def image_cache(data, cache_dir=None) -> tuple[Path, Path] | None:
+    """(image source, cache file) of the DataConfig ``data`` when its images are files to
+    decode (a cifar10 or imagefolder tree or tarball at data.root): the cache file
+    ``load_dataset`` reads them from, present or not. None for other data (digits, synthetic,
+    CIFAR-10's pickle release, user data) or none found. Blocks only on a few stat calls."""
+    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    limit = data.limit_per_class
+    if data.dataset == "imagefolder" and data.root is not None:
+        root = Path(data.root).expanduser()
+        if _is_tarball(root) or (root / "train").is_dir():
+            size = data.image_size or DEFAULT_IMAGE_SIZE
+            return root, dataset_cache.cache_file(cache, "imagefolder", root, size, limit)
+    if data.dataset == "cifar10":
+        root = Path(data.root).expanduser() if data.root is not None else cache / "cifar10"
+        found = cifar10_source(root)
+        if found is not None and found[0] == "images":
+            return root, dataset_cache.cache_file(cache, "cifar10", root, None, limit)
+    return None
 
 
 def to_float(x, mean, std):
@@ -207,33 +230,59 @@ def _load_synthetic(shape, n, num_classes: int, seed: int) -> Dataset:
     return _make("synthetic", x_tr, y_tr, x_te, y_te, [f"class{i}" for i in range(num_classes)])
 
 
-def _load_cifar10(root: Path, download: bool, opts: dict) -> Dataset:
-    limit = opts["limit"]
+def cifar10_source(root: Path) -> tuple[str, Path] | None:
+    """Where CIFAR-10 is under ``root``: ("pickle", the cifar-10-batches-py folder) or
+    ("images", the ImageFolder tree or tarball), None when neither is there. Does not block
+    beyond a few stat calls."""
     for folder in (root / "cifar-10-batches-py", root):
         if (folder / "data_batch_1").is_file():
-            return _limit_dataset(_load_cifar_pickle(folder), limit)
+            return "pickle", folder
     if (root / "train").is_dir() or _is_tarball(root):
-        return _load_images("cifar10", root, None, **opts)
-    if download:
-        try:
-            import torchvision
+        return "images", root
+    return None
 
-            for train in (True, False):
-                torchvision.datasets.CIFAR10(str(root), train=train, download=True)
-        except Exception as exc:
-            raise RuntimeError(f"downloading CIFAR-10 into {root} failed: {exc}. Offline, point "
-                               "root at a cifar-10-batches-py folder, an ImageFolder tree or a "
-                               ".tar.gz of one instead") from exc
-        return _limit_dataset(_load_cifar_pickle(root / "cifar-10-batches-py"), limit)
-    raise FileNotFoundError(
-        "cifar10: no data found. Tried:\n"
-        f"  {root / 'cifar-10-batches-py'} (the python pickle release)\n"
-        f"  {root} (as a cifar-10-batches-py folder itself)\n"
-        f"  {root / 'train'} and {root / 'test'} (an ImageFolder tree)\n"
-        f"  {root} (as a .tar.gz of such a tree)\n"
-        "Get the data with download: true (needs internet; fetches into root), or point root at "
-        "a cifar-10-batches-py folder, an ImageFolder tree with train/ and test/, or a .tar.gz "
-        "of one (e.g. ../shared/data/cifar10-jpeg.tar.gz).")
+
+def cifar10_missing(root: Path, root_given: bool = True) -> str:
+    """The one-line error for no CIFAR-10 at ``root``: what was looked for and what to do."""
+    where = (f"data.root {str(root)!r}" if root_given
+             else f"{root} (data.root is not set: the cache dir)")
+    gone = "" if root.exists() else ", which does not exist"
+    return (f"cifar10: no CIFAR-10 data at {where}{gone}. Set data.download: true to fetch the "
+            "python release into it (needs internet), or point data.root at the "
+            "cifar-10-batches-py folder (or the folder holding it), an ImageFolder tree with "
+            "train/<class>/*.jpg and test/<class>/*.jpg, or a .tar.gz of such a tree")
+
+
+def _load_cifar10(root: Path, download: bool, opts: dict, root_given: bool = True) -> Dataset:
+    limit = opts["limit"]
+    found = cifar10_source(root)
+    if found is None and download:
+        found = _download_cifar10(root)
+    if found is None:
+        raise FileNotFoundError(cifar10_missing(root, root_given))
+    kind, where = found
+    if kind == "images":
+        return _load_images("cifar10", where, None, **opts)
+    return _limit_dataset(_load_cifar_pickle(where), limit)
+
+
+def _download_cifar10(root: Path) -> tuple[str, Path]:
+    """torchvision's download of the pickle release into ``root``, one process at a time (a
+    second one waits, then finds the files)."""
+    folder = root / "cifar-10-batches-py"
+    with dataset_cache.locked(folder, f"downloading CIFAR-10 into {root}"):
+        if not (folder / "data_batch_1").is_file():
+            try:
+                import torchvision
+
+                for train in (True, False):
+                    torchvision.datasets.CIFAR10(str(root), train=train, download=True)
+            except Exception as exc:
+                raise RuntimeError(
+                    f"downloading CIFAR-10 into {root} failed: {exc}. Offline, point data.root "
+                    "at a cifar-10-batches-py folder, an ImageFolder tree or a .tar.gz of one "
+                    "instead") from exc
+    return "pickle", folder
 
 
 def _load_cifar_pickle(folder: Path) -> Dataset:
@@ -254,32 +303,18 @@ def _load_cifar_pickle(folder: Path) -> Dataset:
 
 
 def _load_images(name, root: Path, image_size, limit, cache, workers, progress) -> Dataset:
-    """Decode an ImageFolder tree or tarball into a Dataset, through the npz cache."""
-    stat = root.stat()
-    key = [str(root.resolve()), stat.st_size, stat.st_mtime_ns]
-    if not _is_tarball(root):  # folder mtimes change when files are added or removed
-        key += [(str(d), d.stat().st_mtime_ns) for s in SPLITS if (root / s).is_dir()
-                for d in sorted((root / s).iterdir()) if d.is_dir()]
-    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
-    stem = root.name.split(".")[0] or "data"
-    path = (cache / f"{stem}-{digest}" /
-            f"{name}-v{CACHE_VERSION}-{image_size or 'native'}-{limit or 'all'}.npz")
-    if path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                return Dataset(name, z["x_train"], z["y_train"], z["x_test"], z["y_test"],
-                               [str(c) for c in z["classes"]], tuple(z["mean"].tolist()),
-                               tuple(z["std"].tolist()))
-        except (OSError, ValueError, KeyError) as exc:  # damaged cache: rebuild it
-            print(f"rudra_zmq: ignoring unreadable cache {path} ({exc})", file=sys.stderr)
-    items = _tar_items(root, limit) if _is_tarball(root) else _tree_items(root, limit)
-    ds = _decode_dataset(name, root, items, image_size, workers, progress)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
-        np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test, y_test=ds.y_test,
-                 classes=np.array(ds.classes), mean=np.array(ds.mean), std=np.array(ds.std))
-    os.replace(tmp, path)  # atomic: concurrent learners never read a half-written cache
+    """Decode an ImageFolder tree or tarball into a Dataset, through the npz cache: one
+    process of a machine decodes, others that want the same cache meanwhile wait for it."""
+    path = dataset_cache.cache_file(cache, name, root, image_size, limit)
+    ds = dataset_cache.read(path, name)
+    if ds is not None:
+        return ds
+    with dataset_cache.locked(path, f"decoding {root} into {path.parent}"):
+        ds = dataset_cache.read(path, name)   # written while we waited for the lock
+        if ds is None:
+            items = _tar_items(root, limit) if _is_tarball(root) else _tree_items(root, limit)
+            ds = _decode_dataset(name, root, items, image_size, workers, progress)
+            dataset_cache.write(path, ds)
     return ds
 
 
@@ -335,7 +370,7 @@ def _limit_dataset(ds: Dataset, limit) -> Dataset:
 
 
 __all__ = ["Dataset", "DATASET_NAMES", "load_dataset", "to_float", "default_cache_dir",
-           "dataset_shape", "dataset_size",
+           "dataset_shape", "dataset_size", "image_cache", "cifar10_source", "cifar10_missing",
            # re-exported from .user_data and .images
            "user_data_info", "from_user", "USER_ARRAYS",
            "DECODE_CHUNK", "IMAGE_EXTS", "PARALLEL_MIN_IMAGES", "SPLITS", "TARBALL_EXTS"]

@@ -3,6 +3,8 @@
 - ``tree_items(root, limit)`` / ``tar_items(path, limit)``: ``{(split, class): [(name, src)]}``
   of a ``split/class/image`` layout, sorted by name, at most ``limit`` per class. A tarball is
   read as one stream and never extracted (``src`` is then the file's bytes).
+- ``check_tarball(path)``: read an archive's first member headers, to fail early and in one
+  line (naming the file) on a file that is no tarball of images.
 - ``decode_all(items, image_size, workers, progress)``: one (N, 3, H, W) uint8 array, in order,
   resized (shorter side) and center-cropped to ``image_size`` when given; chunks of
   ``DECODE_CHUNK`` images go to a process pool from ``PARALLEL_MIN_IMAGES`` images on.
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import re
 import sys
 import tarfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -24,6 +28,9 @@ SPLITS = ("train", "test", "val")
 TARBALL_EXTS = (".tar.gz", ".tgz", ".tar")
 DECODE_CHUNK = 1000        # images per task sent to a decode worker
 PARALLEL_MIN_IMAGES = 2000  # below this a pool costs more than it saves
+CHECK_MEMBERS = 1000       # check_tarball reads at most this many member headers
+# what a damaged, truncated or mislabelled archive raises while it is read
+TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)
 
 
 def is_tarball(p: Path) -> bool:
@@ -48,24 +55,64 @@ def tree_items(root: Path, limit) -> dict:
 
 
 def tar_items(path: Path, limit) -> dict:
-    """{(split, class): [(member name, bytes)]} of a tarball holding split/class/image files."""
+    """{(split, class): [(member name, bytes)]} of a tarball holding split/class/image files.
+    Raises ValueError naming ``path`` for an archive that cannot be read (``tar_error``)."""
     found = {}
-    with tarfile.open(path, "r:*") as tf:
-        for m in tf:
-            parts = PurePosixPath(m.name).parts
-            if not m.isfile() or len(parts) < 3 or parts[-3] not in SPLITS \
-                    or not _is_image(parts[-1]):
-                continue
-            got = found.setdefault((parts[-3], parts[-2]), [])
-            got.append((m.name, tf.extractfile(m).read()))
-            if limit and len(got) >= 2 * limit:  # bound memory: keep the first names only
-                got.sort(key=lambda t: t[0])
-                del got[limit:]
+    try:
+        with tarfile.open(path, "r:*") as tf:
+            for m in tf:
+                split = _image_member(m)
+                if split is None:
+                    continue
+                parts = PurePosixPath(m.name).parts
+                got = found.setdefault((split, parts[-2]), [])
+                got.append((m.name, tf.extractfile(m).read()))
+                if limit and len(got) >= 2 * limit:  # bound memory: keep the first names only
+                    got.sort(key=lambda t: t[0])
+                    del got[limit:]
+    except TAR_ERRORS as exc:
+        raise ValueError(tar_error(path, exc)) from None
     for got in found.values():
         got.sort(key=lambda t: t[0])
         if limit:
             del got[limit:]
     return found
+
+
+def check_tarball(path: Path, members: int = CHECK_MEMBERS) -> None:
+    """Cheaply check that ``path`` is a tar archive of split/class/image files: read member
+    headers until the first image under train/, test/ or val/ (at most ``members`` headers;
+    the archive is a stream, so this reads only its beginning). Raises ValueError naming
+    ``path`` when it cannot be read or ends with no image in that layout. Blocks on the read."""
+    try:
+        with tarfile.open(path, "r:*") as tf:
+            for i, m in enumerate(tf):
+                if _image_member(m) is not None or i + 1 >= members:
+                    return
+    except TAR_ERRORS as exc:
+        raise ValueError(tar_error(path, exc)) from None
+    raise ValueError(f"{path} holds no images in the layout train/<class>/*.jpg and "
+                     "test/<class>/*.jpg (or val/); repack it so (any folders above train/ "
+                     "are fine)")
+
+
+def tar_error(path: Path, exc: BaseException) -> str:
+    """One line for an archive ``path`` that cannot be read."""
+    why = " ".join(str(exc).split()) or type(exc).__name__
+    # tarfile's "r:*" lists why each compression failed; keep the one the name promises
+    method = "gz" if path.name.lower().endswith(("gz", ".tgz")) else "tar"
+    said = re.search(rf"method {method}: \w+\('([^']*)'\)", why)
+    why = said.group(1) if said else why
+    return (f"{path} is not a readable tar archive ({why}); give a .tar.gz, .tgz or .tar of "
+            "train/<class>/* and test/<class>/* images, or the folder of such a tree")
+
+
+def _image_member(m: tarfile.TarInfo) -> str | None:
+    """The split of a member that is an image at split/class/name, else None."""
+    parts = PurePosixPath(m.name).parts
+    if m.isfile() and len(parts) >= 3 and parts[-3] in SPLITS and _is_image(parts[-1]):
+        return parts[-3]
+    return None
 
 
 def decode_all(items: list, image_size, workers: int, progress: bool) -> np.ndarray:
@@ -151,4 +198,4 @@ class _Progress:
 
 
 __all__ = ["IMAGE_EXTS", "SPLITS", "TARBALL_EXTS", "DECODE_CHUNK", "PARALLEL_MIN_IMAGES",
-           "is_tarball", "tree_items", "tar_items", "decode_all"]
+           "is_tarball", "tree_items", "tar_items", "check_tarball", "tar_error", "decode_all"]

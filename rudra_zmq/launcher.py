@@ -1,12 +1,13 @@
 """Run every role of one training run on this machine, supervise them, stop them all.
 
-``rudra-zmq run CONFIG`` (:func:`run`) creates a run directory, saves the resolved config there
-as ``config.yaml`` and starts one process per role, in this order: stats server, data server,
-PS, tree nodes (``architecture.kind`` adv or advstar; top level first), then learner processes
-(``runtime.learners_per_process`` learners each). Each server accepts connections before
-anything that connects to it is started. Each process logs to ``RUN/logs/ROLE.log``;
-``RUN/processes.json`` lists every pid and command line; the stats server's stdout is also
-echoed here, as the progress display.
+``rudra-zmq run CONFIG`` (:func:`run`) checks the data and extras the config names and
+decodes image data once (:mod:`rudra_zmq.preflight`), then creates a run directory, saves the
+resolved config there as ``config.yaml`` and starts one process per role, in this order:
+stats server, data server, PS, tree nodes (``architecture.kind`` adv or advstar; top level
+first), then learner processes (``runtime.learners_per_process`` learners each). Each server
+accepts connections before anything that connects to it is started. Each process logs to
+``RUN/logs/ROLE.log``; ``RUN/processes.json`` lists every pid and command line; the stats
+server's stdout is also echoed here, as the progress display.
 
 The run succeeds (0) when the PS (and every tree node) exits 0: the learners get
 ``LEARNER_EXIT_S`` to follow, the data server is sent SIGTERM and the stats server finishes
@@ -33,7 +34,7 @@ import threading
 import time
 
 from . import config as config_mod
-from . import security
+from . import preflight, security
 from .children import Child, accepting, echo_lines, kill_tree, tail
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
@@ -361,15 +362,16 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     """Launch a whole run on this machine; blocks until it ends. Returns the exit code: 0
     success, 1 a role failed, 130 interrupted. ``resume``: a run directory to continue from
     its newest checkpoint (``config_path`` optional; ``resume.resume_config`` checks what may
-    change). Raises ConfigError / FileNotFoundError (before any process starts) for a bad
-    config, run directory or endpoint."""
+    change). Raises ConfigError / FileNotFoundError (before any process starts, and before the
+    run directory is made) for a bad config, data (:mod:`rudra_zmq.preflight`, which also
+    decodes image data once for every role), run directory or endpoint."""
     if resume is not None:
         from .resume import resume_config
         cfg = resume_config(resume, config_path, list(overrides))
-        plan = make_plan(cfg, resume, resume=True)
     else:
         cfg = config_mod.load_config(config_path, list(overrides))
-        plan = make_plan(cfg, run_dir)
+    preflight.run(cfg)   # the data and extras checked, images decoded: before anything exists
+    plan = make_plan(cfg, resume, resume=True) if resume is not None else make_plan(cfg, run_dir)
     print(summary(plan), flush=True)
     if resume is not None:
         print(f"  resuming from {plan.run_dir / 'checkpoints'}", flush=True)
