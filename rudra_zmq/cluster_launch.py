@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from . import cluster_plan, hostfile, transport
+from . import cluster_plan, hostfile, preflight, transport
 from . import config as config_mod
 from .children import Child, echo_lines
 from .config import ConfigError
@@ -332,6 +332,10 @@ def launch(args) -> int:
         raise ConfigError("--launcher pdsh: pdsh is not installed here (Debian: apt-get "
                           "install pdsh); or use --launcher ssh")
     forward = _forwarded(args.export)
+    # the data and extras: checked (and images decoded) here when the servers run here;
+    # on another host its roles decode once under the cache's lock (dataset_cache)
+    preflight.run(cfg, local=hostfile.is_local(args.server_host or hosts[0].name),
+                  decode=not args.dry_run)
     target = Path(args.run_dir or cfg.runtime.run_dir).absolute()
     made = [] if args.dry_run else _missing_dirs(target)
     had = set(os.listdir(target)) if args.run_dir and target.is_dir() else set()

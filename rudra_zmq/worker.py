@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from . import config as config_mod
-from . import ranks, topology
+from . import preflight, ranks, topology
 from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
 from .config import ConfigError
 from .run_plan import HOST_LEARNERS_ENV, Plan, learner_endpoints, learner_groups, make_run_dir
@@ -139,6 +139,7 @@ def run(args, environ=None) -> int:
     cfg, line = security_of(cfg, r.value("master_addr"))
     how = "CurveZMQ" if cfg.security.curve else "plaintext"
     if what == "servers":
+        preflight.run(cfg)   # the data checked and decoded here, before anything is made
         p = plan(cfg, r, args.run_dir, create=True)
         print(f"rudra-zmq worker: rank {r.value('rank')}: the servers of {cfg.name!r} on "
               f"{r.value('master_addr')} ({how}), run directory {p.run_dir}", flush=True)

@@ -148,6 +148,20 @@ def test_tensorboard_without_the_extra_is_one_line_before_anything_starts(
                           "pip install 'rudra_zmq[tensorboard]'")
 
 
+@pytest.mark.parametrize("command", [
+    ["launch", "quickstart", "-H", "localhost:4"],
+    ["launch", "quickstart", "-H", "localhost:4", "--dry-run"],
+    ["worker", "quickstart", "--rank", "0", "--world-size", "5", "--master-addr", "127.0.0.1"],
+])
+def test_launch_and_the_servers_worker_check_the_data_before_anything_is_made(
+        tmp_path, capsys, no_roles, command):
+    missing = tmp_path / "nowhere"
+    rc = cli.main([*command, "--set", f"runtime.run_dir={tmp_path / 'runs'}",
+                   "--set", "data.dataset=cifar10", "--set", f"data.root={missing}"])
+    err = capsys.readouterr().err
+    assert_one_line_error(tmp_path, rc, err, str(missing), "data.download: true")
+
+
 def test_the_python_api_raises_the_same_config_error_and_creates_nothing(tmp_path, no_roles):
     with pytest.raises(ConfigError, match="does not exist"):
         api.train("quickstart", {"data.dataset": "cifar10", "data.root": str(tmp_path / "x"),
