@@ -164,7 +164,8 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 18
 @pytest.mark.parametrize("config,extra", [
     # base through pdsh (adv, adv* and the fault tests go through ssh, the default)
     ("quickstart.yaml", ["--launcher", "pdsh"]), ("quickstart_adv.yaml", []),
-    # adv* with CurveZMQ: the run's keys go to every host with the config
+    # adv* with CurveZMQ asked for (base and adv get it by default across hosts): the run's
+    # keys go to every host with the config
     ("quickstart_advstar.yaml", ["--set", "security.curve=true"])])
 def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     env = None
@@ -185,6 +186,9 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     assert {"ps.log", "stats.log", "learner3.log"} <= {p.name for p in (run / "logs").iterdir()}
     if config != "quickstart.yaml":   # the leaf of learners 1,2 sits on their host
         assert "10.77.0.2:node1 " in out
+    # across hosts CurveZMQ is on without being asked for, with the run's keys
+    assert "security: CurveZMQ on every socket" in out and (run / "keys" / "server.key").exists()
+    assert "PLAINTEXT" not in out
     assert lan.leftovers() == {}
 
 
