@@ -13,6 +13,7 @@ raises, and its traceback is what its log should show.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -220,16 +221,7 @@ def _config_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
                    help="override a config key, e.g. --set sync.learners=8 (repeatable)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Parameter-server distributed deep learning on ZeroMQ (Rudra).",
-        epilog="Run `rudra-zmq COMMAND --help` for the options of one command.")
-    from . import __version__, build_info   # the package is loaded already: costs nothing
-    parser.add_argument("--version", action="version",
-                        version=f"{PROG} {__version__} (kernels: {build_info()['compile_args']})")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
+def _add_run(sub) -> None:
     p = sub.add_parser("run", help="run every role on this machine (one command, one run)",
                        description="Start the stats server, data server, parameter server "
                                    "and learners as processes on this machine, show progress,"
@@ -244,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoint intervals and runtime.*)")
     p.set_defaults(func=cmd_run)
 
+
+def _add_ps(sub) -> None:
     p = sub.add_parser("ps", help="run the parameter server")
     _config_args(p)
     p.add_argument("--bind", required=True, metavar="ENDPOINT",
@@ -259,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "connect there)")
     p.set_defaults(func=cmd_ps)
 
+
+def _add_learner(sub) -> None:
     p = sub.add_parser("learner", help="run one or more learners in this process")
     _config_args(p)
     p.add_argument("--id", required=True, type=_parse_ids, metavar="I[,J,...]",
@@ -274,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "or none (default: none for all)")
     p.set_defaults(func=cmd_learner)
 
+
+def _add_node(sub) -> None:
     p = sub.add_parser("node", help="run one node of a PS tree (architecture.kind=adv)",
                        description="A Rudra-adv tree node: sums the gradients of its children "
                                    "(learners, or tree nodes) and relays them to its parent "
@@ -287,11 +285,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="its parent: the parameter server or a tree node")
     p.set_defaults(func=cmd_node)
 
+
+def _add_data(sub) -> None:
     p = sub.add_parser("data", help="run the data server (until SIGTERM or Ctrl-C)")
     _config_args(p)
     p.add_argument("--bind", required=True, metavar="ENDPOINT", help="endpoint to bind")
     p.set_defaults(func=cmd_data)
 
+
+def _add_stats(sub) -> None:
     p = sub.add_parser("stats", help="run the statistics server (until training ends)")
     _config_args(p)
     p.add_argument("--bind", required=True, metavar="ENDPOINT", help="endpoint to bind")
@@ -302,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "appended to)")
     p.set_defaults(func=cmd_stats)
 
+
+def _add_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="simulate a run in one process (no sockets)",
                        description="Drive the same sync protocol engine as the parameter "
                                    "server with simulated learner speeds: staleness, updates "
@@ -317,33 +321,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", metavar="DIR", help="where to write metrics and plots")
     p.set_defaults(func=cmd_simulate)
 
+
+def _add_info(sub) -> None:
     p = sub.add_parser("info", help="show the kernel build and library versions")
     p.set_defaults(func=cmd_info)
 
-    from .compare import add_parser as add_compare_parser
-    add_compare_parser(sub)  # rudra-zmq compare RUN_DIR ...
-    from .sweep import add_parser as add_sweep_parser
-    add_sweep_parser(sub)   # rudra-zmq sweep GRID.yaml
-    from .report import add_parser as add_report_parser
-    add_report_parser(sub)   # rudra-zmq report PARENT|RUN ...
-    from .keys import add_parser as add_keys_parser
-    add_keys_parser(sub)
-    from .cluster_launch import add_parser as add_launch_parser
-    add_launch_parser(sub)   # rudra-zmq launch CONFIG --hostfile F
-    from .ranks import add_parser as add_env_parser
-    add_env_parser(sub)      # rudra-zmq env
-    from .worker import add_parser as add_worker_parser
-    add_worker_parser(sub)   # rudra-zmq worker CONFIG (a rank under srun/mpirun/torchrun)
-    from .shipped import add_parser as add_examples_parser
-    add_examples_parser(sub)   # rudra-zmq examples [NAME]: the shipped example scripts
-    from .benchmarks.cli import add_parser as add_bench_parser
-    add_bench_parser(sub)   # rudra-zmq bench NAME: the commands in benchmarks/cli.py
+
+# The commands defined in other modules: command -> module (with an ``add_parser(sub)``).
+# Each is imported only to parse its own command line, or to list every command (--help):
+# a role's start-up does not pay for matplotlib (compare), ssh planning (launch) or the
+# benchmarks.
+TOOLS = {"compare": "compare", "sweep": "sweep", "report": "report", "keys": "keys",
+         "launch": "cluster_launch", "env": "ranks", "worker": "worker",
+         "examples": "shipped", "bench": "benchmarks.cli"}
+_OWN = {"run": _add_run, "ps": _add_ps, "learner": _add_learner, "node": _add_node,
+        "data": _add_data, "stats": _add_stats, "simulate": _add_simulate, "info": _add_info}
+COMMANDS = (*_OWN, *TOOLS)   # in the order --help lists them
+
+
+def _add_tool(sub, name: str) -> None:
+    importlib.import_module(f"rudra_zmq.{TOOLS[name]}").add_parser(sub)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``rudra-zmq`` parser: every subcommand, or only ``command`` when it names one (then
+    only its module is imported). Does not block."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Parameter-server distributed deep learning on ZeroMQ (Rudra).",
+        epilog="Run `rudra-zmq COMMAND --help` for the options of one command.")
+    from . import __version__, build_info   # the package is loaded already: costs nothing
+    parser.add_argument("--version", action="version",
+                        version=f"{PROG} {__version__} (kernels: {build_info()['compile_args']})")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    for name in [command] if command in COMMANDS else COMMANDS:
+        if name in TOOLS:
+            _add_tool(sub, name)
+        else:
+            _OWN[name](sub)
     return parser
 
 
 def main(argv=None) -> int:
     """Entry point of ``rudra-zmq``; returns the process exit code."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the first word that is no option names the command (the top-level options take no value)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return args.func(args)
     except _UsageError as exc:

@@ -215,4 +215,4 @@ def commands(cp: ClusterPlan, resume: bool = False) -> list[tuple[str, str, str,
     """Every process in start order: ``(host, label, role, args)`` with ``--config`` first."""
     conf = ["--config", str(cp.plan.run_dir / "config.yaml")]
     return [(cp.placement[label], label, role, conf + args)
-            for specs, _ in role_steps(cp.plan, resume) for label, role, args in specs]
+            for label, role, args, _ in role_steps(cp.plan, resume)]

@@ -89,7 +89,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: i
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     opts = dict(limit=limit_per_class, cache=cache, workers=workers, progress=progress)
     if name == "digits":
-        return _limit_dataset(_load_digits(seed), limit_per_class)
+        return _limit_dataset(_load_digits(seed, cache), limit_per_class)
     if name == "synthetic":
         shape = DEFAULT_SYNTHETIC_SHAPE if synthetic_shape is None else tuple(synthetic_shape)
         _check_ints("synthetic_shape", shape, "three positive ints (C, H, W)", 3)
@@ -200,7 +200,18 @@ def to_float(x, mean, std):
 
 
 # ---------------------------------------------------------------------------------- sources
-def _load_digits(seed: int) -> Dataset:
+def _load_digits(seed: int, cache: Path) -> Dataset:
+    """scikit-learn's digits, split by ``seed``; from ``cache`` after the first load, because
+    importing scikit-learn costs each role about a second of CPU at start-up."""
+    from importlib.metadata import version
+
+    path = cache / f"digits-v{CACHE_VERSION}-seed{seed}-sklearn{version('scikit-learn')}.npz"
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return _make("digits", z["x_train"], z["y_train"], z["x_test"], z["y_test"],
+                         [str(c) for c in z["classes"]])
+    except (OSError, ValueError, KeyError):   # absent or damaged: split again, rewrite it
+        pass
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -210,8 +221,18 @@ def _load_digits(seed: int) -> Dataset:
     y = d.target.astype(np.int64)
     idx_tr, idx_te = train_test_split(np.arange(len(y)), test_size=DIGITS_TEST, stratify=y,
                                       random_state=seed)
-    return _make("digits", x[idx_tr], y[idx_tr], x[idx_te], y[idx_te],
-                 [str(c) for c in d.target_names])
+    ds = _make("digits", x[idx_tr], y[idx_tr], x[idx_te], y[idx_te],
+               [str(c) for c in d.target_names])
+    try:   # atomically: a role started beside this one never reads half a file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:   # a file object: np.savez would append .npz to a path
+            np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test,
+                     y_test=ds.y_test, classes=np.array(ds.classes))
+        os.replace(tmp, path)
+    except OSError:   # a read-only cache dir: load with scikit-learn every time
+        pass
+    return ds
 
 
 def _load_synthetic(shape, n, num_classes: int, seed: int) -> Dataset:

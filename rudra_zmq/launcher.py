@@ -67,6 +67,7 @@ class Launcher:
         self.restarts: dict[str, int] = {}   # label -> times restarted
         self.left_out: set[str] = set()      # learners that failed and were not restarted
         self.learners_here: int | None = None  # learners on this host (None: all λ)
+        self.heard: dict[str, tuple[float, int]] = {}  # wait_ready: a server's last progress
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
         self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
@@ -115,15 +116,20 @@ class Launcher:
         tmp.replace(self.plan.run_dir / "processes.json")
 
     def start_all(self) -> int | None:
-        """Start stats, data, PS, learners, each server accepting connections before anyone
-        that connects to it starts (a PUSH that closes before its peer is up loses its
-        messages). Returns None when all run, else the run's exit code (all stopped)."""
+        """Start every role as soon as the servers it sends to accept connections
+        (``run_plan.role_steps``): stats and data at once, the PS once the stats server
+        listens, learners once their PS (or tree node), the data and the stats server listen.
+        Never earlier: a PUSH that closes before its peer is up loses its messages. Blocks
+        until all are started and every server listens; returns None then, else the run's
+        exit code (all stopped)."""
         conf = ["--config", str(self.plan.run_dir / "config.yaml")]
         began = time.monotonic()
-        for specs, ready in role_steps(self.plan, self.resume):
-            if not specs:
-                continue
-            for label, role, args in specs:
+        waiting = list(role_steps(self.plan, self.resume))
+        servers = {s.label for s in waiting if s.label in self.plan.endpoints}
+        listening: set[str] = set()
+        while True:
+            ready = [s for s in waiting if listening.issuperset(s.after)]
+            for label, role, args, _ in ready:
                 if self.interrupted:
                     return self.interrupt()
                 try:
@@ -132,40 +138,57 @@ class Launcher:
                     print(f"rudra-zmq: could not start {label}: {exc}", file=sys.stderr)
                     self.stop_all()
                     return 1
-            rc = self.wait_ready([c for c in self.children if c.label in ready])
+            waiting = [s for s in waiting if s not in ready]
+            if ready:   # a line per batch: importing torch makes the start-up take seconds
+                print(f"start-up: {', '.join(s.label for s in ready)} started "
+                      f"({time.monotonic() - began:.1f} s)", flush=True)
+            started = [c for c in self.children if c.label in servers - listening]
+            if not waiting and not started:
+                return None
+            if not started:   # a plan error, not the user's: say it rather than wait forever
+                raise RuntimeError(f"{waiting[0].label} waits for {waiting[0].after}, which "
+                                   "no role of the plan serves")
+            up, rc = self.wait_ready(started)
             if rc is not None:
                 return rc
-            # a line per step: importing torch makes the start-up take seconds
-            what = ", ".join(label for label, _, _ in specs)
-            print(f"start-up: {what} {'listening' if ready else 'started'} "
+            listening.update(c.label for c in up)
+            print(f"start-up: {', '.join(c.label for c in up)} listening "
                   f"({time.monotonic() - began:.1f} s)", flush=True)
-        return None
 
-    def wait_ready(self, servers: list[Child]) -> int | None:
-        """Block until every server accepts connections on its endpoint (None), or a child
-        exits, we are interrupted, or runtime.timeout_s passes (the run's exit code)."""
-        pending = list(servers)
-        deadline = time.monotonic() + self.plan.cfg.runtime.timeout_s
-        while pending:
+    def wait_ready(self, servers: list[Child]) -> tuple[list[Child], int | None]:
+        """Block until at least one of ``servers`` accepts connections on its endpoint;
+        returns (those that do, None). Returns ([], the run's exit code), all stopped, when a
+        child exits, we are interrupted, or a server is silent for runtime.timeout_s: it
+        neither accepts connections nor writes to its log (a server decoding a dataset with
+        a progress line is never too slow, a hung one is stopped)."""
+        timeout = self.plan.cfg.runtime.timeout_s
+        heard = self.heard   # label -> (when its log last grew, its size then)
+        for c in servers:
+            heard.setdefault(c.label, (time.monotonic(), _log_size(c)))
+        while True:
             if self.interrupted:
-                return self.interrupt()
+                return [], self.interrupt()
             for c in self.children:
                 if c.proc.poll() is not None:
                     self._report(c, early=c.proc.returncode == 0)
                     self.stop_all()
-                    return 1
-            pending = [c for c in pending if not accepting(self.plan.endpoints[c.label])]
-            if pending and time.monotonic() > deadline:
-                c = pending[0]
-                print(f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting connections "
-                      f"on {self.plan.endpoints[c.label]} after {self.plan.cfg.runtime.timeout_s:g}"
-                      " s (runtime.timeout_s)", file=sys.stderr)
-                self._print_tail(c)
-                self.stop_all()
-                return 1
-            if pending:
-                time.sleep(0.05)
-        return None
+                    return [], 1
+            up = [c for c in servers if accepting(self.plan.endpoints[c.label])]
+            if up:
+                return up, None
+            now = time.monotonic()
+            for c in servers:
+                size = _log_size(c)
+                if size != heard[c.label][1]:
+                    heard[c.label] = (now, size)
+                elif now - heard[c.label][0] > timeout:
+                    print(f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting "
+                          f"connections on {self.plan.endpoints[c.label]}, and its log has "
+                          f"not grown for {timeout:g} s (runtime.timeout_s)", file=sys.stderr)
+                    self._print_tail(c)
+                    self.stop_all()
+                    return [], 1
+            time.sleep(0.05)
 
     # -- supervising ---------------------------------------------------------------------
     def _report(self, child: Child, early: bool = False) -> None:
@@ -336,6 +359,14 @@ class Launcher:
             self.cleanup()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def _log_size(child: Child) -> int:
+    """The size of a child's log (-1 when it cannot be read): its sign of progress."""
+    try:
+        return child.log.stat().st_size
+    except OSError:
+        return -1
 
 
 # ----------------------------------------------------------------------------- entry point

@@ -38,8 +38,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +229,11 @@ def write_summary_csv(metrics, path) -> Path:
 
 # ----------------------------------------------------------------------------- plots
 def _figure(ncols=1, nrows=1, size=(6.4, 4.0), **kw):
+    # matplotlib (~0.5 s of CPU to import) loads with the first figure: the statistics server
+    # reads and writes metrics from its start but draws only when the run ends.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig, fig.subplots(nrows, ncols, squeeze=False, **kw)

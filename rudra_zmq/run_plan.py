@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from . import config as config_mod
 from . import topology, transport
@@ -208,13 +209,40 @@ def learner_label(ids: list[int]) -> str:
     return "learner" + "+".join(map(str, ids))   # a leaf of architecture.leaves
 
 
-def role_steps(plan: Plan, resume: bool = False) -> list[tuple[list, list[str]]]:
-    """What to start, in order: a list of steps ``([(label, role, args), ...], ready)``, where
-    ``ready`` names the servers of the step that must accept connections before the next
-    step starts. ``args`` are the role's command-line arguments without ``--config``."""
+class Start(NamedTuple):
+    """One role to start: ``label`` (ps, learner0-3, ...), ``role`` (its subcommand),
+    ``args`` (its command-line arguments without ``--config``) and ``after``: the servers
+    (labels) that must accept connections before it starts, those it sends to."""
+    label: str
+    role: str
+    args: list[str]
+    after: tuple[str, ...]
+
+
+def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
+    """Every role of the run, in start order (stats, data, PS, tree nodes top level first,
+    learners), each with the servers it waits for (``Start.after``): the PS for the stats
+    server, a tree node for its parent, a learner for its PS or tree node, the data and the
+    stats server. Roles whose servers listen start side by side."""
     ep, bind = plan.endpoints, plan.bind
     again = ["--resume"] if resume else []
-    learners = []
+    starts = [
+        Start("stats", "stats", ["--bind", bind("stats"), "--run-dir", str(plan.run_dir),
+                                 *again], ()),
+        Start("data", "data", ["--bind", bind("data")], ()),
+        Start("ps", "ps", ["--bind", bind("ps"), "--stats", ep["stats"],
+                           "--run-dir", str(plan.run_dir), *again,
+                           *(["--bcast-bind", bind("bcast")] if "bcast" in ep else [])],
+              ("stats",)),
+    ]
+    tree = plan.tree
+    for level in range(max((n.level for n in tree.nodes), default=0) if tree else 0, 0, -1):
+        for n in tree.nodes:
+            if n.level == level:
+                parent = "ps" if n.parent is None else f"node{n.parent}"
+                starts.append(Start(f"node{n.id}", "node", [
+                    "--id", str(n.id), "--bind", bind(f"node{n.id}"), "--parent", ep[parent]],
+                    (parent,)))
     for ids in plan.learner_groups:
         mine = learner_endpoints(plan, ids[0])
         args = ["--id", ",".join(map(str, ids)), "--ps", mine["ps"], "--data", ep["data"],
@@ -223,25 +251,9 @@ def role_steps(plan: Plan, resume: bool = False) -> list[tuple[list, list[str]]]
             eps = [learner_endpoints(plan, i)["bcast"] for i in ids]
             args += ["--bcast-upstream", ",".join(up for up, _ in eps),
                      "--bcast-bind", ",".join(b or "none" for _, b in eps)]
-        learners.append((learner_label(ids), "learner", args))
-    steps = [
-        ([("stats", "stats", ["--bind", bind("stats"), "--run-dir", str(plan.run_dir), *again]),
-          ("data", "data", ["--bind", bind("data")])], ["stats"]),
-        ([("ps", "ps", ["--bind", bind("ps"), "--stats", ep["stats"],
-                        "--run-dir", str(plan.run_dir), *again,
-                        *(["--bcast-bind", bind("bcast")] if "bcast" in ep else [])])],
-         ["data", "ps"]),
-    ]
-    tree = plan.tree
-    # tree nodes: one step per level, the root's children first
-    for level in range(max((n.level for n in tree.nodes), default=0) if tree else 0, 0, -1):
-        specs = [(f"node{n.id}", "node", [
-            "--id", str(n.id), "--bind", bind(f"node{n.id}"),
-            "--parent", ep["ps"] if n.parent is None else ep[f"node{n.parent}"]])
-            for n in tree.nodes if n.level == level]
-        steps.append((specs, [label for label, _, _ in specs]))
-    steps.append((learners, []))
-    return steps
+        parent = "ps" if plan.tree is None else f"node{plan.tree.leaf_of(ids[0]).id}"
+        starts.append(Start(learner_label(ids), "learner", args, (parent, "data", "stats")))
+    return starts
 
 
 def summary(plan: Plan) -> str:

@@ -29,6 +29,13 @@ FAKE_ROLE = textwrap.dedent("""
     action = behaviour.get(label, "ok")
     print(f"{label} starting: {action}", file=sys.stderr)
     (run_dir / f"{label}.started").write_text(repr(time.time()))
+    if action.startswith("slow:") or action == "stall":   # progress lines, then listen
+        for i in range(int(float(action[5:]) / 0.2) if action != "stall" else 3):
+            print(f"{label}: decoding, {i}", file=sys.stderr, flush=True)
+            (run_dir / f"{label}.progress").write_text(repr(time.time()))
+            time.sleep(0.2)
+        if action == "stall":   # ... or fall silent, never listening
+            time.sleep(60)
     if opt("--bind") and not action.startswith(("exit:", "signal:", "deaf")):
         time.sleep(0.2)  # a server takes a while to listen
         host, port = opt("--bind")[len("tcp://"):].rsplit(":", 1)
@@ -60,6 +67,8 @@ FAKE_ROLE = textwrap.dedent("""
     elif role == "data":
         time.sleep(60)  # until SIGTERM
     elif role == "ps":
+        while not any(run_dir.glob("learner*.started")):   # training needs learners
+            time.sleep(0.05)
         time.sleep(0.5)
         (run_dir / "ps.state.done").write_text("")
     else:
@@ -159,8 +168,33 @@ def test_a_server_that_never_listens_fails_the_run_after_the_timeout(tmp_path, f
                         ["runtime.timeout_s=1"]) == 1
     err = capsys.readouterr().err
     assert "data (pid" in err and "is not accepting connections on tcp://127.0.0.1:" in err
-    assert "after 1 s (runtime.timeout_s)" in err
+    assert "its log has not grown for 1 s (runtime.timeout_s)" in err
     assert not (only_run_dir(tmp_path) / "learner0.started").exists()
+
+
+def test_a_server_slow_to_listen_is_waited_for_while_it_writes_progress(tmp_path, fake):
+    fake({"data": "slow:3"})   # 3 s of progress lines (decoding a dataset), then it listens
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
+                        ["runtime.timeout_s=1"]) == 0
+    run_dir = only_run_dir(tmp_path)
+    assert "data: decoding, 14" in (run_dir / "logs" / "data.log").read_text()
+    t = {p.name: float(p.read_text())
+         for p in [*run_dir.glob("*.started"), *run_dir.glob("*.listening")]}
+    assert t["data.listening"] < t["learner0.started"]
+
+
+def test_a_server_gone_silent_is_stopped_runtime_timeout_s_after_its_last_progress(
+        tmp_path, fake, capsys):
+    fake({"data": "stall", "ps": "sleep"})   # 3 progress lines, then silent, never listening
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
+                        ["runtime.timeout_s=1"]) == 1
+    stopped = time.time()
+    err = capsys.readouterr().err
+    assert "data (pid" in err and "its log has not grown for 1 s (runtime.timeout_s)" in err
+    assert "data: decoding, 2" in err   # the tail of its log
+    run_dir = only_run_dir(tmp_path)
+    assert stopped > float((run_dir / "data.progress").read_text()) + 1
+    assert not (run_dir / "learner0.started").exists()
 
 
 def test_a_failing_learner_is_restarted_max_restarts_times_then_stops_every_process(

@@ -77,10 +77,6 @@ class StatsServer:
 
     def __init__(self, cfg, bind: str, run_dir, ctx: zmq.Context | None = None, *,
                  t0: float | None = None, dataset=None, out=None, resume: bool = False):
-        from ..flat import FlatModel
-        from ..models import build_model, input_transform
-        from ..data_order import load_data
-
         now = time.time()
         if cfg.logging.tensorboard:
             check_tensorboard()   # before anything: the run fails before training starts
@@ -88,13 +84,6 @@ class StatsServer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.out = out if out is not None else sys.stdout
-        ds = dataset if dataset is not None else load_data(cfg)
-        self.x_test, self.y_test = ds.x_test, ds.y_test
-        self.mean, self.std = tuple(ds.mean), tuple(ds.std)
-        self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
-                                 seed=cfg.model.seed)
-        self.prep = input_transform(cfg.model.name)
-        self.flat = FlatModel(self.model)
         self.records = self.invalid = self.evals_done = self.evals_skipped = 0
         self._warned: set = set()
         self._pending: tuple[wire.Message, float] | None = None   # newest EVAL, arrival time
@@ -117,6 +106,19 @@ class StatsServer:
             if cfg.logging.tensorboard:
                 self._tb = TensorBoardLog(self.run_dir, self.t0, cfg.sync.learners,
                                           self._file.started)
+            # Bound first, then the slow part (torch, the data): the launcher starts the PS
+            # and learners once this accepts connections, and what they send waits here.
+            from ..data_order import load_data
+            from ..flat import FlatModel
+            from ..models import build_model, input_transform
+
+            ds = dataset if dataset is not None else load_data(cfg)
+            self.x_test, self.y_test = ds.x_test, ds.y_test
+            self.mean, self.std = tuple(ds.mean), tuple(ds.std)
+            self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
+                                     seed=cfg.model.seed)
+            self.prep = input_transform(cfg.model.name)
+            self.flat = FlatModel(self.model)
         except BaseException:
             if self._file is not None:
                 self._file.close()
@@ -354,11 +356,11 @@ class StatsServer:
 def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     """Entry point of ``rudra-zmq stats``: run until the PS reports "done" or SIGTERM/SIGINT;
     either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
-    import torch
-
-    torch.set_num_threads(1)  # evaluation shares the machine with the learners
     stop = threading.Event()
     server = StatsServer(cfg, bind, run_dir, resume=resume)
+    import torch   # loaded by the model already; not before it, which would delay the bind
+
+    torch.set_num_threads(1)  # evaluation shares the machine with the learners
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

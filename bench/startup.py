@@ -1,0 +1,78 @@
+"""Start-up of the quickstart: this checkout beside another one (e.g. an older commit), alternating.
+
+    python bench/startup.py --base /tmp/startup_base [--repeats 5]
+
+Start-up is the time from starting ``rudra-zmq run configs/quickstart.yaml`` to the parameter
+server's first update (the first ``update`` record of ``metrics.jsonl``, on the Unix clock of
+its ``start`` record), measured from outside so that both sides count the same thing. Each
+repeat runs both sides, in alternating order, with ``train.epochs=1`` (start-up does not depend
+on the epochs). ``--base`` is a checkout with its compiled kernels (a ``git worktree add`` of an
+older commit with ``rudra_zmq/_kernels*.so`` copied in); each side runs with ``PYTHONPATH`` set
+to its own checkout, from its root. One warm-up run per side first (file cache). Prints one line
+per run, then each side's median and the ratio of the medians, and of each repeat's pair.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent.parent
+CONFIG = "configs/quickstart.yaml"
+REPEATS = 5
+TIMEOUT_S = 300
+
+
+def startup_s(root: Path, run_dir: Path) -> float:
+    """Run the quickstart (1 epoch) from checkout ``root``; seconds from its start to the PS's
+    first update. Blocks until the run ends."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    began = time.time()
+    res = subprocess.run([sys.executable, "-m", "rudra_zmq", "run", CONFIG, "--set",
+                          "train.epochs=1", "--run-dir", str(run_dir)], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    if res.returncode != 0:
+        raise RuntimeError(f"{root}: exit {res.returncode}\n{res.stderr[-2000:]}")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    unix = next(r["unix"] for r in records if r.get("type") == "start")
+    first = min(r["t"] for r in records if r.get("type") == "update")
+    return unix + first - began
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, type=Path, help="the checkout to compare with")
+    p.add_argument("--repeats", type=int, default=REPEATS)
+    args = p.parse_args()
+    sides = {"base": args.base.resolve(), "new": HERE}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    with tempfile.TemporaryDirectory(prefix="rudra-startup-") as tmp:
+        n = 0
+        for name, root in sides.items():   # warm-up: the file cache, the digits cache
+            n += 1
+            startup_s(root, Path(tmp) / f"run{n}")
+        for i in range(args.repeats):
+            order = list(sides) if i % 2 == 0 else list(sides)[::-1]
+            for name in order:
+                n += 1
+                s = startup_s(sides[name], Path(tmp) / f"run{n}")
+                times[name].append(s)
+                load = os.getloadavg()[0]
+                print(f"repeat {i}  {name:4}  start-up {s:5.2f} s  (load average {load:.1f})",
+                      flush=True)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    pairs = [b / a for a, b in zip(times["new"], times["base"])]
+    print(f"median start-up: base {med['base']:.2f} s, new {med['new']:.2f} s; "
+          f"base/new {med['base'] / med['new']:.2f}x (per repeat: "
+          f"{', '.join(f'{r:.2f}' for r in pairs)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Start-up: each role imports only what it uses, the statistics server listens before its
+slow part, and the digits split comes from the cache after the first load."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rudra_zmq import data_order, datasets, transport
+from rudra_zmq.children import accepting
+from rudra_zmq.config import load_config
+from rudra_zmq.roles.stats_server import StatsServer
+
+pytestmark = pytest.mark.timeout(60)
+
+HEAVY = ("torch", "matplotlib", "sklearn", "scipy", "PIL", "rudra_zmq.compare",
+         "rudra_zmq.cluster_launch", "rudra_zmq.benchmarks.cli")
+
+
+def heavy_modules(code: str, env=None) -> list[str]:
+    """Run ``code`` in a fresh interpreter; the HEAVY modules it imported."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=50, env=env)
+    assert res.returncode == 0, res.stderr
+    return eval(res.stdout.strip().splitlines()[-1])   # a list of names we printed
+
+
+def test_a_role_command_line_imports_none_of_the_other_commands():
+    code = ("import contextlib, io\nfrom rudra_zmq import cli\n"
+            "for command in ('ps', 'learner', 'node', 'data', 'stats', 'run'):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), "
+            "contextlib.suppress(SystemExit):\n"
+            "        cli.main([command, '--help'])")
+    assert heavy_modules(code) == []
+
+
+def test_the_full_parser_still_lists_every_command():
+    from rudra_zmq import cli
+
+    text = cli.build_parser().format_help()
+    for command in cli.COMMANDS:
+        assert f"\n    {command} " in text
+
+
+def test_the_digits_split_is_cached_and_read_back_without_scikit_learn(tmp_path, monkeypatch):
+    monkeypatch.setenv(datasets.CACHE_ENV, str(tmp_path))
+    first = datasets.load_dataset("digits")
+    (cached,) = tmp_path.glob("digits-*.npz")
+    again = datasets.load_dataset("digits")
+    for key in ("x_train", "y_train", "x_test", "y_test"):
+        a, b = getattr(first, key), getattr(again, key)
+        assert a.dtype == b.dtype and np.array_equal(a, b), key
+    assert (first.classes, first.mean, first.std) == (again.classes, again.mean, again.std)
+    # a data server of another process: the split from the cache, no torch, no sklearn
+    code = ("from rudra_zmq.config import load_config\n"
+            "from rudra_zmq.roles.data_server import DataServer\n"
+            "s = DataServer(load_config(overrides=['data.dataset=digits']), 'tcp://127.0.0.1:0')\n"
+            "s.close()")
+    assert heavy_modules(code, env={**os.environ, datasets.CACHE_ENV: str(tmp_path)}) == []
+
+
+def test_a_damaged_digits_cache_is_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv(datasets.CACHE_ENV, str(tmp_path))
+    datasets.load_dataset("digits")
+    (cached,) = tmp_path.glob("digits-*.npz")
+    cached.write_bytes(b"not an npz")
+    ds = datasets.load_dataset("digits")
+    assert len(ds.y_train) == 1797 - datasets.DIGITS_TEST
+    assert np.array_equal(datasets.load_dataset("digits").x_test, ds.x_test)
+
+
+def test_the_stats_server_accepts_connections_before_it_loads_its_data_and_model(
+        tmp_path, monkeypatch):
+    cfg = load_config(overrides=["data.dataset=digits", "model.name=digits_cnn"])
+    endpoint = transport.free_tcp_endpoint("127.0.0.1")
+    real = data_order.load_data
+    seen = []
+
+    def load_data(c):
+        seen.append(accepting(endpoint))
+        return real(c)
+
+    monkeypatch.setattr(data_order, "load_data", load_data)
+    server = StatsServer(cfg, endpoint, tmp_path)
+    try:
+        assert seen == [True]
+        assert server.x_test.shape[1:] == (1, 8, 8)
+    finally:
+        server._file.close()
+        server.sock.close(linger=0)
+        transport.term(server.ctx)
