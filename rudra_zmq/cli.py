@@ -5,8 +5,10 @@
 run can be spread over several machines by hand. ``rudra-zmq simulate CONFIG`` runs the sync protocol in one process with
 simulated learner speeds (see :mod:`rudra_zmq.simulator`); ``rudra-zmq info`` reports the build.
 
-Role modules (and torch) are imported inside their subcommand only, so ``--help`` and
-``info`` stay fast; :mod:`rudra_zmq.role_process` prepares a role's process and runs it.
+Role modules (and torch) are imported inside their subcommand only, and a command line builds
+only its own subcommand's parser (the commands of other modules, ``TOOLS``, load only for
+their own command or ``--help``), so a role's start-up pays for nothing else;
+:mod:`rudra_zmq.role_process` prepares a role's process and runs it.
 Config problems print ``rudra-zmq: error: MESSAGE`` and exit 2; a role that fails at run time
 raises, and its traceback is what its log should show.
 """

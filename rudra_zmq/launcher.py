@@ -2,12 +2,13 @@
 
 ``rudra-zmq run CONFIG`` (:func:`run`) checks the data and extras the config names and
 decodes image data once (:mod:`rudra_zmq.preflight`), then creates a run directory, saves the
-resolved config there as ``config.yaml`` and starts one process per role, in this order:
-stats server, data server, PS, tree nodes (``architecture.kind`` adv or advstar; top level
-first), then learner processes (``runtime.learners_per_process`` learners each). Each server
-accepts connections before anything that connects to it is started. Each process logs to
-``RUN/logs/ROLE.log``; ``RUN/processes.json`` lists every pid and command line; the stats
-server's stdout is also echoed here, as the progress display.
+resolved config there as ``config.yaml`` and starts one process per role: stats server, data
+server, PS, tree nodes (``architecture.kind`` adv or advstar; top level first), learner
+processes (``runtime.learners_per_process`` learners each), each as soon as the servers it
+sends to accept connections (``run_plan.role_steps``), so roles that do not wait for each
+other start side by side. Each process logs to ``RUN/logs/ROLE.log``; ``RUN/processes.json``
+lists every pid and command line; the stats server's stdout is also echoed here, as the
+progress display.
 
 The run succeeds (0) when the PS (and every tree node) exits 0: the learners get
 ``LEARNER_EXIT_S`` to follow, the data server is sent SIGTERM and the stats server finishes
@@ -15,8 +16,8 @@ by itself (or is stopped after ``STATS_EXIT_TIMEOUT_S``). A role that fails (exi
 or the data server exits at all) is restarted with ``runtime.restart`` (the PS from its newest
 checkpoint, ``--resume``), at most ``runtime.max_restarts`` times per role; without restarts a
 failed learner is left out (the PS evicts it and the others go on) and any other failure ends
-the run. A run that cannot go on, or a server not listening within ``runtime.timeout_s``,
-stops all others (SIGTERM, then SIGKILL of the process tree after ``TERM_GRACE_S``) and
+the run. A run that cannot go on, or a server that neither listens nor writes to its log for
+``runtime.timeout_s``, stops all others (SIGTERM, then SIGKILL of the process tree after ``TERM_GRACE_S``) and
 returns 1; Ctrl-C, SIGTERM or SIGHUP does the same and returns 130. Children run in their own
 sessions, so a terminal's Ctrl-C reaches only the launcher. ``resume``: the run in the run
 directory continues from its checkpoint (``rudra-zmq run --resume``).
