@@ -206,12 +206,9 @@ def _load_digits(seed: int, cache: Path) -> Dataset:
     from importlib.metadata import version
 
     path = cache / f"digits-v{CACHE_VERSION}-seed{seed}-sklearn{version('scikit-learn')}.npz"
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return _make("digits", z["x_train"], z["y_train"], z["x_test"], z["y_test"],
-                         [str(c) for c in z["classes"]])
-    except (OSError, ValueError, KeyError):   # absent or damaged: split again, rewrite it
-        pass
+    ds = dataset_cache.read(path, "digits")
+    if ds is not None:
+        return ds
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -223,15 +220,7 @@ def _load_digits(seed: int, cache: Path) -> Dataset:
                                       random_state=seed)
     ds = _make("digits", x[idx_tr], y[idx_tr], x[idx_te], y[idx_te],
                [str(c) for c in d.target_names])
-    try:   # atomically: a role started beside this one never reads half a file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:   # a file object: np.savez would append .npz to a path
-            np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test,
-                     y_test=ds.y_test, classes=np.array(ds.classes))
-        os.replace(tmp, path)
-    except OSError:   # a read-only cache dir: load with scikit-learn every time
-        pass
+    dataset_cache.write(path, ds)   # atomically: a role started beside this one reads it whole
     return ds
 
 
