@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from . import plots
+from .roles.ps_report import PS_FINAL_FILE
 from .sync import protocol_label
 
 COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
@@ -129,27 +130,36 @@ def mean_sigma(metrics) -> float | None:
 
 
 def ps_final(run_dir, metrics) -> dict | None:
-    """The PS's final epoch (``ps_final.json``, its own state) and the test error of the
-    evaluation at its final timestamp (else the last one before it); None where the PS wrote
-    no final state. Raises OSError/ValueError for an unreadable file."""
-    from .roles.ps_report import PS_FINAL_FILE
-
+    """Where training ended -- the PS's final timestamp and epoch, from ``ps_final.json`` (its
+    own state), else from its ``done`` record -- with the test error of the evaluation of those
+    final weights (None when they were never evaluated); None where the run did not finish.
+    Raises OSError/ValueError for an unreadable file."""
     path = Path(run_dir) / PS_FINAL_FILE
-    if not path.exists():
-        return None
-    final = json.loads(path.read_text())
-    ts = final["timestamp"]
-    evals = [r for r in metrics["eval"] if isinstance(r.get("ts"), int) and r["ts"] <= ts]
-    at_end = [r for r in evals if r["ts"] == ts] or evals[-1:]
-    return {"epoch": float(final["epoch"]), "ts": ts,
-            "test_error": at_end[-1].get("test_error") if at_end else None}
+    if path.exists():
+        final = json.loads(path.read_text())
+        ts, epoch = final["timestamp"], final["epoch"]
+    else:
+        done = [r for r in metrics.get("done", []) if isinstance(r.get("ts"), int)
+                and plots._num(r.get("epoch")) is not None]
+        if not done:
+            return None
+        ts, epoch = done[-1]["ts"], done[-1]["epoch"]
+    at_end = [r for r in metrics["eval"] if r.get("ts") == ts
+              and plots._num(r.get("test_error")) is not None]
+    return {"epoch": float(epoch), "ts": ts,
+            "test_error": at_end[-1]["test_error"] if at_end else None}
 
 
 def run_summary(run_dir, label: str | None = None) -> dict:
     """The table row of one run directory (``COLUMNS``; None where the run has no value),
-    named ``label`` (default ``plots.run_label``). ``wall_s``: seconds from the start of
-    training to the last evaluation; ``startup_s``: before it (None for a simulation).
-    Raises CompareError if it holds no ``metrics.jsonl``."""
+    named ``label`` (default ``plots.run_label``). ``final_error``: the test error of the
+    final weights of a finished run (None when they were never evaluated: then
+    ``last_error``/``last_epoch`` name the last evaluation, which is not of them), else of the
+    last evaluation. ``wall_s``: seconds of training (``records.TrainingClock``: a resumed
+    run's idle gap and start-up left out) up to the end of training, or to the last
+    evaluation of a run that did not finish; ``startup_s``: of start-up, resumes' included
+    (None for a simulation); ``resumes``, and ``between_runs_s`` idle between them (left out
+    of both). Raises CompareError if it holds no ``metrics.jsonl``."""
     run_dir = _checked(run_dir)
     metrics = plots.read_metrics(run_dir)
     cfg = read_config(run_dir)
@@ -158,20 +168,24 @@ def run_summary(run_dir, label: str | None = None) -> dict:
     if final is not None:   # only what the PS itself says happened: nothing past its end
         rows = [r for r in rows if isinstance(r.get("ts"), int) and r["ts"] <= final["ts"]]
     last = rows[-1] if rows else {}
-    epochs, wall = last.get("epoch"), last.get("wall_s")
+    epochs, wall, error = last.get("epoch"), last.get("wall_s"), last.get("test_error")
+    clock = plots.TrainingClock(metrics)
     if final is not None:   # where the PS itself says training ended, and that evaluation
-        epochs, last = final["epoch"], {**last, "test_error": final["test_error"]}
+        epochs, error, wall = final["epoch"], final["test_error"], clock.trained_s
     return {"run": label or plots.run_label(run_dir), "protocol": protocol_name(cfg),
             "learners": config_value(cfg, "sync", "learners"),
             "batch": config_value(cfg, "sync", "batch_size"),
             "lr_policy": config_value(cfg, "optimizer", "lr_policy"),
             "lr": config_value(cfg, "optimizer", "lr"),
             "epochs": epochs,
-            "final_error": last.get("test_error"),
+            "final_error": error,
             "best_error": min(r["test_error"] for r in rows) if rows else None,
             "mean_sigma": mean_sigma(metrics), "startup_s": plots.startup_s(metrics),
             "wall_s": wall,
-            "s_per_epoch": wall / epochs if wall and epochs else None}
+            "s_per_epoch": wall / epochs if wall and epochs else None,
+            "last_error": last.get("test_error"), "last_epoch": last.get("epoch"),
+            "resumes": len(clock.periods) - 1,
+            "between_runs_s": sum(idle for _, idle, _ in clock.breaks)}
 
 
 def compare_runs(run_dirs, out_png) -> Path | None:
@@ -240,12 +254,17 @@ def cmd_compare(args) -> int:
         print(f"rudra-zmq compare: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(rows))
+    for r in rows:
+        if r["final_error"] is None and r["last_error"] is not None:
+            print(f"{r['run']}: final_error -: its final weights were never evaluated (the "
+                  f"last evaluation, {100 * r['last_error']:.2f}% at epoch "
+                  f"{r['last_epoch']:.2f}, is not of them)")
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
             w.writeheader()
-            w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
+            w.writerows({k: ("" if r[k] is None else r[k]) for k in COLUMNS} for r in rows)
         print(f"table: {args.csv}")
     if compare_runs(run_dirs, args.output) is not None:
         print(f"plot: {args.output}")

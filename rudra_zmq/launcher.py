@@ -253,6 +253,8 @@ class Launcher:
             args = list(c.args)
             if c.role == "ps" and "--resume" not in args:
                 args.append("--resume")   # (a stats server always appends, on the run's clock)
+            if c.role == "stats":   # its restart goes on in this run: no new period begins
+                args = [a for a in args if a != "--resume"]
             how = " from its newest checkpoint" if c.role == "ps" else ""
             print(f"rudra-zmq: restarting {c.label}{how} ({n + 1} of at most "
                   f"{cfg.max_restarts})", file=sys.stderr, flush=True)
@@ -373,20 +375,29 @@ def _log_size(child: Child) -> int:
 # ----------------------------------------------------------------------------- entry point
 def _outcome(run_dir) -> str | None:
     """One line on how the run ended, from what it wrote (``compare.run_summary``); None
-    when it wrote no metrics (the stats server reports its own trouble)."""
+    when it wrote no metrics (the stats server reports its own trouble). The test error is
+    the final weights'; where they were never evaluated, the line says so first."""
     from .compare import run_summary
 
     try:
         r = run_summary(run_dir)
     except (OSError, ValueError):
         return None
-    if r["final_error"] is None:
-        return "result: no test error was measured (train.eval_every_epochs = 0?)"
+    if r["final_error"] is None and r["last_error"] is None:
+        return "result: no test error was measured (see logs/stats.log)"
     sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
     startup = "" if r.get("startup_s") is None else f" (after {r['startup_s']:.1f} s of start-up)"
-    return (f"result: test error {100 * r['final_error']:.2f}% (best "
-            f"{100 * r['best_error']:.2f}%) after {r['epochs']:.2f} epochs in "
-            f"{r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
+    if r["resumes"] and r.get("startup_s") is not None:   # a resumed run: its gap is no training
+        startup = (f" (after {r['startup_s']:.1f} s of start-up in {r['resumes'] + 1} runs; "
+                   f"{r['between_runs_s']:.1f} s between them left out)")
+    if r["final_error"] is not None:
+        error = f"test error {100 * r['final_error']:.2f}%"
+    else:
+        error = (f"the final weights were not evaluated (see logs/stats.log); the last test "
+                 f"error measured was {100 * r['last_error']:.2f}% at epoch "
+                 f"{r['last_epoch']:.2f}")
+    return (f"result: {error} (best {100 * r['best_error']:.2f}%) after {r['epochs']:.2f} "
+            f"epochs in {r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
             "`rudra-zmq compare` puts runs side by side")
 
 
@@ -398,8 +409,12 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     run directory is made) for a bad config, data (:mod:`rudra_zmq.preflight`, which also
     decodes image data once for every role), run directory or endpoint."""
     if resume is not None:
-        from .resume import resume_config
+        from .resume import finished_note, resume_config
         cfg = resume_config(resume, config_path, list(overrides))
+        note = finished_note(resume, cfg)
+        if note is not None:   # a finished run with nothing to do: start nothing
+            print(note, flush=True)
+            return 0
     else:
         cfg = config_mod.load_config(config_path, list(overrides))
     preflight.run(cfg)   # the data and extras checked, images decoded: before anything exists

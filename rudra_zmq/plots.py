@@ -16,13 +16,17 @@ The statistics server appends one JSON object per line, each with a ``"type"``:
 ``t`` is wall seconds since the start of the run, across restarts and resumes (absolute Unix
 times are accepted too: they are shifted so the earliest record is 0). λ changes, PS restarts
 and resumes are drawn as vertical lines. ``ts`` is the weights timestamp, i.e. updates applied.
+An ``eval`` record with ``"weights": "weights.npy"`` was evaluated from the file the PS saved
+at the end (its final EVAL never reached the statistics server).
 
 Training starts when the parameter server applies its first update (the earliest ``update``
 record); what comes before -- processes starting, data loading, learners registering and
 computing their first gradients -- is start-up (``startup_s``). Time axes, ``summary.csv``'s
-``wall_s`` and ``rudra-zmq compare`` count from the start of training (``time_origin``); an
-evaluation from before it (of the initial weights) is placed at 0. A simulation, which writes
-update and eval records only, has no start-up: its clock starts with training.
+``wall_s`` and ``rudra-zmq compare`` count seconds of training (``records.TrainingClock``):
+from the start of training, leaving out each resumed run's idle gap and start-up (drawn as a
+"run resumed" line that names the seconds left out); an evaluation from before training (of
+the initial weights) is placed at its start. A simulation, which writes update and eval
+records only, has no start-up: its clock starts with training.
 
 Plots use matplotlib's object API (``Figure`` + ``FigureCanvasAgg``), never pyplot, so nothing
 global (backend, current figure) changes for other users in the process, and it is safe to call
@@ -31,7 +35,6 @@ from a background thread. Every function here blocks on file I/O only.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -39,112 +42,24 @@ from pathlib import Path
 
 import numpy as np
 
+from .records import (KNOWN_TYPES, METRICS_FILE, Metrics, TrainingClock, read_metrics,
+                      sigma_sum, startup_s, time_origin)
+from .records import num as _num
+
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
-KNOWN_TYPES = ("update", "eval", "learner", "ps", "members", "restart", "resume")
+TIME_LABEL = "time since training started (s)"
 SUMMARY_FIELDS = ("epoch", "wall_s", "ts", "test_error", "test_loss", "mean_sigma",
                   "updates_per_s")
-_ABSOLUTE_T = 1e9  # t values beyond this are Unix times (after 2001), not seconds since start
-TIME_LABEL = "time since training started (s)"
-REAL_RUN_TYPES = ("start", "ps", "learner", "done")   # a simulation writes update and eval only
-
-
-class Metrics(dict):
-    """``{type: [record, ...]}`` in file order; the four known types are always present.
-
-    ``malformed`` counts the lines that were skipped (not JSON, not an object, no ``type``);
-    ``truncated`` says whether the last line was cut off (a crash mid-write); it is one of them.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.malformed = 0
-        self.truncated = False
-
-
-def read_metrics(path) -> Metrics:
-    """Parse ``metrics.jsonl`` (or the one inside a run directory) into records by type.
-
-    Tolerates a truncated last line and skips malformed lines, counting them (and logging a
-    warning) rather than failing: a crashed run's metrics are still worth plotting. Records of
-    type ``batch`` (``{"type": "batch", "items": [...]}``) are unpacked into their items.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    out = Metrics({k: [] for k in KNOWN_TYPES})
-    with open(path, "rb") as f:
-        data = f.read()
-    lines = data.split(b"\n")
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except (UnicodeDecodeError, ValueError):
-            rec = None
-        if isinstance(rec, dict) and rec.get("type") == "batch" and \
-                isinstance(rec.get("items"), list):
-            records = rec["items"]
-        else:
-            records = [rec]
-        for r in records:
-            if not isinstance(r, dict) or not isinstance(r.get("type"), str):
-                out.malformed += 1
-                if i == len(lines) - 1:  # no newline after it: the writer died mid-line
-                    out.truncated = True
-                elif out.malformed <= 5:
-                    log.warning("%s:%d: skipping a malformed metrics line: %.80r",
-                                path, i + 1, raw)
-                continue
-            out.setdefault(r["type"], []).append(r)
-    if out.truncated:
-        log.warning("%s: the last line is truncated (did the run crash?); skipped it", path)
-    if out.malformed - out.truncated > 5:
-        log.warning("%s: skipped %d malformed lines in all", path, out.malformed - out.truncated)
-    return out
-
-
-def _num(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
-def _t0(metrics) -> float:
-    """What to subtract from ``t``: 0, or the earliest t when the records hold Unix times."""
-    ts = [t for recs in metrics.values() for r in recs if (t := _num(r.get("t"))) is not None]
-    return min(ts) if ts and min(ts) > _ABSOLUTE_T else 0.0
-
-
-def startup_s(metrics) -> float | None:
-    """Seconds from the start of the run to the start of training (the earliest ``update``
-    record); None for a simulation (no start-up) or a run whose training never started."""
-    t0 = _t0(metrics)
-    if t0 == 0.0 and not any(metrics.get(kind) for kind in REAL_RUN_TYPES):
-        return None
-    ts = [t for u in metrics.get("update", []) if (t := _num(u.get("t"))) is not None]
-    return max(min(ts) - t0, 0.0) if ts else None
-
-
-def time_origin(metrics) -> float:
-    """What to subtract from a record's ``t`` for seconds since training started (since the
-    start of the run where ``startup_s`` is None)."""
-    return _t0(metrics) + (startup_s(metrics) or 0.0)
 
 
 def eval_series(metrics, xkey: str):
-    """(x, test error) arrays of the eval records, x being ``epoch`` or ``t`` (seconds since
-    training started: an evaluation from before it, of the initial weights, at 0)."""
+    """(x, test error) arrays of the eval records, x being ``epoch`` or ``t`` (seconds of
+    training, ``records.TrainingClock``: an evaluation from before it, of the initial weights,
+    at 0)."""
     if xkey != "t":
         return _series(metrics["eval"], xkey, "test_error")
-    x, y = _series(metrics["eval"], "t", "test_error", time_origin(metrics))
-    return np.maximum(x, 0.0), y
-
-
-def _since_start(x, y):
-    """The points of a time series at or after the start of training (x >= 0)."""
-    keep = x >= 0
-    return x[keep], y[keep]
+    return _series(metrics["eval"], "t", "test_error", TrainingClock(metrics))
 
 
 def _startup_note(metrics, before: str = ", ", after: str = "") -> str:
@@ -153,41 +68,30 @@ def _startup_note(metrics, before: str = ", ", after: str = "") -> str:
     return "" if s is None else f"{before}start-up {s:.1f} s{after}"
 
 
-def _series(records, xkey, ykey, t0=0.0):
+def _series(records, xkey, ykey, clock: TrainingClock | None = None, during=False):
     """Sorted (x, y) arrays from the records that have numeric values for both keys; ``t``
-    values less ``t0``."""
+    values as seconds of training by ``clock`` (with ``during``, only those in training)."""
     pts = []
     for r in records:
         x, y = _num(r.get(xkey)), _num(r.get(ykey))
+        if x is not None and clock is not None:
+            x = clock.at(x, during)
         if x is not None and y is not None:
-            pts.append((x - t0 if xkey == "t" else x, y))
+            pts.append((x, y))
     pts.sort()
     return np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-
-
-def sigma_sum(update) -> tuple[float, int]:
-    """(sum of per-gradient staleness, number of gradients) of one update record."""
-    sigmas = update.get("sigmas")
-    if isinstance(sigmas, list) and sigmas:
-        vals = [s for s in map(_num, sigmas) if s is not None]
-        return sum(vals), len(vals)
-    mean, n = _num(update.get("mean_sigma")), _num(update.get("n_grads"))
-    if mean is None:
-        return 0.0, 0
-    n = int(n) if n else 1
-    return mean * n, n
 
 
 def summary_rows(metrics) -> list[dict]:
     """One dict per eval (``SUMMARY_FIELDS``), in timestamp order; missing values are None.
 
-    ``wall_s`` is seconds since training started (``time_origin``; 0 for an evaluation from
+    ``wall_s`` is seconds of training (``records.TrainingClock``; 0 for an evaluation from
     before it). ``mean_sigma`` averages every gradient's staleness over the updates since the
     previous eval (previous eval's ts < update ts <= this eval's ts); ``updates_per_s`` is the
-    updates applied since the previous eval over the wall time since it (since training started
-    for the first eval).
+    updates applied since the previous eval over the seconds of training since it (since
+    training started for the first eval).
     """
-    t0 = time_origin(metrics)
+    clock = TrainingClock(metrics)
     evals = sorted((e for e in metrics.get("eval", []) if _num(e.get("ts")) is not None),
                    key=lambda e: (e["ts"], _num(e.get("t")) or 0.0))
     updates = sorted((u for u in metrics.get("update", []) if _num(u.get("ts")) is not None),
@@ -200,8 +104,7 @@ def summary_rows(metrics) -> list[dict]:
             s, n = sigma_sum(updates[j])  # updates up to prev_ts were taken by earlier evals
             total, count = total + s, count + n
             j += 1
-        t = _num(e.get("t"))
-        wall = max(t - t0, 0.0) if t is not None else None
+        wall = clock.at(e.get("t"))
         rate = None
         if wall is not None and wall - prev_t > 0:
             rate = (e["ts"] - prev_ts) / (wall - prev_t)
@@ -254,24 +157,33 @@ def _plot_error(ax, x, y, label=None, **style):
     ax.grid(True, alpha=0.3)
 
 
-def _mark_events(ax, m, xkey: str, t0: float = 0.0) -> None:
+def _mark_events(ax, m, xkey: str, clock: TrainingClock | None = None) -> None:
     """Vertical lines where λ changed (``members``: evicted/joined, labelled λ and c) and where
-    the PS restarted or the run was resumed (``restart``/``resume``), on an x of ``t`` or
-    ``epoch``."""
+    the PS restarted or the run was resumed (``restart``/``resume``), on an x of ``epoch`` or
+    of seconds of training by ``clock``, where a resume is drawn with the seconds of idle time
+    and start-up left out there."""
     seen = set()
     for kind, style in (("members", dict(color="tab:orange", linestyle=":")),
                         ("restart", dict(color="tab:red", linestyle="--")),
                         ("resume", dict(color="tab:purple", linestyle="-."))):
-        for r in m[kind]:
-            x = _num(r.get(xkey))
+        points = [(_num(r.get(xkey)), r) for r in m[kind]]
+        if kind == "resume" and clock is not None:
+            points = [(at, {"left_out": idle + (up or 0.0)}) for at, idle, up in clock.breaks]
+        elif clock is not None:
+            points = [(clock.at(x), r) for x, r in points]
+        for x, r in points:
             if x is None:
                 continue
             if kind == "members":
                 label = f"λ={r.get('learners')}, c={r.get('c')} ({r.get('event')})"
+            elif kind == "restart":
+                label = "PS restarted"
             else:
-                label = "PS restarted" if kind == "restart" else "run resumed"
-            ax.axvline(x - t0 if xkey == "t" else x, linewidth=1, alpha=0.8,
-                       label=None if label in seen else label, **style)
+                left = r.get("left_out")
+                label = "run resumed" if left is None else \
+                    f"run resumed ({left:.1f} s between the runs left out)"
+            ax.axvline(x, linewidth=1, alpha=0.8, label=None if label in seen else label,
+                       **style)
             seen.add(label)
     if seen:
         ax.legend(fontsize="small")
@@ -289,7 +201,7 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     m = read_metrics(run_dir)
     name = run_label(run_dir)
-    t0 = time_origin(m)
+    clock = TrainingClock(m)
     written = []
 
     for xkey, xlabel, fname in (("epoch", "epoch", "test_error_vs_epoch.png"),
@@ -298,7 +210,7 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
         if len(x):
             fig, ax = _figure()
             _plot_error(ax[0, 0], x, y)
-            _mark_events(ax[0, 0], m, xkey, t0)
+            _mark_events(ax[0, 0], m, xkey, clock if xkey == "t" else None)
             ax[0, 0].set_xlabel(xlabel)
             ax[0, 0].set_title(f"{name}: test error vs {xkey if xkey == 'epoch' else 'time'} "
                                f"(last {100 * y[-1]:.2f} %"
@@ -333,9 +245,9 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
             for r in m["learner"]:
                 by_id.setdefault(r.get("learner"), []).append(r)
             for lid in sorted(by_id, key=str):
-                x, y = _since_start(*_series(by_id[lid], "t", "samples_per_s", t0))
+                x, y = _series(by_id[lid], "t", "samples_per_s", clock, during=True)
                 a.plot(x, y, linewidth=1, alpha=0.7, label=f"learner {lid}")
-            x, y = _since_start(*_total_rate(m["learner"], t0))
+            x, y = _total_rate(m["learner"], clock)
             a.plot(x, y, color="black", linewidth=2, drawstyle="steps-post", label="total")
             a.set_ylabel("samples / s")
             a.set_title(f"{name}: throughput{_startup_note(m, ' (', ')')}")
@@ -346,7 +258,7 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
             a = ax[row, 0]
             for key, label in (("updates_per_s", "PS updates / s"),
                                ("gradients_per_s", "PS gradients / s")):
-                x, y = _since_start(*_series(m["ps"], "t", key, t0))
+                x, y = _series(m["ps"], "t", key, clock, during=True)
                 if len(x):
                     a.plot(x, y, linewidth=1.5, label=label)
             a.set_ylabel("per second")
@@ -356,22 +268,25 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
             if not m["learner"]:
                 a.set_title(f"{name}: parameter server throughput{_startup_note(m, ' (', ')')}")
         for a in ax[:, 0]:
-            _mark_events(a, m, "t", t0)
+            _mark_events(a, m, "t", clock)
         ax[-1, 0].set_xlabel(TIME_LABEL)
         ax[-1, 0].set_xlim(left=0)   # the start of training, though the first report is later
         written.append(_save(fig, out_dir / "throughput.png"))
     return written
 
 
-def _total_rate(records, t0):
-    """Sum over learners of each one's latest samples/s, at every report time (step-hold)."""
+def _total_rate(records, clock: TrainingClock):
+    """Sum over learners of each one's latest samples/s, at every report time in training
+    (step-hold; x in seconds of training)."""
     latest, xs, ys = {}, [], []
     pts = sorted(((t, r) for r in records if (t := _num(r.get("t"))) is not None
                   and _num(r.get("samples_per_s")) is not None), key=lambda p: p[0])
     for t, r in pts:
         latest[r.get("learner")] = r["samples_per_s"]
-        xs.append(t - t0)
-        ys.append(sum(latest.values()))
+        x = clock.at(t, during=True)
+        if x is not None:
+            xs.append(x)
+            ys.append(sum(latest.values()))
     return np.array(xs), np.array(ys)
 
 
@@ -401,4 +316,5 @@ def run_labels(run_dirs) -> list[str]:
 
 
 __all__ = ["read_metrics", "summary_rows", "write_summary_csv", "plot_run", "run_label",
-           "run_labels", "Metrics", "startup_s", "time_origin", "eval_series", "TIME_LABEL"]
+           "run_labels", "Metrics", "startup_s", "time_origin", "eval_series", "TIME_LABEL",
+           "sigma_sum", "TrainingClock", "KNOWN_TYPES", "METRICS_FILE"]

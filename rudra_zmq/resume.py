@@ -3,15 +3,19 @@
 A resumed run continues the weights, momentum, sync engine and data order of a checkpoint, so
 everything that defines the training (model, data, sync, optimizer, architecture, seeds) must
 stay as it was. Only keys in ``RESUMABLE`` may differ, and only when given with ``--set``:
-how long to train, how often to evaluate and checkpoint, and how the processes run. Pure:
-no sockets, no processes.
+how long to train, how often to evaluate and checkpoint, and how the processes run. A run
+that already trained its ``train.epochs`` has nothing to do (``finished_note``). No sockets,
+no processes; reads the run directory only.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 from . import config as config_mod
 from .config import ConfigError
+from .roles.ps_report import PS_FINAL_FILE
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
 RESUMABLE = ("train.epochs", "train.eval_every_epochs", "train.eval_every_updates",
@@ -60,3 +64,19 @@ def resume_config(run_dir, config_path=None, overrides=()):
             raise ConfigError(f"{key} changed from {old.get(key)!r} to {new.get(key)!r} "
                               f"without --set; give --set {key}=... to change it on resume")
     return cfg
+
+
+def finished_note(run_dir, cfg) -> str | None:
+    """The one line to print instead of resuming when the run in ``run_dir`` already trained
+    ``cfg.train.epochs`` (its PS wrote ``ps_final.json`` saying training was done, at that
+    epoch or later), else None. Reads one small file."""
+    try:
+        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
+        done, epoch = final["done"], float(final["epoch"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None   # no final state (it stopped early): resume from the checkpoint
+    if done is not True or epoch < cfg.train.epochs:
+        return None
+    return (f"rudra-zmq: nothing to do: {run_dir} already trained {epoch:.2f} epochs of "
+            f"train.epochs={cfg.train.epochs:g}; to train on, resume with --set "
+            f"train.epochs=N (N > {epoch:.2f})")

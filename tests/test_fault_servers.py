@@ -1,6 +1,7 @@
 """Runs that survive failures, with real processes under `rudra-zmq run`: the data, statistics and parameter servers killed and restarted, a hardsync run killed
 and resumed.
 Each run takes ~15-25 s on 2 cores; each test states its bound."""
+import json
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from fault_runs import FAST, ROOT, Run, records
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_learner_data_and_stats_servers_killed_are_restarted_and_the_run_finishes(tmp_path):
@@ -82,3 +83,23 @@ def test_a_hardsync_run_killed_and_resumed_ends_with_the_same_weights(tmp_path):
     assert len(records(cut.dir, "resume")) == 1
     np.testing.assert_array_equal(np.load(cut.dir / "weights.npy"),
                                   np.load(whole / "weights.npy"))
+
+
+def test_a_statistics_server_killed_near_the_end_still_reports_the_final_weights(tmp_path):
+    """SIGKILL of the statistics server a few epochs before the end (40 epochs, an EVAL
+    each): training ends while it restarts (~5 s), and the result line is still the test
+    error of the final weights, with an evaluation at the PS's final timestamp."""
+    run = Run(tmp_path, "late", ["runtime.timeout_s=60", "runtime.retry_s=1",
+                                 "train.epochs=40"])
+    run.wait_ts(700, timeout=180)     # of ~900; the records trail by up to a second
+    run.signal("stats", signal.SIGKILL)
+    assert run.finish() == 0, run.out
+    assert "restarting stats (1 of at most 3)" in run.out
+    final = json.loads((run.dir / "ps_final.json").read_text())
+    assert final["done"] and final["epoch"] >= 40
+    at_end = [e for e in records(run.dir, "eval") if e["ts"] == final["timestamp"]]
+    assert at_end, f"no evaluation of the final weights (ts {final['timestamp']})\n{run.out}"
+    result = [line for line in run.out.splitlines() if line.startswith("result: ")]
+    assert result == [result[0]] and result[0].startswith(
+        f"result: test error {100 * at_end[-1]['test_error']:.2f}% (best "), run.out
+    assert f"after {final['epoch']:.2f} epochs in " in result[0]

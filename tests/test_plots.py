@@ -237,3 +237,42 @@ def test_compare_runs_labels_each_run_with_its_start_up(tmp_path, figures):
         "quickstart (start-up 16.5 s)", "simulated"]
     assert by_time.get_xlabel() == "time since training started (s)"
     assert list(by_time.get_lines()[0].get_xdata()) == pytest.approx([0, 1, 2, 3, 4])
+
+
+def _resumed():
+    """The quickstart above (16.5 s of start-up, 4 s of training, done at 20.6 s), resumed at
+    600 s (an idle gap of 579.4 s), training again from 610 s (10 s of start-up) to 612 s."""
+    recs = _quickstart() + [{"type": "resume", "t": 600.0},
+                            {"type": "eval", "ts": 40, "t": 605.0, "epoch": 4.0,
+                             "test_error": 0.0125, "test_loss": 1.0}]
+    for ts in range(41, 61):
+        recs.append({"type": "update", "ts": ts, "t": 610.0 + 0.1 * (ts - 41), "epoch": ts / 10,
+                     "mean_sigma": 1.0, "sigmas": [1, 1], "lr": 0.05, "n_grads": 2})
+    recs.append({"type": "eval", "ts": 60, "t": 612.0, "epoch": 6.0, "test_error": 0.01,
+                 "test_loss": 1.0})
+    recs.append({"type": "learner", "learner": 0, "t": 607.0, "step": 1, "samples_per_s": 9.0,
+                 "loss": 1.0})                              # during the resume's start-up
+    return recs + [{"type": "done", "t": 612.5, "ts": 60, "epoch": 6.0, "evals_sent": 3}]
+
+
+def test_a_resumed_run_counts_only_its_training_time_and_marks_the_gap(tmp_path, figures):
+    run = _write_run(tmp_path / "r", _resumed(), name="quickstart")
+    m = plots.read_metrics(run)
+    clock = plots.TrainingClock(m)
+    assert clock.trained_s == pytest.approx(4.0 + 2.0)      # 16.5-20.5 and 610-612
+    assert plots.startup_s(m) == pytest.approx(16.5 + 10.0)
+    ((at, idle, startup),) = clock.breaks
+    assert (at, idle, startup) == pytest.approx((4.0, 600.0 - 20.5, 10.0))
+    x, _ = plots.eval_series(m, "t")    # the restored weights' evaluation at the break
+    assert list(x) == pytest.approx([0, 1, 2, 3, 4, 4, 6])
+    assert [r["wall_s"] for r in plots.summary_rows(m)][-2:] == pytest.approx([4.0, 6.0])
+    plots.plot_run(run)
+    ax = figures["test_error_vs_time.png"].axes[0]
+    (mark,) = [line for line in ax.get_lines() if line.get_label().startswith("run resumed")]
+    assert list(mark.get_xdata()) == [4.0, 4.0]
+    assert mark.get_label() == "run resumed (589.5 s between the runs left out)"
+    learners, ps = figures["throughput.png"].axes
+    assert max(v for line in learners.get_lines() for v in line.get_xdata()) <= 6.0
+    r = compare.run_summary(run)
+    assert (r["wall_s"], r["s_per_epoch"]) == pytest.approx((6.0, 1.0))
+    assert (r["resumes"], r["between_runs_s"]) == (1, pytest.approx(579.5))

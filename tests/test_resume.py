@@ -1,5 +1,7 @@
 """What `rudra-zmq run --resume RUN_DIR` may change about a run (resume.resume_config) and
 the command line around it. No processes."""
+import json
+
 import pytest
 
 from rudra_zmq import cli, config as config_mod
@@ -66,3 +68,19 @@ def test_the_run_command_needs_a_config_or_resume_and_not_both_dirs(capsys):
     assert "give a CONFIG to start a run, or --resume RUN_DIR" in capsys.readouterr().err
     assert cli.main(["run", "--resume", "a", "--run-dir", "b"]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_a_finished_run_has_nothing_to_do_unless_it_trains_longer(run_dir):
+    from rudra_zmq.resume import finished_note
+
+    cfg = resume_config(run_dir)
+    assert finished_note(run_dir, cfg) is None                  # no final state: resume
+    (run_dir / "ps_final.json").write_text(json.dumps({"timestamp": 80, "epoch": 5.02,
+                                                       "done": True}))
+    assert finished_note(run_dir, cfg) == (
+        f"rudra-zmq: nothing to do: {run_dir} already trained 5.02 epochs of train.epochs=5; "
+        "to train on, resume with --set train.epochs=N (N > 5.02)")
+    assert finished_note(run_dir, resume_config(run_dir, None, ["train.epochs=9"])) is None
+    (run_dir / "ps_final.json").write_text(json.dumps({"timestamp": 80, "epoch": 5.02,
+                                                       "done": False}))     # stopped early
+    assert finished_note(run_dir, cfg) is None

@@ -201,8 +201,8 @@ def test_done_writes_summary_csv_and_plots_and_returns(cfg, digits, tmp_path):
         now = time.time()
         learner.metric({"type": "learner", "learner": 0, "t": now, "step": 10,
                         "samples_per_s": 640.0, "loss": 1.0})
-        ps.metric({"type": "batch", "items": [
-            {"type": "update", "t": now, "ts": k, "epoch": k / 10, "mean_sigma": 2.0,
+        ps.metric({"type": "batch", "items": [   # 4 x 2 gradients of µ 32 in 0.4 s: 640/s
+            {"type": "update", "t": now + 0.1 * k, "ts": k, "epoch": k / 10, "mean_sigma": 2.0,
              "sigmas": [2, 2], "lr": 0.05, "n_grads": 2} for k in range(1, 6)]})
         wait_for(lambda: server.records == 6)  # the eval must come after these
         # The EVAL travels on its own connection: "done" announces it, so the server waits.
@@ -338,24 +338,40 @@ def update(t, ts, epoch, sigma=1.0):
 
 
 def test_the_progress_line_gives_elapsed_time_and_an_eta_once_training_started():
-    p = Progress(epochs=10.0)
-    before = p.eval_line(6.4, 0, 0.0, 0.92, 2.3)           # the initial weights
-    assert before.endswith("samples/s -  elapsed -  ETA -"), before
-    assert p.update(update(16.5, 1, 0.1)) == ("training started: the parameter server "
-                                              "applied its first update after 16.5 s of "
-                                              "start-up")
-    assert p.eval_line(17.0, 1, 0.1, 0.5, 1.0).endswith("elapsed 0.5 s  ETA -")  # no rate yet
-    assert p.update(update(18.5, 20, 1.1)) is None          # 0.5 epochs/s: 8.9 left, 17.8 s
-    p.learner({"learner": 0, "samples_per_s": 640.0})
-    line = p.eval_line(18.5, 20, 1.1, 0.3, 0.8)
+    p = Progress(epochs=10.0, batch_size=32)
+    assert p.evaluated(6.4, 0, 0.0, 0.92, 2.3) == []       # the initial weights: not yet
+    started, before = p.update(update(16.5, 1, 0.1))
+    assert started == ("training started: the parameter server applied its first update "
+                       "after 16.5 s of start-up")
+    assert before.startswith("epoch   0.00  ts      0  test error 92.00%")
+    assert before.endswith("<σ> -  samples/s -  elapsed 0.0 s  ETA -"), before
+    # an evaluation waits for the update records up to its timestamp
+    assert p.evaluated(17.0, 2, 0.2, 0.5, 1.0) == []
+    (line,) = p.update(update(17.0, 2, 0.2, sigma=3.0))     # 1 gradient of 32 in 0.5 s
+    assert line.endswith("<σ> 2.00  samples/s 64  elapsed 0.5 s  ETA 49.0 s"), line
+    for ts in range(3, 21):                               # 18 gradients in 1.5 s: 384/s
+        assert p.update(update(17.0 + (ts - 2) / 12, ts, ts / 20 + 0.1)) == []
+    (line,) = p.evaluated(18.5, 20, 1.1, 0.3, 0.8)
     assert line == ("epoch   1.10  ts     20  test error 30.00%  loss 0.8000  <σ> 1.00  "
-                    "samples/s 640  elapsed 2.0 s  ETA 17.8 s")
-    # update records trail (batched): an evaluation is a point of the rate too
-    assert p.eval_line(20.0, 40, 2.1, 0.2, 0.5).endswith("elapsed 3.5 s  ETA 13.8 s")
+                    "samples/s 384  elapsed 2.0 s  ETA 17.8 s")
     p.update(update(200.5, 900, 9.0))                       # 8.9 epochs in 184 s: 1 left
-    assert p.eval_line(200.5, 900, 9.0, 0.1, 0.3).endswith("elapsed 3m04s  ETA 20.7 s")
+    assert p.evaluated(200.5, 900, 9.0, 0.1, 0.3)[0].endswith("elapsed 3m04s  ETA 20.7 s")
     p.update(update(230.0, 1000, 10.2))                     # past the end: nothing left
-    assert p.eval_line(230.5, 1000, 10.2, 0.1, 0.3).endswith("ETA 0.0 s")
+    assert p.evaluated(230.5, 1000, 10.2, 0.1, 0.3)[0].endswith("ETA 0.0 s")
+    assert p.evaluated(231.0, 1001, 10.3, 0.1, 0.3) == []   # its updates never came:
+    assert p.flush()[0].endswith("<σ> -  samples/s -  elapsed 3m34s  ETA 0.0 s")  # at the end
+
+
+def test_a_resumed_runs_progress_counts_training_time_only():
+    """Resumed 600 s after the run began, with 30 s of training before: elapsed goes on from
+    30 s, start-up counts from the resume."""
+    p = Progress(epochs=10.0, batch_size=32, begun=600.0, trained_s=30.0)
+    assert p.evaluated(605.0, 100, 5.0, 0.2, 0.5) == []     # the restored weights
+    started, line = p.update(update(612.0, 101, 5.05))
+    assert started.endswith("after 12.0 s of start-up")
+    assert "elapsed 30.0 s" in line
+    p.update(update(614.0, 120, 6.0))
+    assert "elapsed 32.0 s" in p.evaluated(614.0, 120, 6.0, 0.1, 0.3)[0]
 
 
 def test_durations_read_at_a_glance():
@@ -374,8 +390,7 @@ def test_a_restarted_server_counts_elapsed_time_from_the_runs_training_start(cfg
     stop.set()
     assert first.serve_forever(stop) == "stopped"
     assert "after 16.5 s of start-up" in first.out.getvalue()
-    again = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO(),
-                        resume=True)
+    again = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
     assert again.t0 == t0 and again.progress.started == 16.5
     again.handle(as_bytes(wire.encode(Kind.EVAL, wire.SENDER_PS, 2, ts=2, epoch=1.1,
                                       payloads=[again.flat.weights.copy()])))
@@ -483,3 +498,44 @@ def test_tensorboard_without_its_package_fails_before_training_and_says_what_to_
         StatsServer(tb_cfg, "tcp://127.0.0.1:0", tmp_path / "run", dataset=digits,
                     out=io.StringIO())
     assert not (tmp_path / "run").exists()              # nothing started, nothing written
+
+
+# ------------------------------------------------------------------ the final weights
+def _done(server, ts, epoch, seq=9):
+    server.handle(as_bytes(wire.encode(Kind.METRIC, wire.SENDER_PS, seq, metric={
+        "type": "done", "t": time.time(), "ts": ts, "epoch": epoch, "evals_sent": 5})))
+
+
+def test_final_weights_whose_eval_never_came_are_evaluated_from_weights_npy(cfg, digits,
+                                                                           tmp_path):
+    """The PS's final EVAL lost (a statistics server restarted near the end): the server
+    evaluates RUN/weights.npy once ps_final.json says it holds the weights at done's ts."""
+    server = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
+    w = server.flat.weights.copy()
+    server.handle(as_bytes(wire.encode(Kind.EVAL, wire.SENDER_PS, 1, ts=3, payloads=[w],
+                                       epoch=0.5)))          # an earlier evaluation arrived
+    _done(server, 40, 4.0)
+    np.save(tmp_path / "weights.npy", w)
+    (tmp_path / "ps_final.json").write_text(json.dumps({"timestamp": 40, "epoch": 4.0,
+                                                        "done": True}))
+    assert server.serve_forever() == "done"
+    evals = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "eval"]
+    assert [(e["ts"], e.get("weights")) for e in evals] == [(3, None), (40, "weights.npy")]
+    assert evals[1]["test_error"] == pytest.approx(oracle_error(server.flat, digits), abs=1e-9)
+    assert "ts     40  test error" in server.out.getvalue()
+
+
+def test_a_stale_ps_final_is_not_taken_for_the_final_weights(cfg, digits, tmp_path,
+                                                            monkeypatch):
+    """ps_final.json of another timestamp (a run resumed from it): not the final weights;
+    after DONE_WAIT_S the server ends without them, saying so in its log."""
+    from rudra_zmq.roles import stats_server
+
+    monkeypatch.setattr(stats_server, "DONE_WAIT_S", 1.0)
+    server = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
+    np.save(tmp_path / "weights.npy", server.flat.weights)
+    (tmp_path / "ps_final.json").write_text(json.dumps({"timestamp": 20, "epoch": 2.0,
+                                                        "done": True}))
+    _done(server, 40, 4.0)
+    assert server.serve_forever() == "done"
+    assert [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "eval"] == []

@@ -272,8 +272,9 @@ class ParameterServer:
 
     def _eval(self) -> None:
         if self.stats:
+            # the final weights' EVAL waits for room (a stats server being restarted)
             self.stats.eval_weights(self.state.engine.timestamp, self.state.engine.epoch,
-                                    self.state.w, self.state.chunk_bytes)
+                                    self.state.w, self.state.chunk_bytes, final=self.state.done)
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:

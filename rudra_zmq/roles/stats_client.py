@@ -3,7 +3,8 @@
 
 Two PUSH sockets: small metric records, and model-sized EVAL snapshots of the weights, each
 with a small high-water mark; what does not fit is dropped and counted, never waited for
-(except the final ``"done"`` record, which waits up to ``DONE_SEND_WAIT_MS``).
+(except the final weights' EVAL and the final ``"done"`` record, which wait up to
+``DONE_SEND_WAIT_MS``: a statistics server being restarted must still get them).
 """
 from __future__ import annotations
 
@@ -100,14 +101,17 @@ class StatsClient:
         return False
 
     def eval_weights(self, ts: int, epoch: float, weights: np.ndarray,
-                     chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES) -> bool:
+                     chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, final: bool = False) -> bool:
         """Queue ``weights`` (1-D float32) for evaluation, zero-copy, in frames of at most
         ``chunk_bytes``. Returns False if dropped (EVAL_HWM snapshots already queued).
 
-        Does not block. ``weights`` is sent without a copy: do not modify it until ZeroMQ has
-        sent it; pass a snapshot that is never written again (as the parameter server does).
+        Does not block, except for the ``final`` weights (the end of training): those wait up
+        to ``DONE_SEND_WAIT_MS`` for room. ``weights`` is sent without a copy: do not modify it
+        until ZeroMQ has sent it; pass a snapshot that is never written again (as the
+        parameter server does).
         """
-        if not self._evals.poll(0, zmq.POLLOUT):  # full: do not even encode
+        wait = DONE_SEND_WAIT_MS if final else 0
+        if not self._evals.poll(wait, zmq.POLLOUT):  # full: do not even encode
             self.evals_dropped += 1
             return False
         self._seq += 1
@@ -124,10 +128,10 @@ class StatsClient:
 
     def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
         """Close both sockets, giving ZeroMQ up to ``linger_ms`` (in ``ctx.term()``) to deliver
-        what is queued; after a "done" record, up to ``DONE_SEND_WAIT_MS`` for the metrics (a
-        statistics server being restarted must still get it)."""
-        metrics_linger = max(linger_ms, DONE_SEND_WAIT_MS) if self._done_sent else linger_ms
-        for sock, linger in ((self._metrics, metrics_linger), (self._evals, linger_ms)):
+        what is queued; after a "done" record, up to ``DONE_SEND_WAIT_MS`` (a statistics
+        server being restarted must still get it and the final weights)."""
+        linger_end = max(linger_ms, DONE_SEND_WAIT_MS) if self._done_sent else linger_ms
+        for sock, linger in ((self._metrics, linger_end), (self._evals, linger_end)):
             if not sock.closed:
                 sock.close(linger=linger)
 

@@ -1,20 +1,31 @@
 """The statistics server's progress lines: what a person watching a run reads.
 
-One line per evaluation -- epoch, timestamp, test error and loss, ⟨σ⟩ of the gradients since
-the previous line, the learners' samples/s, the time since training started and an estimate of
-the time left (``ETA -`` until one can be made) -- and one line when training starts, with how
-long start-up took.
+One line per evaluation -- epoch, timestamp, test error and loss, then, over the updates
+since the previous line (previous line's ts < update ts <= this one's, as ``summary.csv``
+counts them): ⟨σ⟩ of their gradients and samples/s (their gradients times µ, over the time
+from the previous line's last update to this line's last update); then the seconds of
+training so far and an estimate of the time left (``ETA -`` until one can be made) -- and
+one line when training starts, with how long start-up took.
+
+An evaluation's line waits until the ``update`` records up to its timestamp have arrived (the
+PS sends them in batches, every 0.5 s, on another connection than its EVALs), so that what
+it says is what the records say; at the end of the run (``flush``) what still waits is
+printed with what is known. So the evaluation of the initial weights (ts 0) is printed once
+training has started, after the line that says so.
 
 Training starts when the parameter server applies its first update: its first ``update``
-record, as ``plots.startup_s`` reads it back afterwards. The estimate divides the epochs left by
-the rate of epochs between the first update this server saw and the newest update or
-evaluation. Pure: no clocks,
-no I/O; times are the records' ``t`` on the run's clock (seconds since the run started). Not
-thread-safe: the statistics server's thread owns it.
+record (in a resumed run, the first after the resume), as ``records.TrainingClock`` reads it
+back afterwards. Times are seconds of training: ``trained_s`` before this period of the run
+(a resumed run's earlier periods) plus the time since this period's first update. The
+estimate divides the epochs left by the epoch rate since the first update this server saw.
+Pure: no clocks, no I/O; ``t`` values are the records' on the run's clock (seconds since the
+run started). Not thread-safe: the statistics server's thread owns it.
 """
 from __future__ import annotations
 
 import math
+
+from ..records import sigma_sum
 
 
 def is_number(x) -> bool:
@@ -31,32 +42,49 @@ def duration(s: float) -> str:
 
 
 class Progress:
-    """The progress lines of a run of ``epochs`` epochs; ``started``: the run-clock time at
-    which training started, when this server is restarted in a run that had (else None)."""
+    """The progress lines of a run of ``epochs`` epochs, µ = ``batch_size`` samples per
+    gradient.
 
-    def __init__(self, epochs: float, started: float | None = None):
+    ``begun``: when this period of the run began on the run's clock (0, or its resume);
+    ``started``: when training started in it, for a server restarted after it had (else
+    None); ``trained_s``: seconds of training in the run's earlier periods.
+    """
+
+    def __init__(self, epochs: float, batch_size: int = 1, started: float | None = None, *,
+                 begun: float = 0.0, trained_s: float = 0.0):
         self.epochs = epochs
+        self.batch_size = batch_size
         self.started = started
-        self._sigma = [0.0, 0]        # Σσ and gradients since the previous eval line
-        self._last_sigma = "-"        # as last printed
-        self._rates: dict = {}        # learner -> its latest samples/s
+        self.begun = begun
+        self.trained_s = trained_s
+        self._updates: list[tuple] = []   # (ts, t, Σσ, gradients) not yet on a line
+        self._anchor = None               # (ts, t) of the last update on a printed line
+        self._upto = -1                   # ts of the newest update record
+        self._waiting: list[tuple] = []   # evaluations whose line waits for update records
         self._first = self._newest = None   # (t, epoch) of updates seen by this server
 
-    def update(self, r: dict) -> str | None:
-        """Take one ``update`` record; returns the line to print when it started training."""
-        t, epoch, mean, n = r.get("t"), r.get("epoch"), r.get("mean_sigma"), r.get("n_grads")
-        if is_number(mean):   # weighted by gradients, as summary.csv's mean_sigma
-            n = n if is_number(n) and n >= 1 else 1
-            self._sigma[0] += mean * n
-            self._sigma[1] += n
-        if not is_number(t):
-            return None
+    def update(self, r: dict) -> list[str]:
+        """Take one ``update`` record; returns the lines to print now (that training started,
+        evaluations whose updates have all arrived)."""
+        t, ts, epoch = r.get("t"), r.get("ts"), r.get("epoch")
+        if not is_number(t) or not isinstance(ts, int):
+            return []
+        s, n = sigma_sum(r)
+        self._updates.append((ts, t, s, n))
+        self._upto = ts
         self._at(t, epoch)
-        if self.started is not None:
-            return None
-        self.started = t
-        return (f"training started: the parameter server applied its first update after "
-                f"{t:.1f} s of start-up")
+        lines = []
+        if self.started is None:
+            self.started = t
+            lines.append(f"training started: the parameter server applied its first update "
+                         f"after {t - self.begun:.1f} s of start-up")
+        return lines + self._due()
+
+    def restart(self, ts) -> None:
+        """The PS restarted from its checkpoint at ``ts``: updates past it were lost."""
+        if isinstance(ts, int):
+            self._updates = [u for u in self._updates if u[0] <= ts]
+            self._upto = min(self._upto, ts)
 
     def _at(self, t: float, epoch) -> None:
         """Training had reached ``epoch`` at ``t``: a point of the epoch rate."""
@@ -65,10 +93,28 @@ class Progress:
             if self._newest is None or t >= self._newest[0]:
                 self._newest = (t, epoch)
 
-    def learner(self, r: dict) -> None:
-        """Take one ``learner`` record (its samples/s)."""
-        if is_number(r.get("samples_per_s")):
-            self._rates[r.get("learner")] = r["samples_per_s"]
+    def evaluated(self, t: float, ts: int, epoch: float, error: float, loss: float) -> list[str]:
+        """Take the evaluation of the weights at ``ts`` that arrived at ``t``; returns the
+        lines to print now (its own once the updates up to ``ts`` have arrived)."""
+        self._waiting.append((t, ts, epoch, error, loss))
+        return self._due()
+
+    def flush(self) -> list[str]:
+        """The lines of every evaluation still waiting, with what is known (the run ended)."""
+        lines = [self._line(*w) for w in self._waiting]
+        self._waiting = []
+        return lines
+
+    def _due(self) -> list[str]:
+        lines = []
+        while self._waiting and self.started is not None and self._waiting[0][1] <= self._upto:
+            lines.append(self._line(*self._waiting.pop(0)))
+        return lines
+
+    def train_s(self, t: float) -> float:
+        """Seconds of training at ``t`` (a time before training started counts as its start)."""
+        return self.trained_s + max(t - self.started, 0.0) if self.started is not None \
+            else self.trained_s
 
     def eta_s(self) -> float | None:
         """Seconds left at the epoch rate seen so far (None until there is one)."""
@@ -79,18 +125,24 @@ class Progress:
             return None
         return max(self.epochs - e1, 0.0) * (t1 - t0) / (e1 - e0)
 
-    def eval_line(self, t: float, ts: int, epoch: float, error: float, loss: float) -> str:
-        """The line of an evaluation of the weights at ``ts`` that arrived at ``t``."""
-        # Update records come in batches (every 0.5 s from the PS) and may trail the EVAL:
-        # with none new since the last line, repeat the last value; "-" = nothing known yet.
-        if self._sigma[1]:
-            self._last_sigma = f"{self._sigma[0] / self._sigma[1]:.2f}"
-            self._sigma = [0.0, 0]
-        rate = f"{sum(self._rates.values()):.0f}" if self._rates else "-"
-        elapsed = "-" if self.started is None else duration(max(t - self.started, 0.0))
+    def _line(self, t: float, ts: int, epoch: float, error: float, loss: float) -> str:
+        """The line of an evaluation, over the updates since the previous line."""
+        mine = [u for u in self._updates if u[0] <= ts]
+        self._updates = [u for u in self._updates if u[0] > ts]
+        count = sum(u[3] for u in mine)
+        sigma = f"{sum(u[2] for u in mine) / count:.2f}" if count else "-"
+        rate = "-"
+        if mine:
+            anchor = self._anchor or mine[0][:2]   # the first interval: from the first update
+            grads = sum(u[3] for u in mine if u[0] > anchor[0])
+            last = max(mine, key=lambda u: u[1])
+            if last[1] > anchor[1]:
+                rate = f"{grads * self.batch_size / (last[1] - anchor[1]):.0f}"
+            self._anchor = last[:2]
+        elapsed = "-" if self.started is None else duration(self.train_s(t))
         if self._first is not None:   # the EVAL left the PS with the update that reached epoch
             self._at(t, epoch)
         eta = self.eta_s()
         return (f"epoch {epoch:6.2f}  ts {ts:6d}  test error {100 * error:5.2f}%  loss "
-                f"{loss:.4f}  <σ> {self._last_sigma}  samples/s {rate}  elapsed {elapsed}  "
+                f"{loss:.4f}  <σ> {sigma}  samples/s {rate}  elapsed {elapsed}  "
                 f"ETA {'-' if eta is None else duration(eta)}")

@@ -13,14 +13,20 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   an ``eval`` record is written. When several EVALs queue up, only the newest is evaluated (the
   others are counted in ``evals_skipped``). Metrics keep flowing during a long evaluation: the
   socket is drained between test batches.
-- ``{"type": "done", "evals_sent": n}`` from the parameter server ends the run: the server waits
-  (at most ``DONE_WAIT_S``) for the n EVALs that sender announced, since they travel on another
-  connection, evaluates the last one, writes ``summary.csv`` and the PNG plots
-  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns.
+- ``{"type": "done", "ts", "epoch", "evals_sent": n}`` from the parameter server ends the run
+  once the final weights (those at ``ts``) are evaluated: from their EVAL, which travels on
+  another connection, or -- when it does not come (lost with a statistics server restarted near
+  the end, or dropped by a full queue) -- from ``RUN/weights.npy`` as soon as the PS's
+  ``ps_final.json`` says it holds the weights at ``ts`` (that ``eval`` record says
+  ``"weights": "weights.npy"``). At most ``DONE_WAIT_S`` is waited for either; then (or for a
+  ``done`` without ``ts``, once the n EVALs it announced arrived) the server writes
+  ``summary.csv`` and the PNG plots (``rudra_zmq.plots``), prints ``run directory: RUN`` and
+  returns. A run whose final weights were not evaluated says so on its result line.
 
 It prints a line when training starts (the PS's first update, with the start-up time) and one
-per evaluation, with the time since training started and an ETA (``stats_progress``). With
-``logging.tensorboard`` every record also goes to TensorBoard (``stats_tensorboard``).
+per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
+training so far and an ETA (``stats_progress``). With ``logging.tensorboard`` every record
+also goes to TensorBoard (``stats_tensorboard``).
 
 Senders must never be slowed by statistics: their :class:`~.stats_client.StatsClient` sends with
 NOBLOCK and small high-water marks and drops (and counts) what does not fit. The server
@@ -43,6 +49,7 @@ import zmq
 from .. import kernels, plots, security, transport, wire
 from ..wire import Kind
 from .stats_file import MetricsFile, json_line
+from .stats_final import final_weights
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
@@ -52,7 +59,7 @@ RECV_HWM = 2           # per connection on the server; adds to the sender's queu
 POLL_MS = 100
 DRAIN_MAX = 1000       # messages taken per wake-up before the loop looks at clocks again
 DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
-DONE_WAIT_S = 10.0     # ... and at most this long for announced EVALs still in flight
+DONE_WAIT_S = 10.0     # ... and at most this long for the final weights (EVAL or file)
 EVAL_BATCH = 500
 OWN_RECORDS = {"eval", "start", "resume"}      # written by this server only
 PS_RECORDS = {"done", "update", "ps", "members", "restart"}   # by the parameter server only
@@ -88,7 +95,9 @@ class StatsServer:
         self._warned: set = set()
         self._pending: tuple[wire.Message, float] | None = None   # newest EVAL, arrival time
         self._evals_received: dict[int, int] = {}
-        self._done: tuple[float, int, int] | None = None  # (arrival, sender, EVALs announced)
+        self._done: dict | None = None   # the PS's "done" record, with its arrival
+        self._evaluated: set[int] = set()  # timestamps whose evaluation this server wrote
+        self._last_update: tuple = (None, None)   # (ts, t) of the newest update record
         self._tb: TensorBoardLog | None = None
         self._file: MetricsFile | None = None
         self.security, self._token = transport.security(), security.run_token()
@@ -102,7 +111,9 @@ class StatsServer:
             self.metrics_path = self.run_dir / plots.METRICS_FILE
             self._file = MetricsFile(self.metrics_path, t0, now=now, resume=resume)
             self.t0 = self._file.t0    # a restart goes on with the run's clock
-            self.progress = Progress(cfg.train.epochs, self._file.started)
+            f = self._file
+            self.progress = Progress(cfg.train.epochs, cfg.sync.batch_size, f.started,
+                                     begun=f.begun, trained_s=f.trained_s)
             if cfg.logging.tensorboard:
                 self._tb = TensorBoardLog(self.run_dir, self.t0, cfg.sync.learners,
                                           self._file.started)
@@ -198,20 +209,17 @@ class StatsServer:
             self._refuse(f"sender {sender}", "bad_metric", f"a record JSON cannot hold: {exc}")
             return
         if kind == "update":
-            started = self.progress.update(r)
-            if started:
-                self._print(started)
-        elif kind == "learner":
-            self.progress.learner({"learner": sender, **r})
+            self._last_update = (r.get("ts"), r["t"])
+            self._print(*self.progress.update(r))
         elif kind == "members":
             self._print(f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
                         f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}")
         elif kind == "restart":
+            self.progress.restart(r.get("ts"))
             self._print(f"parameter server restarted (incarnation {r.get('incarnation')}) at "
                         f"ts {r.get('ts')} from {r.get('checkpoint')}")
         elif kind == "done" and self._done is None:
-            announced = r.get("evals_sent")
-            self._done = (now, sender, announced if is_number(announced) else 0)
+            self._done = {**r, "arrived": now, "sender": sender}
         self._write(r, line)
 
     def _write(self, rec: dict, line: str) -> None:
@@ -267,29 +275,59 @@ class StatsServer:
         if result is None:
             self.evals_skipped += 1
             return
-        error, loss = result
         # self._pending may hold a newer EVAL now: it arrived during the evaluation.
-        rec = {"type": "eval", "ts": ts, "t": round(arrived - self.t0, 6),
-               "epoch": epoch, "test_error": error, "test_loss": loss}
+        self._record_eval({"ts": ts, "t": round(arrived - self.t0, 6), "epoch": epoch}, result)
+
+    def _record_eval(self, rec: dict, result: tuple[float, float]) -> None:
+        """Write and print the evaluation ``result`` (error, loss) of the weights ``rec``
+        names (ts, t, epoch)."""
+        error, loss = result
+        rec = {"type": "eval", **rec, "test_error": error, "test_loss": loss}
         self._write(rec, json_line(rec))
         self.evals_done += 1
+        self._evaluated.add(rec["ts"])
         self._file.flush()
-        self._print(self.progress.eval_line(rec["t"], ts, epoch, error, loss))
+        self._print(*self.progress.evaluated(rec["t"], rec["ts"], rec["epoch"], error, loss))
         if not math.isfinite(loss) and "diverged" not in self._warned:  # say it once
             self._warned.add("diverged")
-            self._print(f"warning: the test loss is {loss} at epoch {epoch:.2f}: training has "
-                        "diverged and will not recover; lower optimizer.lr (with a stale "
+            self._print(f"warning: the test loss is {loss} at epoch {rec['epoch']:.2f}: training "
+                        "has diverged and will not recover; lower optimizer.lr (with a stale "
                         "protocol, optimizer.lr_policy=staleness)")
 
-    def _print(self, line: str) -> None:
+    def _evaluate_final_file(self, stop_event) -> bool:
+        """Evaluate the final weights from ``weights.npy`` when they are there
+        (``stats_final``); returns whether it did. Blocks for the evaluation."""
+        try:
+            w = final_weights(self.run_dir, self._done["ts"], self.flat.numel)
+        except ValueError as exc:
+            if "final_file" not in self._warned:
+                self._warned.add("final_file")
+                log.warning("statistics server: %s", exc)
+            return False
+        if w is None:
+            return False
+        result = self.evaluate(w, stop_event)
+        if result is None:
+            return False
+        ts = self._done["ts"]
+        last_ts, last_t = self._last_update   # when the final update was applied, if known
+        t = last_t if last_ts == ts else self._done["t"]
+        log.info("statistics server: the final weights' EVAL (ts %d) did not arrive; "
+                 "evaluated %s instead", ts, self.run_dir / "weights.npy")
+        self._record_eval({"ts": ts, "t": t, "epoch": float(self._done["epoch"]),
+                           "weights": "weights.npy"}, result)
+        return True
+
+    def _print(self, *lines: str) -> None:
         if self.out is None:
             return
         try:
-            try:
-                print(line, file=self.out, flush=True)
-            except UnicodeEncodeError:  # a terminal without UTF-8
-                print(line.replace("σ", "sigma").replace("λ", "lambda"), file=self.out,
-                      flush=True)
+            for line in lines:
+                try:
+                    print(line, file=self.out, flush=True)
+                except UnicodeEncodeError:  # a terminal without UTF-8
+                    print(line.replace("σ", "sigma").replace("λ", "lambda"), file=self.out,
+                          flush=True)
         except BrokenPipeError:
             # the reader (the launcher, which echoes these lines) is gone: everything is in
             # the run directory, so go on without progress lines rather than fail
@@ -307,7 +345,7 @@ class StatsServer:
                 if self._pending is not None:
                     self._evaluate_pending(stop_event)
                     continue  # look for more messages before deciding anything else
-                if self._finished():
+                if self._finished(stop_event):
                     reason = "done"
                     break
                 if self.sock.poll(POLL_MS):
@@ -321,19 +359,32 @@ class StatsServer:
             self._finish()
         return reason
 
-    def _finished(self) -> bool:
-        """Training is over and every EVAL the PS announced has arrived (or waited long)."""
+    def _finished(self, stop_event=None) -> bool:
+        """Training is over and its final weights are evaluated -- from their EVAL, or from
+        ``weights.npy`` (blocks for that evaluation) -- or waited for long enough. A ``done``
+        without ``ts`` waits for the EVALs it announced instead."""
         if self._done is None:
             return False
-        arrived, sender, announced = self._done
-        waited = time.time() - arrived
+        waited = time.time() - self._done["arrived"]
         if waited < DONE_QUIET_S:
             return False
-        if self._evals_received.get(sender, 0) < announced and waited < DONE_WAIT_S:
-            return False
-        return True
+        ts = self._done.get("ts")
+        if not isinstance(ts, int) or not is_number(self._done.get("epoch")):
+            announced = self._done.get("evals_sent")
+            announced = announced if is_number(announced) else 0
+            got = self._evals_received.get(self._done["sender"], 0)
+            return got >= announced or waited >= DONE_WAIT_S
+        if ts in self._evaluated or self._evaluate_final_file(stop_event):
+            return True
+        if waited >= DONE_WAIT_S:
+            log.warning("statistics server: the final weights (ts %d) were not evaluated: "
+                        "their EVAL did not arrive and %s does not hold them", ts,
+                        self.run_dir / "weights.npy")
+            return True
+        return False
 
     def _finish(self) -> None:
+        self._print(*self.progress.flush())
         self._file.close()
         if self._tb is not None:
             self._tb.close()
