@@ -18,6 +18,7 @@ import multiprocessing
 import re
 import sys
 import tarfile
+import time
 import zlib
 from pathlib import Path, PurePosixPath
 
@@ -29,6 +30,7 @@ TARBALL_EXTS = (".tar.gz", ".tgz", ".tar")
 DECODE_CHUNK = 1000        # images per task sent to a decode worker
 PARALLEL_MIN_IMAGES = 2000  # below this a pool costs more than it saves
 CHECK_MEMBERS = 1000       # check_tarball reads at most this many member headers
+PROGRESS_EVERY_S = 20.0    # decoding says how far it got at least this often
 # what a damaged, truncated or mislabelled archive raises while it is read
 TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)
 
@@ -171,11 +173,12 @@ def _resize_center_crop(im, size: int):
 
 
 class _Progress:
-    """tqdm on stderr if installed, else a line per 10%; silent when disabled."""
+    """tqdm on stderr if installed, else a line per 10% and at least one per PROGRESS_EVERY_S
+    (a launcher takes a log that stops growing for a stuck role); silent when disabled."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.done, self.shown, self.bar = total, 0, 0, None
-        self.enabled = enabled
+        self.enabled, self.last = enabled, time.monotonic()
         try:
             from tqdm import tqdm
 
@@ -188,9 +191,10 @@ class _Progress:
         self.done += n
         if self.bar is not None:
             self.bar.update(n)
-        elif self.enabled and 10 * self.done // self.total > self.shown:
-            self.shown = 10 * self.done // self.total
-            print(f"decoding images: {self.done:,}/{self.total:,}", file=sys.stderr)
+        elif self.enabled and (10 * self.done // self.total > self.shown
+                               or time.monotonic() - self.last >= PROGRESS_EVERY_S):
+            self.shown, self.last = 10 * self.done // self.total, time.monotonic()
+            print(f"decoding images: {self.done:,}/{self.total:,}", file=sys.stderr, flush=True)
 
     def close(self):
         if self.bar is not None:

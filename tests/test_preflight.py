@@ -343,3 +343,18 @@ def test_a_real_run_from_an_empty_cache_decodes_once_before_the_roles(tmp_path, 
     assert npz.stat().st_mtime_ns <= (run_dir / "config.yaml").stat().st_mtime_ns
     logs = "".join(p.read_text() for p in (run_dir / "logs").iterdir())
     assert "another process is decoding" not in logs
+
+
+def test_decoding_says_how_far_it_got_at_least_every_few_seconds(monkeypatch, capsys):
+    """A launcher stops a role whose log stops growing; a slow decode must not look stuck."""
+    from rudra_zmq import images
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)          # the plain lines, not a bar
+    bar = images._Progress(1000, True)
+    bar.update(1)                                           # < 10 %, and just started
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(images, "PROGRESS_EVERY_S", 0.0)    # as if 20 s had passed
+    bar.update(1)
+    bar.update(98)                                          # 10 %
+    assert capsys.readouterr().err.splitlines() == ["decoding images: 2/1,000",
+                                                    "decoding images: 100/1,000"]
