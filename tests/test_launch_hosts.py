@@ -2,10 +2,11 @@
 ``bench/lan/netns.sh`` (1 Gbit/s tbf links), an OpenSSH server in each with keys made here,
 and the launcher started on the first host, as a user would on a cluster. It trains the
 quickstart for Rudra-base, -adv and -adv*, survives a learner host that drops off the
-network, stops everything on every host when a server fails or on Ctrl-C, and leaves nothing
-running. Needs root, iproute2 and Debian's openssh-server (.ci/run installs it); skips with
+network, stops everything on every host when a server fails or on Ctrl-C, removes the run
+directories of a launch that failed at start, and leaves nothing running. Needs root, iproute2 and Debian's openssh-server (.ci/run installs it); skips with
 the reason otherwise.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -192,10 +193,11 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     assert lan.leftovers() == {}
 
 
-def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_results(
-        lan, tmp_path):
-    # a second sshd on host 0 (port 2222) in a mount namespace of its own, where a tmpfs
-    # hides the run's parent folder: what its sessions write is not seen here
+@contextlib.contextmanager
+def _private_sshd(lan, tmp_path):
+    """A second sshd on host 0 (port 2222) in a mount namespace of its own, where a tmpfs
+    hides ``tmp_path/private``: what its sessions write there is not seen here. Yields the
+    folder; stops that sshd after."""
     private = tmp_path / "private"
     private.mkdir()
     script = (f"mount -t tmpfs tmpfs {private} && exec {SSHD} -p 2222 "
@@ -209,6 +211,15 @@ def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_re
         time.sleep(0.1)
     extra_sshd = lan.pids(0) - lan.sshd_pids
     try:
+        yield private
+    finally:
+        for pid in extra_sshd:
+            os.kill(pid, signal.SIGTERM)
+
+
+def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_results(
+        lan, tmp_path):
+    with _private_sshd(lan, tmp_path) as private:
         run = private / "run"
         proc = lan.launch("quickstart.yaml", run, "--set", "sync.learners=2",
                           "--set", "train.epochs=1",
@@ -221,9 +232,26 @@ def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_re
         assert run_summary(run)["epochs"] >= 1.0
         assert (run / "throughput.png").exists() and (run / "ps_final.json").exists()
         assert (run / "logs" / "ps.log").read_text().strip()
-    finally:
-        for pid in extra_sshd:
-            os.kill(pid, signal.SIGTERM)
+    assert lan.leftovers() == {}
+
+
+def test_a_launch_that_fails_at_start_removes_the_run_directories_it_made(lan, tmp_path):
+    with _private_sshd(lan, tmp_path) as private:
+        run = private / "run"
+        ssh = ["ip", "netns", "exec", lan.ns(0), "ssh", "-F", str(lan.tmp / "ssh_config"),
+               "-p", "2222", HOSTS[0]]
+        # every role is pointed at a key directory that is not there: the first server exits
+        proc = lan.launch("quickstart.yaml", run, "--set", "sync.learners=2",
+                          "-x", "RUDRA_ZMQ_KEYS=/nonexistent-keys",
+                          "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -p 2222",
+                          hosts=f"{HOSTS[0]}:2")
+        rc = _finish(proc)
+        out = Path(f"{run}.out").read_text()
+        assert rc == 1 and f"removed {run}" in out, out[-4000:]
+        assert not run.exists()                                          # here
+        there = subprocess.run([*ssh, f"test -e {run} && echo there || echo gone"],
+                               capture_output=True, text=True, timeout=60)
+        assert there.stdout.split() == ["gone"], there                   # and on the host
     assert lan.leftovers() == {}
 
 
