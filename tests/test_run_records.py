@@ -52,11 +52,14 @@ def test_progress_lines_agree_with_the_records_and_resumes_count_training_time_o
     assert run.finish() == 0, run.out
     out = run.out.splitlines()
 
-    # in the order things happen: start-up, training starts, then the evaluations
+    # in the order things happen: start-up (the PS listening, the learners started), then
+    # training starts, then the evaluations
     first_epoch = next(i for i, line in enumerate(out) if line.startswith("epoch "))
-    order = [next(i for i, line in enumerate(out) if line.startswith(p)) for p in
-             ("start-up: ps listening", "start-up: learner0", "training started")]
-    assert order == sorted(order) and order[-1] < first_epoch, run.out
+    started = out.index(next(line for line in out if line.startswith("training started")))
+    start_up = [i for i, line in enumerate(out) if line.startswith("start-up: ")]
+    ps_up = [i for i in start_up if re.match(r"start-up: .*\bps\b.* listening", out[i])]
+    assert ps_up and start_up[-1] < started < first_epoch, run.out
+    assert "learner0" in out[start_up[-1]], run.out
 
     lines = progress_lines(run.out)
     summary = list(csv.DictReader((run.dir / "summary.csv").open()))

@@ -78,12 +78,14 @@ class StatsServer:
             in ``run_dir`` (a restarted server), else now.
         dataset: an already loaded ``datasets.Dataset``; default ``data_order.load_data``.
         out: where progress lines go (default stdout).
+        announce: say "statistics server listening on ..." there once bound.
     Construct in any thread, then use only from the thread that runs ``serve_forever``.
     Counters: ``records``, ``invalid``, ``evals_done``, ``evals_skipped``.
     """
 
     def __init__(self, cfg, bind: str, run_dir, ctx: zmq.Context | None = None, *,
-                 t0: float | None = None, dataset=None, out=None, resume: bool = False):
+                 t0: float | None = None, dataset=None, out=None, resume: bool = False,
+                 announce: bool = False):
         now = time.time()
         if cfg.logging.tensorboard:
             check_tensorboard()   # before anything: the run fails before training starts
@@ -117,6 +119,9 @@ class StatsServer:
             if cfg.logging.tensorboard:
                 self._tb = TensorBoardLog(self.run_dir, self.t0, cfg.sync.learners,
                                           self._file.started)
+            if announce:   # when it is so: before the data and model load (seconds)
+                self._print(f"statistics server listening on {self.endpoint} (waiting for the "
+                            f"parameter server and {cfg.sync.learners} learners)")
             # Bound first, then the slow part (torch, the data): the launcher starts the PS
             # and learners once this accepts connections, and what they send waits here.
             from ..data_order import load_data
@@ -408,7 +413,7 @@ def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     """Entry point of ``rudra-zmq stats``: run until the PS reports "done" or SIGTERM/SIGINT;
     either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
     stop = threading.Event()
-    server = StatsServer(cfg, bind, run_dir, resume=resume)
+    server = StatsServer(cfg, bind, run_dir, resume=resume, announce=True)
     import torch   # loaded by the model already; not before it, which would delay the bind
 
     torch.set_num_threads(1)  # evaluation shares the machine with the learners
@@ -417,8 +422,6 @@ def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        print(f"statistics server listening on {server.endpoint} (waiting for the parameter "
-              f"server and {cfg.sync.learners} learners)", flush=True)
         server.serve_forever(stop)
     finally:
         for sig, handler in previous.items():
