@@ -377,7 +377,10 @@ class Channel:
         return self.recv(reply_kinds, numel)
 
     def close(self) -> None:
-        self.sock.close(linger=0)
+        """Close the socket; a request still being sent gets ``LINGER_MS`` more. Never 0: libzmq
+        4.3.5 aborts if the connection ends just as a half-sent multipart message is dropped
+        (docs/wire.md, "Half-sent messages"); with 0, that happens as a run ends."""
+        self.sock.close(linger=LINGER_MS)
 
 
 class ServerError(RuntimeError):

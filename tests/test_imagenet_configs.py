@@ -50,9 +50,10 @@ def test_an_imagenet_config_trains_end_to_end(tmp_path, image_tree, config, lear
             f"sync.learners={learners}", "sync.batch_size=4", "train.epochs=1",
             "runtime.timeout_s=300", *extra]
     # every role a thread of one fresh process (tests/inproc.py), not of this test worker: a
-    # native crash there (a libzmq abort seen twice under load, cause unknown) fails this
-    # test with its stderr instead of killing the worker and hiding the message; a short run
-    # directory name, as the leaves' ipc socket paths must stay under 108 bytes
+    # native crash there (a libzmq abort was seen under load: docs/wire.md, "Half-sent
+    # messages") fails this test with its stderr instead of killing the worker and hiding the
+    # message; a short run directory name, as the leaves' ipc socket paths must stay under
+    # 108 bytes
     run_dir = tmp_path / "r"
     script = ("import sys; sys.path.insert(0, 'tests'); from inproc import run_in_threads; "
               "run_in_threads(sys.argv[1], sys.argv[3:], sys.argv[2])")

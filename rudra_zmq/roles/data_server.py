@@ -181,9 +181,10 @@ class DataServer:
             self.close()
 
     def close(self) -> None:
-        """Close the socket at once (linger 0: queued replies are dropped) and a private ctx."""
+        """Close the socket (queued replies get ``transport.LINGER_MS``, then are dropped; not 0:
+        docs/wire.md, "Half-sent messages") and a private ctx."""
         if not self.sock.closed:
-            self.sock.close(linger=0)
+            self.sock.close(linger=transport.LINGER_MS)
         if self._own_ctx and not self.ctx.closed:
             transport.term(self.ctx)
 
