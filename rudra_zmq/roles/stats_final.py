@@ -34,3 +34,11 @@ def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
         raise ValueError(f"{run_dir / WEIGHTS_FILE} holds {w.dtype} {w.shape}, not the model's "
                          f"{numel:,} float32 values (is it another run's?)")
     return w
+
+
+def final_record(done: dict, last_ts, last_t) -> dict:
+    """The ``eval`` record's place of final weights read from the file, for the ``done``
+    record ``done`` (its ts, t and epoch on the run's clock): at the time of the final update
+    when the newest update record (``last_ts``, ``last_t``) is it, else of ``done``."""
+    t = last_t if last_ts == done["ts"] else done["t"]
+    return {"ts": done["ts"], "t": t, "epoch": float(done["epoch"]), "weights": WEIGHTS_FILE}

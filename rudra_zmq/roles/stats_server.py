@@ -14,14 +14,10 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   others are counted in ``evals_skipped``). Metrics keep flowing during a long evaluation: the
   socket is drained between test batches.
 - ``{"type": "done", "ts", "epoch", "evals_sent": n}`` from the parameter server ends the run
-  once the final weights (those at ``ts``) are evaluated: from their EVAL, which travels on
-  another connection, or -- when it does not come (lost with a statistics server restarted near
-  the end, or dropped by a full queue) -- from ``RUN/weights.npy`` as soon as the PS's
-  ``ps_final.json`` says it holds the weights at ``ts`` (that ``eval`` record says
-  ``"weights": "weights.npy"``). At most ``DONE_WAIT_S`` is waited for either; then (or for a
-  ``done`` without ``ts``, once the n EVALs it announced arrived) the server writes
-  ``summary.csv`` and the PNG plots (``rudra_zmq.plots``), prints ``run directory: RUN`` and
-  returns. A run whose final weights were not evaluated says so on its result line.
+  once the final weights (at ``ts``) are evaluated, from their EVAL or, when it never comes,
+  from ``RUN/weights.npy`` (``stats_final``), waiting at most ``DONE_WAIT_S`` (a ``done``
+  without ``ts``: for the n EVALs it announced); then it writes ``summary.csv`` and the plots
+  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns.
 
 It prints a line when training starts (the PS's first update, with the start-up time) and one
 per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
@@ -49,7 +45,7 @@ import zmq
 from .. import kernels, plots, security, transport, wire
 from ..wire import Kind
 from .stats_file import MetricsFile, json_line
-from .stats_final import final_weights
+from .stats_final import WEIGHTS_FILE, final_record, final_weights
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
@@ -314,13 +310,9 @@ class StatsServer:
         result = self.evaluate(w, stop_event)
         if result is None:
             return False
-        ts = self._done["ts"]
-        last_ts, last_t = self._last_update   # when the final update was applied, if known
-        t = last_t if last_ts == ts else self._done["t"]
         log.info("statistics server: the final weights' EVAL (ts %d) did not arrive; "
-                 "evaluated %s instead", ts, self.run_dir / "weights.npy")
-        self._record_eval({"ts": ts, "t": t, "epoch": float(self._done["epoch"]),
-                           "weights": "weights.npy"}, result)
+                 "evaluated %s instead", self._done["ts"], self.run_dir / WEIGHTS_FILE)
+        self._record_eval(final_record(self._done, *self._last_update), result)
         return True
 
     def _print(self, *lines: str) -> None:
@@ -384,7 +376,7 @@ class StatsServer:
         if waited >= DONE_WAIT_S:
             log.warning("statistics server: the final weights (ts %d) were not evaluated: "
                         "their EVAL did not arrive and %s does not hold them", ts,
-                        self.run_dir / "weights.npy")
+                        self.run_dir / WEIGHTS_FILE)
             return True
         return False
 
