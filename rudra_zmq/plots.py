@@ -168,7 +168,7 @@ def _mark_events(ax, m, xkey: str, clock: TrainingClock | None = None) -> None:
                         ("resume", dict(color="tab:purple", linestyle="-."))):
         points = [(_num(r.get(xkey)), r) for r in m[kind]]
         if kind == "resume" and clock is not None:
-            points = [(at, {"left_out": idle + (up or 0.0)}) for at, idle, up in clock.breaks]
+            points = [(at, {"idle": idle, "up": up or 0.0}) for at, idle, up in clock.breaks]
         elif clock is not None:
             points = [(clock.at(x), r) for x, r in points]
         for x, r in points:
@@ -179,9 +179,8 @@ def _mark_events(ax, m, xkey: str, clock: TrainingClock | None = None) -> None:
             elif kind == "restart":
                 label = "PS restarted"
             else:
-                left = r.get("left_out")
-                label = "run resumed" if left is None else \
-                    f"run resumed ({left:.1f} s between the runs left out)"
+                label = "run resumed" if "idle" not in r else (
+                    f"run resumed ({r['idle']:.1f} s idle + {r['up']:.1f} s start-up left out)")
             ax.axvline(x, linewidth=1, alpha=0.8, label=None if label in seen else label,
                        **style)
             seen.add(label)

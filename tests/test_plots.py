@@ -270,7 +270,7 @@ def test_a_resumed_run_counts_only_its_training_time_and_marks_the_gap(tmp_path,
     ax = figures["test_error_vs_time.png"].axes[0]
     (mark,) = [line for line in ax.get_lines() if line.get_label().startswith("run resumed")]
     assert list(mark.get_xdata()) == [4.0, 4.0]
-    assert mark.get_label() == "run resumed (589.5 s between the runs left out)"
+    assert mark.get_label() == "run resumed (579.5 s idle + 10.0 s start-up left out)"
     learners, ps = figures["throughput.png"].axes
     assert max(v for line in learners.get_lines() for v in line.get_xdata()) <= 6.0
     r = compare.run_summary(run)
