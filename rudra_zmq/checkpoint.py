@@ -12,7 +12,7 @@ Layout of one checkpoint, a directory named by a number that only grows (names s
 ``save`` writes into a hidden ``DIR/.tmp-<random>``, fsyncs it all, then renames it: a
 checkpoint exists whole or not at all. ``load_latest`` checks each file's size and sha256
 before np.load reads it, and falls back (with a warning) to the previous checkpoint when the
-newest is damaged. No pickle anywhere: object arrays are refused on save and on load.
+newest is damaged (a notice: the launcher shows it on the terminal). No pickle anywhere: object arrays are refused on save and on load.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .notices import notice
 
 log = logging.getLogger("rudra_zmq.checkpoint")
 
@@ -144,8 +146,8 @@ def load_latest(directory) -> Checkpoint | None:
         try:
             return _load(path)
         except _Invalid as e:
-            log.warning("checkpoint %s is damaged: %s; falling back to the previous one",
-                        path, e)
+            notice(log, "checkpoint %s is damaged: %s; falling back to the previous one",
+                   path, e)
             problems.append(f"  {path}: {e}")
     if not problems:
         return None

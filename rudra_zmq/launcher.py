@@ -8,7 +8,8 @@ processes (``runtime.learners_per_process`` learners each), each as soon as the 
 sends to accept connections (``run_plan.role_steps``), so roles that do not wait for each
 other start side by side. Each process logs to ``RUN/logs/ROLE.log``; ``RUN/processes.json``
 lists every pid and command line; the stats server's stdout is also echoed here, as the
-progress display.
+progress display, and so are the notices the roles write to their logs (a damaged
+checkpoint, updates lost, a learner evicted: ``notices.py``), on stderr.
 
 The run succeeds (0) when the PS (and every tree node) exits 0: the learners get
 ``LEARNER_EXIT_S`` to follow, the data server is sent SIGTERM and the stats server finishes
@@ -37,6 +38,7 @@ import time
 from . import config as config_mod
 from . import preflight, security
 from .children import Child, accepting, echo_lines, kill_tree, tail
+from .notices import LogNotices
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
@@ -69,6 +71,7 @@ class Launcher:
         self.left_out: set[str] = set()      # learners that failed and were not restarted
         self.learners_here: int | None = None  # learners on this host (None: all λ)
         self.heard: dict[str, tuple[float, int]] = {}  # wait_ready: a server's last progress
+        self.notices: dict[str, LogNotices] = {}   # label -> its log's notices, followed
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
         self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
@@ -93,6 +96,8 @@ class Launcher:
         cfg = self.plan.cfg
         command = _role_command(role, args)
         log_path = self.plan.run_dir / "logs" / f"{label}.log"
+        if label not in self.notices:   # from the log's end: a restarted role appends to it
+            self.notices[label] = LogNotices(log_path)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL,
@@ -208,11 +213,20 @@ class Launcher:
             for line in lines:
                 print(f"    {line}", file=sys.stderr)
 
+    def echo_notices(self) -> None:
+        """Print the notices (``notices.py``) the roles wrote to their logs since the last
+        call, to stderr as ``LABEL: warning: TEXT``. Blocks for a read of each log."""
+        for label, follow in self.notices.items():
+            for text in follow.new():
+                print(f"{label}: warning: {text}", file=sys.stderr, flush=True)
+
     def supervise(self) -> int:
         """Poll the children until training ends (0), something fails that cannot be
-        restarted (1), or we are interrupted (130). Blocks; returns with every child stopped."""
+        restarted (1), or we are interrupted (130), showing their notices. Blocks; returns
+        with every child stopped."""
         ended_at = None     # when the PS (and every tree node) finished training
         while True:
+            self.echo_notices()
             if self.interrupted:
                 return self.interrupt()
             for c in list(self.children):
@@ -344,12 +358,13 @@ class Launcher:
         self.cleanup()
 
     def cleanup(self) -> None:
-        """SIGKILL anything of ours still alive, grandchildren included, and reap. Idempotent;
-        safe to call from ``finally``."""
+        """SIGKILL anything of ours still alive, grandchildren included, and reap; show the
+        notices not shown yet. Idempotent; safe to call from ``finally``."""
         for c in self.children:
             kill_tree(c)
             if c.echo is not None:  # it closes the pipe at EOF, which the kills ensure
                 c.echo.join(timeout=2)
+        self.echo_notices()
 
     def run(self) -> int:
         """Start everything and supervise; returns 0, 1 or 130. Blocks until all stopped."""

@@ -23,6 +23,8 @@ def test_a_killed_learner_no_longer_ends_the_run(tmp_path, protocol):
     run.signal("learner2-3", signal.SIGKILL)
     assert run.finish() == 0, run.out
     assert "learner2-3 is left out (runtime.restart is off)" in run.out
+    for i in (2, 3):                                   # the eviction, on the terminal
+        assert f"ps: warning: learner {i} sent nothing for 2 s" in run.out, run.out
     left = [(r["learner"], r["event"], r["learners"], r["c"]) for r in records(run.dir, "members")]
     assert sorted(left) == [(2, "evicted", 2, 2), (3, "evicted", 3, 3)] or \
         sorted(left) == [(2, "evicted", 3, 3), (3, "evicted", 2, 2)], left

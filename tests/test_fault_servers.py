@@ -47,6 +47,7 @@ def test_a_killed_ps_restarts_from_its_checkpoint_losing_at_most_the_updates_sin
     done = records(run.dir, "done")[0]
     assert restart["ts"] >= 100 - 20 and restart["incarnation"] == 2
     assert 0 <= done["lost_updates"] <= 20 and done["epoch"] >= 20
+    assert ("updates lost in the restart" in run.out) == (done["lost_updates"] > 0), run.out
     for label in ("learner0-1", "learner2-3"):
         assert "rejoining" in (run.dir / "logs" / f"{label}.log").read_text()
     assert np.isfinite(np.load(run.dir / "weights.npy")).all()
@@ -78,6 +79,7 @@ def test_a_hardsync_run_killed_and_resumed_ends_with_the_same_weights(tmp_path):
     assert resumed.finish() == 0, resumed.out
     log = (cut.dir / "logs" / "ps.log").read_text()
     assert f"{newest}" in log and "sha256 mismatch" in log      # the warning names the file
+    assert f"ps: warning: checkpoint {newest} is damaged" in resumed.out   # on the terminal
     (restart,) = records(cut.dir, "restart")
     assert restart["checkpoint"] != str(newest)                  # the previous one was used
     assert len(records(cut.dir, "resume")) == 1

@@ -27,9 +27,7 @@ the next version into another buffer (``versions.WeightVersions``).
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -37,11 +35,12 @@ import numpy as np
 import zmq
 
 from .. import kernels, transport, wire
+from ..notices import notice
 from ..server_state import ServerState
 from ..sync import ProtocolViolation, Rejoin
 from ..wire import Kind
-from .ps_checkpoint import CheckpointSchedule, checkpoint_dir, restore_latest
-from .ps_report import PS_FINAL_FILE, PSReport
+from .ps_checkpoint import CheckpointSchedule, ToldRecord, checkpoint_dir, restore_latest
+from .ps_report import PSReport, write_final
 from .ps_weights import make_weights_out
 from ..throttled_log import ThrottledLog
 
@@ -50,6 +49,7 @@ log = logging.getLogger("rudra_zmq.ps")
 WAIT_MS = 100   # the longest the serving loop waits in libzmq before looking at its clocks
 EVICT_CHECK_S = 0.1   # how often the loop looks for silent learners (not per message)
 WAIT_NOTE_S = 3.0     # training done this long with learners not yet told: say so
+OVER_STATS_WAIT_MS = 3000   # restarted after training ended: the stats server may be gone
 _REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
 
 
@@ -92,12 +92,18 @@ class ParameterServer:
         weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
         self.state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))
         self.resumed_from = None
+        self.told = ToldRecord(checkpoint_dir(self.run_dir)) if self.run_dir else None
         if resume and self.run_dir is not None:
             self.resumed_from = restore_latest(self.state, checkpoint_dir(self.run_dir))
             if self.resumed_from is None:   # it died before its first checkpoint
-                log.warning("no checkpoint in %s: starting from the initial weights",
-                            checkpoint_dir(self.run_dir))
+                notice(log, "no checkpoint in %s: starting from the initial weights",
+                       checkpoint_dir(self.run_dir))
                 self.state.restored_ts = 0  # what learners saw is all lost (and reported)
+            elif told := self.told.restore(self.state):
+                log.info("training was over; learners %s were told STOP already (%s)",
+                         sorted(told), self.told.path)
+        # restarted after training ended: the statistics server may have finished already
+        self.over_at_start = self.state.done
         t = cfg.train
         self.checkpoints = None
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
@@ -114,7 +120,9 @@ class ParameterServer:
         self.stats = None
         if stats:
             from .stats_client import StatsClient
-            self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS)
+            self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS,
+                                     **({"done_wait_ms": OVER_STATS_WAIT_MS}
+                                        if self.over_at_start else {}))
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats)
         self.warn = ThrottledLog(log)
@@ -157,6 +165,8 @@ class ParameterServer:
 
     def _stop(self, ident: bytes, sender: int, seq: int) -> None:
         self.state.mark_stopped(sender)
+        if self.told is not None:
+            self.told.save(self.state)   # before the STOP (see ToldRecord)
         self.send(ident, Kind.STOP, re=seq,
                   reason=f"training finished at epoch {self.state.engine.epoch:.2f}")
 
@@ -200,7 +210,13 @@ class ParameterServer:
                          "connected already (is a second one running with this id?)",
                          re=msg.seq)
             return
+        lost = st.counters.lost_updates
         st.register(ident, msg)
+        if st.counters.lost_updates > lost:
+            had = msg.fields["had"]
+            notice(log, "%s had seen timestamp %d, the checkpoint this server restarted from "
+                   "holds %d: %d updates lost in the restart", wire.sender_name(msg.sender),
+                   had, st.restored_ts, had - st.restored_ts)
         if st.done:   # after training: a planned sender with this model is told STOP
             self._stop(ident, msg.sender, msg.seq)
             return
@@ -254,6 +270,8 @@ class ParameterServer:
         for sender in self.weights_out.waiting:   # answered now: its silence starts here
             self.state.last_heard[sender] = now
         self.metrics.update(update)
+        if self.state.done and self.checkpoints is not None:
+            self.checkpoints.save(self.state)   # training is over: durable before any STOP
         self.weights_out.updated(update, self._stop)
         welcomes, self.welcomes = self.welcomes, []
         for ident, sender, seq in welcomes:
@@ -261,7 +279,7 @@ class ParameterServer:
                 self._stop(ident, sender, seq)
             else:
                 self._welcome(ident, sender, seq)
-        if self.checkpoints is not None:
+        if self.checkpoints is not None and not self.state.done:
             self.checkpoints.after_update(self.state)
         t = self.cfg.train
         if (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0) or \
@@ -278,19 +296,24 @@ class ParameterServer:
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
-        """Serve until training is done and every learner was told, or ``stop_event`` is set.
+        """Serve until training is done and every learner was told (a server restarted after
+        training ended: at least ``runtime.retry_s`` + 1 s), or ``stop_event`` is set.
 
         Blocks. Raises TimeoutError if no learner sends anything for ``runtime.timeout_s``.
         """
         timeout, st = self.cfg.runtime.timeout_s, self.state
         last_msg = self._started = self._next_evict_check = time.time()
+        # restarted after training ended: a learner whose STOP the crash lost comes back
+        # within one resend (runtime.retry_s); stay that long to tell it
+        linger = self._started + self.cfg.runtime.retry_s + 1 if self.over_at_start else 0
         if self.stats:
             self._eval()  # test error of the initial weights (epoch 0)
         # One blocking receive per message (libzmq waits with the GIL released, at most
         # WAIT_MS): no Poller and no zmq.Again per message.
         self.sock.setsockopt(zmq.RCVTIMEO, WAIT_MS)
         try:
-            while not (stop_event is not None and stop_event.is_set()) and not st.all_stopped:
+            while not (stop_event is not None and stop_event.is_set()) and \
+                    not (st.all_stopped and time.time() >= linger):
                 try:
                     self.handle(self.sock.recv_multipart(copy=False))
                     last_msg = time.time()
@@ -316,9 +339,9 @@ class ParameterServer:
         never_by = self._started + self.cfg.runtime.timeout_s if self.state.tree is None else None
         for learner in st.silent(time.time(), self._learner_timeout, self.weights_out.waiting,
                                  never_by):
-            log.warning("learner %d sent nothing for %g s (runtime.learner_timeout_s; never: "
-                        "runtime.timeout_s from the start): evicted; it rejoins with a HELLO",
-                        learner, self._learner_timeout)
+            notice(log, "learner %d sent nothing for %g s (runtime.learner_timeout_s; never: "
+                   "runtime.timeout_s from the start): evicted; it rejoins with a HELLO",
+                   learner, self._learner_timeout)
             update = st.evict(learner)
             self._members_changed(learner, "evicted")
             if update is not None:
@@ -359,8 +382,9 @@ class ParameterServer:
             f"{sorted(wire.node_id(s) for s in st.subtrees)}); is a learner or tree node dead?")
 
     def _finish(self) -> None:
-        if self.checkpoints is not None:
-            self.checkpoints.save(self.state)
+        ck, st = self.checkpoints, self.state
+        if ck is not None and not (st.done and ck.last_ts == st.engine.timestamp):
+            self.checkpoints.save(self.state)   # (the end of training was saved already)
         self.metrics.tick(self, force=True)
         if self.state.done:
             self.metrics.done(self)
@@ -368,22 +392,11 @@ class ParameterServer:
             self.stats.close()
         if self.run_dir is not None:
             np.save(self.run_dir / "weights.npy", self.state.w)
-            self._write_final()
+            write_final(self.run_dir, self.state)
         self.weights_out.close()
         self.sock.close(linger=transport.LINGER_MS)
         if self._own_ctx:
             transport.term(self.ctx)
-
-
-    def _write_final(self) -> None:
-        """``RUN_DIR/ps_final.json``: where training ended, from this server's own state (the
-        launcher's result line reads it, not what the statistics server was told)."""
-        eng = self.state.engine
-        final = {"timestamp": eng.timestamp, "epoch": eng.epoch, "updates": eng.updates,
-                 "done": self.state.done, "incarnation": len(self.state.incarnations)}
-        tmp = self.run_dir / "ps_final.json.tmp"
-        tmp.write_text(json.dumps(final) + "\n")
-        os.replace(tmp, self.run_dir / PS_FINAL_FILE)
 
 
 def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None,

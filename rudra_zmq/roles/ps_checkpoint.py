@@ -3,7 +3,9 @@ from the newest valid one.
 
 A checkpoint is written after an update once ``train.checkpoint_every_s`` seconds or
 ``train.checkpoint_every_updates`` updates have passed since the last one (either may be 0:
-off), and at the end. It is the ``ServerState.snapshot()``; ``checkpoint.py`` makes it atomic
+off), when training completes (before the first STOP), and at the end if anything changed
+since. Which learners were told STOP after that is kept beside it (``ToldRecord``): a PS
+restarted by the same launcher does not wait for learners that have already gone. It is the ``ServerState.snapshot()``; ``checkpoint.py`` makes it atomic
 and verified. Writing blocks the serving thread (the weights must not change while they are
 written): its cost is measured in ``bench/RESULTS.md`` (checkpoint cost).
 
@@ -11,13 +13,19 @@ Not thread-safe: owned by the parameter server's thread.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import time
 from pathlib import Path
 
-from .. import checkpoint
+from .. import checkpoint, security
 
 log = logging.getLogger("rudra_zmq.ps")
+
+
+TOLD_FILE = "told.json"   # in the checkpoint directory: learners told STOP (ToldRecord)
 
 
 def checkpoint_dir(run_dir) -> Path:
@@ -68,3 +76,65 @@ def restore_latest(state, directory: Path) -> Path | None:
         return None
     state.restore(ck.arrays, ck.meta)
     return ck.path
+
+
+def launch_session() -> str | None:
+    """Which ``rudra-zmq run``/``launch`` started this process: a hash of its run token (never
+    the token), or None for a role started by hand."""
+    token = security.run_token()
+    return None if token is None else hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+class ToldRecord:
+    """The learners told STOP once training is over, in ``DIRECTORY/told.json``, so that a PS
+    killed during its shutdown and restarted by the same launcher does not wait
+    ``runtime.timeout_s`` for learners that were told and have exited.
+
+    The record names the launch (``launch_session``) and the timestamp where training ended:
+    a run resumed later (``--resume``: new learner processes) or trained further ignores it.
+    ``save`` is called before each STOP is sent, so a crash between the two leaves a learner
+    marked told that was not: it then finds no server and the launcher ends it
+    (``LEARNER_EXIT_S``), whereas the other order would make the restarted PS wait. Without a
+    launch (roles by hand) nothing is kept. Not thread-safe: the PS's thread.
+    """
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / TOLD_FILE
+        self.session = launch_session()
+        self._saved: frozenset = frozenset()
+
+    def save(self, state) -> None:
+        """Record ``state.stopped`` if it grew. Blocks for a small write (no fsync: it must
+        survive the process, not the machine)."""
+        if self.session is None or state.stopped <= self._saved:
+            return
+        record = {"session": self.session, "timestamp": state.engine.timestamp,
+                  "told": sorted(state.stopped)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(TOLD_FILE + ".tmp")
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, self.path)
+        self._saved = frozenset(state.stopped)
+
+    def restore(self, state) -> set[int]:
+        """Mark the learners this launch already told STOP, if ``state`` (just restored) is
+        where training ended; returns them (empty otherwise). A damaged record is ignored with
+        a warning. Blocks (reads the file)."""
+        if self.session is None or not state.done:
+            return set()
+        try:
+            record = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return set()
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s (%s): learners not yet heard from are waited for", self.path,
+                        exc)
+            return set()
+        told = record.get("told") if isinstance(record, dict) else None
+        if (record.get("session") if isinstance(record, dict) else None) != self.session or \
+                record.get("timestamp") != state.engine.timestamp or not isinstance(told, list):
+            return set()   # another launch's, or another end of training
+        told = {i for i in told if isinstance(i, int) and 0 <= i < state.learners}
+        state.stopped |= told
+        self._saved = frozenset(state.stopped)
+        return told

@@ -6,14 +6,19 @@
 - one ``ps`` record a second: updates/s, gradients/s, refused messages;
 - a ``members`` record whenever λ changes (a learner evicted or rejoining), with λ and c;
 - a ``restart`` record when a restarted server resumed from a checkpoint;
-- a ``done`` record when training finished.
+- a ``done`` record when training finished;
+
+and, in the run directory, ``ps_final.json`` (``write_final``).
 
 Sends go through ``StatsClient``, which never blocks (a full queue drops and counts). Not
 thread-safe: owned by the parameter server's thread.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 FLUSH_S = 0.5          # update records are batched this long
 RATE_EVERY_S = 1.0     # a "ps" record this often
@@ -83,6 +88,18 @@ class PSReport:
             self.stats.metric({"type": "restart", "t": time.time(), "ts": st.engine.timestamp,
                                "epoch": st.engine.epoch, "incarnation": len(st.incarnations),
                                "checkpoint": str(ps.resumed_from)})
+
+
+def write_final(run_dir: Path, state) -> None:
+    """``RUN_DIR/ps_final.json``: where training ended, from the server's own ``state`` (the
+    launcher's result line reads it, not what the statistics server was told). Atomic;
+    blocks for a small write."""
+    eng = state.engine
+    final = {"timestamp": eng.timestamp, "epoch": eng.epoch, "updates": eng.updates,
+             "done": state.done, "incarnation": len(state.incarnations)}
+    tmp = Path(run_dir) / (PS_FINAL_FILE + ".tmp")
+    tmp.write_text(json.dumps(final) + "\n")
+    os.replace(tmp, Path(run_dir) / PS_FINAL_FILE)
 
 
 def _counters(ps) -> dict:

@@ -4,7 +4,8 @@
 Two PUSH sockets: small metric records, and model-sized EVAL snapshots of the weights, each
 with a small high-water mark; what does not fit is dropped and counted, never waited for
 (except the final weights' EVAL and the final ``"done"`` record, which wait up to
-``DONE_SEND_WAIT_MS``: a statistics server being restarted must still get them).
+``done_wait_ms``, by default ``DONE_SEND_WAIT_MS``: a statistics server being restarted must
+still get them).
 """
 from __future__ import annotations
 
@@ -45,8 +46,10 @@ class StatsClient:
     ``evals_dropped``; ``evals_sent`` counts EVALs handed to ZeroMQ. Not thread-safe.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, sender: int):
+    def __init__(self, ctx: zmq.Context, endpoint: str, sender: int,
+                 done_wait_ms: int = DONE_SEND_WAIT_MS):
         self.endpoint = endpoint
+        self.done_wait_ms = done_wait_ms   # shorter for a PS restarted after training ended
         self.sender = sender
         self.dropped = self.evals_sent = self.evals_dropped = 0
         self._done_sent = False
@@ -63,13 +66,13 @@ class StatsClient:
     def metric(self, record: dict) -> bool:
         """Queue one record (plain JSON-like values; NumPy scalars are converted). Returns
         False if it was dropped. Does not block, except that a ``{"type": "done"}`` record
-        (which gets ``evals_sent`` added) waits up to ``DONE_SEND_WAIT_MS`` for room."""
+        (which gets ``evals_sent`` added) waits up to ``done_wait_ms`` for room."""
         if not isinstance(record, dict):
             raise TypeError(f"a metric record is a dict, got {type(record).__name__}")
         if record.get("type") == "done":
             self._done_sent = True
             record = {**record, "evals_sent": self.evals_sent}
-            if not self._metrics.poll(DONE_SEND_WAIT_MS, zmq.POLLOUT):
+            if not self._metrics.poll(self.done_wait_ms, zmq.POLLOUT):
                 return self._drop("done", "the final 'done' record: the queue stayed full")
         try:
             frames = self._encode(record)
@@ -106,11 +109,11 @@ class StatsClient:
         ``chunk_bytes``. Returns False if dropped (EVAL_HWM snapshots already queued).
 
         Does not block, except for the ``final`` weights (the end of training): those wait up
-        to ``DONE_SEND_WAIT_MS`` for room. ``weights`` is sent without a copy: do not modify it
+        to ``done_wait_ms`` for room. ``weights`` is sent without a copy: do not modify it
         until ZeroMQ has sent it; pass a snapshot that is never written again (as the
         parameter server does).
         """
-        wait = DONE_SEND_WAIT_MS if final else 0
+        wait = self.done_wait_ms if final else 0
         if not self._evals.poll(wait, zmq.POLLOUT):  # full: do not even encode
             self.evals_dropped += 1
             return False
@@ -128,9 +131,9 @@ class StatsClient:
 
     def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
         """Close both sockets, giving ZeroMQ up to ``linger_ms`` (in ``ctx.term()``) to deliver
-        what is queued; after a "done" record, up to ``DONE_SEND_WAIT_MS`` (a statistics
+        what is queued; after a "done" record, up to ``done_wait_ms`` (a statistics
         server being restarted must still get it and the final weights)."""
-        linger_end = max(linger_ms, DONE_SEND_WAIT_MS) if self._done_sent else linger_ms
+        linger_end = max(linger_ms, self.done_wait_ms) if self._done_sent else linger_ms
         for sock, linger in ((self._metrics, linger_end), (self._evals, linger_end)):
             if not sock.closed:
                 sock.close(linger=linger)

@@ -1,0 +1,73 @@
+"""``rudra-zmq run`` whose first parameter server kills itself (SIGKILL) at a named point of
+its shutdown, for tests/test_ps_shutdown.py.
+
+    python tests/ps_crash.py run CONFIG --run-dir DIR [--set ...]    (the launcher)
+    python tests/ps_crash.py ps ARGS...                              (the PS it starts)
+
+The launcher is the real one with its PS command pointed at this file; the PS is the real one
+with one method wrapped, in its first incarnation only (a restarted one has ``--resume``).
+``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at.
+"""
+import os
+import signal
+import sys
+
+from rudra_zmq import cli, launcher
+from rudra_zmq.roles import ps, ps_report
+
+POINTS = ("stopping", "finishing", "sending-done", "after-final")
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def before(cls, name, when=lambda: True):
+    """Die on entering ``cls.name`` once ``when()`` says so."""
+    original = getattr(cls, name)
+
+    def wrapped(*args, **kwargs):
+        if when():
+            die()
+        return original(*args, **kwargs)
+    setattr(cls, name, wrapped)
+
+
+def after(cls, name):
+    """Die as soon as ``cls.name`` returned."""
+    original = getattr(cls, name)
+
+    def wrapped(*args, **kwargs):
+        original(*args, **kwargs)
+        die()
+    setattr(cls, name, wrapped)
+
+
+def arm(point: str) -> None:
+    if point == "stopping":      # training over (its checkpoint written); STOP number k
+        calls, k = [], int(os.environ.get("PS_CRASH_STOP", "1"))
+        before(ps.ParameterServer, "_stop", lambda: calls.append(1) or len(calls) >= k)
+    elif point == "finishing":   # every learner told; before the final checkpoint
+        before(ps.ParameterServer, "_finish")
+    elif point == "sending-done":   # the "done" record just handed to ZeroMQ
+        after(ps_report.PSReport, "done")
+    elif point == "after-final":    # ps_final.json written
+        after(ps, "write_final")
+    else:
+        raise SystemExit(f"PS_CRASH_AT={point!r}: one of {', '.join(POINTS)}")
+
+
+def main(argv) -> int:
+    role, args = argv[0], argv[1:]
+    if role == "run":
+        here = os.path.abspath(__file__)
+        real = launcher._role_command
+        launcher._role_command = lambda r, a: ([sys.executable, here, r, *a] if r == "ps"
+                                               else real(r, a))
+    elif "--resume" not in args:
+        arm(os.environ["PS_CRASH_AT"])
+    return cli.main([role, *args])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
