@@ -22,7 +22,7 @@ import sys
 import time
 
 from . import role_process
-from .config import ConfigError, load_config
+from .config import ConfigError, load_config, scale_schedule
 from .run_plan import host_learners, learner_threads, ps_threads, usable_cores
 
 PROG = "rudra-zmq"
@@ -162,6 +162,12 @@ def cmd_stats(args) -> int:
 
 
 def cmd_simulate(args) -> int:
+    if args.schedule_scale != 1:   # epochs and lr steps scaled, recorded in the config
+        try:
+            args.set = list(args.set) + scale_schedule(args.config, args.set,
+                                                       args.schedule_scale)
+        except (ConfigError, FileNotFoundError) as exc:
+            raise _UsageError(str(exc)) from None
     cfg = _load(args)
     speeds = None
     if args.speeds:
@@ -180,7 +186,8 @@ def cmd_simulate(args) -> int:
                              torch_too=args.train)
     try:
         return simulator.main_simulate(cfg, run_dir, jitter=args.jitter, speeds=speeds,
-                                       seed=args.seed, train=args.train)
+                                       seed=args.seed, train=args.train,
+                                       gradients=args.gradients)
     except ValueError as exc:
         raise _UsageError(str(exc)) from None
 
@@ -320,6 +327,13 @@ def _add_simulate(sub) -> None:
     p.add_argument("--speeds", metavar="T0,T1,...",
                    help="relative compute time per learner (default all 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated timing")
+    p.add_argument("--gradients", choices=("auto", "batched", "per-gradient"), default="auto",
+                   help="--train: one forward/backward per weights version per update "
+                        "(batched), or per learner gradient; auto: batched where it is "
+                        "exact (docs/simulator.md)")
+    p.add_argument("--schedule-scale", type=float, default=1.0, metavar="S",
+                   help="epochs and lr steps times S in (0, 1] (0.1: 14 epochs, ÷10 at 12 "
+                        "and 13 for the paper's 140), recorded as train.schedule_scale")
     p.add_argument("--run-dir", metavar="DIR", help="where to write metrics and plots")
     p.set_defaults(func=cmd_simulate)
 

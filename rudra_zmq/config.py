@@ -76,6 +76,8 @@ class TrainConfig:
     seed: int = 0                      # data order
     checkpoint_every_s: float = 60.0   # PS state to RUN_DIR/checkpoints this often (0 = off)
     checkpoint_every_updates: int = 0  # and/or every k updates (0 = off); always at the end
+    schedule_scale: float = 1.0        # a record: epochs and lr_steps are this fraction of the
+    #                                    config's own (--schedule-scale; scale_schedule)
 
 
 @dataclass
@@ -171,6 +173,7 @@ class Config:
             raise ConfigError(f"optimizer.lr_steps must be ascending, got {o.lr_steps}")
         if not self.train.epochs > 0:
             raise ConfigError(f"train.epochs must be > 0, got {self.train.epochs}")
+        check_schedule_scale(self.train.schedule_scale, "train.schedule_scale")
         if d.limit_per_class is not None and d.limit_per_class < 1:
             raise ConfigError(f"data.limit_per_class must be >= 1 (or null for all), got "
                               f"{d.limit_per_class}")
@@ -407,3 +410,24 @@ def dump(config: Config) -> str:
 def save(config: Config, path: str | os.PathLike) -> None:
     with open(path, "w") as f:
         f.write(dump(config))
+
+
+def check_schedule_scale(scale, what: str = "--schedule-scale") -> None:
+    """Raise ConfigError, naming the value, unless 0 < ``scale`` <= 1. Pure."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+            or not 0 < scale <= 1:
+        raise ConfigError(f"{what} must be a fraction in (0, 1] of the schedule, got {scale!r} "
+                          "(0.1: a tenth of the epochs, the lr steps at a tenth of theirs)")
+
+
+def scale_schedule(path, overrides, scale: float) -> list[str]:
+    """The overrides that scale the schedule of ``path`` with ``overrides`` by ``scale``:
+    ``train.epochs`` and every ``optimizer.lr_steps`` epoch times ``scale``, and
+    ``train.schedule_scale`` (the record ``report`` shows) times ``scale``. Append them
+    after ``overrides``. Raises ConfigError for a bad scale. Blocks on reading the config."""
+    check_schedule_scale(scale)
+    cfg = load_config(path, overrides)
+    steps = [round(s * scale, 6) for s in cfg.optimizer.lr_steps]
+    return [f"train.epochs={round(cfg.train.epochs * scale, 6)}",
+            f"optimizer.lr_steps={steps}",
+            f"train.schedule_scale={round(cfg.train.schedule_scale * scale, 6)}"]

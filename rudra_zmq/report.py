@@ -30,7 +30,8 @@ RUN_MARKERS = (plots.METRICS_FILE, POINT_FILE)   # a failed point may have no me
 COLUMNS = (("run", "run"), ("mode", "mode"), ("status", "status"), ("protocol", "protocol"),
            ("sigma", "σ"), ("batch", "µ"), ("learners", "λ"), ("mu_lambda", "µ·λ"),
            ("lr_policy", "lr policy"), ("lr", "α0"), ("epochs", "epochs"),
-           ("budget", "budget"), ("error_at_budget", "error at budget"),
+           ("budget", "budget"), ("schedule", "schedule⁴"),
+           ("error_at_budget", "error at budget"),
            ("best_error", "best error¹"), ("time", "time²"), ("mean_sigma", "⟨σ⟩"),
            ("paper_error", "paper³"))
 CSV_FIELDS = tuple(k for k, _ in COLUMNS) + ("time_unit",)
@@ -49,7 +50,10 @@ FOOTNOTES = (
     "1 = one gradient's compute time) for simulated runs; not comparable.",
     f"³ the paper's Table 2 (CIFAR-10, Rudra-base, n-softsync, α0/⟨σ⟩, "
     f"{paper.TABLE2_EPOCHS} epochs) row with the same µ·λ group, σ, µ and λ; blank where it "
-    "has none.")
+    "has none.",
+    "⁴ the schedule's scale: ×0.1 is a compressed schedule (epochs and ÷10 steps at a tenth "
+    "of the config's, `--schedule-scale 0.1`), not the paper's budget; blank: the config's "
+    "own schedule.")
 
 
 @dataclass
@@ -147,7 +151,8 @@ def table_row(run: Run, budget: float | None = None) -> dict:
             "batch": mu, "learners": lam, "mu_lambda": mu * lam if mu and lam else None,
             "lr_policy": config_value(cfg, "optimizer", "lr_policy"),
             "lr": config_value(cfg, "optimizer", "lr"), "epochs": max(epochs, default=None),
-            "budget": budget, "error_at_budget": at and at["test_error"],
+            "budget": budget, "schedule": schedule_scale(cfg),
+            "error_at_budget": at and at["test_error"],
             "best_error": best and best["test_error"], "time": at and at["wall_s"],
             "mean_sigma": mean_sigma(m),
             "paper_error": round(ref.test_error_pct / 100, 6) if ref else None,
@@ -166,20 +171,42 @@ def _cell(key: str, row: dict) -> str:
         return POLICY.get(v, str(v))
     if key == "mean_sigma":
         return f"{v:.2f}"
+    if key == "schedule":
+        return f"×{v:g}"
     if isinstance(v, float):
         return f"{v:g}" if key == "lr" else f"{round(v, 2):g}"
     return str(v).replace("|", "\\|")
 
 
+def schedule_scale(cfg: dict) -> float | None:
+    """A run's ``train.schedule_scale`` where it is not 1 (a compressed schedule), else None."""
+    scale = config_value(cfg, "train", "schedule_scale")
+    return scale if isinstance(scale, (int, float)) and scale != 1 else None
+
+
+def schedule_header(rows: list[dict]) -> str:
+    """One line saying which rows ran a scaled schedule (never the paper's budget), or ''."""
+    scales = sorted({r["schedule"] for r in rows if r["schedule"] is not None})
+    if not scales:
+        return ""
+    which = "every run" if all(r["schedule"] is not None for r in rows) else "some runs"
+    return (f"**Schedule scaled ×{', ×'.join(f'{s:g}' for s in scales)} in {which} — not the "
+            f"paper's budget** ({paper.TABLE2_EPOCHS} epochs, ÷10 at 120 and 130): epochs "
+            "and ÷10 steps are that fraction of the config's; the paper column is its "
+            f"{paper.TABLE2_EPOCHS}-epoch error.\n\n")
+
+
 def format_markdown(rows: list[dict]) -> str:
-    """The rows as a markdown table in Table 2's layout, with its footnotes."""
+    """The rows as a markdown table in Table 2's layout, with its footnotes (and, above it,
+    a line saying so when any run's schedule was scaled)."""
     right = {"sigma", "batch", "learners", "mu_lambda", "lr", "epochs", "budget", "time",
              "mean_sigma"} | ERRORS
     lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
              "|" + "|".join("---:" if k in right else "---"
                             for k, _ in COLUMNS) + "|"]
     lines += ["| " + " | ".join(_cell(k, r) for k, _ in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines + [""] + [f"{note}  " for note in FOOTNOTES]).rstrip() + "\n"
+    return schedule_header(rows) + \
+        "\n".join(lines + [""] + [f"{note}  " for note in FOOTNOTES]).rstrip() + "\n"
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:

@@ -11,7 +11,9 @@ A grid file names a base config, a shared budget and the points::
     grid:                              # and/or a cartesian product of lists
       sync.learners: [1, 2, 4, 8]
 
-The points are ``points`` × ``grid`` (either may be absent). Each runs in its own process,
+The points are ``points`` × ``grid`` (either may be absent). ``--schedule-scale S`` runs a
+compressed schedule: every point's epochs (the budget) and lr steps times S, recorded as
+``train.schedule_scale`` in its config (``report`` marks it: not the paper's budget). Each runs in its own process,
 real (``rudra-zmq run``) or simulated (``rudra-zmq simulate --train``, ``--simulate``), into
 ``PARENT/POINT/``, with its output in ``PARENT/POINT/sweep.log`` and ``point.json`` written
 when it ends. A sweep is resumable: a point whose ``point.json`` says ``done`` is skipped (one
@@ -37,7 +39,8 @@ import yaml
 
 from .compare import POINT_FILE, SWEEP_FILE, CompareError, run_summary
 from . import shipped
-from .config import ConfigError, load_config, read_mapping
+from .config import (ConfigError, check_schedule_scale, load_config, read_mapping,
+                     scale_schedule)
 
 GRID_KEYS = ("base", "budget", "set", "points", "grid", "name")
 # Short names for the usual keys in generated point names ("softsync-n30-mu4-l30-staleness").
@@ -62,6 +65,7 @@ class Grid:
     budget: float | None
     points: list[Point]           # the points to run (``select`` narrows them)
     order: list[str]              # every point's name, in the grid's order
+    schedule_scale: float = 1.0   # each point's epochs and lr steps scaled by this
 
 
 def _override(key: str, value) -> str:
@@ -77,11 +81,13 @@ def _point_name(values: dict) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def load_grid(path, budget: float | None = None, extra=()) -> Grid:
+def load_grid(path, budget: float | None = None, extra=(), schedule_scale: float = 1.0) -> Grid:
     """Read and check a grid file; every point's config is loaded (and so validated) here,
     before anything runs. ``budget`` and ``extra`` (``key=value`` overrides) come from the
-    command line and win over the file. Raises ConfigError naming the bad value. Does not
-    block beyond reading files."""
+    command line and win over the file; ``schedule_scale`` then scales each point's epochs
+    (the budget) and lr steps (``config.scale_schedule``). Raises ConfigError naming the bad
+    value. Does not block beyond reading files."""
+    check_schedule_scale(schedule_scale)
     found = shipped.resolve("grid", str(path))
     if found is None:
         raise ConfigError(shipped.unknown("grid", str(path)))
@@ -126,11 +132,14 @@ def load_grid(path, budget: float | None = None, extra=()) -> Grid:
             overrides.append(_override("train.epochs", float(budget)))
         overrides += list(extra)
         try:
+            if schedule_scale != 1:
+                overrides += scale_schedule(base, overrides, schedule_scale)
             load_config(base, overrides)
         except (ConfigError, FileNotFoundError) as exc:
             raise ConfigError(f"{path}: point {name!r}: {exc}") from None
         out.append(Point(name, tuple(overrides)))
-    return Grid(str(data.get("name") or path.stem), base, budget, out, [p.name for p in out])
+    return Grid(str(data.get("name") or path.stem), base, budget, out, [p.name for p in out],
+                schedule_scale)
 
 
 def select(points: list[Point], patterns) -> list[Point]:
@@ -222,7 +231,7 @@ def sweep(grid: Grid, parent, *, simulate: bool = False, jitter: float = 0.0,
     mode = "simulate" if simulate else "run"
     # every point of the grid, in its order (report lists them so), whichever this run does
     meta = {"name": grid.name, "base": str(grid.base), "budget": grid.budget, "mode": mode,
-            "points": [{"name": name} for name in grid.order]}
+            "schedule_scale": grid.schedule_scale, "points": [{"name": name} for name in grid.order]}
     old = parent / SWEEP_FILE
     if old.is_file():
         prev = yaml.safe_load(old.read_text()) or {}
@@ -267,6 +276,10 @@ def add_parser(sub) -> None:
                    help="--simulate: relative std of each gradient's compute time")
     p.add_argument("--budget", type=float, metavar="EPOCHS",
                    help="epochs for every point (overrides the grid's budget)")
+    p.add_argument("--schedule-scale", type=float, default=1.0, metavar="S",
+                   help="scale every point's schedule: epochs (the budget) and lr steps "
+                        "times S in (0, 1], e.g. 0.1: 14 epochs, ÷10 at 12 and 13 for the "
+                        "paper's 140 (recorded; report marks it as not the paper's budget)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key in every point, e.g. --set data.root=PATH")
     p.add_argument("--only", metavar="NAME[,NAME...]",
@@ -278,7 +291,7 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     """Handler of ``rudra-zmq sweep``: exit 0 all done, 1 a point failed, 2 a bad grid."""
     try:
-        grid = load_grid(args.grid, args.budget, args.set)
+        grid = load_grid(args.grid, args.budget, args.set, args.schedule_scale)
         if args.only:
             grid.points = select(grid.points, args.only.split(","))
         if args.list:

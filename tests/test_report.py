@@ -179,3 +179,20 @@ def test_a_real_runs_time_counts_from_the_start_of_training(tmp_path):
     row = report.table_row(report.load_runs([run])[0])
     assert row["time"] == 60.0          # at 62 s; the first update, at 2 s, ended start-up
     assert "since training started" in report.format_markdown([row])
+
+
+def test_a_scaled_schedule_is_marked_in_a_column_and_a_line_above_the_table(tmp_path, capsys):
+    parent = tmp_path / "sweep"
+    make_run(parent / "scaled", ["sync.protocol=softsync", "sync.n=30", "sync.learners=30",
+                                 "sync.batch_size=4", "train.schedule_scale=0.1"], EVALS)
+    make_run(parent / "plain", ["sync.protocol=softsync", "sync.n=1", "sync.learners=30",
+                                "sync.batch_size=4"], EVALS)
+    assert cli.main(["report", str(parent)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("**Schedule scaled ×0.1 in some runs — not the paper's budget**")
+    rows = read_csv(parent / "report.csv")
+    assert rows["run (scaled)"]["schedule"] == "0.1" and rows["run (plain)"]["schedule"] == ""
+    assert "| 3 | ×0.1 | 35.00 % |" in out and "| 3 |  | 35.00 % |" in out
+    make_run(tmp_path / "alone", ["sync.n=1"], EVALS)
+    assert cli.main(["report", str(tmp_path / "alone"), "--out", str(tmp_path / "o")]) == 0
+    assert "Schedule scaled" not in capsys.readouterr().out    # unscaled: no such line

@@ -59,18 +59,19 @@ def test_bad_speeds_are_named():
         simulate(cfg("sync.learners=2"), speeds=[1.0])
 
 
+@pytest.mark.parametrize("path", ["per-gradient", "batched"])
 @pytest.mark.parametrize("overrides", [("sync.protocol=softsync", "sync.learners=4", "sync.n=2"),
                                        ("sync.protocol=hardsync", "sync.learners=3")])
-def test_gradients_computed_ahead_on_worker_threads_change_nothing(overrides):
+def test_gradients_computed_ahead_on_worker_threads_change_nothing(overrides, path):
     import torch
 
     c = cfg(*overrides, "train.epochs=0.5", "sync.batch_size=8")
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)          # one gradient at a time, one thread
-        alone = simulate(c, train=True, jitter=0.3, workers=1)
+        alone = simulate(c, train=True, jitter=0.3, workers=1, gradients=path)
         torch.set_num_threads(2)          # two workers of one thread each
-        ahead = simulate(c, train=True, jitter=0.3, workers=2)
+        ahead = simulate(c, train=True, jitter=0.3, workers=2, gradients=path)
         assert torch.get_num_threads() == 2   # given back after the run
     finally:
         torch.set_num_threads(threads)
@@ -78,3 +79,89 @@ def test_gradients_computed_ahead_on_worker_threads_change_nothing(overrides):
     np.testing.assert_array_equal(alone.weights, ahead.weights)
     with pytest.raises(ValueError, match="workers must be >= 1"):
         simulate(c, train=True, workers=0)
+
+
+# Batched gradients (one forward/backward per weights version per update) against the
+# per-gradient path on the same seed. Float summation order differs: after 10 updates the
+# weights agree to 1e-5 of their largest magnitude (seen: <= 1e-7), where a wrong scale, a
+# gradient on the wrong version or a dropped one is off by more than 1e-4. Later, a ReLU or
+# max-pool tie that rounding tips the other way makes the runs drift apart (seen: 3e-5 after
+# 16 updates at lr 0.05), as two thread counts do: tolerances hold for the first updates.
+BATCHED_TOLERANCE = 1e-5
+
+
+@pytest.mark.parametrize("overrides", [
+    ("sync.protocol=hardsync", "sync.learners=6"),
+    ("sync.protocol=softsync", "sync.learners=6", "sync.n=2", "optimizer.lr_policy=staleness"),
+    ("sync.protocol=softsync", "sync.learners=6", "sync.n=1", "optimizer.lr_policy=constant"),
+    ("sync.protocol=async", "sync.learners=5"),
+    ("sync.protocol=softsync", "sync.learners=6", "sync.n=1",
+     "optimizer.lr_policy=per_gradient"),
+    ("sync.protocol=softsync", "sync.learners=6", "sync.n=3",
+     "optimizer.lr_policy=per_gradient"),
+], ids=["hardsync", "2-softsync", "1-softsync", "async", "per_gradient-1", "per_gradient-3"])
+def test_batched_gradients_give_the_per_gradient_weights(overrides):
+    import torch
+
+    c = cfg(*overrides, "sync.batch_size=8", "optimizer.lr=0.05", "train.eval_every_epochs=0")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        old = simulate(c, train=True, jitter=0.3, seed=1, max_updates=10,
+                       gradients="per-gradient", workers=1)
+        new = simulate(c, train=True, jitter=0.3, seed=1, max_updates=10,
+                       gradients="batched", workers=1)
+        ahead = simulate(c, train=True, jitter=0.3, seed=1, max_updates=10,
+                         gradients="batched", workers=2)   # computed ahead on 2 threads
+    finally:
+        torch.set_num_threads(threads)
+    assert new.updates == old.updates and len(new.updates) == 10
+    if "per_gradient" in overrides[-1]:    # staleness > 1 happened: scales other than 1
+        assert max(s for u in new.updates for s in u["sigmas"]) > 1
+    if "sync.n=2" in overrides:            # an update drew on two weights versions
+        assert any(len(set(np.subtract(u["ts"] - 1, u["sigmas"]))) > 1 for u in new.updates)
+    scale = np.abs(old.weights).max()
+    np.testing.assert_allclose(new.weights, old.weights, rtol=0, atol=BATCHED_TOLERANCE * scale)
+    np.testing.assert_array_equal(ahead.weights, new.weights)
+    assert [e["ts"] for e in new.evals] == [e["ts"] for e in old.evals]
+
+
+def test_batched_gradients_share_one_batch_per_version_in_an_update(monkeypatch):
+    from rudra_zmq import simulator
+
+    calls = []
+    real = simulator._Trainer.group_gradient
+    monkeypatch.setattr(simulator._Trainer, "group_gradient",
+                        lambda self, w, members: calls.append(len(members)) or real(
+                            self, w, members))
+    simulate(cfg("sync.protocol=hardsync", "sync.learners=6", "sync.batch_size=4"),
+             train=True, max_updates=5, gradients="batched", workers=1)
+    assert calls == [6] * 5        # hardsync: one batch of λ·µ samples per update
+
+
+def test_cifar10_full_batched_matches_per_gradient_on_synthetic_images():
+    # cifar10_full has two within-channel LRN layers: per sample, so a batch is exact too
+    c = load_config(None, ["model.name=cifar10_full", "data.dataset=synthetic",
+                           "data.synthetic_train=256", "data.synthetic_test=64",
+                           "train.eval_every_epochs=0", "sync.protocol=softsync",
+                           "sync.learners=4", "sync.n=2", "sync.batch_size=4",
+                           "optimizer.lr_policy=staleness"])
+    old = simulate(c, train=True, jitter=0.3, max_updates=8, gradients="per-gradient")
+    new = simulate(c, train=True, jitter=0.3, max_updates=8, gradients="batched")
+    assert new.updates == old.updates
+    np.testing.assert_allclose(new.weights, old.weights, rtol=0,
+                               atol=BATCHED_TOLERANCE * np.abs(old.weights).max())
+
+
+def test_batched_gradients_are_refused_for_a_model_with_dropout_and_auto_avoids_them():
+    from rudra_zmq import sim_batched
+
+    torch = pytest.importorskip("torch")
+    with_dropout = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+    with_norm = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    assert not sim_batched.exact_for(with_dropout, True)
+    assert not sim_batched.exact_for(with_norm, True)
+    assert sim_batched.exact_for(plain, True) and not sim_batched.exact_for(plain, False)
+    with pytest.raises(ValueError, match="gradients is 'fast'"):
+        simulate(cfg(), train=True, gradients="fast")

@@ -102,3 +102,32 @@ def test_every_shipped_grid_loads_and_names_its_points_as_the_paper_does():
     assert {"baseline", "s1-mu4-l30", "s30-mu4-l30", "s1-mu32-l30"} <= set(points["table2"])
     assert points["figure3"] == ["s4-constant", "s4-staleness", "s30-constant", "s30-staleness"]
     assert all(load_grid(g).budget == 140 for g in grids)    # the paper's budget
+
+
+def test_a_schedule_scale_scales_every_points_budget_and_lr_steps_and_records_it(tmp_path):
+    grid = write_grid(tmp_path, budget=140, set={"optimizer.lr_steps": [120, 130]},
+                      points=[{"name": "a"}])
+    g = load_grid(grid, schedule_scale=0.1)
+    over = g.points[0].overrides
+    assert over[-3:] == ("train.epochs=14.0", "optimizer.lr_steps=[12.0, 13.0]",
+                         "train.schedule_scale=0.1")
+    assert g.schedule_scale == 0.1
+    assert load_grid(grid, budget=6, schedule_scale=0.5).points[0].overrides[-3] == \
+        "train.epochs=3.0"                        # --budget is scaled too
+    assert load_grid(grid).points[0].overrides[-1] == "train.epochs=140.0"   # unscaled
+    for bad in (0, -0.1, 1.5):
+        with pytest.raises(ConfigError, match=f"--schedule-scale must be a fraction in "
+                                              rf"\(0, 1\] of the schedule, got {bad}"):
+            load_grid(grid, schedule_scale=bad)
+
+
+def test_the_command_line_refuses_a_bad_schedule_scale_in_one_line(tmp_path):
+    grid = write_grid(tmp_path, budget=1, points=[{"name": "a"}])
+    for cmd in (["sweep", str(grid), "--simulate", "--schedule-scale", "2",
+                 "--parent", str(tmp_path / "p")],
+                ["simulate", "configs/quickstart.yaml", "--schedule-scale", "0"]):
+        r = subprocess.run([sys.executable, "-m", "rudra_zmq", *cmd], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--schedule-scale must be a fraction" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "p").exists()

@@ -1,32 +1,41 @@
-"""The simulator's speed beside one learner process training the same samples.
+"""The simulator's speed at small µ and many learners beside the baseline (µ = 128, λ = 1).
 
-Case: cifar10_full on CIFAR-10, µ = 4, λ = 30, 30-softsync with α0/⟨σ⟩ -- the configuration the
-paper's Table 2 studies and the costliest to run for real (30 learner processes). The simulator
-(``simulator.simulate(train=True)``) computes every learner's real gradient and the PS's real
-update, by default ahead on one worker thread per core (also timed with ``workers=1``, one
-gradient at a time on every core); the baseline is a plain PyTorch loop of one process
-training µ = 4 minibatches of the same data with the same input transform and momentum-SGD.
-Both get every core. They alternate
-``--repeat`` times in this one run (the machine is shared); each prints samples/s, and the
-verdict is the median ratio simulator / baseline (goal: >= 1, no slower).
+Cases (cifar10_full on CIFAR-10, the paper's solver, ``configs/cifar10_baseline.yaml``):
+the baseline µ = 128, λ = 1 through the simulator, and Table 2's µ = 4, λ = 30 points
+(1-softsync and 30-softsync with α0/⟨σ⟩, and hardsync), each through the simulator's
+per-gradient path (one forward/backward per learner gradient, computed ahead on one worker
+thread per core) and its batched path (one per weights version per update,
+``sim_batched``). A plain PyTorch loop of µ = 128 with torch.optim.SGD is the reference of
+what the cores do without the simulator. Every case gets every core and trains ``--samples``
+samples; the cases alternate ``--repeat`` times in this one run (the machine is shared) and
+each round prints samples/s; the verdict is each µ = 4 case's median ratio to the baseline
+simulated in the same rounds (goal of the batched path: >= 0.9).
 
     rudra-zmq bench sim-speed --data ../shared/data/cifar10-jpeg.tar.gz
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
 
 from .. import kernels
 
-CONFIG = os.path.join("configs", "cifar10_30softsync.yaml")   # in the source tree
-GRADIENTS = 2000      # per measurement: 8,000 samples at µ = 4
+CONFIG = os.path.join("configs", "cifar10_baseline.yaml")   # in the source tree
+SAMPLES = 8000        # per measurement
 REPEAT = 3
+BASELINE = ("baseline µ=128 λ=1", ("sync.protocol=hardsync", "sync.learners=1",
+                                   "sync.batch_size=128", "optimizer.lr_policy=constant"))
+SMALL = [("1-softsync µ=4 λ=30", ("sync.protocol=softsync", "sync.n=1")),
+         ("30-softsync µ=4 λ=30", ("sync.protocol=softsync", "sync.n=30")),
+         ("hardsync µ=4 λ=30", ("sync.protocol=hardsync",))]
+SMALL_COMMON = ("sync.learners=30", "sync.batch_size=4", "optimizer.lr_policy=staleness")
+PATHS = ("per-gradient", "batched")
 
 
 def find_config(path: str | None) -> str:
-    """``path``, else ``configs/cifar10_30softsync.yaml`` of the source tree this package runs
+    """``path``, else ``configs/cifar10_baseline.yaml`` of the source tree this package runs
     from or of the current directory; ValueError if none exists."""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for p in ([path] if path else [os.path.join(repo, CONFIG), CONFIG]):
@@ -35,24 +44,30 @@ def find_config(path: str | None) -> str:
     raise ValueError(f"config {path or CONFIG} not found (give --config)")
 
 
-def config(path: str, data_root: str):
+def config(path: str, data_root: str, overrides=()):
     from ..config import load_config
 
-    return load_config(path, [f"data.root={data_root}", "train.eval_every_epochs=0"])
+    return load_config(path, [f"data.root={data_root}", "train.eval_every_epochs=0",
+                              *overrides])
 
 
-def time_simulator(cfg, gradients: int, workers: int | None) -> float:
+def time_simulator(cfg, samples: int, gradients: str) -> float:
     """Samples/s of the simulator, from the end of its initial evaluation to its return
-    (blocks while it trains)."""
+    (blocks while it trains about ``samples`` samples)."""
     from ..simulator import simulate
+    from ..sync import SyncEngine, LRSchedule
 
+    s = cfg.sync
+    c = SyncEngine(s.protocol, s.learners, LRSchedule(1.0), n=s.n).gradients_per_update
+    updates = max(1, math.ceil(samples / (s.batch_size * c)))
     marks = []
-    simulate(cfg, train=True, max_updates=gradients,   # async: one gradient per update
-             progress=lambda line: marks.append(time.perf_counter()), workers=workers)
-    return gradients * cfg.sync.batch_size / (time.perf_counter() - marks[0])
+    res = simulate(cfg, train=True, max_updates=updates, gradients=gradients,
+                   progress=lambda line: marks.append(time.perf_counter()))
+    trained = sum(u["n_grads"] for u in res.updates) * s.batch_size
+    return trained / (time.perf_counter() - marks[0])
 
 
-def time_plain_loop(cfg, ds, gradients: int) -> float:
+def time_plain_loop(cfg, ds, samples: int) -> float:
     """Samples/s of one process training µ-sample minibatches with torch.optim.SGD (blocks
     while it trains)."""
     import torch
@@ -66,50 +81,78 @@ def time_plain_loop(cfg, ds, gradients: int) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=o.lr, momentum=o.momentum,
                           weight_decay=o.weight_decay)
     stream = SampleStream(len(ds.y_train), cfg.train.seed)
+    steps = max(1, samples // mu)
     t0 = time.perf_counter()
-    for step in range(gradients):
+    for step in range(steps):
         idx = stream.indices(step * mu, mu)
         opt.zero_grad()
         loss_fn(model(prep(ds.x_train[idx], ds.mean, ds.std)),
                 torch.from_numpy(ds.y_train[idx])).backward()
         opt.step()
-    return gradients * mu / (time.perf_counter() - t0)
+    return steps * mu / (time.perf_counter() - t0)
 
 
 def add_arguments(p) -> None:
     p.add_argument("--data", required=True, help="CIFAR-10 root (e.g. the JPEG tarball)")
-    p.add_argument("--config", help=f"the case (default {CONFIG} of the source tree)")
-    p.add_argument("--gradients", type=int, default=GRADIENTS,
-                   help=f"gradients per measurement (default {GRADIENTS})")
+    p.add_argument("--config", help=f"the base config (default {CONFIG} of the source tree)")
+    p.add_argument("--samples", type=int, default=SAMPLES,
+                   help=f"samples per measurement (default {SAMPLES})")
     p.add_argument("--repeat", type=int, default=REPEAT, help=f"rounds (default {REPEAT})")
+    p.add_argument("--cases", default="1-softsync,30-softsync,hardsync",
+                   help="µ = 4 cases to run (default all: 1-softsync,30-softsync,hardsync)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (default 0: every core); 1 measures the cost per "
+                        "sample where other work shares the cores")
+    p.add_argument("--paths", default=",".join(PATHS),
+                   help=f"simulator paths for the µ = 4 cases (default {','.join(PATHS)})")
 
 
 def run(args) -> int:
-    """``--repeat`` rounds of simulator, simulator with one worker, plain loop; blocks."""
+    """``--repeat`` rounds of every case; one line per measurement, then the verdict. Blocks."""
     import torch
 
     from ..data_order import load_data
 
-    threads = os.cpu_count() or 1
+    threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     kernels.set_num_threads(threads)
-    cfg = config(find_config(args.config), args.data)
-    ds = load_data(cfg)
-    print(f"cifar10_full, µ={cfg.sync.batch_size}, λ={cfg.sync.learners}, "
-          f"{cfg.sync.n}-softsync, {args.gradients} gradients per measurement, "
-          f"{threads} threads")
-    sims, ones, plains = [], [], []
-    for i in range(args.repeat):
-        sims.append(time_simulator(cfg, args.gradients, None))
-        ones.append(time_simulator(cfg, args.gradients, 1))
-        plains.append(time_plain_loop(cfg, ds, args.gradients))
-        print(f"  round {i + 1}: simulator {sims[-1]:5.0f} samples/s (one gradient at a time: "
-              f"{ones[-1]:5.0f})   one learner process {plains[-1]:5.0f} samples/s   ratio "
-              f"{sims[-1] / plains[-1]:.2f}", flush=True)
-    ratio = statistics.median(s / b for s, b in zip(sims, plains))
+    path = find_config(args.config)
+    wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    bad = [c for c in wanted if not any(n.startswith(c + " ") for n, _ in SMALL)] + \
+        [p for p in paths if p not in PATHS]
+    if bad:
+        raise ValueError(f"unknown case or path {bad[0]!r}; cases: 1-softsync, 30-softsync, "
+                         f"hardsync; paths: {', '.join(PATHS)}")
+    base = config(path, args.data, BASELINE[1])
+    small = [(n, config(path, args.data, SMALL_COMMON + o)) for n, o in SMALL
+             if any(n.startswith(c + " ") for c in wanted)]
+    ds = load_data(base)
+    print(f"cifar10_full, {args.samples} samples per measurement, {threads} threads, "
+          f"{args.repeat} rounds; samples/s (ratio to the baseline simulated in the same round)")
+    rates: dict[str, list] = {}
+    for r in range(args.repeat):
+        line = []
+        b = time_simulator(base, args.samples, "batched")
+        rates.setdefault(BASELINE[0], []).append(b)
+        plain = time_plain_loop(base, ds, args.samples)
+        rates.setdefault("plain loop µ=128", []).append(plain)
+        line.append(f"{BASELINE[0]} {b:5.0f}   plain loop µ=128 {plain:5.0f} ({plain / b:.2f})")
+        for name, cfg in small:
+            for p in paths:
+                v = time_simulator(cfg, args.samples, p)
+                rates.setdefault(f"{name}, {p}", []).append(v / b)
+                line.append(f"{name}, {p}: {v:5.0f} ({v / b:.2f})")
+        print(f"  round {r + 1}: " + "\n           ".join(line), flush=True)
     n = len(ds.y_train)
-    print(f"time per epoch ({n:,} samples): simulator {n / statistics.median(sims):.0f} s "
-          f"(one gradient at a time {n / statistics.median(ones):.0f} s), one learner process "
-          f"{n / statistics.median(plains):.0f} s; median ratio {ratio:.2f} "
-          f"({'no slower' if ratio >= 1 else 'SLOWER'})")
+    med = statistics.median(rates[BASELINE[0]])
+    print(f"baseline simulated: {med:.0f} samples/s, {n / med:.0f} s per epoch of "
+          f"{n:,}; median ratios to it:")
+    for key, vals in rates.items():
+        if key in (BASELINE[0], "plain loop µ=128"):
+            continue
+        ratio = statistics.median(vals)
+        print(f"  {key}: {ratio:.2f} ({n / (ratio * med):.0f} s per epoch)"
+              + ("  goal >= 0.9: " + ("met" if ratio >= 0.9 else "NOT met")
+                 if key.endswith("batched") else ""))
     return 0
