@@ -4,7 +4,10 @@
 
 Start-up is the time from starting ``rudra-zmq run configs/quickstart.yaml`` to the parameter
 server's first update (the first ``update`` record of ``metrics.jsonl``, on the Unix clock of
-its ``start`` record), measured from outside so that both sides count the same thing. Each
+its ``start`` record), measured from outside so that both sides count the same thing; beside
+it, the CPU seconds (user + system) of the whole run, every process included, which depend
+much less on other work on the machine (the training and the plots are the same on both
+sides, so the difference is start-up). Each
 repeat runs both sides, in alternating order, with ``train.epochs=1`` (start-up does not depend
 on the epochs). ``--base`` is a checkout with its compiled kernels (a ``git worktree add`` of an
 older commit with ``rudra_zmq/_kernels*.so`` copied in); each side runs with ``PYTHONPATH`` set
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,11 +33,17 @@ REPEATS = 5
 TIMEOUT_S = 300
 
 
-def startup_s(root: Path, run_dir: Path) -> float:
-    """Run the quickstart (1 epoch) from checkout ``root``; seconds from its start to the PS's
-    first update. Blocks until the run ends."""
+def cpu_s() -> float:
+    """CPU seconds of every descendant process waited for so far (the launcher's included)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def startup_s(root: Path, run_dir: Path) -> tuple[float, float]:
+    """Run the quickstart (1 epoch) from checkout ``root``: (seconds from its start to the
+    PS's first update, CPU seconds of the whole run). Blocks until the run ends."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    began = time.time()
+    cpu0, began = cpu_s(), time.time()
     res = subprocess.run([sys.executable, "-m", "rudra_zmq", "run", CONFIG, "--set",
                           "train.epochs=1", "--run-dir", str(run_dir)], cwd=root, env=env,
                          capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -42,7 +52,7 @@ def startup_s(root: Path, run_dir: Path) -> float:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     unix = next(r["unix"] for r in records if r.get("type") == "start")
     first = min(r["t"] for r in records if r.get("type") == "update")
-    return unix + first - began
+    return unix + first - began, cpu_s() - cpu0
 
 
 def main() -> int:
@@ -52,6 +62,7 @@ def main() -> int:
     args = p.parse_args()
     sides = {"base": args.base.resolve(), "new": HERE}
     times: dict[str, list[float]] = {name: [] for name in sides}
+    cpus: dict[str, list[float]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory(prefix="rudra-startup-") as tmp:
         n = 0
         for name, root in sides.items():   # warm-up: the file cache, the digits cache
@@ -61,16 +72,18 @@ def main() -> int:
             order = list(sides) if i % 2 == 0 else list(sides)[::-1]
             for name in order:
                 n += 1
-                s = startup_s(sides[name], Path(tmp) / f"run{n}")
+                s, cpu = startup_s(sides[name], Path(tmp) / f"run{n}")
                 times[name].append(s)
+                cpus[name].append(cpu)
                 load = os.getloadavg()[0]
-                print(f"repeat {i}  {name:4}  start-up {s:5.2f} s  (load average {load:.1f})",
-                      flush=True)
-    med = {name: statistics.median(v) for name, v in times.items()}
-    pairs = [b / a for a, b in zip(times["new"], times["base"])]
-    print(f"median start-up: base {med['base']:.2f} s, new {med['new']:.2f} s; "
-          f"base/new {med['base'] / med['new']:.2f}x (per repeat: "
-          f"{', '.join(f'{r:.2f}' for r in pairs)})")
+                print(f"repeat {i}  {name:4}  start-up {s:5.2f} s  run's CPU {cpu:5.2f} s  "
+                      f"(load average {load:.1f})", flush=True)
+    for what, got in (("start-up", times), ("run's CPU", cpus)):
+        med = {name: statistics.median(v) for name, v in got.items()}
+        pairs = [b / a for a, b in zip(got["new"], got["base"])]
+        print(f"median {what}: base {med['base']:.2f} s, new {med['new']:.2f} s; "
+              f"base/new {med['base'] / med['new']:.2f}x (per repeat: "
+              f"{', '.join(f'{r:.2f}' for r in pairs)})")
     return 0
 
 
