@@ -539,3 +539,40 @@ def test_a_stale_ps_final_is_not_taken_for_the_final_weights(cfg, digits, tmp_pa
     _done(server, 40, 4.0)
     assert server.serve_forever() == "done"
     assert [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "eval"] == []
+
+
+def test_a_sender_leaving_while_the_server_is_not_reading_does_not_abort_it():
+    """libzmq 4.3.5 aborts (!_io_error, stream_engine_base.cpp:310) when a socket's own
+    heartbeat is due on a connection whose peer left while its queue was full and unread: seen
+    in a restarted statistics server loading its data as the learners finished. Its socket
+    (stats_server.receiver) sends no heartbeats; a plain one with heartbeats aborted in 5 of 6
+    tries of this scene here. Three scenes in a subprocess (an abort kills it)."""
+    code = (
+        "import time, zmq\n"
+        "from rudra_zmq import transport\n"
+        "from rudra_zmq.config import load_config\n"
+        "from rudra_zmq.roles.stats_server import receiver\n"
+        "transport.set_heartbeat(0.1)\n"
+        "ctx = zmq.Context()\n"
+        "pull = receiver(ctx, load_config(None))\n"
+        "ep = transport.bind(pull, 'tcp://127.0.0.1:0')\n"
+        "for _ in range(3):\n"
+        "    peer = zmq.Context()\n"
+        "    push = peer.socket(zmq.PUSH)\n"
+        "    push.setsockopt(zmq.SNDHWM, 100000)\n"
+        "    push.connect(ep)\n"
+        "    try:\n"
+        "        for i in range(20000):\n"
+        "            push.send(b'x' * 10000, zmq.NOBLOCK)\n"
+        "    except zmq.Again:\n"
+        "        pass\n"
+        "    time.sleep(0.5)            # the server's queue is full: it stops reading\n"
+        "    push.close(linger=0)\n"
+        "    peer.term()\n"
+        "    time.sleep(1.0)            # heartbeats would be due now\n"
+        "    while pull.poll(0):\n"
+        "        pull.recv()\n"
+        "print('alive')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "alive", proc.stderr

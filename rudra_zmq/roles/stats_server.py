@@ -101,9 +101,7 @@ class StatsServer:
         self.security, self._token = transport.security(), security.run_token()
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
-        self.sock = transport.make_socket(   # EVALs come in chunks of runtime.chunk_mib
-            self.ctx, zmq.PULL, hwm=RECV_HWM,
-            max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
+        self.sock = receiver(self.ctx, cfg)
         try:
             self.endpoint = transport.bind(self.sock, bind)
             self.metrics_path = self.run_dir / plots.METRICS_FILE
@@ -401,6 +399,18 @@ class StatsServer:
             transport.term(self.ctx)
 
 
+def receiver(ctx: zmq.Context, cfg) -> zmq.Socket:
+    """The statistics server's PULL socket (not bound). EVALs come in chunks of
+    ``runtime.chunk_mib``. No heartbeats of its own: libzmq 4.3.5 aborts (``!_io_error``,
+    stream_engine_base.cpp) when one is due on a connection whose peer left while this server
+    was not reading it (its queue full: loading the data, evaluating), and a server that only
+    receives needs no news of dead senders."""
+    sock = transport.make_socket(ctx, zmq.PULL, hwm=RECV_HWM,
+                                 max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 0)
+    return sock
+
+
 def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     """Entry point of ``rudra-zmq stats``: run until the PS reports "done" or SIGTERM/SIGINT;
     either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
@@ -421,4 +431,4 @@ def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     return 0
 
 
-__all__ = ["StatsServer", "serve"]
+__all__ = ["StatsServer", "serve", "receiver"]
