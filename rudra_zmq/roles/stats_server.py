@@ -102,9 +102,15 @@ class StatsServer:
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
         self.sock = receiver(self.ctx, cfg)
+        self.metrics_path = self.run_dir / plots.METRICS_FILE
+        # A server restarted in a run (or resumed) loads first: senders may leave while the
+        # socket goes unread, which can abort libzmq (see receiver). A new one binds first,
+        # so that the PS and the learners start while it loads; none of them leaves then.
+        restarted = self.metrics_path.is_file()
         try:
+            if restarted:
+                self._load(cfg, dataset)
             self.endpoint = transport.bind(self.sock, bind)
-            self.metrics_path = self.run_dir / plots.METRICS_FILE
             self._file = MetricsFile(self.metrics_path, t0, now=now, resume=resume)
             self.t0 = self._file.t0    # a restart goes on with the run's clock
             f = self._file
@@ -113,22 +119,11 @@ class StatsServer:
             if cfg.logging.tensorboard:
                 self._tb = TensorBoardLog(self.run_dir, self.t0, cfg.sync.learners,
                                           self._file.started)
-            if announce:   # when it is so: before the data and model load (seconds)
+            if announce:   # when it is so: before a new server's data and model load
                 self._print(f"statistics server listening on {self.endpoint} (waiting for the "
                             f"parameter server and {cfg.sync.learners} learners)")
-            # Bound first, then the slow part (torch, the data): the launcher starts the PS
-            # and learners once this accepts connections, and what they send waits here.
-            from ..data_order import load_data
-            from ..flat import FlatModel
-            from ..models import build_model, input_transform
-
-            ds = dataset if dataset is not None else load_data(cfg)
-            self.x_test, self.y_test = ds.x_test, ds.y_test
-            self.mean, self.std = tuple(ds.mean), tuple(ds.std)
-            self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
-                                     seed=cfg.model.seed)
-            self.prep = input_transform(cfg.model.name)
-            self.flat = FlatModel(self.model)
+            if not restarted:   # what the PS and learners send meanwhile waits here
+                self._load(cfg, dataset)
         except BaseException:
             if self._file is not None:
                 self._file.close()
@@ -136,6 +131,20 @@ class StatsServer:
             if self._own_ctx:
                 transport.term(self.ctx)
             raise
+
+    def _load(self, cfg, dataset) -> None:
+        """The test split and the model to evaluate (seconds: torch, the data). Blocks."""
+        from ..data_order import load_data
+        from ..flat import FlatModel
+        from ..models import build_model, input_transform
+
+        ds = dataset if dataset is not None else load_data(cfg)
+        self.x_test, self.y_test = ds.x_test, ds.y_test
+        self.mean, self.std = tuple(ds.mean), tuple(ds.std)
+        self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
+                                 seed=cfg.model.seed)
+        self.prep = input_transform(cfg.model.name)
+        self.flat = FlatModel(self.model)
 
     # ------------------------------------------------------------------ receiving
     def _drain(self) -> int:
