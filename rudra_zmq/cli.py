@@ -89,7 +89,9 @@ def cmd_ps(args) -> int:
                           "architecture.kind=advstar, and only then (the config says "
                           f"{cfg.architecture.kind!r})")
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
-    return role_process.serve("ps", ps_threads(cfg), True,
+    # torch is imported later, after the PS binds (``ParameterServer``), for its initial
+    # weights only: its thread count does not matter, and learners start meanwhile
+    return role_process.serve("ps", ps_threads(cfg), False,
                               lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir,
                                                 resume=args.resume, **extra))
 

@@ -1,8 +1,10 @@
-"""Start-up: each role imports only what it uses, the statistics server listens before its
-slow part, and the digits split comes from the cache after the first load."""
+"""Start-up: each role imports only what it uses, the statistics server and the parameter
+server listen before their slow part, and the digits split comes from the cache after the
+first load."""
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +12,11 @@ import pytest
 from rudra_zmq import data_order, datasets, transport
 from rudra_zmq.children import accepting
 from rudra_zmq.config import load_config
+from rudra_zmq.roles import ps as ps_module
 from rudra_zmq.roles.stats_server import StatsServer
+from rudra_zmq.wire import Kind
+
+from cluster import FakeLearner, running, small_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,3 +97,50 @@ def test_the_stats_server_accepts_connections_before_it_loads_its_data_and_model
         server._file.close()
         server.sock.close(linger=0)
         transport.term(server.ctx)
+
+
+def test_the_ps_accepts_connections_before_it_builds_its_model_and_answers_what_came_meanwhile(
+        ctx, monkeypatch):
+    endpoint = transport.free_tcp_endpoint("127.0.0.1")
+    real = ps_module.initial_model
+    seen, early = [], []
+
+    def initial_model(cfg):
+        seen.append(accepting(endpoint))
+        built = real(cfg)
+        early.append(FakeLearner(ctx, endpoint, 0))   # a HELLO before the state exists
+        early[0].send(Kind.HELLO, model=built[2], numel=built[0].size)
+        return built
+
+    monkeypatch.setattr(ps_module, "initial_model", initial_model)
+    ps = ps_module.ParameterServer(small_config(), endpoint, ctx=ctx)
+    assert seen == [True]
+    with running(ps) as errors:
+        msg = early[0].recv()
+        assert msg.kind == Kind.WELCOME
+        np.testing.assert_array_equal(np.concatenate(msg.payloads), ps.state.w)
+        early[0].close()
+    assert not errors
+
+
+def test_a_ps_process_listens_before_it_imports_torch(tmp_path):
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import time\ntime.sleep(120)\n")   # an import that hangs
+    endpoint = transport.free_tcp_endpoint("127.0.0.1")
+    path = os.pathsep.join(p for p in (str(fake.parent), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "rudra_zmq", "ps", "--bind", endpoint,
+                             "--config", "configs/quickstart.yaml"],
+                            env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, cwd=os.path.dirname(os.path.dirname(
+                                os.path.abspath(__file__))))
+    try:
+        deadline = time.monotonic() + 40   # a generous bound for a loaded machine
+        while not accepting(endpoint) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert accepting(endpoint), "the PS does not listen while torch is being imported"
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stderr.close()

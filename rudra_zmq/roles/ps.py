@@ -85,10 +85,32 @@ class ParameterServer:
     def __init__(self, cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
                  ctx: zmq.Context | None = None, model=None, broadcast: str | None = None,
                  resume: bool = False):
-        from ..datasets import dataset_size
-
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        # Bound before the model is built (the socket needs only the config): learners
+        # waiting for this endpoint start while this process imports torch; what they send
+        # meanwhile waits in the socket until serve_forever reads it, with the state built.
+        # No ROUTER_HANDOVER: a restarted learner comes back on a new connection (a new
+        # routing id) and says HELLO; no one else can take over a live learner's name.
+        self.sock = transport.make_socket(
+            self.ctx, zmq.ROUTER, hwm=max(64, 4 * cfg.sync.learners),
+            max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
+        try:
+            self.endpoint = transport.bind(self.sock, bind)
+            self._build(cfg, model, resume, stats, broadcast)
+        except BaseException:   # e.g. no data, a bad checkpoint: free the port at once
+            self.sock.close(linger=0)
+            if self._own_ctx and getattr(self, "stats", None) is None:   # nothing else open
+                transport.term(self.ctx)
+            raise
+
+    def _build(self, cfg, model, resume: bool, stats: str | None, broadcast: str | None) -> None:
+        """The state (the model built, or the newest checkpoint restored) and the outputs;
+        called with the socket bound. Blocks while torch is imported and the model built."""
+        from ..datasets import dataset_size
+
         weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
         self.state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))
         self.resumed_from = None
@@ -109,14 +131,6 @@ class ParameterServer:
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
             self.checkpoints = CheckpointSchedule(t, checkpoint_dir(self.run_dir),
                                                   self.state.engine.timestamp)
-        self._own_ctx = ctx is None
-        self.ctx = ctx or zmq.Context()
-        # No ROUTER_HANDOVER: a restarted learner comes back on a new connection (a new
-        # routing id) and says HELLO; no one else can take over a live learner's name.
-        self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
-                                          hwm=max(64, 4 * cfg.sync.learners),
-                                          max_bytes=transport.frame_limit(self.state.chunk_bytes))
-        self.endpoint = transport.bind(self.sock, bind)
         self.stats = None
         if stats:
             from .stats_client import StatsClient
