@@ -123,6 +123,24 @@ def test_the_ps_accepts_connections_before_it_builds_its_model_and_answers_what_
     assert not errors
 
 
+def test_a_resumed_ps_builds_its_state_before_it_binds(ctx, monkeypatch, tmp_path):
+    endpoint = transport.free_tcp_endpoint("127.0.0.1")
+    real = ps_module.initial_model
+    seen = []
+
+    def initial_model(cfg):
+        seen.append(accepting(endpoint))
+        return real(cfg)
+
+    monkeypatch.setattr(ps_module, "initial_model", initial_model)
+    ps = ps_module.ParameterServer(small_config(), endpoint, ctx=ctx, run_dir=str(tmp_path),
+                                   resume=True)
+    try:
+        assert seen == [False] and accepting(endpoint)
+    finally:
+        ps._finish()
+
+
 def test_a_ps_process_listens_before_it_imports_torch(tmp_path):
     fake = tmp_path / "fake" / "torch"
     fake.mkdir(parents=True)

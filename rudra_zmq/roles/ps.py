@@ -89,17 +89,22 @@ class ParameterServer:
         self.run_dir = Path(run_dir) if run_dir else None
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
-        # Bound before the model is built (the socket needs only the config): learners
-        # waiting for this endpoint start while this process imports torch; what they send
-        # meanwhile waits in the socket until serve_forever reads it, with the state built.
-        # No ROUTER_HANDOVER: a restarted learner comes back on a new connection (a new
+        # A new server binds before it builds its model (the socket needs only the config):
+        # learners waiting for this endpoint start while it imports torch, and what they send
+        # waits in the socket until serve_forever reads it, with the state built; none of
+        # them leaves meanwhile. A restarted (resumed) one builds first: learners may leave
+        # while an unread socket holds them, which can abort libzmq 4.3.5 (as for the
+        # statistics server, docs/fault-tolerance.md). No ROUTER_HANDOVER: a restarted learner comes back on a new connection (a new
         # routing id) and says HELLO; no one else can take over a live learner's name.
         self.sock = transport.make_socket(
             self.ctx, zmq.ROUTER, hwm=max(64, 4 * cfg.sync.learners),
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
         try:
-            self.endpoint = transport.bind(self.sock, bind)
+            if not resume:
+                self.endpoint = transport.bind(self.sock, bind)
             self._build(cfg, model, resume, stats, broadcast)
+            if resume:
+                self.endpoint = transport.bind(self.sock, bind)
         except BaseException:   # e.g. no data, a bad checkpoint: free the port at once
             self.sock.close(linger=0)
             if self._own_ctx and getattr(self, "stats", None) is None:   # nothing else open
