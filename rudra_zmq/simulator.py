@@ -219,7 +219,8 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         gradients: ``per-gradient`` (one forward/backward per learner gradient,
             ``_Gradients``), ``batched`` (one per weights version per update,
             ``sim_batched``: the same values up to summation order, for models without
-            batch normalization or dropout) or ``auto`` (batched where it is exact).
+            batch normalization or dropout) or ``auto`` (batched where it is exact and an
+            update has more than one gradient).
     """
     lam = cfg.sync.learners
     speeds = list(speeds) if speeds is not None else [1.0] * lam
@@ -241,10 +242,12 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         raise ValueError(f"model {cfg.model.name} has batch normalization or dropout: batched "
                          "gradients would not be the per-gradient ones; use --gradients "
                          "per-gradient")
-    batched = gradients == "batched" or (gradients == "auto" and trainer.exact_batches)
+    c = {"hardsync": lam, "async": 1}.get(cfg.sync.protocol, lam // cfg.sync.n)
+    # c = 1: every update is one gradient, nothing shares a batch (per-gradient was as fast)
+    batched = gradients == "batched" or (gradients == "auto" and trainer.exact_batches
+                                         and c > 1)
     threads = torch.get_num_threads()
     if workers is None:
-        c = {"hardsync": lam, "async": 1}.get(cfg.sync.protocol, lam // cfg.sync.n)
         workers = (sim_batched.default_workers(threads, lam, c) if batched
                    else min(threads, lam))
     if workers < 1:
