@@ -162,3 +162,33 @@ def test_a_ps_process_listens_before_it_imports_torch(tmp_path):
         proc.kill()
         proc.wait(10)
         proc.stderr.close()
+
+
+def test_the_ps_initial_weights_are_cached_bit_identical_and_read_back_without_torch(
+        tmp_path, monkeypatch):
+    from rudra_zmq import initial_weights
+
+    monkeypatch.setenv(datasets.CACHE_ENV, str(tmp_path))
+    cfg = load_config(overrides=["data.dataset=digits", "model.name=digits_cnn"])
+    built = ps_module.initial_model(cfg)           # built with torch, then cached
+    (cached,) = (tmp_path / "initial").glob("digits_cnn-*.npz")
+    again = ps_module.initial_model(cfg)
+    np.testing.assert_array_equal(again[0], built[0])
+    assert again[0].dtype == np.float32 and again[1:] == built[1:]
+    # another process: the same weights from the cache, torch never imported
+    code = ("import numpy as np\nfrom rudra_zmq.config import load_config\n"
+            "from rudra_zmq.roles.ps import initial_model\n"
+            "w = initial_model(load_config(overrides=['data.dataset=digits', "
+            "'model.name=digits_cnn']))[0]\n"
+            f"assert np.array_equal(w, np.load({str(tmp_path / 'w.npy')!r}))")
+    np.save(tmp_path / "w.npy", built[0])
+    assert heavy_modules(code, env={**os.environ, datasets.CACHE_ENV: str(tmp_path)}) == []
+    # what the weights depend on is in the key; a damaged entry is rebuilt
+    other = load_config(overrides=["data.dataset=digits", "model.name=digits_cnn",
+                                   "model.seed=1"])
+    assert initial_weights.cache_path(other, built[3]) != cached
+    assert initial_weights.read(other, built[3]) is None
+    cached.write_bytes(b"not an npz")
+    assert initial_weights.read(cfg, built[3]) is None
+    np.testing.assert_array_equal(ps_module.initial_model(cfg)[0], built[0])
+    assert initial_weights.read(cfg, built[3]) is not None

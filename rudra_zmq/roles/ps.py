@@ -54,15 +54,22 @@ _REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.REL
 
 
 def initial_model(cfg):
-    """Build the configured model; return (weights copy, segments, signature, input shape)."""
+    """The configured model's initial state: (weights copy, segments, signature, input shape),
+    from the cache (``initial_weights``: no torch) or built, then cached. Blocks."""
+    from .. import initial_weights
     from ..datasets import dataset_shape
+
+    shape = dataset_shape(cfg.data)
+    cached = initial_weights.read(cfg, shape)
+    if cached is not None:
+        return (*cached, shape)
     from ..flat import FlatModel
     from ..models import build_model
 
-    shape = dataset_shape(cfg.data)
     flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, shape,
                                  seed=cfg.model.seed))
     segments = flat.segments() if cfg.optimizer.param_multipliers else [(0, flat.numel, 1.0, 1.0)]
+    initial_weights.write(cfg, shape, flat.weights, segments, flat.signature)
     return flat.weights.copy(), segments, flat.signature, shape
 
 
