@@ -30,6 +30,8 @@ COMMANDS = {
     "checkpoint": ("checkpoint_cost", "ms per PS checkpoint and update throughput with "
                                       "checkpoints beside none"),
     "curve": ("curve_cost", "CurveZMQ beside plaintext on push+pull (round trips/s, p50)"),
+    "startup": ("startup", "the quickstart's start-up beside another checkout's, "
+                           "alternating"),
     "failover": ("failover", "detection of dead and hung learners, PS crash to next update, "
                              "under `rudra-zmq run`"),
 }

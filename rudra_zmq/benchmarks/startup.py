@@ -1,18 +1,18 @@
-"""Start-up of the quickstart: this checkout beside another one (e.g. an older commit), alternating.
+"""Start-up of the quickstart: this installation beside another checkout, alternating.
 
-    python bench/startup.py --base /tmp/startup_base [--repeats 5]
+    rudra-zmq bench startup --against /tmp/startup_base [--repeats 5]
 
 Start-up is the time from starting ``rudra-zmq run configs/quickstart.yaml`` to the parameter
 server's first update (the first ``update`` record of ``metrics.jsonl``, on the Unix clock of
 its ``start`` record), measured from outside so that both sides count the same thing; beside
 it, the CPU seconds (user + system) of the whole run, every process included, which depend
 much less on other work on the machine (the training and the plots are the same on both
-sides, so the difference is start-up). Each
-repeat runs both sides, in alternating order, with ``train.epochs=1`` (start-up does not depend
-on the epochs). ``--base`` is a checkout with its compiled kernels (a ``git worktree add`` of an
-older commit with ``rudra_zmq/_kernels*.so`` copied in); each side runs with ``PYTHONPATH`` set
-to its own checkout, from its root. One warm-up run per side first (file cache). Prints one line
-per run, then each side's median and the ratio of the medians, and of each repeat's pair.
+sides, so the difference is start-up). Each repeat runs both sides, in alternating order, with
+``train.epochs=1`` (start-up does not depend on the epochs). ``--against`` is a checkout with
+its compiled kernels (a ``git worktree add`` of an older commit with ``rudra_zmq/_kernels*.so``
+copied in), run with ``PYTHONPATH`` set to it, from its root; this side runs the
+``rudra_zmq`` that runs this command. One warm-up run per side first (file cache). Prints one
+line per run, then each side's median and the ratio of the medians, and of each repeat's pair.
 """
 from __future__ import annotations
 
@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent
-CONFIG = "configs/quickstart.yaml"
+CONFIG = "configs/quickstart.yaml"   # a checkout's path; a shipped name where there is none
 REPEATS = 5
 TIMEOUT_S = 300
 
@@ -39,10 +38,15 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def startup_s(root: Path, run_dir: Path) -> tuple[float, float]:
-    """Run the quickstart (1 epoch) from checkout ``root``: (seconds from its start to the
-    PS's first update, CPU seconds of the whole run). Blocks until the run ends."""
-    env = {**os.environ, "PYTHONPATH": str(root)}
+def startup_s(root: Path | None, run_dir: Path) -> tuple[float, float]:
+    """Run the quickstart (1 epoch) from checkout ``root`` (None: this installation, from the
+    run's folder): (seconds from its start to the PS's first update, CPU seconds of the whole
+    run). Blocks until the run ends."""
+    env = dict(os.environ)
+    if root is not None:
+        env["PYTHONPATH"] = str(root)
+    else:
+        root = run_dir.parent
     cpu0, began = cpu_s(), time.time()
     res = subprocess.run([sys.executable, "-m", "rudra_zmq", "run", CONFIG, "--set",
                           "train.epochs=1", "--run-dir", str(run_dir)], cwd=root, env=env,
@@ -55,12 +59,19 @@ def startup_s(root: Path, run_dir: Path) -> tuple[float, float]:
     return unix + first - began, cpu_s() - cpu0
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", required=True, type=Path, help="the checkout to compare with")
-    p.add_argument("--repeats", type=int, default=REPEATS)
-    args = p.parse_args()
-    sides = {"base": args.base.resolve(), "new": HERE}
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--against", required=True, type=Path, metavar="CHECKOUT",
+                   help="the checkout to compare with (its kernels built or copied in)")
+    p.add_argument("--repeats", type=int, default=REPEATS, help="pairs of runs (default "
+                   f"{REPEATS})")
+
+
+def run(args) -> int:
+    """Handler of ``rudra-zmq bench startup``; blocks for every run (about 2 x (repeats + 1)
+    quickstart runs of one epoch)."""
+    if not (args.against / "rudra_zmq").is_dir():
+        raise ValueError(f"--against {str(args.against)!r} is not a rudra_zmq checkout")
+    sides = {"base": args.against.resolve(), "new": None}
     times: dict[str, list[float]] = {name: [] for name in sides}
     cpus: dict[str, list[float]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory(prefix="rudra-startup-") as tmp:
@@ -85,7 +96,3 @@ def main() -> int:
               f"base/new {med['base'] / med['new']:.2f}x (per repeat: "
               f"{', '.join(f'{r:.2f}' for r in pairs)})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
