@@ -11,6 +11,17 @@ import zmq  # noqa: E402
 
 
 @pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    """An empty dataset cache of the test's own (RUDRA_ZMQ_CACHE): nothing lands in
+    ~/.cache, and nothing decoded by another test is found."""
+    from rudra_zmq import datasets
+
+    path = tmp_path / "cache"
+    monkeypatch.setenv(datasets.CACHE_ENV, str(path))
+    return path
+
+
+@pytest.fixture
 def ctx():
     """A ZeroMQ context for one test; destroyed with linger 0, which closes any socket a
     failed test left open, so teardown cannot hang."""

@@ -19,11 +19,9 @@ SHARED_TARBALL = Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpeg
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    """Every test gets its own empty cache dir; nothing lands in ~/.cache."""
-    path = tmp_path / "cache"
-    monkeypatch.setenv(datasets.CACHE_ENV, str(path))
-    return path
+def cache(empty_cache):
+    """Every test here starts from an empty cache of its own (conftest's empty_cache)."""
+    return empty_cache
 
 
 def _write_tree(root, splits=("train", "test"), classes=("cat", "dog"), n=3, size=(12, 10)):

@@ -20,11 +20,9 @@ SHARED_TARBALL = Path(__file__).resolve().parents[2] / "shared/data/cifar10-jpeg
 
 
 @pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    """An empty cache dir of the test's own."""
-    path = tmp_path / "cache"
-    monkeypatch.setenv(datasets.CACHE_ENV, str(path))
-    return path
+def cache(empty_cache):
+    """Every test here starts from an empty cache of its own (conftest's empty_cache)."""
+    return empty_cache
 
 
 def write_tree(root: Path, classes=("cat", "dog", "emu"), n_train=4, n_test=2, size=8):

@@ -361,18 +361,10 @@ def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_the_ps(ctx)
 
 
 def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_a_tree_node(ctx):
-    from test_tree import NUMEL, SIG as TREE_SIG, adv, welcome_leaf
+    from test_tree import adv, stop_after_one_push, welcome_leaf
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=async"))
     with running(node) as errors:
-        ident, _ = parent.recv()
-        l1.send(Kind.HELLO, model=TREE_SIG, numel=NUMEL)
-        parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
-                     protocol="async")
-        l0.recv(), l1.recv()
-        l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
-        parent.recv()
-        parent.reply(ident, Kind.STOP, reason="training finished")
-        assert l0.recv().kind == Kind.STOP
+        stop_after_one_push(parent, l0, l1)
         outsider_speaks_as(ctx, node.endpoint, 1, lambda: node.state.stopped)
         assert not node.state.finished
         l1.send(Kind.PULL, 0, wait=False)        # the real learner 1 is told

@@ -322,18 +322,24 @@ def test_a_leaf_refuses_bad_gradients_and_its_sum_stays_unchanged(ctx):
         l0.close(), l1.close()
 
 
+def stop_after_one_push(parent, l0, l1):
+    """In a running async leaf (:func:`welcome_leaf`): welcome both learners, relay one push
+    of learner 0's, then the parent says STOP, which learner 0 is told at once."""
+    ident, _ = parent.recv()
+    l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
+    parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
+                 protocol="async")
+    l0.recv(), l1.recv()
+    l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
+    parent.recv()
+    parent.reply(ident, Kind.STOP, reason="training finished")
+    assert l0.recv().kind == Kind.STOP
+
+
 def test_a_stop_from_the_parent_reaches_every_child_and_the_node_returns(ctx):
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=async"))
     with running(node) as errors:
-        ident, _ = parent.recv()
-        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-        parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
-                     protocol="async")
-        l0.recv(), l1.recv()
-        l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
-        parent.recv()
-        parent.reply(ident, Kind.STOP, reason="training finished")
-        assert l0.recv().kind == Kind.STOP
+        stop_after_one_push(parent, l0, l1)
         l1.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
         assert l1.recv().fields["reason"] == "training finished"
         deadline = time.time() + 5
