@@ -31,9 +31,15 @@ def newest_ts(run_dir) -> int:
         return 0
 
 
-def pid_of(run_dir, label) -> int:
+def role_pids(run_dir, label=None) -> list[int]:
+    """The pids of every process the launcher started for ``label`` (all labels: None), oldest
+    first (a restarted role's newest is last), from RUN_DIR/processes.json."""
     rows = json.loads((run_dir / "processes.json").read_text())
-    return [r["pid"] for r in rows if r["role"] == label][-1]   # the newest (after restarts)
+    return [r["pid"] for r in rows if label is None or r["role"] == label]
+
+
+def pid_of(run_dir, label) -> int:
+    return role_pids(run_dir, label)[-1]   # the newest (after restarts)
 
 
 class Run:
