@@ -13,7 +13,8 @@ checkpoint, updates lost, a learner evicted: ``notices.py``), on stderr.
 
 The run succeeds (0) when the PS (and every tree node) exits 0: the learners get
 ``LEARNER_EXIT_S`` to follow, the data server is sent SIGTERM and the stats server finishes
-by itself (or is stopped after ``STATS_EXIT_TIMEOUT_S``). A role that fails (exits non-zero,
+by itself (or is stopped after ``STATS_EXIT_TIMEOUT_S``; one that fails then is restarted,
+as during training, to evaluate the final weights from the run directory). A role that fails (exits non-zero,
 or the data server exits at all) is restarted with ``runtime.restart`` (the PS from its newest
 checkpoint, ``--resume``), at most ``runtime.max_restarts`` times per role; without restarts a
 failed learner is left out (the PS evicts it and the others go on) and any other failure ends
@@ -236,8 +237,10 @@ class Launcher:
                 c.ended = True
                 # rc == 0 of the stats server is fine: it returns once the PS announced the
                 # end of training, which may be a little before the PS itself exits; so is
-                # a learner's after STOP, or anything's once training ended.
-                if (rc == 0 and c.role != "data") or ended_at is not None:
+                # a learner's after STOP, or anything's but the stats server's once training
+                # ended (a failed stats server still owes the final weights' evaluation).
+                if (rc == 0 and c.role != "data") or (ended_at is not None
+                                                      and c.role != "stats"):
                     continue
                 outcome = self._failed(c)
                 if outcome is not None:
@@ -251,8 +254,9 @@ class Launcher:
             time.sleep(POLL_S)
 
     def _failed(self, c: Child) -> int | None:
-        """``c`` failed during training: restart it, leave it out (a learner, without
-        restarts), or stop the run (its exit code). Blocks only for the fork/exec."""
+        """``c`` failed during training (or, the stats server, after it): restart it, leave
+        it out (a learner, without restarts), or stop the run (its exit code). Blocks only
+        for the fork/exec."""
         cfg = self.plan.cfg.runtime
         self._report(c, early=(c.role == "data" and c.proc.returncode == 0))
         kind = self.plan.cfg.architecture.kind
@@ -307,9 +311,18 @@ class Launcher:
                 c.proc.send_signal(signal.SIGTERM)
         stats = [c for c in self._current() if c.role == "stats"]
         deadline = time.monotonic() + STATS_EXIT_TIMEOUT_S
-        while any(c.proc.poll() is None for c in stats):
+        while any(c.proc.poll() is None or (c.proc.returncode != 0 and not c.ended)
+                  for c in stats):
             if self.interrupted:
                 return self.interrupt()
+            for c in stats:   # killed now: restarted, it evaluates the final weights' file
+                if c.proc.poll() not in (None, 0) and not c.ended:
+                    c.ended = True
+                    outcome = self._failed(c)
+                    if outcome is not None:
+                        return outcome
+                    deadline = time.monotonic() + STATS_EXIT_TIMEOUT_S
+            stats = [c for c in self._current() if c.role == "stats"]
             if time.monotonic() > deadline:
                 # Training itself succeeded and the weights are saved; only the records
                 # (summary.csv, plots) may be incomplete, so this is a warning, not a failure.

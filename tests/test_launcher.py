@@ -48,6 +48,12 @@ FAKE_ROLE = textwrap.dedent("""
     if action.startswith("signal:"):
         time.sleep(0.2)
         os.kill(os.getpid(), int(action[7:]))
+    if action == "killed_after_end" and not (run_dir / "stats.killed").exists():
+        while not (run_dir / "ps.exited").exists():   # dies after the PS exited, once
+            time.sleep(0.05)
+        time.sleep(0.3)
+        (run_dir / "stats.killed").write_text("")
+        os.kill(os.getpid(), signal.SIGKILL)
     if action in ("sleep", "deaf"):
         time.sleep(60)
     if action in ("hang", "hang_tree"):
@@ -71,6 +77,7 @@ FAKE_ROLE = textwrap.dedent("""
             time.sleep(0.05)
         time.sleep(0.5)
         (run_dir / "ps.state.done").write_text("")
+        import atexit; atexit.register(lambda: (run_dir / "ps.exited").write_text(""))
     else:
         time.sleep(0.3)
 """)
@@ -260,6 +267,20 @@ def test_a_stats_server_that_never_finishes_is_stopped(tmp_path, fake, monkeypat
     out, err = capsys.readouterr()
     assert "the stats server did not finish within 0.5 s after training ended" in err
     assert f"run directory: {only_run_dir(tmp_path)}" in out
+    assert all(gone(p) for p in all_pids(tmp_path))
+
+
+@pytest.mark.parametrize("learner", ["ok", "slow:3"])   # gone already / still finishing
+def test_a_stats_server_killed_after_the_ps_exited_is_restarted_and_the_run_ends_well(
+        tmp_path, fake, capsys, learner):
+    """SIGKILL of the statistics server after training ended, while the launcher waits for it
+    (learner ok) or still for a learner (slow:3): restarted, it finishes, the run ends 0."""
+    fake({"stats": "killed_after_end", "learner0": learner})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}")) == 0
+    err = capsys.readouterr().err
+    assert "exited with code -9 (SIGKILL)" in err and "restarting stats (1 of at most" in err
+    rows = json.loads((only_run_dir(tmp_path) / "processes.json").read_text())
+    assert [r["role"] for r in rows].count("stats") == 2
     assert all(gone(p) for p in all_pids(tmp_path))
 
 
