@@ -541,6 +541,37 @@ def test_a_stale_ps_final_is_not_taken_for_the_final_weights(cfg, digits, tmp_pa
     assert [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "eval"] == []
 
 
+def test_a_server_started_after_the_ps_ended_evaluates_the_final_weights_and_finishes(
+        cfg, digits, tmp_path):
+    """A statistics server (re)started as or after the PS ended never gets its "done":
+    RUN/ps_final.json saying training is done (at train.epochs or later) stands for it, and
+    the final weights are evaluated from RUN/weights.npy. A ps_final.json at fewer epochs (a
+    finished run resumed to train on) is not taken for the end."""
+    from rudra_zmq.flat import FlatModel
+    from rudra_zmq.models import build_model
+
+    w = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, digits.shape,
+                              seed=cfg.model.seed)).weights.copy()
+    epochs = cfg.train.epochs
+    for run, epoch, finishes in (("ended", epochs + 0.02, True), ("resumed", epochs - 1, False)):
+        run_dir = tmp_path / run
+        run_dir.mkdir()
+        np.save(run_dir / "weights.npy", w)
+        (run_dir / "ps_final.json").write_text(json.dumps(
+            {"timestamp": 40, "epoch": epoch, "updates": 40, "done": True}))
+        with running_stats(cfg, run_dir, digits) as (server, _):
+            server.thread.join(30 if finishes else 2.5)
+            assert server.result.get("reason") == ("done" if finishes else None), run
+        evals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "eval"]
+        if finishes:
+            assert [(e["ts"], e["epoch"], e["weights"]) for e in evals] == \
+                [(40, epoch, "weights.npy")]
+            assert evals[0]["test_error"] == pytest.approx(oracle_error(server.flat, digits),
+                                                           abs=1e-9)
+        else:
+            assert evals == []
+
+
 def test_a_sender_leaving_while_the_server_is_not_reading_does_not_abort_it():
     """libzmq 4.3.5 aborts (!_io_error, stream_engine_base.cpp:310) when a socket's own
     heartbeat is due on a connection whose peer left while its queue was full and unread: seen

@@ -36,6 +36,24 @@ def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
     return w
 
 
+def final_done(run_dir, epochs: float) -> dict | None:
+    """The ``done`` record (type, ts, t, epoch) that ``run_dir/ps_final.json`` stands for when
+    it says training is done at ``epochs`` or later (a finished run resumed to train on has an
+    older one, at fewer epochs), else None (also when it is missing or unreadable). A local
+    file the PS wrote, so trusted as the PS's word. Reads one small file."""
+    path = Path(run_dir) / PS_FINAL_FILE
+    try:
+        final = json.loads(path.read_text())
+        ts, epoch = final["timestamp"], final["epoch"]
+        t = path.stat().st_mtime
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if final.get("done") is not True or not isinstance(ts, int) or isinstance(ts, bool) \
+            or not isinstance(epoch, (int, float)) or not epoch >= epochs:
+        return None
+    return {"type": "done", "ts": ts, "t": t, "epoch": float(epoch)}
+
+
 def final_record(done: dict, last_ts, last_t) -> dict:
     """The ``eval`` record's place of final weights read from the file, for the ``done``
     record ``done`` (its ts, t and epoch on the run's clock): at the time of the final update

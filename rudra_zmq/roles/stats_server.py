@@ -17,7 +17,10 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   once the final weights (at ``ts``) are evaluated, from their EVAL or, when it never comes,
   from ``RUN/weights.npy`` (``stats_final``), waiting at most ``DONE_WAIT_S`` (a ``done``
   without ``ts``: for the n EVALs it announced); then it writes ``summary.csv`` and the plots
-  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns.
+  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns. ``RUN/ps_final.json``
+  saying training is done (the PS's own file, not a message) counts as that ``done`` when no
+  ``done`` came: a server restarted as or after the PS ended never gets one
+  (``stats_final.final_done``).
 
 It prints a line when training starts (the PS's first update, with the start-up time) and one
 per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
@@ -45,7 +48,7 @@ import zmq
 from .. import kernels, plots, security, transport, wire
 from ..wire import Kind
 from .stats_file import MetricsFile, json_line
-from .stats_final import WEIGHTS_FILE, final_record, final_weights
+from .stats_final import WEIGHTS_FILE, final_done, final_record, final_weights
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
@@ -56,6 +59,7 @@ POLL_MS = 100
 DRAIN_MAX = 1000       # messages taken per wake-up before the loop looks at clocks again
 DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
 DONE_WAIT_S = 10.0     # ... and at most this long for the final weights (EVAL or file)
+FINAL_FILE_EVERY_S = 1.0   # without a "done": how often ps_final.json is looked at
 EVAL_BATCH = 500
 OWN_RECORDS = {"eval", "start", "resume"}      # written by this server only
 PS_RECORDS = {"done", "update", "ps", "members", "restart"}   # by the parameter server only
@@ -96,6 +100,7 @@ class StatsServer:
         self._done: dict | None = None   # the PS's "done" record, with its arrival
         self._evaluated: set[int] = set()  # timestamps whose evaluation this server wrote
         self._last_update: tuple = (None, None)   # (ts, t) of the newest update record
+        self._final_looked = 0.0   # when ps_final.json was last looked at (no "done" yet)
         self._tb: TensorBoardLog | None = None
         self._file: MetricsFile | None = None
         self.security, self._token = transport.security(), security.run_token()
@@ -368,7 +373,18 @@ class StatsServer:
         ``weights.npy`` (blocks for that evaluation) -- or waited for long enough. A ``done``
         without ``ts`` waits for the EVALs it announced instead."""
         if self._done is None:
-            return False
+            now = time.time()
+            if now - self._final_looked < FINAL_FILE_EVERY_S:
+                return False
+            self._final_looked = now
+            done = final_done(self.run_dir, self.cfg.train.epochs)
+            if done is None:
+                return False
+            log.info("statistics server: %s says training ended at ts %d and no 'done' has "
+                     "come (sent to a server that is gone); taking it for the 'done'",
+                     self.run_dir / "ps_final.json", done["ts"])
+            self._done = {**done, "t": round(done["t"] - self.t0, 6), "arrived": now,
+                          "sender": wire.SENDER_PS}
         waited = time.time() - self._done["arrived"]
         if waited < DONE_QUIET_S:
             return False
