@@ -64,6 +64,14 @@ def echo_lines(pipe, log_path: Path, child: "Child", prefix: str = "") -> None:
                     echo = False
 
 
+def log_size(child: Child) -> int:
+    """The size of a child's log (-1 when it cannot be read): its sign of progress."""
+    try:
+        return child.log.stat().st_size
+    except OSError:
+        return -1
+
+
 def tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
     try:
         with open(path, errors="replace") as f:

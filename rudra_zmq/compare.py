@@ -188,6 +188,33 @@ def run_summary(run_dir, label: str | None = None) -> dict:
             "between_runs_s": sum(idle for _, idle, _ in clock.breaks)}
 
 
+def result_line(run_dir) -> str | None:
+    """One line on how the run ended, from what it wrote (``compare.run_summary``); None
+    when it wrote no metrics (the stats server reports its own trouble). The test error is
+    the final weights'; where they were never evaluated, the line says so first. The
+    launcher prints it at the end of a run."""
+    try:
+        r = run_summary(run_dir)
+    except (OSError, ValueError):
+        return None
+    if r["final_error"] is None and r["last_error"] is None:
+        return "result: no test error was measured (see logs/stats.log)"
+    sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
+    startup = "" if r.get("startup_s") is None else f" (after {r['startup_s']:.1f} s of start-up)"
+    if r["resumes"] and r.get("startup_s") is not None:   # a resumed run: its gap is no training
+        startup = (f" (after {r['startup_s']:.1f} s of start-up in {r['resumes'] + 1} runs; "
+                   f"{r['between_runs_s']:.1f} s between them left out)")
+    if r["final_error"] is not None:
+        error = f"test error {100 * r['final_error']:.2f}%"
+    else:
+        error = (f"the final weights were not evaluated (see logs/stats.log); the last test "
+                 f"error measured was {100 * r['last_error']:.2f}% at epoch "
+                 f"{r['last_epoch']:.2f}")
+    return (f"result: {error} (best {100 * r['best_error']:.2f}%) after {r['epochs']:.2f} "
+            f"epochs in {r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
+            "`rudra-zmq compare` puts runs side by side")
+
+
 def compare_runs(run_dirs, out_png) -> Path | None:
     """Overlay test error vs epoch (left) and vs time since training started (right) of
     several runs, in one PNG.

@@ -38,7 +38,8 @@ import time
 
 from . import config as config_mod
 from . import preflight, security
-from .children import Child, accepting, echo_lines, kill_tree, tail
+from .compare import result_line
+from .children import Child, accepting, echo_lines, kill_tree, log_size, tail
 from .notices import LogNotices
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
@@ -171,7 +172,7 @@ class Launcher:
         timeout = self.plan.cfg.runtime.timeout_s
         heard = self.heard   # label -> (when its log last grew, its size then)
         for c in servers:
-            heard.setdefault(c.label, (time.monotonic(), _log_size(c)))
+            heard.setdefault(c.label, (time.monotonic(), log_size(c)))
         while True:
             if self.interrupted:
                 return [], self.interrupt()
@@ -185,7 +186,7 @@ class Launcher:
                 return up, None
             now = time.monotonic()
             for c in servers:
-                size = _log_size(c)
+                size = log_size(c)
                 if size != heard[c.label][1]:
                     heard[c.label] = (now, size)
                 elif now - heard[c.label][0] > timeout:
@@ -345,7 +346,7 @@ class Launcher:
         if stats[0].last_line != final:  # the stats server usually said it already
             print(final)
         print(f"logs: {self.plan.run_dir / 'logs'}")
-        outcome = _outcome(self.plan.run_dir)
+        outcome = result_line(self.plan.run_dir)
         if outcome:
             print(outcome)
         return 0
@@ -392,43 +393,7 @@ class Launcher:
                 signal.signal(s, handler)
 
 
-def _log_size(child: Child) -> int:
-    """The size of a child's log (-1 when it cannot be read): its sign of progress."""
-    try:
-        return child.log.stat().st_size
-    except OSError:
-        return -1
-
-
 # ----------------------------------------------------------------------------- entry point
-def _outcome(run_dir) -> str | None:
-    """One line on how the run ended, from what it wrote (``compare.run_summary``); None
-    when it wrote no metrics (the stats server reports its own trouble). The test error is
-    the final weights'; where they were never evaluated, the line says so first."""
-    from .compare import run_summary
-
-    try:
-        r = run_summary(run_dir)
-    except (OSError, ValueError):
-        return None
-    if r["final_error"] is None and r["last_error"] is None:
-        return "result: no test error was measured (see logs/stats.log)"
-    sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
-    startup = "" if r.get("startup_s") is None else f" (after {r['startup_s']:.1f} s of start-up)"
-    if r["resumes"] and r.get("startup_s") is not None:   # a resumed run: its gap is no training
-        startup = (f" (after {r['startup_s']:.1f} s of start-up in {r['resumes'] + 1} runs; "
-                   f"{r['between_runs_s']:.1f} s between them left out)")
-    if r["final_error"] is not None:
-        error = f"test error {100 * r['final_error']:.2f}%"
-    else:
-        error = (f"the final weights were not evaluated (see logs/stats.log); the last test "
-                 f"error measured was {100 * r['last_error']:.2f}% at epoch "
-                 f"{r['last_epoch']:.2f}")
-    return (f"result: {error} (best {100 * r['best_error']:.2f}%) after {r['epochs']:.2f} "
-            f"epochs in {r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
-            "`rudra-zmq compare` puts runs side by side")
-
-
 def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     """Launch a whole run on this machine; blocks until it ends. Returns the exit code: 0
     success, 1 a role failed, 130 interrupted. ``resume``: a run directory to continue from

@@ -86,7 +86,7 @@ def test_compare_names_a_directory_that_is_not_a_run(tmp_path, capsys):
 def test_a_run_whose_final_weights_were_never_evaluated_says_so(tmp_path, capsys):
     """ps_final.json says training ended at ts 30; the last evaluation is of ts 10: the
     table leaves final_error out and says why, and the result line says it plainly."""
-    from rudra_zmq.launcher import _outcome
+    from rudra_zmq.compare import result_line
 
     a = make_run(tmp_path / "a", "quick", "softsync", 1, "staleness",
                  evals=[(1.0, 0, 0.0, 0.9), (3.0, 10, 1.0, 0.0472)],
@@ -97,7 +97,7 @@ def test_a_run_whose_final_weights_were_never_evaluated_says_so(tmp_path, capsys
     assert out[1].split()[8] == "-"                              # final_error
     assert out[2] == ("quick: final_error -: its final weights were never evaluated (the last "
                       "evaluation, 4.72% at epoch 1.00, is not of them)")
-    line = _outcome(a)
+    line = result_line(a)
     assert line.startswith("result: the final weights were not evaluated (see logs/stats.log); "
                            "the last test error measured was 4.72% at epoch 1.00 (best 4.72%) "
                            "after 3.00 epochs in 6.0 s of training"), line
@@ -106,5 +106,5 @@ def test_a_run_whose_final_weights_were_never_evaluated_says_so(tmp_path, capsys
         f.write(json.dumps({"type": "eval", "t": 6.0, "ts": 30, "epoch": 3.0,
                             "test_error": 0.025, "test_loss": 0.1,
                             "weights": "weights.npy"}) + "\n")
-    assert _outcome(a).startswith("result: test error 2.50% (best 2.50%) after 3.00 epochs in "
+    assert result_line(a).startswith("result: test error 2.50% (best 2.50%) after 3.00 epochs in "
                                   "6.0 s of training")

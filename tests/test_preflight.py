@@ -336,8 +336,10 @@ def test_a_real_run_from_an_empty_cache_decodes_once_before_the_roles(tmp_path, 
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     assert proc.stdout.count("data: decoding") == 1 and "data: 150 images decoded" in proc.stdout
-    (npz,) = cache.rglob("*.npz")
-    # written before the run directory, and never again: no role decoded
+    # the images' cache (the PS's initial weights have one of their own beside it), written
+    # before the run directory, and never again: no role decoded
+    _, npz = datasets.image_cache(load_config(run_dir / "config.yaml").data, cache)
+    assert [p for p in cache.rglob("*.npz") if p.parent == npz.parent] == [npz]
     assert npz.stat().st_mtime_ns <= (run_dir / "config.yaml").stat().st_mtime_ns
     logs = "".join(p.read_text() for p in (run_dir / "logs").iterdir())
     assert "another process is decoding" not in logs

@@ -35,7 +35,7 @@ from zmq.utils.monitor import recv_monitor_message
 from cluster import running, small_config
 from rudra_zmq import compare, keys, security, transport, wire
 from rudra_zmq.data_order import load_data
-from rudra_zmq.launcher import _outcome
+from rudra_zmq.compare import result_line
 from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq.roles.stats_server import DONE_QUIET_S, StatsServer
@@ -313,8 +313,8 @@ def test_the_result_line_reports_where_the_ps_ended(tmp_path):
     run = forged_run(tmp_path)
     r = compare.run_summary(run)
     assert (r["epochs"], r["final_error"]) == (2.0, 0.3)
-    assert _outcome(run).startswith("result: test error 30.00% (best ")
-    assert "after 2.00 epochs" in _outcome(run)
+    assert result_line(run).startswith("result: test error 30.00% (best ")
+    assert "after 2.00 epochs" in result_line(run)
 
 
 def test_the_best_error_ignores_evals_past_where_the_ps_ended(tmp_path):
