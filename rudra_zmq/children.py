@@ -47,7 +47,7 @@ class Child:
         return f"{self.label} (pid {self.proc.pid}) {how}"
 
 
-def echo_lines(pipe, log_path: Path, child: "Child", prefix: str = "") -> None:
+def echo_lines(pipe, log_path: Path, child: Child, prefix: str = "") -> None:
     """Copy a child's stdout, line by line, to its log and to our stdout (progress display),
     there after ``prefix`` (``host:label `` under ``rudra-zmq launch``). Runs in its own
     thread until the child's stdout closes."""

@@ -75,29 +75,37 @@ def cached_classes(path: Path) -> int | None:
         return None
 
 
-def write(path: Path, ds: Dataset) -> bool:
-    """Write ``ds`` to ``path`` atomically (temporary file, fsync, rename). Returns False,
-    saying why on stderr, when the cache cannot be written (a read-only or full disk): the
-    data are in memory anyway, only the next load decodes again."""
+def save_npz(path: Path, **arrays) -> None:
+    """Write ``arrays`` to the .npz ``path`` atomically (temporary file, fsync, rename; its
+    folder made): a reader sees the old file or the whole new one, never a torn one. Raises
+    OSError (nothing left behind) when it cannot be written."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
-            np.savez(f, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test,
-                     y_test=ds.y_test, classes=np.array(ds.classes), mean=np.array(ds.mean),
-                     std=np.array(ds.std))
+            np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())   # the rename must not reach the disk before the data
         os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()   # after an error or an interrupt; gone already after the rename
+
+
+def write(path: Path, ds: Dataset) -> bool:
+    """Write ``ds`` to ``path`` atomically (:func:`save_npz`). Returns False, saying why on
+    stderr, when the cache cannot be written (a read-only or full disk): the data are in
+    memory anyway, only the next load decodes again."""
+    try:
+        save_npz(path, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test,
+                 y_test=ds.y_test, classes=np.array(ds.classes), mean=np.array(ds.mean),
+                 std=np.array(ds.std))
         return True
     except OSError as exc:
         print(f"rudra_zmq: warning: cannot write the dataset cache {path} ({exc}); the next "
               "load decodes again (set $RUDRA_ZMQ_CACHE to a writable folder)",
               file=sys.stderr)
         return False
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()   # after an error or an interrupt; gone already after the rename
 
 
 @contextlib.contextmanager
@@ -132,4 +140,12 @@ def locked(path: Path, what: str | None = None):
         os.close(fd)   # releases the lock
 
 
-__all__ = ["CACHE_VERSION", "cache_file", "read", "cached_classes", "write", "locked"]
+__all__ = [
+    "CACHE_VERSION",
+    "cache_file",
+    "cached_classes",
+    "locked",
+    "read",
+    "save_npz",
+    "write",
+]

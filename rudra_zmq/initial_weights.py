@@ -17,12 +17,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from .dataset_cache import save_npz
 from .datasets import default_cache_dir
 from .user_code import is_import_path
 
@@ -73,19 +73,10 @@ def write(cfg, shape, weights: np.ndarray, segments, signature: str) -> None:
     path = cache_path(cfg, shape)
     if path is None:
         return
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:   # a file object: np.savez would append .npz to a path
-            np.savez(f, weights=np.ascontiguousarray(weights, np.float32),
-                     segments=np.array(segments, np.float64).reshape(-1, 4),
-                     signature=np.array(signature))
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    with contextlib.suppress(OSError):
+        save_npz(path, weights=np.ascontiguousarray(weights, np.float32),
+                 segments=np.array(segments, np.float64).reshape(-1, 4),
+                 signature=np.array(signature))
 
 
-__all__ = ["cache_path", "read", "write", "CACHE_VERSION"]
+__all__ = ["CACHE_VERSION", "cache_path", "read", "write"]

@@ -38,8 +38,8 @@ import time
 
 from . import config as config_mod
 from . import preflight, security
-from .compare import result_line
 from .children import Child, accepting, echo_lines, kill_tree, log_size, tail
+from .compare import result_line
 from .notices import LogNotices
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
