@@ -40,7 +40,7 @@ from ..server_state import ServerState
 from ..sync import ProtocolViolation, Rejoin
 from ..wire import Kind
 from .ps_checkpoint import CheckpointSchedule, ToldRecord, checkpoint_dir, restore_latest
-from .ps_report import PSReport, write_final
+from .ps_report import WEIGHTS_FILE, PSReport, write_final
 from .ps_weights import make_weights_out
 from ..throttled_log import ThrottledLog
 
@@ -417,7 +417,7 @@ class ParameterServer:
         if self.stats:
             self.stats.close()
         if self.run_dir is not None:
-            np.save(self.run_dir / "weights.npy", self.state.w)
+            np.save(self.run_dir / WEIGHTS_FILE, self.state.w)
             write_final(self.run_dir, self.state)
         self.weights_out.close()
         self.sock.close(linger=transport.LINGER_MS)

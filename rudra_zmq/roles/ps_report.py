@@ -24,6 +24,7 @@ FLUSH_S = 0.5          # update records are batched this long
 RATE_EVERY_S = 1.0     # a "ps" record this often
 BATCH_ITEMS = 200      # update records per message
 PS_FINAL_FILE = "ps_final.json"   # RUN_DIR: where training ended, in the PS's own words
+WEIGHTS_FILE = "weights.npy"       # RUN_DIR: the final weights, saved before PS_FINAL_FILE
 
 
 class PSReport:
@@ -100,6 +101,23 @@ def write_final(run_dir: Path, state) -> None:
     tmp = Path(run_dir) / (PS_FINAL_FILE + ".tmp")
     tmp.write_text(json.dumps(final) + "\n")
     os.replace(tmp, Path(run_dir) / PS_FINAL_FILE)
+
+
+def read_final(run_dir) -> dict | None:
+    """``RUN_DIR/ps_final.json`` when it says training is done (``done`` true, an int
+    ``timestamp``, a number ``epoch``); None when it is missing, unreadable or says anything
+    else. Reads one small file."""
+    try:
+        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(final, dict) or final.get("done") is not True:
+        return None
+    ts, epoch = final.get("timestamp"), final.get("epoch")
+    if not isinstance(ts, int) or isinstance(ts, bool) or isinstance(epoch, bool) \
+            or not isinstance(epoch, (int, float)):
+        return None
+    return final
 
 
 def _counters(ps) -> dict:

@@ -7,14 +7,11 @@ the latter names a timestamp, the former holds the weights at it. Reads files on
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .ps_report import PS_FINAL_FILE
-
-WEIGHTS_FILE = "weights.npy"
+from .ps_report import PS_FINAL_FILE, WEIGHTS_FILE, read_final
 
 
 def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
@@ -22,11 +19,10 @@ def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
     says training ended there; None until then (or when either file is unreadable). Raises
     ValueError when the file holds something other than ``numel`` float32 values."""
     run_dir = Path(run_dir)
+    final = read_final(run_dir)
+    if final is None or final["timestamp"] != ts:
+        return None
     try:
-        final = json.loads((run_dir / PS_FINAL_FILE).read_text())
-        if not isinstance(final, dict) or final.get("timestamp") != ts or \
-                final.get("done") is not True:
-            return None
         w = np.load(run_dir / WEIGHTS_FILE, allow_pickle=False)
     except (OSError, ValueError, EOFError):
         return None
@@ -41,17 +37,14 @@ def final_done(run_dir, epochs: float) -> dict | None:
     it says training is done at ``epochs`` or later (a finished run resumed to train on has an
     older one, at fewer epochs), else None (also when it is missing or unreadable). A local
     file the PS wrote, so trusted as the PS's word. Reads one small file."""
-    path = Path(run_dir) / PS_FINAL_FILE
+    final = read_final(run_dir)
+    if final is None or not final["epoch"] >= epochs:
+        return None
     try:
-        final = json.loads(path.read_text())
-        ts, epoch = final["timestamp"], final["epoch"]
-        t = path.stat().st_mtime
-    except (OSError, ValueError, KeyError, TypeError):
+        t = (Path(run_dir) / PS_FINAL_FILE).stat().st_mtime
+    except OSError:
         return None
-    if final.get("done") is not True or not isinstance(ts, int) or isinstance(ts, bool) \
-            or not isinstance(epoch, (int, float)) or not epoch >= epochs:
-        return None
-    return {"type": "done", "ts": ts, "t": t, "epoch": float(epoch)}
+    return {"type": "done", "ts": final["timestamp"], "t": t, "epoch": float(final["epoch"])}
 
 
 def final_record(done: dict, last_ts, last_t) -> dict:
