@@ -1,10 +1,11 @@
 """The parameter server's state: what a checkpoint saves and restores, and nothing else.
 
-Weights (immutable versions), momentum and gradient sum (``update.Updater``), the sync engine
-(timestamp, pending gradients, learning-rate schedule), who registered on which connection,
-the server's incarnation, who was told to stop, and counters. Pure data and the rules that
-change it: no sockets, no sends. The serving role (``roles/ps.py``) decodes a message, calls
-one method here and sends what it returns.
+Weights (immutable versions), momentum and gradient sum (``update.Updater``) of the range of
+the model's flat vector this server serves (``span.Span``: the whole vector unless sharded),
+the sync engine (timestamp, pending gradients, learning-rate schedule), who registered on
+which connection, the server's incarnation, who was told to stop, and counters. Pure data and
+the rules that change it: no sockets, no sends. The serving role (``roles/ps.py``) decodes a
+message, calls one method here and sends what it returns.
 
 Not thread-safe: owned by the parameter server's thread.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import topology, wire
+from .span import Span
 from .sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine, learners_wait
 from .update import Updater
 from .versions import WeightVersions
@@ -38,18 +40,23 @@ class ServerState:
 
     Args:
         cfg: the run's Config.
-        weights, segments, signature: the initial flat weights, their (start, stop, lr_mult,
-            decay_mult) segments and the model signature learners must match.
+        weights, segments, signature: the model's initial flat weights, their (start, stop,
+            lr_mult, decay_mult) segments and the model signature learners must match.
         epoch_size: samples in one epoch (for the engine's epoch count).
+        span: the range of the flat vector this server serves (None: the whole vector).
+            Gradients pushed to it, the weights it sends and its checkpoints are that slice.
     """
 
-    def __init__(self, cfg, weights: np.ndarray, segments, signature: str, epoch_size: int):
+    def __init__(self, cfg, weights: np.ndarray, segments, signature: str, epoch_size: int,
+                 span: Span | None = None):
         s, o = cfg.sync, cfg.optimizer
-        self.updater = Updater(weights, segments, o)
+        self.updater = Updater(weights, segments, o, span)
         self.engine = SyncEngine(
             s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
             n=s.n, batch_size=s.batch_size, epoch_size=epoch_size)
-        self.numel = self.updater.numel
+        self.span = self.updater.span
+        self.numel = self.updater.numel          # floats served: every payload's size
+        self.model_numel = self.span.total       # the learners' model (their HELLO's numel)
         self.chunk_bytes = cfg.runtime.chunk_mib << 20   # the frames weights go out in
         self.signature = signature
         self.learners = s.learners
@@ -70,12 +77,12 @@ class ServerState:
 
     @property
     def w(self) -> np.ndarray:
-        """The current weights (never written again: safe to send zero-copy)."""
+        """The current weights of ``span`` (never written again: safe to send zero-copy)."""
         return self.updater.w
 
     def weight_frames(self) -> list[np.ndarray]:
         """The current weights as payload frames of at most ``runtime.chunk_mib`` (views, no
-        copy)."""
+        copy), in order: together they are ``span``, the first starting at ``span.lo``."""
         return wire.chunk(self.w, self.chunk_bytes)
 
     @property
@@ -104,11 +111,11 @@ class ServerState:
         elif not 0 <= sender < self.learners:
             raise ProtocolViolation(f"learner id {sender} is out of range 0.."
                                     f"{self.learners - 1} (sync.learners)")
-        if f["numel"] != self.numel or f["model"] != self.signature:
+        if f["numel"] != self.model_numel or f["model"] != self.signature:
             raise ProtocolViolation(
                 f"{who} runs a model with {f['numel']:,} parameters (signature "
-                f"{f['model']}); this server holds {self.numel:,} ({self.signature}). Is "
-                f"{who} running another model config?")
+                f"{f['model']}); this server's model has {self.model_numel:,} "
+                f"({self.signature}). Is {who} running another model config?")
         self.identities[sender] = ident
         if wire.node_id(sender) is not None:
             self.subtrees[sender] = below
@@ -229,9 +236,11 @@ class ServerState:
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> tuple[dict, dict]:
         """(arrays, meta): everything a restarted server needs, for ``checkpoint.save``. The
-        arrays are the live buffers (no copy): save them before the next update. Pure."""
+        arrays are the live buffers of ``span`` (no copy): save them before the next update;
+        meta ``numel`` is the model's size and ``range`` the span [lo, hi]. Pure."""
         u, c = self.updater, self.counters
-        meta = {"numel": self.numel, "signature": self.signature,
+        meta = {"numel": self.model_numel, "range": [self.span.lo, self.span.hi],
+                "signature": self.signature,
                 "engine": self.engine.state_dict(), "incarnations": self.incarnations,
                 "applied": {str(k): list(v) for k, v in self.applied.items()},
                 "steps": {str(k): v for k, v in self.steps.items()},
@@ -242,11 +251,19 @@ class ServerState:
 
     def restore(self, arrays: dict, meta: dict) -> None:
         """Continue from a ``snapshot`` (a checkpoint), as a new incarnation: every learner
-        must say HELLO again. Raises ValueError if the checkpoint holds another model."""
-        if meta["numel"] != self.numel or meta["signature"] != self.signature:
+        must say HELLO again. A checkpoint without a ``range`` (written before servers had
+        ranges) holds the whole vector. Raises ValueError if the checkpoint holds another
+        model or another range of it."""
+        if meta["numel"] != self.model_numel or meta["signature"] != self.signature:
             raise ValueError(f"the checkpoint holds a model of {meta['numel']:,} parameters "
-                             f"({meta['signature']}); this run's model has {self.numel:,} "
-                             f"({self.signature}): was the model config changed?")
+                             f"({meta['signature']}); this run's model has "
+                             f"{self.model_numel:,} ({self.signature}): was the model config "
+                             "changed?")
+        saved = Span.from_meta(meta.get("range"), meta["numel"])
+        if saved != self.span:
+            raise ValueError(f"the checkpoint holds range {saved} of the model's parameters; "
+                             f"this server serves range {self.span}: restore each server from "
+                             "its own range's checkpoints (was the number of servers changed?)")
         for name in ("w", "v", "acc"):
             if arrays[name].shape != (self.numel,) or arrays[name].dtype != np.float32:
                 raise ValueError(f"checkpoint array {name!r} is {arrays[name].dtype} "

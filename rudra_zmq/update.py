@@ -18,28 +18,43 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels
+from .span import Span
 from .versions import WeightVersions
 
+
 class Updater:
-    """Weights (as immutable versions), momentum ``v`` and gradient sum ``acc`` of one model.
+    """Weights (as immutable versions), momentum ``v`` and gradient sum ``acc`` of the range
+    ``span`` of one model's flat vector (the whole vector by default).
+
+    Every buffer, gradient and offset here is relative to the span: element 0 is the model's
+    element ``span.lo``. Per-element arithmetic with the segments clipped to the span makes
+    the update of a span identical to that slice of the whole-vector update.
 
     Args:
-        weights: the initial weights (copied).
-        segments: (start, stop, lr_mult, decay_mult) ranges covering the weights in order.
+        weights: the model's initial flat weights (only the span's slice is copied).
+        segments: (start, stop, lr_mult, decay_mult) ranges covering the model's weights in
+            order; kept clipped to the span (``Span.clip``).
         optimizer: the config's OptimizerConfig (momentum, weight_decay).
+        span: the range this updater owns; None for the whole vector.
     """
 
-    def __init__(self, weights: np.ndarray, segments, optimizer):
-        self.versions = WeightVersions(np.ascontiguousarray(weights, dtype=np.float32).copy())
-        self.numel = self.w.shape[0]
-        self.v = np.zeros_like(self.w)
-        self.acc = np.zeros_like(self.w)
+    def __init__(self, weights: np.ndarray, segments, optimizer, span: Span | None = None):
+        total = weights.shape[0]
         starts, stops = [a for a, *_ in segments], [b for _, b, *_ in segments]
-        if starts != [0] + stops[:-1] or stops[-1] != self.numel:
+        if starts != [0] + stops[:-1] or stops[-1] != total:
             # the update writes a fresh buffer: a gap would leave garbage in the new weights
             raise ValueError(f"parameter segments {list(zip(starts, stops))[:4]}... must cover "
-                             f"0..{self.numel} in order without gaps")
-        self.segments = segments
+                             f"0..{total} in order without gaps")
+        self.span = Span.whole(total) if span is None else span
+        if self.span.total != total:
+            raise ValueError(f"range {self.span} is of another vector than the model's "
+                             f"{total:,} weights: was it planned for another model?")
+        own = weights[self.span.lo:self.span.hi]
+        self.versions = WeightVersions(np.ascontiguousarray(own, dtype=np.float32).copy())
+        self.numel = self.span.numel
+        self.v = np.zeros_like(self.w)
+        self.acc = np.zeros_like(self.w)
+        self.segments = self.span.clip(segments)
         self.optimizer = optimizer
 
     @property
@@ -60,7 +75,7 @@ class Updater:
             off += n
 
     def step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
-        """One update from gradient ``sources`` (contiguous pieces covering the model, e.g.
+        """One update from gradient ``sources`` (contiguous pieces covering the span, e.g.
         ``[self.acc]`` with ``zero_acc``, or received frames): the new weights go to a free
         buffer, which then becomes the current version; one kernel call per piece and
         parameter segment they share. Does not block beyond the kernels."""

@@ -5,9 +5,16 @@ A checkpoint is written after an update once ``train.checkpoint_every_s`` second
 ``train.checkpoint_every_updates`` updates have passed since the last one (either may be 0:
 off), when training completes (before the first STOP), and at the end if anything changed
 since. Which learners were told STOP after that is kept beside it (``ToldRecord``): a PS
-restarted by the same launcher does not wait for learners that have already gone. It is the ``ServerState.snapshot()``; ``checkpoint.py`` makes it atomic
-and verified. Writing blocks the serving thread (the weights must not change while they are
-written): its cost is measured in ``bench/RESULTS.md`` (checkpoint cost).
+restarted by the same launcher does not wait for learners that have already gone. It is the
+``ServerState.snapshot()``; ``checkpoint.py`` makes it atomic and verified. Writing blocks the
+serving thread (the weights must not change while they are written): its cost is measured in
+``bench/RESULTS.md`` (checkpoint cost).
+
+Each server keeps its own directory (``checkpoint_dir``): the one serving the whole vector
+``RUN_DIR/checkpoints/`` (as always), one serving a range ``[lo, hi)`` of a sharded run
+``RUN_DIR/checkpoints/range-LO-HI/``. A checkpoint records its range and restores only into a
+server of the same range (``ServerState.restore``); a server that finds none of its own but
+another range's refuses to start afresh (``restore_latest``).
 
 Not thread-safe: owned by the parameter server's thread.
 """
@@ -17,20 +24,35 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
 from .. import checkpoint, security
+from ..span import Span
 
 log = logging.getLogger("rudra_zmq.ps")
 
 
 TOLD_FILE = "told.json"   # in the checkpoint directory: learners told STOP (ToldRecord)
+_RANGE_DIR = re.compile(r"range-(\d+)-(\d+)")
 
 
-def checkpoint_dir(run_dir) -> Path:
-    """Where a run keeps its checkpoints."""
-    return Path(run_dir) / "checkpoints"
+def checkpoint_dir(run_dir, span: Span | None = None) -> Path:
+    """Where the server of ``span`` (None or the whole vector: the only server) keeps its
+    checkpoints in ``run_dir``."""
+    root = Path(run_dir) / "checkpoints"
+    return root if span is None or span.is_whole else root / f"range-{span.lo}-{span.hi}"
+
+
+def saved_ranges(root: Path) -> list[tuple[int, int] | None]:
+    """The ranges (lo, hi) with checkpoints under the checkpoint directory ``root``, None for
+    the whole vector (checkpoints in ``root`` itself). Blocks (lists directories)."""
+    found = [None] if checkpoint.list_checkpoints(root) else []
+    if root.is_dir():
+        found += sorted((int(m[1]), int(m[2])) for p in root.iterdir()
+                        if (m := _RANGE_DIR.fullmatch(p.name)) and checkpoint.list_checkpoints(p))
+    return found
 
 
 class CheckpointSchedule:
@@ -68,14 +90,24 @@ class CheckpointSchedule:
 
 
 def restore_latest(state, directory: Path) -> Path | None:
-    """Continue ``state`` from the newest valid checkpoint in ``directory``; returns its path,
-    or None if there is none. Raises checkpoint.CheckpointError if none is valid, ValueError
-    if it holds another model. Blocks (reads the files)."""
+    """Continue ``state`` from the newest valid checkpoint in ``directory`` (its range's
+    ``checkpoint_dir``); returns its path, or None if the run has no checkpoints. Raises
+    checkpoint.CheckpointError if none is valid, ValueError if it holds another model or
+    range, or if there are none for ``state.span`` but some for other ranges of the run (a
+    resumed run sharded otherwise would silently start afresh). Blocks (reads the files)."""
     ck = checkpoint.load_latest(directory)
-    if ck is None:
-        return None
-    state.restore(ck.arrays, ck.meta)
-    return ck.path
+    if ck is not None:
+        state.restore(ck.arrays, ck.meta)
+        return ck.path
+    root = directory if state.span.is_whole else directory.parent
+    others = saved_ranges(root)
+    if others:
+        names = ", ".join("the whole vector" if r is None else f"[{r[0]:,}, {r[1]:,})"
+                          for r in others)
+        raise ValueError(f"{root} holds checkpoints of range {names} but none of range "
+                         f"{state.span} that this server serves: restore each server from its "
+                         "own range's checkpoints (was the number of servers changed?)")
+    return None
 
 
 def launch_session() -> str | None:
