@@ -3,7 +3,8 @@
 
 Every kernel:
 - works in place on 1-D C-contiguous float32 or float64 NumPy arrays (all arguments of one call
-  share the dtype and length); inputs are ``const`` so read-only buffers, such as
+  share the dtype and length), except the half-precision kernels of ``_kernels_half.pxi``
+  (float16 or bfloat16 against float32, see there); inputs are ``const`` so read-only buffers, such as
   ``np.frombuffer(zmq_frame, np.float32)``, are accepted;
 - checks its arguments with the GIL held and raises ``ValueError``/``TypeError`` naming the bad
   size, dtype or flag before anything is written;
@@ -384,3 +385,6 @@ def sgd_step(w, acc, double lr, double weight_decay=0.0, double g_scale=1.0,
         _sgd[float](out, w, acc, lr, weight_decay, g_scale)
     else:
         _sgd[double](out, w, acc, lr, weight_decay, g_scale)
+
+
+include "_kernels_half.pxi"

@@ -3,6 +3,8 @@
 There is no pure-Python fallback: the parameter server's speed rests on these one-pass,
 GIL-releasing loops, so a missing extension is an import error that says how to build it.
 NumPy twins of every kernel live in ``rudra_zmq/benchmarks/numpy_twins.py`` (test oracle, benchmark baseline).
+The half-precision kernels (``*_f16``, ``*_bf16``: float16, or bfloat16 as uint16 bits, against
+float32) serve ``rudra_zmq.codec``; every kernel releases the GIL and never allocates.
 """
 try:
     from . import _kernels
@@ -19,6 +21,12 @@ scale = _kernels.scale
 copy_into = _kernels.copy_into
 sgd_momentum_step = _kernels.sgd_momentum_step
 sgd_step = _kernels.sgd_step
+accumulate_f16 = _kernels.accumulate_f16
+accumulate_bf16 = _kernels.accumulate_bf16
+widen_f16 = _kernels.widen_f16
+widen_bf16 = _kernels.widen_bf16
+narrow_f16 = _kernels.narrow_f16
+narrow_bf16 = _kernels.narrow_bf16
 set_num_threads = _kernels.set_num_threads
 get_num_threads = _kernels.get_num_threads
 set_parallel_threshold = _kernels.set_parallel_threshold
@@ -27,6 +35,7 @@ openmp_enabled = _kernels.openmp_enabled
 
 __all__ = [
     "accumulate", "accumulate_scaled", "scale", "copy_into", "sgd_momentum_step", "sgd_step",
+    "accumulate_f16", "accumulate_bf16", "widen_f16", "widen_bf16", "narrow_f16", "narrow_bf16",
     "set_num_threads", "get_num_threads", "set_parallel_threshold", "get_parallel_threshold",
     "openmp_enabled",
 ]

@@ -38,3 +38,37 @@ def sgd_step(w, acc, lr, weight_decay=0.0, g_scale=1.0, zero_acc=False):
     w -= t(lr) * (t(g_scale) * acc + t(weight_decay) * w)
     if zero_acc:
         acc[:] = 0
+
+
+# Half precision. NumPy has no bfloat16: it travels as uint16 bit patterns (the top half of a
+# float32), so its twins work on the bits; float16 is NumPy's own (casts round to nearest even).
+def bf16_to_f32(bits):
+    """bfloat16 bit patterns (uint16) as a new float32 array (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def accumulate_f16(acc, g, s=1.0):
+    acc += np.float32(s) * g.astype(np.float32)
+
+
+def accumulate_bf16(acc, g, s=1.0):
+    acc += np.float32(s) * bf16_to_f32(g)
+
+
+def widen_f16(dst, src):
+    np.copyto(dst, src)
+
+
+def widen_bf16(dst, src):
+    np.copyto(dst, bf16_to_f32(src))
+
+
+def narrow_f16(dst, src):
+    np.copyto(dst, src, casting="same_kind")
+
+
+def narrow_bf16(dst, src):
+    bits = src.view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16   # nearest, ties even
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    np.copyto(dst, np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16))
