@@ -55,6 +55,11 @@ class NodeState:
         return self.clock.timestamp
 
     @property
+    def done(self) -> bool:
+        """Whether the parent said STOP (training is over): every request is answered STOP."""
+        return self.stop_reason is not None
+
+    @property
     def finished(self) -> bool:
         """Whether the parent said STOP and every learner below was told."""
         return self.stop_reason is not None and self.stopped >= self.spec.subtree
@@ -76,6 +81,10 @@ class NodeState:
         self.identities[msg.sender] = ident
         self.subtrees[msg.sender] = below
         return first
+
+    def refused(self) -> None:
+        """Count one refused request (bad wire data or a protocol violation)."""
+        self.invalid += 1
 
     def check_sender(self, ident: bytes, msg: wire.Message) -> None:
         """Raise ProtocolViolation unless ``msg`` comes from a registered child on its own

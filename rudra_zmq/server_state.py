@@ -138,6 +138,16 @@ class ServerState:
         below = self.subtrees.get(sender) or {sender}
         return bool(below & self.engine.pending_learners)
 
+    def heard(self, sender: int, now: float) -> None:
+        """``sender`` sent a request, or was answered one it waited for, at ``now``: a
+        learner's silence (``silent``) starts here. Tree nodes are not watched."""
+        if sender >= 0:
+            self.last_heard[sender] = now
+
+    def refused(self) -> None:
+        """Count one refused request (bad wire data or a protocol violation)."""
+        self.counters.invalid += 1
+
     def join(self, sender: int, now: float):
         """A registered learner becomes a member again (elastic λ); returns True if it was
         out (λ changed). Tree nodes are not members: the learners below them are."""

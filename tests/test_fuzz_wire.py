@@ -334,7 +334,9 @@ def test_a_refused_hello_does_not_count_as_hearing_from_that_learner(make_ps):
 
 def test_an_error_reply_is_a_message_the_peer_can_decode(make_ps):
     ps, sent = make_ps(), []
-    ps.send = lambda ident, kind, payloads=(), **f: sent.append(wire.encode(kind, -1, 1, **f))
+    # refusals are sent by the PS's request path (serving.py)
+    ps.serving.send = lambda ident, kind, payloads=(), **f: sent.append(
+        wire.encode(kind, -1, 1, **f))
     for v in ([0] * 30_000, "\x00" * 16_384):   # 16-30 KiB headers, refused
         ps.handle([b"x", msgpack.packb({"v": v})])
     assert len(sent) == 2

@@ -4,8 +4,9 @@ One thread owns the ROUTER socket and the ``ServerState`` (weights, momentum, su
 engine, registrations), so the update needs no lock; the heavy work runs in the compiled
 kernels with the GIL released. ZeroMQ's I/O thread moves the bytes.
 
-Every request is validated by ``wire.decode`` and the state's checks before anything changes;
-a refused request gets an ERROR reply and leaves the weights bit-identical. Handlers:
+Every request takes the servers' one request path (``serving.py``: decode, authorise, the
+state's sender check, STOP once training is over) before anything changes; a refused request
+gets an ERROR reply and leaves the weights bit-identical. Handlers:
 
 - HELLO: register the learner or tree node (model signature and size checked), reply WELCOME
   with the weights;
@@ -14,7 +15,8 @@ a refused request gets an ERROR reply and leaves the weights bit-identical. Hand
   an update; the reply comes from the way this run hands out weights (``ps_weights.py``):
   weights in replies, or ACK and the learners' broadcast (Rudra-adv*);
 - PULL: weights if newer, else UPTODATE, or (hardsync) parked until the next update;
-- BYE: the sender leaves (a tree node's BYE covers the learners below it).
+- BYE (answered by ``serving.py``): the sender leaves (a tree node's BYE covers the learners
+  below it).
 
 Failures (``docs/fault-tolerance.md``): a gradient sent again (same sequence number) is
 answered as before and applied once; a learner silent for ``runtime.learner_timeout_s`` is
@@ -37,12 +39,12 @@ import zmq
 from .. import kernels, transport, wire
 from ..notices import notice
 from ..server_state import ServerState
-from ..sync import ProtocolViolation, Rejoin
+from ..throttled_log import ThrottledLog
 from ..wire import Kind
 from .ps_checkpoint import CheckpointSchedule, ToldRecord, checkpoint_dir, restore_latest
 from .ps_report import WEIGHTS_FILE, PSReport, write_final
 from .ps_weights import make_weights_out
-from ..throttled_log import ThrottledLog
+from .serving import Serving
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -50,7 +52,6 @@ WAIT_MS = 100   # the longest the serving loop waits in libzmq before looking at
 EVICT_CHECK_S = 0.1   # how often the loop looks for silent learners (not per message)
 WAIT_NOTE_S = 3.0     # training done this long with learners not yet told: say so
 OVER_STATS_WAIT_MS = 3000   # restarted after training ended: the stats server may be gone
-_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
 
 
 def initial_model(cfg):
@@ -152,7 +153,6 @@ class ParameterServer:
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats)
         self.warn = ThrottledLog(log)
-        self.security = transport.security()
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
         while self._next_eval_epoch <= self.state.engine.epoch:   # resumed: the next one due
             self._next_eval_epoch += cfg.train.eval_every_epochs
@@ -160,9 +160,13 @@ class ParameterServer:
         self._learner_timeout = cfg.runtime.learner_timeout_s
         self._done_at: float | None = None   # when training ended (for the waiting note)
         self._noted_waiting = False
-        self.handlers = {Kind.HELLO: self.on_hello, Kind.PUSH: self.on_gradient,
-                         Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient,
-                         Kind.PULL: self.on_pull, Kind.BYE: self.on_bye}
+        self.serving = Serving(
+            self.sock, wire.SENDER_PS, self.state,
+            {Kind.HELLO: self.on_hello, Kind.PUSH: self.on_gradient,
+             Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient,
+             Kind.PULL: self.on_pull},
+            send=self.send, stop=self._stop, learners=self.state.learners, log=log,
+            heard=self.state.heard)
 
     # ------------------------------------------------------------------ sending
     def send(self, ident: bytes, kind: Kind, payloads=(), **fields) -> None:
@@ -180,15 +184,6 @@ class ParameterServer:
             self.warn.warning(("undelivered", ident), "could not reply %s to %r: %s",
                              kind.name, ident, exc)
 
-    def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
-        self.state.counters.invalid += 1
-        self.warn.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
-                         message)
-        self.send(ident, Kind.ERROR, code=code, error=message,
-                  **({} if re is None else {"re": re}))
-
-
-
     def _stop(self, ident: bytes, sender: int, seq: int) -> None:
         self.state.mark_stopped(sender)
         if self.told is not None:
@@ -198,44 +193,15 @@ class ParameterServer:
 
     # ------------------------------------------------------------------ handlers
     def handle(self, frames) -> None:
-        """Process one ROUTER message (routing id first). Never raises for bad input."""
-        if len(frames) < 2:
-            return  # no routing id + header: nothing to answer
-        ident = bytes(frames[0])
-        try:
-            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.state.numel,
-                              learners=self.state.learners)
-        except wire.WireError as exc:
-            self._refuse(ident, "unknown sender", exc.code, str(exc))
-            return
-        if self.security is not None and not self.security.may_speak(frames[1], msg.sender):
-            self._refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
-                         f"as {wire.sender_name(msg.sender)}", re=msg.seq)
-            return
-        try:
-            if msg.kind != Kind.HELLO:
-                self.state.check_sender(ident, msg)
-            if msg.sender >= 0 and msg.kind != Kind.HELLO:   # a HELLO counts once accepted
-                self.state.last_heard[msg.sender] = time.time()
-            if self.state.done and msg.kind != Kind.HELLO:   # a HELLO is checked first
-                self._stop(ident, msg.sender, msg.seq)
-                return
-            self.handlers[msg.kind](ident, msg)
-        except ProtocolViolation as exc:
-            code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
-            self._refuse(ident, msg.sender, code, str(exc), re=msg.seq)
+        """Process one ROUTER message (routing id first) down the request path
+        (``Serving.handle``). Never raises for bad input."""
+        self.serving.handle(frames)
 
     def on_hello(self, ident: bytes, msg: wire.Message) -> None:
         """Register the sender (a learner rejoins at the current timestamp) and send it the
         weights. Under hardsync a learner whose gradient is in the pending update gets its
         WELCOME with the next version (it would otherwise push twice for this one)."""
         st = self.state
-        old = st.identities.get(msg.sender)
-        if old is not None and old != ident and transport.peer_connected(self.sock, old, wire.SENDER_PS):   # not evicted
-            self._refuse(ident, msg.sender, "in_use", f"{wire.sender_name(msg.sender)} is "
-                         "connected already (is a second one running with this id?)",
-                         re=msg.seq)
-            return
         lost = st.counters.lost_updates
         st.register(ident, msg)
         if st.counters.lost_updates > lost:
@@ -286,15 +252,10 @@ class ParameterServer:
         """Weights if newer, else UPTODATE or parked (see ``ps_weights``)."""
         self.weights_out.pull(ident, msg)
 
-    def on_bye(self, ident: bytes, msg: wire.Message) -> None:
-        """The sender leaves cleanly."""
-        self.state.mark_stopped(msg.sender)
-        self.send(ident, Kind.ACK, re=msg.seq)
-
     def _after_update(self, update) -> None:
         now = time.time()
         for sender in self.weights_out.waiting:   # answered now: its silence starts here
-            self.state.last_heard[sender] = now
+            self.state.heard(sender, now)
         self.metrics.update(update)
         if self.state.done and self.checkpoints is not None:
             self.checkpoints.save(self.state)   # training is over: durable before any STOP

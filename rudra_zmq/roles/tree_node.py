@@ -29,14 +29,13 @@ import zmq
 
 from .. import transport, wire
 from ..node_state import NodeState
-from ..sync import ProtocolViolation, Rejoin, learners_wait
-from ..wire import Kind
+from ..sync import ProtocolViolation, learners_wait
 from ..throttled_log import ThrottledLog
+from ..wire import Kind
 from .leaf_shm import LeafShm
+from .serving import Serving
 
 log = logging.getLogger("rudra_zmq.tree_node")
-
-_REQUESTS = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY}
 
 
 class ChildWeights:
@@ -116,10 +115,12 @@ class TreeNode:
         self.retry_s = cfg.runtime.retry_s
         self._seq = 0
         self.warn = ThrottledLog(log)
-        self.security = transport.security()
-        self.handlers = {Kind.HELLO: self.on_hello, Kind.PULL: self.on_pull,
-                         Kind.BYE: self.on_bye, Kind.PUSH: self.on_gradient,
-                         Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient}
+        self.serving = Serving(
+            self.sock, self.sender, self.state,
+            {Kind.HELLO: self.on_hello, Kind.PULL: self.on_pull, Kind.PUSH: self.on_gradient,
+             Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient},
+            send=self._send, stop=self._stop, learners=self.lam, log=log,
+            slots=self.shared is not None)
 
     @property
     def ts(self) -> int:
@@ -136,54 +137,19 @@ class TreeNode:
             self.warn.warning(("undelivered", ident), "could not send %s to %r: %s",
                              kind.name, ident, exc)
 
-    def _refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
-        self.state.invalid += 1
-        self.warn.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
-                         message)
-        self._send(ident, Kind.ERROR, code=code, error=message,
-                   **({} if re is None else {"re": re}))
-
     def _stop(self, ident: bytes, sender: int, re: int) -> None:
         self.state.mark_stopped(sender)
         self._send(ident, Kind.STOP, reason=self.state.stop_reason, re=re)
 
     def handle(self, frames) -> None:
-        """Process one message from a child (routing id first). Never raises for bad input."""
-        if len(frames) < 2:
-            return
-        ident = bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
-        try:
-            msg = wire.decode(frames[1:], kinds=_REQUESTS, numel=self.state.numel,
-                              learners=self.lam, slots=self.shared is not None)
-        except wire.WireError as exc:
-            self._refuse(ident, "unknown sender", exc.code, str(exc))
-            return
-        if self.security is not None and not self.security.may_speak(frames[1], msg.sender):
-            self._refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
-                         f"as {wire.sender_name(msg.sender)}", re=msg.seq)
-            return
-        try:
-            if msg.kind != Kind.HELLO:
-                self.state.check_sender(ident, msg)
-            if self.state.stop_reason is not None and msg.kind != Kind.HELLO:
-                self._stop(ident, msg.sender, msg.seq)   # a HELLO is checked first
-                return
-            self.handlers[msg.kind](ident, msg)
-        except ProtocolViolation as exc:
-            code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
-            self._refuse(ident, msg.sender, code, str(exc), re=msg.seq)
+        """Process one message from a child (routing id first) down the request path
+        (``Serving.handle``). Never raises for bad input."""
+        self.serving.handle(frames)
 
     def on_hello(self, ident: bytes, msg: wire.Message) -> None:
         """Register the child; the first one makes the node say HELLO upstream. Answered
         once the parent's WELCOME is here."""
         st = self.state
-        old = st.identities.get(msg.sender)
-        if old is not None and old != ident and transport.peer_connected(self.sock, old,
-                                                                         self.sender):
-            self._refuse(ident, msg.sender, "in_use", f"{wire.sender_name(msg.sender)} is "
-                         "connected already (is a second one running with this id?)",
-                         re=msg.seq)
-            return
         first = st.register(ident, msg)
         if st.stop_reason is not None:   # after training: a planned child is told STOP
             self._stop(ident, msg.sender, msg.seq)
@@ -215,11 +181,6 @@ class TreeNode:
             self.children_out.answer(ident, Kind.PULL, msg.ts, msg.seq)
         else:
             self.state.parked.append((ident, msg.sender, msg.ts, msg.seq))
-
-    def on_bye(self, ident: bytes, msg: wire.Message) -> None:
-        """The child leaves (a child node's BYE covers the learners below it)."""
-        self.state.mark_stopped(msg.sender)
-        self._send(ident, Kind.ACK, re=msg.seq)
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
         """PUSH/PUSHPULL from a learner or RELAY from a child node: into the pending sum."""

@@ -1,0 +1,111 @@
+"""The request path of the servers learners talk to: the PS (``ps.py``) and the tree node
+(``tree_node.py``), each of which holds one :class:`Serving` and gives it its handlers.
+
+One ROUTER message goes::
+
+    wire.decode -> authorise (the connection's key may speak as the sender)
+      HELLO:  the id must not be held by another live connection ("in_use") -> handlers[HELLO]
+      others: state.check_sender -> heard -> STOP once training is over -> handlers[kind]
+              (BYE is answered here: ACK, the sender marked stopped)
+
+A bad message, or a ``ProtocolViolation`` raised by the state or a handler, is refused: an
+ERROR reply with a code and a text that says what was wrong (the texts are here), counted by
+``state.refused()`` and logged at most once per sender and code every few seconds. Nothing the
+peer sends makes ``handle`` raise.
+
+The state gives ``numel``, ``identities``, ``done``, ``check_sender(ident, msg)``,
+``mark_stopped(sender)`` and ``refused()``; the server gives ``send(ident, kind, payloads=(),
+**fields)`` and ``stop(ident, sender, seq)``. Not thread-safe: owned by the server's thread.
+"""
+from __future__ import annotations
+
+import time
+
+from .. import transport, wire
+from ..sync import ProtocolViolation, Rejoin
+from ..throttled_log import ThrottledLog
+from ..wire import Kind
+
+REQUESTS = frozenset({Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY})
+
+
+class Serving:
+    """The request path of the server whose ROUTER socket is ``sock``, speaking as ``me``.
+
+    Args:
+        sock: the server's ROUTER socket (read by the server's loop, asked here whether a
+            peer is still connected).
+        me: the server's sender id (``wire.SENDER_PS`` or ``wire.node_sender(k)``).
+        state: the server's state (``ServerState`` or ``NodeState``).
+        handlers: Kind -> handler(ident, msg) for HELLO, PUSH, PUSHPULL, RELAY and PULL.
+        send, stop: the server's reply and its STOP (which marks the sender stopped).
+        learners: λ, the bound on learner ids the wire checks.
+        log: the server's logger (refusals are warnings there).
+        heard: called (sender, now) for each request that passed the sender check, or None.
+        slots: accept gradients in shared-memory slots (a leaf with ``architecture.leaf_shm``).
+    """
+
+    def __init__(self, sock, me: int, state, handlers: dict, *, send, stop, learners: int,
+                 log, heard=None, slots: bool = False):
+        self.sock, self.me, self.state = sock, me, state
+        self.handlers = {**handlers, Kind.BYE: self.bye}
+        self.send, self.stop, self.heard = send, stop, heard
+        self.learners, self.slots = learners, slots
+        self.warn = ThrottledLog(log)
+        self.security = transport.security()
+
+    def handle(self, frames) -> None:
+        """Take one ROUTER message (routing id first) down the request path. Never raises for
+        bad input; does not block beyond the handler."""
+        if len(frames) < 2:
+            return   # no routing id + header: nothing to answer
+        ident = bytes(frames[0])
+        try:
+            msg = wire.decode(frames[1:], kinds=REQUESTS, numel=self.state.numel,
+                              learners=self.learners, slots=self.slots)
+        except wire.WireError as exc:
+            self.refuse(ident, "unknown sender", exc.code, str(exc))
+            return
+        if self.security is not None and not self.security.may_speak(frames[1], msg.sender):
+            self.refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
+                        f"as {wire.sender_name(msg.sender)}", re=msg.seq)
+            return
+        try:
+            if msg.kind == Kind.HELLO:   # checked by its handler (a HELLO counts once accepted)
+                if self._in_use(ident, msg.sender):
+                    self.refuse(ident, msg.sender, "in_use", f"{wire.sender_name(msg.sender)} "
+                                "is connected already (is a second one running with this id?)",
+                                re=msg.seq)
+                    return
+            else:
+                self.state.check_sender(ident, msg)
+                if self.heard is not None:
+                    self.heard(msg.sender, time.time())
+                if self.state.done:
+                    self.stop(ident, msg.sender, msg.seq)
+                    return
+            self.handlers[msg.kind](ident, msg)
+        except ProtocolViolation as exc:
+            code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
+            self.refuse(ident, msg.sender, code, str(exc), re=msg.seq)
+
+    def _in_use(self, ident: bytes, sender: int) -> bool:
+        """Whether another connection that is still up holds ``sender`` (one evicted or gone
+        is taken over by the new HELLO)."""
+        old = self.state.identities.get(sender)
+        return old is not None and old != ident and transport.peer_connected(self.sock, old,
+                                                                             self.me)
+
+    def refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
+        """Answer ERROR x{code, error} (x{re} when the request's seq is known); count and log
+        it. Nothing else changes."""
+        self.state.refused()
+        self.warn.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
+                          message)
+        self.send(ident, Kind.ERROR, code=code, error=message,
+                  **({} if re is None else {"re": re}))
+
+    def bye(self, ident: bytes, msg: wire.Message) -> None:
+        """BYE: the sender leaves cleanly (a tree node's BYE covers the learners below it)."""
+        self.state.mark_stopped(msg.sender)
+        self.send(ident, Kind.ACK, re=msg.seq)

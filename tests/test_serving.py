@@ -1,0 +1,75 @@
+"""The servers' one request path (roles/serving.py) on its own: a real ServerState, recorded
+handlers and replies, no sockets."""
+import logging
+
+import msgpack
+import numpy as np
+
+from cluster import small_config
+from rudra_zmq import wire
+from rudra_zmq.roles.serving import Serving
+from rudra_zmq.server_state import ServerState
+from rudra_zmq.sync import ProtocolViolation
+from rudra_zmq.wire import Kind
+
+N, SIG = 12, "sig"
+
+
+def path(*overrides):
+    """(serving, what it did): handlers, replies, STOPs and heard senders recorded in order."""
+    cfg = small_config(*overrides)
+    st = ServerState(cfg, np.zeros(N, np.float32), [(0, N, 1.0, 1.0)], SIG, epoch_size=64)
+    did = []
+
+    def handler(ident, msg):
+        did.append(("handler", msg.kind, msg.sender))
+        if msg.kind == Kind.HELLO:
+            st.register(ident, msg)
+        elif msg.fields.get("wait"):
+            raise ProtocolViolation("this handler refuses a waiting pull")
+
+    serving = Serving(None, wire.SENDER_PS, st, {k: handler for k in (
+        Kind.HELLO, Kind.PUSH, Kind.PUSHPULL, Kind.RELAY, Kind.PULL)},
+        send=lambda ident, kind, payloads=(), **f: did.append(("send", kind, f.get("code"))),
+        stop=lambda ident, sender, seq: did.append(("stop", sender, seq)),
+        learners=st.learners, log=logging.getLogger("test_serving"),
+        heard=lambda sender, now: did.append(("heard", sender)))
+    return serving, st, did
+
+
+def request(serving, ident, kind, sender, seq, payloads=(), **fields):
+    serving.handle([ident, *wire.encode(kind, sender, seq, 0, 0, list(payloads), **fields)])
+
+
+def test_each_request_is_checked_then_dispatched_and_a_refusal_is_an_error_counted_once():
+    serving, st, did = path("sync.learners=2")
+    serving.handle([b"a", msgpack.packb({"v": 1})])                  # not a header
+    request(serving, b"a", Kind.PULL, 0, 1, wait=False)               # before its HELLO
+    request(serving, b"a", Kind.HELLO, 0, 2, model=SIG, numel=N)
+    request(serving, b"a", Kind.PULL, 0, 3, wait=False)
+    request(serving, b"b", Kind.PULL, 0, 4, wait=False)               # another connection
+    request(serving, b"a", Kind.PULL, 0, 5, wait=True)                # the handler refuses it
+    assert did == [("send", Kind.ERROR, "bad_header"), ("send", Kind.ERROR, "rejoin"),
+                   ("handler", Kind.HELLO, 0),
+                   ("heard", 0), ("handler", Kind.PULL, 0),
+                   ("send", Kind.ERROR, "rejoin"),
+                   ("heard", 0), ("handler", Kind.PULL, 0), ("send", Kind.ERROR, "protocol")]
+    assert st.counters.invalid == 4
+
+
+def test_once_training_is_over_a_checked_request_is_told_stop_and_a_hello_still_dispatched():
+    serving, st, did = path("sync.learners=2")
+    request(serving, b"a", Kind.HELLO, 0, 1, model=SIG, numel=N)
+    st.done = True
+    request(serving, b"a", Kind.PUSHPULL, 0, 2, [np.ones(N, np.float32)], wait=False)
+    request(serving, b"b", Kind.PULL, 0, 3, wait=False)               # not checked: refused
+    request(serving, b"b", Kind.HELLO, 1, 4, model=SIG, numel=N)
+    assert did == [("handler", Kind.HELLO, 0), ("heard", 0), ("stop", 0, 2),
+                   ("send", Kind.ERROR, "rejoin"), ("handler", Kind.HELLO, 1)]
+
+
+def test_bye_is_answered_ack_and_marks_the_sender_stopped():
+    serving, st, did = path("sync.learners=2")
+    request(serving, b"a", Kind.HELLO, 1, 1, model=SIG, numel=N)
+    request(serving, b"a", Kind.BYE, 1, 2)
+    assert did[-1] == ("send", Kind.ACK, None) and st.stopped == {1}
