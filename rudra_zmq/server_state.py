@@ -114,8 +114,8 @@ class ServerState:
         if f["numel"] != self.model_numel or f["model"] != self.signature:
             raise ProtocolViolation(
                 f"{who} runs a model with {f['numel']:,} parameters (signature "
-                f"{f['model']}); this server's model has {self.model_numel:,} "
-                f"({self.signature}). Is {who} running another model config?")
+                f"{f['model']}); this server holds {self.model_numel:,} ({self.signature}). "
+                f"Is {who} running another model config?")
         self.identities[sender] = ident
         if wire.node_id(sender) is not None:
             self.subtrees[sender] = below

@@ -102,7 +102,7 @@ def test_servers_over_the_ranges_of_a_split_together_hold_the_whole_vector_state
 def test_a_range_server_accepts_the_models_learners_and_refuses_another_size():
     st = state(Span(3, 10, N))
     hello(st, 0)                          # a learner says the model's size, not the range's
-    with pytest.raises(ProtocolViolation, match="7 parameters .* has 12"):
+    with pytest.raises(ProtocolViolation, match="7 parameters .* holds 12"):
         hello(st, 1, numel=7)
 
 
