@@ -14,7 +14,7 @@ import secrets
 
 import numpy as np
 
-from . import kernels, topology, wire
+from . import codec, topology, wire
 from .sync import ProtocolViolation, Rejoin, RelayClock
 
 
@@ -122,21 +122,18 @@ class NodeState:
         return msg.clock
 
     def add(self, ident: bytes, msg: wire.Message, entries, pieces) -> None:
-        """Add a child's gradient (contiguous ``pieces``) to the pending sum. Raises
-        ProtocolViolation before the sum is touched. Does not block beyond the kernels."""
+        """Add a child's gradient (contiguous ``pieces``: frames of any model dtype, or a
+        float32 shared slot) to the pending sum. Raises ProtocolViolation before the sum is
+        touched. Does not block beyond the kernels."""
         if self.advstar:  # the learner's version came by broadcast; the root checks it
             self.clock.timestamp = max(self.clock.timestamp, max(t for _, t in entries))
         self.clock.add(entries)
         if self._sum is None:
             self._sum, self._spare = (np.empty(self.numel, np.float32) for _ in range(2))
-        off = 0
-        for part in pieces:
-            n = part.shape[0]
-            if self._summed:
-                kernels.accumulate(self._sum[off:off + n], part)
-            else:  # the first gradient of this sum: a copy instead of zeroing, then adding
-                kernels.copy_into(self._sum[off:off + n], part)
-            off += n
+        if self._summed:
+            codec.add(self._sum, pieces)
+        else:  # the first gradient of this sum: a copy instead of zeroing, then adding
+            codec.load(self._sum, pieces)
         self._summed += len(entries)
         self.gradients += len(entries)
         for learner, _ in entries:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import topology, wire
+from . import codec, topology, wire
 from .span import Span
 from .sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine, learners_wait
 from .update import Updater
@@ -58,6 +58,7 @@ class ServerState:
         self.numel = self.updater.numel          # floats served: every payload's size
         self.model_numel = self.span.total       # the learners' model (their HELLO's numel)
         self.chunk_bytes = cfg.runtime.chunk_mib << 20   # the frames weights go out in
+        self.codec = codec.of(cfg)                       # ... and their encoding
         self.signature = signature
         self.learners = s.learners
         self.epochs = cfg.train.epochs
@@ -81,9 +82,10 @@ class ServerState:
         return self.updater.w
 
     def weight_frames(self) -> list[np.ndarray]:
-        """The current weights as payload frames of at most ``runtime.chunk_mib`` (views, no
-        copy), in order: together they are ``span``, the first starting at ``span.lo``."""
-        return wire.chunk(self.w, self.chunk_bytes)
+        """The current weights as payload frames of at most ``runtime.chunk_mib`` in the run's
+        codec (float32: views, no copy), in order: together they are ``span``, the first
+        starting at ``span.lo``."""
+        return self.codec.encode(self.w, self.chunk_bytes)
 
     @property
     def untold(self) -> set[int]:

@@ -5,7 +5,8 @@ sockets, no protocol. The parameter server (``roles/ps.py``) decides *when* to u
 sync engine) and sends the results; this module does the arithmetic:
 
 - ``add``: one message's gradient frames summed into ``acc`` in place, each at its offset
-  (optionally scaled by the staleness policy);
+  (optionally scaled by the staleness policy), decoded by ``codec.add`` (float32 frames are
+  read in place; half-precision ones widened as they are added);
 - ``step``: one momentum-SGD update (Caffe semantics, per-segment lr/decay multipliers) from
   ``acc`` or straight from received frames. The new weights go to a free buffer
   (``versions.WeightVersions``), never over the current version, which may still be in a
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels
+from . import codec, kernels
 from .span import Span
 from .versions import WeightVersions
 
@@ -64,15 +65,9 @@ class Updater:
         return self.versions.current
 
     def add(self, payloads, scale: float = 1.0) -> None:
-        """acc += scale * (the contiguous gradient pieces ``payloads``). Does not block."""
-        off = 0
-        for part in payloads:
-            n = part.shape[0]
-            if scale == 1.0:
-                kernels.accumulate(self.acc[off:off + n], part)
-            else:
-                kernels.accumulate_scaled(self.acc[off:off + n], part, scale)
-            off += n
+        """acc += scale * (the contiguous gradient pieces ``payloads``, frames of any model
+        dtype). Does not block beyond the kernels."""
+        codec.add(self.acc, payloads, scale)
 
     def step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
         """One update from gradient ``sources`` (contiguous pieces covering the span, e.g.
@@ -102,10 +97,12 @@ class Updater:
         """Account one message holding the sum of ``count`` gradients (contiguous pieces
         ``payloads``, each to be scaled by ``scale``) and apply ``update`` (a ``sync.Update``
         or None) if it completes one. When the message alone makes the update (async, c = 1;
-        or one relayed sum) the step reads the frames directly, with no pass over ``acc``.
-        Does not block beyond the kernels."""
-        if update is not None and len(update.learners) == count:
-            self.step(payloads, update.g_scale * scale, update.lr, False)
+        or one relayed sum) and its frames are float32, the step reads them directly, with no
+        pass over ``acc``; other frames are decoded into ``acc`` first. Does not block beyond
+        the kernels."""
+        direct = codec.floats(payloads)
+        if update is not None and len(update.learners) == count and direct is not None:
+            self.step(direct, update.g_scale * scale, update.lr, False)
             return
         self.add(payloads, scale)
         if update is not None:

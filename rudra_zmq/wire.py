@@ -9,10 +9,12 @@ tree nodes: :func:`node_sender`), ``q`` sequence number, ``ts`` weights timestam
 PS's incarnation, ``p`` one [dtype, count] per payload frame (PAYLOAD_DTYPES), ``x``
 kind-specific fields (KIND_FIELDS, validated by type).
 
-A model-sized vector (gradient, weights) may be split into several float32 frames whose counts
-add up to the model size, so the PS accumulates each frame at its offset with no reassembly
-copy (:func:`chunk`). Nothing here is pickled: headers are msgpack with strict limits and
-payloads are raw arrays interpreted only after their length and dtype were checked.
+A model-sized vector (gradient, weights) may be split into several frames whose counts add up
+to the model size, so the PS accumulates each frame at its offset with no reassembly copy
+(:func:`chunk`). Their dtype is the run's (``model_dtype`` of :func:`decode`, one of
+MODEL_DTYPES: float32 ``f4`` today); ``codec.py`` encodes and decodes them. Nothing here is
+pickled: headers are msgpack with strict limits and payloads are raw arrays interpreted only
+after their length and dtype were checked.
 :func:`decode` validates a message completely before any role may act on it and raises
 :class:`WireError` otherwise.
 
@@ -32,7 +34,10 @@ PROTOCOL_VERSION = 4          # 4: METRIC/EVAL x{token}; 3: replies echo x{re}; 
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
-PAYLOAD_DTYPES = {"f4": np.dtype("<f4"), "u1": np.dtype("u1"), "i8": np.dtype("<i8")}
+# bf16 frames are bfloat16 as their uint16 bit patterns: NumPy has no bfloat16 dtype
+PAYLOAD_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2"), "bf16": np.dtype("<u2"),
+                  "u1": np.dtype("u1"), "i8": np.dtype("<i8")}
+MODEL_DTYPES = ("f4", "f2", "bf16")   # what a run's model-sized payloads may travel as
 _DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
 
 SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
@@ -118,7 +123,7 @@ _PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
 _PAYLOAD_FRAMES.update({k: (1, MAX_FRAMES) for k in _MODEL_SIZED})
 _PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
 _PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
-_F4_ONLY = _MODEL_SIZED | {Kind.BCAST}
+_RUN_DTYPE = _MODEL_SIZED | {Kind.BCAST}   # payloads in the run's model dtype
 
 _UNPACK_LIMITS = dict(max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024,
                       max_map_len=256, max_ext_len=0)
@@ -224,7 +229,8 @@ _KINDS = {int(k): k for k in Kind}
 
 
 def decode(frames, *, kinds=None, numel: int | None = None,
-           learners: int | None = None, slots: bool = False) -> Message:
+           learners: int | None = None, slots: bool = False,
+           model_dtype: str = "f4") -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
     Args:
@@ -235,9 +241,13 @@ def decode(frames, *, kinds=None, numel: int | None = None,
             (and a clock may list at most λ gradients).
         slots: accept a PUSH/PUSHPULL whose gradient is in a shared-memory slot (x{slot}, no
             payload); only a leaf with ``architecture.leaf_shm`` does.
+        model_dtype: the wire code (MODEL_DTYPES) of this run's model-sized payloads
+            (gradients, weights, BCAST chunks): the run's ``codec.of(cfg).code``; f4 by default.
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
+    if model_dtype not in MODEL_DTYPES:
+        raise ValueError(f"model_dtype {model_dtype!r} is not one of {MODEL_DTYPES}")
     if not frames:
         raise WireError("empty", "empty message (no header frame)")
     raw = _buffer(frames[0])
@@ -273,7 +283,7 @@ def decode(frames, *, kinds=None, numel: int | None = None,
     if "slot" in fields and not slots:
         raise WireError("unexpected_field", f"{kind.name} x{{slot}} (a gradient in shared "
                         "memory) goes only to a leaf that accepted it in its WELCOME")
-    payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields)
+    payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields, model_dtype)
     return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
 
 
@@ -327,7 +337,7 @@ def _in_shm(kind: Kind, fields: dict) -> bool:
             or (kind == Kind.WEIGHTS and fields.get("board", False)))
 
 
-def _check_payloads(kind: Kind, descr, frames, numel, fields):
+def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
     in_shm = _in_shm(kind, fields)
     if in_shm and fields.get("slot", 0) not in (0, 1):
         raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1, got {_show(fields)}")
@@ -352,9 +362,10 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields):
         if nbytes != d[1] * dtype.itemsize:
             raise WireError("bad_length", f"{kind.name}: payload {i} has {nbytes:,} bytes, "
                                           f"its header says {d[1]:,} x {d[0]}")
-        if kind in _F4_ONLY and d[0] != "f4":
-            raise WireError("bad_dtype", f"{kind.name}: model payloads are f4 (float32), "
-                                         f"payload {i} is {d[0]}")
+        if kind in _RUN_DTYPE and d[0] != model_dtype:
+            raise WireError("bad_dtype", f"{kind.name}: model payloads are {model_dtype} in "
+                                         f"this run, payload {i} is {d[0]} (is the sender "
+                                         "running another wire dtype?)")
         out.append(np.frombuffer(buf, dtype=dtype))
     if numel is not None and kind in _MODEL_SIZED and not in_shm:
         _check_numel(kind, sum(d[1] for d in descr), numel)

@@ -9,7 +9,7 @@ from rudra_zmq import kernels
 SIZES = [0, 1, 7, 1001, 70_001, 1_000_003]   # the last above the kernels' parallel minimum (2**18)
 HALVES = ["f16", "bf16"]
 # Widening is exact, so what is left is float32 arithmetic in the accumulator (s*g, then +).
-TOL = {"f16": dict(rtol=2e-6, atol=2e-6), "bf16": dict(rtol=2e-6, atol=2e-6)}
+TOL = {"f16": {"rtol": 2e-6, "atol": 2e-6}, "bf16": {"rtol": 2e-6, "atol": 2e-6}}
 EPS = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}   # a half's relative rounding error
 
 

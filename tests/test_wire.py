@@ -97,3 +97,25 @@ def test_encode_refuses_fields_the_kind_does_not_have():
         wire.encode(Kind.PUSH, 0, 1, payloads=[np.zeros(3, np.float64)])
 
 
+
+
+@pytest.mark.parametrize("code", wire.MODEL_DTYPES)
+def test_model_payloads_are_checked_against_the_runs_dtype(code):
+    arr = np.arange(6).astype(wire.PAYLOAD_DTYPES[code])
+    frames = wire.encode(Kind.WEIGHTS, wire.SENDER_PS, 1, payloads=[arr[:4], arr[4:]])
+    msg = wire.decode(frames, numel=6, model_dtype=code)
+    assert [p.dtype for p in msg.payloads] == [wire.PAYLOAD_DTYPES[code]] * 2
+    np.testing.assert_array_equal(np.concatenate(msg.payloads), arr)
+    for other in set(wire.MODEL_DTYPES) - {code}:
+        with pytest.raises(WireError, match=f"model payloads are {other} in this run, "
+                                            f"payload 0 is {code}") as exc:
+            wire.decode(frames, numel=6, model_dtype=other)
+        assert exc.value.code == "bad_dtype"
+    if code != "f4":   # a run says nothing: float32
+        with pytest.raises(WireError, match="model payloads are f4"):
+            wire.decode(frames, numel=6)
+
+
+def test_an_unknown_model_dtype_is_a_programming_error():
+    with pytest.raises(ValueError, match="model_dtype 'f8' is not one of"):
+        wire.decode([header(), GOOD_PAYLOAD], model_dtype="f8")

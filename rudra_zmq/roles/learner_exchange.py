@@ -12,9 +12,10 @@ Exchanges (what goes up and what comes back):
 
 Carriers (how the bytes travel to the first hop):
 
-- :class:`Frames`: ZeroMQ payload frames, zero-copy. Written again only after the reply to
-  the push that carried them (advstar: copied into a send buffer first, since the next
-  backward pass starts before that reply).
+- :class:`Frames`: ZeroMQ payload frames in the run's payload codec (``codec.py``; float32
+  views, zero-copy). Written again only after the reply to the push that carried them
+  (advstar: copied into a send buffer first, since the next backward pass starts before that
+  reply). Weights are decoded into the model's buffer: the one copy a load makes.
 - :class:`SharedSlots` (``architecture.leaf_shm``): two gradient slots in /dev/shm that the
   leaf maps (alternating), and the leaf's weight board; the push names its slot and carries
   no payload. Falls back to frames if the leaf declines or anything about shared memory fails.
@@ -33,7 +34,7 @@ import time
 
 import numpy as np
 
-from .. import kernels, shm, topology, transport, wire
+from .. import codec, kernels, shm, topology, transport, wire
 from ..sync import learners_wait
 from ..wire import Kind
 
@@ -41,13 +42,15 @@ log = logging.getLogger("rudra_zmq.learner")
 
 
 class Frames:
-    """Gradients and weights as ZeroMQ payload frames. ``own_buffer``: copy each gradient
-    into a send buffer first (for pushes that are still in flight during the next step)."""
+    """Gradients and weights as ZeroMQ payload frames encoded by ``wire_codec``. ``own_buffer``:
+    copy each gradient into a send buffer first (for pushes still in flight during the next
+    step)."""
 
     hello_fields: dict = {}
 
-    def __init__(self, numel: int, chunk_bytes: int, own_buffer: bool = False):
-        self.chunk_bytes = chunk_bytes
+    def __init__(self, numel: int, chunk_bytes: int, own_buffer: bool = False,
+                 wire_codec=codec.FLOAT32):
+        self.chunk_bytes, self.codec = chunk_bytes, wire_codec
         self._sendbuf = np.empty(numel, np.float32) if own_buffer else None
 
     def welcomed(self, welcome: wire.Message) -> "Frames":
@@ -59,15 +62,11 @@ class Frames:
         if self._sendbuf is not None:
             kernels.copy_into(self._sendbuf, grads)
             grads = self._sendbuf
-        return wire.chunk(grads, self.chunk_bytes), {}
+        return self.codec.encode(grads, self.chunk_bytes), {}
 
     def load(self, msg: wire.Message, weights: np.ndarray) -> int:
-        """Copy a WEIGHTS/WELCOME reply's frames into ``weights``; returns its timestamp."""
-        off = 0
-        for part in msg.payloads:
-            n = part.shape[0]
-            kernels.copy_into(weights[off:off + n], part)
-            off += n
+        """Decode a WEIGHTS/WELCOME reply's frames into ``weights``; returns its timestamp."""
+        codec.load(weights, msg.payloads)
         return msg.ts
 
     def close(self) -> None:
@@ -136,7 +135,7 @@ def make_carrier(cfg, learner_id: int, numel: int):
     """Frames, or shared slots where ``architecture.leaf_shm`` asks and /dev/shm allows."""
     # advstar pushes without waiting: the gradient must leave the model's buffer first
     frames = Frames(numel, cfg.runtime.chunk_mib << 20,
-                    own_buffer=cfg.architecture.kind == "advstar")
+                    own_buffer=cfg.architecture.kind == "advstar", wire_codec=codec.of(cfg))
     if cfg.architecture.leaf_shm:
         try:
             return SharedSlots(cfg, learner_id, numel, frames)

@@ -27,7 +27,7 @@ import time
 
 import zmq
 
-from .. import transport, wire
+from .. import codec, transport, wire
 from ..node_state import NodeState
 from ..sync import ProtocolViolation, learners_wait
 from ..throttled_log import ThrottledLog
@@ -95,6 +95,7 @@ class TreeNode:
         self.lam = cfg.sync.learners
         self.hardsync = learners_wait(cfg.sync.protocol)
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        self.codec = codec.of(cfg)           # how the relayed sums are encoded
         self.timeout = cfg.runtime.timeout_s
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
@@ -204,7 +205,7 @@ class TreeNode:
         relay = self.state.take_relay()
         if relay is not None:
             buf, clock = relay
-            self.parent.send(Kind.RELAY, self.ts, wire.chunk(buf, self.chunk_bytes),
+            self.parent.send(Kind.RELAY, self.ts, self.codec.encode(buf, self.chunk_bytes),
                              wait=self.hardsync, clock=[list(e) for e in clock])
             self._asked = self._resent = time.time()
 
