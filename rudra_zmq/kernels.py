@@ -15,6 +15,13 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
         "compiler and Cython>=3), or `python setup.py build_ext --inplace`."
     ) from exc
 
+_stale = [n for n in ("accumulate_f16", "narrow_bf16") if not hasattr(_kernels, n)]
+if _stale:  # an extension built before csrc/ gained kernels: say so, not an AttributeError
+    raise ImportError(
+        f"rudra_zmq's compiled kernels ({_kernels.__file__}) are older than csrc/ (no "
+        f"{', '.join(_stale)}): rebuild them with `python setup.py build_ext --inplace` or "
+        "`pip install -e .` from the repository root.")
+
 accumulate = _kernels.accumulate
 accumulate_scaled = _kernels.accumulate_scaled
 scale = _kernels.scale
