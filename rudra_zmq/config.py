@@ -17,7 +17,7 @@ import yaml
 
 from . import shipped
 from .devices import check_device_name
-from .sync import LR_POLICIES, check_protocol, learners_wait
+from .sync import LR_POLICIES, check_protocol
 from .user_code import UserCodeError, is_import_path
 
 
@@ -234,12 +234,10 @@ class Config:
                          ("architecture.broadcast_fanout", a.broadcast_fanout)):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
-        if a.kind == "advstar" and learners_wait(self.sync.protocol):
-            raise ConfigError("architecture.kind=advstar is asynchronous by design (learners "
-                              "never wait for weights; they adopt whatever the broadcast brought)"
-                              f", so sync.protocol={self.sync.protocol} is not supported: use "
-                              "softsync or async, or architecture.kind=adv for it through a PS "
-                              "tree")
+        try:   # advstar's servers answer at once: a protocol that holds replies cannot run
+            check_protocol(self.sync.protocol, self.sync.n, lam, broadcast=a.kind == "advstar")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if a.kind == "base":
             if a.leaves:
                 raise ConfigError("architecture.leaves is used only by the PS tree: set "

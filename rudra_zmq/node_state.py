@@ -1,7 +1,7 @@
 """A Rudra-adv tree node's state: what a checkpoint of the node would hold.
 
 The sum of the children's gradients being built and the one in flight to the parent, the
-vector clock of each (``sync.RelayClock``), who waits for which relay, the parent's newest
+vector clock of each (``relay_clock.RelayClock``), who waits for which relay, the parent's newest
 weights (its received frames, never written), registrations, incarnation, who was told to
 stop, and counters. Pure data and the rules that change it: no sockets, no sends
 (``roles/tree_node.py`` does the talking).
@@ -15,7 +15,8 @@ import secrets
 import numpy as np
 
 from . import codec, topology, wire
-from .sync import ProtocolViolation, Rejoin, RelayClock
+from .relay_clock import RelayClock
+from .sync import ProtocolViolation, Rejoin
 
 
 class NodeState:
@@ -39,7 +40,7 @@ class NodeState:
         self.hellos: list[tuple[bytes, int, int]] = []       # waiting for the parent's WELCOME
         self.waiting: list[tuple[bytes, int, wire.Kind, int, int]] = []  # in the pending sum
         self.flight: list[tuple[bytes, int, wire.Kind, int, int]] = []   # in the relay in flight
-        self.parked: list[tuple[bytes, int, int, int]] = []  # PULL wait=True: (id, sender, ts)
+        self.parked: list = []  # PULLs the clock holds: (id, sender, its Reply, ts, seq)
         self.rejoins: list[tuple[bytes, int, int]] = []      # HELLOs of children held above
         self.seqs: dict[int, int] = {}       # child -> seq of its last gradient (at most once)
         self.steps: dict[int, int] = {}      # learner below -> its data step (parent's + ours)

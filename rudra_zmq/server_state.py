@@ -18,7 +18,7 @@ import numpy as np
 
 from . import codec, topology, wire
 from .span import Span
-from .sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine, learners_wait
+from .sync import Arrival, LRSchedule, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .update import Updater
 from .versions import WeightVersions
 
@@ -131,14 +131,12 @@ class ServerState:
             self._lost_now = had - self.restored_ts
             self.counters.lost_updates = self._lost_base + self._lost_now
 
-    def owes_update(self, sender: int) -> bool:
-        """Whether ``sender`` (or, for a tree node, a learner below it) has a gradient in
-        the pending update: a hardsync sender that says HELLO again must then wait for that
-        update, or it would push twice for one timestamp."""
-        if not learners_wait(self.engine.protocol):
-            return False
-        below = self.subtrees.get(sender) or {sender}
-        return bool(below & self.engine.pending_learners)
+    def reply(self, sender: int) -> Reply:
+        """When ``sender`` may have the reply to a PULL, a gradient it sent again or a HELLO
+        again: the engine's word for it (for a tree node, for the learners below it). A
+        hardsync sender with a gradient in the pending update waits for that update, or it
+        would push twice for one timestamp. Pure."""
+        return self.engine.reply(self.subtrees.get(sender) or (sender,))
 
     def heard(self, sender: int, now: float) -> None:
         """``sender`` sent a request, or was answered one it waited for, at ``now``: a
@@ -174,7 +172,7 @@ class ServerState:
     def silent(self, now: float, timeout_s: float, waiting=(), never_by: float | None = None
                ) -> list[int]:
         """Members that sent nothing for ``timeout_s`` and are not ``waiting`` for a reply the
-        server owes them (a parked hardsync pull) nor, once training is done, told STOP
+        server owes them (a reply the engine holds) nor, once training is done, told STOP
         (finished, not lost; one that said BYE before is evicted as usual); with ``never_by``,
         also members never heard from by that time (learners that never started). Pure."""
         late = never_by is not None and now > never_by
@@ -214,17 +212,18 @@ class ServerState:
         if msg.kind == wire.Kind.RELAY:
             topology.Tree.check_clock(msg.sender, msg.clock, self.subtrees[msg.sender])
 
-    def push(self, msg: wire.Message):
-        """Account and apply one learner's gradient (PUSH/PUSHPULL). Returns (σ, the
-        ``sync.Update`` it completed or None). Raises ProtocolViolation before touching any
-        weights. Does not block beyond the kernels."""
+    def push(self, msg: wire.Message) -> Arrival:
+        """Account and apply one learner's gradient (PUSH/PUSHPULL). Returns the engine's
+        ``sync.Arrival``: σ, the update it completed (applied) or None, and when the sender
+        may have its reply. Raises ProtocolViolation before touching any weights. Does not
+        block beyond the kernels."""
         arrival = self.engine.receive(msg.sender, msg.ts)
         self._apply(msg.payloads, arrival.scale, arrival.update, 1)
         self.applied[msg.sender] = (msg.seq, arrival.sigma)
         self.steps[msg.sender] = self.steps.get(msg.sender, 0) + 1
-        return arrival.sigma, arrival.update
+        return arrival
 
-    def relay(self, msg: wire.Message):
+    def relay(self, msg: wire.Message) -> Arrival:
         """Account and apply a tree node's RELAY (the sum of the gradients its clock lists);
         returns and raises as ``push``."""
         entries = msg.clock      # checked against the tree by check_sender
@@ -233,7 +232,7 @@ class ServerState:
         self.applied[msg.sender] = (msg.seq, arrival.sigma)
         for learner, _ in entries:
             self.steps[learner] = self.steps.get(learner, 0) + 1
-        return arrival.sigma, arrival.update
+        return arrival
 
     def _apply(self, payloads, scale: float, update, count: int) -> None:
         if payloads or update is not None:

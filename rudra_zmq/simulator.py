@@ -9,9 +9,9 @@ need neither 30 processes nor 30 copies of torch).
 With ``train=True`` each learner computes its real gradient (PyTorch) on the weights it last
 pulled, on its own minibatches in the data server's order (``data_order``), and the PS's
 optimizer state and update are the parameter server's own (``update.Updater``); only time is
-simulated. Hardsync learners wait
-for the update after their push; softsync/async learners go on at once with the newest
-weights, as in the real system's PUSHPULL.
+simulated. A learner goes on with the newest weights when the engine's reply to its
+gradient says, as the parameter server answers its PUSHPULL then: hardsync learners after the
+update, softsync/async learners at once.
 
 Results go to a run directory in the statistics server's ``metrics.jsonl`` schema (``t`` is
 simulated seconds), so ``plots.plot_run`` draws them like a real run.
@@ -33,7 +33,7 @@ from . import config as config_mod
 from . import kernels, sim_batched
 from .data_order import SampleStream, load_data
 from .datasets import dataset_size
-from .sync import LRSchedule, SyncEngine, learners_wait, protocol_label
+from .sync import LRSchedule, SyncEngine, gradients_per_update, protocol_label
 from .update import Updater
 
 
@@ -242,7 +242,7 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         raise ValueError(f"model {cfg.model.name} has batch normalization or dropout: batched "
                          "gradients would not be the per-gradient ones; use --gradients "
                          "per-gradient")
-    c = {"hardsync": lam, "async": 1}.get(cfg.sync.protocol, lam // cfg.sync.n)
+    c = gradients_per_update(cfg.sync.protocol, cfg.sync.n, lam)
     # c = 1: every update is one gradient, nothing shares a batch (per-gradient was as fast)
     batched = gradients == "batched" or (gradients == "auto" and trainer.exact_batches
                                          and c > 1)
@@ -310,10 +310,11 @@ def _events(cfg, engine, lam, speeds, jitter, rng, max_updates):
     arrival in simulated-time order, ``(t, learner, step, version, arrival, resumed)``: the
     learner's step (its minibatch), the weights version it computed on, the engine's
     ``Arrival``, and ``(learner, step, version)`` of each learner that then pulls the newest
-    weights and starts its next gradient. Ends after the last update of the run."""
+    weights and starts its next gradient: those whose reply (``Arrival.reply``) the engine
+    now says is due, in arrival order. Ends after the last update of the run."""
     have_ts = [0] * lam
     steps = [0] * lam
-    waiting: list[int] = []
+    held: list = []   # (learner, sync.Reply) of the gradients not answered yet
     events = [(_duration(speeds[i], jitter, rng), i) for i in range(lam)]
     heapq.heapify(events)
     limit = max_updates if max_updates is not None else math.inf
@@ -327,14 +328,10 @@ def _events(cfg, engine, lam, speeds, jitter, rng, max_updates):
         if update is not None and update.epoch >= cfg.train.epochs and max_updates is None:
             yield t, i, step, version, arrival, ()
             return
-        if learners_wait(cfg.sync.protocol):
-            waiting.append(i)
-            if update is None:
-                yield t, i, step, version, arrival, ()
-                continue
-            resume, waiting = waiting, []
-        else:
-            resume = [i]
+        held.append((i, arrival.reply))
+        resume = [j for j, reply in held if engine.due(reply)]
+        if resume:
+            held = [(j, reply) for j, reply in held if not engine.due(reply)]
         for j in resume:
             have_ts[j] = engine.timestamp
             heapq.heappush(events, (t + _duration(speeds[j], jitter, rng), j))

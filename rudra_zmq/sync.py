@@ -6,15 +6,21 @@ arrival as ``(learner, gradient timestamp)``; it answers, deterministically:
 - the gradient's staleness σ = (PS timestamp at arrival) − (gradient timestamp);
 - the factor to scale this gradient by before it is summed (``per_gradient`` policy);
 - whether the sum is now complete, and if so an :class:`Update`: which gradients it averages
-  (the vector clock), ⟨σ⟩, the learning rate α for this update and the averaging factor 1/c.
+  (the vector clock), ⟨σ⟩, the learning rate α for this update and the averaging factor 1/c;
+- when the sender may have its reply (a :class:`Reply`): now, or once the weights of a later
+  timestamp exist. Servers park a reply the engine holds and send it when :meth:`SyncEngine.due`
+  says so; the simulator resumes a learner the same way.
 
-Protocols (λ learners): ``hardsync`` updates after one gradient from every learner (c = λ),
-n-``softsync`` after c = ⌊λ/n⌋ from any learners, ``async`` after every gradient (c = 1).
-Learning-rate policies: ``constant`` (α0), ``staleness`` (α0/⟨σ⟩, ⟨σ⟩ < 1 counting as 1) and
-``per_gradient`` (each gradient scaled by 1/max(σᵢ, 1)); α0 follows a step schedule
-(:class:`LRSchedule`). Tree nodes' relayed sums are accounted by :meth:`SyncEngine.receive_many`
-(c counts learner gradients, not messages); each node decides when to relay with a
-:class:`RelayClock`. Tables and the schedule: ``docs/protocols.md``.
+Protocols (λ learners): ``hardsync`` updates after one gradient from every learner (c = λ) and
+holds each learner's reply until that update, n-``softsync`` after c = ⌊λ/n⌋ from any learners,
+``async`` after every gradient (c = 1); both answer at once. Learning-rate policies:
+``constant`` (α0), ``staleness`` (α0/⟨σ⟩, ⟨σ⟩ < 1 counting as 1) and ``per_gradient`` (each
+gradient scaled by 1/max(σᵢ, 1)); α0 follows a step schedule (:class:`LRSchedule`). Tree
+nodes' relayed sums are accounted by :meth:`SyncEngine.receive_many` (c counts learner
+gradients, not messages); each node decides when to relay with a ``relay_clock.RelayClock``,
+which takes its protocol rules from here. A new protocol is a new rule in this module: the
+functions above :class:`ProtocolViolation` and the engine's ``check`` and ``reply``. Tables
+and the schedule: ``docs/protocols.md``.
 
 Not thread-safe: one owner (the PS loop, or a tree node's loop) drives an engine or clock.
 """
@@ -28,9 +34,11 @@ PROTOCOLS = ("hardsync", "softsync", "async")
 LR_POLICIES = ("constant", "staleness", "per_gradient")
 
 
-def check_protocol(protocol: str, n: int, learners: int) -> None:
+def check_protocol(protocol: str, n: int, learners: int, broadcast: bool = False) -> None:
     """Raise ValueError, naming the value, unless ``protocol`` with ``n`` and ``learners`` (λ)
-    is a protocol this engine runs. Pure."""
+    is a protocol this engine runs; with ``broadcast`` (``architecture.kind: advstar``, whose
+    servers answer every gradient ACK at once and never hold a reply), unless it runs
+    there too. Pure."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"sync.protocol is {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
     if learners < 1:
@@ -38,13 +46,29 @@ def check_protocol(protocol: str, n: int, learners: int) -> None:
     if protocol == "softsync" and not 1 <= n <= learners:
         raise ValueError(f"sync.n must be between 1 and sync.learners={learners} for softsync, "
                          f"got {n} (n = learners is async)")
+    if broadcast and barrier(protocol):
+        raise ValueError("architecture.kind=advstar is asynchronous by design (learners never "
+                         "wait for weights; they adopt whatever the broadcast brought), so "
+                         f"sync.protocol={protocol} is not supported: use softsync or async, or "
+                         "architecture.kind=adv for it through a PS tree")
 
 
-def learners_wait(protocol: str) -> bool:
-    """Whether a learner waits for the update its push belongs to before computing again
-    (hardsync: every gradient must use the newest weights); otherwise it goes on at once
-    with whatever weights the server has. Pure."""
+def barrier(protocol: str) -> bool:
+    """Whether every update takes exactly one gradient from each learner, computed on the
+    newest weights (hardsync): older gradients are refused, each learner's reply waits for the
+    update, and a tree node relays only whole subtrees. Pure."""
     return protocol == "hardsync"
+
+
+def gradients_per_update(protocol: str, n: int, alive: int) -> int:
+    """c: λ for hardsync, ⌊λ/n⌋ for n-softsync, 1 for async, where λ is ``alive`` (the
+    learners alive, counted as at least 1). Pure."""
+    alive = max(alive, 1)
+    if barrier(protocol):
+        return alive
+    if protocol == "async":
+        return 1
+    return max(alive // n, 1)
 
 
 def nominal_staleness(protocol: str, n: int, learners: int) -> int:
@@ -65,6 +89,19 @@ class ProtocolViolation(ValueError):
 class Rejoin(ProtocolViolation):
     """A learner that is no longer a member (evicted, or the server restarted): it must say
     HELLO again and continue from the current weights."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """When a server may answer a sender, as the engine decides it: at once (``after`` None,
+    :data:`NOW`), or once the weights of timestamp ``after`` exist. The reply itself is the
+    server's (weights if newer than the sender's, else UPTODATE); ask :meth:`SyncEngine.due`
+    (or ``RelayClock.due``) whether it may go."""
+
+    after: int | None = None
+
+
+NOW = Reply()
 
 
 @dataclass(frozen=True)
@@ -112,13 +149,15 @@ class Update:
 
 @dataclass(frozen=True)
 class Arrival:
-    """The engine's answer to one gradient: its σ, its scale, and the update it completes."""
+    """The engine's answer to one gradient: its σ, its scale, the update it completes, and
+    when its sender may have its reply (``reply``; see :meth:`SyncEngine.reply`)."""
 
     learner: int
     timestamp: int
     sigma: int
     scale: float
     update: Update | None
+    reply: Reply = NOW
 
 
 @dataclass
@@ -167,14 +206,8 @@ class SyncEngine:
 
     @property
     def gradients_per_update(self) -> int:
-        """c: λ for hardsync, ⌊λ/n⌋ for n-softsync, 1 for async; λ counts the members alive
-        (at least 1)."""
-        alive = max(len(self.members), 1)
-        if self.protocol == "hardsync":
-            return alive
-        if self.protocol == "async":
-            return 1
-        return max(alive // self.n, 1)
+        """c for the members alive (see :func:`gradients_per_update`)."""
+        return gradients_per_update(self.protocol, self.n, len(self.members))
 
     def leave(self, learner: int) -> Update | None:
         """``learner`` is no longer waited for (dead, hung, or gone). Gradients it already
@@ -243,7 +276,7 @@ class SyncEngine:
                 f"server's {self.timestamp} (is it talking to a restarted server?)")
         if grad_ts < 0:
             raise ProtocolViolation(f"learner {learner} sent a negative timestamp {grad_ts}")
-        if self.protocol == "hardsync":
+        if barrier(self.protocol):
             if grad_ts != self.timestamp:
                 raise ProtocolViolation(
                     f"hardsync: learner {learner} pushed a gradient of timestamp {grad_ts} but "
@@ -270,7 +303,7 @@ class SyncEngine:
         update = None
         if len(self._pending) >= self.gradients_per_update:
             update = self._make_update()
-        return Arrival(learner, grad_ts, sigma, scale, update)
+        return Arrival(learner, grad_ts, sigma, scale, update, self.reply((learner,)))
 
     def receive_many(self, entries) -> Arrival:
         """Account one relayed sum of several learners' gradients (Rudra-adv tree nodes).
@@ -293,7 +326,7 @@ class SyncEngine:
         seen = set()
         for learner, ts in entries:
             self.check(learner, ts)
-            if self.protocol == "hardsync" and learner in seen:
+            if barrier(self.protocol) and learner in seen:
                 raise ProtocolViolation(f"hardsync: learner {learner} appears twice in one "
                                         "relayed gradient")
             seen.add(learner)
@@ -305,7 +338,23 @@ class SyncEngine:
         update = None
         if len(self._pending) >= self.gradients_per_update:
             update = self._make_update()
-        return Arrival(entries[0][0], min(t for _, t in entries), sigma, 1.0, update)
+        return Arrival(entries[0][0], min(t for _, t in entries), sigma, 1.0, update,
+                       self.reply(learner for learner, _ in entries))
+
+    def reply(self, learners) -> Reply:
+        """When a sender whose gradients come from ``learners`` (a learner's own id, or the
+        learners of a tree node's relay) may have its reply, as things stand: after its
+        gradient was accounted (``Arrival.reply``), or when it pulls or says HELLO again.
+        hardsync: once the update that a pending gradient of theirs belongs to exists;
+        softsync and async: now. Pure."""
+        if barrier(self.protocol) and not self._pending_learners.isdisjoint(learners):
+            return Reply(self.timestamp + 1)
+        return NOW
+
+    def due(self, reply: Reply) -> bool:
+        """Whether a reply the engine held may go now. Replies wait for a timestamp, so a
+        server looks at those it parked after each update. Pure."""
+        return reply.after is None or self.timestamp >= reply.after
 
     def _make_update(self) -> Update:
         learners, stamps, sigmas = zip(*self._pending)
@@ -321,94 +370,3 @@ class SyncEngine:
         self._pending.clear()
         self._pending_learners.clear()
         return update
-
-
-@dataclass
-class RelayClock:
-    """A Rudra-adv tree node's side of the protocol: what its sum holds, and when to relay it.
-
-    The node adds each child's gradient (a learner's, or a child node's relayed sum) with its
-    vector clock entries; ``ready`` says when to relay the sum to the parent, ``take`` moves
-    the pending entries into the one relay in flight, ``answered`` ends it when the parent
-    replies. Relay policy:
-
-    - hardsync: once every learner below has contributed exactly one gradient at the node's
-      weights timestamp (the root then updates after one relay from each of its children);
-    - softsync/async: as soon as anything is pending and no relay is in flight, so gradients
-      that arrive during a relay's round trip go together in the next one;
-    - softsync/async with ``gather`` (``architecture.relay: gather``): once every learner
-      below has a gradient pending (timestamps may differ), so each relay carries the whole
-      subtree and the root's ingress falls by the fan-out factor, at the price of a
-      barrier among the learners of one node (c still counts learner gradients at the root).
-
-    A child is answered only when the relay carrying its gradient is answered, so each learner
-    has at most one gradient anywhere in the tree: a clock never lists a learner twice, never
-    holds more than the learners below, and the learner gets the weights the root returned
-    for its gradient, as in Rudra-base. Not thread-safe; no I/O, never blocks.
-    """
-
-    protocol: str
-    learners: frozenset
-    timestamp: int = -1            # the newest weights timestamp this node holds
-    gather: bool = False           # softsync/async: relay only sums of the whole subtree
-    _pending: list = field(default_factory=list, repr=False)
-    _in_flight: list = field(default_factory=list, repr=False)
-
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
-    @property
-    def in_flight(self) -> bool:
-        return bool(self._in_flight)
-
-    def check(self, entries) -> None:
-        """Raise :class:`ProtocolViolation` if ``add(entries)`` would refuse them."""
-        if not entries:
-            raise ProtocolViolation("a gradient sum must contain at least one gradient")
-        held = {l for l, _ in self._pending} | {l for l, _ in self._in_flight}
-        for learner, ts in entries:
-            if learner not in self.learners:
-                raise ProtocolViolation(f"learner {learner} is not below this node (its "
-                                        f"learners: {sorted(self.learners)})")
-            if learner in held:
-                raise ProtocolViolation(f"learner {learner} sent a gradient while its previous "
-                                        "one was not answered yet")
-            held.add(learner)
-            if not 0 <= ts <= self.timestamp:
-                raise ProtocolViolation(
-                    f"learner {learner}'s gradient has timestamp {ts}, but this node only "
-                    f"served weights up to {self.timestamp} (is it talking to a restarted node?)")
-            if self.protocol == "hardsync" and ts != self.timestamp:
-                raise ProtocolViolation(
-                    f"hardsync: learner {learner} pushed a gradient of timestamp {ts} but the "
-                    f"weights are at {self.timestamp}; it must pull before the next gradient")
-
-    def add(self, entries) -> None:
-        """Account the gradients of one child's message (all checked first)."""
-        entries = [(int(l), int(t)) for l, t in entries]
-        self.check(entries)
-        self._pending.extend(entries)
-
-    @property
-    def ready(self) -> bool:
-        """Whether to relay now (see the class docstring)."""
-        if self._in_flight or not self._pending:
-            return False
-        if self.protocol == "hardsync" or self.gather:
-            return len(self._pending) == len(self.learners)
-        return True
-
-    def take(self) -> list[tuple[int, int]]:
-        """The pending entries, now the relay in flight (the clock to send)."""
-        if not self.ready:
-            raise RuntimeError("take() called while not ready to relay")
-        self._in_flight, self._pending = self._pending, []
-        return list(self._in_flight)
-
-    def answered(self, timestamp: int) -> list[tuple[int, int]]:
-        """The parent answered the relay in flight; the node now holds weights of
-        ``timestamp``. Returns the entries that relay carried."""
-        done, self._in_flight = self._in_flight, []
-        self.timestamp = max(self.timestamp, timestamp)
-        return done

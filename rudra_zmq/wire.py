@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 4          # 4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
+PROTOCOL_VERSION = 5          # 5: no x{wait} (the server's engine decides when a reply goes);
+#                               4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
@@ -76,7 +77,8 @@ class Kind(enum.IntEnum):
     # request they answer, so a client drops a late answer to a request it sent again.
     PUSH = 3         # learner -> PS: gradient payload, ts = weights it was computed on; ACK
     ACK = 4          # PS -> learner: x{sigma}
-    PULL = 5         # learner -> PS: ts = weights it has; x{wait}; WEIGHTS or UPTODATE
+    PULL = 5         # learner -> PS: ts = weights it has; WEIGHTS or UPTODATE, when the sync
+    #                  engine says (hardsync: after the update the learner's gradient is in)
     PUSHPULL = 6     # PUSH and PULL in one round trip; reply WEIGHTS or UPTODATE with x{sigma}
     WEIGHTS = 7      # PS -> learner: weights payload at ts
     UPTODATE = 8     # PS -> learner: no newer weights than the pull's ts
@@ -87,7 +89,7 @@ class Kind(enum.IntEnum):
     METRIC = 13      # any -> stats server (one-way): x{metric: map}
     EVAL = 14        # PS -> stats server (one-way): weights payload at ts; x{epoch}
     BYE = 15         # learner -> PS: leaving cleanly; reply ACK
-    RELAY = 16       # tree node -> parent: sum of gradients, x{wait, clock}; like PUSHPULL
+    RELAY = 16       # tree node -> parent: sum of gradients, x{clock}; like PUSHPULL
     BCAST = 17       # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
     CREDIT = 18      # broadcast member -> upstream: may send k more chunks; x{credit, reset}
 
@@ -101,8 +103,8 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
                    "step": (_INT, False), "steps": (_LIST, False), "re": (_INT, False)},
     Kind.PUSH: {"slot": (_INT, False)},
     Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
-    Kind.PULL: {"wait": (_BOOL, True)},
-    Kind.PUSHPULL: {"wait": (_BOOL, True), "slot": (_INT, False)},
+    Kind.PULL: {},
+    Kind.PUSHPULL: {"slot": (_INT, False)},
     Kind.WEIGHTS: {"sigma": (_INT, False), "board": (_BOOL, False), "re": (_INT, False)},
     Kind.UPTODATE: {"sigma": (_INT, False), "re": (_INT, False)},
     Kind.STOP: {"reason": (_STR, True), "re": (_INT, False)},
@@ -113,7 +115,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.METRIC: {"metric": (_MAP, True), "token": (_STR, False)},   # token: from the PS
     Kind.EVAL: {"epoch": (_FLOAT, True), "token": (_STR, False)},
     Kind.BYE: {},
-    Kind.RELAY: {"wait": (_BOOL, True), "clock": (_LIST, True)},
+    Kind.RELAY: {"clock": (_LIST, True)},
     Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
     Kind.CREDIT: {"credit": (_INT, True), "reset": (_BOOL, True)},
 }

@@ -215,7 +215,7 @@ def test_invalid_broadcast_messages_are_refused_without_touching_the_newest_vers
         "last chunk short of the model": bcast(chunk=0, total=1, n=NUMEL - 1),
         "stale version": bcast(ts=1),
         "from a learner": bcast(sender=3),
-        "a request kind": wire.encode(Kind.PULL, wire.SENDER_PS, 1, 0, wait=False),
+        "a request kind": wire.encode(Kind.PULL, wire.SENDER_PS, 1, 0),
     }
     for frames in bad.values():
         up.send(frames)
@@ -343,7 +343,7 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
         wait_until(lambda: m.latest()[0] == 0, what="version 0 (the initial weights)")
         g = np.ones(SMALL, np.float32)
         for ts in (0, 1, 2):
-            reply = node.request(Kind.RELAY, ts, [g + ts], wait=False,
+            reply = node.request(Kind.RELAY, ts, [g + ts],
                                  clock=[[0, ts], [1, ts]])
             assert reply.kind == Kind.ACK and reply.ts == ts + 1 and not reply.payloads
             wait_until(lambda: m.latest()[0] == ts + 1, what=f"version {ts + 1}")
@@ -371,7 +371,7 @@ def test_an_advstar_leaf_relays_pushes_answers_ack_and_serves_no_weights(ctx):
                                                    protocol="softsync")])
         assert learners[0].recv().kind == Kind.WELCOME
         learners[1].hello(SIG, SMALL)
-        learners[1].send(Kind.PULL, 0, wait=False)
+        learners[1].send(Kind.PULL, 0)
         refused = learners[1].recv()
         assert refused.kind == Kind.ERROR and "serves no weights" in refused.fields["error"]
         # a version newer than any the node has seen (it came by broadcast): accepted

@@ -153,7 +153,7 @@ def test_invalid_requests_get_error_and_do_not_disturb_the_next_valid_request(da
                 (wire.encode(Kind.BATCH_REQ, 5, 1, step=0), "bad_learner", "learner id 5"),
                 (wire.encode(Kind.BATCH_REQ, -3, 2, step=0), "bad_learner", "learner id -3"),
                 (wire.encode(Kind.BATCH_REQ, 1, 3, step=-2), "bad_step", "step -2"),
-                (wire.encode(Kind.PULL, 0, 4, wait=False), "unexpected_kind", "PULL"),
+                (wire.encode(Kind.PULL, 0, 4), "unexpected_kind", "PULL"),
             ]
             for frames, code, text in bad:
                 reply = raw_request(sock, frames)

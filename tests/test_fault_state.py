@@ -55,7 +55,7 @@ def test_softsync_c_is_recomputed_from_the_learners_alive(learners, n, alive, c)
 def test_a_gradient_sent_again_is_answered_and_applied_once_and_a_replay_is_refused():
     st = state("sync.protocol=async")
     hello(st, 0, seq=10)
-    push = message(Kind.PUSHPULL, 0, 11, 0, [g(1.0)], wait=False)
+    push = message(Kind.PUSHPULL, 0, 11, 0, [g(1.0)])
     assert not st.is_duplicate(push)
     st.push(push)
     w1 = st.w.copy()
@@ -64,7 +64,7 @@ def test_a_gradient_sent_again_is_answered_and_applied_once_and_a_replay_is_refu
     assert st.engine.timestamp == 1 and st.counters.duplicates == 3
     np.testing.assert_array_equal(st.w, w1)
     with pytest.raises(ProtocolViolation, match="replayed"):
-        st.is_duplicate(message(Kind.PUSHPULL, 0, 10, 0, [g(1.0)], wait=False))
+        st.is_duplicate(message(Kind.PUSHPULL, 0, 10, 0, [g(1.0)]))
     hello(st, 0, seq=10)                        # a late copy of the first HELLO
     assert st.is_duplicate(push)                # does not reopen the window
     with pytest.raises(ProtocolViolation, match="replayed"):   # from before a new HELLO
@@ -90,8 +90,8 @@ def test_silent_members_are_found_but_not_those_owed_a_reply_or_told_to_stop():
     st.stopped.discard(0)
     st.done = False
     st.join(1, now=100.0)
-    st.push(message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)], wait=True))
-    st.push(message(Kind.PUSHPULL, 2, 2, 0, [g(3.0)], wait=True))
+    st.push(message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)]))
+    st.push(message(Kind.PUSHPULL, 2, 2, 0, [g(3.0)]))
     update = st.evict(1)                        # the barrier completes without learner 1
     assert update is not None and st.engine.timestamp == 1 and 1 not in st.identities
     assert st.counters.evictions == 1 and st.engine.members == {0, 2}
@@ -102,7 +102,7 @@ def test_a_snapshot_restored_through_a_checkpoint_continues_identically(tmp_path
     a = state("sync.protocol=softsync", "sync.learners=2", "sync.n=1")
     hello(a, 0), hello(a, 1)
     for seq, (learner, value) in enumerate([(0, 1.0), (1, 2.0), (0, 0.5)], start=2):
-        a.push(message(Kind.PUSHPULL, learner, seq, a.engine.timestamp, [g(value)], wait=False))
+        a.push(message(Kind.PUSHPULL, learner, seq, a.engine.timestamp, [g(value)]))
     arrays, meta = a.snapshot()
     checkpoint.save(tmp_path, arrays, meta)
     b = state("sync.protocol=softsync", "sync.learners=2", "sync.n=1")
@@ -115,7 +115,7 @@ def test_a_snapshot_restored_through_a_checkpoint_continues_identically(tmp_path
     # the same next gradient gives the same weights on both
     for st in (a, b):
         hello(st, 1, seq=10)
-        st.push(message(Kind.PUSHPULL, 1, 11, 1, [g(-1.0)], wait=False))
+        st.push(message(Kind.PUSHPULL, 1, 11, 1, [g(-1.0)]))
     np.testing.assert_array_equal(a.w, b.w)
     assert b.applied[1] == a.applied[1]
 
@@ -169,5 +169,5 @@ def test_a_tree_node_hands_each_learner_its_data_step_from_the_root_plus_its_own
                  "steps": [[0, 7], [1, 5], [2, 99], [1, -3], "junk"]})   # 2: not below it
     assert st.welcome == {"learners": 4, "protocol": "softsync"} and st.steps == {0: 7, 1: 5}
     st.clock.timestamp = 0
-    st.add(b"0", message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)], wait=False), [(0, 0)], [g(1.0)])
+    st.add(b"0", message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)]), [(0, 0)], [g(1.0)])
     assert st.where(0) == {"step": 8} and st.where(1) == {"step": 5}

@@ -123,7 +123,7 @@ def mutated(draw, base):
                     ["f4", "u1", "i8", "f8", "", 4, None]), ANY_INT | MSGPACK).map(list),
                     max_size=4))
             else:
-                h["x"][draw(st.sampled_from([*h["x"], "wait", "slot", "board", "clock",
+                h["x"][draw(st.sampled_from([*h["x"], "slot", "board", "clock",
                                              "subtree", "numel", "zz"]))] = new
             head = msgpack.packb(h, use_bin_type=True)
     return [head, *body], kw
@@ -246,9 +246,8 @@ def test_invalid_gradients_of_a_registered_learner_leave_the_weights_bit_identic
     ps = make_ps()
     assert not handle(ps, b"L0", wire.encode(Kind.HELLO, 0, 10, model=SIG, numel=N))
     g = np.random.default_rng(seed).standard_normal(N).astype(np.float32)
-    m = dict(kind=kind, sender=0, seq=data.draw(st.integers(11, 2**63 - 1)), ts=0,
-             inc=data.draw(st.sampled_from([0, ps.state.incarnation])), payloads=[g],
-             **({"wait": data.draw(st.booleans())} if kind == Kind.PUSHPULL else {}))
+    m = {"kind": kind, "sender": 0, "seq": data.draw(st.integers(11, 2**63 - 1)), "ts": 0,
+         "inc": data.draw(st.sampled_from([0, ps.state.incarnation])), "payloads": [g]}
     good = wire.encode(**{**m, "payloads": wire.chunk(g, data.draw(st.integers(4, 4 * N)))})
     ident = b"L0"
     for mut in mutations:
@@ -264,7 +263,7 @@ def test_invalid_gradients_of_a_registered_learner_leave_the_weights_bit_identic
             m["inc"] = -new
         elif mut == "kind":   # learners do not relay, nor ask a PS for batches
             m = {**{k: m[k] for k in ("sender", "seq", "ts", "inc", "payloads")}, "kind": new,
-                 **({"wait": False, "clock": [[0, 0]]} if new == Kind.RELAY else {"step": 0})}
+                 **({"clock": [[0, 0]]} if new == Kind.RELAY else {"step": 0})}
         elif mut != "slot" or m["kind"] in (Kind.PUSH, Kind.PUSHPULL):
             m[mut] = new   # slot: this PS has no shared-memory slots
     before = snapshot(ps)
@@ -315,7 +314,7 @@ def _nested(kind=Kind.PUSH, **over):   # "@@" becomes a list nested 1020 deep (1
 @pytest.mark.parametrize("raw", [
     msgpack.packb({**msgpack.unpackb(_header()), "zz": 1, b"": 1}),   # sorted() TypeError
     _nested(v="@@"), _nested(p=["@@"]), _nested(p={"a": "@@"}),   # repr() RecursionError
-    _nested(Kind.RELAY, x={"wait": False, "clock": ["@@"]}),      # (msgpack nests 1023 deep)
+    _nested(Kind.RELAY, x={"clock": ["@@"]}),      # (msgpack nests 1023 deep)
     _nested(Kind.HELLO, p=[], x={"model": SIG, "numel": N, "subtree": [0, "@@"]}),
 ], ids=["str-and-bytes-keys", "nested-v", "nested-descriptor", "nested-p-map",
         "nested-clock-entry", "nested-subtree"])

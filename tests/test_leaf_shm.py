@@ -64,7 +64,7 @@ class ShmLearner:
 
     def pushpull(self, ts, grad, slot):
         self.slots.slot(slot)[:] = grad
-        self.fake.send(Kind.PUSHPULL, ts, wait=True, slot=slot)
+        self.fake.send(Kind.PUSHPULL, ts, slot=slot)
 
     def weights(self):
         msg = self.fake.recv()
@@ -82,7 +82,7 @@ class ShmLearner:
 
 # ----------------------------------------------------------------------------- wire, config
 def test_a_gradient_in_a_slot_and_weights_on_the_board_travel_without_payload():
-    frames = wire.encode(Kind.PUSHPULL, 3, 1, ts=5, wait=True, slot=1)
+    frames = wire.encode(Kind.PUSHPULL, 3, 1, ts=5, slot=1)
     msg = wire.decode(frames, numel=100, slots=True)
     assert msg.in_shm and msg.payloads == [] and msg.fields["slot"] == 1
     with pytest.raises(WireError, match="only to a leaf that accepted"):
@@ -131,7 +131,7 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
                 (4, ps.state.numel)).astype(np.float32)]
             for i in (2, 0, 1):
                 ls[i].pushpull(rnd, g[i], slot=rnd % 2)
-            plain.send(Kind.PUSHPULL, rnd, [g[3]], wait=True)
+            plain.send(Kind.PUSHPULL, rnd, [g[3]])
             w, v = expected_step(w, v, g, cfg, ps.state.updater.segments)
             for l in ls:
                 got, ts = l.weights()
@@ -164,7 +164,7 @@ def test_a_leaf_without_shared_memory_keeps_its_learners_on_payloads(ctx, monkey
         assert err.kind == Kind.ERROR and "did not map its slots" in err.fields["error"]
         g = [np.full(ps.state.numel, i, np.float32) for i in range(4)]
         for i, l in enumerate(ls):
-            l.fake.send(Kind.PUSHPULL, 0, [g[i]], wait=True)
+            l.fake.send(Kind.PUSHPULL, 0, [g[i]])
         for l in ls:
             msg = l.fake.recv()
             assert msg.kind == Kind.WEIGHTS and msg.ts == 1 and len(msg.payloads) >= 1

@@ -5,6 +5,9 @@ import numpy as np
 import oracles
 from cluster import FakeLearner, running, small_config
 from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.roles.ps_weights import ReplyWeights
+from rudra_zmq.server_state import ServerState
+from rudra_zmq.sync import NOW, Reply
 from rudra_zmq import wire
 from rudra_zmq.wire import Kind
 
@@ -34,9 +37,9 @@ def test_hardsync_answers_both_learners_after_the_second_gradient(ctx):
         b.hello(ps.state.signature, ps.state.numel)
         rng = np.random.default_rng(0)
         ga, gb = (rng.standard_normal(ps.state.numel).astype(np.float32) for _ in range(2))
-        a.send(Kind.PUSHPULL, ts, [ga], wait=True)
+        a.send(Kind.PUSHPULL, ts, [ga])
         assert not a.has_reply(300), "hardsync must wait for every learner"
-        b.send(Kind.PUSHPULL, ts, [gb], wait=True)
+        b.send(Kind.PUSHPULL, ts, [gb])
         ra, rb = a.recv(), b.recv()
         assert ra.kind == rb.kind == Kind.WEIGHTS and ra.ts == rb.ts == 1
         w1, _ = expected_step(w0, np.zeros_like(w0), [ga, gb], cfg, ps.state.updater.segments)
@@ -53,15 +56,58 @@ def test_async_reports_staleness_and_returns_newer_weights_at_once(ctx):
         _, ts = a.hello(ps.state.signature, ps.state.numel)
         b.hello(ps.state.signature, ps.state.numel)
         g = np.ones(ps.state.numel, np.float32)
-        a.send(Kind.PUSHPULL, ts, [g], wait=False)
+        a.send(Kind.PUSHPULL, ts, [g])
         r = a.recv()
         assert (r.kind, r.ts, r.fields["sigma"]) == (Kind.WEIGHTS, 1, 0)
-        b.send(Kind.PUSHPULL, 0, [g], wait=False)   # computed on ts 0, arrives at ts 1
+        b.send(Kind.PUSHPULL, 0, [g])   # computed on ts 0, arrives at ts 1
         r = b.recv()
         assert (r.kind, r.ts, r.fields["sigma"]) == (Kind.WEIGHTS, 2, 1)
-        b.send(Kind.PULL, 2, wait=False)
+        b.send(Kind.PULL, 2)
         assert b.recv().kind == Kind.UPTODATE
         a.close(), b.close()
+
+
+def test_hardsync_holds_a_pull_after_a_push_until_the_update_and_answers_others_at_once(ctx):
+    _, ps = make_ps(ctx, "sync.protocol=hardsync")
+    with running(ps) as errors:
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        _, ts = a.hello(ps.state.signature, ps.state.numel)
+        b.hello(ps.state.signature, ps.state.numel)
+        g = np.ones(ps.state.numel, np.float32)
+        a.send(Kind.PUSH, ts, [g])
+        assert a.recv().kind == Kind.ACK
+        a.send(Kind.PULL, ts)                  # its gradient is pending: the engine holds it
+        b.send(Kind.PULL, ts)                  # nothing pending: answered at once
+        assert b.recv().kind == Kind.UPTODATE and not a.has_reply(300)
+        b.send(Kind.PUSHPULL, ts, [g])
+        ra, rb = a.recv(), b.recv()
+        assert (ra.kind, ra.ts, rb.kind, rb.ts) == (Kind.WEIGHTS, 1, Kind.WEIGHTS, 1)
+        a.close(), b.close()
+    assert not errors
+
+
+def test_the_server_parks_a_reply_the_engine_holds_and_sends_it_when_the_engine_says():
+    """No sockets: ReplyWeights with the PS's state. The engine is given a rule no protocol
+    has (learner 0 held until timestamp 2): the server follows the engine's word."""
+    cfg = small_config("sync.protocol=async")
+    n = 8
+    st = ServerState(cfg, np.zeros(n, np.float32), [(0, n, 1.0, 1.0)], "sig", epoch_size=10**6)
+    sent = []
+    out = ReplyWeights(st, lambda ident, kind, payloads=(), **f: sent.append((ident, kind)))
+    st.engine.reply = lambda learners: Reply(after=2) if 0 in set(learners) else NOW
+
+    def message(kind, sender, ts, payloads=()):
+        return wire.decode(wire.encode(kind, sender, 1, ts, 0, list(payloads)))
+
+    out.pull(b"L0", message(Kind.PULL, 0, 0))
+    out.pull(b"L1", message(Kind.PULL, 1, 0))
+    assert sent == [(b"L1", Kind.UPTODATE)] and out.waiting == {0}
+    for ts in (0, 1):
+        arrival = st.push(message(Kind.PUSHPULL, 1, ts, [np.ones(n, np.float32)]))
+        assert arrival.update is not None
+        out.updated(arrival.update, stop=None)
+        assert out.waiting == ({0} if ts == 0 else set())
+    assert sent[1:] == [(b"L0", Kind.WEIGHTS)]
 
 
 def _bad_messages(ps, numel):
@@ -136,11 +182,11 @@ def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
         a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
         a.hello(ps.state.signature, ps.state.numel), b.hello(ps.state.signature, ps.state.numel)
         g = np.zeros(ps.state.numel, np.float32)
-        a.send(Kind.PUSHPULL, 0, [g], wait=False)
+        a.send(Kind.PUSHPULL, 0, [g])
         assert a.recv().kind == Kind.WEIGHTS
-        b.send(Kind.PUSHPULL, 1, [g], wait=False)
+        b.send(Kind.PUSHPULL, 1, [g])
         assert b.recv().kind == Kind.STOP       # this gradient reached train.epochs
-        a.send(Kind.PUSHPULL, 1, [g], wait=False)
+        a.send(Kind.PUSHPULL, 1, [g])
         assert a.recv().kind == Kind.STOP
         a.close(), b.close()
     assert ps.state.done and ps.state.stopped == {0, 1}

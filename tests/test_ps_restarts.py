@@ -31,7 +31,7 @@ def test_a_replayed_pushpull_is_applied_once_and_answered_each_time(ctx):
         a = FakeLearner(ctx, ps.endpoint, 0)
         a.hello(ps.state.signature, ps.state.numel)
         g = np.ones(ps.state.numel, np.float32)
-        frames = wire.encode(Kind.PUSHPULL, 0, a.seq + 1, 0, 0, [g], wait=False)
+        frames = wire.encode(Kind.PUSHPULL, 0, a.seq + 1, 0, 0, [g])
         for _ in range(3):                               # the captured message, three times
             a.send_raw(frames)
             r = a.recv()
@@ -42,7 +42,7 @@ def test_a_replayed_pushpull_is_applied_once_and_answered_each_time(ctx):
         b = FakeLearner(ctx, ps.endpoint, 0)             # a new connection, same routing id
         b.send_raw(frames)
         assert b.recv().ts == 1
-        b.send_raw(wire.encode(Kind.PUSHPULL, 0, a.seq, 0, 0, [g], wait=False))   # older
+        b.send_raw(wire.encode(Kind.PUSHPULL, 0, a.seq, 0, 0, [g]))   # older
         r = b.recv()
         assert r.kind == Kind.ERROR and "replayed" in r.fields["error"]
         push = wire.encode(Kind.PUSH, 0, a.seq + 2, 1, 0, [g])    # a plain PUSH, three times

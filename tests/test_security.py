@@ -191,7 +191,7 @@ def test_a_live_learner_keeps_its_id_until_its_connection_is_gone(ctx):
         w1 = ps.state.w.copy()
         # (c) a PULL as learner 0 from that connection: refused, no weights (ts 0 < 1: it
         # would get them if it were learner 0)
-        send(rival, Kind.PULL, 0, 0, wait=False)
+        send(rival, Kind.PULL, 0, 0)
         r = reply(rival)
         assert codes([r]) == [(Kind.ERROR, "rejoin")] and r.payloads == []
         # ... nor from a socket that copies the live learner's routing id
@@ -199,10 +199,10 @@ def test_a_live_learner_keeps_its_id_until_its_connection_is_gone(ctx):
         twin.linger, twin.routing_id = 0, rid
         twin.connect(ps.endpoint)
         for _ in range(2):
-            send(twin, Kind.PULL, 0, 0, wait=False)
+            send(twin, Kind.PULL, 0, 0)
         while (r := reply(twin, 500)) is not None:
             assert r.kind == Kind.ERROR and not r.payloads
-        assert live.request(Kind.PULL, 0, wait=False, reply_kinds={Kind.WEIGHTS}).ts == 1
+        assert live.request(Kind.PULL, 0, reply_kinds={Kind.WEIGHTS}).ts == 1
         assert np.array_equal(ps.state.w, w1)
         # (b) the live learner's connection closes: a new connection takes learner 0 back
         live.close()
@@ -328,7 +328,7 @@ def outsider_speaks_as(ctx, endpoint, sender, stopped):
     BYE are refused ("rejoin"), HELLO too ("in_use": the real one is connected); none of it
     marks ``sender`` stopped (``stopped()``: the server's set)."""
     outsider = dealer(ctx, endpoint)
-    send(outsider, Kind.PULL, sender, 0, wait=False)
+    send(outsider, Kind.PULL, sender, 0)
     send(outsider, Kind.BYE, sender)
     hello(outsider, sender)
     got = [reply(outsider) for _ in range(3)]
@@ -353,7 +353,7 @@ def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_the_ps(ctx)
         assert ps.state.done and ps.state.stopped == {0}
         outsider_speaks_as(ctx, ps.endpoint, 1, lambda: ps.state.stopped)
         assert not ps.state.all_stopped
-        send(one, Kind.PULL, 1, 0, wait=False)   # the real learner 1 is told
+        send(one, Kind.PULL, 1, 0)   # the real learner 1 is told
         while (r := reply(one)).fields.get("code") == "probe":   # the in_use check's
             pass
         assert r.kind == Kind.STOP and ps.state.all_stopped
@@ -367,7 +367,7 @@ def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_a_tree_node
         stop_after_one_push(parent, l0, l1)
         outsider_speaks_as(ctx, node.endpoint, 1, lambda: node.state.stopped)
         assert not node.state.finished
-        l1.send(Kind.PULL, 0, wait=False)        # the real learner 1 is told
+        l1.send(Kind.PULL, 0)        # the real learner 1 is told
         while (r := l1.recv()).fields.get("code") == "probe":   # the in_use check's
             pass
         assert r.kind == Kind.STOP and node.state.finished

@@ -6,7 +6,7 @@ from cluster import small_config
 from rudra_zmq import wire
 from rudra_zmq.node_state import NodeState
 from rudra_zmq.server_state import ServerState
-from rudra_zmq.sync import ProtocolViolation
+from rudra_zmq.sync import NOW, ProtocolViolation, Reply
 from rudra_zmq.wire import Kind
 from test_ps import expected_step
 
@@ -32,10 +32,12 @@ def test_hardsync_updates_once_every_learner_pushed_and_matches_the_oracle():
     cfg, st, w0 = state("sync.protocol=hardsync")
     hello(st, 0), hello(st, 1)
     g = [np.full(N, 0.5, np.float32), np.arange(N, dtype=np.float32)]
-    sigma, update = st.push(message(Kind.PUSHPULL, 0, 0, [g[0]], wait=True))
-    assert (sigma, update) == (0, None) and st.engine.timestamp == 0
-    sigma, update = st.push(message(Kind.PUSHPULL, 1, 0, [g[1]], wait=True))
-    assert sigma == 0 and update.timestamp == 1 and st.engine.timestamp == 1
+    first = st.push(message(Kind.PUSHPULL, 0, 0, [g[0]]))
+    assert (first.sigma, first.update) == (0, None) and st.engine.timestamp == 0
+    assert first.reply == Reply(after=1) and st.reply(0) == Reply(after=1) and st.reply(1) == NOW
+    last = st.push(message(Kind.PUSHPULL, 1, 0, [g[1]]))
+    assert last.sigma == 0 and last.update.timestamp == 1 and st.engine.timestamp == 1
+    assert last.reply == NOW and st.engine.due(first.reply)
     w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, [(0, N, 1.0, 1.0)])
     np.testing.assert_allclose(st.w, w1, rtol=1e-6)
 
@@ -76,12 +78,12 @@ def test_a_root_state_accounts_a_relayed_sum_gradient_by_gradient():
     node = wire.node_sender(0)
     hello(st, node, subtree=[0, 1])
     assert st.subtrees[node] == frozenset({0, 1})
-    sigma, update = st.relay(message(Kind.RELAY, node, 0, [np.ones(N, np.float32)], wait=False,
-                                     clock=[[0, 0], [1, 0]]))
-    assert st.engine.gradients_received == 2
+    arrival = st.relay(message(Kind.RELAY, node, 0, [np.ones(N, np.float32)],
+                               clock=[[0, 0], [1, 0]]))
+    assert st.engine.gradients_received == 2 and arrival.reply == NOW
     with pytest.raises(ProtocolViolation):
         st.check_sender(b"-100", message(Kind.RELAY, node, 0, [np.ones(N, np.float32)],
-                                         wait=False, clock=[[2, 0]]))  # 2 is not below node 0
+                                         clock=[[2, 0]]))  # 2 is not below node 0
     st.mark_stopped(node)
     assert st.stopped == {0, 1}
 
@@ -96,7 +98,7 @@ def test_a_node_state_sums_children_and_hands_out_one_relay_at_a_time():
     st.clock.timestamp = 0                       # the parent's WELCOME
     a, b = np.full(N, 2.0, np.float32), np.full(N, 3.0, np.float32)
     for i, g in ((0, a), (1, b)):
-        msg = message(Kind.PUSHPULL, i, 0, [g], wait=True)
+        msg = message(Kind.PUSHPULL, i, 0, [g])
         assert st.take_relay() is None
         st.add(str(i).encode(), msg, st.entries(msg), msg.payloads)
     buf, clock = st.take_relay()

@@ -177,7 +177,7 @@ def test_garbage_messages_are_counted_and_ignored(cfg, digits, tmp_path):
             raw.connect(server.endpoint)
             garbage = [
                 [b"\xc1 not msgpack"],
-                wire.encode(Kind.PULL, 0, 1, wait=True),                     # wrong kind
+                wire.encode(Kind.PULL, 0, 1),                                # wrong kind
                 wire.encode(Kind.EVAL, 0, 2, payloads=[np.zeros(7, np.float32)],
                             epoch=1.0),                                      # wrong size
                 wire.encode(Kind.METRIC, 0, 3, metric={"no_type": 1}),

@@ -1,7 +1,7 @@
 """The synchronization protocol engine, driven directly and deterministically."""
 import pytest
 
-from rudra_zmq.sync import LRSchedule, ProtocolViolation, SyncEngine
+from rudra_zmq.sync import NOW, LRSchedule, ProtocolViolation, Reply, SyncEngine, check_protocol
 
 
 def engine(protocol, learners, n=1, lr=0.1, policy="constant", **kw):
@@ -185,3 +185,47 @@ def test_epoch_at_is_the_epoch_the_engine_reaches_after_that_many_gradients():
         e.receive(k % 2, e.timestamp)
         assert e.epoch == predicted == k * 8 / 100
     assert SyncEngine("async", 1, LRSchedule(0.1)).epoch_at(5) == 0.0   # no epoch size
+
+
+# ----------------------------------------------------------------------------- replies
+def test_hardsync_holds_each_reply_until_the_update_its_gradient_is_in():
+    eng = engine("hardsync", 3)
+    first, second = eng.receive(0, 0), eng.receive(2, 0)
+    assert first.reply == second.reply == Reply(after=1)
+    assert not eng.due(first.reply)
+    assert eng.reply([1]) == NOW              # a learner with nothing pending: answered now
+    assert eng.reply([0]) == Reply(after=1)   # a pull (or HELLO) from one that is held
+    last = eng.receive(1, 0)
+    assert last.update is not None and last.reply == NOW
+    assert eng.due(first.reply) and eng.due(second.reply)
+
+
+def test_softsync_and_async_answer_every_gradient_at_once():
+    for eng in (engine("softsync", 4, n=1), engine("softsync", 4, n=2), engine("async", 4)):
+        for i in range(4):
+            a = eng.receive(i, 0)
+            assert a.reply == NOW and eng.due(a.reply), (eng.protocol, eng.n, i)
+        assert eng.reply([0, 1, 2, 3]) == NOW
+
+
+def test_a_hardsync_relay_is_held_while_its_learners_are_pending():
+    eng = engine("hardsync", 4)
+    a = eng.receive_many([(0, 0), (1, 0)])
+    assert a.update is None and a.reply == Reply(after=1)
+    b = eng.receive_many([(2, 0), (3, 0)])
+    assert b.update is not None and b.reply == NOW and eng.due(a.reply)
+
+
+def test_a_learner_leaving_releases_the_replies_its_barrier_held():
+    eng = engine("hardsync", 3)
+    held = eng.receive(0, 0).reply
+    eng.receive(1, 0)
+    assert eng.leave(2) is not None and eng.due(held)
+
+
+def test_a_protocol_that_holds_replies_cannot_run_where_servers_never_hold_them():
+    check_protocol("async", 1, 4, broadcast=True)
+    check_protocol("softsync", 2, 4, broadcast=True)
+    with pytest.raises(ValueError, match="hardsync is not supported"):
+        check_protocol("hardsync", 1, 4, broadcast=True)
+    check_protocol("hardsync", 1, 4)

@@ -26,18 +26,18 @@ def test_a_silent_server_is_a_timeout_error_naming_it(ctx):
     t = time.monotonic()
     with pytest.raises(TimeoutError, match=r"no reply from the parameter server at "
                                            rf"tcp://127.0.0.1:{port} within 0.2 s"):
-        ch.request(Kind.PULL, 0, wait=False)
+        ch.request(Kind.PULL, 0)
     assert time.monotonic() - t < 10  # bounded, not a hang (generous: the box is shared)
     ch.close()
 
 
 def test_a_reply_is_validated_and_an_error_reply_raises_server_error(ctx):
     server, ch, _ = server_and_channel(ctx, 3, 5000)
-    ch.send(Kind.PULL, 0, wait=False)
+    ch.send(Kind.PULL, 0)
     ident, *_ = server.recv_multipart()
     server.send_multipart([ident, *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 77)])
     assert ch.recv({Kind.UPTODATE}).kind == Kind.UPTODATE and ch.inc == 77
-    ch.send(Kind.PULL, 0, wait=False)
+    ch.send(Kind.PULL, 0)
     ident, *_ = server.recv_multipart()
     server.send_multipart([ident, *wire.encode(Kind.ERROR, wire.SENDER_PS, 2, 0, 77,
                                                code="protocol", error="nope")])
@@ -51,7 +51,7 @@ def test_an_unanswered_request_is_sent_again_unchanged_and_a_late_answer_is_drop
 
     server, ch, _ = server_and_channel(ctx, 3, 10_000, retry_ms=300)
     got = []
-    client = threading.Thread(target=lambda: got.append(ch.request(Kind.PULL, 0, wait=False)),
+    client = threading.Thread(target=lambda: got.append(ch.request(Kind.PULL, 0)),
                               daemon=True)
     client.start()
     try:
@@ -70,7 +70,7 @@ def test_an_unanswered_request_is_sent_again_unchanged_and_a_late_answer_is_drop
     client.join(10)
     assert got[0].fields["re"] == seq
     answer(seq)                                 # the answer to the second copy, late
-    ch.send(Kind.PULL, 0, wait=False)
+    ch.send(Kind.PULL, 0)
     nxt = wire.decode(server.recv_multipart()[1:]).seq
     answer(nxt)
     assert ch.recv({Kind.UPTODATE}).fields["re"] == nxt and ch.late == 1
@@ -113,7 +113,7 @@ def test_a_foreign_host_is_an_os_error():
 
 def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx):
     server, ch, port = server_and_channel(ctx, 3, 30_000)
-    ch.send(Kind.PULL, 0, wait=False)
+    ch.send(Kind.PULL, 0)
     ident, *_ = server.recv_multipart()
     time.sleep(3 * transport.WAKE_MS / 1000)      # the client's receive wakes up meanwhile
     server.send_multipart([ident, *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 7)])
@@ -122,7 +122,7 @@ def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx
     ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 4, timeout_ms=3 * transport.WAKE_MS)
     t = time.monotonic()
     with pytest.raises(TimeoutError):
-        ch.request(Kind.PULL, 0, wait=False)
+        ch.request(Kind.PULL, 0)
     assert time.monotonic() - t >= 3 * transport.WAKE_MS / 1000   # the whole timeout, not a slice
     ch.close()
 
@@ -145,7 +145,7 @@ port = server.bind_to_random_port("tcp://127.0.0.1")
 ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 0, timeout_ms=120_000)
 print("ready", flush=True)
 try:
-    ch.request(Kind.PULL, 0, wait=False)
+    ch.request(Kind.PULL, 0)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 ctx.destroy(linger=0)

@@ -11,7 +11,8 @@ from cluster import FakeLearner, running, small_config
 from rudra_zmq import topology, wire
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq.roles.tree_node import TreeNode
-from rudra_zmq.sync import ProtocolViolation, RelayClock
+from rudra_zmq.relay_clock import RelayClock
+from rudra_zmq.sync import NOW, ProtocolViolation, Reply
 from rudra_zmq.wire import Kind, WireError
 from test_ps import expected_step
 
@@ -193,10 +194,25 @@ def test_the_relay_clock_refuses_bad_gradients_and_stays_unchanged(entries, matc
     assert c.pending == 1 and not c.in_flight
 
 
+def test_a_relay_clock_holds_a_pull_only_from_a_hardsync_learner_whose_gradient_it_holds():
+    c = RelayClock("hardsync", frozenset({0, 1}), timestamp=3)
+    c.add([(0, 3)])
+    assert c.reply(1) == NOW and c.reply(0) == Reply(after=4) and not c.due(c.reply(0))
+    c.add([(1, 3)])
+    c.take()
+    held = c.reply(0)                       # its gradient is in the relay in flight
+    assert held == Reply(after=4) and not c.due(held)
+    c.answered(4)
+    assert c.due(held) and c.reply(0) == NOW
+    s = RelayClock("softsync", frozenset({0, 1}), timestamp=3)
+    s.add([(0, 3)])
+    assert s.reply(0) == NOW
+
+
 # ----------------------------------------------------------------------------- wire
 def test_relay_roundtrip_carries_the_sum_and_its_vector_clock():
     g = np.arange(6, dtype=np.float32)
-    frames = wire.encode(Kind.RELAY, wire.node_sender(2), 1, 4, 0, [g], wait=True,
+    frames = wire.encode(Kind.RELAY, wire.node_sender(2), 1, 4, 0, [g],
                          clock=[[0, 4], [3, 2]])
     msg = wire.decode([bytes(memoryview(f)) for f in frames], numel=6, learners=4)
     assert msg.clock == [(0, 4), (3, 2)] and wire.node_id(msg.sender) == 2
@@ -216,7 +232,7 @@ def test_relay_roundtrip_carries_the_sum_and_its_vector_clock():
 ])
 def test_malformed_relay_clocks_are_refused_by_the_wire(clock, match):
     hdr = msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.RELAY), "s": -100, "q": 1, "ts": 0, "inc": 0,
-                         "p": [["f4", 2]], "x": {"wait": False, "clock": clock}})
+                         "p": [["f4", 2]], "x": {"clock": clock}})
     with pytest.raises(WireError, match=match):
         wire.decode([hdr, np.zeros(2, np.float32).tobytes()], numel=2, learners=4)
 
@@ -252,11 +268,11 @@ def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_
         l0.recv(), l1.recv()
         for step in range(2):                                   # the buffers swap each round
             g0, g1 = grads(2, seed=step)
-            l1.send(Kind.PUSHPULL, step, [g1], wait=True)
+            l1.send(Kind.PUSHPULL, step, [g1])
             assert parent.quiet(), "a hardsync leaf waits for every learner below it"
-            l0.send(Kind.PUSHPULL, step, [g0], wait=True)
+            l0.send(Kind.PUSHPULL, step, [g0])
             _, relay = parent.recv()
-            assert relay.kind == Kind.RELAY and relay.fields["wait"] is True
+            assert relay.kind == Kind.RELAY and relay.fields == {"clock": relay.fields["clock"]}
             assert relay.clock == [(1, step), (0, step)] and relay.ts == step
             np.testing.assert_array_equal(relay.payloads[0], g1 + g0)
             assert not l0.has_reply(200) and not l1.has_reply(0), "children wait for the root"
@@ -279,10 +295,10 @@ def test_a_softsync_leaf_relays_at_once_and_sends_what_arrived_meanwhile_next(ct
                      protocol="softsync")
         l0.recv(), l1.recv()
         g0, g1 = grads(2)
-        l0.send(Kind.PUSHPULL, 4, [g0], wait=False)
+        l0.send(Kind.PUSHPULL, 4, [g0])
         _, first = parent.recv()
-        assert first.clock == [(0, 4)] and first.fields["wait"] is False
-        l1.send(Kind.PUSHPULL, 3, [g1], wait=False)             # arrives during the relay
+        assert first.clock == [(0, 4)] and set(first.fields) == {"clock"}
+        l1.send(Kind.PUSHPULL, 3, [g1])             # arrives during the relay
         assert parent.quiet() and not l0.has_reply(0)
         parent.reply(ident, Kind.UPTODATE, 4)
         assert l0.recv().kind == Kind.UPTODATE                  # l0 holds ts 4 already
@@ -291,7 +307,7 @@ def test_a_softsync_leaf_relays_at_once_and_sends_what_arrived_meanwhile_next(ct
         np.testing.assert_array_equal(second.payloads[0], g1)
         parent.reply(ident, Kind.WEIGHTS, 6, [np.ones(NUMEL, np.float32)])
         assert l1.recv().ts == 6
-        l0.send(Kind.PULL, 4, wait=False)                       # a pull is served from cache
+        l0.send(Kind.PULL, 4)                       # a pull is served from cache
         msg = l0.recv()
         assert (msg.kind, msg.ts) == (Kind.WEIGHTS, 6) and parent.quiet()
         l0.close(), l1.close()
@@ -306,10 +322,10 @@ def test_a_leaf_refuses_bad_gradients_and_its_sum_stays_unchanged(ctx):
         l0.recv()
         g = np.ones(NUMEL, np.float32)
         cases = [
-            (l1, wire.encode(Kind.PUSHPULL, 1, 1, 2, 0, [g], wait=False), "has not said HELLO"),
-            (l0, wire.encode(Kind.PUSHPULL, 0, 1, 5, 0, [g], wait=False), "up to 2"),
-            (l0, wire.encode(Kind.PUSHPULL, 0, 1, 2, 0, [g[:-1]], wait=False), "the model has"),
-            (l0, wire.encode(Kind.RELAY, 0, 1, 2, 0, [g], wait=False, clock=[[0, 2]]),
+            (l1, wire.encode(Kind.PUSHPULL, 1, 1, 2, 0, [g]), "has not said HELLO"),
+            (l0, wire.encode(Kind.PUSHPULL, 0, 1, 5, 0, [g]), "up to 2"),
+            (l0, wire.encode(Kind.PUSHPULL, 0, 1, 2, 0, [g[:-1]]), "the model has"),
+            (l0, wire.encode(Kind.RELAY, 0, 1, 2, 0, [g], clock=[[0, 2]]),
              "learners push gradients"),
             (l0, wire.encode(Kind.HELLO, 0, 1, model="other", numel=NUMEL), "another model"),
         ]
@@ -330,7 +346,7 @@ def stop_after_one_push(parent, l0, l1):
     parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
                  protocol="async")
     l0.recv(), l1.recv()
-    l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
+    l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)])
     parent.recv()
     parent.reply(ident, Kind.STOP, reason="training finished")
     assert l0.recv().kind == Kind.STOP
@@ -340,7 +356,7 @@ def test_a_stop_from_the_parent_reaches_every_child_and_the_node_returns(ctx):
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=async"))
     with running(node) as errors:
         stop_after_one_push(parent, l0, l1)
-        l1.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)], wait=False)
+        l1.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)])
         assert l1.recv().fields["reason"] == "training finished"
         deadline = time.time() + 5
         while not node.sock.closed and time.time() < deadline:
@@ -369,7 +385,7 @@ def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
         w0 = [l.hello(ps.state.signature, ps.state.numel)[0] for l in ls][0]
         g = grads(4, ps.state.numel)
         for i in (3, 0, 2, 1):
-            ls[i].send(Kind.PUSHPULL, 0, [g[i]], wait=True)
+            ls[i].send(Kind.PUSHPULL, 0, [g[i]])
         w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.state.updater.segments)
         for l in ls:
             msg = l.recv()

@@ -29,9 +29,9 @@ def test_the_root_averages_relayed_sums_like_flat_hardsync(ctx):
     with running(ps) as errors:
         (a, w0), (b, _) = node_hello(ctx, ps, 0, [0, 1]), node_hello(ctx, ps, 1, [2, 3])
         g = grads(4, ps.state.numel)
-        a.send(Kind.RELAY, 0, [g[0] + g[1]], wait=True, clock=[[0, 0], [1, 0]])
+        a.send(Kind.RELAY, 0, [g[0] + g[1]], clock=[[0, 0], [1, 0]])
         assert not a.has_reply(300), "hardsync: the root waits for every learner's gradient"
-        b.send(Kind.RELAY, 0, [g[2] + g[3]], wait=True, clock=[[3, 0], [2, 0]])
+        b.send(Kind.RELAY, 0, [g[2] + g[3]], clock=[[3, 0], [2, 0]])
         ra, rb = a.recv(), b.recv()
         assert ra.kind == rb.kind == Kind.WEIGHTS and ra.ts == rb.ts == 1
         w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.state.updater.segments)
@@ -50,14 +50,14 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
         good = np.ones(ps.state.numel, np.float32)
         seqs = iter(range(10**6, 2 * 10**6))   # after the HELLO's: each one is new
         relay = lambda clock, ts=0, g=good, s=-100: wire.encode(
-            Kind.RELAY, s, next(seqs), ts, 0, [g], wait=True, clock=clock)
+            Kind.RELAY, s, next(seqs), ts, 0, [g], clock=clock)
         cases = [
             (relay([[2, 0]]), "protocol", "learner 2, which is not below it"),
             (relay([[0, 0], [0, 0]]), "protocol", "two gradients of learner 0"),
             (relay([[9, 0]]), "bad_clock", "outside 0..3"),
             (relay([[0, 0]], g=good[:-4]), "bad_length", "the model has"),
             (relay([[0, 1]], ts=1), "protocol", "newer than the server's"),
-            (wire.encode(Kind.PUSHPULL, -100, 1, 0, 0, [good], wait=True), "protocol",
+            (wire.encode(Kind.PUSHPULL, -100, 1, 0, 0, [good]), "protocol",
              "tree nodes send their gradient sums as RELAY"),
             (relay([[2, 0]], s=-101), "rejoin", "tree node 1 has not said HELLO"),
             (wire.encode(Kind.HELLO, 0, 1, model=ps.state.signature, numel=ps.state.numel), "protocol",
@@ -84,12 +84,12 @@ def test_a_stop_to_a_node_counts_for_every_learner_below_it(ctx):
     with running(ps):
         (a, _), (b, _) = node_hello(ctx, ps, 0, [0, 1]), node_hello(ctx, ps, 1, [2, 3])
         g = np.zeros(ps.state.numel, np.float32)
-        a.send(Kind.RELAY, 0, [g], wait=False, clock=[[0, 0], [1, 0]])
+        a.send(Kind.RELAY, 0, [g], clock=[[0, 0], [1, 0]])
         assert a.recv().kind == Kind.WEIGHTS
-        b.send(Kind.RELAY, 0, [g], wait=False, clock=[[2, 0], [3, 0]])
+        b.send(Kind.RELAY, 0, [g], clock=[[2, 0], [3, 0]])
         assert b.recv().kind == Kind.STOP
         assert ps.state.stopped == {2, 3}
-        a.send(Kind.RELAY, 1, [g], wait=False, clock=[[0, 1]])
+        a.send(Kind.RELAY, 1, [g], clock=[[0, 1]])
         assert a.recv().kind == Kind.STOP
         deadline = time.time() + 5
         while ps.sock and not ps.sock.closed and time.time() < deadline:

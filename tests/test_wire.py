@@ -64,8 +64,12 @@ GOOD_PAYLOAD = np.zeros(4, np.float32).tobytes()
     ([header(p=[]), GOOD_PAYLOAD], "bad_payload", "describes 0 payload frames but 1"),
     ([header(p=[])], "bad_payload", "carries 1..4096 payload frames, got 0"),
     ([header(x={"wait": True}), GOOD_PAYLOAD], "bad_field", "PUSH has no field 'wait'"),
-    ([header(k=int(Kind.PULL), p=[], x={"wait": 1})], "bad_field", "field 'wait' has type int"),
-    ([header(k=int(Kind.PULL), p=[], x={})], "bad_field", "missing field 'wait'"),
+    ([header(k=int(Kind.PULL), p=[], x={"wait": True})], "bad_field", "PULL has no field 'wait'"),
+    ([header(v=4, k=int(Kind.PUSHPULL), x={"wait": True}), GOOD_PAYLOAD], "version",
+     "protocol version 4 is not 5"),   # a learner from before the engine decided replies
+    ([header(k=int(Kind.RELAY), x={"clock": "x"}), GOOD_PAYLOAD], "bad_field",
+     "field 'clock' has type str"),
+    ([header(k=int(Kind.RELAY), x={}), GOOD_PAYLOAD], "bad_field", "missing field 'clock'"),
     ([b"\x00" * (wire.MAX_HEADER_BYTES + 1)], "header_too_large", "exceeds"),
 ])
 def test_malformed_messages_are_refused_with_a_named_reason(frames, code, match):

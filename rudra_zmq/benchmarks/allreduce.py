@@ -6,10 +6,11 @@ slowest rank's average over a timed run; min / median / max over ``--repeat`` ru
 of single calls on rank 0), ``algbw`` = bytes / time and ``busbw`` = algbw x 2(P-1)/P (the
 bytes each rank's link must carry in a ring allreduce: comparable across P). Beside it, the
 same tensor through the parameter server (``bench pushpull``'s machinery): λ = P clients in
-hardsync, each PUSHPULL (wait) one gradient of n floats and receiving the updated weights,
-which is one synchronous data-parallel step (the PS also applies momentum SGD; allreduce only
-sums). ``gloo/PS`` > 1 means the PS step is faster. Each size runs gloo, then the PS, so both
-see the same load; every process calls ``transport.tune_malloc()``.
+hardsync, each PUSHPULL one gradient of n floats and receiving the updated weights (the PS
+holds each reply until its update), which is one synchronous data-parallel step (the PS also
+applies momentum SGD; allreduce only sums). ``gloo/PS`` > 1 means the PS step is faster. Each
+size runs gloo, then the PS, so both see the same load; every process calls
+``transport.tune_malloc()``.
 
     rudra-zmq bench allreduce --nprocs 4 --sizes 1M 10M
     # two hosts, 2 ranks each; rank 0 and the printed figures on host-a; the PS comparison
@@ -206,7 +207,7 @@ def run(args) -> int:
                            notes=[
         "time = slowest rank's mean per allreduce (min-max over repeats); p50/p99 of single "
         "calls on rank 0; algbw = bytes/time, busbw = algbw x 2(P-1)/P (nccl-tests); GB = 1e9 B",
-        "PS hardsync step = wall time / steps (p50/p99 of single PUSHPULL(wait) calls), "
+        "PS hardsync step = wall time / steps (p50/p99 of single PUSHPULL calls), "
         "λ = P; gloo/PS = mean time ratio, > 1: the PS step is faster",
         "raw star = the same P clients each sending N bytes to one raw ZeroMQ server and "
         "receiving N bytes back (the PS's traffic with no PS work), mean per round trip"],

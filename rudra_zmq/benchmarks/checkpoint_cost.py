@@ -85,7 +85,7 @@ def _learner(ctx, endpoint, i, numel, until, counts):
     n = 0
     while time.monotonic() < until:   # each reply is dropped at once, releasing its frames
         ch.request(Kind.PUSHPULL, 0, grad, numel=numel,
-                   reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=False)
+                   reply_kinds={Kind.WEIGHTS, Kind.UPTODATE})
         n += 1
     counts[i] = n
     ch.close()

@@ -57,7 +57,7 @@ def _learner(ctx, endpoint, i, numel, until, out):
     while time.monotonic() < until:   # each reply is dropped at once, releasing its frames
         t0 = time.perf_counter()
         ch.request(Kind.PUSHPULL, 0, grad, numel=numel,
-                   reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=False)
+                   reply_kinds={Kind.WEIGHTS, Kind.UPTODATE})
         lat.append(time.perf_counter() - t0)
     out[i] = lat
     ch.close()

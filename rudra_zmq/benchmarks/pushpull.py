@@ -69,8 +69,7 @@ def run_case(ctl, clients, n: int, mode: str, args) -> dict:
     eps = ctl.request("ps", **req)
     clients.call("connect", ps=[ctl.reachable(e) for e in eps["learners"]],
                  echo=ctl.reachable(eps["echo"]), raw=ctl.reachable(eps["raw"]), n=n,
-                 chunk_bytes=args.chunk_mib << 20, mode=mode,
-                 wait=args.protocol == "hardsync")
+                 chunk_bytes=args.chunk_mib << 20, mode=mode)
     try:
         counts = {}
         for target in TARGETS:

@@ -40,8 +40,8 @@ class _Client:
     and a raw DEALER. Not thread-safe."""
 
     def __init__(self, ctx, learner: int, ps: list, echo: str, raw: str, n: int,
-                 chunk_bytes: int, mode: str, wait: bool):
-        self.n, self.nbytes, self.mode, self.wait = n, 4 * n, mode, wait
+                 chunk_bytes: int, mode: str):
+        self.n, self.nbytes, self.mode = n, 4 * n, mode
         self.chunk_bytes = chunk_bytes
         self.grad = np.full(n, 1e-3, np.float32)
         self.chans, self.ts = {}, {}
@@ -94,11 +94,12 @@ class _Client:
                 ts = ack.ts   # a pushing-only learner claims the newest weights
         if m in ("pull", "push_then_pull"):
             pull_ts = -1 if m == "pull" else ts      # -1: "I have nothing", always answered
-            msg, down = self._request(target, Kind.PULL, pull_ts, wait=self.wait and m != "pull")
+            msg, down = self._request(target, Kind.PULL, pull_ts)   # (hardsync: held until
+            #                                                           the update, by the PS)
             if msg.kind == Kind.WEIGHTS and m != "pull":
                 ts = msg.ts
         if m == "pushpull":
-            msg, down = self._request(target, Kind.PUSHPULL, ts, wait=self.wait)
+            msg, down = self._request(target, Kind.PUSHPULL, ts)
             up += self.nbytes
             if msg.kind == Kind.WEIGHTS:
                 ts = msg.ts

@@ -149,7 +149,6 @@ class SyntheticLearner:
     def __init__(self, ctx: zmq.Context, cfg, learner_id: int, endpoint: str, numel: int,
                  compute_s: float, bcast: tuple[str, str | None] | None = None):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
-        self.wait = cfg.sync.protocol == "hardsync"
         self.ch = transport.Channel(ctx, endpoint, learner_id, name="parameter server",
                                     timeout_ms=int(cfg.runtime.timeout_s * 1000), hwm=4)
         self.grad = np.full(numel, 1e-3, np.float32)   # sent zero-copy, never written
@@ -204,7 +203,7 @@ class SyntheticLearner:
             t1 = time.perf_counter()
             msg = None   # release the previous reply's frames before the next round trip
             msg = self.ch.request(Kind.PUSHPULL, self.ts, self.parts, numel=self.numel,
-                                  reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=self.wait)
+                                  reply_kinds={Kind.WEIGHTS, Kind.UPTODATE})
             s["compute_s"] += t1 - t0
             s["comm_s"] += time.perf_counter() - t1
             s["steps"] += 1

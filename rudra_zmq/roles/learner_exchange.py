@@ -4,8 +4,8 @@ Exchanges (what goes up and what comes back):
 
 - :class:`PushPull` (``base``, ``adv``): one PUSHPULL round trip per step, stamped with the
   timestamp of the weights the gradient was computed on; the reply is WEIGHTS (copied into
-  the model) or UPTODATE. Under hardsync the server answers after its update, so every
-  learner starts the next step on the same weights.
+  the model) or UPTODATE, sent when the server's sync engine says: under hardsync after its
+  update, so every learner starts the next step on the same weights.
 - :class:`BroadcastPush` (``advstar``): push without waiting; weights arrive by the learners'
   broadcast on a :class:`~rudra_zmq.roles.broadcast.BroadcastMember` I/O thread, and the
   newest complete version is adopted between steps.
@@ -35,7 +35,6 @@ import time
 import numpy as np
 
 from .. import codec, kernels, shm, topology, transport, wire
-from ..sync import learners_wait
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.learner")
@@ -150,7 +149,6 @@ class PushPull:
 
     def __init__(self, cfg, learner_id: int, flat, channel: transport.Channel, carrier):
         self.id, self.flat, self.ps, self.carrier = learner_id, flat, channel, carrier
-        self.wait = learners_wait(cfg.sync.protocol)
         self.ts = -1
         self.rejoins = 0
         self.on_welcome = lambda step: None   # the learner repositions its data here
@@ -184,8 +182,7 @@ class PushPull:
         payloads, fields = self.carrier.gradient(self.flat.grads)
         try:
             reply = self.ps.request(Kind.PUSHPULL, self.ts, payloads, numel=self.flat.numel,
-                                    reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, wait=self.wait,
-                                    **fields)
+                                    reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, **fields)
         except transport.ServerError as exc:
             if exc.code != "rejoin":
                 raise

@@ -14,7 +14,8 @@ gets an ERROR reply and leaves the weights bit-identical. Handlers:
   node's sum with its vector clock (Rudra-adv). The sync engine decides whether it completes
   an update; the reply comes from the way this run hands out weights (``ps_weights.py``):
   weights in replies, or ACK and the learners' broadcast (Rudra-adv*);
-- PULL: weights if newer, else UPTODATE, or (hardsync) parked until the next update;
+- PULL: weights if newer, else UPTODATE, when the sync engine says (hardsync: parked until
+  the update the puller's gradient is in);
 - BYE (answered by ``serving.py``): the sender leaves (a tree node's BYE covers the learners
   below it).
 
@@ -156,7 +157,7 @@ class ParameterServer:
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
         while self._next_eval_epoch <= self.state.engine.epoch:   # resumed: the next one due
             self._next_eval_epoch += cfg.train.eval_every_epochs
-        self.welcomes: list[tuple[bytes, int, int]] = []   # hardsync rejoins owed a WELCOME
+        self.welcomes: list = []   # (ident, sender, seq, Reply): WELCOMEs the engine holds
         self._learner_timeout = cfg.runtime.learner_timeout_s
         self._done_at: float | None = None   # when training ended (for the waiting note)
         self._noted_waiting = False
@@ -199,8 +200,9 @@ class ParameterServer:
 
     def on_hello(self, ident: bytes, msg: wire.Message) -> None:
         """Register the sender (a learner rejoins at the current timestamp) and send it the
-        weights. Under hardsync a learner whose gradient is in the pending update gets its
-        WELCOME with the next version (it would otherwise push twice for this one)."""
+        weights when the engine says: under hardsync a learner whose gradient is in the
+        pending update gets its WELCOME with the next version (it would otherwise push twice
+        for this one)."""
         st = self.state
         lost = st.counters.lost_updates
         st.register(ident, msg)
@@ -214,10 +216,11 @@ class ParameterServer:
             return
         if st.join(msg.sender, time.time()):
             self._members_changed(msg.sender, "joined")
-        if st.owes_update(msg.sender):
-            self.welcomes.append((ident, msg.sender, msg.seq))
-        else:
+        reply = st.reply(msg.sender)
+        if st.engine.due(reply):
             self._welcome(ident, msg.sender, msg.seq)
+        else:
+            self.welcomes.append((ident, msg.sender, msg.seq, reply))
 
     def _welcome(self, ident: bytes, sender: int, seq: int) -> None:
         """WELCOME with the weights and where the data stream of the sender (a learner) or
@@ -240,13 +243,13 @@ class ParameterServer:
                 self.weights_out.answer(ident, msg, self.state.applied[msg.sender][1])
             return
         step = self.state.relay if msg.kind == Kind.RELAY else self.state.push
-        sigma, update = step(msg)
-        if update is not None:
-            self._after_update(update)
+        arrival = step(msg)
+        if arrival.update is not None:
+            self._after_update(arrival.update)
         if self.state.done:  # this gradient completed training
             self._stop(ident, msg.sender, msg.seq)
         else:
-            self.weights_out.answer(ident, msg, sigma)
+            self.weights_out.answer(ident, msg, arrival.sigma, arrival.reply)
 
     def on_pull(self, ident: bytes, msg: wire.Message) -> None:
         """Weights if newer, else UPTODATE or parked (see ``ps_weights``)."""
@@ -261,11 +264,13 @@ class ParameterServer:
             self.checkpoints.save(self.state)   # training is over: durable before any STOP
         self.weights_out.updated(update, self._stop)
         welcomes, self.welcomes = self.welcomes, []
-        for ident, sender, seq in welcomes:
+        for ident, sender, seq, reply in welcomes:
             if self.state.done:
                 self._stop(ident, sender, seq)
-            else:
+            elif self.state.engine.due(reply):
                 self._welcome(ident, sender, seq)
+            else:
+                self.welcomes.append((ident, sender, seq, reply))
         if self.checkpoints is not None and not self.state.done:
             self.checkpoints.after_update(self.state)
         t = self.cfg.train

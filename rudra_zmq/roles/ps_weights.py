@@ -1,8 +1,9 @@
 """How the parameter server hands out weights: one class per architecture, chosen at start.
 
 - :class:`ReplyWeights` (``base``, ``adv``): weights travel in replies. A PUSHPULL, RELAY or
-  PULL is answered WEIGHTS when the server is newer than the sender, else UPTODATE, or (with
-  ``wait``: hardsync) parked until the next update.
+  PULL is answered when the sync engine says (``sync.Reply``: at once, or parked until a
+  later timestamp exists: hardsync's update), WEIGHTS when the server is newer than the
+  sender, else UPTODATE.
 - :class:`BroadcastWeights` (``advstar``): every new version goes down the learners'
   broadcast (``broadcast.py``); gradients are answered ACK and pulls are refused.
 
@@ -12,7 +13,7 @@ Both send through the server's ``send(ident, kind, payloads=(), **fields)`` and 
 from __future__ import annotations
 
 from .. import topology, wire
-from ..sync import ProtocolViolation
+from ..sync import ProtocolViolation, Reply
 from ..wire import Kind
 
 
@@ -34,46 +35,57 @@ class ReplyWeights:
 
     def __init__(self, state, send):
         self.state, self.send = state, send
-        self.parked: list[tuple[bytes, int, int]] = []  # (routing id, sender, seq) for ts + 1
+        # replies the engine holds: (routing id, sender, seq, the request's ts, sync.Reply)
+        self.parked: list[tuple[bytes, int, int, int, Reply]] = []
 
     @property
     def waiting(self) -> set[int]:
-        """Senders whose pull is parked: the server owes them a reply."""
-        return {sender for _, sender, _ in self.parked}
+        """Senders whose reply is parked: the server owes them one."""
+        return {p[1] for p in self.parked}
 
     def readdress(self, sender: int, ident: bytes) -> None:
         """``sender`` asked again on connection ``ident``: its parked reply goes there."""
-        self.parked = [(ident if s == sender else i, s, q) for i, s, q in self.parked]
+        self.parked = [(ident, *p[1:]) if p[1] == sender else p for p in self.parked]
 
-    def answer(self, ident: bytes, msg: wire.Message, sigma: int) -> None:
-        """Answer a gradient that did not end training: ACK a PUSH, else as a pull."""
+    def answer(self, ident: bytes, msg: wire.Message, sigma: int,
+               reply: Reply | None = None) -> None:
+        """Answer a gradient that did not end training: ACK a PUSH, else as a pull, when
+        ``reply`` (the arrival's; None: ask the engine now) says."""
         if msg.kind == Kind.PUSH:
             self.send(ident, Kind.ACK, sigma=sigma, re=msg.seq)
         else:
-            self.pull(ident, msg, sigma)
+            self.pull(ident, msg, sigma, reply)
 
     def check_pull(self, msg: wire.Message) -> None:
         """Pulls are served."""
 
-    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None) -> None:
-        """WEIGHTS if the server is newer than ``msg.ts``; else park (``wait``) or UPTODATE."""
+    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None,
+             reply: Reply | None = None) -> None:
+        """Park the reply if the engine holds it (``reply``, or the engine's word for the
+        sender now); else WEIGHTS if the server is newer than ``msg.ts``, or UPTODATE."""
+        reply = self.state.reply(msg.sender) if reply is None else reply
+        if not self.state.engine.due(reply):
+            self.parked.append((ident, msg.sender, msg.seq, msg.ts, reply))
+            return
         extra = {"re": msg.seq} if sigma is None else {"sigma": sigma, "re": msg.seq}
         if self.state.engine.timestamp > msg.ts:
             self.send(ident, Kind.WEIGHTS, self.state.weight_frames(), **extra)
-        elif msg.fields["wait"]:
-            self.parked.append((ident, msg.sender, msg.seq))
         else:
             self.send(ident, Kind.UPTODATE, **extra)
 
     def updated(self, update, stop) -> None:
-        """A new version exists: the parked pulls get it (or ``stop(ident, sender, seq)`` once
-        training is done)."""
+        """A new version exists: the parked replies now due go (or ``stop(ident, sender,
+        seq)`` once training is done)."""
         parked, self.parked = self.parked, []
-        for ident, sender, seq in parked:
+        for ident, sender, seq, ts, reply in parked:
             if self.state.done:
                 stop(ident, sender, seq)
-            else:
+            elif not self.state.engine.due(reply):
+                self.parked.append((ident, sender, seq, ts, reply))
+            elif self.state.engine.timestamp > ts:
                 self.send(ident, Kind.WEIGHTS, self.state.weight_frames(), re=seq)
+            else:
+                self.send(ident, Kind.UPTODATE, re=seq)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -98,11 +110,14 @@ class BroadcastWeights:
     def readdress(self, sender: int, ident: bytes) -> None:
         """Nothing is parked."""
 
-    def answer(self, ident: bytes, msg: wire.Message, sigma: int) -> None:
-        """ACK every gradient: no weights in replies."""
+    def answer(self, ident: bytes, msg: wire.Message, sigma: int,
+               reply: Reply | None = None) -> None:
+        """ACK every gradient at once: no weights in replies (a protocol that holds replies
+        is refused under advstar by ``sync.check_protocol``)."""
         self.send(ident, Kind.ACK, sigma=sigma, re=msg.seq)
 
-    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None) -> None:
+    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None,
+             reply: Reply | None = None) -> None:
         """Refused (see ``check_pull``)."""
         self.check_pull(msg)
 

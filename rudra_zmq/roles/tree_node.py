@@ -2,14 +2,15 @@
 
 To its children (learners for a leaf, tree nodes for an inner node) it looks like a parameter
 server (HELLO, PUSH/PUSHPULL, PULL, RELAY); to its parent (an inner node or the root PS) it looks
-like one client, sending HELLO x{subtree} and RELAY x{wait, clock}. One thread owns both
+like one client, sending HELLO x{subtree} and RELAY x{clock}. One thread owns both
 sockets (ROUTER to the children, DEALER to the parent), polled together.
 
 - Every HELLO is checked against the tree the config plans (``topology``); the model's size and
   signature come from the first child, so the node never imports torch.
-- Gradients are checked by a :class:`~rudra_zmq.sync.RelayClock` and summed in place. A child
-  is answered when the relay carrying its gradient is answered: WEIGHTS or UPTODATE, or ACK
-  under advstar, where PULL and PUSHPULL are refused. PULLs are served from the cached weights.
+- Gradients are checked by a :class:`~rudra_zmq.relay_clock.RelayClock` and summed in place.
+  A child is answered when the relay carrying its gradient is answered: WEIGHTS or UPTODATE, or
+  ACK under advstar, where PULL and PUSHPULL are refused. PULLs are served from the cached
+  weights when the clock says (``RelayClock.reply``).
 - STOP from the parent reaches every child at its next request (waiting ones at once); the node
   returns once every learner below it has been told.
 
@@ -29,7 +30,7 @@ import zmq
 
 from .. import codec, transport, wire
 from ..node_state import NodeState
-from ..sync import ProtocolViolation, learners_wait
+from ..sync import ProtocolViolation
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
 from .leaf_shm import LeafShm
@@ -93,7 +94,6 @@ class TreeNode:
         self.spec, self.id = self.state.spec, node_id
         self.sender = wire.node_sender(node_id)
         self.lam = cfg.sync.learners
-        self.hardsync = learners_wait(cfg.sync.protocol)
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
         self.codec = codec.of(cfg)           # how the relayed sums are encoded
         self.timeout = cfg.runtime.timeout_s
@@ -176,12 +176,14 @@ class TreeNode:
                    **self.state.where(sender), re=re)
 
     def on_pull(self, ident: bytes, msg: wire.Message) -> None:
-        """Answered at once from the cached weights, or parked (wait) until newer ones."""
+        """Answered from the cached weights when the clock says (at once, or parked until
+        newer ones are here)."""
         self.children_out.check_pull(msg)
-        if self.ts > msg.ts or not msg.fields["wait"]:
+        reply = self.state.clock.reply(msg.sender)
+        if self.state.clock.due(reply):
             self.children_out.answer(ident, Kind.PULL, msg.ts, msg.seq)
         else:
-            self.state.parked.append((ident, msg.sender, msg.ts, msg.seq))
+            self.state.parked.append((ident, msg.sender, reply, msg.ts, msg.seq))
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
         """PUSH/PUSHPULL from a learner or RELAY from a child node: into the pending sum."""
@@ -206,7 +208,7 @@ class TreeNode:
         if relay is not None:
             buf, clock = relay
             self.parent.send(Kind.RELAY, self.ts, self.codec.encode(buf, self.chunk_bytes),
-                             wait=self.hardsync, clock=[list(e) for e in clock])
+                             clock=[list(e) for e in clock])
             self._asked = self._resent = time.time()
 
     def _from_parent(self) -> None:
@@ -255,11 +257,11 @@ class TreeNode:
             else:
                 self._welcome(ident, sender, seq)
         parked, st.parked = st.parked, []
-        for ident, sender, child_ts, seq in parked:
-            if st.ts > child_ts:
+        for ident, sender, reply, child_ts, seq in parked:
+            if st.clock.due(reply):
                 self.children_out.answer(ident, Kind.PULL, child_ts, seq)
             else:
-                st.parked.append((ident, sender, child_ts, seq))
+                st.parked.append((ident, sender, reply, child_ts, seq))
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
