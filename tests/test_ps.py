@@ -105,9 +105,29 @@ def test_the_server_parks_a_reply_the_engine_holds_and_sends_it_when_the_engine_
     for ts in (0, 1):
         arrival = st.push(message(Kind.PUSHPULL, 1, ts, [np.ones(n, np.float32)]))
         assert arrival.update is not None
-        out.updated(arrival.update, stop=None)
+        out.release(stop=None)
         assert out.waiting == ({0} if ts == 0 else set())
     assert sent[1:] == [(b"L0", Kind.WEIGHTS)]
+
+
+def test_the_ps_holds_a_gradient_reply_as_long_as_the_engine_says(ctx):
+    _, ps = make_ps(ctx, "sync.protocol=async")
+    eng = ps.state.engine   # a rule no protocol has: learner 0's gradient waits for timestamp 3
+    eng.reply = lambda learners: Reply(3) if 0 in set(learners) and eng.gradients_received else NOW
+    with running(ps) as errors:
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        _, ts = a.hello(ps.state.signature, ps.state.numel)
+        b.hello(ps.state.signature, ps.state.numel)
+        g = np.ones(ps.state.numel, np.float32)
+        a.send(Kind.PUSHPULL, ts, [g])                   # update 1, held
+        for t in (1, 2):                                 # updates 2 and 3
+            assert not a.has_reply(200)
+            b.send(Kind.PUSHPULL, t, [g])
+            assert b.recv().ts == t + 1
+        r = a.recv()
+        assert (r.kind, r.ts) == (Kind.WEIGHTS, 3) and ps.weights_out.waiting == set()
+        a.close(), b.close()
+    assert not errors
 
 
 def _bad_messages(ps, numel):

@@ -246,6 +246,8 @@ class ParameterServer:
         arrival = step(msg)
         if arrival.update is not None:
             self._after_update(arrival.update)
+        else:
+            self._release()     # the engine may free a held reply between updates
         if self.state.done:  # this gradient completed training
             self._stop(ident, msg.sender, msg.seq)
         else:
@@ -255,14 +257,14 @@ class ParameterServer:
         """Weights if newer, else UPTODATE or parked (see ``ps_weights``)."""
         self.weights_out.pull(ident, msg)
 
-    def _after_update(self, update) -> None:
+    def _release(self) -> None:
+        """Send the replies and WELCOMEs the engine held that are now due (STOP once training
+        is done). Called after every change of the engine's state."""
+        held = self.weights_out.waiting
+        self.weights_out.release(self._stop)
         now = time.time()
-        for sender in self.weights_out.waiting:   # answered now: its silence starts here
+        for sender in held - self.weights_out.waiting:   # answered: its silence starts here
             self.state.heard(sender, now)
-        self.metrics.update(update)
-        if self.state.done and self.checkpoints is not None:
-            self.checkpoints.save(self.state)   # training is over: durable before any STOP
-        self.weights_out.updated(update, self._stop)
         welcomes, self.welcomes = self.welcomes, []
         for ident, sender, seq, reply in welcomes:
             if self.state.done:
@@ -271,6 +273,13 @@ class ParameterServer:
                 self._welcome(ident, sender, seq)
             else:
                 self.welcomes.append((ident, sender, seq, reply))
+
+    def _after_update(self, update) -> None:
+        self.metrics.update(update)
+        if self.state.done and self.checkpoints is not None:
+            self.checkpoints.save(self.state)   # training is over: durable before any STOP
+        self.weights_out.updated(update)
+        self._release()
         if self.checkpoints is not None and not self.state.done:
             self.checkpoints.after_update(self.state)
         t = self.cfg.train
@@ -338,6 +347,8 @@ class ParameterServer:
             self._members_changed(learner, "evicted")
             if update is not None:
                 self._after_update(update)
+            else:
+                self._release()   # a rule waiting for that learner no longer does
 
     def _note_waiting(self) -> None:
         """Say once, WAIT_NOTE_S after training ended, which learners the server still waits

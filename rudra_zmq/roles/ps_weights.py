@@ -73,9 +73,13 @@ class ReplyWeights:
         else:
             self.send(ident, Kind.UPTODATE, **extra)
 
-    def updated(self, update, stop) -> None:
-        """A new version exists: the parked replies now due go (or ``stop(ident, sender,
-        seq)`` once training is done)."""
+    def updated(self, update) -> None:
+        """A new version exists: nothing to publish (``release`` sends the replies it made
+        due)."""
+
+    def release(self, stop) -> None:
+        """The parked replies the engine now says are due go (or ``stop(ident, sender, seq)``
+        once training is done)."""
         parked, self.parked = self.parked, []
         for ident, sender, seq, ts, reply in parked:
             if self.state.done:
@@ -128,7 +132,10 @@ class BroadcastWeights:
             "kind=advstar the parameter server serves no weights: they come by the learners' "
             "broadcast; push gradients with PUSH")
 
-    def updated(self, update, stop) -> None:
+    def release(self, stop) -> None:
+        """Nothing is parked."""
+
+    def updated(self, update) -> None:
         """Publish the new version (and, at the end, STOP down the broadcast)."""
         self.root.publish(update.timestamp, self.state.w, done=self.state.done, copy=False,
                           reason=f"training finished at epoch {update.epoch:.2f}")
