@@ -8,7 +8,7 @@ from rudra_zmq import checkpoint, wire
 from rudra_zmq.roles.ps_checkpoint import checkpoint_dir, restore_latest
 from rudra_zmq.server_state import ServerState
 from rudra_zmq.span import Span, split
-from rudra_zmq.sync import ProtocolViolation, learners_wait
+from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
 
 N, SIG = 12, "sig"
@@ -43,6 +43,7 @@ def train(states, rounds=5, seed=0):
     state's (σ, update timestamp) per push."""
     rng = np.random.default_rng(seed)
     seen, answers = [0, 0, 0], {id(st): [] for st in states}
+    held = []   # (learner, sync.Reply) not answered yet, by the first state's engine
     for st in states:
         for i in range(3):
             hello(st, i)
@@ -52,13 +53,18 @@ def train(states, rounds=5, seed=0):
             for st in states:
                 part = g[st.span.lo:st.span.hi]
                 cut = len(part) // 2 + 1
-                sigma, update = st.push(message(Kind.PUSHPULL, learner, seq, seen[learner],
-                                                [part[:cut], part[cut:]], wait=False))
-                answers[id(st)].append((sigma, update and update.timestamp))
-            ts = states[0].engine.timestamp
-            # a learner has the weights it got back; under hardsync all get the update
-            seen = [ts] * 3 if learners_wait(states[0].engine.protocol) else \
-                [ts if i == learner else t for i, t in enumerate(seen)]
+                arrival = st.push(message(Kind.PUSHPULL, learner, seq, seen[learner],
+                                          [part[:cut], part[cut:]]))
+                answers[id(st)].append((arrival.sigma, arrival.update and
+                                        arrival.update.timestamp))
+                if st is states[0]:
+                    held.append((learner, arrival.reply))
+            # a learner has the weights it got back once the engine answered it (hardsync:
+            # every learner at the update)
+            eng = states[0].engine
+            seen = [eng.timestamp if any(j == i and eng.due(r) for j, r in held) else t
+                    for i, t in enumerate(seen)]
+            held = [(j, r) for j, r in held if not eng.due(r)]
     return [answers[id(st)] for st in states]
 
 

@@ -25,8 +25,8 @@ def path(*overrides):
         did.append(("handler", msg.kind, msg.sender))
         if msg.kind == Kind.HELLO:
             st.register(ident, msg)
-        elif msg.fields.get("wait"):
-            raise ProtocolViolation("this handler refuses a waiting pull")
+        elif msg.ts < 0:
+            raise ProtocolViolation("this handler refuses a pull of a negative timestamp")
 
     serving = Serving(None, wire.SENDER_PS, st, {k: handler for k in (
         Kind.HELLO, Kind.PUSH, Kind.PUSHPULL, Kind.RELAY, Kind.PULL)},
@@ -37,18 +37,18 @@ def path(*overrides):
     return serving, st, did
 
 
-def request(serving, ident, kind, sender, seq, payloads=(), **fields):
-    serving.handle([ident, *wire.encode(kind, sender, seq, 0, 0, list(payloads), **fields)])
+def request(serving, ident, kind, sender, seq, payloads=(), ts=0, **fields):
+    serving.handle([ident, *wire.encode(kind, sender, seq, ts, 0, list(payloads), **fields)])
 
 
 def test_each_request_is_checked_then_dispatched_and_a_refusal_is_an_error_counted_once():
     serving, st, did = path("sync.learners=2")
     serving.handle([b"a", msgpack.packb({"v": 1})])                  # not a header
-    request(serving, b"a", Kind.PULL, 0, 1, wait=False)               # before its HELLO
+    request(serving, b"a", Kind.PULL, 0, 1)                           # before its HELLO
     request(serving, b"a", Kind.HELLO, 0, 2, model=SIG, numel=N)
-    request(serving, b"a", Kind.PULL, 0, 3, wait=False)
-    request(serving, b"b", Kind.PULL, 0, 4, wait=False)               # another connection
-    request(serving, b"a", Kind.PULL, 0, 5, wait=True)                # the handler refuses it
+    request(serving, b"a", Kind.PULL, 0, 3)
+    request(serving, b"b", Kind.PULL, 0, 4)                           # another connection
+    request(serving, b"a", Kind.PULL, 0, 5, ts=-1)                    # the handler refuses it
     assert did == [("send", Kind.ERROR, "bad_header"), ("send", Kind.ERROR, "rejoin"),
                    ("handler", Kind.HELLO, 0),
                    ("heard", 0), ("handler", Kind.PULL, 0),
@@ -61,8 +61,8 @@ def test_once_training_is_over_a_checked_request_is_told_stop_and_a_hello_still_
     serving, st, did = path("sync.learners=2")
     request(serving, b"a", Kind.HELLO, 0, 1, model=SIG, numel=N)
     st.done = True
-    request(serving, b"a", Kind.PUSHPULL, 0, 2, [np.ones(N, np.float32)], wait=False)
-    request(serving, b"b", Kind.PULL, 0, 3, wait=False)               # not checked: refused
+    request(serving, b"a", Kind.PUSHPULL, 0, 2, [np.ones(N, np.float32)])
+    request(serving, b"b", Kind.PULL, 0, 3)                           # not checked: refused
     request(serving, b"b", Kind.HELLO, 1, 4, model=SIG, numel=N)
     assert did == [("handler", Kind.HELLO, 0), ("heard", 0), ("stop", 0, 2),
                    ("send", Kind.ERROR, "rejoin"), ("handler", Kind.HELLO, 1)]
