@@ -23,14 +23,14 @@ from __future__ import annotations
 import numpy as np
 import zmq
 
-from .. import transport
+from .. import sync, transport
 from . import common, pushpull_client, sides
 from .pushpull_server import handlers
 
 TARGETS = ("ps", "echo", "raw")
 MODES = {"push_then_pull": "push then pull", "pushpull": "push+pull", "push": "push only",
          "pull": "pull only"}
-PROTOCOLS = ("async", "softsync", "hardsync")
+PROTOCOLS = sync.PROTOCOLS
 
 
 # ----------------------------------------------------------------------------- measuring side
@@ -161,9 +161,9 @@ def run(args) -> int:
     if args.bind:
         return sides.serve_agent("pushpull server", args.bind, handlers, args.idle_timeout,
                                  args.exit_with_parent)
-    if args.protocol == "hardsync" and "push" in args.mode:
-        raise ValueError("push-only under hardsync cannot work: a learner must pull the new "
-                         "weights before its next push (use push_then_pull or pushpull)")
+    if sync.barrier(args.protocol) and "push" in args.mode:
+        raise ValueError(f"push-only under {args.protocol} cannot work: a learner must pull the "
+                         "new weights before its next push (use push_then_pull or pushpull)")
     if args.learners < 1:
         raise ValueError(f"--learners must be >= 1, got {args.learners}")
     sizes = common.sizes_from_args(args)

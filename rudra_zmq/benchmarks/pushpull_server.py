@@ -45,9 +45,8 @@ def ps_overrides(req: dict) -> list[str]:
            "data.dataset=synthetic", "data.synthetic_train=1000000000",
            f"runtime.ps_threads={req['ps_threads']}", f"runtime.chunk_mib={req['chunk_mib']}",
            "runtime.timeout_s=3600", f"architecture.kind={req['arch']}",
-           f"architecture.fanout={req['fanout']}", f"architecture.depth={req['depth']}"]
-    if req["protocol"] == "softsync":
-        out.append(f"sync.n={req['softsync_n']}")
+           f"architecture.fanout={req['fanout']}", f"architecture.depth={req['depth']}",
+           f"sync.n={req['softsync_n']}"]   # (read by softsync only)
     return out
 
 

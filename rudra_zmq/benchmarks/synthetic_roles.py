@@ -57,9 +57,7 @@ def overrides(arch: str, protocol: str, learners: int, epoch_gradients: int, *, 
     if arch != "base":
         out += [f"architecture.fanout={fanout}", f"architecture.depth={depth}",
                 f"architecture.relay={relay}"]
-    if protocol == "softsync":
-        out.append(f"sync.n={softsync_n}")
-    return out
+    return [*out, f"sync.n={softsync_n}"]   # (read by softsync only)
 
 
 def _usage() -> dict:
