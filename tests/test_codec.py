@@ -138,8 +138,7 @@ def test_a_tree_node_sums_half_frames_and_float32_slots_alike(code):
     frames, a = _frames(code, _vector(5))
     b = _vector(6)                                   # a float32 shared-memory slot
     for i, pieces in ((0, frames), (1, [b])):
-        msg = wire.decode(wire.encode(Kind.PUSHPULL, i, 1, 0, 0, [np.zeros(N, np.float32)],
-                                      wait=True))
+        msg = wire.decode(wire.encode(Kind.PUSHPULL, i, 1, 0, 0, [np.zeros(N, np.float32)]))
         st.add(str(i).encode(), msg, st.entries(msg), pieces)
     buf, _ = st.take_relay()
     np.testing.assert_array_equal(buf, a + b)
