@@ -4,7 +4,7 @@ The sum of the children's gradients being built and the one in flight to the par
 vector clock of each (``relay_clock.RelayClock``), who waits for which relay, the parent's newest
 weights (its received frames, never written), registrations, incarnation, who was told to
 stop, and counters. Pure data and the rules that change it: no sockets, no sends
-(``roles/tree_node.py`` does the talking).
+(``roles/tree_node.py`` does the talking, and changes this state only through its methods).
 
 Not thread-safe: owned by the tree node's thread.
 """
@@ -107,6 +107,23 @@ class NodeState:
             queue[:] = [(ident, *e[1:]) if e[1] == msg.sender else e for e in queue]
         return True
 
+    def admit(self, ident: bytes, sender: int, seq: int) -> bool:
+        """A registered child's HELLO (request ``seq``): True if it is welcomed now; else it
+        waits for the parent's WELCOME (``welcomed``) or, restarted while its old gradient is
+        held above, for that relay's answer (``rejoins_due``)."""
+        if self.welcome is None:
+            self.hellos.append((ident, sender, seq))
+        elif self.held(sender):
+            self.rejoins.append((ident, sender, seq))
+        else:
+            return True
+        return False
+
+    def park(self, ident: bytes, msg: wire.Message, reply) -> None:
+        """A PULL the clock holds (``reply``, from ``clock.reply``, not due yet): released by
+        ``pulls_due`` once the clock says (or told STOP)."""
+        self.parked.append((ident, msg.sender, reply, msg.ts, msg.seq))
+
     def held(self, sender: int) -> bool:
         """Whether ``sender``'s gradient is in the pending sum or the relay in flight."""
         return any(e[1] == sender for e in self.waiting + self.flight)
@@ -142,15 +159,19 @@ class NodeState:
         self.waiting.append((ident, msg.sender, msg.kind, msg.ts, msg.seq))
         self.seqs[msg.sender] = msg.seq
 
-    def welcomed(self, fields: dict) -> None:
-        """The parent's WELCOME: keep what children are welcomed with and, from x{steps},
-        each learner's data step (entries that are not [learner below, step >= 0] are
-        ignored)."""
+    def welcomed(self, fields: dict, weights: list, ts: int) -> list:
+        """The parent's WELCOME x``fields`` with ``weights`` of ``ts``: keep what children are
+        welcomed with and, from x{steps}, each learner's data step (entries that are not
+        [learner below, step >= 0] are ignored). Returns the HELLOs that waited for it
+        (ident, sender, seq), to be welcomed now."""
         self.welcome = {k: fields[k] for k in ("learners", "protocol")}
         for e in fields.get("steps", ()):
             if (isinstance(e, list) and len(e) == 2 and all(type(v) is int for v in e)
                     and e[0] in self.spec.subtree and e[1] >= 0):
                 self.steps[e[0]] = e[1]
+        self.weights, self.clock.timestamp = weights, ts
+        hellos, self.hellos = self.hellos, []
+        return hellos
 
     def where(self, child: int) -> dict:
         """A child's WELCOME fields for its data: x{step} (a learner) or x{steps} (a node)."""
@@ -178,6 +199,20 @@ class NodeState:
         self.clock.answered(ts)
         flight, self.flight = self.flight, []
         return flight
+
+    def rejoins_due(self) -> list:
+        """The restarted children (ident, sender, seq) whose old gradient has been answered:
+        to be welcomed now; the others keep waiting."""
+        due = [r for r in self.rejoins if not self.held(r[1])]
+        self.rejoins = [r for r in self.rejoins if self.held(r[1])]
+        return due
+
+    def pulls_due(self) -> list:
+        """The parked pulls (ident, sender, Reply, child's ts, seq) the clock now lets go: to
+        be answered now; the others stay parked."""
+        due = [p for p in self.parked if self.clock.due(p[2])]
+        self.parked = [p for p in self.parked if not self.clock.due(p[2])]
+        return due
 
     def stop(self, reason: str) -> list:
         """The parent said STOP: returns every child waiting for anything (to be told)."""

@@ -166,8 +166,7 @@ def test_a_tree_node_hands_each_learner_its_data_step_from_the_root_plus_its_own
     for i in (0, 1):
         st.register(str(i).encode(), message(Kind.HELLO, i, 1, model=SIG, numel=N))
     st.welcomed({"learners": 4, "protocol": "softsync",
-                 "steps": [[0, 7], [1, 5], [2, 99], [1, -3], "junk"]})   # 2: not below it
+                 "steps": [[0, 7], [1, 5], [2, 99], [1, -3], "junk"]}, [], 0)   # 2: not below it
     assert st.welcome == {"learners": 4, "protocol": "softsync"} and st.steps == {0: 7, 1: 5}
-    st.clock.timestamp = 0
     st.add(b"0", message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)]), [(0, 0)], [g(1.0)])
     assert st.where(0) == {"step": 8} and st.where(1) == {"step": 5}

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from cluster import FakeLearner, running, small_config
-from rudra_zmq import shm, wire
+from rudra_zmq import shm, topology, wire
 from rudra_zmq.config import ConfigError
+from rudra_zmq.roles.leaf_shm import LeafShm, NoShm, make_shared
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq.roles.tree_node import TreeNode
 from rudra_zmq.wire import Kind, WireError
@@ -226,3 +227,17 @@ def test_quickstart_advstar_pushes_through_slots_with_leaf_shm(tmp_path, caplog)
     # config's 15 epochs and hold it to the bar of tests/test_advstar_system.py (a clean-clone
     # CI run measured 66 % error after 2 epochs once, 23 % another time).
     _train_with_leaf_shm(tmp_path, caplog, "quickstart_advstar", epochs=None, max_error=0.10)
+
+
+@pytest.mark.parametrize("leaf_shm,node,chosen", [(True, 0, LeafShm), (False, 0, NoShm),
+                                                  (True, 2, NoShm)])
+def test_the_shared_memory_way_is_chosen_once_per_node(leaf_shm, node, chosen):
+    cfg = small_config("sync.learners=4", "architecture.kind=adv", "architecture.fanout=2",
+                       "architecture.depth=2", f"architecture.leaf_shm={str(leaf_shm).lower()}")
+    shared = make_shared(cfg, topology.plan(cfg).node(node), advstar=False)
+    assert type(shared) is chosen and shared.takes_slots == (chosen is LeafShm)
+    plain = wire.decode(wire.encode(Kind.PUSH, 1, 1, 0, 0, [np.ones(3, np.float32)]))
+    if chosen is NoShm:                              # payloads only, nothing on a board
+        assert shared.pieces(plain) is plain.payloads and not shared.on_board(b"1")
+        assert shared.welcome_fields(1) == {}
+    shared.close()

@@ -95,7 +95,7 @@ def test_a_node_state_sums_children_and_hands_out_one_relay_at_a_time():
     for i in (0, 1):
         first = st.register(str(i).encode(), message(Kind.HELLO, i, model=SIG, numel=N))
         assert first == (i == 0)
-    st.clock.timestamp = 0                       # the parent's WELCOME
+    assert st.welcomed({"learners": 4, "protocol": "hardsync"}, [], 0) == []
     a, b = np.full(N, 2.0, np.float32), np.full(N, 3.0, np.float32)
     for i, g in ((0, a), (1, b)):
         msg = message(Kind.PUSHPULL, i, 0, [g])
@@ -106,3 +106,28 @@ def test_a_node_state_sums_children_and_hands_out_one_relay_at_a_time():
     assert sorted(clock) == [(0, 0), (1, 0)] and st.take_relay() is None
     flight = st.answered(1, weights=[np.zeros(N, np.float32)])
     assert [f[1] for f in flight] == [0, 1] and st.ts == 1 and len(st.weights) == 1
+
+
+def test_a_node_state_holds_hellos_rejoins_and_pulls_until_the_parent_answers():
+    cfg = small_config("sync.protocol=hardsync", "sync.learners=4", "architecture.kind=adv",
+                       "architecture.fanout=2")
+    st = NodeState(cfg, 0)
+    for i in (0, 1):
+        st.register(str(i).encode(), message(Kind.HELLO, i, model=SIG, numel=N))
+    assert not st.admit(b"0", 0, 5)              # before the parent's WELCOME: it waits
+    w0 = [np.zeros(N, np.float32)]
+    assert st.welcomed({"learners": 4, "protocol": "hardsync"}, w0, 0) == [(b"0", 0, 5)]
+    assert st.ts == 0 and st.weights is w0 and st.admit(b"1", 1, 6)
+    for i in (0, 1):
+        msg = message(Kind.PUSHPULL, i, 0, [np.ones(N, np.float32)])
+        st.add(str(i).encode(), msg, st.entries(msg), msg.payloads)
+    assert not st.admit(b"0b", 0, 7)             # restarted with its gradient in the sum
+    reply = st.clock.reply(1)                    # hardsync: its pull waits for the update
+    assert not st.clock.due(reply)
+    st.park(b"1", message(Kind.PULL, 1, 0), reply)
+    assert st.rejoins_due() == [] and st.pulls_due() == []
+    st.take_relay()
+    assert st.rejoins_due() == [] and st.pulls_due() == []   # in flight: still held
+    st.answered(1, weights=[np.ones(N, np.float32)])
+    assert st.rejoins_due() == [(b"0b", 0, 7)] and st.rejoins_due() == []
+    assert st.pulls_due() == [(b"1", 1, reply, 0, 1)] and st.pulls_due() == []

@@ -1,4 +1,7 @@
-"""A leaf tree node's shared memory with the learners on its host (``architecture.leaf_shm``).
+"""How a tree node takes its children's gradients and hands them weights, chosen at start
+(``make_shared``): by shared memory with the learners on a leaf's host (:class:`LeafShm`,
+``architecture.leaf_shm``) or by ZeroMQ payloads only (:class:`NoShm`: inner nodes, or the
+option off). The node calls the same methods on either.
 
 A learner says HELLO x{shm: token}; the leaf maps its two gradient slots (``shm.py``) and,
 unless under advstar, makes one weight board for all its learners, answering WELCOME
@@ -19,8 +22,49 @@ from ..sync import ProtocolViolation
 log = logging.getLogger("rudra_zmq.tree_node")
 
 
+def make_shared(cfg, spec, advstar: bool):
+    """The node ``spec``'s way with its children's memory: :class:`LeafShm` for a leaf with
+    ``architecture.leaf_shm``, else :class:`NoShm`."""
+    if cfg.architecture.leaf_shm and spec.is_leaf:
+        return LeafShm(spec.id, spec.subtree, advstar)
+    return NoShm()
+
+
+class NoShm:
+    """Children on ZeroMQ payloads only: no slot is mapped, no board is made. The wire refuses
+    a push from a slot (``takes_slots`` False); a HELLO x{shm} is welcomed without x{shm}."""
+
+    takes_slots = False   # wire.decode: no x{slot} pushes
+
+    def hello(self, msg: wire.Message, numel: int, weights, ts: int) -> None:
+        """Nothing to map."""
+
+    def welcome_fields(self, learner: int) -> dict:
+        """No x{shm}: the learner stays on payloads."""
+        return {}
+
+    def pieces(self, msg: wire.Message) -> list:
+        """The gradient's frames."""
+        return msg.payloads
+
+    def pushed(self, ident: bytes, msg: wire.Message) -> None:
+        """Nothing to note."""
+
+    def on_board(self, ident: bytes) -> bool:
+        """False: weights travel in frames."""
+        return False
+
+    def publish(self, ts: int, weights) -> None:
+        """No board."""
+
+    def close(self) -> None:
+        """Nothing mapped."""
+
+
 class LeafShm:
     """Node ``node_id``'s mapped slots and its board, for ``subtree`` (its learners)."""
+
+    takes_slots = True   # wire.decode: a push may come from a slot (x{slot}, no payload)
 
     def __init__(self, node_id: int, subtree: frozenset, advstar: bool):
         self.id, self.subtree, self.advstar = node_id, subtree, advstar
@@ -29,6 +73,12 @@ class LeafShm:
         self.by_board: set[bytes] = set()                # children whose last push was by slot
         self._pushed: set[int] = set()                   # learners that pushed (board unlink)
         self._no_shm: str | None = None                  # why the board could not be made
+
+    def hello(self, msg: wire.Message, numel: int, weights, ts: int) -> None:
+        """A registered child's HELLO: map its slots if it offers them (x{shm}); ``weights``
+        of ``ts`` are the parent's newest (None before its WELCOME)."""
+        if "shm" in msg.fields:
+            self.map_slots(msg.sender, msg.fields["shm"], numel, weights, ts)
 
     def map_slots(self, learner: int, token: str, numel: int, weights=None, ts: int = -1):
         """Map ``learner``'s slots (making the board first, once, with ``weights`` of ``ts``
@@ -81,6 +131,11 @@ class LeafShm:
             self._pushed.add(msg.sender)
             if self.board.owner and self._pushed >= self.subtree:
                 self.board.unlink()
+
+    def on_board(self, ident: bytes) -> bool:
+        """Whether the child on ``ident`` pushed its last gradient by slot: its weights are
+        on the board (WEIGHTS x{board})."""
+        return ident in self.by_board
 
     def publish(self, ts: int, weights) -> None:
         """New weights from the parent: onto the board, before any child is told to read it."""

@@ -103,8 +103,9 @@ class ParameterServer:
         # waits in the socket until serve_forever reads it, with the state built; none of
         # them leaves meanwhile. A restarted (resumed) one builds first: learners may leave
         # while an unread socket holds them, which can abort libzmq 4.3.5 (as for the
-        # statistics server, docs/fault-tolerance.md). No ROUTER_HANDOVER: a restarted learner comes back on a new connection (a new
-        # routing id) and says HELLO; no one else can take over a live learner's name.
+        # statistics server, docs/fault-tolerance.md). No ROUTER_HANDOVER: a restarted learner
+        # comes back on a new connection (a new routing id) and says HELLO; no one else can
+        # take over a live learner's name.
         self.sock = transport.make_socket(
             self.ctx, zmq.ROUTER, hwm=max(64, 4 * cfg.sync.learners),
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))

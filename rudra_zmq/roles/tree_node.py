@@ -18,7 +18,9 @@ Copies: none for weights (the parent's frames are kept as the cache, never writt
 zero-copy). Gradients are summed into one of two buffers; the other is the relay in flight,
 written again only after the parent answers. Never hangs: a parent silent for
 ``runtime.timeout_s`` while a request is in flight, or children silent that long, raises. State:
-``node_state.NodeState``; shared memory: ``leaf_shm.py``; relay rules: ``docs/architecture.md``.
+``node_state.NodeState`` (changed through its methods only); requests: ``serving.py``; answers to
+children: ``node_weights.py``; shared memory or payloads: ``leaf_shm.py`` (one strategy, chosen
+at start); relay rules: ``docs/architecture.md``.
 """
 from __future__ import annotations
 
@@ -30,55 +32,13 @@ import zmq
 
 from .. import codec, transport, wire
 from ..node_state import NodeState
-from ..sync import ProtocolViolation
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
-from .leaf_shm import LeafShm
+from .leaf_shm import make_shared
+from .node_weights import make_children_out
 from .serving import Serving
 
 log = logging.getLogger("rudra_zmq.tree_node")
-
-
-class ChildWeights:
-    """Rudra-adv: children are answered with the weights the parent returned (frames, or a
-    board reference for a learner that pushed by shared memory), or UPTODATE."""
-
-    def __init__(self, state: NodeState, send, shared: LeafShm | None):
-        self.state, self.send, self.shared = state, send, shared
-
-    def check_pull(self, msg: wire.Message) -> None:
-        """Pulls are served."""
-
-    def answer(self, ident: bytes, kind: Kind, child_ts: int, re: int) -> None:
-        """Answer a child's request ``re`` whose gradient (or pull) is done: ACK a PUSH; else
-        newer weights or UPTODATE."""
-        st = self.state
-        if kind == Kind.PUSH:
-            self.send(ident, Kind.ACK, re=re)
-        elif st.ts > child_ts and self.shared is not None and ident in self.shared.by_board:
-            self.send(ident, Kind.WEIGHTS, board=True, re=re)   # published with the weights
-        elif st.ts > child_ts:
-            self.send(ident, Kind.WEIGHTS, st.weights, re=re)
-        else:
-            self.send(ident, Kind.UPTODATE, re=re)
-
-
-class ChildAcks:
-    """Rudra-adv*: no weights travel down the tree; every gradient is answered ACK."""
-
-    def __init__(self, state: NodeState, send, shared: LeafShm | None):
-        self.state, self.send = state, send
-
-    def check_pull(self, msg: wire.Message) -> None:
-        """Raise ProtocolViolation: weights come by the learners' broadcast."""
-        raise ProtocolViolation(
-            f"{wire.sender_name(msg.sender)} sent {msg.kind.name}, but with "
-            f"architecture.kind=advstar tree node {self.state.id} serves no weights: they "
-            "come by the learners' broadcast; push gradients with PUSH")
-
-    def answer(self, ident: bytes, kind: Kind, child_ts: int, re: int) -> None:
-        """ACK."""
-        self.send(ident, Kind.ACK, re=re)
 
 
 class TreeNode:
@@ -107,10 +67,9 @@ class TreeNode:
         self.parent = transport.Channel(self.ctx, parent, self.sender, name=f"parent ({up})",
                                         timeout_ms=int(self.timeout * 1000), hwm=4,
                                         max_bytes=transport.frame_limit(self.chunk_bytes))
-        self.shared = (LeafShm(node_id, self.spec.subtree, self.state.advstar)
-                       if cfg.architecture.leaf_shm and self.spec.is_leaf else None)
-        answers = ChildAcks if self.state.advstar else ChildWeights
-        self.children_out = answers(self.state, self._send, self.shared)
+        # chosen once: slots and board (a leaf with architecture.leaf_shm) or payloads only
+        self.shared = make_shared(cfg, self.spec, self.state.advstar)
+        self.children_out = make_children_out(self.state, self._send, self.shared)
         self._asked: float | None = None     # when the request to the parent in flight was sent
         self._resent = 0.0                   # when it was last sent (again)
         self.retry_s = cfg.runtime.retry_s
@@ -121,7 +80,7 @@ class TreeNode:
             {Kind.HELLO: self.on_hello, Kind.PULL: self.on_pull, Kind.PUSH: self.on_gradient,
              Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient},
             send=self._send, stop=self._stop, learners=self.lam, log=log,
-            slots=self.shared is not None)
+            slots=self.shared.takes_slots)
 
     @property
     def ts(self) -> int:
@@ -160,19 +119,13 @@ class TreeNode:
             self.parent.send(Kind.HELLO, model=st.signature, numel=st.numel,
                              subtree=sorted(self.spec.subtree), **had)
             self._asked = self._resent = time.time()
-        if self.shared is not None and "shm" in msg.fields:
-            self.shared.map_slots(msg.sender, msg.fields["shm"], st.numel,
-                                  st.weights if st.welcome is not None else None, st.ts)
-        if st.welcome is None:
-            st.hellos.append((ident, msg.sender, msg.seq))
-        elif st.held(msg.sender):   # it restarted: welcome it once its old gradient is answered
-            st.rejoins.append((ident, msg.sender, msg.seq))
-        else:
-            self._welcome(ident, msg.sender, msg.seq)
+        self.shared.hello(msg, st.numel, st.weights if st.welcome is not None else None, st.ts)
+        if st.admit(ident, msg.sender, msg.seq):   # else after the parent's WELCOME, or a
+            self._welcome(ident, msg.sender, msg.seq)   # restarted one's held gradient's answer
 
     def _welcome(self, ident: bytes, sender: int, re: int) -> None:
-        extra = self.shared.welcome_fields(sender) if self.shared is not None else {}
-        self._send(ident, Kind.WELCOME, self.state.weights, **self.state.welcome, **extra,
+        self._send(ident, Kind.WELCOME, self.state.weights, **self.state.welcome,
+                   **self.shared.welcome_fields(sender),
                    **self.state.where(sender), re=re)
 
     def on_pull(self, ident: bytes, msg: wire.Message) -> None:
@@ -183,7 +136,7 @@ class TreeNode:
         if self.state.clock.due(reply):
             self.children_out.answer(ident, Kind.PULL, msg.ts, msg.seq)
         else:
-            self.state.parked.append((ident, msg.sender, reply, msg.ts, msg.seq))
+            self.state.park(ident, msg, reply)
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
         """PUSH/PUSHPULL from a learner or RELAY from a child node: into the pending sum."""
@@ -195,10 +148,8 @@ class TreeNode:
                 self.children_out.answer(ident, msg.kind, msg.ts, msg.seq)
             return
         entries = st.entries(msg)
-        pieces = msg.payloads if self.shared is None else self.shared.pieces(msg)
-        st.add(ident, msg, entries, pieces)     # raises before the sum is touched
-        if self.shared is not None:
-            self.shared.pushed(ident, msg)
+        st.add(ident, msg, entries, self.shared.pieces(msg))   # raises before the sum changes
+        self.shared.pushed(ident, msg)
 
     # ------------------------------------------------------------------ parent
     def _maybe_relay(self) -> None:
@@ -231,13 +182,10 @@ class TreeNode:
             for ident, sender, *_, seq in st.stop(msg.fields["reason"]):
                 self._stop(ident, sender, seq)
         elif msg.kind == Kind.WELCOME:
-            st.welcomed(msg.fields)
-            st.weights, st.clock.timestamp = msg.payloads, msg.ts
-            if self.shared is not None:
-                self.shared.publish(msg.ts, st.weights)
-            for ident, sender, seq in st.hellos:
+            hellos = st.welcomed(msg.fields, msg.payloads, msg.ts)
+            self.shared.publish(msg.ts, st.weights)
+            for ident, sender, seq in hellos:
                 self._welcome(ident, sender, seq)
-            st.hellos = []
         else:
             self._answered(msg)
 
@@ -245,23 +193,15 @@ class TreeNode:
         """The parent answered our relay: new weights (board first), then the children."""
         st = self.state
         weights = msg.payloads if msg.kind == Kind.WEIGHTS else None
-        if weights is not None and msg.ts > st.ts and self.shared is not None:
+        if weights is not None and msg.ts > st.ts:
             self.shared.publish(msg.ts, weights)   # before any child is told to read it
         ts = msg.ts if msg.kind in (Kind.WEIGHTS, Kind.ACK) else st.ts
         for ident, _sender, kind, child_ts, seq in st.answered(ts, weights):
             self.children_out.answer(ident, kind, child_ts, seq)
-        rejoins, st.rejoins = st.rejoins, []
-        for ident, sender, seq in rejoins:
-            if st.held(sender):
-                st.rejoins.append((ident, sender, seq))
-            else:
-                self._welcome(ident, sender, seq)
-        parked, st.parked = st.parked, []
-        for ident, sender, reply, child_ts, seq in parked:
-            if st.clock.due(reply):
-                self.children_out.answer(ident, Kind.PULL, child_ts, seq)
-            else:
-                st.parked.append((ident, sender, reply, child_ts, seq))
+        for ident, sender, seq in st.rejoins_due():
+            self._welcome(ident, sender, seq)
+        for ident, _sender, _reply, child_ts, seq in st.pulls_due():
+            self.children_out.answer(ident, Kind.PULL, child_ts, seq)
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
@@ -311,8 +251,7 @@ class TreeNode:
 
     def close(self) -> None:
         """Close the sockets and unmap shared memory."""
-        if self.shared is not None:
-            self.shared.close()
+        self.shared.close()
         self.parent.close()
         self.sock.close(linger=transport.LINGER_MS)
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
