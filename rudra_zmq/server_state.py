@@ -69,6 +69,7 @@ class ServerState:
         self.applied: dict[int, tuple] = {}   # sender -> (last seq, its σ; None for a HELLO)
         self.steps: dict[int, int] = {}               # learner -> gradients accepted (data step)
         self.last_heard: dict[int, float] = {}        # learner -> when it last sent anything
+        self.welcomes: list = []   # HELLOs whose WELCOME the engine holds: (id, sender, seq, Reply)
         self.tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
         self.identities: dict[int, bytes] = {}        # sender -> its connection's routing id
         self.subtrees: dict[int, frozenset] = {}      # tree node sender -> learners below it
@@ -137,6 +138,29 @@ class ServerState:
         hardsync sender with a gradient in the pending update waits for that update, or it
         would push twice for one timestamp. Pure."""
         return self.engine.reply(self.subtrees.get(sender) or (sender,))
+
+    def admit(self, ident: bytes, sender: int, seq: int) -> bool:
+        """A registered sender's HELLO (request ``seq``): True if it is welcomed now; else its
+        WELCOME waits until the engine's ``reply`` is due (``welcomes_due``)."""
+        reply = self.reply(sender)
+        if self.engine.due(reply):
+            return True
+        self.welcomes.append((ident, sender, seq, reply))
+        return False
+
+    def welcomes_due(self) -> list[tuple[bytes, int, int]]:
+        """The held HELLOs (ident, sender, seq) due now, every one once training is done (to
+        be told STOP); the others stay held."""
+        due = [w for w in self.welcomes if self.done or self.engine.due(w[3])]
+        self.welcomes = [w for w in self.welcomes if not (self.done or self.engine.due(w[3]))]
+        return [w[:3] for w in due]
+
+    def where(self, sender: int) -> dict:
+        """A sender's WELCOME fields for its data: x{step} (a learner) or x{steps} (a tree
+        node: each learner below it)."""
+        if sender not in self.subtrees:
+            return {"step": self.steps.get(sender, 0)}
+        return {"steps": [[i, self.steps.get(i, 0)] for i in sorted(self.subtrees[sender])]}
 
     def heard(self, sender: int, now: float) -> None:
         """``sender`` sent a request, or was answered one it waited for, at ``now``: a

@@ -98,6 +98,22 @@ def test_silent_members_are_found_but_not_those_owed_a_reply_or_told_to_stop():
     assert st.join(1, now=150.0) and st.engine.members == {0, 1, 2}
 
 
+def test_a_hardsync_learner_saying_hello_again_is_welcomed_after_the_update_it_is_in():
+    st = state("sync.protocol=hardsync", "sync.learners=2")
+    hello(st, 0), hello(st, 1)
+    assert st.admit(b"0", 0, 1) and st.where(0) == {"step": 0}
+    st.push(message(Kind.PUSH, 0, 2, 0, [g(1.0)]))
+    hello(st, 0, seq=3)                          # restarted with its gradient pending
+    assert not st.admit(b"0", 0, 3) and st.welcomes_due() == []
+    st.push(message(Kind.PUSH, 1, 2, 0, [g(2.0)]))
+    assert st.engine.timestamp == 1 and st.welcomes_due() == [(b"0", 0, 3)]
+    assert st.welcomes_due() == [] and st.where(0) == {"step": 1}
+    st.push(message(Kind.PUSH, 0, 4, 1, [g(1.0)]))
+    assert not st.admit(b"0", 0, 5)
+    st.done = True                               # training over: every held one is let go
+    assert st.welcomes_due() == [(b"0", 0, 5)]
+
+
 def test_a_snapshot_restored_through_a_checkpoint_continues_identically(tmp_path):
     a = state("sync.protocol=softsync", "sync.learners=2", "sync.n=1")
     hello(a, 0), hello(a, 1)

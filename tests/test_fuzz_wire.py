@@ -203,7 +203,7 @@ def snapshot(ps):
     s, e, u = ps.state, ps.state.engine, ps.state.updater
     return (s.w.tobytes(), u.v.tobytes(), u.acc.tobytes(), e.timestamp, e.gradients_received,
             dict(s.identities), dict(s.applied), dict(s.steps), set(e.members), set(s.stopped),
-            s.done, set(s.last_heard), sorted(ps.weights_out.waiting), list(ps.welcomes))
+            s.done, set(s.last_heard), sorted(ps.weights_out.waiting), list(s.welcomes))
 
 
 def handle(ps, ident, frames):

@@ -158,7 +158,6 @@ class ParameterServer:
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
         while self._next_eval_epoch <= self.state.engine.epoch:   # resumed: the next one due
             self._next_eval_epoch += cfg.train.eval_every_epochs
-        self.welcomes: list = []   # (ident, sender, seq, Reply): WELCOMEs the engine holds
         self._learner_timeout = cfg.runtime.learner_timeout_s
         self._done_at: float | None = None   # when training ended (for the waiting note)
         self._noted_waiting = False
@@ -166,7 +165,7 @@ class ParameterServer:
             self.sock, wire.SENDER_PS, self.state,
             {Kind.HELLO: self.on_hello, Kind.PUSH: self.on_gradient,
              Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient,
-             Kind.PULL: self.on_pull},
+             Kind.PULL: self.weights_out.pull},   # weights if newer, else UPTODATE or held
             send=self.send, stop=self._stop, learners=self.state.learners, log=log,
             heard=self.state.heard)
 
@@ -217,20 +216,15 @@ class ParameterServer:
             return
         if st.join(msg.sender, time.time()):
             self._members_changed(msg.sender, "joined")
-        reply = st.reply(msg.sender)
-        if st.engine.due(reply):
+        if st.admit(ident, msg.sender, msg.seq):   # else held until the engine says
             self._welcome(ident, msg.sender, msg.seq)
-        else:
-            self.welcomes.append((ident, msg.sender, msg.seq, reply))
 
     def _welcome(self, ident: bytes, sender: int, seq: int) -> None:
         """WELCOME with the weights and where the data stream of the sender (a learner) or
         of each learner below it (a tree node) goes on."""
-        st = self.state
-        where = ({"step": st.steps.get(sender, 0)} if sender not in st.subtrees else
-                 {"steps": [[i, st.steps.get(i, 0)] for i in sorted(st.subtrees[sender])]})
-        self.send(ident, Kind.WELCOME, st.weight_frames(), re=seq,
-                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol, **where)
+        self.send(ident, Kind.WELCOME, self.state.weight_frames(), re=seq,
+                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol,
+                  **self.state.where(sender))
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
         """PUSH, PUSHPULL or RELAY: account, maybe update, answer. A gradient sent again
@@ -254,10 +248,6 @@ class ParameterServer:
         else:
             self.weights_out.answer(ident, msg, arrival.sigma, arrival.reply)
 
-    def on_pull(self, ident: bytes, msg: wire.Message) -> None:
-        """Weights if newer, else UPTODATE or parked (see ``ps_weights``)."""
-        self.weights_out.pull(ident, msg)
-
     def _release(self) -> None:
         """Send the replies and WELCOMEs the engine held that are now due (STOP once training
         is done). Called after every change of the engine's state."""
@@ -266,14 +256,8 @@ class ParameterServer:
         now = time.time()
         for sender in held - self.weights_out.waiting:   # answered: its silence starts here
             self.state.heard(sender, now)
-        welcomes, self.welcomes = self.welcomes, []
-        for ident, sender, seq, reply in welcomes:
-            if self.state.done:
-                self._stop(ident, sender, seq)
-            elif self.state.engine.due(reply):
-                self._welcome(ident, sender, seq)
-            else:
-                self.welcomes.append((ident, sender, seq, reply))
+        for ident, sender, seq in self.state.welcomes_due():
+            (self._stop if self.state.done else self._welcome)(ident, sender, seq)
 
     def _after_update(self, update) -> None:
         self.metrics.update(update)
