@@ -352,8 +352,8 @@ class SyncEngine:
         return NOW
 
     def due(self, reply: Reply) -> bool:
-        """Whether a reply the engine held may go now. Replies wait for a timestamp, so a
-        server looks at those it parked after each update. Pure."""
+        """Whether a reply the engine held may go now. Servers and the simulator ask again
+        after every change of the engine's state (gradient, update, leave). Pure."""
         return reply.after is None or self.timestamp >= reply.after
 
     def _make_update(self) -> Update:
