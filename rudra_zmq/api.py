@@ -30,6 +30,7 @@ from . import compare, launcher, preflight, simulator
 from . import config as config_mod
 from .children import tail
 from .config import Config, ConfigError
+from .run_files import WEIGHTS_FILE, log_dir
 from .run_plan import make_plan, summary
 from .user_code import UserCodeError, import_root, is_import_path
 
@@ -66,7 +67,7 @@ class TrainResult:
 
     def weights(self) -> np.ndarray:
         """The final weights (flat float32), read from ``run_dir/weights.npy``. Blocks."""
-        return np.load(self.run_dir / "weights.npy")
+        return np.load(self.run_dir / WEIGHTS_FILE)
 
 
 def load_config(config=None, overrides=None) -> Config:
@@ -135,7 +136,7 @@ def simulate(config, overrides=None, *, train: bool = False, jitter: float = 0.0
                              progress=None if quiet else (lambda line: print(line, flush=True)))
     path = simulator.write_run(cfg, res, path)
     if res.weights is not None:
-        np.save(path / "weights.npy", res.weights)
+        np.save(path / WEIGHTS_FILE, res.weights)
     errors = [e["test_error"] for e in res.evals]
     return TrainResult(path, errors[-1] if errors else None, min(errors) if errors else None,
                        res.updates[-1]["epoch"] if res.updates else None, res.sim_time,
@@ -160,7 +161,7 @@ class _Launcher(launcher.Launcher):
         run_dir = self.plan.run_dir
         if not self.reported:
             return TrainingError(f"training failed (exit code {rc}); the logs are in "
-                                 f"{run_dir / 'logs'}", run_dir, log=run_dir / "logs")
+                                 f"{log_dir(run_dir)}", run_dir, log=log_dir(run_dir))
         child = self.reported[-1]
         lines = "\n".join(f"    {line}" for line in tail(child.log))
         return TrainingError(f"training failed: {child.describe_exit()}; its log is {child.log}"

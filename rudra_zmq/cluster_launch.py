@@ -39,9 +39,11 @@ from .children import Child, echo_lines
 from .config import ConfigError
 from .launcher import Launcher
 from .remote_commands import Commands
+from .run_files import (CONFIG_FILE, KEYS_DIR, LAUNCH_ID_FILE, LOG_DIR, config_path, env_path,
+                        log_path)
 from .run_plan import role_env
 
-MARKER = ".launch-id"      # in the run directory: tells a shared file system
+MARKER = LAUNCH_ID_FILE     # in the run directory: tells a shared file system
 COPY_TIMEOUT_S = 300.0
 SSH_FAILED = 255           # ssh's exit code for its own errors (not the remote command's)
 
@@ -101,16 +103,16 @@ class ClusterLauncher(Launcher):
         (self.plan.run_dir / MARKER).write_text(token)
         payload = io.BytesIO()
         with tarfile.open(fileobj=payload, mode="w") as tar:
-            tar.add(self.plan.run_dir / "config.yaml", arcname="config.yaml")
-            if (self.plan.run_dir / "keys").is_dir():
-                tar.add(self.plan.run_dir / "keys", arcname="keys")
+            tar.add(config_path(self.plan.run_dir), arcname=CONFIG_FILE)
+            if (self.plan.run_dir / KEYS_DIR).is_dir():
+                tar.add(self.plan.run_dir / KEYS_DIR, arcname=KEYS_DIR)
         if self.via == "pdsh":   # pdsh forwards no stdin: the guard reads a 0600 file
             for host, label, _, _ in cluster_plan.commands(self.cp):
-                path = self.plan.run_dir / f".env-{label}.json"
+                path = env_path(self.plan.run_dir, label)
                 path.touch(mode=0o600)
                 path.write_text(json.dumps(self.settings(host)))
         run_dir = shlex.quote(str(self.plan.run_dir))
-        script = (f"new=old; [ -e {run_dir} ] || new=new; mkdir -p {run_dir}/logs && "
+        script = (f"new=old; [ -e {run_dir} ] || new=new; mkdir -p {run_dir}/{LOG_DIR} && "
                   f"cd {run_dir} && "
                   f"if [ \"$(cat {MARKER} 2>/dev/null)\" = {token} ]; then echo shared; "
                   f"else tar -xf - && echo copied $new; fi")
@@ -145,7 +147,7 @@ class ClusterLauncher(Launcher):
         host = self.cp.server_host
         if hostfile.is_local(host) or self.shared.get(host, True):
             return
-        script = f"tar -C {shlex.quote(str(self.plan.run_dir))} --exclude=./logs -cf - ."
+        script = f"tar -C {shlex.quote(str(self.plan.run_dir))} --exclude=./{LOG_DIR} -cf - ."
         try:
             res = subprocess.run(self.commands.remote(host, script), capture_output=True,
                                  timeout=COPY_TIMEOUT_S)
@@ -161,7 +163,7 @@ class ClusterLauncher(Launcher):
     def start(self, label: str, role: str, args: list[str]) -> Child:
         """Start one role on its host; blocks only for the fork/exec (and the first write)."""
         host = self.cp.placement[label]
-        log_path = self.plan.run_dir / "logs" / f"{label}.log"
+        log_file = log_path(self.plan.run_dir, label)
         if hostfile.is_local(host):
             command = [sys.executable, "-m", "rudra_zmq", role, *args]
             env = {**role_env(self.plan.cfg, role, self.cp.learners_on(host)),
@@ -178,8 +180,8 @@ class ClusterLauncher(Launcher):
             if self.via == "ssh":
                 proc.stdin.write(json.dumps(self.settings(host)) + "\n")
                 proc.stdin.flush()   # and keep it open: closing it stops the role
-        child = Child(label, role, command, log_path, proc, args=list(args))
-        child.echo = threading.Thread(target=echo_lines, args=(proc.stdout, log_path, child,
+        child = Child(label, role, command, log_file, proc, args=list(args))
+        child.echo = threading.Thread(target=echo_lines, args=(proc.stdout, log_file, child,
                                                                f"{host}:{label} "),
                                       name=f"echo-{label}", daemon=True)
         child.echo.start()

@@ -30,6 +30,7 @@ from pathlib import Path
 from . import config as config_mod
 from . import hostfile, topology
 from .config import ConfigError
+from .run_files import KEYS_DIR, config_path
 from .run_plan import Plan, learner_groups, learner_label, make_run_dir, role_steps
 
 DEFAULT_PORT = 29500   # the first port on each host (torch.distributed's default)
@@ -171,7 +172,7 @@ def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
         cfg = dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on))
     if create:
         path = make_run_dir(cfg, run_dir)
-        config_mod.save(cfg, path / "config.yaml")
+        config_mod.save(cfg, config_path(path))
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         path = Path(run_dir or Path(cfg.runtime.run_dir) / f"{cfg.name}-{stamp}").absolute()
@@ -205,7 +206,7 @@ def security_line(cp: ClusterPlan) -> str:
              False: "security.curve: false"}[cp.curve_given]
     if cp.plan.cfg.security.curve:
         return (f"CurveZMQ on every socket ({given}); the run's keys are made in "
-                f"{cp.plan.run_dir / 'keys'} and copied to each host")
+                f"{cp.plan.run_dir / KEYS_DIR} and copied to each host")
     if exposed(cp.plan.binds, cp.host_names()):
         return f"PLAINTEXT across hosts ({given}): anyone who can reach the roles can join"
     return f"plaintext on loopback, every role on this machine ({given})"
@@ -213,6 +214,6 @@ def security_line(cp: ClusterPlan) -> str:
 
 def commands(cp: ClusterPlan, resume: bool = False) -> list[tuple[str, str, str, list[str]]]:
     """Every process in start order: ``(host, label, role, args)`` with ``--config`` first."""
-    conf = ["--config", str(cp.plan.run_dir / "config.yaml")]
+    conf = ["--config", str(config_path(cp.plan.run_dir))]
     return [(cp.placement[label], label, role, conf + args)
             for label, role, args, _ in role_steps(cp.plan, resume)]

@@ -22,13 +22,11 @@ from pathlib import Path
 import yaml
 
 from . import plots
-from .roles.ps_report import PS_FINAL_FILE
+from .run_files import CONFIG_FILE, METRICS_FILE, PS_FINAL_FILE, SWEEP_FILE
 from .sync import protocol_label
 
 COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
            "best_error", "mean_sigma", "startup_s", "wall_s", "s_per_epoch")
-SWEEP_FILE = "sweep.yaml"   # a sweep parent's grid: its points in order (sweep.py)
-POINT_FILE = "point.json"   # a sweep point's record: mode, status, exit code (sweep.py)
 log = logging.getLogger(__name__)
 
 
@@ -39,7 +37,7 @@ class CompareError(ValueError):
 def read_config(run_dir: Path) -> dict:
     """The run's ``config.yaml`` as a plain dict ({} when missing or unreadable); reads only."""
     try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -62,13 +60,13 @@ def protocol_name(cfg: dict, paper: bool = False) -> str:
 
 def _checked(run_dir) -> Path:
     run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").is_file():
-        raise CompareError(f"{run_dir}: no metrics.jsonl here; give the run directories that "
+    if not (run_dir / METRICS_FILE).is_file():
+        raise CompareError(f"{run_dir}: no {METRICS_FILE} here; give the run directories that "
                            "`rudra-zmq run` or `simulate` printed")
     return run_dir
 
 
-def is_run_dir(path, markers=(plots.METRICS_FILE,)) -> bool:
+def is_run_dir(path, markers=(METRICS_FILE,)) -> bool:
     """Whether ``path`` holds one of the files ``markers`` that make a directory a run."""
     return any((Path(path) / m).is_file() for m in markers)
 
@@ -91,7 +89,7 @@ def _sweep_order(parent: Path, names) -> list[str]:
     return sorted(names, key=lambda n: (rank.get(n, math.inf), n))
 
 
-def expand_run_dirs(paths, markers=(plots.METRICS_FILE,)) -> list[Path]:
+def expand_run_dirs(paths, markers=(METRICS_FILE,)) -> list[Path]:
     """The run directories that ``paths`` name: each path is a run directory (it holds one of
     ``markers``) or a parent of run directories, such as a sweep's, which stands for its
     immediate subdirectories that are runs, in ``sweep.yaml``'s point order when it has one,

@@ -41,6 +41,7 @@ from . import preflight, security
 from .children import Child, accepting, echo_lines, kill_tree, log_size, tail
 from .compare import result_line
 from .notices import LogNotices
+from .run_files import PROCESSES_FILE, checkpoints_root, config_path, log_dir, log_path
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
@@ -97,21 +98,21 @@ class Launcher:
         """Start one role; blocks only for the fork/exec."""
         cfg = self.plan.cfg
         command = _role_command(role, args)
-        log_path = self.plan.run_dir / "logs" / f"{label}.log"
+        log_file = log_path(self.plan.run_dir, label)
         if label not in self.notices:   # from the log's end: a restarted role appends to it
-            self.notices[label] = LogNotices(log_path)
-        with open(log_path, "ab") as log:
+            self.notices[label] = LogNotices(log_file)
+        with open(log_file, "ab") as log:
             proc = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if role == "stats" else log, stderr=log,
                 env={**role_env(cfg, role, self.learners_here), **self.secrets},
                 start_new_session=True,
                 text=role == "stats", errors="replace" if role == "stats" else None)
-        child = Child(label, role, command, log_path, proc, args=list(args))
+        child = Child(label, role, command, log_file, proc, args=list(args))
         self.children.append(child)
         if role == "stats":
             child.echo = threading.Thread(target=echo_lines, name="stats-echo", daemon=True,
-                                          args=(proc.stdout, log_path, child))
+                                          args=(proc.stdout, log_file, child))
             child.echo.start()
         self._write_processes()
         return child
@@ -119,9 +120,9 @@ class Launcher:
     def _write_processes(self) -> None:
         rows = [{"role": c.label, "pid": c.proc.pid, "command": c.command, "log": str(c.log)}
                 for c in self.children]
-        tmp = self.plan.run_dir / "processes.json.tmp"
+        tmp = self.plan.run_dir / (PROCESSES_FILE + ".tmp")
         tmp.write_text(json.dumps(rows, indent=1) + "\n")
-        tmp.replace(self.plan.run_dir / "processes.json")
+        tmp.replace(self.plan.run_dir / PROCESSES_FILE)
 
     def start_all(self) -> int | None:
         """Start every role as soon as the servers it sends to accept connections
@@ -130,7 +131,7 @@ class Launcher:
         Never earlier: a PUSH that closes before its peer is up loses its messages. Blocks
         until all are started and every server listens; returns None then, else the run's
         exit code (all stopped)."""
-        conf = ["--config", str(self.plan.run_dir / "config.yaml")]
+        conf = ["--config", str(config_path(self.plan.run_dir))]
         began = time.monotonic()
         waiting = list(role_steps(self.plan, self.resume))
         servers = {s.label for s in waiting if s.label in self.plan.endpoints}
@@ -345,7 +346,7 @@ class Launcher:
         final = f"run directory: {self.plan.run_dir}"
         if stats[0].last_line != final:  # the stats server usually said it already
             print(final)
-        print(f"logs: {self.plan.run_dir / 'logs'}")
+        print(f"logs: {log_dir(self.plan.run_dir)}")
         outcome = result_line(self.plan.run_dir)
         if outcome:
             print(outcome)
@@ -414,5 +415,5 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     plan = make_plan(cfg, resume, resume=True) if resume is not None else make_plan(cfg, run_dir)
     print(summary(plan), flush=True)
     if resume is not None:
-        print(f"  resuming from {plan.run_dir / 'checkpoints'}", flush=True)
+        print(f"  resuming from {checkpoints_root(plan.run_dir)}", flush=True)
     return Launcher(plan, resume=resume is not None).run()

@@ -42,9 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .records import (KNOWN_TYPES, METRICS_FILE, Metrics, TrainingClock, read_metrics,
+from .records import (KNOWN_TYPES, Metrics, TrainingClock, read_metrics,
                       sigma_sum, startup_s, time_origin)
 from .records import num as _num
+from .run_files import config_path
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,7 @@ def _total_rate(records, clock: TrainingClock):
 def run_label(run_dir) -> str:
     """The run's config ``name`` from ``config.yaml`` in its directory, else the folder name."""
     run_dir = Path(run_dir)
-    cfg = run_dir / "config.yaml"
+    cfg = config_path(run_dir)
     if cfg.is_file():
         import yaml
 
@@ -316,4 +317,4 @@ def run_labels(run_dirs) -> list[str]:
 
 __all__ = ["read_metrics", "summary_rows", "write_summary_csv", "plot_run", "run_label",
            "run_labels", "Metrics", "startup_s", "time_origin", "eval_series", "TIME_LABEL",
-           "sigma_sum", "TrainingClock", "KNOWN_TYPES", "METRICS_FILE"]
+           "sigma_sum", "TrainingClock", "KNOWN_TYPES"]

@@ -22,9 +22,10 @@ import json
 import logging
 from pathlib import Path
 
+from .run_files import METRICS_FILE
+
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 KNOWN_TYPES = ("update", "eval", "learner", "ps", "members", "restart", "resume")
 _ABSOLUTE_T = 1e9  # t values beyond this are Unix times (after 2001), not seconds since start
 REAL_RUN_TYPES = ("start", "ps", "learner", "done")   # a simulation writes update and eval only

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import hostfile
+from .run_files import env_path
 
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]
@@ -39,7 +40,7 @@ class Commands:
         run_dir = shlex.quote(str(self.run_dir))
         guard = [self.python, "-m", "rudra_zmq.host_guard"]
         if self.via == "pdsh":
-            guard += ["--env-file", str(self.run_dir / f".env-{label}.json")]
+            guard += ["--env-file", str(env_path(self.run_dir, label))]
         return f"cd {run_dir} && exec {shlex.join(guard + [role, *args])}"
 
     def argv(self, host: str, label: str, role: str, args: list[str]) -> list[str]:

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paper, plots
+from .run_files import METRICS_FILE, POINT_FILE, PROCESSES_FILE
 from .sync import PROTOCOLS, nominal_staleness
-from .compare import (POINT_FILE, CompareError, add_run_dirs_argument, config_value,
+from .compare import (CompareError, add_run_dirs_argument, config_value,
                       expand_run_dirs, is_run_dir, mean_sigma, protocol_name, read_config)
 
 log = logging.getLogger(__name__)
 
-RUN_MARKERS = (plots.METRICS_FILE, POINT_FILE)   # a failed point may have no metrics at all
+RUN_MARKERS = (METRICS_FILE, POINT_FILE)   # a failed point may have no metrics at all
 COLUMNS = (("run", "run"), ("mode", "mode"), ("status", "status"), ("protocol", "protocol"),
            ("sigma", "σ"), ("batch", "µ"), ("learners", "λ"), ("mu_lambda", "µ·λ"),
            ("lr_policy", "lr policy"), ("lr", "α0"), ("epochs", "epochs"),
@@ -84,7 +85,7 @@ def run_mode(run_dir: Path, point: dict) -> str:
     left ``processes.json``."""
     if point.get("mode") in ("run", "simulate"):
         return "real" if point["mode"] == "run" else "simulated"
-    return "real" if (run_dir / "processes.json").is_file() else "simulated"
+    return "real" if (run_dir / PROCESSES_FILE).is_file() else "simulated"
 
 
 def load_runs(run_dirs) -> list[Run]:

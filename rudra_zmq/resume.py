@@ -15,7 +15,7 @@ import json
 
 from . import config as config_mod
 from .config import ConfigError
-from .roles.ps_report import PS_FINAL_FILE
+from .run_files import CONFIG_FILE, PS_FINAL_FILE
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
 RESUMABLE = ("train.epochs", "train.eval_every_epochs", "train.eval_every_updates",
@@ -42,9 +42,9 @@ def resume_config(run_dir, config_path=None, overrides=()):
     which must match it) with the ``--set`` ``overrides``. Raises ConfigError naming a key
     that changed without --set, or one that a resumed run cannot change; FileNotFoundError
     when ``run_dir`` holds no run."""
-    saved_path = Path(run_dir) / "config.yaml"
+    saved_path = Path(run_dir) / CONFIG_FILE
     if not saved_path.is_file():
-        raise FileNotFoundError(f"{run_dir} holds no run to resume (no config.yaml there)")
+        raise FileNotFoundError(f"{run_dir} holds no run to resume (no {CONFIG_FILE} there)")
     saved = config_mod.load_config(saved_path)
     cfg = config_mod.load_config(config_path or saved_path, list(overrides))
     given = {item.split("=", 1)[0].strip() for item in overrides}

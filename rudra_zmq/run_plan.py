@@ -15,6 +15,7 @@ from typing import NamedTuple
 from . import config as config_mod
 from . import topology, transport
 from .config import ConfigError
+from .run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
 from .sync import protocol_label
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
@@ -49,8 +50,8 @@ def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
     try:
         if run_dir is not None:
             path = Path(run_dir).absolute()
-            if (path / "config.yaml").exists() and not resume:
-                raise ConfigError(f"{path} already holds a run (its config.yaml is there); "
+            if config_path(path).exists() and not resume:
+                raise ConfigError(f"{path} already holds a run (its {CONFIG_FILE} is there); "
                                   f"continue it with `rudra-zmq run --resume {path}` or give "
                                   "another --run-dir")
             path.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
             else:
                 raise ConfigError(f"could not find a free run directory name {base}-N in "
                                   f"{parent}")
-        (path / "logs").mkdir(exist_ok=True)
+        log_dir(path).mkdir(exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create the run directory ({exc}); set runtime.run_dir "
                           "or --run-dir to a writable folder") from None
@@ -174,7 +175,7 @@ def make_plan(cfg, run_dir=None, resume: bool = False) -> Plan:
     and learner group of the run (``resume``: of the run already in ``run_dir``). Raises
     ConfigError for a bad directory or endpoint."""
     path = make_run_dir(cfg, run_dir, resume)
-    config_mod.save(cfg, path / "config.yaml")
+    config_mod.save(cfg, config_path(path))
     tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
     eps = endpoints(cfg, path)
     if cfg.architecture.kind == "advstar":
@@ -281,7 +282,7 @@ def run_keys(plan: Plan) -> Path:
     learner, per tree node and for the PS (``security.curve`` under ``rudra-zmq run``)."""
     from . import keys
 
-    directory = plan.run_dir / "keys"
+    directory = plan.run_dir / KEYS_DIR
     if (directory / "server.key").exists():
         return directory
     names = [f"learner-{i}" for i in range(plan.cfg.sync.learners)] + ["ps"]

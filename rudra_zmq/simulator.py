@@ -33,6 +33,7 @@ from . import config as config_mod
 from . import kernels, sim_batched
 from .data_order import SampleStream, load_data
 from .datasets import dataset_size
+from .run_files import SUMMARY_FILE, config_path, metrics_path
 from .sync import LRSchedule, SyncEngine, gradients_per_update, protocol_label
 from .update import Updater
 
@@ -371,12 +372,12 @@ def write_run(cfg, result: SimResult, run_dir: str | Path) -> Path:
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_mod.save(cfg, run_dir / "config.yaml")
-    with open(run_dir / "metrics.jsonl", "w") as f:
+    config_mod.save(cfg, config_path(run_dir))
+    with open(metrics_path(run_dir), "w") as f:
         for rec in sorted(result.updates + result.evals, key=lambda r: (r["t"], r["ts"])):
             f.write(json.dumps(rec) + "\n")
-    metrics = plots.read_metrics(run_dir / "metrics.jsonl")
-    plots.write_summary_csv(metrics, run_dir / "summary.csv")
+    metrics = plots.read_metrics(metrics_path(run_dir))
+    plots.write_summary_csv(metrics, run_dir / SUMMARY_FILE)
     plots.plot_run(run_dir)
     return run_dir
 

@@ -37,7 +37,8 @@ from pathlib import Path
 
 import yaml
 
-from .compare import POINT_FILE, SWEEP_FILE, CompareError, run_summary
+from .compare import CompareError, run_summary
+from .run_files import POINT_FILE, SWEEP_FILE, SWEEP_LOG
 from . import shipped
 from .config import (ConfigError, check_schedule_scale, load_config, read_mapping,
                      scale_schedule)
@@ -197,7 +198,7 @@ def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: fl
         shutil.rmtree(run_dir)   # a broken or interrupted attempt: start the point afresh
     run_dir.mkdir(parents=True)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.time()
-    with open(run_dir / "sweep.log", "w") as log:
+    with open(run_dir / SWEEP_LOG, "w") as log:
         child = subprocess.Popen(_command(grid, point, run_dir, simulate, jitter),
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -33,6 +33,7 @@ from . import config as config_mod
 from . import preflight, ranks, topology
 from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
 from .config import ConfigError
+from .run_files import config_path
 from .run_plan import HOST_LEARNERS_ENV, Plan, learner_endpoints, learner_groups, make_run_dir
 
 
@@ -99,7 +100,7 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
     path = None
     if create:
         path = make_run_dir(cfg, run_dir)
-        config_mod.save(cfg, path / "config.yaml")
+        config_mod.save(cfg, config_path(path))
     return Plan(cfg, path, endpoints, _groups(cfg, tree), tree, binds)
 
 

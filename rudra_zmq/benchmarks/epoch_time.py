@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from ..run_files import metrics_path
+
 EPOCHS = 0.25
 SKIP = 0.2
 LEARNERS_PER_PROCESS = 10   # 30 learners in 3 processes: one torch import each (memory)
@@ -54,7 +56,7 @@ def run(args) -> int:
                    "--set", "train.eval_every_epochs=0",
                    "--set", f"runtime.learners_per_process={LEARNERS_PER_PROCESS}"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
-            spe = seconds_per_epoch(run_dir / "metrics.jsonl", args.skip) \
+            spe = seconds_per_epoch(metrics_path(run_dir), args.skip) \
                 if proc.returncode == 0 else None
             if spe is None:
                 failed += 1

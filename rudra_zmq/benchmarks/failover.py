@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..run_files import PROCESSES_FILE, metrics_path
 from .common import Report, add_output_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def add_arguments(p) -> None:
 def _records(run_dir: Path) -> list[dict]:
     out = []
     try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        lines = metrics_path(run_dir).read_text().splitlines()
     except OSError:
         return out
     for line in lines:
@@ -74,7 +75,7 @@ def _one(config, overrides, label, action, at_ts, pause_s=0.0, timeout=240) -> t
                 if max((r.get("ts", 0) for r in recs if r["type"] == "update"), default=0) >= at_ts:
                     break
                 time.sleep(0.05)
-            rows = json.loads((run_dir / "processes.json").read_text())
+            rows = json.loads((run_dir / PROCESSES_FILE).read_text())
             pid = [r["pid"] for r in rows if r["role"] == label][-1]
             acted = time.time()
             os.kill(pid, action)

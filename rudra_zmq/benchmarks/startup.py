@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..run_files import metrics_path
+
 CONFIG = "configs/quickstart.yaml"   # a checkout's path; a shipped name where there is none
 REPEATS = 5
 TIMEOUT_S = 300
@@ -53,7 +55,7 @@ def startup_s(root: Path | None, run_dir: Path) -> tuple[float, float]:
                          capture_output=True, text=True, timeout=TIMEOUT_S)
     if res.returncode != 0:
         raise RuntimeError(f"{root}: exit {res.returncode}\n{res.stderr[-2000:]}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in metrics_path(run_dir).read_text().splitlines()]
     unix = next(r["unix"] for r in records if r.get("type") == "start")
     first = min(r["t"] for r in records if r.get("type") == "update")
     return unix + first - began, cpu_s() - cpu0

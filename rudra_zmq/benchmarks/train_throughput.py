@@ -35,6 +35,7 @@ import time
 import numpy as np
 import yaml
 
+from ..run_files import config_path, metrics_path
 from . import common
 
 # ----------------------------------------------------------------------------- defaults
@@ -143,14 +144,14 @@ def distributed(name, overrides, env, epochs, skip_s, trim_s, keep, tree=None):
     if rc != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {rc}; see {root}/launcher.log and "
                            f"{run_dir}/logs")
-    recs = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    recs = [json.loads(line) for line in open(metrics_path(run_dir))]
     ups = sorted((r for r in recs if r["type"] == "update"), key=lambda r: r["t"])
     t_first, t_last = ups[0]["t"], ups[-1]["t"]
     win = [r for r in ups if t_first + skip_s <= r["t"] <= t_last - trim_s]
     if len(win) < 10:
         raise RuntimeError(f"case {name}: only {len(win)} updates in the steady-state window "
                            f"({len(ups)} in all over {t_last - t_first:.1f} s); raise --epochs")
-    resolved = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
+    resolved = yaml.safe_load(open(config_path(run_dir)))
     samples = sum(r["n_grads"] for r in win[1:]) * resolved["sync"]["batch_size"]
     rate = samples / (win[-1]["t"] - win[0]["t"])
     lrn = {}

@@ -39,11 +39,12 @@ import zmq
 
 from .. import kernels, transport, wire
 from ..notices import notice
+from ..run_files import WEIGHTS_FILE
 from ..server_state import ServerState
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
 from .ps_checkpoint import CheckpointSchedule, ToldRecord, checkpoint_dir, restore_latest
-from .ps_report import WEIGHTS_FILE, PSReport, write_final
+from .ps_report import PSReport, write_final
 from .ps_weights import make_weights_out
 from .serving import Serving
 

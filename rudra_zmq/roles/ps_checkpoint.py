@@ -29,19 +29,19 @@ import time
 from pathlib import Path
 
 from .. import checkpoint, security
+from ..run_files import TOLD_FILE, checkpoints_root
 from ..span import Span
 
 log = logging.getLogger("rudra_zmq.ps")
 
 
-TOLD_FILE = "told.json"   # in the checkpoint directory: learners told STOP (ToldRecord)
 _RANGE_DIR = re.compile(r"range-(\d+)-(\d+)")
 
 
 def checkpoint_dir(run_dir, span: Span | None = None) -> Path:
     """Where the server of ``span`` (None or the whole vector: the only server) keeps its
     checkpoints in ``run_dir``."""
-    root = Path(run_dir) / "checkpoints"
+    root = checkpoints_root(run_dir)
     return root if span is None or span.is_whole else root / f"range-{span.lo}-{span.hi}"
 
 

@@ -20,11 +20,11 @@ import os
 import time
 from pathlib import Path
 
+from ..run_files import PS_FINAL_FILE
+
 FLUSH_S = 0.5          # update records are batched this long
 RATE_EVERY_S = 1.0     # a "ps" record this often
 BATCH_ITEMS = 200      # update records per message
-PS_FINAL_FILE = "ps_final.json"   # RUN_DIR: where training ended, in the PS's own words
-WEIGHTS_FILE = "weights.npy"       # RUN_DIR: the final weights, saved before PS_FINAL_FILE
 
 
 class PSReport:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .ps_report import PS_FINAL_FILE, WEIGHTS_FILE, read_final
+from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
+from .ps_report import read_final
 
 
 def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:

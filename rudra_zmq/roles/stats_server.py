@@ -46,9 +46,10 @@ import numpy as np
 import zmq
 
 from .. import kernels, plots, security, transport, wire
+from ..run_files import PS_FINAL_FILE, SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..wire import Kind
 from .stats_file import MetricsFile, json_line
-from .stats_final import WEIGHTS_FILE, final_done, final_record, final_weights
+from .stats_final import final_done, final_record, final_weights
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
@@ -107,7 +108,7 @@ class StatsServer:
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
         self.sock = receiver(self.ctx, cfg)
-        self.metrics_path = self.run_dir / plots.METRICS_FILE
+        self.metrics_path = metrics_path(self.run_dir)
         # A server restarted in a run (or resumed) loads first: senders may leave while the
         # socket goes unread, which can abort libzmq (see receiver). A new one binds first,
         # so that the PS and the learners start while it loads; none of them leaves then.
@@ -382,7 +383,7 @@ class StatsServer:
                 return False
             log.info("statistics server: %s says training ended at ts %d and no 'done' has "
                      "come (sent to a server that is gone); taking it for the 'done'",
-                     self.run_dir / "ps_final.json", done["ts"])
+                     self.run_dir / PS_FINAL_FILE, done["ts"])
             self._done = {**done, "t": round(done["t"] - self.t0, 6), "arrived": now,
                           "sender": wire.SENDER_PS}
         waited = time.time() - self._done["arrived"]
@@ -410,7 +411,7 @@ class StatsServer:
             self._tb.close()
         try:
             metrics = plots.read_metrics(self.metrics_path)
-            plots.write_summary_csv(metrics, self.run_dir / "summary.csv")
+            plots.write_summary_csv(metrics, self.run_dir / SUMMARY_FILE)
             plots.plot_run(self.run_dir)
         except Exception:  # the metrics are safe on disk; plots can be redrawn from them
             log.exception("statistics server: could not write summary.csv or the plots")

@@ -25,9 +25,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import ConfigError
+from ..run_files import TB_DIR
 from .stats_progress import is_number
 
-TB_DIR = "tensorboard"     # in the run directory
 FLUSH_S = 5                # events reach the disk at least this often
 MAX_QUEUE = 1000           # ... or when this many wait
 MISSING = ("logging.tensorboard needs the tensorboard package: "
