@@ -138,7 +138,7 @@ def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
     if not 1 <= port <= 65535 - 200:
         raise ConfigError(f"--port {port}: give the first port of a free range, 1-65335")
     server = server_host or hosts[0].name
-    tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
+    tree = topology.tree_of(cfg)
     groups = (topology.learner_groups(tree, cfg.runtime.learners_per_process) if tree
               else learner_groups(cfg))
     placement = {"stats": server, "data": server, "ps": server}

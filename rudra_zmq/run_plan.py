@@ -19,7 +19,8 @@ from .run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
 from .sync import protocol_label
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
-# message, ../shared/MEASURED.md); these make it reuse heap memory instead, from process start.
+# message, measured with pyzmq 27 / libzmq 4.3.5); these make it reuse heap memory instead, from
+# process start.
 MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_MAX_": "0",
               "MALLOC_TRIM_THRESHOLD_": "2147483647"}
 
@@ -176,7 +177,7 @@ def make_plan(cfg, run_dir=None, resume: bool = False) -> Plan:
     ConfigError for a bad directory or endpoint."""
     path = make_run_dir(cfg, run_dir, resume)
     config_mod.save(cfg, config_path(path))
-    tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
+    tree = topology.tree_of(cfg)
     eps = endpoints(cfg, path)
     if cfg.architecture.kind == "advstar":
         eps.update(topology.broadcast_endpoints(cfg, path))

@@ -70,7 +70,7 @@ class ServerState:
         self.steps: dict[int, int] = {}               # learner -> gradients accepted (data step)
         self.last_heard: dict[int, float] = {}        # learner -> when it last sent anything
         self.welcomes: list = []   # HELLOs whose WELCOME the engine holds: (id, sender, seq, Reply)
-        self.tree = topology.plan(cfg) if cfg.architecture.kind != "base" else None
+        self.tree = topology.tree_of(cfg)
         self.identities: dict[int, bytes] = {}        # sender -> its connection's routing id
         self.subtrees: dict[int, frozenset] = {}      # tree node sender -> learners below it
         self.stopped: set[int] = set()                # learners told STOP (directly or below)

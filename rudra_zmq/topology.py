@@ -168,6 +168,13 @@ def plan(cfg) -> Tree:
     return Tree(tuple(NodeSpec(**n) for n in nodes), lam)
 
 
+def tree_of(cfg) -> Tree | None:
+    """The tree of tree nodes ``cfg`` plans (:func:`plan`; ``architecture.kind`` adv or
+    advstar, whose learners also talk to leaf nodes), or None for Rudra-base (one PS, no
+    tree). Pure."""
+    return None if cfg.architecture.kind == "base" else plan(cfg)
+
+
 def learner_groups(tree: Tree, per_process: int) -> list[list[int]]:
     """Learner ids per process: each leaf's learners in groups of ``per_process`` (a process
     talks to one leaf, on the leaf's host)."""

@@ -49,7 +49,7 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
         raise ConfigError("rudra-zmq worker plans Rudra-base and Rudra-adv; Rudra-adv* "
                           "(architecture.kind=advstar) needs every learner's host: start it "
                           "with `rudra-zmq launch CONFIG --hostfile F`")
-    tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+    tree = topology.tree_of(cfg)
     n = len(_groups(cfg, tree))
     world, rank = r.value("world_size"), r.value("rank")
     if world is not None and world != n + 1:
@@ -91,7 +91,7 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
         port = DEFAULT_PORT
     elif r.master_port.source == "MASTER_PORT":
         port += 1        # torchrun's rendezvous store may listen on MASTER_PORT itself
-    tree = topology.plan(cfg) if cfg.architecture.kind == "adv" else None
+    tree = topology.tree_of(cfg)
     labels = ["ps", "data", "stats"] + ([f"node{n.id}" for n in tree.nodes] if tree else [])
     host = f"[{master}]" if ":" in master else master
     endpoints = {label: f"tcp://{host}:{port + i}" for i, label in enumerate(labels)}

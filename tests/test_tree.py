@@ -77,6 +77,15 @@ def test_the_plan_groups_learners_into_leaves_and_leaves_into_levels():
     assert topology.learner_groups(t, 2) == [[0, 3], [1, 2]]
 
 
+
+def test_tree_of_is_the_plan_for_adv_and_advstar_and_none_for_base():
+    assert topology.tree_of(small_config("sync.learners=4")) is None
+    for kind in ("adv", "advstar"):
+        cfg = small_config(f"architecture.kind={kind}", "architecture.fanout=2",
+                           "sync.learners=4", "sync.protocol=softsync", "sync.n=1")
+        assert topology.tree_of(cfg) == topology.plan(cfg)
+
+
 # ----------------------------------------------------------------------------- relay clock
 def test_hardsync_relays_once_every_learner_below_contributed_exactly_once():
     c = RelayClock("hardsync", frozenset({0, 1, 2}), timestamp=3)
