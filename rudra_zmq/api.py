@@ -80,7 +80,8 @@ def load_config(config=None, overrides=None) -> Config:
     if isinstance(config, Config):
         config = config_mod.to_dict(config)
     if isinstance(config, dict):
-        return config_mod.load_config(None, _flatten(config) + items)
+        flat = [f"{key}={_yaml(value)}" for key, value in config_mod.flat_keys(config).items()]
+        return config_mod.load_config(None, flat + items)
     if config is not None and not isinstance(config, (str, os.PathLike)):
         raise ConfigError(f"a config is a YAML path, a dict or a Config, got "
                           f"{type(config).__name__}")
@@ -196,17 +197,6 @@ def _silenced(quiet: bool):
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
             contextlib.redirect_stderr(null):
         yield
-
-
-def _flatten(data: dict, prefix: str = "") -> list[str]:
-    """``{"sync": {"learners": 8}}`` -> ``["sync.learners=8"]`` (values as YAML)."""
-    items = []
-    for key, value in data.items():
-        if isinstance(value, dict):
-            items += _flatten(value, f"{prefix}{key}.")
-        else:
-            items.append(f"{prefix}{key}={_yaml(value)}")
-    return items
 
 
 def _override_items(overrides) -> list[str]:

@@ -400,6 +400,18 @@ def to_dict(config: Config) -> dict:
     return dataclasses.asdict(config)
 
 
+def flat_keys(data: dict, prefix: str = "") -> dict:
+    """``{"sync": {"learners": 8}}`` -> ``{"sync.learners": 8}``: nested sections as the
+    dotted keys ``--set`` takes, in order. Pure."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def dump(config: Config) -> str:
     """The resolved config as YAML text (every key, defaults included)."""
     return yaml.safe_dump(to_dict(config), sort_keys=False)

@@ -33,9 +33,14 @@ class KeyInfo:
     path: Path
 
 
+def is_key_name(name) -> bool:
+    """Whether ``name`` is a valid key name (``NAME_RULE``: letters, digits, ``_ . -``). Pure."""
+    return isinstance(name, str) and _NAME_RE.match(name) is not None
+
+
 def check_name(name: str) -> str:
     """Return ``name`` if it is a valid key name, else raise ValueError naming it and the rule."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not is_key_name(name):
         raise ValueError(f"bad key name {name!r}: names must match {NAME_RULE}")
     return name
 
@@ -78,7 +83,7 @@ def stored_learners(path) -> list[int] | None:
 def _scan(d: Path, sub: str) -> list[KeyInfo]:
     """Every valid ``d/sub/NAME.key`` certificate, by name."""
     _require_dir(d)
-    paths = [p for p in sorted((d / sub).glob("*.key")) if _NAME_RE.match(p.stem)]
+    paths = [p for p in sorted((d / sub).glob("*.key")) if is_key_name(p.stem)]
     return [KeyInfo(p.stem, zmq.auth.load_certificate(p)[0],
                     senders_for(p.stem, stored_learners(p)), sub == "revoked", p) for p in paths]
 

@@ -22,16 +22,6 @@ RESUMABLE = ("train.epochs", "train.eval_every_epochs", "train.eval_every_update
              "train.checkpoint_every_s", "train.checkpoint_every_updates", "runtime.")
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def resumable(key: str) -> bool:
     """Whether ``key`` (``section.name``) may change when a run is resumed. Pure."""
     return any(key == r or (r.endswith(".") and key.startswith(r)) for r in RESUMABLE)
@@ -48,7 +38,7 @@ def resume_config(run_dir, config_path=None, overrides=()):
     saved = config_mod.load_config(saved_path)
     cfg = config_mod.load_config(config_path or saved_path, list(overrides))
     given = {item.split("=", 1)[0].strip() for item in overrides}
-    old, new = _flat(config_mod.to_dict(saved)), _flat(config_mod.to_dict(cfg))
+    old, new = (config_mod.flat_keys(config_mod.to_dict(c)) for c in (saved, cfg))
     for flat in (old, new):   # unset and false both mean plaintext under `run` (runs saved
         if flat.get("security.curve") is None:    # before the unset default said false)
             flat["security.curve"] = False

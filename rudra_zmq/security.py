@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hmac
 import os
-import re
 import secrets
 import threading
 import time
@@ -137,9 +136,6 @@ class _Authenticator(ThreadAuthenticator):
         return self._allow.name_of(z85.encode(client_public_key)) or ""
 
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
 class Curve:
     """One process's CURVE settings: the key directory and, optionally, the client key name
     every client socket uses (default: the role's own, ``default_key_name``). Thread-safe."""
@@ -147,7 +143,7 @@ class Curve:
     def __init__(self, keys_dir, key_name: str | None = None):
         check_libzmq()
         self.dir = Path(keys_dir)
-        if key_name is not None and not _NAME.match(key_name):
+        if key_name is not None and not keys.is_key_name(key_name):
             raise SecurityError(f"--key {key_name!r} is not a key name (letters, digits, _ . -)")
         self.key_name = key_name
         self.server_public = keys.server_keys(self.dir, secret=False)[0]

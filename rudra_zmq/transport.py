@@ -1,6 +1,7 @@
 """ZeroMQ transport: sockets with safe options, endpoints, and process memory tuning.
 
-Every role creates its sockets here so that the lessons in ../shared/MEASURED.md are applied once:
+Every role creates its sockets here, so that what measuring pyzmq 27 / libzmq 4.3.5 taught us is
+applied once (raw ZeroMQ figures: ``bench/RESULTS.md``, "Raw ZeroMQ reference"):
 
 - LINGER is always set (the default -1 makes ``ctx.term()`` hang when a peer is gone);
 - ROUTER sockets set ROUTER_MANDATORY so a reply to a vanished peer raises instead of

@@ -61,12 +61,6 @@ class WeightVersions:
             if i is not None:
                 del self._spares[i]
 
-    def give_back(self, buf: np.ndarray) -> None:
-        """Return a buffer from ``next_buffer`` that was not published (an abandoned update);
-        kept as a spare, or dropped if the pool is full."""
-        if len(self._spares) < self.max_spares:
-            self._spares.append(buf)
-
     def _free_index(self) -> int | None:
         spares = self._spares
         for i in range(len(spares)):

@@ -3,7 +3,7 @@ import pathlib
 
 import pytest
 
-from rudra_zmq.config import ConfigError, load_config, dump
+from rudra_zmq.config import ConfigError, dump, flat_keys, load_config, to_dict
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 
@@ -100,3 +100,13 @@ def test_architecture_errors_name_the_value_and_what_to_do():
         load_config(None, [*adv, "optimizer.lr_policy=per_gradient"])
     with pytest.raises(ConfigError, match="set architecture.kind=adv"):
         load_config(None, ["architecture.leaves=[[0,1,2,3]]"])
+
+
+def test_flat_keys_are_the_dotted_keys_set_takes_and_load_back_the_same_config():
+    assert flat_keys({"sync": {"learners": 8, "n": 2}, "name": "x"}) == {
+        "sync.learners": 8, "sync.n": 2, "name": "x"}
+    cfg = load_config(None, ["sync.learners=8", "optimizer.lr_steps=[3,4]"])
+    flat = flat_keys(to_dict(cfg))
+    assert flat["sync.learners"] == 8 and flat["optimizer.lr_steps"] == [3, 4]
+    assert load_config(None, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                              for k, v in flat.items() if v is not None]) == cfg
