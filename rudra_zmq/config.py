@@ -3,14 +3,13 @@
 Unknown keys and wrong types are errors that quote the key, the value and what is allowed;
 ``--set section.key=value`` overrides must name existing keys (values parse as YAML, so
 ``optimizer.lr_steps=[120,130]`` is a list). The resolved config is saved in every run dir.
-All defaults are visible here, in one place.
+All defaults are visible here, in one place; the strict loading itself is ``typed_yaml.py``
+(``ConfigError`` is defined there and raised by both).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import types
-import typing
 from dataclasses import dataclass, field
 
 import yaml
@@ -18,11 +17,8 @@ import yaml
 from . import shipped
 from .devices import check_device_name
 from .sync import LR_POLICIES, check_protocol
+from .typed_yaml import ConfigError, apply_override, build, read_mapping
 from .user_code import UserCodeError, is_import_path
-
-
-class ConfigError(ValueError):
-    """A configuration value or key that is not accepted; the message says which and why."""
 
 
 @dataclass
@@ -275,108 +271,12 @@ def _one_of(key, value, allowed):
         raise ConfigError(f"{key} is {value!r}; expected one of {', '.join(allowed)}")
 
 
-# ----------------------------------------------------------------------------- typed loading
-def _check_type(key: str, value, tp):
-    """Return ``value`` converted to ``tp`` (int -> float only) or raise ConfigError."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _check_type(key, value, inner)
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
-        return [_check_type(f"{key}[{i}]", v, inner) for i, v in enumerate(value)]
-    if tp is float and type(value) in (int, float):
-        return float(value)
-    if tp is bool and type(value) is bool or tp in (int, str) and type(value) is tp:
-        return value
-    raise ConfigError(f"{key} must be {tp.__name__}, got {value!r} ({type(value).__name__})")
-
-
 # Keys of earlier releases, and why they went (bench/RESULTS.md has the measurements).
 REMOVED_KEYS = {
     "runtime.hot_path": "the compiled PS path gave 1.08x end to end, under the 1.2x it had to earn",
     "runtime.stream_parts": "weights and gradients in parts gave no gain with 4 learners on a LAN",
     "runtime.gradient_parts": "weights and gradients in parts gave no gain with 4 learners on a LAN",
 }
-
-
-def _build(cls, data: dict, prefix: str):
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'the config'} must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
-    for name in sorted(unknown):
-        key = f"{prefix}.{name}" if prefix else name
-        if key in REMOVED_KEYS:
-            raise ConfigError(f"{key} was removed: {REMOVED_KEYS[key]}; delete it from the "
-                              "config")
-    if unknown:
-        where = f"section {prefix!r}" if prefix else "the top level"
-        raise ConfigError(f"unknown key(s) {', '.join(map(repr, sorted(unknown)))} in {where}; "
-                          f"valid keys: {', '.join(sorted(known))}")
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{prefix}.{name}" if prefix else name
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = _build(tp, value, key)
-        else:
-            kwargs[name] = _check_type(key, value, tp)
-    return cls(**kwargs)
-
-
-def _apply_override(data: dict, item: str) -> None:
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.key=value")
-    path, raw = item.split("=", 1)
-    if path.strip() in REMOVED_KEYS:
-        raise ConfigError(f"override {path.strip()!r}: that key was removed: "
-                          f"{REMOVED_KEYS[path.strip()]}")
-    keys = path.strip().split(".")
-    cls, node = Config, data
-    for i, k in enumerate(keys):
-        fields_ = {f.name: f for f in dataclasses.fields(cls)}
-        if k not in fields_:
-            raise ConfigError(f"override {path!r}: {k!r} is not a key of "
-                              f"{'.'.join(keys[:i]) or 'the config'}; valid keys: "
-                              f"{', '.join(sorted(fields_))}")
-        tp = typing.get_type_hints(cls)[k]
-        if i == len(keys) - 1:
-            if dataclasses.is_dataclass(tp):
-                raise ConfigError(f"override {path!r} names a section; name one of its keys")
-            try:
-                node[k] = yaml.safe_load(raw) if raw.strip() else ""
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
-            return
-        if not dataclasses.is_dataclass(tp):
-            raise ConfigError(f"override {path!r}: {k!r} is a value, not a section")
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {path!r}: section {k!r} is not a mapping in the file")
-        cls = tp
-
-
-def read_mapping(path, what: str, examples: str) -> dict:
-    """A YAML file whose top level is a mapping (empty: {}), read with ``safe_load``.
-    FileNotFoundError or ConfigError name the file (a ``what``; examples in ``examples``)."""
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist (see {examples} for "
-                                "examples)") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {data!r}")
-    return data
 
 
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
@@ -392,8 +292,8 @@ def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
             raise ConfigError(shipped.unknown("config", text))
     data = read_mapping(path, "config file", "configs/") if path is not None else {}
     for item in overrides:
-        _apply_override(data, item)
-    return _build(Config, data, "").validate()
+        apply_override(Config, data, item, REMOVED_KEYS)
+    return build(Config, data, "", REMOVED_KEYS).validate()
 
 
 def to_dict(config: Config) -> dict:
