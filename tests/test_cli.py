@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from rudra_zmq import cli, role_process, transport
+from rudra_zmq import cli, role_process, run_plan, transport
 from rudra_zmq.config import load_config
 
 pytestmark = pytest.mark.timeout(30)
@@ -119,26 +119,24 @@ def test_role_commands_pass_their_endpoints_and_overrides_to_serve(tmp_path, fak
     assert calls["data_server"] == (expected, "tcp://h:2")
     assert calls["stats_server"] == (expected, "tcp://h:3", "r", False)
     assert calls["malloc"] is True
-    assert threads == [3, cli.learner_threads(expected, 2), 1, 1]   # --id 0,2: 2 here
+    assert threads == [3, run_plan.learner_threads(expected, 2), 1, 1]   # --id 0,2: 2 here
 
 
 def test_learner_threads_default_to_usable_cores_over_learners_here(monkeypatch):
-    from rudra_zmq import run_plan
-
     monkeypatch.setattr(run_plan, "usable_cores", lambda: 12)
     monkeypatch.delenv(run_plan.HOST_LEARNERS_ENV, raising=False)
     cfg = load_config(None, ["sync.learners=64"])
-    assert cli.learner_threads(cfg) == 1                  # 64 learners here: at least 1
-    assert cli.learner_threads(cfg, 3) == 4               # 3 learners on this host
+    assert run_plan.learner_threads(cfg) == 1                  # 64 learners here: at least 1
+    assert run_plan.learner_threads(cfg, 3) == 4               # 3 learners on this host
     monkeypatch.setenv(run_plan.HOST_LEARNERS_ENV, "2")   # what a launcher says
-    assert cli.learner_threads(cfg) == 6
+    assert run_plan.learner_threads(cfg) == 6
     assert run_plan.host_learners(cfg, default=5) == 2
     monkeypatch.delenv(run_plan.HOST_LEARNERS_ENV)
     assert run_plan.host_learners(cfg, default=5) == 5    # a hand-started learner process
     cfg = load_config(None, ["sync.learners=1"])
-    assert cli.learner_threads(cfg) == 12
+    assert run_plan.learner_threads(cfg) == 12
     cfg = load_config(None, ["runtime.threads_per_learner=3"])
-    assert cli.learner_threads(cfg) == 3
+    assert run_plan.learner_threads(cfg) == 3
 
 
 def test_usable_cores_follow_the_cpu_affinity():
