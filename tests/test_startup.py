@@ -92,7 +92,7 @@ def test_the_stats_server_accepts_connections_before_it_loads_its_data_and_model
     server = StatsServer(cfg, endpoint, tmp_path)
     try:
         assert seen == [True]
-        assert server.x_test.shape[1:] == (1, 8, 8)
+        assert server.evaluator.x_test.shape[1:] == (1, 8, 8)
     finally:
         server._file.close()
         server.sock.close(linger=0)

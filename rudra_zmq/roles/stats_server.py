@@ -9,10 +9,10 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   ``"t"`` (``time.time()``); they are written to ``RUN/metrics.jsonl``, one JSON line each, with
   ``t`` made relative to the server's start ``t0``, and flushed at least every 0.5 s
   (``stats_file``).
-- EVAL (weights payload at ts) x{epoch}: the weights are evaluated on the whole test split and
-  an ``eval`` record is written. When several EVALs queue up, only the newest is evaluated (the
-  others are counted in ``evals_skipped``). Metrics keep flowing during a long evaluation: the
-  socket is drained between test batches.
+- EVAL (weights payload at ts) x{epoch}: the weights are evaluated on the whole test split
+  (``stats_eval``) and an ``eval`` record is written. When several EVALs queue up, only the
+  newest is evaluated (the others are counted in ``evals_skipped``). Metrics keep flowing
+  during a long evaluation: the socket is drained between test batches.
 - ``{"type": "done", "ts", "epoch", "evals_sent": n}`` from the parameter server ends the run
   once the final weights (at ``ts``) are evaluated, from their EVAL or, when it never comes,
   from ``RUN/weights.npy`` (``stats_final``), waiting at most ``DONE_WAIT_S`` (a ``done``
@@ -42,12 +42,12 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import zmq
 
-from .. import kernels, plots, security, transport, wire
+from .. import plots, security, transport, wire
 from ..run_files import PS_FINAL_FILE, SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..wire import Kind
+from .stats_eval import Evaluator
 from .stats_file import MetricsFile, json_line
 from .stats_final import final_done, final_record, final_weights
 from .stats_progress import Progress, is_number
@@ -61,7 +61,6 @@ DRAIN_MAX = 1000       # messages taken per wake-up before the loop looks at clo
 DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
 DONE_WAIT_S = 10.0     # ... and at most this long for the final weights (EVAL or file)
 FINAL_FILE_EVERY_S = 1.0   # without a "done": how often ps_final.json is looked at
-EVAL_BATCH = 500
 OWN_RECORDS = {"eval", "start", "resume"}      # written by this server only
 PS_RECORDS = {"done", "update", "ps", "members", "restart"}   # by the parameter server only
 
@@ -140,17 +139,8 @@ class StatsServer:
 
     def _load(self, cfg, dataset) -> None:
         """The test split and the model to evaluate (seconds: torch, the data). Blocks."""
-        from ..data_order import load_data
-        from ..flat import FlatModel
-        from ..models import build_model, input_transform
-
-        ds = dataset if dataset is not None else load_data(cfg)
-        self.x_test, self.y_test = ds.x_test, ds.y_test
-        self.mean, self.std = tuple(ds.mean), tuple(ds.std)
-        self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
-                                 seed=cfg.model.seed)
-        self.prep = input_transform(cfg.model.name)
-        self.flat = FlatModel(self.model)
+        self.evaluator = Evaluator(cfg, dataset)
+        self.flat = self.evaluator.flat
 
     # ------------------------------------------------------------------ receiving
     def _drain(self) -> int:
@@ -250,35 +240,10 @@ class StatsServer:
 
     # ------------------------------------------------------------------ evaluating
     def evaluate(self, weights_parts, stop_event=None) -> tuple[float, float] | None:
-        """Load the weights (one float32 array, or a list of the chunks of an EVAL) and return
-        (test error 0..1, mean test loss) over the whole test split, or None if ``stop_event``
-        was set meanwhile. Blocks (torch releases the GIL while it computes); drains metrics
-        between test batches."""
-        import torch
-        import torch.nn.functional as F
-
-        if isinstance(weights_parts, np.ndarray):
-            weights_parts = [weights_parts]
-        off = 0
-        for part in weights_parts:
-            n = part.shape[0]
-            kernels.copy_into(self.flat.weights[off:off + n], part)
-            off += n
-        if off != self.flat.numel:
-            raise ValueError(f"evaluate got {off:,} floats; the model has {self.flat.numel:,}")
-        self.model.eval()
-        wrong, loss_sum, total = 0, 0.0, self.y_test.shape[0]
-        with torch.no_grad():
-            for i in range(0, total, EVAL_BATCH):
-                x = self.prep(self.x_test[i:i + EVAL_BATCH], self.mean, self.std)
-                y = torch.from_numpy(self.y_test[i:i + EVAL_BATCH])
-                out = self.model(x)
-                loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
-                wrong += int((out.argmax(1) != y).sum())
-                self._drain()  # a long evaluation must not stall the metrics
-                if stop_event is not None and stop_event.is_set():
-                    return None  # SIGTERM mid-evaluation: finish promptly instead
-        return wrong / max(total, 1), loss_sum / max(total, 1)
+        """(test error 0..1, mean test loss) of the weights (one float32 array, or a list of
+        the chunks of an EVAL) over the whole test split, or None if ``stop_event`` was set
+        meanwhile (``Evaluator.evaluate``). Blocks; drains metrics between test batches."""
+        return self.evaluator.evaluate(weights_parts, self._drain, stop_event)
 
     def _evaluate_pending(self, stop_event) -> None:
         msg, arrived = self._pending
