@@ -18,7 +18,7 @@ as during training, to evaluate the final weights from the run directory). A rol
 or the data server exits at all) is restarted with ``runtime.restart`` (the PS from its newest
 checkpoint, ``--resume``), at most ``runtime.max_restarts`` times per role; without restarts a
 failed learner is left out (the PS evicts it and the others go on) and any other failure ends
-the run. A run that cannot go on, or a server that neither listens nor writes to its log for
+the run (``restarts.py`` decides). A run that cannot go on, or a server that neither listens nor writes to its log for
 ``runtime.timeout_s``, stops all others (SIGTERM, then SIGKILL of the process tree after ``TERM_GRACE_S``) and
 returns 1; Ctrl-C, SIGTERM or SIGHUP does the same and returns 130. Children run in their own
 sessions, so a terminal's Ctrl-C reaches only the launcher. ``resume``: the run in the run
@@ -41,6 +41,7 @@ from . import preflight, security
 from .children import Child, accepting, echo_lines, kill_tree, log_size, tail
 from .compare import result_line
 from .notices import LogNotices
+from .restarts import on_failure
 from .run_files import PROCESSES_FILE, checkpoints_root, config_path, log_dir, log_path
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
@@ -48,9 +49,7 @@ POLL_S = 0.2                 # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
 LEARNER_EXIT_S = 10.0        # after the PS finished, how long learners may take to exit
-RESTARTABLE = {"base": ("stats", "data", "ps", "learner"),
-               "adv": ("stats", "data", "ps", "node", "learner"),
-               "advstar": ("stats", "data")}   # the broadcast chain is not rebuilt (yet)
+
 
 def _role_command(role: str, args: list[str]) -> list[str]:
     """The command line that starts ``role`` (stats | data | ps | learner) with ``args``.
@@ -257,47 +256,27 @@ class Launcher:
 
     def _failed(self, c: Child) -> int | None:
         """``c`` failed during training (or, the stats server, after it): restart it, leave
-        it out (a learner, without restarts), or stop the run (its exit code). Blocks only
-        for the fork/exec."""
-        cfg = self.plan.cfg.runtime
+        it out (a learner, without restarts), or stop the run (its exit code), as
+        ``restarts.on_failure`` says. Blocks only for the fork/exec."""
         self._report(c, early=(c.role == "data" and c.proc.returncode == 0))
-        kind = self.plan.cfg.architecture.kind
-        if cfg.restart and c.role in RESTARTABLE[kind]:
-            n = self.restarts.get(c.label, 0)
-            if n >= cfg.max_restarts:
-                print(f"rudra-zmq: {c.label} failed {n + 1} times (runtime.max_restarts="
-                      f"{cfg.max_restarts}); stopping the run", file=sys.stderr)
-                self.stop_all()
-                return 1
+        # others still training, or one that finished (it was told STOP): the run goes on
+        others = any(x.role == "learner" and (not x.ended or x.proc.returncode == 0)
+                     for x in self._current())
+        n = self.restarts.get(c.label, 0)
+        verdict = on_failure(self.plan.cfg, c.label, c.role, c.args, n, others,
+                             self.plan.run_dir)
+        if verdict.message:
+            print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)
+        if verdict.action == "leave_out":
+            self.left_out.add(c.label)
+            return None
+        if verdict.action == "restart":
             self.restarts[c.label] = n + 1
-            args = list(c.args)
-            if c.role == "ps" and "--resume" not in args:
-                args.append("--resume")   # (a stats server always appends, on the run's clock)
-            if c.role == "stats":   # its restart goes on in this run: no new period begins
-                args = [a for a in args if a != "--resume"]
-            how = " from its newest checkpoint" if c.role == "ps" else ""
-            print(f"rudra-zmq: restarting {c.label}{how} ({n + 1} of at most "
-                  f"{cfg.max_restarts})", file=sys.stderr, flush=True)
             try:
-                self.start(c.label, c.role, args)
+                self.start(c.label, c.role, list(verdict.args))
+                return None
             except OSError as exc:
                 print(f"rudra-zmq: could not restart {c.label}: {exc}", file=sys.stderr)
-                self.stop_all()
-                return 1
-            return None
-        if c.role == "learner" and not cfg.restart:
-            self.left_out.add(c.label)
-            # others still training, or one that finished (it was told STOP): the run goes on
-            if any(x.role == "learner" and (not x.ended or x.proc.returncode == 0)
-                   for x in self._current()):
-                print(f"rudra-zmq: {c.label} is left out (runtime.restart is off); the run "
-                      "goes on with the other learners", file=sys.stderr, flush=True)
-                return None
-            print("rudra-zmq: every learner has failed; stopping the run", file=sys.stderr)
-        elif cfg.restart:
-            print(f"rudra-zmq: {c.label} cannot be restarted with architecture.kind={kind}; "
-                  f"stopping the run (continue it with `rudra-zmq run --resume "
-                  f"{self.plan.run_dir}`)", file=sys.stderr)
         self.stop_all()
         return 1
 

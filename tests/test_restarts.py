@@ -1,0 +1,39 @@
+"""The launcher's restart policy (restarts.on_failure), driven directly: no processes."""
+from cluster import small_config
+from rudra_zmq.restarts import on_failure
+
+RUN = "/runs/r"
+
+
+def verdict(role, *overrides, restarts=0, others=True, args=("--config", "c")):
+    cfg = small_config(*overrides)
+    return on_failure(cfg, f"{role}0" if role == "learner" else role, role, args, restarts,
+                      others, RUN)
+
+
+def test_a_restarted_ps_resumes_and_a_restarted_stats_server_stays_in_the_run():
+    v = verdict("ps", "runtime.restart=true")
+    assert v.action == "restart" and v.args == ("--config", "c", "--resume")
+    assert "from its newest checkpoint (1 of at most" in v.message
+    v = verdict("stats", "runtime.restart=true", args=("--config", "c", "--resume"))
+    assert v.action == "restart" and v.args == ("--config", "c")
+
+
+def test_a_role_that_failed_past_max_restarts_stops_the_run():
+    v = verdict("data", "runtime.restart=true", "runtime.max_restarts=2", restarts=2)
+    assert v.action == "stop" and "failed 3 times (runtime.max_restarts=2)" in v.message
+
+
+def test_without_restarts_a_learner_is_left_out_while_another_goes_on():
+    assert verdict("learner", "runtime.restart=false").action == "leave_out"
+    v = verdict("learner", "runtime.restart=false", others=False)
+    assert v.action == "stop" and "every learner has failed" in v.message
+    v = verdict("ps", "runtime.restart=false")
+    assert v.action == "stop" and v.message is None      # the failure report said it all
+
+
+def test_advstar_restarts_only_its_servers_and_says_how_to_resume():
+    over = ("runtime.restart=true", "architecture.kind=advstar", "sync.protocol=async")
+    assert verdict("stats", *over).action == "restart"
+    v = verdict("ps", *over)
+    assert v.action == "stop" and f"rudra-zmq run --resume {RUN}" in v.message
