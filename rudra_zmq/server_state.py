@@ -18,7 +18,7 @@ import numpy as np
 
 from . import codec, topology, wire
 from .span import Span
-from .sync import Arrival, LRSchedule, ProtocolViolation, Rejoin, Reply, SyncEngine
+from .sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .update import Updater
 from .versions import WeightVersions
 
@@ -49,11 +49,9 @@ class ServerState:
 
     def __init__(self, cfg, weights: np.ndarray, segments, signature: str, epoch_size: int,
                  span: Span | None = None):
-        s, o = cfg.sync, cfg.optimizer
-        self.updater = Updater(weights, segments, o, span)
-        self.engine = SyncEngine(
-            s.protocol, s.learners, LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
-            n=s.n, batch_size=s.batch_size, epoch_size=epoch_size)
+        s = cfg.sync
+        self.updater = Updater(weights, segments, cfg.optimizer, span)
+        self.engine = SyncEngine.of(cfg, epoch_size)
         self.span = self.updater.span
         self.numel = self.updater.numel          # floats served: every payload's size
         self.model_numel = self.span.total       # the learners' model (their HELLO's numel)

@@ -34,7 +34,7 @@ from . import kernels, sim_batched
 from .data_order import SampleStream, load_data
 from .datasets import dataset_size
 from .run_files import SUMMARY_FILE, config_path, metrics_path
-from .sync import LRSchedule, SyncEngine, gradients_per_update, protocol_label
+from .sync import SyncEngine, protocol_label
 from .update import Updater
 
 
@@ -243,7 +243,7 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
         raise ValueError(f"model {cfg.model.name} has batch normalization or dropout: batched "
                          "gradients would not be the per-gradient ones; use --gradients "
                          "per-gradient")
-    c = gradients_per_update(cfg.sync.protocol, cfg.sync.n, lam)
+    c = SyncEngine.of(cfg).gradients_per_update
     # c = 1: every update is one gradient, nothing shares a batch (per-gradient was as fast)
     batched = gradients == "batched" or (gradients == "auto" and trainer.exact_batches
                                          and c > 1)
@@ -265,10 +265,7 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
 
 def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress):
     o = cfg.optimizer
-    epoch_size = trainer.n if trainer else dataset_size(cfg.data)
-    engine = SyncEngine(cfg.sync.protocol, lam,
-                        LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
-                        n=cfg.sync.n, batch_size=cfg.sync.batch_size, epoch_size=epoch_size)
+    engine = SyncEngine.of(cfg, trainer.n if trainer else dataset_size(cfg.data))
     result = SimResult()
     events = _events(cfg, engine, lam, speeds, jitter, np.random.default_rng(seed), max_updates)
     if not trainer:

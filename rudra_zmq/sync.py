@@ -195,6 +195,15 @@ class SyncEngine:
     _pending_learners: set = field(default_factory=set, repr=False)
     members: set = None
 
+    @classmethod
+    def of(cls, cfg, epoch_size: int = 0) -> SyncEngine:
+        """The engine a run's config (``cfg.sync``, ``cfg.optimizer``) asks for: the one place
+        a protocol's parameters go from the config into the engine. Pure."""
+        s, o = cfg.sync, cfg.optimizer
+        return cls(s.protocol, s.learners,
+                   LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
+                   n=s.n, batch_size=s.batch_size, epoch_size=epoch_size)
+
     def __post_init__(self):
         check_protocol(self.protocol, self.n, self.n_learners)
         if self.members is None:

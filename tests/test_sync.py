@@ -1,6 +1,7 @@
 """The synchronization protocol engine, driven directly and deterministically."""
 import pytest
 
+from rudra_zmq.config import load_config
 from rudra_zmq.sync import NOW, LRSchedule, ProtocolViolation, Reply, SyncEngine, check_protocol
 
 
@@ -229,3 +230,13 @@ def test_a_protocol_that_holds_replies_cannot_run_where_servers_never_hold_them(
     with pytest.raises(ValueError, match="hardsync is not supported"):
         check_protocol("hardsync", 1, 4, broadcast=True)
     check_protocol("hardsync", 1, 4)
+
+
+def test_an_engine_of_a_run_config_takes_its_protocol_and_schedule():
+    cfg = load_config(None, ["sync.protocol=softsync", "sync.n=2", "sync.learners=6",
+                             "sync.batch_size=8", "optimizer.lr=0.3",
+                             "optimizer.lr_policy=staleness", "optimizer.lr_steps=[5]"])
+    eng = SyncEngine.of(cfg, epoch_size=96)
+    assert (eng.protocol, eng.n, eng.n_learners, eng.gradients_per_update) == ("softsync", 2, 6, 3)
+    assert eng.lr == LRSchedule(0.3, "staleness", (5.0,), 0.1)
+    assert eng.epoch_at(12) == 1.0

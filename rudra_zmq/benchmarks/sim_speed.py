@@ -56,10 +56,10 @@ def time_simulator(cfg, samples: int, gradients: str) -> tuple[float, float]:
     return, in wall time and in this process's CPU time (every thread's; blocks while it
     trains about ``samples`` samples)."""
     from ..simulator import simulate
-    from ..sync import SyncEngine, LRSchedule
+    from ..sync import SyncEngine
 
     s = cfg.sync
-    c = SyncEngine(s.protocol, s.learners, LRSchedule(1.0), n=s.n).gradients_per_update
+    c = SyncEngine.of(cfg).gradients_per_update
     updates = max(1, math.ceil(samples / (s.batch_size * c)))
     marks = []
     res = simulate(cfg, train=True, max_updates=updates, gradients=gradients,
