@@ -26,7 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised only on broken build 
         "rudra_zmq needs Cython>=3 to compile its kernels (csrc/*.pyx). "
         "Install it with `pip install 'Cython>=3'`, or let pip use pyproject.toml's build "
         f"requirements (do not pass --no-build-isolation without it). ({exc})"
-    )
+    ) from None
 
 try:
     import numpy
@@ -180,6 +180,7 @@ setup(
         # tensorboard too, so that the suite checks the events it writes rather than skip
         "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3", "hypothesis>=6.100",
                  "build>=1", "tensorboard>=2.10",
+                 "ruff>=0.6",  # the linter ([tool.ruff] in pyproject.toml)
                  # test_packaging builds with --no-isolation (offline): the build requirements
                  "setuptools>=64", "Cython>=3.0"],
     },

@@ -168,7 +168,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog=PROG,
         description="Parameter-server distributed deep learning on ZeroMQ (Rudra).",
         epilog="Run `rudra-zmq COMMAND --help` for the options of one command.")
-    from . import __version__, build_info   # the package is loaded already: costs nothing
+    from . import __version__, build_info  # the package is loaded already: costs nothing
     parser.add_argument("--version", action="version",
                         version=f"{PROG} {__version__} (kernels: {build_info()['compile_args']})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

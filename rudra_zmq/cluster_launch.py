@@ -39,8 +39,15 @@ from .children import Child, echo_lines
 from .config import ConfigError
 from .launcher import Launcher
 from .remote_commands import Commands
-from .run_files import (CONFIG_FILE, KEYS_DIR, LAUNCH_ID_FILE, LOG_DIR, config_path, env_path,
-                        log_path)
+from .run_files import (
+    CONFIG_FILE,
+    KEYS_DIR,
+    LAUNCH_ID_FILE,
+    LOG_DIR,
+    config_path,
+    env_path,
+    log_path,
+)
 from .run_plan import role_env
 
 MARKER = LAUNCH_ID_FILE     # in the run directory: tells a shared file system

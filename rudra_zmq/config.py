@@ -141,7 +141,7 @@ class Config:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Cross-field checks; raises ConfigError naming the value and what to do."""
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
         _one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)

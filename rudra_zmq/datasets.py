@@ -40,12 +40,16 @@ import numpy as np
 # The Dataset record, image files -> arrays and the user's data live in .dataset_arrays,
 # .images and .user_data; these names stay importable from here.
 from . import dataset_cache
-from .dataset_arrays import Dataset, make_dataset as _make
-from .images import (DECODE_CHUNK, IMAGE_EXTS, PARALLEL_MIN_IMAGES, SPLITS, TARBALL_EXTS,
-                     decode_all as _decode_all, is_tarball as _is_tarball,
-                     tar_items as _tar_items, tree_items as _tree_items)
+from .dataset_arrays import Dataset
+from .dataset_arrays import make_dataset as _make
+from .images import DECODE_CHUNK, IMAGE_EXTS, PARALLEL_MIN_IMAGES, SPLITS, TARBALL_EXTS
+from .images import decode_all as _decode_all
+from .images import is_tarball as _is_tarball
+from .images import tar_items as _tar_items
+from .images import tree_items as _tree_items
 from .user_code import is_import_path
-from .user_data import USER_ARRAYS, from_user, load_user as _load_user, user_data_info
+from .user_data import USER_ARRAYS, from_user, user_data_info
+from .user_data import load_user as _load_user
 
 DATASET_NAMES = ("digits", "cifar10", "imagefolder", "synthetic")
 CACHE_ENV = "RUDRA_ZMQ_CACHE"

@@ -84,7 +84,7 @@ class FlatModel:
         else:
             self._w, self._g = self._hw, self._hg
         with torch.no_grad():
-            for (name, a, b, shape), (_, p) in zip(self.layout, named):
+            for (_name, a, b, shape), (_, p) in zip(self.layout, named):
                 self._w[a:b].copy_(p.detach().reshape(-1))
                 p.data = self._w[a:b].view(shape)
                 p.grad = self._g[a:b].view(shape)

@@ -27,11 +27,12 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from .datasets import to_float
-from .user_code import UserCodeError, call as _call_user, is_import_path, resolve
+from .user_code import UserCodeError, is_import_path, resolve
+from .user_code import call as _call_user
 
 MODEL_NAMES = ("cifar10_full", "digits_cnn", "alexnet", "mlp")
 

@@ -42,8 +42,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .records import (KNOWN_TYPES, Metrics, TrainingClock, read_metrics,
-                      sigma_sum, startup_s, time_origin)
+from .records import (
+    KNOWN_TYPES,
+    Metrics,
+    TrainingClock,
+    read_metrics,
+    sigma_sum,
+    startup_s,
+    time_origin,
+)
 from .records import num as _num
 from .run_files import config_path
 

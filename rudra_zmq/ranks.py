@@ -37,8 +37,8 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Callable, Mapping
 
 ROLES = ("servers", "learner")
 DMLC_ROLES = {"server": "servers", "scheduler": "servers", "worker": "learner"}

@@ -20,10 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import paper, plots
+from .compare import (
+    CompareError,
+    add_run_dirs_argument,
+    config_value,
+    expand_run_dirs,
+    is_run_dir,
+    mean_sigma,
+    protocol_name,
+    read_config,
+)
 from .run_files import METRICS_FILE, POINT_FILE, PROCESSES_FILE
 from .sync import PROTOCOLS, nominal_staleness
-from .compare import (CompareError, add_run_dirs_argument, config_value,
-                      expand_run_dirs, is_run_dir, mean_sigma, protocol_name, read_config)
 
 log = logging.getLogger(__name__)
 

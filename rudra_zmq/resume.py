@@ -9,9 +9,8 @@ no processes; reads the run directory only.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import json
+from pathlib import Path
 
 from . import config as config_mod
 from .config import ConfigError

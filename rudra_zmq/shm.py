@@ -257,7 +257,7 @@ class GradientSlots(_Shared):
                             for i in (0, 1))
 
     @classmethod
-    def create(cls, token: str, node: int, learner: int, numel: int, **kw) -> "GradientSlots":
+    def create(cls, token: str, node: int, learner: int, numel: int, **kw) -> GradientSlots:
         """Make the (zeroed) segment after sweeping stale ones; ``limit_bytes=`` caps the space
         believed free (tests), ``shm_dir=`` moves it. Raises ShmUnavailable (no room, no
         /dev/shm), ValueError (bad name parts), FileExistsError (name taken). Blocks for the
@@ -265,7 +265,7 @@ class GradientSlots(_Shared):
         return cls(token, node, learner, numel, create=True, **kw)
 
     @classmethod
-    def attach(cls, token: str, node: int, learner: int, numel: int, **kw) -> "GradientSlots":
+    def attach(cls, token: str, node: int, learner: int, numel: int, **kw) -> GradientSlots:
         """Map a learner's segment read-only; raises ShmUnavailable if it is not on this host
         or does not match ``numel``. Blocks for the file calls; allocates no memory."""
         return cls(token, node, learner, numel, create=False, **kw)
@@ -306,14 +306,14 @@ class WeightBoard(_Shared):
             self._ts[0] = -1
 
     @classmethod
-    def create(cls, token: str, node: int, numel: int, **kw) -> "WeightBoard":
+    def create(cls, token: str, node: int, numel: int, **kw) -> WeightBoard:
         """Make the board (ts -1: nothing published) after sweeping stale segments. Raises like
         :meth:`GradientSlots.create`, and ShmUnavailable on a non-x86 CPU. Blocks for the file
         calls; reserves ``board_nbytes(numel)`` bytes of shared memory."""
         return cls(token, node, numel, create=True, **kw)
 
     @classmethod
-    def attach(cls, token: str, node: int, numel: int, **kw) -> "WeightBoard":
+    def attach(cls, token: str, node: int, numel: int, **kw) -> WeightBoard:
         """Map a leaf's board read-only; raises ShmUnavailable (not on this host, mismatched,
         non-x86). Blocks for the file calls; allocates no memory."""
         return cls(token, node, numel, create=False, **kw)

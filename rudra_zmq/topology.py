@@ -26,10 +26,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import transport
+from . import transport, wire
 from .config import ConfigError
 from .sync import ProtocolViolation
-from . import wire
 
 _IPC_PATH_MAX = 107          # sun_path is 108 bytes on Linux, including the NUL
 

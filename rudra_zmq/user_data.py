@@ -25,7 +25,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from .dataset_arrays import Dataset, make_dataset
-from .user_code import UserCodeError, call as _call_user
+from .user_code import UserCodeError
+from .user_code import call as _call_user
 
 USER_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 _USER_INFO: dict = {}   # (path, root) -> (image shape, training examples, classes), per process

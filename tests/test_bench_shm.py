@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 import pytest
-from cluster import gone
 
+from cluster import gone
 from rudra_zmq.benchmarks import shm_segment as shm
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]

@@ -86,7 +86,7 @@ def test_a_chain_of_four_delivers_every_version_bit_identical_in_order_or_skips_
         sent[ts] = digest([w])
         root.publish(ts, w)
         w[:] = 0                             # publish copied: the caller may write at once
-        wait_until(lambda: all(m.latest()[0] == ts for m in members), what=f"version {ts}")
+        wait_until(lambda ts=ts: all(m.latest()[0] == ts for m in members), what=f"version {ts}")
     for log in seen:
         assert log == [(ts, sent[ts]) for ts in range(1, 11)]
     for ts in range(11, 61):                 # a burst: links skip what was superseded
@@ -112,7 +112,7 @@ def test_a_member_whose_consumer_never_adopts_still_forwards_everything(ctx):
     root, members, seen = chain(ctx, 3)
     for ts in range(1, 31):
         root.publish(ts, weights(ts))
-        wait_until(lambda: members[2].latest()[0] == ts, what=f"version {ts}")
+        wait_until(lambda ts=ts: members[2].latest()[0] == ts, what=f"version {ts}")
     wait_until(lambda: members[1].latest()[0] == 30, what="member 1's bookkeeping")
     # nobody ever read member 1's versions: it forwarded all 30 versions (150 chunks) anyway,
     # and holds only the newest complete one
@@ -138,7 +138,7 @@ def test_a_stalled_link_holds_at_most_its_credit_and_nobody_else_waits_for_it(ct
         t0 = time.monotonic()
         root.publish(ts, weights(ts))
         assert time.monotonic() - t0 < 1.0, "publish must never wait for the network"
-        wait_until(lambda: fast.latest()[0] == ts, what=f"version {ts} at the fast member")
+        wait_until(lambda ts=ts: fast.latest()[0] == ts, what=f"version {ts} at the fast member")
     assert [ts for ts, _ in fast_seen] == list(range(1, 41)), "the stalled link made it skip"
     queued = []
     while stalled.poll(300):
@@ -346,15 +346,15 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
             reply = node.request(Kind.RELAY, ts, [g + ts],
                                  clock=[[0, ts], [1, ts]])
             assert reply.kind == Kind.ACK and reply.ts == ts + 1 and not reply.payloads
-            wait_until(lambda: m.latest()[0] == ts + 1, what=f"version {ts + 1}")
+            wait_until(lambda ts=ts: m.latest()[0] == ts + 1, what=f"version {ts + 1}")
             assert np.array_equal(m.latest()[1], ps.state.w), "the broadcast carries the PS's weights"
         assert [ts for ts, _ in seen] == [0, 1, 2, 3] and not errors
         assert not np.array_equal(ps.state.w, w0)
 
 
 def test_an_advstar_leaf_relays_pushes_answers_ack_and_serves_no_weights(ctx):
-    from rudra_zmq.roles.tree_node import TreeNode
     from cluster import FakeLearner, running
+    from rudra_zmq.roles.tree_node import TreeNode
 
     parent = ctx.socket(zmq.ROUTER)
     parent.setsockopt(zmq.LINGER, 0)

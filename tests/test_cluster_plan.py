@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from cluster import free_port_range
-
 from rudra_zmq import cli, cluster_plan
 from rudra_zmq.compare import run_summary
 from rudra_zmq.config import ConfigError, load_config

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cluster import free_port_range
 
+from cluster import free_port_range
 from rudra_zmq.compare import run_summary
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,8 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cluster import small_config
 from rudra_zmq import wire

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cluster import weights_difference
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
 from test_system import DIGITS, rudra_run, updates
-from cluster import weights_difference
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(),
                                  reason="no CUDA GPU here (torch.cuda.is_available() is False)"),
@@ -88,6 +88,7 @@ def test_gpu_learners_train_under_advstar(tmp_path):
     """Rudra-adv*: weights reach each GPU learner only by the broadcast through the learners
     (copied into its host buffer, then to the GPU when a newer version is adopted)."""
     import json
+
     from test_system import ROOT
     run_dir, _ = rudra_run(tmp_path, "advstar", ["runtime.timeout_s=60", "runtime.device=cuda"],
                            config=ROOT / "configs/quickstart_advstar.yaml")

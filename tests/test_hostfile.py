@@ -7,8 +7,16 @@ from pathlib import Path
 import pytest
 
 from rudra_zmq import hostfile
-from rudra_zmq.hostfile import (Host, HostfileError, describe, is_local, load, parse_hostfile,
-                                parse_hosts_arg, select)
+from rudra_zmq.hostfile import (
+    Host,
+    HostfileError,
+    describe,
+    is_local,
+    load,
+    parse_hostfile,
+    parse_hosts_arg,
+    select,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(30)

@@ -10,8 +10,8 @@ import textwrap
 import time
 
 import pytest
-from cluster import gone
 
+from cluster import gone
 from rudra_zmq import launcher, run_plan
 from rudra_zmq.config import ConfigError, load_config
 

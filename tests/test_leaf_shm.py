@@ -122,7 +122,7 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
         # learners 0-2 share memory with their leaf; learner 3 (same leaf as 2) sends payloads
         ls = [ShmLearner(ctx, leaves[i // 2].endpoint, i, i // 2, ps.state.numel) for i in range(3)]
         plain = FakeLearner(ctx, leaves[1].endpoint, 3)
-        welcomes = [l.hello(ps.state.signature) for l in ls]
+        welcomes = [learner.hello(ps.state.signature) for learner in ls]
         assert all(m.fields["shm"] for m in welcomes)
         w0, _ = plain.hello(ps.state.signature, ps.state.numel)
         np.testing.assert_array_equal(np.concatenate(welcomes[0].payloads), w0)
@@ -134,8 +134,8 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
                 ls[i].pushpull(rnd, g[i], slot=rnd % 2)
             plain.send(Kind.PUSHPULL, rnd, [g[3]])
             w, v = expected_step(w, v, g, cfg, ps.state.updater.segments)
-            for l in ls:
-                got, ts = l.weights()
+            for learner in ls:
+                got, ts = learner.weights()
                 assert ts == rnd + 1
                 np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
             msg = plain.recv()
@@ -144,8 +144,8 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
         assert ps.state.engine.updates == 3 and ps.state.engine.gradients_received == 12
         # every learner has pushed: the boards' names are gone, the mappings still work
         assert not any(leaf.shared.board.owner for leaf in leaves)
-        for l in ls:
-            l.close()
+        for learner in ls:
+            learner.close()
         plain.close()
     assert not any(errors)
     assert not leaked(before), "segments left behind"
@@ -158,18 +158,18 @@ def test_a_leaf_without_shared_memory_keeps_its_learners_on_payloads(ctx, monkey
     leaves = [TreeNode(cfg, k, "tcp://127.0.0.1:0", ps.endpoint, ctx=ctx) for k in (0, 1)]
     with running(ps) as e0, running(leaves[0]) as e1, running(leaves[1]) as e2:
         ls = [ShmLearner(ctx, leaves[i // 2].endpoint, i, i // 2, ps.state.numel) for i in range(4)]
-        welcomes = [l.hello(ps.state.signature) for l in ls]
+        welcomes = [learner.hello(ps.state.signature) for learner in ls]
         assert not any("shm" in m.fields for m in welcomes)   # declined: use payloads
         ls[0].pushpull(0, np.ones(ps.state.numel, np.float32), slot=0)
         err = ls[0].fake.recv()
         assert err.kind == Kind.ERROR and "did not map its slots" in err.fields["error"]
         g = [np.full(ps.state.numel, i, np.float32) for i in range(4)]
-        for i, l in enumerate(ls):
-            l.fake.send(Kind.PUSHPULL, 0, [g[i]])
-        for l in ls:
-            msg = l.fake.recv()
+        for i, learner in enumerate(ls):
+            learner.fake.send(Kind.PUSHPULL, 0, [g[i]])
+        for learner in ls:
+            msg = learner.fake.recv()
             assert msg.kind == Kind.WEIGHTS and msg.ts == 1 and len(msg.payloads) >= 1
-            l.close()
+            learner.close()
     assert not (e0 or e1 or e2)
 
 

@@ -4,11 +4,11 @@ import numpy as np
 
 import oracles
 from cluster import FakeLearner, running, small_config
+from rudra_zmq import wire
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq.roles.ps_weights import ReplyWeights
 from rudra_zmq.server_state import ServerState
 from rudra_zmq.sync import NOW, Reply
-from rudra_zmq import wire
 from rudra_zmq.wire import Kind
 
 
@@ -147,9 +147,12 @@ def test_malformed_and_mismatched_messages_are_refused_and_leave_weights_bit_ide
         _, ts = a.hello(ps.state.signature, ps.state.numel)
         before = ps.state.w.copy(), ps.state.updater.v.copy(), ps.state.updater.acc.copy()
         good = np.ones(ps.state.numel, np.float32)
-        hdr = lambda **kw: msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.PUSH),
-                                          "s": 0, "q": 9, "ts": 0,
-                                          "inc": 0, "p": [["f4", ps.state.numel]], "x": {}, **kw})
+
+        def hdr(**kw):
+            return msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.PUSH), "s": 0,
+                                  "q": 9, "ts": 0, "inc": 0, "p": [["f4", ps.state.numel]],
+                                  "x": {}, **kw})
+
         cases = [
             ([b"\x93\xff\x00garbage", good.tobytes()], "bad_header"),
             (wire.encode(Kind.BATCH_REQ, 0, 1, step=0), "unexpected_kind"),

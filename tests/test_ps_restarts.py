@@ -90,6 +90,7 @@ def test_twenty_ps_crashes_in_one_run_lose_at_most_the_updates_since_each_checkp
             errors.append(exc)
     learners = [threading.Thread(target=learn, args=(i,), daemon=True) for i in range(2)]
     lost, since, reported = [], [], []
+    crashed_at = 0                            # each crash's timestamp, read by the next cycle
     try:
         for t in learners:
             t.start()

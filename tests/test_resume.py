@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from rudra_zmq import cli, config as config_mod
+from rudra_zmq import cli
+from rudra_zmq import config as config_mod
 from rudra_zmq.config import ConfigError, load_config
 from rudra_zmq.resume import resumable, resume_config
 

@@ -2,8 +2,8 @@
 the whole-vector state on that slice, and checkpoints that know their range. No sockets."""
 import numpy as np
 import pytest
-from cluster import small_config
 
+from cluster import small_config
 from rudra_zmq import checkpoint, wire
 from rudra_zmq.roles.ps_checkpoint import checkpoint_dir, restore_latest
 from rudra_zmq.server_state import ServerState

@@ -9,14 +9,13 @@ import time
 import numpy as np
 import pytest
 
+from cluster import FakeLearner, running, small_config
 from rudra_zmq import data_order, datasets, transport
 from rudra_zmq.children import accepting
 from rudra_zmq.config import load_config
 from rudra_zmq.roles import ps as ps_module
 from rudra_zmq.roles.stats_server import StatsServer
 from rudra_zmq.wire import Kind
-
-from cluster import FakeLearner, running, small_config
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,12 +16,11 @@ import torch
 import zmq
 
 from rudra_zmq import transport, wire
-from rudra_zmq.config import load_config
+from rudra_zmq.config import ConfigError, load_config
+from rudra_zmq.data_order import load_data
 from rudra_zmq.datasets import to_float
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
-from rudra_zmq.data_order import load_data
-from rudra_zmq.config import ConfigError
 from rudra_zmq.roles.stats_client import METRIC_HWM, StatsClient
 from rudra_zmq.roles.stats_progress import Progress, duration
 from rudra_zmq.roles.stats_server import StatsServer

@@ -103,8 +103,8 @@ def test_30_softsync_with_30_learners_trains_only_with_the_staleness_aware_rate(
     errors = {}
     for pol in ("staleness", "constant"):
         run_dir, _ = threaded_run(tmp_path, pol, [*base, f"optimizer.lr_policy={pol}"])
-        errors[pol] = [json.loads(l)["test_error"] for l in
-                       (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in l]
+        errors[pol] = [json.loads(line)["test_error"] for line in
+                       (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
         late = [s for r in updates(run_dir)[len(updates(run_dir)) // 2:] for s in r["sigmas"]]
         assert np.mean(late) >= 10, (pol, np.mean(late))   # clearly stale: ≈ λ − 1 when even
     # staleness-aware: trains
@@ -115,8 +115,8 @@ def test_30_softsync_with_30_learners_trains_only_with_the_staleness_aware_rate(
 
 def test_quickstart_reaches_95_percent_test_accuracy(tmp_path):
     run_dir, out = rudra_run(tmp_path, "quick", [])
-    evals = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"eval"' in l]
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
     assert evals and evals[-1]["test_error"] <= 0.05, evals[-1]
     assert "run directory:" in out
     final = evals[-1]["test_error"]
@@ -171,7 +171,7 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
         for log in sorted((run_dir / "logs").glob("*.log")):
             if "Timeout (0:" in log.read_text(errors="replace"):
                 warnings.warn(f"{log.name}: the role's cleanup was cut short by its watchdog:\n"
-                              f"{log.read_text(errors='replace')[-3000:]}")
+                              f"{log.read_text(errors='replace')[-3000:]}", stacklevel=1)
     finally:
         if proc.poll() is None:
             proc.kill()

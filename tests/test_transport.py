@@ -64,8 +64,11 @@ def test_an_unanswered_request_is_sent_again_unchanged_and_a_late_answer_is_drop
         client.join(15)   # its request times out: never destroy the context under its recv
         raise
     seq = wire.decode(first[1:]).seq
-    answer = lambda re: server.send_multipart(
-        [first[0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 77, re=re)])
+
+    def answer(re):
+        server.send_multipart(
+            [first[0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 77, re=re)])
+
     answer(seq)
     client.join(10)
     assert got[0].fields["re"] == seq

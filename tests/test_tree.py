@@ -9,9 +9,9 @@ import zmq
 
 from cluster import FakeLearner, running, small_config
 from rudra_zmq import topology, wire
+from rudra_zmq.relay_clock import RelayClock
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq.roles.tree_node import TreeNode
-from rudra_zmq.relay_clock import RelayClock
 from rudra_zmq.sync import NOW, ProtocolViolation, Reply
 from rudra_zmq.wire import Kind, WireError
 from test_ps import expected_step
@@ -256,8 +256,8 @@ def test_a_leaf_says_hello_upstream_with_its_learners_and_welcomes_its_children(
         l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
         w = np.arange(NUMEL, dtype=np.float32)
         parent.reply(ident, Kind.WELCOME, 3, [w], learners=4, protocol="hardsync")
-        for l in (l0, l1):
-            msg = l.recv()
+        for learner in (l0, l1):
+            msg = learner.recv()
             assert msg.kind == Kind.WELCOME and msg.ts == 3 and msg.fields["learners"] == 4
             np.testing.assert_array_equal(msg.payloads[0], w)
         l2 = FakeLearner(ctx, node.endpoint, 2)
@@ -287,8 +287,8 @@ def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_
             assert not l0.has_reply(200) and not l1.has_reply(0), "children wait for the root"
             w = np.full(NUMEL, step + 1, np.float32)
             parent.reply(ident, Kind.WEIGHTS, step + 1, [w])
-            for l in (l0, l1):
-                msg = l.recv()
+            for learner in (l0, l1):
+                msg = learner.recv()
                 assert msg.kind == Kind.WEIGHTS and msg.ts == step + 1
                 np.testing.assert_array_equal(msg.payloads[0], w)
         l0.close(), l1.close()
@@ -391,16 +391,16 @@ def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
     with running(ps) as e0, running(inner) as e1, running(leaves[0]) as e2, \
             running(leaves[1]) as e3:
         ls = [FakeLearner(ctx, leaves[i // 2].endpoint, i) for i in range(4)]
-        w0 = [l.hello(ps.state.signature, ps.state.numel)[0] for l in ls][0]
+        w0 = [learner.hello(ps.state.signature, ps.state.numel)[0] for learner in ls][0]
         g = grads(4, ps.state.numel)
         for i in (3, 0, 2, 1):
             ls[i].send(Kind.PUSHPULL, 0, [g[i]])
         w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.state.updater.segments)
-        for l in ls:
-            msg = l.recv()
+        for learner in ls:
+            msg = learner.recv()
             assert msg.kind == Kind.WEIGHTS and msg.ts == 1
             np.testing.assert_allclose(np.concatenate(msg.payloads), w1, rtol=1e-5, atol=1e-6)
         assert ps.state.engine.updates == 1 and ps.state.engine.gradients_received == 4
-        for l in ls:
-            l.close()
+        for learner in ls:
+            learner.close()
     assert not (e0 or e1 or e2 or e3)

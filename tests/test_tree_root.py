@@ -49,8 +49,10 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
         before = ps.state.w.copy(), ps.state.updater.v.copy(), ps.state.updater.acc.copy()
         good = np.ones(ps.state.numel, np.float32)
         seqs = iter(range(10**6, 2 * 10**6))   # after the HELLO's: each one is new
-        relay = lambda clock, ts=0, g=good, s=-100: wire.encode(
-            Kind.RELAY, s, next(seqs), ts, 0, [g], clock=clock)
+
+        def relay(clock, ts=0, g=good, s=-100):
+            return wire.encode(Kind.RELAY, s, next(seqs), ts, 0, [g], clock=clock)
+
         cases = [
             (relay([[2, 0]]), "protocol", "learner 2, which is not below it"),
             (relay([[0, 0], [0, 0]]), "protocol", "two gradients of learner 0"),

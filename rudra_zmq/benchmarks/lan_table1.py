@@ -30,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 
-from . import common, synthetic_cluster as sc, synthetic_roles as sr
+from . import common
+from . import synthetic_cluster as sc
+from . import synthetic_roles as sr
 
 HOSTS = 4                 # learner hosts (the root is one more)
 PER_HOST = 4              # learners per host = the tree's fan-out

@@ -103,7 +103,7 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
             buf = np.full(size, 0x5A, np.uint8)
             warm_lost = [0]
 
-            def warm():
+            def warm(buf=buf, warm_lost=warm_lost):   # this size's buffer and count
                 warm_lost[0] += trips(req, buf, copy, 10)[1]
             per = common.warm_up(warm, args.warmup) / 10
             count = common.op_count(args, per)

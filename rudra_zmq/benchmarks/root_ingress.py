@@ -23,7 +23,9 @@ from __future__ import annotations
 import os
 import tempfile
 
-from . import common, synthetic_cluster as sc, synthetic_roles as sr
+from . import common
+from . import synthetic_cluster as sc
+from . import synthetic_roles as sr
 
 LEARNERS = 16
 PARAMS = 10_000_000

@@ -35,8 +35,20 @@ import zmq
 
 from .. import kernels, transport, wire
 from . import common
-from .shm_segment import (PREFIX, SHM_DIR, TIMEOUT_S, VERSION_BYTES, Checker, Segment, Seqlock,
-                          grad_value, make_pattern, remove_stale_segments, weight_value, write)
+from .shm_segment import (
+    PREFIX,
+    SHM_DIR,
+    TIMEOUT_S,
+    VERSION_BYTES,
+    Checker,
+    Segment,
+    Seqlock,
+    grad_value,
+    make_pattern,
+    remove_stale_segments,
+    weight_value,
+    write,
+)
 
 SIZES = ["1M", "10M"]        # float32 parameters
 LEARNERS = [1, 2, 4]         # learners per leaf

@@ -78,7 +78,7 @@ def run(args) -> int:
     cpus: dict[str, list[float]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory(prefix="rudra-startup-") as tmp:
         n = 0
-        for name, root in sides.items():   # warm-up: the file cache, the digits cache
+        for root in sides.values():   # warm-up: the file cache, the digits cache
             n += 1
             startup_s(root, Path(tmp) / f"run{n}")
         for i in range(args.repeats):

@@ -52,7 +52,7 @@ class Frames:
         self.chunk_bytes, self.codec = chunk_bytes, wire_codec
         self._sendbuf = np.empty(numel, np.float32) if own_buffer else None
 
-    def welcomed(self, welcome: wire.Message) -> "Frames":
+    def welcomed(self, welcome: wire.Message) -> Frames:
         """The carrier to use after the server's WELCOME (frames stay frames)."""
         return self
 

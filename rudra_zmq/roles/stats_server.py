@@ -407,7 +407,7 @@ def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
     stop = threading.Event()
     server = StatsServer(cfg, bind, run_dir, resume=resume, announce=True)
-    import torch   # loaded by the model already; not before it, which would delay the bind
+    import torch  # loaded by the model already; not before it, which would delay the bind
 
     torch.set_num_threads(1)  # evaluation shares the machine with the learners
     previous = {}

@@ -59,7 +59,7 @@ class TensorBoardLog:
 
     def __init__(self, run_dir, t0: float, learners: int, started: float | None = None):
         check_tensorboard()
-        from torch.utils.tensorboard import SummaryWriter   # an optional dependency
+        from torch.utils.tensorboard import SummaryWriter  # an optional dependency
 
         self.writer = SummaryWriter(str(Path(run_dir) / TB_DIR), max_queue=MAX_QUEUE,
                                     flush_secs=FLUSH_S)
