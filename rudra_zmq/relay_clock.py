@@ -53,7 +53,7 @@ class RelayClock:
         """Raise :class:`ProtocolViolation` if ``add(entries)`` would refuse them."""
         if not entries:
             raise ProtocolViolation("a gradient sum must contain at least one gradient")
-        held = {l for l, _ in self._pending} | {l for l, _ in self._in_flight}
+        held = {who for who, _ in self._pending} | {who for who, _ in self._in_flight}
         for learner, ts in entries:
             if learner not in self.learners:
                 raise ProtocolViolation(f"learner {learner} is not below this node (its "
@@ -73,7 +73,7 @@ class RelayClock:
 
     def add(self, entries) -> None:
         """Account the gradients of one child's message (all checked first)."""
-        entries = [(int(l), int(t)) for l, t in entries]
+        entries = [(int(who), int(t)) for who, t in entries]
         self.check(entries)
         self._pending.extend(entries)
 
@@ -97,7 +97,8 @@ class RelayClock:
         """When a child's PULL may be answered: with a barrier protocol (hardsync), a learner
         whose gradient this node holds gets newer weights than the node's, once they are
         here; otherwise now (from the node's weights, or UPTODATE). Pure."""
-        if barrier(self.protocol) and any(l == learner for l, _ in self._pending + self._in_flight):
+        held = self._pending + self._in_flight
+        if barrier(self.protocol) and any(who == learner for who, _ in held):
             return Reply(self.timestamp + 1)
         return NOW
 

@@ -326,7 +326,7 @@ class SyncEngine:
         scale depends on σ at the root, which the node that summed the gradients cannot know.
         The returned Arrival's ``sigma`` is the largest σ of the entries; its ``scale`` is 1.
         """
-        entries = [(int(l), int(t)) for l, t in entries]
+        entries = [(int(who), int(t)) for who, t in entries]
         if not entries:
             raise ProtocolViolation("a relayed gradient must contain at least one gradient")
         if self.lr.policy == "per_gradient":

@@ -172,7 +172,7 @@ class TreeNode:
         try:
             msg = self.parent.recv(kinds, numel=st.numel)
         except transport.ServerError as exc:
-            for ident, sender, seq in st.hellos:  # the parent refused our HELLO: say why
+            for ident, _sender, seq in st.hellos:  # the parent refused our HELLO: say why
                 self._send(ident, Kind.ERROR, code=exc.code, error=str(exc), re=seq)
             # "rejoin": the parent restarted; so does this node (the launcher restarts it)
             # and its children rejoin it, so nothing below is counted twice
