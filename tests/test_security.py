@@ -38,7 +38,8 @@ from rudra_zmq.compare import result_line
 from rudra_zmq.data_order import load_data
 from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.roles.ps import ParameterServer
-from rudra_zmq.roles.stats_server import DONE_QUIET_S, StatsServer
+from rudra_zmq.roles.stats_end import DONE_QUIET_S
+from rudra_zmq.roles.stats_server import StatsServer
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(90)
@@ -246,9 +247,9 @@ def test_only_the_ps_with_the_run_token_ends_the_recording(stats):
         stats.handle(frames)
         assert stats.invalid == i, i
     time.sleep(DONE_QUIET_S + 0.1)
-    assert stats._done is None and stats._pending is None and not stats._finished()
+    assert stats.end.done is None and stats._pending is None and not stats._finished()
     stats.handle(metric(wire.SENDER_PS, done, token=TOKEN))
-    assert stats.invalid == len(forged) and stats._done is not None
+    assert stats.invalid == len(forged) and stats.end.done is not None
     time.sleep(DONE_QUIET_S + 0.1)
     assert stats._finished()
     stats._file.flush()

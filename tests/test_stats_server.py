@@ -21,6 +21,7 @@ from rudra_zmq.data_order import load_data
 from rudra_zmq.datasets import to_float
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
+from rudra_zmq.roles import stats_end
 from rudra_zmq.roles.stats_client import METRIC_HWM, StatsClient
 from rudra_zmq.roles.stats_progress import Progress, duration
 from rudra_zmq.roles.stats_server import StatsServer
@@ -528,9 +529,7 @@ def test_a_stale_ps_final_is_not_taken_for_the_final_weights(cfg, digits, tmp_pa
                                                             monkeypatch):
     """ps_final.json of another timestamp (a run resumed from it): not the final weights;
     after DONE_WAIT_S the server ends without them, saying so in its log."""
-    from rudra_zmq.roles import stats_server
-
-    monkeypatch.setattr(stats_server, "DONE_WAIT_S", 1.0)
+    monkeypatch.setattr(stats_end, "DONE_WAIT_S", 1.0)
     server = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
     np.save(tmp_path / "weights.npy", server.flat.weights)
     (tmp_path / "ps_final.json").write_text(json.dumps({"timestamp": 20, "epoch": 2.0,

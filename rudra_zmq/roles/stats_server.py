@@ -13,14 +13,11 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   (``stats_eval``) and an ``eval`` record is written. When several EVALs queue up, only the
   newest is evaluated (the others are counted in ``evals_skipped``). Metrics keep flowing
   during a long evaluation: the socket is drained between test batches.
-- ``{"type": "done", "ts", "epoch", "evals_sent": n}`` from the parameter server ends the run
-  once the final weights (at ``ts``) are evaluated, from their EVAL or, when it never comes,
-  from ``RUN/weights.npy`` (``stats_final``), waiting at most ``DONE_WAIT_S`` (a ``done``
-  without ``ts``: for the n EVALs it announced); then it writes ``summary.csv`` and the plots
-  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns. ``RUN/ps_final.json``
-  saying training is done (the PS's own file, not a message) counts as that ``done`` when no
-  ``done`` came: a server restarted as or after the PS ended never gets one
-  (``stats_final.final_done``).
+- ``{"type": "done", "ts", "epoch", "evals_sent": n}`` from the parameter server (or, when
+  none came, ``RUN/ps_final.json`` saying training is done) ends the run once the final
+  weights are evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or waited for
+  long enough (``stats_end``); then it writes ``summary.csv`` and the plots
+  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns.
 
 It prints a line when training starts (the PS's first update, with the start-up time) and one
 per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
@@ -45,11 +42,12 @@ from pathlib import Path
 import zmq
 
 from .. import plots, security, transport, wire
-from ..run_files import PS_FINAL_FILE, SUMMARY_FILE, WEIGHTS_FILE, metrics_path
+from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..wire import Kind
+from .stats_end import RunEnd
 from .stats_eval import Evaluator
 from .stats_file import MetricsFile, json_line
-from .stats_final import final_done, final_record, final_weights
+from .stats_final import final_record, final_weights
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
@@ -58,9 +56,6 @@ log = logging.getLogger("rudra_zmq.stats")
 RECV_HWM = 2           # per connection on the server; adds to the sender's queue
 POLL_MS = 100
 DRAIN_MAX = 1000       # messages taken per wake-up before the loop looks at clocks again
-DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
-DONE_WAIT_S = 10.0     # ... and at most this long for the final weights (EVAL or file)
-FINAL_FILE_EVERY_S = 1.0   # without a "done": how often ps_final.json is looked at
 OWN_RECORDS = {"eval", "start", "resume"}      # written by this server only
 PS_RECORDS = {"done", "update", "ps", "members", "restart"}   # by the parameter server only
 
@@ -96,11 +91,9 @@ class StatsServer:
         self.records = self.invalid = self.evals_done = self.evals_skipped = 0
         self._warned: set = set()
         self._pending: tuple[wire.Message, float] | None = None   # newest EVAL, arrival time
-        self._evals_received: dict[int, int] = {}
-        self._done: dict | None = None   # the PS's "done" record, with its arrival
+        self.end = RunEnd(self.run_dir, cfg.train.epochs)   # the "done" and the EVALs seen
         self._evaluated: set[int] = set()  # timestamps whose evaluation this server wrote
         self._last_update: tuple = (None, None)   # (ts, t) of the newest update record
-        self._final_looked = 0.0   # when ps_final.json was last looked at (no "done" yet)
         self._tb: TensorBoardLog | None = None
         self._file: MetricsFile | None = None
         self.security, self._token = transport.security(), security.run_token()
@@ -163,7 +156,7 @@ class StatsServer:
             self._refuse(f"sender {msg.sender}", "forged", forged)
             return
         if msg.kind == Kind.EVAL:
-            self._evals_received[msg.sender] = self._evals_received.get(msg.sender, 0) + 1
+            self.end.eval_received(msg.sender)
             if self._pending is not None:
                 self.evals_skipped += 1  # a newer one arrived before we got to it
             self._pending = (msg, now)
@@ -222,8 +215,8 @@ class StatsServer:
             self.progress.restart(r.get("ts"))
             self._print(f"parameter server restarted (incarnation {r.get('incarnation')}) at "
                         f"ts {r.get('ts')} from {r.get('checkpoint')}")
-        elif kind == "done" and self._done is None:
-            self._done = {**r, "arrived": now, "sender": sender}
+        elif kind == "done":
+            self.end.done_received(r, now, sender)
         self._write(r, line)
 
     def _write(self, rec: dict, line: str) -> None:
@@ -277,7 +270,7 @@ class StatsServer:
         """Evaluate the final weights from ``weights.npy`` when they are there
         (``stats_final``); returns whether it did. Blocks for the evaluation."""
         try:
-            w = final_weights(self.run_dir, self._done["ts"], self.flat.numel)
+            w = final_weights(self.run_dir, self.end.done["ts"], self.flat.numel)
         except ValueError as exc:
             if "final_file" not in self._warned:
                 self._warned.add("final_file")
@@ -289,8 +282,8 @@ class StatsServer:
         if result is None:
             return False
         log.info("statistics server: the final weights' EVAL (ts %d) did not arrive; "
-                 "evaluated %s instead", self._done["ts"], self.run_dir / WEIGHTS_FILE)
-        self._record_eval(final_record(self._done, *self._last_update), result)
+                 "evaluated %s instead", self.end.done["ts"], self.run_dir / WEIGHTS_FILE)
+        self._record_eval(final_record(self.end.done, *self._last_update), result)
         return True
 
     def _print(self, *lines: str) -> None:
@@ -337,35 +330,19 @@ class StatsServer:
     def _finished(self, stop_event=None) -> bool:
         """Training is over and its final weights are evaluated -- from their EVAL, or from
         ``weights.npy`` (blocks for that evaluation) -- or waited for long enough. A ``done``
-        without ``ts`` waits for the EVALs it announced instead."""
-        if self._done is None:
-            now = time.time()
-            if now - self._final_looked < FINAL_FILE_EVERY_S:
-                return False
-            self._final_looked = now
-            done = final_done(self.run_dir, self.cfg.train.epochs)
-            if done is None:
-                return False
-            log.info("statistics server: %s says training ended at ts %d and no 'done' has "
-                     "come (sent to a server that is gone); taking it for the 'done'",
-                     self.run_dir / PS_FINAL_FILE, done["ts"])
-            self._done = {**done, "t": round(done["t"] - self.t0, 6), "arrived": now,
-                          "sender": wire.SENDER_PS}
-        waited = time.time() - self._done["arrived"]
-        if waited < DONE_QUIET_S:
+        without ``ts`` waits for the EVALs it announced instead (``stats_end``)."""
+        now = time.time()
+        if not self.end.look_for_file(now, self.t0):
             return False
-        ts = self._done.get("ts")
-        if not isinstance(ts, int) or not is_number(self._done.get("epoch")):
-            announced = self._done.get("evals_sent")
-            announced = announced if is_number(announced) else 0
-            got = self._evals_received.get(self._done["sender"], 0)
-            return got >= announced or waited >= DONE_WAIT_S
-        if ts in self._evaluated or self._evaluate_final_file(stop_event):
+        verdict = self.end.verdict(now, self._evaluated)
+        if verdict != "final":
+            return verdict == "finished"
+        if self._evaluate_final_file(stop_event):
             return True
-        if waited >= DONE_WAIT_S:
+        if self.end.waited_out(now):
             log.warning("statistics server: the final weights (ts %d) were not evaluated: "
-                        "their EVAL did not arrive and %s does not hold them", ts,
-                        self.run_dir / WEIGHTS_FILE)
+                        "their EVAL did not arrive and %s does not hold them",
+                        self.end.done["ts"], self.run_dir / WEIGHTS_FILE)
             return True
         return False
 

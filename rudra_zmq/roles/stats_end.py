@@ -1,0 +1,84 @@
+"""When the statistics server may finish: rules over what it has received, with the time
+passed in (no sockets, no clock of its own) and one small file read.
+
+A run ends with the PS's ``done`` record or, when none came (it went to a server that has
+gone), with ``RUN/ps_final.json`` saying training is done (``stats_final.final_done``), looked
+at every ``FINAL_FILE_EVERY_S``. The server then keeps reading for ``DONE_QUIET_S``
+(stragglers: learner records), and finishes once the final weights (at the ``done``'s ts) are
+evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or after ``DONE_WAIT_S``. A
+``done`` without a ts waits for the EVALs it announced instead. Not thread-safe: the
+statistics server's thread owns it.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .. import wire
+from ..run_files import PS_FINAL_FILE
+from .stats_final import final_done
+from .stats_progress import is_number
+
+log = logging.getLogger("rudra_zmq.stats")
+
+DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
+DONE_WAIT_S = 10.0     # ... and at most this long for the final weights (EVAL or file)
+FINAL_FILE_EVERY_S = 1.0   # without a "done": how often ps_final.json is looked at
+
+
+class RunEnd:
+    """What the statistics server of the run in ``run_dir`` (training ``epochs``) knows of
+    the end of training: ``done``, the PS's ``done`` record with its arrival time and sender
+    (None until one came), and the EVALs received per sender."""
+
+    def __init__(self, run_dir, epochs: float):
+        self.run_dir, self.epochs = Path(run_dir), epochs
+        self.done: dict | None = None
+        self.evals: dict[int, int] = {}
+        self._looked = 0.0     # when ps_final.json was last looked at (no "done" yet)
+
+    def eval_received(self, sender: int) -> None:
+        self.evals[sender] = self.evals.get(sender, 0) + 1
+
+    def done_received(self, rec: dict, now: float, sender: int) -> None:
+        """The first ``done`` record counts; later ones change nothing."""
+        if self.done is None:
+            self.done = {**rec, "arrived": now, "sender": sender}
+
+    def look_for_file(self, now: float, t0: float) -> bool:
+        """Whether a ``done`` is known: without one, ``ps_final.json`` saying training is done
+        (looked at once per ``FINAL_FILE_EVERY_S``) stands for it, on the run's clock ``t0``.
+        Reads one small file at most."""
+        if self.done is not None:
+            return True
+        if now - self._looked < FINAL_FILE_EVERY_S:
+            return False
+        self._looked = now
+        done = final_done(self.run_dir, self.epochs)
+        if done is None:
+            return False
+        log.info("statistics server: %s says training ended at ts %d and no 'done' has "
+                 "come (sent to a server that is gone); taking it for the 'done'",
+                 self.run_dir / PS_FINAL_FILE, done["ts"])
+        self.done = {**done, "t": round(done["t"] - t0, 6), "arrived": now,
+                     "sender": wire.SENDER_PS}
+        return True
+
+    def verdict(self, now: float, evaluated) -> str:
+        """Once a ``done`` is known: ``"wait"``, ``"finished"``, or ``"final"``: the final
+        weights (``done["ts"]``, not in the timestamps ``evaluated``) are still to evaluate --
+        from the file if it holds them, else finish once :meth:`waited_out`."""
+        waited = now - self.done["arrived"]
+        if waited < DONE_QUIET_S:
+            return "wait"
+        ts = self.done.get("ts")
+        if not isinstance(ts, int) or not is_number(self.done.get("epoch")):
+            announced = self.done.get("evals_sent")
+            announced = announced if is_number(announced) else 0
+            got = self.evals.get(self.done["sender"], 0)
+            return "finished" if got >= announced or waited >= DONE_WAIT_S else "wait"
+        return "finished" if ts in evaluated else "final"
+
+    def waited_out(self, now: float) -> bool:
+        """Whether the final weights were waited for long enough (``DONE_WAIT_S``)."""
+        return now - self.done["arrived"] >= DONE_WAIT_S
