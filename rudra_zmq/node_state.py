@@ -208,11 +208,11 @@ class NodeState:
         return due
 
     def pulls_due(self) -> list:
-        """The parked pulls (ident, sender, Reply, child's ts, seq) the clock now lets go: to
-        be answered now; the others stay parked."""
+        """The parked pulls (ident, sender, child's ts, seq) the clock now lets go: to be
+        answered now; the others stay parked."""
         due = [p for p in self.parked if self.clock.due(p[2])]
         self.parked = [p for p in self.parked if not self.clock.due(p[2])]
-        return due
+        return [(ident, sender, ts, seq) for ident, sender, _, ts, seq in due]
 
     def stop(self, reason: str) -> list:
         """The parent said STOP: returns every child waiting for anything (to be told)."""

@@ -130,4 +130,4 @@ def test_a_node_state_holds_hellos_rejoins_and_pulls_until_the_parent_answers():
     assert st.rejoins_due() == [] and st.pulls_due() == []   # in flight: still held
     st.answered(1, weights=[np.ones(N, np.float32)])
     assert st.rejoins_due() == [(b"0b", 0, 7)] and st.rejoins_due() == []
-    assert st.pulls_due() == [(b"1", 1, reply, 0, 1)] and st.pulls_due() == []
+    assert st.pulls_due() == [(b"1", 1, 0, 1)] and st.pulls_due() == []

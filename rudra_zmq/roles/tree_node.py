@@ -111,7 +111,7 @@ class TreeNode:
         once the parent's WELCOME is here."""
         st = self.state
         first = st.register(ident, msg)
-        if st.stop_reason is not None:   # after training: a planned child is told STOP
+        if st.done:   # after training: a planned child is told STOP
             self._stop(ident, msg.sender, msg.seq)
             return
         if first:   # x{had}: what its first child saw (a restarted root)
@@ -200,7 +200,7 @@ class TreeNode:
             self.children_out.answer(ident, kind, child_ts, seq)
         for ident, sender, seq in st.rejoins_due():
             self._welcome(ident, sender, seq)
-        for ident, _sender, _reply, child_ts, seq in st.pulls_due():
+        for ident, _sender, child_ts, seq in st.pulls_due():
             self.children_out.answer(ident, Kind.PULL, child_ts, seq)
 
     # ------------------------------------------------------------------ loop
