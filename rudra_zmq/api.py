@@ -26,12 +26,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import compare, launcher, preflight, simulator
 from . import config as config_mod
-from .children import tail
 from .config import Config, ConfigError
+from .launch import launcher, preflight
+from .launch.children import tail
+from .launch.run_plan import make_plan, summary
+from .results import compare
 from .run_files import WEIGHTS_FILE, log_dir
-from .run_plan import make_plan, summary
+from .sim import simulator
 from .user_code import UserCodeError, import_root, is_import_path
 
 

@@ -1,15 +1,15 @@
 """The ``rudra-zmq`` command line (also ``python -m rudra_zmq``).
 
-``rudra-zmq run CONFIG`` starts a whole run on this machine (see :mod:`rudra_zmq.launcher`);
+``rudra-zmq run CONFIG`` starts a whole run on this machine (see :mod:`rudra_zmq.launch.launcher`);
 ``rudra-zmq ps|learner|node|data|stats`` start one role each, with explicit endpoints, so the same
-run can be spread over several machines by hand (:mod:`rudra_zmq.role_commands`).
+run can be spread over several machines by hand (:mod:`rudra_zmq.launch.role_commands`).
 ``rudra-zmq simulate CONFIG`` runs the sync protocol in one process with simulated learner
-speeds (see :mod:`rudra_zmq.simulator`); ``rudra-zmq info`` reports the build.
+speeds (see :mod:`rudra_zmq.sim.simulator`); ``rudra-zmq info`` reports the build.
 
 Role modules (and torch) are imported inside their subcommand only, and a command line builds
 only its own subcommand's parser (the commands of other modules, ``TOOLS``, load only for
 their own command or ``--help``), so a role's start-up pays for nothing else;
-:mod:`rudra_zmq.role_process` prepares a role's process and runs it.
+:mod:`rudra_zmq.launch.role_process` prepares a role's process and runs it.
 Config problems print ``rudra-zmq: error: MESSAGE`` and exit 2; a role that fails at run time
 raises, and its traceback is what its log should show.
 """
@@ -22,17 +22,17 @@ import signal
 import sys
 import time
 
-from . import role_process
 from .config import ConfigError, scale_schedule
-from .role_commands import PARSERS, UsageError, config_args, config_of
-from .run_plan import usable_cores
+from .launch import role_process
+from .launch.role_commands import PARSERS, UsageError, config_args, config_of
+from .launch.run_plan import usable_cores
 
 PROG = "rudra-zmq"
 
 
 # ----------------------------------------------------------------------------- subcommands
 def cmd_run(args) -> int:
-    from . import launcher
+    from .launch import launcher
 
     try:
         if args.resume is None and args.config is None:
@@ -62,7 +62,7 @@ def cmd_simulate(args) -> int:
                              f"{args.speeds!r}") from None
     run_dir = args.run_dir or os.path.join(cfg.runtime.run_dir,
                                            f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
-    from . import simulator
+    from .sim import simulator
 
     # The simulator computes one gradient at a time: every core, unless
     # runtime.threads_per_learner says otherwise (e.g. 1 beside another run).
@@ -150,9 +150,9 @@ def _add_info(sub) -> None:
 # Each is imported only to parse its own command line, or to list every command (--help):
 # a role's start-up does not pay for matplotlib (compare), ssh planning (launch) or the
 # benchmarks.
-TOOLS = {"compare": "compare", "sweep": "sweep", "report": "report", "keys": "keys",
-         "launch": "cluster_launch", "env": "ranks", "worker": "worker",
-         "examples": "shipped", "bench": "benchmarks.cli"}
+TOOLS = {"compare": "results.compare", "sweep": "launch.sweep", "report": "results.report", "keys": "keys",
+         "launch": "launch.cluster_launch", "env": "launch.ranks", "worker": "launch.worker",
+         "examples": "launch.shipped", "bench": "benchmarks.cli"}
 _OWN = {"run": _add_run, **PARSERS, "simulate": _add_simulate, "info": _add_info}
 COMMANDS = (*_OWN, *TOOLS)   # in the order --help lists them
 

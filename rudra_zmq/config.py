@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from . import shipped
 from .devices import check_device_name
+from .launch import shipped
 from .sync import LR_POLICIES, check_protocol
 from .typed_yaml import ConfigError, apply_override, build, read_mapping
 from .user_code import UserCodeError, is_import_path
@@ -203,7 +203,8 @@ class Config:
         if not (is_import_path(self.model.name) or is_import_path(d.dataset)):
             return
         # torch and the user's modules: imported only for a config that names user code
-        from . import datasets, models
+        from . import models
+        from .data import datasets
 
         try:
             shape = datasets.dataset_shape(d)
@@ -283,7 +284,7 @@ def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
     """Load a YAML config (or the defaults when ``path`` is None), apply ``key=value``
     overrides, type-check and validate it. A bare name (no ``/``, no ``.yaml``) that is not a
     file here is a built-in config, as is ``configs/NAME.yaml`` where no such file is here
-    (:mod:`rudra_zmq.shipped`). Raises ConfigError /
+    (:mod:`rudra_zmq.launch.shipped`). Raises ConfigError /
     FileNotFoundError."""
     if path is not None:
         text = os.fspath(path)

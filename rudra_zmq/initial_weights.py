@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset_cache import save_npz
-from .datasets import default_cache_dir
+from .data.dataset_cache import save_npz
+from .data.datasets import default_cache_dir
 from .user_code import is_import_path
 
 CACHE_VERSION = 1

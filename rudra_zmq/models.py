@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .datasets import to_float
+from .data.datasets import to_float
 from .user_code import UserCodeError, is_import_path, resolve
 from .user_code import call as _call_user
 

@@ -14,7 +14,7 @@ import zmq  # noqa: E402
 def empty_cache(tmp_path, monkeypatch):
     """An empty dataset cache of the test's own (RUDRA_ZMQ_CACHE): nothing lands in
     ~/.cache, and nothing decoded by another test is found."""
-    from rudra_zmq import datasets
+    from rudra_zmq.data import datasets
 
     path = tmp_path / "cache"
     monkeypatch.setenv(datasets.CACHE_ENV, str(path))

@@ -12,7 +12,8 @@ import os
 import signal
 import sys
 
-from rudra_zmq import cli, launcher
+from rudra_zmq import cli
+from rudra_zmq.launch import launcher
 from rudra_zmq.roles import ps, ps_report
 
 POINTS = ("stopping", "finishing", "sending-done", "after-final")

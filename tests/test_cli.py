@@ -9,8 +9,9 @@ import types
 
 import pytest
 
-from rudra_zmq import cli, role_process, run_plan, transport
+from rudra_zmq import cli, transport
 from rudra_zmq.config import load_config
+from rudra_zmq.launch import role_process, run_plan
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -140,13 +141,13 @@ def test_learner_threads_default_to_usable_cores_over_learners_here(monkeypatch)
 
 
 def test_usable_cores_follow_the_cpu_affinity():
-    from rudra_zmq import run_plan
+    from rudra_zmq.launch import run_plan
 
     assert run_plan.usable_cores() == len(os.sched_getaffinity(0))
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to narrow the affinity")
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from rudra_zmq import run_plan; print(run_plan.usable_cores())")
+            "from rudra_zmq.launch import run_plan; print(run_plan.usable_cores())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "1"

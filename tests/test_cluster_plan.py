@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from cluster import free_port_range
-from rudra_zmq import cli, cluster_plan
-from rudra_zmq.compare import run_summary
+from rudra_zmq import cli
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.hostfile import parse_hosts_arg
+from rudra_zmq.launch import cluster_plan
+from rudra_zmq.launch.hostfile import parse_hosts_arg
+from rudra_zmq.results.compare import run_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -86,7 +86,7 @@ def test_compare_names_a_directory_that_is_not_a_run(tmp_path, capsys):
 def test_a_run_whose_final_weights_were_never_evaluated_says_so(tmp_path, capsys):
     """ps_final.json says training ended at ts 30; the last evaluation is of ts 10: the
     table leaves final_error out and says why, and the result line says it plainly."""
-    from rudra_zmq.compare import result_line
+    from rudra_zmq.results.compare import result_line
 
     a = make_run(tmp_path / "a", "quick", "softsync", 1, "staleness",
                  evals=[(1.0, 0, 0.0, 0.9), (3.0, 10, 1.0, 0.0472)],

@@ -12,7 +12,7 @@ import zmq
 
 from rudra_zmq import transport, wire
 from rudra_zmq.config import load_config
-from rudra_zmq.data_order import SampleStream, load_data
+from rudra_zmq.data.data_order import SampleStream, load_data
 from rudra_zmq.roles.data_server import DataClient, DataServer
 from rudra_zmq.wire import Kind
 

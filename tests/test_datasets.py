@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from rudra_zmq import datasets
-from rudra_zmq.datasets import DATASET_NAMES, dataset_shape, dataset_size, load_dataset, to_float
+from rudra_zmq.data import datasets
+from rudra_zmq.data.datasets import (
+    DATASET_NAMES,
+    dataset_shape,
+    dataset_size,
+    load_dataset,
+    to_float,
+)
 
 torch.set_num_threads(1)
 

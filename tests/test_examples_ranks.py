@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster import free_port_range
-from rudra_zmq.compare import run_summary
+from rudra_zmq.results.compare import run_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -147,8 +147,8 @@ def test_a_learner_started_without_servers_names_the_missing_one(tmp_path):
 
 
 def test_worker_plan_puts_every_server_on_the_master(tmp_path):
-    from rudra_zmq import ranks, worker
     from rudra_zmq.config import load_config
+    from rudra_zmq.launch import ranks, worker
 
     cfg = load_config(str(ROOT / "configs" / "quickstart_adv.yaml"), [])
     r = ranks.resolve({}, {"MASTER_ADDR": "node1", "MASTER_PORT": "29400", "RANK": "2",
@@ -171,8 +171,8 @@ def test_worker_plan_puts_every_server_on_the_master(tmp_path):
     ("10.0.0.1", "tcp://10.0.0.1:29500"), ("::1", "tcp://[::1]:29500"),
     ("node1", "tcp://0.0.0.0:29500")])
 def test_worker_servers_bind_the_master_address_they_are_given(master, bind):
-    from rudra_zmq import ranks, worker
     from rudra_zmq.config import load_config
+    from rudra_zmq.launch import ranks, worker
 
     r = ranks.resolve({}, {"RUDRA_MASTER_ADDR": master, "RUDRA_RANK": "0"})
     assert worker.plan(load_config(None, []), r).bind("ps") == bind
@@ -186,8 +186,8 @@ def test_worker_servers_bind_the_master_address_they_are_given(master, bind):
     ("127.0.0.1", ["security.keys=k", "security.curve=true"], True, None)])
 def test_worker_encrypts_across_hosts_when_it_has_keys_else_says_plaintext(master, sets, on,
                                                                            warns):
-    from rudra_zmq import worker
     from rudra_zmq.config import load_config
+    from rudra_zmq.launch import worker
 
     cfg, line = worker.security_of(load_config(None, sets), master)
     assert cfg.security.curve is on
@@ -195,15 +195,16 @@ def test_worker_encrypts_across_hosts_when_it_has_keys_else_says_plaintext(maste
 
 
 def test_worker_with_curve_and_no_key_directory_is_refused():
-    from rudra_zmq import worker
     from rudra_zmq.config import ConfigError, load_config
+    from rudra_zmq.launch import worker
 
     with pytest.raises(ConfigError, match="needs security.keys"):
         worker.security_of(load_config(None, ["security.curve=true"]), "node1")
 
 
 def test_worker_rank_0_says_plaintext_once_on_the_terminal(tmp_path, monkeypatch, capsys):
-    from rudra_zmq import cli, launcher
+    from rudra_zmq import cli
+    from rudra_zmq.launch import launcher
 
     started = []
     monkeypatch.setattr(launcher.Launcher, "run", lambda self: started.append(self) or 0)

@@ -1,4 +1,4 @@
-"""rudra_zmq.hostfile: the hostfile, -H and --include/--exclude forms of Open MPI, DeepSpeed
+"""rudra_zmq.launch.hostfile: the hostfile, -H and --include/--exclude forms of Open MPI, DeepSpeed
 and Horovod, read exactly; every error names where it was and quotes the bad text."""
 import socket
 import time
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rudra_zmq import hostfile
-from rudra_zmq.hostfile import (
+from rudra_zmq.launch import hostfile
+from rudra_zmq.launch.hostfile import (
     Host,
     HostfileError,
     describe,

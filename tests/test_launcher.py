@@ -12,8 +12,8 @@ import time
 import pytest
 
 from cluster import gone
-from rudra_zmq import launcher, run_plan
 from rudra_zmq.config import ConfigError, load_config
+from rudra_zmq.launch import launcher, run_plan
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -293,7 +293,7 @@ def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, si
     behaviour = json.dumps({"ps": "sleep", "learner0": "hang"})
     driver = textwrap.dedent(f"""
         import sys
-        from rudra_zmq import launcher
+        from rudra_zmq.launch import launcher
         launcher.TERM_GRACE_S = 1.0
         launcher._role_command = lambda role, args: [sys.executable, {str(script)!r},
                                                      {behaviour!r}, role, *args]
@@ -346,7 +346,7 @@ def test_run_directories_are_unique(tmp_path):
 
 def test_role_env_gives_the_ps_the_cores_the_learners_leave(monkeypatch):
     from rudra_zmq.config import load_config
-    from rudra_zmq.launcher import role_env
+    from rudra_zmq.launch.launcher import role_env
 
     monkeypatch.setattr(run_plan, "usable_cores", lambda: 8)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)

@@ -141,7 +141,7 @@ def test_mlp_takes_any_input_shape():
 
 
 def test_digits_cnn_reaches_95_percent_on_digits_with_momentum_sgd():
-    from rudra_zmq.datasets import load_dataset, to_float
+    from rudra_zmq.data.datasets import load_dataset, to_float
 
     ds = load_dataset("digits", seed=0)
     model = build_model("digits_cnn", 10, ds.shape, seed=0)

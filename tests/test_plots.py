@@ -1,4 +1,4 @@
-"""rudra_zmq.plots on synthetic metrics.jsonl files: parsing, summary.csv, PNGs, comparisons."""
+"""rudra_zmq.results.plots on synthetic metrics.jsonl files: parsing, summary.csv, PNGs, comparisons."""
 import csv
 import json
 import math
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from rudra_zmq import compare, plots
+from rudra_zmq.results import compare, plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -155,7 +155,7 @@ def test_compare_runs_overlays_runs_and_leaves_out_runs_without_evals(run, tmp_p
 def test_plotting_leaves_pyplot_and_the_global_backend_alone(run):
     code = ("import sys, matplotlib\n"
             "before = dict.__getitem__(matplotlib.rcParams, 'backend')\n"
-            "from rudra_zmq import plots\n"
+            "from rudra_zmq.results import plots\n"
             f"assert len(plots.plot_run({str(run)!r})) == 4\n"
             "assert 'matplotlib.pyplot' not in sys.modules\n"
             "assert dict.__getitem__(matplotlib.rcParams, 'backend') == before\n")

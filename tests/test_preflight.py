@@ -1,4 +1,4 @@
-"""Inputs checked before any role starts (rudra_zmq/preflight.py): a bad data.root, a file
+"""Inputs checked before any role starts (rudra_zmq/launch/preflight.py): a bad data.root, a file
 that is no tarball, a missing extra end `rudra-zmq run` with one line and exit 2, nothing
 created; a key the dataset ignores is a warning; image data are decoded once, by the
 launcher, into the cache the roles read."""
@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rudra_zmq import api, cli, datasets, launcher, preflight
+from rudra_zmq import api, cli
 from rudra_zmq.config import ConfigError, load_config
+from rudra_zmq.data import datasets
+from rudra_zmq.launch import launcher, preflight
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -177,7 +179,7 @@ def test_the_loaders_own_cifar10_error_names_the_forms_and_no_developer_path(tmp
 
 
 def test_a_tarball_that_breaks_while_streaming_names_the_file(tmp_path):
-    from rudra_zmq import images
+    from rudra_zmq.data import images
 
     tree = write_tree(tmp_path / "tree", n_train=30, n_test=10)
     whole = write_tarball(tree, tmp_path / "whole.tar.gz").read_bytes()
@@ -239,7 +241,7 @@ def test_too_few_classes_for_the_data_is_caught_before_the_roles(tmp_path, capsy
 
 WAITER = """
 import sys
-from rudra_zmq import datasets
+from rudra_zmq.data import datasets
 def decode(*args, **kwargs):
     print("DECODED", flush=True)
     raise SystemExit(3)
@@ -258,7 +260,7 @@ def _waiter(tree, mode="no-decode"):
 
 
 def test_a_process_that_finds_the_cache_being_made_waits_and_reads_it(tmp_path):
-    from rudra_zmq import dataset_cache
+    from rudra_zmq.data import dataset_cache
 
     tree = write_tree(tmp_path / "tree")
     root, path = datasets.image_cache(load_config(None, [
@@ -278,13 +280,13 @@ def test_a_process_that_finds_the_cache_being_made_waits_and_reads_it(tmp_path):
 
 
 def test_a_decoder_that_dies_leaves_no_lock_and_no_torn_cache(tmp_path):
-    from rudra_zmq import dataset_cache
+    from rudra_zmq.data import dataset_cache
 
     tree = write_tree(tmp_path / "tree")
     _, path = datasets.image_cache(load_config(None, [
         "data.dataset=imagefolder", f"data.root={tree}", "data.image_size=8"]).data)
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from rudra_zmq import dataset_cache\n"
+        "import sys, time; from pathlib import Path; from rudra_zmq.data import dataset_cache\n"
         f"with dataset_cache.locked(Path({str(path)!r})):\n"
         "    print('HELD', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
     try:
@@ -300,7 +302,7 @@ def test_a_decoder_that_dies_leaves_no_lock_and_no_torn_cache(tmp_path):
 
 
 def test_a_cache_write_that_fails_midway_leaves_no_file(tmp_path, monkeypatch):
-    from rudra_zmq import dataset_cache
+    from rudra_zmq.data import dataset_cache
 
     ds = datasets.load_dataset("synthetic", synthetic_shape=(1, 4, 4), synthetic_n=(20, 10))
     path = tmp_path / "c" / "x.npz"
@@ -317,7 +319,7 @@ def test_a_cache_write_that_fails_midway_leaves_no_file(tmp_path, monkeypatch):
 @pytest.mark.skipif(not SHARED_TARBALL.is_file(),
                     reason=f"CIFAR-10 JPEG tarball not found at {SHARED_TARBALL}")
 def test_the_shared_cifar10_tarball_passes_the_cheap_check(tmp_path):
-    from rudra_zmq import images
+    from rudra_zmq.data import images
 
     images.check_tarball(SHARED_TARBALL)
     cfg = load_config("cifar10_baseline", [f"data.root={SHARED_TARBALL}"])
@@ -347,7 +349,7 @@ def test_a_real_run_from_an_empty_cache_decodes_once_before_the_roles(tmp_path, 
 
 def test_decoding_says_how_far_it_got_at_least_every_few_seconds(monkeypatch, capsys):
     """A launcher stops a role whose log stops growing; a slow decode must not look stuck."""
-    from rudra_zmq import images
+    from rudra_zmq.data import images
 
     monkeypatch.setitem(sys.modules, "tqdm", None)          # the plain lines, not a bar
     bar = images._Progress(1000, True)

@@ -1,12 +1,12 @@
-"""`rudra_zmq.ranks`: rank and cluster facts from each launcher's variables, their precedence,
+"""`rudra_zmq.launch.ranks`: rank and cluster facts from each launcher's variables, their precedence,
 every error path, SLURM hostlists and task counts, and `rudra-zmq env`. Every test passes its
 own environ; none reads the real environment."""
 import argparse
 
 import pytest
 
-from rudra_zmq import ranks
-from rudra_zmq.ranks import Found, RanksError, resolve
+from rudra_zmq.launch import ranks
+from rudra_zmq.launch.ranks import Found, RanksError, resolve
 
 pytestmark = pytest.mark.timeout(60)
 

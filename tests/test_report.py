@@ -5,8 +5,9 @@ import struct
 
 import pytest
 
-from rudra_zmq import cli, paper, report
+from rudra_zmq import cli
 from rudra_zmq.config import load_config, save
+from rudra_zmq.results import paper, report
 
 pytestmark = pytest.mark.timeout(60)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,6 @@
 """The launcher's restart policy (restarts.on_failure), driven directly: no processes."""
 from cluster import small_config
-from rudra_zmq.restarts import on_failure
+from rudra_zmq.launch.restarts import on_failure
 
 RUN = "/runs/r"
 

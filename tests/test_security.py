@@ -33,9 +33,10 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from cluster import running, small_config
-from rudra_zmq import compare, keys, security, transport, wire
-from rudra_zmq.compare import result_line
-from rudra_zmq.data_order import load_data
+from rudra_zmq import keys, security, transport, wire
+from rudra_zmq.data.data_order import load_data
+from rudra_zmq.results import compare
+from rudra_zmq.results.compare import result_line
 from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.roles.ps import ParameterServer
 from rudra_zmq.roles.stats_end import DONE_QUIET_S

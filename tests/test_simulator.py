@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from rudra_zmq.config import load_config
-from rudra_zmq.simulator import simulate, write_run
+from rudra_zmq.sim.simulator import simulate, write_run
 
 
 def cfg(*overrides):
@@ -127,7 +127,7 @@ def test_batched_gradients_give_the_per_gradient_weights(overrides):
 
 
 def test_batched_gradients_share_one_batch_per_version_in_an_update(monkeypatch):
-    from rudra_zmq import simulator
+    from rudra_zmq.sim import simulator
 
     calls = []
     real = simulator._Trainer.group_gradient
@@ -154,7 +154,7 @@ def test_cifar10_full_batched_matches_per_gradient_on_synthetic_images():
 
 
 def test_batched_gradients_are_refused_for_a_model_with_dropout_and_auto_avoids_them():
-    from rudra_zmq import sim_batched
+    from rudra_zmq.sim import sim_batched
 
     torch = pytest.importorskip("torch")
     with_dropout = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))

@@ -10,17 +10,18 @@ import numpy as np
 import pytest
 
 from cluster import FakeLearner, running, small_config
-from rudra_zmq import data_order, datasets, transport
-from rudra_zmq.children import accepting
+from rudra_zmq import transport
 from rudra_zmq.config import load_config
+from rudra_zmq.data import data_order, datasets
+from rudra_zmq.launch.children import accepting
 from rudra_zmq.roles import ps as ps_module
 from rudra_zmq.roles.stats_server import StatsServer
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(60)
 
-HEAVY = ("torch", "matplotlib", "sklearn", "scipy", "PIL", "rudra_zmq.compare",
-         "rudra_zmq.cluster_launch", "rudra_zmq.benchmarks.cli")
+HEAVY = ("torch", "matplotlib", "sklearn", "scipy", "PIL", "rudra_zmq.results.compare",
+         "rudra_zmq.launch.cluster_launch", "rudra_zmq.benchmarks.cli")
 
 
 def heavy_modules(code: str, env=None) -> list[str]:

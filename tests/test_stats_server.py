@@ -17,8 +17,8 @@ import zmq
 
 from rudra_zmq import transport, wire
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.data_order import load_data
-from rudra_zmq.datasets import to_float
+from rudra_zmq.data.data_order import load_data
+from rudra_zmq.data.datasets import to_float
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
 from rudra_zmq.roles import stats_end

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rudra_zmq.config import ConfigError
-from rudra_zmq.sweep import load_grid, select
+from rudra_zmq.launch.sweep import load_grid, select
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)

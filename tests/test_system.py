@@ -60,7 +60,7 @@ def test_hardsync_lambda_learners_match_one_learner_with_lambda_times_the_miniba
     assert rel <= 1e-5, f"relative difference {rel:.2e}"
     # the in-process simulator drives the same engine and kernels: same weights
     from rudra_zmq.config import load_config
-    from rudra_zmq.simulator import simulate
+    from rudra_zmq.sim.simulator import simulate
     w2 = np.load(two / "weights.npy")
     sim = simulate(load_config(two / "config.yaml"), train=True)
     assert len(sim.updates) == len(u2)
@@ -182,7 +182,7 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
 
 _IGNORES_SIGTERM = """
 import signal, sys, time
-from rudra_zmq import role_process
+from rudra_zmq.launch import role_process
 signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a role whose cleanup never ends
 role_process.follow_launcher(grace_s=1.0)
 print("ready", flush=True)

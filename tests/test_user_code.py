@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from rudra_zmq import datasets, models, user_code
+from rudra_zmq import models, user_code
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.data_order import load_data
+from rudra_zmq.data import datasets
+from rudra_zmq.data.data_order import load_data
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.user_code import UserCodeError
 

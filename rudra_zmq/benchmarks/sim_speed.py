@@ -55,7 +55,7 @@ def time_simulator(cfg, samples: int, gradients: str) -> tuple[float, float]:
     """Samples per second of the simulator, from the end of its initial evaluation to its
     return, in wall time and in this process's CPU time (every thread's; blocks while it
     trains about ``samples`` samples)."""
-    from ..simulator import simulate
+    from ..sim.simulator import simulate
     from ..sync import SyncEngine
 
     s = cfg.sync
@@ -75,7 +75,7 @@ def time_plain_loop(cfg, ds, samples: int) -> tuple[float, float]:
     torch.optim.SGD (blocks while it trains)."""
     import torch
 
-    from ..data_order import SampleStream
+    from ..data.data_order import SampleStream
     from ..models import build_model, input_transform
 
     o, mu = cfg.optimizer, cfg.sync.batch_size
@@ -114,7 +114,7 @@ def run(args) -> int:
     """``--repeat`` rounds of every case; one line per measurement, then the verdict. Blocks."""
     import torch
 
-    from ..data_order import load_data
+    from ..data.data_order import load_data
 
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)

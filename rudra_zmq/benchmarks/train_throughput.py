@@ -230,7 +230,7 @@ def run(args) -> int:
     """The baseline, every case, the baseline again, then the verdict; blocks until done."""
     import torch
 
-    from ..datasets import load_dataset
+    from ..data.datasets import load_dataset
 
     facts = common.machine_facts(env_keys=(
         "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",

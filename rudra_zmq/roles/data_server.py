@@ -1,7 +1,7 @@
 """The data server: every learner's minibatches, disjoint and deterministic, over ZeroMQ.
 
 The training set is loaded once, as uint8, and served from memory, in the order
-``rudra_zmq.data_order`` defines: a request of learner ``i`` for its step ``k`` gets that
+``rudra_zmq.data.data_order`` defines: a request of learner ``i`` for its step ``k`` gets that
 learner's k-th minibatch of the strided sample stream. The answer depends only on (learner,
 step): a learner that restarts or asks again gets the same batch, and nothing per learner is
 stored.
@@ -31,7 +31,7 @@ import numpy as np
 import zmq
 
 from .. import transport, wire
-from ..data_order import SampleStream, load_data
+from ..data.data_order import SampleStream, load_data
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.data")

@@ -63,7 +63,7 @@ class Learner:
                  ctx: zmq.Context | None = None, bcast: tuple[str, str | None] | None = None):
         """``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
         children or None)."""
-        from ..datasets import dataset_shape
+        from ..data.datasets import dataset_shape
         from ..devices import learner_device
         from ..flat import FlatModel
         from ..models import build_model, input_transform

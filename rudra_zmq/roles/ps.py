@@ -60,7 +60,7 @@ def initial_model(cfg):
     """The configured model's initial state: (weights copy, segments, signature, input shape),
     from the cache (``initial_weights``: no torch) or built, then cached. Blocks."""
     from .. import initial_weights
-    from ..datasets import dataset_shape
+    from ..data.datasets import dataset_shape
 
     shape = dataset_shape(cfg.data)
     cached = initial_weights.read(cfg, shape)
@@ -125,7 +125,7 @@ class ParameterServer:
     def _build(self, cfg, model, resume: bool, stats: str | None, broadcast: str | None) -> None:
         """The state (the model built, or the newest checkpoint restored) and the outputs;
         called with the socket bound. Blocks while torch is imported and the model built."""
-        from ..datasets import dataset_size
+        from ..data.datasets import dataset_size
 
         weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
         self.state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))

@@ -23,7 +23,7 @@ class Evaluator:
 
     def __init__(self, cfg, dataset=None):
         # torch and the data: imported here, after the server bound, not when it is imported
-        from ..data_order import load_data
+        from ..data.data_order import load_data
         from ..flat import FlatModel
         from ..models import build_model, input_transform
 

@@ -2,7 +2,7 @@
 flushed at least every ``FLUSH_S``. A ``start`` record opens the file with the run's clock
 (``{"type": "start", "t": 0, "unix": ...}``); a statistics server restarted in the run reads it
 back, with where the run's training time stands (``records.TrainingClock``), and goes on with
-them. The record types are listed in ``rudra_zmq.plots``.
+them. The record types are listed in ``rudra_zmq.results.plots``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from ..records import TrainingClock, read_metrics
+from ..results.records import TrainingClock, read_metrics
 from .stats_progress import is_number
 
 FLUSH_S = 0.5          # metrics.jsonl is flushed at least this often

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from ..records import sigma_sum
+from ..results.records import sigma_sum
 
 
 def is_number(x) -> bool:

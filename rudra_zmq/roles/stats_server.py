@@ -4,7 +4,7 @@ training path.
 Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
 
 - METRIC x{metric: record}: one record dict with a ``"type"`` (``update``, ``eval``,
-  ``learner``, ``ps``, ``members``, ``restart``, ``done``; see ``rudra_zmq.plots``), or
+  ``learner``, ``ps``, ``members``, ``restart``, ``done``; see ``rudra_zmq.results.plots``), or
   ``{"type": "batch", "items": [record, ...]}``, expanded here. Records carry an absolute
   ``"t"`` (``time.time()``); they are written to ``RUN/metrics.jsonl``, one JSON line each, with
   ``t`` made relative to the server's start ``t0``, and flushed at least every 0.5 s
@@ -17,7 +17,7 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   none came, ``RUN/ps_final.json`` saying training is done) ends the run once the final
   weights are evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or waited for
   long enough (``stats_end``); then it writes ``summary.csv`` and the plots
-  (``rudra_zmq.plots``), prints ``run directory: RUN`` and returns.
+  (``rudra_zmq.results.plots``), prints ``run directory: RUN`` and returns.
 
 It prints a line when training starts (the PS's first update, with the start-up time) and one
 per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
@@ -41,7 +41,8 @@ from pathlib import Path
 
 import zmq
 
-from .. import plots, security, transport, wire
+from .. import security, transport, wire
+from ..results import plots
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..wire import Kind
 from .stats_end import RunEnd

@@ -8,14 +8,14 @@ The function is found and called through :mod:`rudra_zmq.user_code`, as ``fn()``
 - a pair (train, test) of map-style datasets of (image, label), torchvision's included: read
   item by item, PIL images and arrays as (H, W) or (H, W, C), tensors as (C, H, W), floats as
   0..1 (``transforms.ToTensor``);
-- a :class:`~rudra_zmq.dataset_arrays.Dataset`, taken as it is.
+- a :class:`~rudra_zmq.data.dataset_arrays.Dataset`, taken as it is.
 
 Anything else is a UserCodeError that says what was wrong. Pure apart from calling the user's
 function (and reading a map-style dataset's items, which runs the user's transforms).
 ``user_data_info`` remembers each dataset's shape, size and classes for the life of the
 process, so a role that needs only those runs the function once. All of it may be called from
 several threads: the memo is one dict whose entries are written whole, so at worst two first
-calls at once both run the user's function. :mod:`rudra_zmq.datasets` calls this module for
+calls at once both run the user's function. :mod:`rudra_zmq.data.datasets` calls this module for
 every import path it is given.
 """
 from __future__ import annotations
@@ -24,9 +24,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..user_code import UserCodeError
+from ..user_code import call as _call_user
 from .dataset_arrays import Dataset, make_dataset
-from .user_code import UserCodeError
-from .user_code import call as _call_user
 
 USER_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 _USER_INFO: dict = {}   # (path, root) -> (image shape, training examples, classes), per process
@@ -81,7 +81,7 @@ def from_user(out, name: str) -> Dataset:
             f"data.dataset {name!r} returned a {what}; it must return (x_train, y_train, x_test, "
             "y_test) (uint8 images N x C x H x W, integer labels), a mapping with those keys, a "
             "(train, test) pair of map-style datasets of (image, label), or a "
-            "rudra_zmq.datasets.Dataset")
+            "rudra_zmq.data.datasets.Dataset")
     x_tr, y_tr, x_te, y_te = (np.asarray(a) for a in arrays)
     for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
         if x.dtype != np.uint8 or x.ndim != 4 or len(x) == 0:

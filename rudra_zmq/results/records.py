@@ -1,6 +1,6 @@
 """A run's ``metrics.jsonl`` read back: its records by type, and its clock of training time.
 
-The record types are listed in ``rudra_zmq.plots``. ``t`` is wall seconds since the run
+The record types are listed in ``rudra_zmq.results.plots``. ``t`` is wall seconds since the run
 started, across PS restarts and ``rudra-zmq run --resume`` (absolute Unix times are accepted
 too: they are shifted so the earliest record is 0).
 
@@ -22,7 +22,7 @@ import json
 import logging
 from pathlib import Path
 
-from .run_files import METRICS_FILE
+from ..run_files import METRICS_FILE
 
 log = logging.getLogger(__name__)
 

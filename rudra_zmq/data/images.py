@@ -9,7 +9,7 @@
   resized (shorter side) and center-cropped to ``image_size`` when given; chunks of
   ``DECODE_CHUNK`` images go to a process pool from ``PARALLEL_MIN_IMAGES`` images on.
 
-Pillow is imported only when decoding. :mod:`rudra_zmq.datasets` builds Datasets from these.
+Pillow is imported only when decoding. :mod:`rudra_zmq.data.datasets` builds Datasets from these.
 """
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..run_files import METRICS_FILE, POINT_FILE, PROCESSES_FILE
+from ..sync import PROTOCOLS, nominal_staleness
 from . import paper, plots
 from .compare import (
     CompareError,
@@ -30,8 +32,6 @@ from .compare import (
     protocol_name,
     read_config,
 )
-from .run_files import METRICS_FILE, POINT_FILE, PROCESSES_FILE
-from .sync import PROTOCOLS, nominal_staleness
 
 log = logging.getLogger(__name__)
 

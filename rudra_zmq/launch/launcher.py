@@ -1,7 +1,7 @@
 """Run every role of one training run on this machine, supervise them, stop them all.
 
 ``rudra-zmq run CONFIG`` (:func:`run`) checks the data and extras the config names and
-decodes image data once (:mod:`rudra_zmq.preflight`), then creates a run directory, saves the
+decodes image data once (:mod:`rudra_zmq.launch.preflight`), then creates a run directory, saves the
 resolved config there as ``config.yaml`` and starts one process per role: stats server, data
 server, PS, tree nodes (``architecture.kind`` adv or advstar; top level first), learner
 processes (``runtime.learners_per_process`` learners each), each as soon as the servers it
@@ -36,13 +36,14 @@ import sys
 import threading
 import time
 
-from . import config as config_mod
-from . import preflight, security
+from .. import config as config_mod
+from .. import security
+from ..notices import LogNotices
+from ..results.compare import result_line
+from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_dir, log_path
+from . import preflight
 from .children import Child, accepting, echo_lines, kill_tree, log_size, tail
-from .compare import result_line
-from .notices import LogNotices
 from .restarts import on_failure
-from .run_files import PROCESSES_FILE, checkpoints_root, config_path, log_dir, log_path
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
 POLL_S = 0.2                 # how often the supervisor looks at its children
@@ -379,10 +380,10 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     success, 1 a role failed, 130 interrupted. ``resume``: a run directory to continue from
     its newest checkpoint (``config_path`` optional; ``resume.resume_config`` checks what may
     change). Raises ConfigError / FileNotFoundError (before any process starts, and before the
-    run directory is made) for a bad config, data (:mod:`rudra_zmq.preflight`, which also
+    run directory is made) for a bad config, data (:mod:`rudra_zmq.launch.preflight`, which also
     decodes image data once for every role), run directory or endpoint."""
     if resume is not None:
-        from .resume import finished_note, resume_config
+        from ..resume import finished_note, resume_config
         cfg = resume_config(resume, config_path, list(overrides))
         note = finished_note(resume, cfg)
         if note is not None:   # a finished run with nothing to do: start nothing

@@ -1,7 +1,7 @@
 """``rudra-zmq worker CONFIG``: one rank of a run started by srun, mpirun or a torchrun-style
 launcher, which starts the same command once per rank and sets each rank's variables.
 
-Each process finds its rank (:mod:`rudra_zmq.ranks`: command line, ``RUDRA_*``, ``DMLC_*``,
+Each process finds its rank (:mod:`rudra_zmq.launch.ranks`: command line, ``RUDRA_*``, ``DMLC_*``,
 torchrun, Open MPI, PMI, SLURM) and takes its part:
 
 - rank 0 (or role ``servers``: ``DMLC_ROLE=server|scheduler``) runs the statistics server,
@@ -29,11 +29,12 @@ import os
 import sys
 from pathlib import Path
 
-from . import config as config_mod
-from . import preflight, ranks, topology
+from .. import config as config_mod
+from .. import topology
+from ..config import ConfigError
+from ..run_files import config_path
+from . import preflight, ranks
 from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
-from .config import ConfigError
-from .run_files import config_path
 from .run_plan import HOST_LEARNERS_ENV, Plan, learner_endpoints, learner_groups, make_run_dir
 
 

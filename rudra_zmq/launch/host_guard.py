@@ -1,6 +1,6 @@
 """Run one role on a host of ``rudra-zmq launch`` and make sure it ends with the launcher.
 
-The launcher starts ``python -m rudra_zmq.host_guard ROLE ARGS...`` over ssh (or pdsh). The
+The launcher starts ``python -m rudra_zmq.launch.host_guard ROLE ARGS...`` over ssh (or pdsh). The
 guard reads one JSON line from stdin, ``{"env": {NAME: VALUE}, "learners_here": N}`` (the
 run token, forwarded ``-x`` variables: never on a command line, where ``ps`` would show
 them), or the same object from the file named by ``--env-file`` (pdsh, which forwards no
@@ -62,7 +62,7 @@ def _read_settings(argv: list[str]) -> tuple[dict, list[str], bool]:
 def _role_env(role: str, argv: list[str], settings: dict) -> dict[str, str]:
     """Thread counts for this host (needs the config after ``--config``), plus the launcher's
     variables."""
-    from .config import load_config
+    from ..config import load_config
     from .run_plan import role_env
 
     cfg = load_config(argv[argv.index("--config") + 1], [])

@@ -1,6 +1,6 @@
 """Where each role of one run goes on a cluster: the plan of ``rudra-zmq launch``.
 
-Given a config and the hosts of a hostfile (:mod:`rudra_zmq.hostfile`; one slot = one
+Given a config and the hosts of a hostfile (:mod:`rudra_zmq.launch.hostfile`; one slot = one
 learner), :func:`place` puts
 
 - the statistics server, the data server and the PS on the server host (the first host, or
@@ -27,10 +27,11 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config as config_mod
-from . import hostfile, topology
-from .config import ConfigError
-from .run_files import KEYS_DIR, config_path
+from .. import config as config_mod
+from .. import topology
+from ..config import ConfigError
+from ..run_files import KEYS_DIR, config_path
+from . import hostfile
 from .run_plan import Plan, learner_groups, learner_label, make_run_dir, role_steps
 
 DEFAULT_PORT = 29500   # the first port on each host (torch.distributed's default)

@@ -1,6 +1,6 @@
 """The launcher's child processes: what it started, their output, and stopping them for good.
 
-Used by :mod:`rudra_zmq.launcher` (``rudra-zmq run``). ``Child`` records one role process;
+Used by :mod:`rudra_zmq.launch.launcher` (``rudra-zmq run``). ``Child`` records one role process;
 ``echo_lines`` copies the stats server's progress lines to the terminal and its log;
 ``kill_tree`` SIGKILLs a child with its descendants and process group and reaps it, without
 ever signalling a pid that is no longer ours; ``accepting`` says whether a server endpoint

@@ -1,8 +1,8 @@
 """``rudra-zmq launch CONFIG --hostfile F``: one run across the hosts of a hostfile.
 
-The plan comes from :mod:`rudra_zmq.cluster_plan`; this module starts it. Roles on this host
+The plan comes from :mod:`rudra_zmq.launch.cluster_plan`; this module starts it. Roles on this host
 start as processes, as under ``rudra-zmq run``; roles on other hosts start over ssh (or
-pdsh) as ``python -m rudra_zmq.host_guard ROLE ARGS`` in the run directory, which has the
+pdsh) as ``python -m rudra_zmq.launch.host_guard ROLE ARGS`` in the run directory, which has the
 same absolute path on every host. Before anything starts, each remote host gets
 ``config.yaml`` (and, with ``security.curve``, the run's keys) unless it shares this host's
 file system (a marker file tells). Every process's output comes back here, each line prefixed
@@ -10,7 +10,7 @@ file system (a marker file tells). Every process's output comes back here, each 
 a role runs on another host or listens beyond loopback (``cluster_plan.place``); an explicit
 ``false`` there is said once on the terminal. A launch that fails before every role is up
 removes the run directory it made, here and on the hosts that did not share it.
-Supervision, restarts and the stop order are :class:`rudra_zmq.launcher.Launcher`'s;
+Supervision, restarts and the stop order are :class:`rudra_zmq.launch.launcher.Launcher`'s;
 stopping a remote role closes its ssh stdin, which its guard takes as the order to stop it,
 and a lost connection does the same. At the end the server host's files (metrics, plots,
 checkpoints) are copied back here when it does not share this file system. Blocks; use from
@@ -33,13 +33,10 @@ from pathlib import Path
 
 import psutil
 
-from . import cluster_plan, hostfile, preflight, transport
-from . import config as config_mod
-from .children import Child, echo_lines
-from .config import ConfigError
-from .launcher import Launcher
-from .remote_commands import Commands
-from .run_files import (
+from .. import config as config_mod
+from .. import transport
+from ..config import ConfigError
+from ..run_files import (
     CONFIG_FILE,
     KEYS_DIR,
     LAUNCH_ID_FILE,
@@ -48,6 +45,10 @@ from .run_files import (
     env_path,
     log_path,
 )
+from . import cluster_plan, hostfile, preflight
+from .children import Child, echo_lines
+from .launcher import Launcher
+from .remote_commands import Commands
 from .run_plan import role_env
 
 MARKER = LAUNCH_ID_FILE     # in the run directory: tells a shared file system

@@ -29,13 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import config as config_mod
-from . import kernels, sim_batched
-from .data_order import SampleStream, load_data
-from .datasets import dataset_size
-from .run_files import SUMMARY_FILE, config_path, metrics_path
-from .sync import SyncEngine, protocol_label
-from .update import Updater
+from .. import config as config_mod
+from .. import kernels
+from ..data.data_order import SampleStream, load_data
+from ..data.datasets import dataset_size
+from ..run_files import SUMMARY_FILE, config_path, metrics_path
+from ..sync import SyncEngine, protocol_label
+from ..update import Updater
+from . import sim_batched
 
 
 @dataclass
@@ -72,9 +73,9 @@ class _Trainer:
     def __init__(self, cfg):
         import torch
 
-        from .devices import learner_device
-        from .flat import FlatModel
-        from .models import build_model, input_transform, is_import_path
+        from ..devices import learner_device
+        from ..flat import FlatModel
+        from ..models import build_model, input_transform, is_import_path
 
         self.torch, self.prep = torch, input_transform(cfg.model.name)
         self.device = learner_device(cfg.runtime.device, 0)
@@ -365,7 +366,7 @@ def _duration(speed: float, jitter: float, rng) -> float:
 
 def write_run(cfg, result: SimResult, run_dir: str | Path) -> Path:
     """Write config.yaml, metrics.jsonl, summary.csv and plots for a simulation."""
-    from . import plots
+    from ..results import plots
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..run_files import config_path
 from .records import (
     KNOWN_TYPES,
     Metrics,
@@ -52,7 +53,6 @@ from .records import (
     time_origin,
 )
 from .records import num as _num
-from .run_files import config_path
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,16 @@ Where the images come from:
               when ``root`` is given. It returns the arrays (x_train, y_train, x_test, y_test)
               as a tuple, or a mapping with those keys and optionally ``classes``; or a pair
               (train, test) of map-style datasets of (image, label), torchvision's included;
-              or a ``Dataset``. See :mod:`rudra_zmq.user_data`.
+              or a ``Dataset``. See :mod:`rudra_zmq.data.user_data`.
 
 Image files are decoded once; the arrays are cached as one uncompressed ``.npz`` under the cache
 dir (``$RUDRA_ZMQ_CACHE``, default ``~/.cache/rudra_zmq``), so later loads take a fraction of a
 second; a file lock lets one process of a machine decode while others wait for its cache
-(:mod:`rudra_zmq.dataset_cache`; ``rudra-zmq run`` decodes before it starts the roles,
-:mod:`rudra_zmq.preflight`). A tarball is read as a stream and never extracted: writing
+(:mod:`rudra_zmq.data.dataset_cache`; ``rudra-zmq run`` decodes before it starts the roles,
+:mod:`rudra_zmq.launch.preflight`). A tarball is read as a stream and never extracted: writing
 60,000 small files costs more than decoding them (CIFAR-10: about 9 s to extract against
-under 2 s to stream). Finding and decoding image files is :mod:`rudra_zmq.images`; this module
-turns them into a Dataset (:mod:`rudra_zmq.dataset_arrays`).
+under 2 s to stream). Finding and decoding image files is :mod:`rudra_zmq.data.images`; this module
+turns them into a Dataset (:mod:`rudra_zmq.data.dataset_arrays`).
 """
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+
+from ..user_code import is_import_path
 
 # The Dataset record, image files -> arrays and the user's data live in .dataset_arrays,
 # .images and .user_data; these names stay importable from here.
@@ -47,7 +49,6 @@ from .images import decode_all as _decode_all
 from .images import is_tarball as _is_tarball
 from .images import tar_items as _tar_items
 from .images import tree_items as _tree_items
-from .user_code import is_import_path
 from .user_data import USER_ARRAYS, from_user, user_data_info
 from .user_data import load_user as _load_user
 

@@ -1,7 +1,7 @@
 """The plan of one ``rudra-zmq run``: the run directory, the servers' endpoints, the learner
 processes and each role's environment (thread counts, malloc tuning). Pure planning: it
 creates the run directory and probes for free ports, and starts nothing
-(:mod:`rudra_zmq.launcher` does). Functions do not block beyond that; thread-safe.
+(:mod:`rudra_zmq.launch.launcher` does). Functions do not block beyond that; thread-safe.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from . import config as config_mod
-from . import topology, transport
-from .config import ConfigError
-from .run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
-from .sync import protocol_label
+from .. import config as config_mod
+from .. import topology, transport
+from ..config import ConfigError
+from ..run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
+from ..sync import protocol_label
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
 # message, measured with pyzmq 27 / libzmq 4.3.5); these make it reuse heap memory instead, from
@@ -29,7 +29,7 @@ _IPC_PATH_MAX = 107          # sun_path is 108 bytes on Linux, including the NUL
 
 @dataclass
 class Plan:
-    """What :func:`rudra_zmq.launcher.run` will start: the config, the run directory, the endpoints of the
+    """What :func:`rudra_zmq.launch.launcher.run` will start: the config, the run directory, the endpoints of the
     servers (ps, data, stats) and the learner ids of each learner process."""
     cfg: config_mod.Config
     run_dir: Path
@@ -281,7 +281,7 @@ def summary(plan: Plan) -> str:
 def run_keys(plan: Plan) -> Path:
     """Make (or, resumed, reuse) ``RUN_DIR/keys``: the servers' key pair and a client key per
     learner, per tree node and for the PS (``security.curve`` under ``rudra-zmq run``)."""
-    from . import keys
+    from .. import keys
 
     directory = plan.run_dir / KEYS_DIR
     if (directory / "server.key").exists():

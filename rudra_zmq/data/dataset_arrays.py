@@ -1,8 +1,8 @@
 """The ``Dataset`` record: one dataset's images and labels in memory, and ``make_dataset``,
 which builds one from arrays and computes the per-channel mean/std of the training images.
 
-Every source builds its Dataset here: the named datasets (:mod:`rudra_zmq.datasets`) and the
-user's own (:mod:`rudra_zmq.user_data`). No package imports; pure; nothing blocks beyond the
+Every source builds its Dataset here: the named datasets (:mod:`rudra_zmq.data.datasets`) and the
+user's own (:mod:`rudra_zmq.data.user_data`). No package imports; pure; nothing blocks beyond the
 arithmetic on the arrays.
 """
 from __future__ import annotations

@@ -13,8 +13,8 @@ tarball), image size and ``limit_per_class``, under the cache dir.
   others wait for it and read its cache. The kernel drops the lock of a process that dies, so
   a crash never leaves a stale lock. Waiting says so on stderr, then every ``WAIT_NOTE_S``.
 
-Nothing here decodes images (:mod:`rudra_zmq.images`) or knows the datasets
-(:mod:`rudra_zmq.datasets`). Functions block on the file system only; ``locked`` blocks until
+Nothing here decodes images (:mod:`rudra_zmq.data.images`) or knows the datasets
+(:mod:`rudra_zmq.data.datasets`). Functions block on the file system only; ``locked`` blocks until
 the lock is free.
 """
 from __future__ import annotations

@@ -24,7 +24,7 @@ import time
 def set_threads(n: int, *, torch_too: bool) -> None:
     """Use ``n`` threads in the compiled kernels and, if ``torch_too`` or torch is already
     imported, in torch (intra-op ``n``, inter-op 1). Call before the role starts work."""
-    from . import kernels
+    from .. import kernels
 
     kernels.set_num_threads(n)
     if not torch_too and "torch" not in sys.modules:
@@ -94,7 +94,7 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
     SIGTERM raises KeyboardInterrupt here, like Ctrl-C, so the role's ``finally`` blocks close
     their sockets when a launcher stops it (a role may install its own handler instead).
     """
-    from . import transport
+    from .. import transport
 
     transport.tune_malloc()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

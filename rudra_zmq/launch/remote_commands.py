@@ -1,9 +1,9 @@
 """How ``rudra-zmq launch`` reaches a host and starts a role there: the command lines only.
 
-A host that is this machine (:func:`rudra_zmq.hostfile.is_local`) runs a role as a child,
+A host that is this machine (:func:`rudra_zmq.launch.hostfile.is_local`) runs a role as a child,
 ``python -m rudra_zmq ROLE ARGS``; any other goes through ``ssh`` (or ``pdsh -R ssh``) as
-``cd RUN_DIR && exec PYTHON -m rudra_zmq.host_guard ROLE ARGS``. Pure: builds argv lists, runs
-nothing; what ``--dry-run`` prints and what :class:`rudra_zmq.cluster_launch.ClusterLauncher`
+``cd RUN_DIR && exec PYTHON -m rudra_zmq.launch.host_guard ROLE ARGS``. Pure: builds argv lists, runs
+nothing; what ``--dry-run`` prints and what :class:`rudra_zmq.launch.cluster_launch.ClusterLauncher`
 starts. Thread-safe.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..run_files import env_path
 from . import hostfile
-from .run_files import env_path
 
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]
@@ -38,7 +38,7 @@ class Commands:
     def role_command(self, host: str, label: str, role: str, args: list[str]) -> str:
         """The shell command that starts one role on a remote host."""
         run_dir = shlex.quote(str(self.run_dir))
-        guard = [self.python, "-m", "rudra_zmq.host_guard"]
+        guard = [self.python, "-m", "rudra_zmq.launch.host_guard"]
         if self.via == "pdsh":
             guard += ["--env-file", str(env_path(self.run_dir, label))]
         return f"cd {run_dir} && exec {shlex.join(guard + [role, *args])}"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
+from ..run_files import CONFIG_FILE, METRICS_FILE, PS_FINAL_FILE, SWEEP_FILE
+from ..sync import protocol_label
 from . import plots
-from .run_files import CONFIG_FILE, METRICS_FILE, PS_FINAL_FILE, SWEEP_FILE
-from .sync import protocol_label
 
 COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
            "best_error", "mean_sigma", "startup_s", "wall_s", "s_per_epoch")

@@ -8,7 +8,7 @@ returned as warnings. A bad value raises ConfigError, one line naming it and wha
 ``rudra-zmq run`` exits 2 with nothing created, as for any config error.
 
 ``prepare(cfg)`` decodes image data sets (a tree or tarball of images) once, into the cache
-the roles read (:mod:`rudra_zmq.dataset_cache`), with a progress line on the terminal, using
+the roles read (:mod:`rudra_zmq.data.dataset_cache`), with a progress line on the terminal, using
 every usable core: the statistics server, the data server and the PS then load it in a
 fraction of a second instead of each decoding it (at the same time, on the same cores). It
 also does CIFAR-10's download when ``data.download`` asks for it.
@@ -25,10 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import dataset_cache, datasets, images
-from .config import ConfigError, DataConfig
+from ..config import ConfigError, DataConfig
+from ..data import dataset_cache, datasets, images
+from ..user_code import is_import_path
 from .run_plan import usable_cores
-from .user_code import is_import_path
 
 TENSORBOARD_MISSING = ("logging.tensorboard: true needs the tensorboard package, which is not "
                        "installed: pip install 'rudra_zmq[tensorboard]' (or set "

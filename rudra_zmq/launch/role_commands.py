@@ -3,7 +3,7 @@ run can be spread over several machines by hand; and what every command of ``cli
 (``--config``/``--set``, the config they name, ``UsageError``).
 
 Each role's module (and torch) is imported inside its command only, by
-:func:`rudra_zmq.role_process.serve`, so a role's start-up pays for nothing else. Each command
+:func:`rudra_zmq.launch.role_process.serve`, so a role's start-up pays for nothing else. Each command
 blocks while its role runs and returns its exit code; config problems raise ``UsageError``
 (``rudra-zmq: error: MESSAGE``, exit 2).
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import ConfigError, load_config
 from . import role_process
-from .config import ConfigError, load_config
 from .run_plan import host_learners, learner_threads, ps_threads
 
 
@@ -22,7 +22,7 @@ class UsageError(Exception):
 
 def config_of(args):
     """The config named by --config with the --set overrides applied, or UsageError."""
-    from . import transport
+    from .. import transport
 
     try:
         cfg = load_config(args.config, args.set)
@@ -30,7 +30,7 @@ def config_of(args):
         raise UsageError(str(exc)) from None
     transport.set_heartbeat(cfg.runtime.heartbeat_s)   # every socket this role makes
     if hasattr(args, "keys") and cfg.security.curve:     # a role: CURVE on every socket
-        from . import security
+        from .. import security
 
         try:
             transport.set_security(security.for_role(cfg, args.keys, args.key))
@@ -72,7 +72,7 @@ def cmd_ps(args) -> int:
 def _bcast_args(cfg, args) -> tuple[list | None, list | None]:
     """The learners' broadcast endpoints (advstar): one upstream and one bind (or none) per
     --id, checked against the plan; (None, None) for other architectures."""
-    from .topology import broadcast_children
+    from ..topology import broadcast_children
 
     if cfg.architecture.kind != "advstar":
         if args.bcast_upstream or args.bcast_bind:
@@ -115,7 +115,7 @@ def cmd_node(args) -> int:
     if cfg.architecture.kind not in ("adv", "advstar"):
         raise UsageError("rudra-zmq node runs a node of a PS tree: set architecture.kind=adv "
                          f"or advstar (the config says {cfg.architecture.kind!r})")
-    from .topology import plan
+    from ..topology import plan
 
     try:
         plan(cfg).node(args.id)

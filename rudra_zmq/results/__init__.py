@@ -1,0 +1,1 @@
+"""Results: run records, reports beside the paper's tables, comparisons, plots."""

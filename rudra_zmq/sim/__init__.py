@@ -1,0 +1,1 @@
+"""The in-process simulator: the sync engine driven with simulated learner speeds."""
