@@ -7,6 +7,7 @@ accepts ``-fopenmp`` (set ``RUDRA_ZMQ_NO_OPENMP=1`` to build without it). The ke
 built for ``-march=x86-64-v2`` unless ``RUDRA_ZMQ_MARCH`` says otherwise (``native`` for the
 build host's full instruction set); see docs/install.md.
 """
+
 import os
 import platform
 import re
@@ -30,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only on broken build 
 
 try:
     import numpy
+
     NUMPY_VERSION = numpy.__version__
 except ImportError:  # numpy is only recorded in build_info(); the kernels need no numpy headers
     NUMPY_VERSION = "unknown"
@@ -51,8 +53,7 @@ def _compiler_works(flags, src=PLAIN_PROBE):
         path = os.path.join(tmp, "t.c")
         with open(path, "w") as f:
             f.write(src)
-        res = subprocess.run([cc, *flags, path, "-o", os.path.join(tmp, "t")],
-                             capture_output=True)
+        res = subprocess.run([cc, *flags, path, "-o", os.path.join(tmp, "t")], capture_output=True)
         return res.returncode == 0
 
 
@@ -61,8 +62,10 @@ def _openmp_flags():
         return [], []
     if _compiler_works(["-fopenmp"], OPENMP_PROBE):
         return ["-fopenmp"], ["-fopenmp"]
-    print("rudra_zmq: the compiler rejected -fopenmp; building single-threaded kernels",
-          file=sys.stderr)
+    print(
+        "rudra_zmq: the compiler rejected -fopenmp; building single-threaded kernels",
+        file=sys.stderr,
+    )
     return [], []
 
 
@@ -99,8 +102,9 @@ march = os.environ.get("RUDRA_ZMQ_MARCH", DEFAULT_MARCH)
 if march and _compiler_works([f"-march={march}"]):
     extra_compile.append(f"-march={march}")
 elif march:
-    print(f"rudra_zmq: the compiler rejected -march={march}; building without -march",
-          file=sys.stderr)
+    print(
+        f"rudra_zmq: the compiler rejected -march={march}; building without -march", file=sys.stderr
+    )
 # Each loop starts on a 64-byte boundary: without it the same 5-instruction `scale` loop ran
 # 1.6-1.9x slower in the x86-64-v2 build than in the SSE2 one, only because it straddled a
 # cache line there (most of what once looked like native's 2x on cache-resident buffers).
@@ -128,7 +132,7 @@ def _version():
     with open(os.path.join("rudra_zmq", "__init__.py")) as f:
         match = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
     if match is None:
-        raise SystemExit("setup.py: no `__version__ = \"X.Y.Z\"` line in rudra_zmq/__init__.py")
+        raise SystemExit('setup.py: no `__version__ = "X.Y.Z"` line in rudra_zmq/__init__.py')
     return match.group(1)
 
 
@@ -146,11 +150,18 @@ setup(
     long_description=open("README.md").read() if os.path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=[*find_packages(include=["rudra_zmq", "rudra_zmq.*"]),
-              "rudra_zmq.configs", "rudra_zmq.configs.grids", "rudra_zmq.examples"],
+    packages=[
+        *find_packages(include=["rudra_zmq", "rudra_zmq.*"]),
+        "rudra_zmq.configs",
+        "rudra_zmq.configs.grids",
+        "rudra_zmq.examples",
+    ],
     package_dir={"rudra_zmq.configs": "configs", "rudra_zmq.examples": "examples"},
-    package_data={"rudra_zmq.configs": ["*.yaml"], "rudra_zmq.configs.grids": ["*.yaml"],
-                  "rudra_zmq.examples": ["*"]},
+    package_data={
+        "rudra_zmq.configs": ["*.yaml"],
+        "rudra_zmq.configs.grids": ["*.yaml"],
+        "rudra_zmq.examples": ["*"],
+    },
     ext_modules=cythonize(
         [ext],
         compiler_directives={
@@ -178,11 +189,18 @@ setup(
         "progress": ["tqdm>=4"],  # a progress bar while decoding images (else a line per 10%)
         "tensorboard": ["tensorboard>=2.10"],  # logging.tensorboard: the stats server's events
         # tensorboard too, so that the suite checks the events it writes rather than skip
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "pytest-xdist>=3", "hypothesis>=6.100",
-                 "build>=1", "tensorboard>=2.10",
-                 "ruff>=0.6",  # the linter ([tool.ruff] in pyproject.toml)
-                 # test_packaging builds with --no-isolation (offline): the build requirements
-                 "setuptools>=64", "Cython>=3.0"],
+        "test": [
+            "pytest>=7",
+            "pytest-timeout>=2.1",
+            "pytest-xdist>=3",
+            "hypothesis>=6.100",
+            "build>=1",
+            "tensorboard>=2.10",
+            "ruff>=0.6",  # the linter ([tool.ruff] in pyproject.toml)
+            # test_packaging builds with --no-isolation (offline): the build requirements
+            "setuptools>=64",
+            "Cython>=3.0",
+        ],
     },
     entry_points={"console_scripts": ["rudra-zmq=rudra_zmq.cli:main"]},
     zip_safe=False,

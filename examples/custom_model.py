@@ -7,6 +7,7 @@ The model and the data are two functions of this file, named in the config by im
 imports this file as the module ``custom_model``; ``rudra_zmq.train`` hands them the folder it
 is in (PYTHONPATH). About 30 s on 2 cores, most of it starting the roles.
 """
+
 import numpy as np
 import torch
 from torch import nn
@@ -17,11 +18,16 @@ import rudra_zmq
 def tiny_cnn(num_classes, input_shape):
     """The model: called with the number of classes and the image shape (C, H, W)."""
     c, h, w = input_shape
-    return nn.Sequential(nn.Conv2d(c, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-                         nn.Flatten(), nn.Linear(8 * (h // 2) * (w // 2), num_classes))
+    return nn.Sequential(
+        nn.Conv2d(c, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(8 * (h // 2) * (w // 2), num_classes),
+    )
 
 
-tiny_cnn.input_transform = "standardize"   # (x/255 - mean)/std per channel, the default
+tiny_cnn.input_transform = "standardize"  # (x/255 - mean)/std per channel, the default
 
 
 def stripes(seed=0):
@@ -38,8 +44,13 @@ def stripes(seed=0):
 
     x_train, y_train = draw(1200)
     x_test, y_test = draw(300)
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test,
-            "classes": ["horizontal", "vertical", "diagonal"]}
+    return {
+        "x_train": x_train,
+        "y_train": y_train,
+        "x_test": x_test,
+        "y_test": y_test,
+        "classes": ["horizontal", "vertical", "diagonal"],
+    }
 
 
 CONFIG = {
@@ -54,6 +65,8 @@ CONFIG = {
 if __name__ == "__main__":
     torch.set_num_threads(1)
     result = rudra_zmq.train(CONFIG, overrides={"runtime.threads_per_learner": 1})
-    print(f"test error {100 * result.final_error:.1f}% after {result.epochs:.1f} epochs, "
-          f"<σ> {result.mean_sigma:.2f}; run directory {result.run_dir}")
+    print(
+        f"test error {100 * result.final_error:.1f}% after {result.epochs:.1f} epochs, "
+        f"<σ> {result.mean_sigma:.2f}; run directory {result.run_dir}"
+    )
     assert result.final_error < 0.1, "the stripes are easy to tell apart: it should learn them"

@@ -8,6 +8,7 @@ The Python API (docs/api.md): ``train``, ``simulate``, ``load_config``, ``Config
 ``rudra_zmq.api`` on first use, so that the roles, which import this package too, do not pay
 for the launcher and the plotting it needs.
 """
+
 __version__ = "0.1.0"
 
 from . import kernels  # noqa: E402  (fails loudly if the extension is missing)
@@ -34,8 +35,16 @@ def build_info():
     return info
 
 
-_API = ("train", "simulate", "load_config", "Config", "TrainResult", "TrainingError",
-        "ConfigError", "UserCodeError")
+_API = (
+    "train",
+    "simulate",
+    "load_config",
+    "Config",
+    "TrainResult",
+    "TrainingError",
+    "ConfigError",
+    "UserCodeError",
+)
 
 
 def __getattr__(name):

@@ -1,4 +1,5 @@
 """``python -m rudra_zmq`` is the ``rudra-zmq`` command."""
+
 import sys
 
 from .cli import main

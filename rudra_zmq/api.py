@@ -14,6 +14,7 @@ imported the config's user code from), redirects ``sys.stdout`` when ``quiet``, 
 from the main thread, handles SIGINT/SIGTERM/SIGHUP itself until it returns (Ctrl-C stops
 every role and raises KeyboardInterrupt).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,14 @@ class TrainingError(RuntimeError):
     process; ``log``, its log file (else the run's ``logs/`` folder).
     """
 
-    def __init__(self, message: str, run_dir: Path, role: str | None = None,
-                 exit_code: int | None = None, log: Path | None = None):
+    def __init__(
+        self,
+        message: str,
+        run_dir: Path,
+        role: str | None = None,
+        exit_code: int | None = None,
+        log: Path | None = None,
+    ):
         super().__init__(message)
         self.run_dir, self.role, self.exit_code, self.log = run_dir, role, exit_code, log
 
@@ -85,8 +92,9 @@ def load_config(config=None, overrides=None) -> Config:
         flat = [f"{key}={_yaml(value)}" for key, value in config_mod.flat_keys(config).items()]
         return config_mod.load_config(None, flat + items)
     if config is not None and not isinstance(config, (str, os.PathLike)):
-        raise ConfigError(f"a config is a YAML path, a dict or a Config, got "
-                          f"{type(config).__name__}")
+        raise ConfigError(
+            f"a config is a YAML path, a dict or a Config, got {type(config).__name__}"
+        )
     return config_mod.load_config(config, items)
 
 
@@ -105,23 +113,34 @@ def train(config, overrides=None, *, run_dir=None, quiet: bool = False) -> Train
     """
     cfg = load_config(config, overrides)
     with _children_import(cfg), _silenced(quiet):
-        preflight.run(cfg)   # data, extras; image data decoded once for every role
+        preflight.run(cfg)  # data, extras; image data decoded once for every role
         plan = make_plan(cfg, run_dir)
         print(summary(plan), flush=True)
         runner = _Launcher(plan)
         rc = runner.run()
     if rc == 130:
-        raise KeyboardInterrupt(f"training interrupted; every role was stopped (run directory "
-                                f"{plan.run_dir})")
+        raise KeyboardInterrupt(
+            f"training interrupted; every role was stopped (run directory {plan.run_dir})"
+        )
     if rc != 0:
         raise runner.error(rc)
     r = compare.run_summary(plan.run_dir)
-    return TrainResult(plan.run_dir, r["final_error"], r["best_error"], r["epochs"],
-                       r["wall_s"], r["mean_sigma"])
+    return TrainResult(
+        plan.run_dir, r["final_error"], r["best_error"], r["epochs"], r["wall_s"], r["mean_sigma"]
+    )
 
 
-def simulate(config, overrides=None, *, train: bool = False, jitter: float = 0.0,
-             speeds=None, seed: int = 0, run_dir=None, quiet: bool = False) -> TrainResult:
+def simulate(
+    config,
+    overrides=None,
+    *,
+    train: bool = False,
+    jitter: float = 0.0,
+    speeds=None,
+    seed: int = 0,
+    run_dir=None,
+    quiet: bool = False,
+) -> TrainResult:
     """Simulate a Rudra-base run of ``config`` in this process, as ``rudra-zmq simulate``
     does, write its run directory (``run_dir``, else ``runtime.run_dir/NAME-sim-STAMP``) and
     return the outcome. ``train``: real gradients and test error (else only the protocol, and
@@ -133,17 +152,31 @@ def simulate(config, overrides=None, *, train: bool = False, jitter: float = 0.0
     a bad config, ValueError for bad timing arguments.
     """
     cfg = load_config(config, overrides)
-    path = Path(run_dir) if run_dir is not None else Path(cfg.runtime.run_dir) / (
-        f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
-    res = simulator.simulate(cfg, speeds=speeds, jitter=jitter, seed=seed, train=train,
-                             progress=None if quiet else (lambda line: print(line, flush=True)))
+    path = (
+        Path(run_dir)
+        if run_dir is not None
+        else Path(cfg.runtime.run_dir) / (f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
+    )
+    res = simulator.simulate(
+        cfg,
+        speeds=speeds,
+        jitter=jitter,
+        seed=seed,
+        train=train,
+        progress=None if quiet else (lambda line: print(line, flush=True)),
+    )
     path = simulator.write_run(cfg, res, path)
     if res.weights is not None:
         np.save(path / WEIGHTS_FILE, res.weights)
     errors = [e["test_error"] for e in res.evals]
-    return TrainResult(path, errors[-1] if errors else None, min(errors) if errors else None,
-                       res.updates[-1]["epoch"] if res.updates else None, res.sim_time,
-                       res.mean_staleness if res.updates else None)
+    return TrainResult(
+        path,
+        errors[-1] if errors else None,
+        min(errors) if errors else None,
+        res.updates[-1]["epoch"] if res.updates else None,
+        res.sim_time,
+        res.mean_staleness if res.updates else None,
+    )
 
 
 # ------------------------------------------------------------------------------- helpers
@@ -163,13 +196,21 @@ class _Launcher(launcher.Launcher):
         """The TrainingError of a run that ended with exit code ``rc``."""
         run_dir = self.plan.run_dir
         if not self.reported:
-            return TrainingError(f"training failed (exit code {rc}); the logs are in "
-                                 f"{log_dir(run_dir)}", run_dir, log=log_dir(run_dir))
+            return TrainingError(
+                f"training failed (exit code {rc}); the logs are in {log_dir(run_dir)}",
+                run_dir,
+                log=log_dir(run_dir),
+            )
         child = self.reported[-1]
         lines = "\n".join(f"    {line}" for line in tail(child.log))
-        return TrainingError(f"training failed: {child.describe_exit()}; its log is {child.log}"
-                             + (f", which ends:\n{lines}" if lines else ""), run_dir,
-                             child.label, child.proc.returncode, child.log)
+        return TrainingError(
+            f"training failed: {child.describe_exit()}; its log is {child.log}"
+            + (f", which ends:\n{lines}" if lines else ""),
+            run_dir,
+            child.label,
+            child.proc.returncode,
+            child.log,
+        )
 
 
 @contextlib.contextmanager
@@ -196,8 +237,11 @@ def _silenced(quiet: bool):
     if not quiet:
         yield
         return
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
-            contextlib.redirect_stderr(null):
+    with (
+        open(os.devnull, "w") as null,
+        contextlib.redirect_stdout(null),
+        contextlib.redirect_stderr(null),
+    ):
         yield
 
 
@@ -208,15 +252,25 @@ def _override_items(overrides) -> list[str]:
         return [f"{key}={_yaml(value)}" for key, value in overrides.items()]
     if isinstance(overrides, (list, tuple)) and all(isinstance(o, str) for o in overrides):
         return list(overrides)
-    raise ConfigError(f"overrides are a dict {{'section.key': value}} or a list of "
-                      f"'section.key=value' strings, got {overrides!r}")
+    raise ConfigError(
+        f"overrides are a dict {{'section.key': value}} or a list of "
+        f"'section.key=value' strings, got {overrides!r}"
+    )
 
 
 def _yaml(value) -> str:
     # one line of YAML that safe_load reads back as ``value`` (strings quoted where needed)
     text = yaml.safe_dump(value, default_flow_style=True, width=sys.maxsize).strip()
-    return text[:-len("\n...")] if text.endswith("\n...") else text
+    return text[: -len("\n...")] if text.endswith("\n...") else text
 
 
-__all__ = ["train", "simulate", "load_config", "TrainResult", "TrainingError", "ConfigError",
-           "UserCodeError", "Config"]
+__all__ = [
+    "train",
+    "simulate",
+    "load_config",
+    "TrainResult",
+    "TrainingError",
+    "ConfigError",
+    "UserCodeError",
+    "Config",
+]

@@ -14,6 +14,7 @@ checkpoint exists whole or not at all. ``load_latest`` checks each file's size a
 before np.load reads it, and falls back (with a warning) to the previous checkpoint when the
 newest is damaged (a notice: the launcher shows it on the terminal). No pickle anywhere: object arrays are refused on save and on load.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +38,7 @@ MANIFEST = "manifest.json"
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 _CKPT = re.compile(r"ckpt-(\d{8,})")
 _TMP_PREFIX = ".tmp-"
-_NUMERIC_KINDS = "biufc"     # bool, int, uint, float, complex: nothing that needs pickle
+_NUMERIC_KINDS = "biufc"  # bool, int, uint, float, complex: nothing that needs pickle
 
 
 class CheckpointError(RuntimeError):
@@ -48,6 +49,7 @@ class CheckpointError(RuntimeError):
 class Checkpoint:
     """One verified checkpoint: its directory, its arrays (ordinary writable ndarrays) and the
     JSON metadata given to ``save``."""
+
     path: Path
     arrays: dict[str, np.ndarray]
     meta: dict
@@ -89,23 +91,29 @@ def save(directory, arrays: dict[str, np.ndarray], meta: dict, *, keep: int = 2)
         raise ValueError(f"keep={keep!r}: keep at least 1 checkpoint (the one being saved)")
     for name, arr in arrays.items():
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ValueError(f"array name {name!r}: use only letters, digits and '_' "
-                             f"(it becomes the file name NAME.npy)")
+            raise ValueError(
+                f"array name {name!r}: use only letters, digits and '_' "
+                f"(it becomes the file name NAME.npy)"
+            )
         if not isinstance(arr, np.ndarray) or arr.dtype.kind not in _NUMERIC_KINDS:
             what = f"dtype {arr.dtype}" if isinstance(arr, np.ndarray) else type(arr).__name__
-            raise TypeError(f"array {name!r} is {what}: only numeric ndarrays are saved "
-                            f"(bool/int/float/complex; no objects, which would need pickle)")
+            raise TypeError(
+                f"array {name!r} is {what}: only numeric ndarrays are saved "
+                f"(bool/int/float/complex; no objects, which would need pickle)"
+            )
     try:
         json.dumps(meta)
     except (TypeError, ValueError) as e:
-        raise TypeError(f"checkpoint meta is not JSON-serialisable ({e}): give only dicts, "
-                        f"lists, str, numbers, bools and None (numpy scalars: .item())") from e
+        raise TypeError(
+            f"checkpoint meta is not JSON-serialisable ({e}): give only dicts, "
+            f"lists, str, numbers, bools and None (numpy scalars: .item())"
+        ) from e
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
     tmp.mkdir()
-    started_ns = tmp.stat().st_mtime_ns     # filesystem clock: leftovers are older than this
+    started_ns = tmp.stat().st_mtime_ns  # filesystem clock: leftovers are older than this
     try:
         entries = {name: _write_array(tmp / f"{name}.npy", arr) for name, arr in arrays.items()}
         manifest = {"format": FORMAT, "arrays": entries, "meta": meta}
@@ -130,7 +138,7 @@ def save(directory, arrays: dict[str, np.ndarray], meta: dict, *, keep: int = 2)
     for p in directory.glob(f"{_TMP_PREFIX}*"):
         if p.is_dir() and p.stat().st_mtime_ns < started_ns:
             log.info("removing %s, left by an interrupted save", p)
-            shutil.rmtree(p, ignore_errors=True)    # best effort: the save itself succeeded
+            shutil.rmtree(p, ignore_errors=True)  # best effort: the save itself succeeded
     return final
 
 
@@ -146,15 +154,16 @@ def load_latest(directory) -> Checkpoint | None:
         try:
             return _load(path)
         except _Invalid as e:
-            notice(log, "checkpoint %s is damaged: %s; falling back to the previous one",
-                   path, e)
+            notice(log, "checkpoint %s is damaged: %s; falling back to the previous one", path, e)
             problems.append(f"  {path}: {e}")
     if not problems:
         return None
     raise CheckpointError(
-        f"no valid checkpoint in {directory}; every one is damaged:\n" + "\n".join(problems)
+        f"no valid checkpoint in {directory}; every one is damaged:\n"
+        + "\n".join(problems)
         + "\nStart a new run (with an empty checkpoint directory), or restore a copy of a "
-        "checkpoint directory into it.")
+        "checkpoint directory into it."
+    )
 
 
 def _numbered(directory: Path) -> list[tuple[int, Path]]:
@@ -172,8 +181,13 @@ def _write_array(path: Path, arr: np.ndarray) -> dict:
         np.save(w, arr, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
-    return {"file": path.name, "dtype": str(arr.dtype), "shape": list(arr.shape),
-            "bytes": w.bytes, "sha256": w.sha256.hexdigest()}
+    return {
+        "file": path.name,
+        "dtype": str(arr.dtype),
+        "shape": list(arr.shape),
+        "bytes": w.bytes,
+        "sha256": w.sha256.hexdigest(),
+    }
 
 
 def _fsync_dir(path: Path) -> None:
@@ -203,7 +217,7 @@ def _load(path: Path) -> Checkpoint:
             dtype, shape = np.dtype(entry["dtype"]), list(entry["shape"])
         except (KeyError, TypeError, ValueError) as e:
             raise _Invalid(f"{MANIFEST} has a bad entry for {name!r} ({e!r})") from None
-        if not _NAME.fullmatch(name) or file != f"{name}.npy":   # never read outside `path`
+        if not _NAME.fullmatch(name) or file != f"{name}.npy":  # never read outside `path`
             raise _Invalid(f"{MANIFEST} names file {file!r} for array {name!r}")
         arrays[name] = _load_array(path / file, size, sha, dtype, shape)
     return Checkpoint(path, arrays, manifest.get("meta"))

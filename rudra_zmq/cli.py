@@ -13,6 +13,7 @@ their own command or ``--help``), so a role's start-up pays for nothing else;
 Config problems print ``rudra-zmq: error: MESSAGE`` and exit 2; a role that fails at run time
 raises, and its traceback is what its log should show.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,18 +39,19 @@ def cmd_run(args) -> int:
         if args.resume is None and args.config is None:
             raise UsageError("give a CONFIG to start a run, or --resume RUN_DIR to continue one")
         if args.resume is not None and args.run_dir is not None:
-            raise UsageError("--run-dir starts a new run; --resume RUN_DIR continues the run "
-                             "there: give one of them")
+            raise UsageError(
+                "--run-dir starts a new run; --resume RUN_DIR continues the run "
+                "there: give one of them"
+            )
         return launcher.run(args.config, args.set, run_dir=args.run_dir, resume=args.resume)
     except (ConfigError, FileNotFoundError) as exc:  # raised before any process starts
         raise UsageError(str(exc)) from None
 
 
 def cmd_simulate(args) -> int:
-    if args.schedule_scale != 1:   # epochs and lr steps scaled, recorded in the config
+    if args.schedule_scale != 1:  # epochs and lr steps scaled, recorded in the config
         try:
-            args.set = list(args.set) + scale_schedule(args.config, args.set,
-                                                       args.schedule_scale)
+            args.set = list(args.set) + scale_schedule(args.config, args.set, args.schedule_scale)
         except (ConfigError, FileNotFoundError) as exc:
             raise UsageError(str(exc)) from None
     cfg = config_of(args)
@@ -58,20 +60,29 @@ def cmd_simulate(args) -> int:
         try:
             speeds = [float(x) for x in args.speeds.split(",")]
         except ValueError:
-            raise UsageError(f"--speeds must be numbers separated by commas, got "
-                             f"{args.speeds!r}") from None
-    run_dir = args.run_dir or os.path.join(cfg.runtime.run_dir,
-                                           f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
+            raise UsageError(
+                f"--speeds must be numbers separated by commas, got {args.speeds!r}"
+            ) from None
+    run_dir = args.run_dir or os.path.join(
+        cfg.runtime.run_dir, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     from .sim import simulator
 
     # The simulator computes one gradient at a time: every core, unless
     # runtime.threads_per_learner says otherwise (e.g. 1 beside another run).
-    role_process.set_threads(cfg.runtime.threads_per_learner or usable_cores(),
-                             torch_too=args.train)
+    role_process.set_threads(
+        cfg.runtime.threads_per_learner or usable_cores(), torch_too=args.train
+    )
     try:
-        return simulator.main_simulate(cfg, run_dir, jitter=args.jitter, speeds=speeds,
-                                       seed=args.seed, train=args.train,
-                                       gradients=args.gradients)
+        return simulator.main_simulate(
+            cfg,
+            run_dir,
+            jitter=args.jitter,
+            speeds=speeds,
+            seed=args.seed,
+            train=args.train,
+            gradients=args.gradients,
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -90,9 +101,14 @@ def cmd_info(args) -> int:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    rows = [("rudra_zmq", rudra_zmq.__version__), ("python", sys.version.split()[0]),
-            ("torch", version("torch")), ("pyzmq", zmq.pyzmq_version()),
-            ("libzmq", zmq.zmq_version()), ("numpy", version("numpy"))]
+    rows = [
+        ("rudra_zmq", rudra_zmq.__version__),
+        ("python", sys.version.split()[0]),
+        ("torch", version("torch")),
+        ("pyzmq", zmq.pyzmq_version()),
+        ("libzmq", zmq.zmq_version()),
+        ("numpy", version("numpy")),
+    ]
     rows += sorted((f"build.{k}", v) for k, v in rudra_zmq.build_info().items())
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -102,41 +118,70 @@ def cmd_info(args) -> int:
 
 # ----------------------------------------------------------------------------- parser
 def _add_run(sub) -> None:
-    p = sub.add_parser("run", help="run every role on this machine (one command, one run)",
-                       description="Start the stats server, data server, parameter server "
-                                   "and learners as processes on this machine, show progress,"
-                                   " and stop them all when training ends or anything fails.")
+    p = sub.add_parser(
+        "run",
+        help="run every role on this machine (one command, one run)",
+        description="Start the stats server, data server, parameter server "
+        "and learners as processes on this machine, show progress,"
+        " and stop them all when training ends or anything fails.",
+    )
     config_args(p, positional=True)
-    p.add_argument("--run-dir", metavar="DIR",
-                   help="run directory (default: runtime.run_dir/NAME-YYYYmmdd-HHMMSS); one "
-                        "that holds a run already is refused")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its newest valid checkpoint (CONFIG "
-                        "optional; --set may change only train.epochs, evaluation and "
-                        "checkpoint intervals and runtime.*)")
+    p.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="run directory (default: runtime.run_dir/NAME-YYYYmmdd-HHMMSS); one "
+        "that holds a run already is refused",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest valid checkpoint (CONFIG "
+        "optional; --set may change only train.epochs, evaluation and "
+        "checkpoint intervals and runtime.*)",
+    )
     p.set_defaults(func=cmd_run)
 
 
 def _add_simulate(sub) -> None:
-    p = sub.add_parser("simulate", help="simulate a run in one process (no sockets)",
-                       description="Drive the same sync protocol engine as the parameter "
-                                   "server with simulated learner speeds: staleness, updates "
-                                   "and (with --train) accuracy, deterministically.")
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a run in one process (no sockets)",
+        description="Drive the same sync protocol engine as the parameter "
+        "server with simulated learner speeds: staleness, updates "
+        "and (with --train) accuracy, deterministically.",
+    )
     config_args(p, positional=True)
-    p.add_argument("--train", action="store_true",
-                   help="compute real gradients and test error (else protocol only)")
-    p.add_argument("--jitter", type=float, default=0.0,
-                   help="relative std of each gradient's compute time (default 0)")
-    p.add_argument("--speeds", metavar="T0,T1,...",
-                   help="relative compute time per learner (default all 1)")
+    p.add_argument(
+        "--train",
+        action="store_true",
+        help="compute real gradients and test error (else protocol only)",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="relative std of each gradient's compute time (default 0)",
+    )
+    p.add_argument(
+        "--speeds", metavar="T0,T1,...", help="relative compute time per learner (default all 1)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated timing")
-    p.add_argument("--gradients", choices=("auto", "batched", "per-gradient"), default="auto",
-                   help="--train: one forward/backward per weights version per update "
-                        "(batched), or per learner gradient; auto: batched where it is "
-                        "exact (docs/simulator.md)")
-    p.add_argument("--schedule-scale", type=float, default=1.0, metavar="S",
-                   help="epochs and lr steps times S in (0, 1] (0.1: 14 epochs, ÷10 at 12 "
-                        "and 13 for the paper's 140), recorded as train.schedule_scale")
+    p.add_argument(
+        "--gradients",
+        choices=("auto", "batched", "per-gradient"),
+        default="auto",
+        help="--train: one forward/backward per weights version per update "
+        "(batched), or per learner gradient; auto: batched where it is "
+        "exact (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--schedule-scale",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="epochs and lr steps times S in (0, 1] (0.1: 14 epochs, ÷10 at 12 "
+        "and 13 for the paper's 140), recorded as train.schedule_scale",
+    )
     p.add_argument("--run-dir", metavar="DIR", help="where to write metrics and plots")
     p.set_defaults(func=cmd_simulate)
 
@@ -150,11 +195,19 @@ def _add_info(sub) -> None:
 # Each is imported only to parse its own command line, or to list every command (--help):
 # a role's start-up does not pay for matplotlib (compare), ssh planning (launch) or the
 # benchmarks.
-TOOLS = {"compare": "results.compare", "sweep": "launch.sweep", "report": "results.report", "keys": "keys",
-         "launch": "launch.cluster_launch", "env": "launch.ranks", "worker": "launch.worker",
-         "examples": "launch.shipped", "bench": "benchmarks.cli"}
+TOOLS = {
+    "compare": "results.compare",
+    "sweep": "launch.sweep",
+    "report": "results.report",
+    "keys": "keys",
+    "launch": "launch.cluster_launch",
+    "env": "launch.ranks",
+    "worker": "launch.worker",
+    "examples": "launch.shipped",
+    "bench": "benchmarks.cli",
+}
 _OWN = {"run": _add_run, **PARSERS, "simulate": _add_simulate, "info": _add_info}
-COMMANDS = (*_OWN, *TOOLS)   # in the order --help lists them
+COMMANDS = (*_OWN, *TOOLS)  # in the order --help lists them
 
 
 def _add_tool(sub, name: str) -> None:
@@ -167,10 +220,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Parameter-server distributed deep learning on ZeroMQ (Rudra).",
-        epilog="Run `rudra-zmq COMMAND --help` for the options of one command.")
+        epilog="Run `rudra-zmq COMMAND --help` for the options of one command.",
+    )
     from . import __version__, build_info  # the package is loaded already: costs nothing
-    parser.add_argument("--version", action="version",
-                        version=f"{PROG} {__version__} (kernels: {build_info()['compile_args']})")
+
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"{PROG} {__version__} (kernels: {build_info()['compile_args']})",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     for name in [command] if command in COMMANDS else COMMANDS:
@@ -192,11 +250,10 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    except TimeoutError as exc:   # a role's peer never answered: say who, without a trace
+    except TimeoutError as exc:  # a role's peer never answered: say who, without a trace
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:
         signum = exc.args[0] if exc.args and isinstance(exc.args[0], int) else signal.SIGINT
-        print(f"{PROG} {args.command}: stopped by {signal.Signals(signum).name}",
-              file=sys.stderr)
+        print(f"{PROG} {args.command}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
         return 128 + signum

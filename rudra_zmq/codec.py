@@ -27,6 +27,7 @@ must own and write); none when a server sums or applies gradients (kernels read 
 Functions do not block beyond the kernels, which release the GIL. Thread-safe as long as two
 threads do not write one destination at once.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +40,7 @@ _F4, _F2, _BF16 = (wire.PAYLOAD_DTYPES[c] for c in ("f4", "f2", "bf16"))
 class Float32:
     """Float32 on the wire, as in memory: frames are views of the vector. Stateless."""
 
-    code = "f4"   # the wire code of its frames (wire.decode(..., model_dtype=code))
+    code = "f4"  # the wire code of its frames (wire.decode(..., model_dtype=code))
 
     def encode(self, vector: np.ndarray, chunk_bytes: int) -> list[np.ndarray]:
         """``vector`` (1-D contiguous float32) as frames of at most ``chunk_bytes``: views,
@@ -63,8 +64,10 @@ def _pieces(pieces):
     off = 0
     for part in pieces:
         if part.dtype not in (_F4, _F2, _BF16):
-            raise ValueError(f"a model-sized payload of dtype {part.dtype}: the codec decodes "
-                             f"float32, float16 and bfloat16 (uint16 bits) frames")
+            raise ValueError(
+                f"a model-sized payload of dtype {part.dtype}: the codec decodes "
+                f"float32, float16 and bfloat16 (uint16 bits) frames"
+            )
         yield off, part
         off += part.shape[0]
 
@@ -73,7 +76,7 @@ def load(out: np.ndarray, pieces) -> None:
     """out[:] = the contiguous ``pieces`` (frames of any model dtype, in order from element 0),
     widened to float32. One pass; the f4 copy is ``kernels.copy_into``."""
     for off, part in _pieces(pieces):
-        dst = out[off:off + part.shape[0]]
+        dst = out[off : off + part.shape[0]]
         if part.dtype == _F4:
             kernels.copy_into(dst, part)
         elif part.dtype == _F2:
@@ -86,7 +89,7 @@ def add(acc: np.ndarray, pieces, scale: float = 1.0) -> None:
     """acc += scale * the contiguous ``pieces`` (frames of any model dtype), in place, each at
     its offset; no temporary (the half kernels widen as they add)."""
     for off, part in _pieces(pieces):
-        dst = acc[off:off + part.shape[0]]
+        dst = acc[off : off + part.shape[0]]
         if part.dtype == _F4:
             if scale == 1.0:
                 kernels.accumulate(dst, part)

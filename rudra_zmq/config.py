@@ -6,6 +6,7 @@ Unknown keys and wrong types are errors that quote the key, the value and what i
 All defaults are visible here, in one place; the strict loading itself is ``typed_yaml.py``
 (``ConfigError`` is defined there and raised by both).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,108 +24,108 @@ from .user_code import UserCodeError, is_import_path
 
 @dataclass
 class ModelConfig:
-    name: str = "digits_cnn"           # cifar10_full | digits_cnn | alexnet | mlp, or your
+    name: str = "digits_cnn"  # cifar10_full | digits_cnn | alexnet | mlp, or your
     #                                    own: package.module:function (models.py)
-    seed: int = 0                      # initial weights (the PS builds them)
+    seed: int = 0  # initial weights (the PS builds them)
 
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"            # digits | cifar10 | imagefolder | synthetic, or your
+    dataset: str = "digits"  # digits | cifar10 | imagefolder | synthetic, or your
     #                                    own: package.module:function (datasets.py)
-    root: str | None = None            # cifar-10-batches-py dir, ImageFolder tree or .tar.gz
-    download: bool = False             # torchvision download (needs internet)
-    image_size: int | None = None      # imagefolder resize/crop (default 224)
+    root: str | None = None  # cifar-10-batches-py dir, ImageFolder tree or .tar.gz
+    download: bool = False  # torchvision download (needs internet)
+    image_size: int | None = None  # imagefolder resize/crop (default 224)
     synthetic_shape: list[int] = field(default_factory=lambda: [3, 32, 32])
     synthetic_train: int = 4096
     synthetic_test: int = 512
     num_classes: int = 10
     limit_per_class: int | None = None  # keep the first n images of each class per split
-    augment: bool = False              # random crop + horizontal flip on the learner
-    prefetch: int = 2                  # minibatches each learner keeps in flight
+    augment: bool = False  # random crop + horizontal flip on the learner
+    prefetch: int = 2  # minibatches each learner keeps in flight
 
 
 @dataclass
 class SyncConfig:
-    protocol: str = "hardsync"         # sync.PROTOCOLS: hardsync | softsync | async
-    n: int = 1                         # the n of n-softsync (c = floor(learners / n))
-    learners: int = 4                  # λ
-    batch_size: int = 32               # µ, per learner
+    protocol: str = "hardsync"  # sync.PROTOCOLS: hardsync | softsync | async
+    n: int = 1  # the n of n-softsync (c = floor(learners / n))
+    learners: int = 4  # λ
+    batch_size: int = 32  # µ, per learner
 
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 0.05                   # α0
-    lr_policy: str = "constant"        # sync.LR_POLICIES: constant | staleness (α0/<σ>) |
+    lr: float = 0.05  # α0
+    lr_policy: str = "constant"  # sync.LR_POLICIES: constant | staleness (α0/<σ>) |
     #                                    per_gradient
     momentum: float = 0.9
     weight_decay: float = 0.0
-    lr_steps: list[float] = field(default_factory=list)   # epochs where α0 *= lr_gamma
+    lr_steps: list[float] = field(default_factory=list)  # epochs where α0 *= lr_gamma
     lr_gamma: float = 0.1
-    param_multipliers: bool = True     # Caffe per-layer lr_mult/decay_mult where the model has them
+    param_multipliers: bool = True  # Caffe per-layer lr_mult/decay_mult where the model has them
 
 
 @dataclass
 class TrainConfig:
     epochs: float = 10.0
-    eval_every_epochs: float = 1.0     # test error this often (0 = never by epoch)
-    eval_every_updates: int = 0        # and/or every k updates (0 = off)
-    seed: int = 0                      # data order
-    checkpoint_every_s: float = 60.0   # PS state to RUN_DIR/checkpoints this often (0 = off)
+    eval_every_epochs: float = 1.0  # test error this often (0 = never by epoch)
+    eval_every_updates: int = 0  # and/or every k updates (0 = off)
+    seed: int = 0  # data order
+    checkpoint_every_s: float = 60.0  # PS state to RUN_DIR/checkpoints this often (0 = off)
     checkpoint_every_updates: int = 0  # and/or every k updates (0 = off); always at the end
-    schedule_scale: float = 1.0        # a record: epochs and lr_steps are this fraction of the
+    schedule_scale: float = 1.0  # a record: epochs and lr_steps are this fraction of the
     #                                    config's own (--schedule-scale; scale_schedule)
 
 
 @dataclass
 class RuntimeConfig:
-    host: str = "127.0.0.1"            # address the servers bind and learners connect to
-    transport: str = "tcp"             # tcp | ipc (same host only)
-    run_dir: str = "runs"              # parent folder of run directories
-    threads_per_learner: int = 0       # torch threads per learner; 0 = cores / λ, at least 1
-    ps_threads: int = 0                # kernel OpenMP threads on the PS; 0 = all cores for a
+    host: str = "127.0.0.1"  # address the servers bind and learners connect to
+    transport: str = "tcp"  # tcp | ipc (same host only)
+    run_dir: str = "runs"  # parent folder of run directories
+    threads_per_learner: int = 0  # torch threads per learner; 0 = cores / λ, at least 1
+    ps_threads: int = 0  # kernel OpenMP threads on the PS; 0 = all cores for a
     #                                    PS started by hand, what the learners leave under run
-    chunk_mib: int = 8                 # max payload frame size for model-sized messages
-    timeout_s: float = 120.0           # a peer silent this long is an error, not a hang
-    learner_timeout_s: float = 60.0    # the PS evicts a learner silent this long (0 = never);
+    chunk_mib: int = 8  # max payload frame size for model-sized messages
+    timeout_s: float = 120.0  # a peer silent this long is an error, not a hang
+    learner_timeout_s: float = 60.0  # the PS evicts a learner silent this long (0 = never);
     #                                    set above the slowest step; it rejoins with a HELLO
-    retry_s: float = 5.0               # a client sends an unanswered request again after this
-    heartbeat_s: float = 2.0           # ZMTP heartbeat interval; a peer is dropped after 5x
-    restart: bool = True               # rudra-zmq run restarts a crashed role
-    max_restarts: int = 3              # restarts of one role; its next failure stops the run
-    learners_per_process: int = 1      # >1 hosts several learner threads per process
-    device: str = "cpu"                # learners compute on: cpu | cuda (learner i on GPU
+    retry_s: float = 5.0  # a client sends an unanswered request again after this
+    heartbeat_s: float = 2.0  # ZMTP heartbeat interval; a peer is dropped after 5x
+    restart: bool = True  # rudra-zmq run restarts a crashed role
+    max_restarts: int = 3  # restarts of one role; its next failure stops the run
+    learners_per_process: int = 1  # >1 hosts several learner threads per process
+    device: str = "cpu"  # learners compute on: cpu | cuda (learner i on GPU
     #                                    i mod #GPUs) | cuda:N (rudra_zmq/devices.py)
 
 
 @dataclass
 class ArchitectureConfig:
-    kind: str = "base"                 # base (one PS) | adv (a tree of PS nodes, Rudra-adv) |
+    kind: str = "base"  # base (one PS) | adv (a tree of PS nodes, Rudra-adv) |
     #                                    advstar (adv + weights broadcast through the learners)
-    fanout: int = 4                    # adv: learners per leaf and children per inner node
-    depth: int = 1                     # adv: node levels below the root (1: leaves -> root)
+    fanout: int = 4  # adv: learners per leaf and children per inner node
+    depth: int = 1  # adv: node levels below the root (1: leaves -> root)
     leaves: list[list[int]] = field(default_factory=list)  # adv: learners per leaf (default:
     #                                    consecutive groups of fanout)
-    broadcast_fanout: int = 1          # advstar: members each member forwards to (1: a chain)
-    relay: str = "eager"               # adv/advstar softsync: eager (relay what is pending when
+    broadcast_fanout: int = 1  # advstar: members each member forwards to (1: a chain)
+    relay: str = "eager"  # adv/advstar softsync: eager (relay what is pending when
     #                                    no relay is in flight) | gather (relay whole subtrees)
-    leaf_shm: bool = False             # adv/advstar: a leaf and its learners on one host trade
+    leaf_shm: bool = False  # adv/advstar: a leaf and its learners on one host trade
     #                                    gradients and weights through /dev/shm (rudra_zmq/shm.py;
     #                                    ipc/tcp where it is unavailable)
 
 
 @dataclass
 class SecurityConfig:
-    curve: bool | None = None          # CurveZMQ on every socket, allow-listed client keys
+    curve: bool | None = None  # CurveZMQ on every socket, allow-listed client keys
     #                                    (docs/security.md); `rudra-zmq run` makes per-run keys.
     #                                    null: on where others can reach the roles (`launch`
     #                                    beyond loopback, `worker` with security.keys), else off
-    keys: str = ""                     # by hand: the key directory (or each command's --keys)
+    keys: str = ""  # by hand: the key directory (or each command's --keys)
 
 
 @dataclass
 class LoggingConfig:
-    tensorboard: bool = False          # the stats server also writes RUN_DIR/tensorboard/
+    tensorboard: bool = False  # the stats server also writes RUN_DIR/tensorboard/
     #                                    (needs pip install 'rudra_zmq[tensorboard]')
 
 
@@ -147,16 +148,22 @@ class Config:
         _one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
         _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
         if not is_import_path(d.dataset):
-            _one_of("data.dataset", d.dataset,
-                    ("digits", "cifar10", "imagefolder", "synthetic", "package.module:function"))
+            _one_of(
+                "data.dataset",
+                d.dataset,
+                ("digits", "cifar10", "imagefolder", "synthetic", "package.module:function"),
+            )
         try:
             check_protocol(s.protocol, s.n, s.learners)
             check_device_name(r.device)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        for key, val in (("sync.batch_size", s.batch_size), ("data.num_classes", d.num_classes),
-                         ("runtime.chunk_mib", r.chunk_mib),
-                         ("runtime.learners_per_process", r.learners_per_process)):
+        for key, val in (
+            ("sync.batch_size", s.batch_size),
+            ("data.num_classes", d.num_classes),
+            ("runtime.chunk_mib", r.chunk_mib),
+            ("runtime.learners_per_process", r.learners_per_process),
+        ):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
         if not o.lr > 0:
@@ -171,17 +178,20 @@ class Config:
             raise ConfigError(f"train.epochs must be > 0, got {self.train.epochs}")
         check_schedule_scale(self.train.schedule_scale, "train.schedule_scale")
         if d.limit_per_class is not None and d.limit_per_class < 1:
-            raise ConfigError(f"data.limit_per_class must be >= 1 (or null for all), got "
-                              f"{d.limit_per_class}")
+            raise ConfigError(
+                f"data.limit_per_class must be >= 1 (or null for all), got {d.limit_per_class}"
+            )
         if len(d.synthetic_shape) != 3 or min(d.synthetic_shape) < 1:
             raise ConfigError(f"data.synthetic_shape must be [C, H, W], got {d.synthetic_shape}")
         if r.timeout_s <= 0:
             raise ConfigError(f"runtime.timeout_s must be > 0, got {r.timeout_s}")
-        for key, val in (("runtime.learner_timeout_s", r.learner_timeout_s),
-                         ("runtime.heartbeat_s", r.heartbeat_s),
-                         ("runtime.max_restarts", r.max_restarts),
-                         ("train.checkpoint_every_s", self.train.checkpoint_every_s),
-                         ("train.checkpoint_every_updates", self.train.checkpoint_every_updates)):
+        for key, val in (
+            ("runtime.learner_timeout_s", r.learner_timeout_s),
+            ("runtime.heartbeat_s", r.heartbeat_s),
+            ("runtime.max_restarts", r.max_restarts),
+            ("train.checkpoint_every_s", self.train.checkpoint_every_s),
+            ("train.checkpoint_every_updates", self.train.checkpoint_every_updates),
+        ):
             if val < 0:
                 raise ConfigError(f"{key} must be >= 0 (0 = off), got {val}")
         if not r.retry_s > 0:
@@ -197,9 +207,11 @@ class Config:
         before any role starts. Blocks while it does; each is done once per process."""
         d = self.data
         if "." in self.model.name and not is_import_path(self.model.name):
-            raise ConfigError(f"model.name {self.model.name!r} is neither a built-in model nor "
-                              "an import path: write package.module:function, with a colon "
-                              "before the function")
+            raise ConfigError(
+                f"model.name {self.model.name!r} is neither a built-in model nor "
+                "an import path: write package.module:function, with a colon "
+                "before the function"
+            )
         if not (is_import_path(self.model.name) or is_import_path(d.dataset)):
             return
         # torch and the user's modules: imported only for a config that names user code
@@ -211,9 +223,11 @@ class Config:
             if is_import_path(d.dataset):
                 classes = datasets.user_data_info(d.dataset, d.root)[2]
                 if classes > d.num_classes:
-                    raise ConfigError(f"data.num_classes is {d.num_classes} but data.dataset "
-                                      f"{d.dataset!r} has {classes} classes; set "
-                                      f"data.num_classes={classes}")
+                    raise ConfigError(
+                        f"data.num_classes is {d.num_classes} but data.dataset "
+                        f"{d.dataset!r} has {classes} classes; set "
+                        f"data.num_classes={classes}"
+                    )
             if is_import_path(self.model.name):
                 models.check_model(self.model.name, d.num_classes, shape)
                 models.input_transform(self.model.name)
@@ -223,38 +237,51 @@ class Config:
     def _validate_architecture(self) -> None:
         a, lam = self.architecture, self.sync.learners
         if a.kind == "adv*":
-            raise ConfigError("architecture.kind is 'adv*'; write it advstar (the YAML-friendly "
-                              "spelling of Rudra-adv*)")
+            raise ConfigError(
+                "architecture.kind is 'adv*'; write it advstar (the YAML-friendly "
+                "spelling of Rudra-adv*)"
+            )
         _one_of("architecture.kind", a.kind, ("base", "adv", "advstar"))
         _one_of("architecture.relay", a.relay, ("eager", "gather"))
-        for key, val in (("architecture.fanout", a.fanout), ("architecture.depth", a.depth),
-                         ("architecture.broadcast_fanout", a.broadcast_fanout)):
+        for key, val in (
+            ("architecture.fanout", a.fanout),
+            ("architecture.depth", a.depth),
+            ("architecture.broadcast_fanout", a.broadcast_fanout),
+        ):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
-        try:   # advstar's servers answer at once: a protocol that holds replies cannot run
+        try:  # advstar's servers answer at once: a protocol that holds replies cannot run
             check_protocol(self.sync.protocol, self.sync.n, lam, broadcast=a.kind == "advstar")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if a.kind == "base":
             if a.leaves:
-                raise ConfigError("architecture.leaves is used only by the PS tree: set "
-                                  "architecture.kind=adv, or remove architecture.leaves")
+                raise ConfigError(
+                    "architecture.leaves is used only by the PS tree: set "
+                    "architecture.kind=adv, or remove architecture.leaves"
+                )
             if a.leaf_shm:
-                raise ConfigError("architecture.leaf_shm shares memory between a leaf tree node "
-                                  "and its learners; with architecture.kind=base there are no "
-                                  "leaves: set architecture.kind=adv (or advstar), or leaf_shm "
-                                  "false")
+                raise ConfigError(
+                    "architecture.leaf_shm shares memory between a leaf tree node "
+                    "and its learners; with architecture.kind=base there are no "
+                    "leaves: set architecture.kind=adv (or advstar), or leaf_shm "
+                    "false"
+                )
             return
         if self.optimizer.lr_policy == "per_gradient":
-            raise ConfigError("optimizer.lr_policy per_gradient needs every gradient separately "
-                              "at the root; a PS tree (architecture.kind=adv) relays sums: use "
-                              "constant or staleness")
+            raise ConfigError(
+                "optimizer.lr_policy per_gradient needs every gradient separately "
+                "at the root; a PS tree (architecture.kind=adv) relays sums: use "
+                "constant or staleness"
+            )
         if a.leaves:
             flat = [i for leaf in a.leaves for i in leaf]
             empty = [k for k, leaf in enumerate(a.leaves) if not leaf]
             if empty:
-                raise ConfigError(f"architecture.leaves[{empty[0]}] is empty; every leaf needs "
-                                  "at least one learner")
+                raise ConfigError(
+                    f"architecture.leaves[{empty[0]}] is empty; every leaf needs "
+                    "at least one learner"
+                )
             bad = sorted({i for i in flat if not 0 <= i < lam})
             twice = sorted({i for i in flat if flat.count(i) > 1})
             missing = sorted(set(range(lam)) - set(flat))
@@ -262,9 +289,16 @@ class Config:
                 raise ConfigError(
                     f"architecture.leaves must place every learner 0..{lam - 1} "
                     f"(sync.learners={lam}) in exactly one leaf; got {a.leaves}: "
-                    + "; ".join(f"{what} {ids}" for what, ids in (
-                        ("out of range", bad), ("in two leaves", twice),
-                        ("in no leaf", missing)) if ids))
+                    + "; ".join(
+                        f"{what} {ids}"
+                        for what, ids in (
+                            ("out of range", bad),
+                            ("in two leaves", twice),
+                            ("in no leaf", missing),
+                        )
+                        if ids
+                    )
+                )
 
 
 def _one_of(key, value, allowed):
@@ -325,10 +359,11 @@ def save(config: Config, path: str | os.PathLike) -> None:
 
 def check_schedule_scale(scale, what: str = "--schedule-scale") -> None:
     """Raise ConfigError, naming the value, unless 0 < ``scale`` <= 1. Pure."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
-            or not 0 < scale <= 1:
-        raise ConfigError(f"{what} must be a fraction in (0, 1] of the schedule, got {scale!r} "
-                          "(0.1: a tenth of the epochs, the lr steps at a tenth of theirs)")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale <= 1:
+        raise ConfigError(
+            f"{what} must be a fraction in (0, 1] of the schedule, got {scale!r} "
+            "(0.1: a tenth of the epochs, the lr steps at a tenth of theirs)"
+        )
 
 
 def scale_schedule(path, overrides, scale: float) -> list[str]:
@@ -339,6 +374,8 @@ def scale_schedule(path, overrides, scale: float) -> list[str]:
     check_schedule_scale(scale)
     cfg = load_config(path, overrides)
     steps = [round(s * scale, 6) for s in cfg.optimizer.lr_steps]
-    return [f"train.epochs={round(cfg.train.epochs * scale, 6)}",
-            f"optimizer.lr_steps={steps}",
-            f"train.schedule_scale={round(cfg.train.schedule_scale * scale, 6)}"]
+    return [
+        f"train.epochs={round(cfg.train.epochs * scale, 6)}",
+        f"optimizer.lr_steps={steps}",
+        f"train.schedule_scale={round(cfg.train.schedule_scale * scale, 6)}",
+    ]

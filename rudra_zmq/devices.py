@@ -12,6 +12,7 @@
 
 Pure functions; thread-safe.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,10 @@ def check_device_name(name: str) -> None:
     """Raise ValueError unless ``name`` is cpu, cuda or cuda:N (a syntax check: whether that
     GPU exists is checked where the learner starts, by ``learner_device``)."""
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"runtime.device is {name!r}; expected cpu, cuda (learner i on GPU "
-                          "i mod the number of GPUs) or cuda:N")
+        raise ValueError(
+            f"runtime.device is {name!r}; expected cpu, cuda (learner i on GPU "
+            "i mod the number of GPUs) or cuda:N"
+        )
 
 
 def learner_device(name: str, learner_id: int):
@@ -43,10 +46,13 @@ def learner_device(name: str, learner_id: int):
             f"runtime.device={name}: torch {torch.__version__} sees no CUDA GPU on this host "
             f"(built for CUDA {torch.version.cuda or 'none: a CPU-only build'}). Run the "
             "learners with runtime.device=cpu, or install a CUDA build of torch where a GPU "
-            "and its driver are present")
+            "and its driver are present"
+        )
     count = torch.cuda.device_count()
     index = learner_id % count if name == "cuda" else int(name.split(":")[1])
     if index >= count:
-        raise RuntimeError(f"runtime.device={name}: this host has {count} visible CUDA GPU(s) "
-                           f"(0..{count - 1}); use cuda or cuda:0..cuda:{count - 1}")
+        raise RuntimeError(
+            f"runtime.device={name}: this host has {count} visible CUDA GPU(s) "
+            f"(0..{count - 1}); use cuda or cuda:0..cuda:{count - 1}"
+        )
     return torch.device("cuda", index)

@@ -22,6 +22,7 @@ go on the wire: ``grads_to_host()`` after backward and ``weights_to_device()`` a
 ``weights`` each move the whole model in one transfer (``load_weights`` does the latter
 itself). On CPU both are no-ops: the host arrays are the model's own buffers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,9 +44,13 @@ class FlatModel:
     Not thread-safe: writing ``weights`` while another thread runs the module races with it.
     """
 
-    def __init__(self, module: nn.Module,
-                 multipliers: list[tuple[int, float, float]] | None = None,
-                 device=None, staged: bool | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        multipliers: list[tuple[int, float, float]] | None = None,
+        device=None,
+        staged: bool | None = None,
+    ):
         """Move ``module``'s parameters into fresh flat buffers (copying their current values)
         and zero the gradients. ``multipliers`` defaults to ``models.param_multipliers(module)``.
         ``device`` (default CPU): where the module computes; the module (with its buffers) is
@@ -59,13 +64,15 @@ class FlatModel:
             raise ValueError(f"{type(module).__name__} has no parameters to flatten")
         for name, p in named:
             if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise TypeError(f"parameter {name!r} is {p.dtype} on {p.device}; FlatModel needs "
-                                "float32 CPU parameters (build the model on CPU, in float32)")
+                raise TypeError(
+                    f"parameter {name!r} is {p.dtype} on {p.device}; FlatModel needs "
+                    "float32 CPU parameters (build the model on CPU, in float32)"
+                )
         self.module = module
         self.device = torch.device("cpu") if device is None else torch.device(device)
         self.staged = self.device.type != "cpu" if staged is None else bool(staged)
         if self.device.type != "cpu":
-            module.to(self.device)   # buffers too; the parameters are rebound below
+            module.to(self.device)  # buffers too; the parameters are rebound below
             named = list(module.named_parameters())
         self.layout: list[tuple[str, int, int, tuple[int, ...]]] = []
         start = 0
@@ -92,8 +99,10 @@ class FlatModel:
                 self._hw.copy_(self._w)
         mults = param_multipliers(module) if multipliers is None else list(multipliers)
         if [m[0] for m in mults] != [b - a for _, a, b, _ in self.layout]:
-            raise ValueError(f"multipliers give sizes {[m[0] for m in mults]} but the parameters "
-                             f"have {[b - a for _, a, b, _ in self.layout]}")
+            raise ValueError(
+                f"multipliers give sizes {[m[0] for m in mults]} but the parameters "
+                f"have {[b - a for _, a, b, _ in self.layout]}"
+            )
         self._mults = [(float(lr), float(decay)) for _, lr, decay in mults]
 
     @property
@@ -146,31 +155,43 @@ class FlatModel:
         the flat buffers (rebound by zero_grad(set_to_none=True), .to(), .half(), ...).
         Does not block; cheap enough to call once per iteration.
         """
-        if (self._hw.data_ptr() != self.weights.ctypes.data
-                or self._hg.data_ptr() != self.grads.ctypes.data):
-            raise RuntimeError("FlatModel's tensors no longer share memory with weights/grads "
-                               "(were the arrays replaced? assign into them with [:] instead)")
+        if (
+            self._hw.data_ptr() != self.weights.ctypes.data
+            or self._hg.data_ptr() != self.grads.ctypes.data
+        ):
+            raise RuntimeError(
+                "FlatModel's tensors no longer share memory with weights/grads "
+                "(were the arrays replaced? assign into them with [:] instead)"
+            )
         wbase, gbase = self._w.data_ptr(), self._g.data_ptr()
         params = dict(self.module.named_parameters())
         for name, a, _, shape in self.layout:
             p = params.get(name)
             if p is None:
-                raise RuntimeError(f"parameter {name!r} is gone from the module; rebuild the "
-                                   "FlatModel after changing the module's structure")
+                raise RuntimeError(
+                    f"parameter {name!r} is gone from the module; rebuild the "
+                    "FlatModel after changing the module's structure"
+                )
             for what, t, base in (("data", p.data, wbase), ("grad", p.grad, gbase)):
                 if t is None:
                     raise RuntimeError(
                         f"parameter {name!r} has grad None: something called zero_grad() with "
                         "set_to_none=True (the default). Call FlatModel.zero_grad() instead, or "
-                        "optimizer.zero_grad(set_to_none=False)")
-                if (t.device != self._w.device or t.dtype != torch.float32
-                        or t.data_ptr() != base + 4 * a or tuple(t.shape) != shape
-                        or not t.is_contiguous()):
+                        "optimizer.zero_grad(set_to_none=False)"
+                    )
+                if (
+                    t.device != self._w.device
+                    or t.dtype != torch.float32
+                    or t.data_ptr() != base + 4 * a
+                    or tuple(t.shape) != shape
+                    or not t.is_contiguous()
+                ):
                     raise RuntimeError(
                         f"parameter {name!r}: its {what} no longer aliases the flat {what} "
                         f"buffer (now {t.dtype} {tuple(t.shape)} on {t.device}); it was rebound "
                         "(by .to()/.half(), backward(create_graph=True), or a set_to_none "
-                        "zero_grad before backward). Rebuild the FlatModel from the module")
+                        "zero_grad before backward). Rebuild the FlatModel from the module"
+                    )
 
     def load_weights(self, src) -> None:
         """Copy ``src`` into ``weights`` in place (the module sees the new values at once).
@@ -182,23 +203,30 @@ class FlatModel:
         if isinstance(src, np.ndarray):
             arr = src
             if arr.dtype != np.float32 or arr.ndim != 1:
-                raise ValueError(f"load_weights takes a 1-D float32 array, got {arr.dtype} with "
-                                 f"shape {arr.shape}")
+                raise ValueError(
+                    f"load_weights takes a 1-D float32 array, got {arr.dtype} with "
+                    f"shape {arr.shape}"
+                )
         else:
             try:
                 view = memoryview(src)
             except TypeError:
-                raise TypeError(f"load_weights takes an ndarray or a buffer, got "
-                                f"{type(src).__name__}") from None
+                raise TypeError(
+                    f"load_weights takes an ndarray or a buffer, got {type(src).__name__}"
+                ) from None
             if view.nbytes % 4:
-                raise ValueError(f"load_weights got {view.nbytes:,} bytes, not a whole number of "
-                                 f"float32 values; the model has {self.numel:,} "
-                                 f"({self.nbytes:,} bytes)")
+                raise ValueError(
+                    f"load_weights got {view.nbytes:,} bytes, not a whole number of "
+                    f"float32 values; the model has {self.numel:,} "
+                    f"({self.nbytes:,} bytes)"
+                )
             arr = np.frombuffer(view, dtype=np.float32)
         if arr.shape[0] != self.numel:
-            raise ValueError(f"load_weights got {arr.shape[0]:,} floats; the model has "
-                             f"{self.numel:,} (signature {self.signature}; is the sender running "
-                             "another model config?)")
+            raise ValueError(
+                f"load_weights got {arr.shape[0]:,} floats; the model has "
+                f"{self.numel:,} (signature {self.signature}; is the sender running "
+                "another model config?)"
+            )
         if np.may_share_memory(arr, self.weights):
             if arr.ctypes.data == self.weights.ctypes.data and arr.strides == (4,):
                 return  # loading weights into themselves
@@ -221,8 +249,10 @@ class FlatModel:
         return out
 
     def __repr__(self) -> str:
-        return (f"FlatModel({type(self.module).__name__}, numel={self.numel:,}, "
-                f"signature={self.signature})")
+        return (
+            f"FlatModel({type(self.module).__name__}, numel={self.numel:,}, "
+            f"signature={self.signature})"
+        )
 
 
 __all__ = ["FlatModel"]

@@ -12,6 +12,7 @@ freshly built ones bit for bit. User models (``package.module:function``, whose 
 in the key) and unseeded ones are never cached. Functions block on the file system only and
 never import torch.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,7 +28,7 @@ from .data.datasets import default_cache_dir
 from .user_code import is_import_path
 
 CACHE_VERSION = 1
-_SOURCES = ("models.py", "flat.py")   # what builds the weights and lays them out
+_SOURCES = ("models.py", "flat.py")  # what builds the weights and lays them out
 
 
 def cache_path(cfg, shape) -> Path | None:
@@ -42,8 +43,18 @@ def cache_path(cfg, shape) -> Path | None:
         return None
     here = Path(__file__).resolve().parent
     source = hashlib.sha256(b"".join((here / f).read_bytes() for f in _SOURCES)).hexdigest()
-    key = repr((CACHE_VERSION, m.name, cfg.data.num_classes, tuple(shape), m.seed,
-                bool(cfg.optimizer.param_multipliers), torch_version, source))
+    key = repr(
+        (
+            CACHE_VERSION,
+            m.name,
+            cfg.data.num_classes,
+            tuple(shape),
+            m.seed,
+            bool(cfg.optimizer.param_multipliers),
+            torch_version,
+            source,
+        )
+    )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return default_cache_dir() / "initial" / f"{m.name}-{digest}.npz"
 
@@ -57,8 +68,13 @@ def read(cfg, shape):
     try:
         with np.load(path, allow_pickle=False) as z:
             weights, seg, signature = z["weights"], z["segments"], str(z["signature"])
-        if weights.dtype != np.float32 or weights.ndim != 1 or seg.ndim != 2 or \
-                seg.shape[1] != 4 or seg[-1, 1] != weights.size:
+        if (
+            weights.dtype != np.float32
+            or weights.ndim != 1
+            or seg.ndim != 2
+            or seg.shape[1] != 4
+            or seg[-1, 1] != weights.size
+        ):
             raise ValueError("unexpected contents")
     except (OSError, ValueError, KeyError, IndexError) as exc:
         print(f"rudra_zmq: ignoring unreadable cache {path} ({exc})", file=sys.stderr)
@@ -74,9 +90,12 @@ def write(cfg, shape, weights: np.ndarray, segments, signature: str) -> None:
     if path is None:
         return
     with contextlib.suppress(OSError):
-        save_npz(path, weights=np.ascontiguousarray(weights, np.float32),
-                 segments=np.array(segments, np.float64).reshape(-1, 4),
-                 signature=np.array(signature))
+        save_npz(
+            path,
+            weights=np.ascontiguousarray(weights, np.float32),
+            segments=np.array(segments, np.float64).reshape(-1, 4),
+            signature=np.array(signature),
+        )
 
 
 __all__ = ["CACHE_VERSION", "cache_path", "read", "write"]

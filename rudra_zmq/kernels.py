@@ -6,6 +6,7 @@ NumPy twins of every kernel live in ``rudra_zmq/benchmarks/numpy_twins.py`` (tes
 The half-precision kernels (``*_f16``, ``*_bf16``: float16, or bfloat16 as uint16 bits, against
 float32) serve ``rudra_zmq.codec``; every kernel releases the GIL and never allocates.
 """
+
 try:
     from . import _kernels
 except ImportError as exc:  # pragma: no cover - only on a broken install
@@ -20,7 +21,8 @@ if _stale:  # an extension built before csrc/ gained kernels: say so, not an Att
     raise ImportError(
         f"rudra_zmq's compiled kernels ({_kernels.__file__}) are older than csrc/ (no "
         f"{', '.join(_stale)}): rebuild them with `python setup.py build_ext --inplace` or "
-        "`pip install -e .` from the repository root.")
+        "`pip install -e .` from the repository root."
+    )
 
 accumulate = _kernels.accumulate
 accumulate_scaled = _kernels.accumulate_scaled
@@ -41,8 +43,21 @@ get_parallel_threshold = _kernels.get_parallel_threshold
 openmp_enabled = _kernels.openmp_enabled
 
 __all__ = [
-    "accumulate", "accumulate_scaled", "scale", "copy_into", "sgd_momentum_step", "sgd_step",
-    "accumulate_f16", "accumulate_bf16", "widen_f16", "widen_bf16", "narrow_f16", "narrow_bf16",
-    "set_num_threads", "get_num_threads", "set_parallel_threshold", "get_parallel_threshold",
+    "accumulate",
+    "accumulate_scaled",
+    "scale",
+    "copy_into",
+    "sgd_momentum_step",
+    "sgd_step",
+    "accumulate_f16",
+    "accumulate_bf16",
+    "widen_f16",
+    "widen_bf16",
+    "narrow_f16",
+    "narrow_bf16",
+    "set_num_threads",
+    "get_num_threads",
+    "set_parallel_threshold",
+    "get_parallel_threshold",
     "openmp_enabled",
 ]

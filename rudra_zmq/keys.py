@@ -5,6 +5,7 @@ secret/NAME.key_secret: their secrets (0600, dirs 0700); revoked/NAME.key: no lo
 ``learner-N`` may speak as learner N, ``node-N`` as tree node N, ``ps`` as the PS; metadata
 ``learners = "0,1,2"`` replaces learner-N's ids, extends others'. Blocks on local file I/O only.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,6 +27,7 @@ _NAME_RE = re.compile(NAME_RULE)
 @dataclass(frozen=True)
 class KeyInfo:
     """One client key: name, z85 public key, senders it may speak as, revoked?, its file."""
+
     name: str
     public: bytes
     senders: frozenset[int]
@@ -51,7 +53,7 @@ def senders_for(name: str, learners=None) -> frozenset[int]:
     if m := re.fullmatch(r"node-(\d+)", name):
         out.add(wire.node_sender(int(m.group(1))))
     elif (m := re.fullmatch(r"learner-(\d+)", name)) and learners is None:
-        out.add(int(m.group(1)))                   # explicit ids replace the name's default
+        out.add(int(m.group(1)))  # explicit ids replace the name's default
     return frozenset(out | ({wire.SENDER_PS} if name == "ps" else set()))
 
 
@@ -68,7 +70,7 @@ def parse_learners(text: str) -> list[int]:
 
 def describe_senders(senders) -> str:
     """``"learner 3"``, ``"tree node 1"``, ``"parameter server"``, ... or ``"-"`` for none."""
-    order = sorted(senders, key=lambda s: (s < 0, abs(s)))     # learners first, ascending
+    order = sorted(senders, key=lambda s: (s < 0, abs(s)))  # learners first, ascending
     return ", ".join(map(wire.sender_name, order)) or "-"
 
 
@@ -84,15 +86,25 @@ def _scan(d: Path, sub: str) -> list[KeyInfo]:
     """Every valid ``d/sub/NAME.key`` certificate, by name."""
     _require_dir(d)
     paths = [p for p in sorted((d / sub).glob("*.key")) if is_key_name(p.stem)]
-    return [KeyInfo(p.stem, zmq.auth.load_certificate(p)[0],
-                    senders_for(p.stem, stored_learners(p)), sub == "revoked", p) for p in paths]
+    return [
+        KeyInfo(
+            p.stem,
+            zmq.auth.load_certificate(p)[0],
+            senders_for(p.stem, stored_learners(p)),
+            sub == "revoked",
+            p,
+        )
+        for p in paths
+    ]
 
 
 def _require_dir(d: Path) -> None:
     """Raise FileNotFoundError unless ``d`` was made by :func:`init`."""
     if not (d / "server.key").is_file() or not (d / "clients").is_dir():
-        raise FileNotFoundError(f"{d} is not a key directory (no {d / 'server.key'}); "
-                                f"create it with: rudra-zmq keys init {d}")
+        raise FileNotFoundError(
+            f"{d} is not a key directory (no {d / 'server.key'}); "
+            f"create it with: rudra-zmq keys init {d}"
+        )
 
 
 def _make_pair(d: Path, name: str, pub_dst: Path, sec_dst: Path, learners=None) -> None:
@@ -100,16 +112,18 @@ def _make_pair(d: Path, name: str, pub_dst: Path, sec_dst: Path, learners=None) 
     staging dir under ``d``, link its public half to ``pub_dst`` (FileExistsError if there:
     a racing creator loses), then move its secret half to ``sec_dst``. ``learners``: a
     metadata string such as "0,1,2" for both halves, or None."""
-    stage = tempfile.mkdtemp(prefix=".new-", dir=d)     # 0700 whatever the umask
+    stage = tempfile.mkdtemp(prefix=".new-", dir=d)  # 0700 whatever the umask
     old = os.umask(0o077)
     try:
         meta = None if learners is None else {"learners": f'"{learners}"'}
         pub, sec = zmq.auth.create_certificates(stage, name, meta)
-        if meta:                                   # pyzmq writes metadata to the secret file only
-            Path(pub).write_text(f'#   ZeroMQ CURVE Public Certificate\n\nmetadata\n    learners = '
-                                 f'"{learners}"\ncurve\n    public-key = '
-                                 f'"{zmq.auth.load_certificate(pub)[0].decode()}"\n')
-        os.chmod(pub, 0o644)                       # public halves may be copied freely
+        if meta:  # pyzmq writes metadata to the secret file only
+            Path(pub).write_text(
+                f"#   ZeroMQ CURVE Public Certificate\n\nmetadata\n    learners = "
+                f'"{learners}"\ncurve\n    public-key = '
+                f'"{zmq.auth.load_certificate(pub)[0].decode()}"\n'
+            )
+        os.chmod(pub, 0o644)  # public halves may be copied freely
         os.link(pub, pub_dst)
         os.replace(sec, sec_dst)
     finally:
@@ -122,11 +136,13 @@ def init(dir) -> Path:
     Refuses (ValueError) if ``dir`` already holds server.key."""
     d = Path(dir)
     if (d / "server.key").exists():
-        raise ValueError(f"{d} already holds a server key ({d / 'server.key'}); use another "
-                         f"directory, or add clients with: rudra-zmq keys add {d} NAME")
-    for sub in ("", "clients", "secret", "revoked"):    # "": DIR itself, first
+        raise ValueError(
+            f"{d} already holds a server key ({d / 'server.key'}); use another "
+            f"directory, or add clients with: rudra-zmq keys add {d} NAME"
+        )
+    for sub in ("", "clients", "secret", "revoked"):  # "": DIR itself, first
         (d / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(d / sub, 0o700)                   # also when it existed already
+        os.chmod(d / sub, 0o700)  # also when it existed already
     _make_pair(d, "server", d / "server.key", d / "server.key_secret")
     return d
 
@@ -159,8 +175,10 @@ def revoke(dir, name: str) -> KeyInfo:
     if not src.is_file() and dst.is_file():
         raise ValueError(f"key {name!r} is already revoked ({dst})")
     if not src.is_file():
-        raise ValueError(f"no client key {name!r} in {d / 'clients'} (known: "
-                         f"{', '.join(k.name for k in _scan(d, 'clients')) or 'none'})")
+        raise ValueError(
+            f"no client key {name!r} in {d / 'clients'} (known: "
+            f"{', '.join(k.name for k in _scan(d, 'clients')) or 'none'})"
+        )
     os.replace(src, dst)
     return next(k for k in _scan(d, "revoked") if k.name == name)
 
@@ -199,8 +217,11 @@ def client_keys(dir, name: str) -> tuple[bytes, bytes]:
     d, name = Path(dir), check_name(name)
     if (d / "revoked" / f"{name}.key").is_file():
         raise ValueError(f"key {name!r} was revoked; add a new one: rudra-zmq keys add {d} NEW")
-    return _pair(d / "clients" / f"{name}.key", d / "secret" / f"{name}.key_secret",
-                 f"rudra-zmq keys add {d} {name}")
+    return _pair(
+        d / "clients" / f"{name}.key",
+        d / "secret" / f"{name}.key_secret",
+        f"rudra-zmq keys add {d} {name}",
+    )
 
 
 def make_run_keys(dir, names) -> None:
@@ -215,8 +236,10 @@ def cmd_keys(args) -> int:
     try:
         if args.keys_command == "init":
             d = init(args.dir)
-            print(f"initialized {d}: server key {server_keys(d, False)[0][:8].decode()}; "
-                  f"add clients with: rudra-zmq keys add {d} NAME")
+            print(
+                f"initialized {d}: server key {server_keys(d, False)[0][:8].decode()}; "
+                f"add clients with: rudra-zmq keys add {d} NAME"
+            )
         elif args.keys_command == "add":
             ids = None if args.learners is None else parse_learners(args.learners)
             k = add(args.dir, args.name, ids)
@@ -225,8 +248,14 @@ def cmd_keys(args) -> int:
             print(f"revoked {args.name}: moved to {revoke(args.dir, args.name).path}")
         else:
             rows = [("NAME", "STATUS", "MAY SPEAK AS", "KEY")] + [
-                (k.name, "revoked" if k.revoked else "allowed", describe_senders(k.senders),
-                 k.public[:8].decode()) for k in list_keys(args.dir)]
+                (
+                    k.name,
+                    "revoked" if k.revoked else "allowed",
+                    describe_senders(k.senders),
+                    k.public[:8].decode(),
+                )
+                for k in list_keys(args.dir)
+            ]
             widths = [max(len(r[i]) for r in rows) for i in range(4)]
             for r in rows:
                 print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -238,13 +267,18 @@ def cmd_keys(args) -> int:
 
 def add_parser(sub) -> None:
     """Register ``rudra-zmq keys {init,add,revoke,list} DIR ...`` on the CLI's subparsers."""
-    p = sub.add_parser("keys", help="manage CurveZMQ keys (encrypted, allow-listed clients)",
-                       description="init makes DIR; add, revoke, list manage its clients")
+    p = sub.add_parser(
+        "keys",
+        help="manage CurveZMQ keys (encrypted, allow-listed clients)",
+        description="init makes DIR; add, revoke, list manage its clients",
+    )
     ks = p.add_subparsers(dest="keys_command", metavar="COMMAND", required=True)
-    for cmd, text in {"init": "create DIR (0700) and the server key pair",
-                      "add": "create and allow client key NAME (learner-N, node-N, ps, other)",
-                      "revoke": "stop allowing client key NAME (moves it to revoked/)",
-                      "list": "list client keys: status, what each may speak as"}.items():
+    for cmd, text in {
+        "init": "create DIR (0700) and the server key pair",
+        "add": "create and allow client key NAME (learner-N, node-N, ps, other)",
+        "revoke": "stop allowing client key NAME (moves it to revoked/)",
+        "list": "list client keys: status, what each may speak as",
+    }.items():
         q = ks.add_parser(cmd, help=text, description=text)
         q.add_argument("dir", metavar="DIR")
         if cmd in ("add", "revoke"):

@@ -20,6 +20,7 @@ CPU parameters; an attribute ``input_transform`` on the function (an ``InputTran
 ``TRANSFORM_KINDS``, or a callable like ``InputTransform.__call__``) says how it wants its
 images, else they are standardized. ``check_model`` builds it once and runs it on a batch.
 """
+
 from __future__ import annotations
 
 import functools
@@ -60,8 +61,9 @@ class WithinChannelLRN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize ``x`` (N, C, H, W). Blocks (runs the computation)."""
-        avg = F.avg_pool2d(x * x, self.local_size, stride=1, padding=self.local_size // 2,
-                           count_include_pad=True)
+        avg = F.avg_pool2d(
+            x * x, self.local_size, stride=1, padding=self.local_size // 2, count_include_pad=True
+        )
         return x / (1.0 + self.alpha * avg).pow(self.beta)
 
     def extra_repr(self) -> str:
@@ -95,8 +97,12 @@ class Cifar10Full(nn.Module):
             h, w = _caffe_pool_out(h), _caffe_pool_out(w)
         self.ip1 = nn.Linear(64 * h * w, num_classes)
         # Caffe fillers: gaussian weights (conv1 deliberately tiny), constant-0 biases.
-        for layer, std in ((self.conv1, 1e-4), (self.conv2, 0.01), (self.conv3, 0.01),
-                           (self.ip1, 0.01)):
+        for layer, std in (
+            (self.conv1, 1e-4),
+            (self.conv2, 0.01),
+            (self.conv3, 0.01),
+            (self.ip1, 0.01),
+        ):
             nn.init.normal_(layer.weight, 0.0, std)
             nn.init.zeros_(layer.bias)
 
@@ -112,10 +118,14 @@ class Cifar10Full(nn.Module):
 # decay_mult keeps its default 1, biases included); conv3 has no param block at all (all 1);
 # only ip1 sets decay_mult (250 on the weights, 0 on the bias).
 CIFAR10_FULL_MULTS = {
-    "conv1.weight": (1.0, 1.0), "conv1.bias": (2.0, 1.0),
-    "conv2.weight": (1.0, 1.0), "conv2.bias": (2.0, 1.0),
-    "conv3.weight": (1.0, 1.0), "conv3.bias": (1.0, 1.0),
-    "ip1.weight": (1.0, 250.0), "ip1.bias": (2.0, 0.0),
+    "conv1.weight": (1.0, 1.0),
+    "conv1.bias": (2.0, 1.0),
+    "conv2.weight": (1.0, 1.0),
+    "conv2.bias": (2.0, 1.0),
+    "conv3.weight": (1.0, 1.0),
+    "conv3.bias": (1.0, 1.0),
+    "ip1.weight": (1.0, 250.0),
+    "ip1.bias": (2.0, 0.0),
 }
 
 
@@ -138,14 +148,20 @@ class DigitsCNN(nn.Module):
 
 
 def _mlp(num_classes: int, in_shape: tuple[int, int, int]) -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(in_shape), MLP_HIDDEN), nn.ReLU(),
-                         nn.Linear(MLP_HIDDEN, num_classes))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(math.prod(in_shape), MLP_HIDDEN),
+        nn.ReLU(),
+        nn.Linear(MLP_HIDDEN, num_classes),
+    )
 
 
 def _alexnet(num_classes: int, in_shape: tuple[int, int, int]) -> nn.Module:
     if in_shape[0] != 3 or min(in_shape[1:]) < 63:
-        raise ValueError(f"alexnet takes 3-channel images of at least 63x63 (ImageNet: 3x224x224),"
-                         f" got in_shape={in_shape}")
+        raise ValueError(
+            f"alexnet takes 3-channel images of at least 63x63 (ImageNet: 3x224x224),"
+            f" got in_shape={in_shape}"
+        )
     import torchvision  # imported here: it is slow to import and only AlexNet needs it
 
     return torchvision.models.alexnet(weights=None, num_classes=num_classes)
@@ -192,18 +208,21 @@ def input_transform(name: str):
         declared = getattr(resolve(name, "model.name"), "input_transform", "standardize")
         if isinstance(declared, str) and declared in TRANSFORM_KINDS:
             return InputTransform(declared)
-        if callable(declared):   # an InputTransform, or the user's own (x, mean, std) -> tensor
+        if callable(declared):  # an InputTransform, or the user's own (x, mean, std) -> tensor
             return declared
-        raise UserCodeError(f"model.name {name!r} declares input_transform={declared!r}; use "
-                            f"one of {', '.join(TRANSFORM_KINDS)}, or a function (x_uint8, "
-                            "mean, std) -> float32 tensor")
+        raise UserCodeError(
+            f"model.name {name!r} declares input_transform={declared!r}; use "
+            f"one of {', '.join(TRANSFORM_KINDS)}, or a function (x_uint8, "
+            "mean, std) -> float32 tensor"
+        )
     if name not in _BUILDERS:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
     return INPUT_TRANSFORMS.get(name, InputTransform())
 
 
-def build_model(name: str, num_classes: int, in_shape: tuple[int, int, int],
-                seed: int | None = 0) -> nn.Module:
+def build_model(
+    name: str, num_classes: int, in_shape: tuple[int, int, int], seed: int | None = 0
+) -> nn.Module:
     """Construct model ``name`` for ``num_classes`` classes and inputs of shape ``in_shape``.
 
     With an integer ``seed`` the initial weights depend only on (name, num_classes, in_shape,
@@ -214,8 +233,10 @@ def build_model(name: str, num_classes: int, in_shape: tuple[int, int, int],
     """
     user = is_import_path(name)
     if not user and name not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, or an "
-                         "import path package.module:function")
+        raise ValueError(
+            f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}, or an "
+            "import path package.module:function"
+        )
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     shape = tuple(in_shape)
@@ -235,18 +256,24 @@ def build_model(name: str, num_classes: int, in_shape: tuple[int, int, int],
 def _build_user(name: str, num_classes: int, shape: tuple[int, int, int]) -> nn.Module:
     model = _call_user(name, "model.name", num_classes, shape)
     if not isinstance(model, nn.Module):
-        raise UserCodeError(f"model.name {name!r} returned a {type(model).__name__} for "
-                            f"({num_classes}, {shape}); it must return a torch.nn.Module")
+        raise UserCodeError(
+            f"model.name {name!r} returned a {type(model).__name__} for "
+            f"({num_classes}, {shape}); it must return a torch.nn.Module"
+        )
     params = list(model.named_parameters())
     if not params:
-        raise UserCodeError(f"model.name {name!r} returned a {type(model).__name__} without "
-                            "parameters: there is nothing to train")
+        raise UserCodeError(
+            f"model.name {name!r} returned a {type(model).__name__} without "
+            "parameters: there is nothing to train"
+        )
     bad = [(n, p) for n, p in params if p.dtype != torch.float32 or p.device.type != "cpu"]
     if bad:
         n, p = bad[0]
-        raise UserCodeError(f"model.name {name!r}: parameter {n!r} is {p.dtype} on {p.device}; "
-                            "build the model on the CPU in float32 (learners move it to "
-                            "runtime.device)")
+        raise UserCodeError(
+            f"model.name {name!r}: parameter {n!r} is {p.dtype} on {p.device}; "
+            "build the model on the CPU in float32 (learners move it to "
+            "runtime.device)"
+        )
     return model
 
 
@@ -262,14 +289,18 @@ def check_model(name: str, num_classes: int, in_shape: tuple[int, int, int]) -> 
         with torch.no_grad():
             out = model.eval()(torch.zeros((2, *batch), dtype=torch.float32))
     except Exception as exc:
-        raise UserCodeError(f"model.name {name!r}: the model it returned fails on a batch of "
-                            f"(2, {', '.join(map(str, batch))}) images (the dataset's shape): "
-                            f"{type(exc).__name__}: {exc}") from exc
+        raise UserCodeError(
+            f"model.name {name!r}: the model it returned fails on a batch of "
+            f"(2, {', '.join(map(str, batch))}) images (the dataset's shape): "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise UserCodeError(f"model.name {name!r}: its output on a batch of 2 is {got}; a "
-                            f"model must return class scores (2, {num_classes}) "
-                            "(data.num_classes)")
+        raise UserCodeError(
+            f"model.name {name!r}: its output on a batch of 2 is {got}; a "
+            f"model must return class scores (2, {num_classes}) "
+            "(data.num_classes)"
+        )
     return sum(p.numel() for p in model.parameters())
 
 
@@ -284,6 +315,16 @@ def param_multipliers(model: nn.Module) -> list[tuple[int, float, float]]:
     return [(p.numel(), *mults.get(n, (1.0, 1.0))) for n, p in model.named_parameters()]
 
 
-__all__ = ["MODEL_NAMES", "build_model", "check_model", "param_multipliers", "input_transform",
-           "InputTransform", "TRANSFORM_KINDS", "WithinChannelLRN", "Cifar10Full",
-           "DigitsCNN", "CIFAR10_FULL_MULTS"]
+__all__ = [
+    "MODEL_NAMES",
+    "build_model",
+    "check_model",
+    "param_multipliers",
+    "input_transform",
+    "InputTransform",
+    "TRANSFORM_KINDS",
+    "WithinChannelLRN",
+    "Cifar10Full",
+    "DigitsCNN",
+    "CIFAR10_FULL_MULTS",
+]

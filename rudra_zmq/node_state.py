@@ -8,6 +8,7 @@ stop, and counters. Pure data and the rules that change it: no sockets, no sends
 
 Not thread-safe: owned by the tree node's thread.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -27,25 +28,26 @@ class NodeState:
         self.spec = self.tree.node(node_id)
         self.id = node_id
         self.advstar = cfg.architecture.kind == "advstar"
-        self.clock = RelayClock(cfg.sync.protocol, self.spec.subtree,
-                                gather=cfg.architecture.relay == "gather")
+        self.clock = RelayClock(
+            cfg.sync.protocol, self.spec.subtree, gather=cfg.architecture.relay == "gather"
+        )
         self.incarnation = secrets.randbits(62) + 1
-        self.numel: int | None = None        # learned from the first child's HELLO
+        self.numel: int | None = None  # learned from the first child's HELLO
         self.signature: str | None = None
-        self.welcome: dict | None = None     # the parent's WELCOME fields, once it answered
-        self.weights: list = []              # the newest weights (parent's frames, read-only)
+        self.welcome: dict | None = None  # the parent's WELCOME fields, once it answered
+        self.weights: list = []  # the newest weights (parent's frames, read-only)
         self.identities: dict[int, bytes] = {}
         self.subtrees: dict[int, frozenset] = {}
         # Who waits for what; each entry ends with the request's seq (replies echo it, x{re})
-        self.hellos: list[tuple[bytes, int, int]] = []       # waiting for the parent's WELCOME
+        self.hellos: list[tuple[bytes, int, int]] = []  # waiting for the parent's WELCOME
         self.waiting: list[tuple[bytes, int, wire.Kind, int, int]] = []  # in the pending sum
-        self.flight: list[tuple[bytes, int, wire.Kind, int, int]] = []   # in the relay in flight
+        self.flight: list[tuple[bytes, int, wire.Kind, int, int]] = []  # in the relay in flight
         self.parked: list = []  # PULLs the clock holds: (id, sender, its Reply, ts, seq)
-        self.rejoins: list[tuple[bytes, int, int]] = []      # HELLOs of children held above
-        self.seqs: dict[int, int] = {}       # child -> seq of its last gradient (at most once)
-        self.steps: dict[int, int] = {}      # learner below -> its data step (parent's + ours)
-        self._sum = self._spare = None       # the sum being built / the one in flight
-        self._summed = 0                     # gradients in _sum
+        self.rejoins: list[tuple[bytes, int, int]] = []  # HELLOs of children held above
+        self.seqs: dict[int, int] = {}  # child -> seq of its last gradient (at most once)
+        self.steps: dict[int, int] = {}  # learner below -> its data step (parent's + ours)
+        self._sum = self._spare = None  # the sum being built / the one in flight
+        self._summed = 0  # gradients in _sum
         self.stop_reason: str | None = None
         self.stopped: set[int] = set()
         self.relays = self.gradients = self.invalid = 0
@@ -76,7 +78,8 @@ class NodeState:
             raise ProtocolViolation(
                 f"{who} runs a model with {f['numel']:,} parameters (signature {f['model']}); "
                 f"tree node {self.id} relays {self.numel:,} ({self.signature}). Is {who} "
-                "running another model config?")
+                "running another model config?"
+            )
         if first:
             self.signature, self.numel = f["model"], f["numel"]
         self.identities[msg.sender] = ident
@@ -91,8 +94,10 @@ class NodeState:
         """Raise ProtocolViolation unless ``msg`` comes from a registered child on its own
         connection, for this incarnation."""
         if self.identities.get(msg.sender) != ident or msg.inc not in (0, self.incarnation):
-            raise Rejoin(f"{wire.sender_name(msg.sender)} has not said HELLO to tree node "
-                         f"{self.id} on this connection (did the node restart?)")
+            raise Rejoin(
+                f"{wire.sender_name(msg.sender)} has not said HELLO to tree node "
+                f"{self.id} on this connection (did the node restart?)"
+            )
 
     def is_duplicate(self, ident: bytes, msg: wire.Message) -> bool:
         """Whether a gradient is the child's last one sent again (its reply now goes to
@@ -101,8 +106,10 @@ class NodeState:
         if last is None or msg.seq > last:
             return False
         if msg.seq < last:
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent sequence number "
-                                    f"{msg.seq}, older than its last {last} (a replay)")
+            raise ProtocolViolation(
+                f"{wire.sender_name(msg.sender)} sent sequence number "
+                f"{msg.seq}, older than its last {last} (a replay)"
+            )
         for queue in (self.waiting, self.flight):
             queue[:] = [(ident, *e[1:]) if e[1] == msg.sender else e for e in queue]
         return True
@@ -132,8 +139,10 @@ class NodeState:
         """The (learner, gradient timestamp) pairs a gradient message carries (checked)."""
         is_node = wire.node_id(msg.sender) is not None
         if (msg.kind == wire.Kind.RELAY) != is_node:
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent {msg.kind.name}; "
-                                    "learners push gradients, tree nodes relay sums")
+            raise ProtocolViolation(
+                f"{wire.sender_name(msg.sender)} sent {msg.kind.name}; "
+                "learners push gradients, tree nodes relay sums"
+            )
         if not is_node:
             return [(msg.sender, msg.ts)]
         topology.Tree.check_clock(msg.sender, msg.clock, self.subtrees[msg.sender])
@@ -166,8 +175,13 @@ class NodeState:
         (ident, sender, seq), to be welcomed now."""
         self.welcome = {k: fields[k] for k in ("learners", "protocol")}
         for e in fields.get("steps", ()):
-            if (isinstance(e, list) and len(e) == 2 and all(type(v) is int for v in e)
-                    and e[0] in self.spec.subtree and e[1] >= 0):
+            if (
+                isinstance(e, list)
+                and len(e) == 2
+                and all(type(v) is int for v in e)
+                and e[0] in self.spec.subtree
+                and e[1] >= 0
+            ):
                 self.steps[e[0]] = e[1]
         self.weights, self.clock.timestamp = weights, ts
         hellos, self.hellos = self.hellos, []

@@ -8,13 +8,14 @@ follows each role's log with a ``LogNotices`` and prints the marked lines to its
 the terminal anyway, prefixed ``host:label``, marker included. Nothing here blocks beyond
 reading a file; not thread-safe.
 """
+
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
 MARKER = "[notice]"
-_READ_MAX = 1 << 20     # bytes of new log read per call: a flood cannot stall the launcher
+_READ_MAX = 1 << 20  # bytes of new log read per call: a flood cannot stall the launcher
 
 
 def notice(logger: logging.Logger, fmt: str, *args) -> None:
@@ -25,7 +26,7 @@ def notice(logger: logging.Logger, fmt: str, *args) -> None:
 def notice_text(line: str) -> str | None:
     """The text of a notice in one log line (after the marker), or None if it is none."""
     i = line.find(MARKER)
-    return None if i < 0 else line[i + len(MARKER):].strip()
+    return None if i < 0 else line[i + len(MARKER) :].strip()
 
 
 class LogNotices:

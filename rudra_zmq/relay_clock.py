@@ -3,6 +3,7 @@
 Pure logic like ``sync.py``, whose protocol rules it applies (``sync.barrier``): no sockets,
 threads or clocks. ``node_state.NodeState`` owns one; ``docs/architecture.md`` draws the tree.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,8 +37,8 @@ class RelayClock:
 
     protocol: str
     learners: frozenset
-    timestamp: int = -1            # the newest weights timestamp this node holds
-    gather: bool = False           # softsync/async: relay only sums of the whole subtree
+    timestamp: int = -1  # the newest weights timestamp this node holds
+    gather: bool = False  # softsync/async: relay only sums of the whole subtree
     _pending: list = field(default_factory=list, repr=False)
     _in_flight: list = field(default_factory=list, repr=False)
 
@@ -56,20 +57,25 @@ class RelayClock:
         held = {who for who, _ in self._pending} | {who for who, _ in self._in_flight}
         for learner, ts in entries:
             if learner not in self.learners:
-                raise ProtocolViolation(f"learner {learner} is not below this node (its "
-                                        f"learners: {sorted(self.learners)})")
+                raise ProtocolViolation(
+                    f"learner {learner} is not below this node (its "
+                    f"learners: {sorted(self.learners)})"
+                )
             if learner in held:
-                raise ProtocolViolation(f"learner {learner} sent a gradient while its previous "
-                                        "one was not answered yet")
+                raise ProtocolViolation(
+                    f"learner {learner} sent a gradient while its previous one was not answered yet"
+                )
             held.add(learner)
             if not 0 <= ts <= self.timestamp:
                 raise ProtocolViolation(
                     f"learner {learner}'s gradient has timestamp {ts}, but this node only "
-                    f"served weights up to {self.timestamp} (is it talking to a restarted node?)")
+                    f"served weights up to {self.timestamp} (is it talking to a restarted node?)"
+                )
             if barrier(self.protocol) and ts != self.timestamp:
                 raise ProtocolViolation(
                     f"hardsync: learner {learner} pushed a gradient of timestamp {ts} but the "
-                    f"weights are at {self.timestamp}; it must pull before the next gradient")
+                    f"weights are at {self.timestamp}; it must pull before the next gradient"
+                )
 
     def add(self, entries) -> None:
         """Account the gradients of one child's message (all checked first)."""

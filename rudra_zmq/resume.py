@@ -7,6 +7,7 @@ how long to train, how often to evaluate and checkpoint, and how the processes r
 that already trained its ``train.epochs`` has nothing to do (``finished_note``). No sockets,
 no processes; reads the run directory only.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,14 @@ from .config import ConfigError
 from .run_files import CONFIG_FILE, PS_FINAL_FILE
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
-RESUMABLE = ("train.epochs", "train.eval_every_epochs", "train.eval_every_updates",
-             "train.checkpoint_every_s", "train.checkpoint_every_updates", "runtime.")
+RESUMABLE = (
+    "train.epochs",
+    "train.eval_every_epochs",
+    "train.eval_every_updates",
+    "train.checkpoint_every_s",
+    "train.checkpoint_every_updates",
+    "runtime.",
+)
 
 
 def resumable(key: str) -> bool:
@@ -38,8 +45,8 @@ def resume_config(run_dir, config_path=None, overrides=()):
     cfg = config_mod.load_config(config_path or saved_path, list(overrides))
     given = {item.split("=", 1)[0].strip() for item in overrides}
     old, new = (config_mod.flat_keys(config_mod.to_dict(c)) for c in (saved, cfg))
-    for flat in (old, new):   # unset and false both mean plaintext under `run` (runs saved
-        if flat.get("security.curve") is None:    # before the unset default said false)
+    for flat in (old, new):  # unset and false both mean plaintext under `run` (runs saved
+        if flat.get("security.curve") is None:  # before the unset default said false)
             flat["security.curve"] = False
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key):
@@ -48,10 +55,13 @@ def resume_config(run_dir, config_path=None, overrides=()):
             raise ConfigError(
                 f"{key} is {old.get(key)!r} in {saved_path} but {new.get(key)!r} now: a resumed "
                 f"run cannot change it (it defines the training). Resumable with --set: "
-                f"{', '.join(RESUMABLE)}")
+                f"{', '.join(RESUMABLE)}"
+            )
         if key not in given:
-            raise ConfigError(f"{key} changed from {old.get(key)!r} to {new.get(key)!r} "
-                              f"without --set; give --set {key}=... to change it on resume")
+            raise ConfigError(
+                f"{key} changed from {old.get(key)!r} to {new.get(key)!r} "
+                f"without --set; give --set {key}=... to change it on resume"
+            )
     return cfg
 
 
@@ -63,9 +73,11 @@ def finished_note(run_dir, cfg) -> str | None:
         final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
         done, epoch = final["done"], float(final["epoch"])
     except (OSError, ValueError, KeyError, TypeError):
-        return None   # no final state (it stopped early): resume from the checkpoint
+        return None  # no final state (it stopped early): resume from the checkpoint
     if done is not True or epoch < cfg.train.epochs:
         return None
-    return (f"rudra-zmq: nothing to do: {run_dir} already trained {epoch:.2f} epochs of "
-            f"train.epochs={cfg.train.epochs:g}; to train on, resume with --set "
-            f"train.epochs=N (N > {epoch:.2f})")
+    return (
+        f"rudra-zmq: nothing to do: {run_dir} already trained {epoch:.2f} epochs of "
+        f"train.epochs={cfg.train.epochs:g}; to train on, resume with --set "
+        f"train.epochs=N (N > {epoch:.2f})"
+    )

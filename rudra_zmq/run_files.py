@@ -20,6 +20,7 @@ What a run directory holds (``RUN`` below), and who writes it:
 
 Pure: names and paths only; nothing here touches the disk.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,18 +28,18 @@ from pathlib import Path
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.csv"
-WEIGHTS_FILE = "weights.npy"       # the final weights, saved before PS_FINAL_FILE
-PS_FINAL_FILE = "ps_final.json"    # where training ended, in the PS's own words
+WEIGHTS_FILE = "weights.npy"  # the final weights, saved before PS_FINAL_FILE
+PS_FINAL_FILE = "ps_final.json"  # where training ended, in the PS's own words
 CHECKPOINT_DIR = "checkpoints"
-TOLD_FILE = "told.json"            # in CHECKPOINT_DIR: learners told STOP (ToldRecord)
+TOLD_FILE = "told.json"  # in CHECKPOINT_DIR: learners told STOP (ToldRecord)
 LOG_DIR = "logs"
 PROCESSES_FILE = "processes.json"
 KEYS_DIR = "keys"
 TB_DIR = "tensorboard"
-POINT_FILE = "point.json"          # a sweep point's record: mode, status, exit code
-SWEEP_LOG = "sweep.log"            # a sweep point's output
-SWEEP_FILE = "sweep.yaml"          # a sweep parent's grid: its points in order
-LAUNCH_ID_FILE = ".launch-id"      # `launch`: tells a host that shares our file system
+POINT_FILE = "point.json"  # a sweep point's record: mode, status, exit code
+SWEEP_LOG = "sweep.log"  # a sweep point's output
+SWEEP_FILE = "sweep.yaml"  # a sweep parent's grid: its points in order
+LAUNCH_ID_FILE = ".launch-id"  # `launch`: tells a host that shares our file system
 
 
 def config_path(run_dir) -> Path:
@@ -73,7 +74,26 @@ def env_path(run_dir, label: str) -> Path:
     return Path(run_dir) / f".env-{label}.json"
 
 
-__all__ = ["CONFIG_FILE", "METRICS_FILE", "SUMMARY_FILE", "WEIGHTS_FILE", "PS_FINAL_FILE",
-           "CHECKPOINT_DIR", "TOLD_FILE", "LOG_DIR", "PROCESSES_FILE", "KEYS_DIR", "TB_DIR",
-           "POINT_FILE", "SWEEP_LOG", "SWEEP_FILE", "LAUNCH_ID_FILE", "config_path",
-           "metrics_path", "checkpoints_root", "log_dir", "log_path", "env_path"]
+__all__ = [
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "SUMMARY_FILE",
+    "WEIGHTS_FILE",
+    "PS_FINAL_FILE",
+    "CHECKPOINT_DIR",
+    "TOLD_FILE",
+    "LOG_DIR",
+    "PROCESSES_FILE",
+    "KEYS_DIR",
+    "TB_DIR",
+    "POINT_FILE",
+    "SWEEP_LOG",
+    "SWEEP_FILE",
+    "LAUNCH_ID_FILE",
+    "config_path",
+    "metrics_path",
+    "checkpoints_root",
+    "log_dir",
+    "log_path",
+    "env_path",
+]

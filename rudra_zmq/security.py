@@ -13,6 +13,7 @@ Fail closed: the handler is started before the first bind, every server socket s
 refused. ``transport.bind``/``transport.connect`` apply this to every socket of the process
 once ``transport.set_security`` was called.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -28,14 +29,14 @@ from zmq.utils import z85
 
 from . import keys, wire
 
-MIN_LIBZMQ = (4, 3, 5)   # CURVE fixes: CVE-2019-6250 (4.3.1), CVE-2019-13132 (4.3.2), 4.3.5
+MIN_LIBZMQ = (4, 3, 5)  # CURVE fixes: CVE-2019-6250 (4.3.1), CVE-2019-13132 (4.3.2), 4.3.5
 ZAP_DOMAIN = b"rudra"
-HANDSHAKE_MS = 5_000     # a peer that does not finish the handshake in 5 s is dropped
-RELOAD_S = 1.0           # the allow-list is read again at most this often, if it changed
+HANDSHAKE_MS = 5_000  # a peer that does not finish the handshake in 5 s is dropped
+RELOAD_S = 1.0  # the allow-list is read again at most this often, if it changed
 
 
-RUN_TOKEN_ENV = "RUDRA_ZMQ_RUN_TOKEN"   # set by `rudra-zmq run` for the roles it starts
-KEYS_ENV = "RUDRA_ZMQ_KEYS"             # the key directory `rudra-zmq run` made (per run)
+RUN_TOKEN_ENV = "RUDRA_ZMQ_RUN_TOKEN"  # set by `rudra-zmq run` for the roles it starts
+KEYS_ENV = "RUDRA_ZMQ_KEYS"  # the key directory `rudra-zmq run` made (per run)
 
 
 def new_run_token() -> str:
@@ -64,10 +65,13 @@ def check_libzmq() -> None:
         raise SecurityError(
             f"security.curve needs libzmq 4.3.5 or newer (earlier ones have CURVE CVEs); this "
             f"pyzmq uses libzmq {zmq.zmq_version()}: pip install -U pyzmq (its wheels bundle "
-            "a current libzmq)")
+            "a current libzmq)"
+        )
     if not zmq.has("curve"):
-        raise SecurityError(f"libzmq {zmq.zmq_version()} was built without CURVE: install a "
-                            "pyzmq wheel (which has it) or rebuild libzmq with libsodium")
+        raise SecurityError(
+            f"libzmq {zmq.zmq_version()} was built without CURVE: install a "
+            "pyzmq wheel (which has it) or rebuild libzmq with libsodium"
+        )
 
 
 def default_key_name(sender: int) -> str:
@@ -201,8 +205,10 @@ def for_role(cfg, keys_dir: str | None, key_name: str | None) -> Curve:
     (none given, old libzmq) or OSError/ValueError (a missing or bad key file)."""
     where = keys_dir or os.environ.get(KEYS_ENV) or cfg.security.keys
     if not where:
-        raise SecurityError("security.curve is on but no key directory was given: pass --keys "
-                            "DIR (made by `rudra-zmq keys init DIR`) or set security.keys")
+        raise SecurityError(
+            "security.curve is on but no key directory was given: pass --keys "
+            "DIR (made by `rudra-zmq keys init DIR`) or set security.keys"
+        )
     return Curve(where, key_name)
 
 

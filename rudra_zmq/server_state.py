@@ -9,6 +9,7 @@ message, calls one method here and sends what it returns.
 
 Not thread-safe: owned by the parameter server's thread.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -27,12 +28,12 @@ from .versions import WeightVersions
 class Counters:
     """What the server counts (reported to the statistics server and in logs)."""
 
-    invalid: int = 0        # requests refused (bad wire data or a protocol violation)
-    undelivered: int = 0    # replies ZeroMQ could not deliver (the peer was gone)
-    sent: int = 0           # messages sent: the ``seq`` of the next header
-    duplicates: int = 0     # gradients received again (a resend or a replay), not applied
-    evictions: int = 0      # learners dropped for silence (runtime.learner_timeout_s)
-    lost_updates: int = 0   # updates a learner had seen that the restored checkpoint lacked
+    invalid: int = 0  # requests refused (bad wire data or a protocol violation)
+    undelivered: int = 0  # replies ZeroMQ could not deliver (the peer was gone)
+    sent: int = 0  # messages sent: the ``seq`` of the next header
+    duplicates: int = 0  # gradients received again (a resend or a replay), not applied
+    evictions: int = 0  # learners dropped for silence (runtime.learner_timeout_s)
+    lost_updates: int = 0  # updates a learner had seen that the restored checkpoint lacked
 
 
 class ServerState:
@@ -47,32 +48,39 @@ class ServerState:
             Gradients pushed to it, the weights it sends and its checkpoints are that slice.
     """
 
-    def __init__(self, cfg, weights: np.ndarray, segments, signature: str, epoch_size: int,
-                 span: Span | None = None):
+    def __init__(
+        self,
+        cfg,
+        weights: np.ndarray,
+        segments,
+        signature: str,
+        epoch_size: int,
+        span: Span | None = None,
+    ):
         s = cfg.sync
         self.updater = Updater(weights, segments, cfg.optimizer, span)
         self.engine = SyncEngine.of(cfg, epoch_size)
         self.span = self.updater.span
-        self.numel = self.updater.numel          # floats served: every payload's size
-        self.model_numel = self.span.total       # the learners' model (their HELLO's numel)
-        self.chunk_bytes = cfg.runtime.chunk_mib << 20   # the frames weights go out in
-        self.codec = codec.of(cfg)                       # ... and their encoding
+        self.numel = self.updater.numel  # floats served: every payload's size
+        self.model_numel = self.span.total  # the learners' model (their HELLO's numel)
+        self.chunk_bytes = cfg.runtime.chunk_mib << 20  # the frames weights go out in
+        self.codec = codec.of(cfg)  # ... and their encoding
         self.signature = signature
         self.learners = s.learners
         self.epochs = cfg.train.epochs
-        self.incarnation = secrets.randbits(62) + 1   # tells learners this server restarted
-        self.incarnations = [self.incarnation]        # every incarnation of this run, oldest first
-        self.restored_ts: int | None = None           # the checkpoint timestamp we started from
-        self._lost_base = self._lost_now = 0          # lost updates: before / in this incarnation
-        self.applied: dict[int, tuple] = {}   # sender -> (last seq, its σ; None for a HELLO)
-        self.steps: dict[int, int] = {}               # learner -> gradients accepted (data step)
-        self.last_heard: dict[int, float] = {}        # learner -> when it last sent anything
-        self.welcomes: list = []   # HELLOs whose WELCOME the engine holds: (id, sender, seq, Reply)
+        self.incarnation = secrets.randbits(62) + 1  # tells learners this server restarted
+        self.incarnations = [self.incarnation]  # every incarnation of this run, oldest first
+        self.restored_ts: int | None = None  # the checkpoint timestamp we started from
+        self._lost_base = self._lost_now = 0  # lost updates: before / in this incarnation
+        self.applied: dict[int, tuple] = {}  # sender -> (last seq, its σ; None for a HELLO)
+        self.steps: dict[int, int] = {}  # learner -> gradients accepted (data step)
+        self.last_heard: dict[int, float] = {}  # learner -> when it last sent anything
+        self.welcomes: list = []  # HELLOs whose WELCOME the engine holds: (id, sender, seq, Reply)
         self.tree = topology.tree_of(cfg)
-        self.identities: dict[int, bytes] = {}        # sender -> its connection's routing id
-        self.subtrees: dict[int, frozenset] = {}      # tree node sender -> learners below it
-        self.stopped: set[int] = set()                # learners told STOP (directly or below)
-        self.done = False                             # the last update reached train.epochs
+        self.identities: dict[int, bytes] = {}  # sender -> its connection's routing id
+        self.subtrees: dict[int, frozenset] = {}  # tree node sender -> learners below it
+        self.stopped: set[int] = set()  # learners told STOP (directly or below)
+        self.done = False  # the last update reached train.epochs
         self.counters = Counters()
 
     @property
@@ -107,16 +115,20 @@ class ServerState:
         if self.tree is not None:
             below = self.tree.check_child(None, sender, f.get("subtree"))
         elif wire.node_id(sender) is not None or "subtree" in f:
-            raise ProtocolViolation(f"{who} says HELLO as a tree node, but this server runs "
-                                    "architecture.kind=base (is it running another config?)")
+            raise ProtocolViolation(
+                f"{who} says HELLO as a tree node, but this server runs "
+                "architecture.kind=base (is it running another config?)"
+            )
         elif not 0 <= sender < self.learners:
-            raise ProtocolViolation(f"learner id {sender} is out of range 0.."
-                                    f"{self.learners - 1} (sync.learners)")
+            raise ProtocolViolation(
+                f"learner id {sender} is out of range 0..{self.learners - 1} (sync.learners)"
+            )
         if f["numel"] != self.model_numel or f["model"] != self.signature:
             raise ProtocolViolation(
                 f"{who} runs a model with {f['numel']:,} parameters (signature "
                 f"{f['model']}); this server holds {self.model_numel:,} ({self.signature}). "
-                f"Is {who} running another model config?")
+                f"Is {who} running another model config?"
+            )
         self.identities[sender] = ident
         if wire.node_id(sender) is not None:
             self.subtrees[sender] = below
@@ -125,7 +137,7 @@ class ServerState:
         last = self.applied.get(sender)
         if last is None or msg.seq > last[0]:
             self.applied[sender] = (msg.seq, None)
-        had = f.get("had", -1)   # the newest timestamp this learner saw (a restarted PS)
+        had = f.get("had", -1)  # the newest timestamp this learner saw (a restarted PS)
         if self.restored_ts is not None and had - self.restored_ts > self._lost_now:
             self._lost_now = had - self.restored_ts
             self.counters.lost_updates = self._lost_base + self._lost_now
@@ -191,17 +203,24 @@ class ServerState:
             self._apply((), 1.0, update, 0)
         return update
 
-    def silent(self, now: float, timeout_s: float, waiting=(), never_by: float | None = None
-               ) -> list[int]:
+    def silent(
+        self, now: float, timeout_s: float, waiting=(), never_by: float | None = None
+    ) -> list[int]:
         """Members that sent nothing for ``timeout_s`` and are not ``waiting`` for a reply the
         server owes them (a reply the engine holds) nor, once training is done, told STOP
         (finished, not lost; one that said BYE before is evicted as usual); with ``never_by``,
         also members never heard from by that time (learners that never started). Pure."""
         late = never_by is not None and now > never_by
-        quiet = (i for i in self.engine.members
-                 if i not in waiting and not (self.done and i in self.stopped))
-        return sorted(i for i in quiet if (
-            now - self.last_heard[i] > timeout_s if i in self.last_heard else late))
+        quiet = (
+            i
+            for i in self.engine.members
+            if i not in waiting and not (self.done and i in self.stopped)
+        )
+        return sorted(
+            i
+            for i in quiet
+            if (now - self.last_heard[i] > timeout_s if i in self.last_heard else late)
+        )
 
     def is_duplicate(self, msg: wire.Message) -> bool:
         """Whether a gradient was applied already (a resend of the last one: answer it as
@@ -212,25 +231,30 @@ class ServerState:
         self.counters.duplicates += 1
         if msg.seq == last[0] and last[1] is not None:
             return True
-        raise ProtocolViolation(f"{wire.sender_name(msg.sender)} sent sequence number "
-                                f"{msg.seq}, not newer than the {last[0]} it sent before (a "
-                                "replayed message): refused")
+        raise ProtocolViolation(
+            f"{wire.sender_name(msg.sender)} sent sequence number "
+            f"{msg.seq}, not newer than the {last[0]} it sent before (a "
+            "replayed message): refused"
+        )
 
     def check_sender(self, ident: bytes, msg: wire.Message) -> None:
         """Raise ProtocolViolation unless ``msg`` comes from a registered sender on its own
         connection, for this incarnation, of a kind its role may send."""
         who = wire.sender_name(msg.sender)
-        if msg.inc not in (0, self.incarnation):   # 0: a client that never heard from us
-            raise Rejoin(f"{who} talks to server incarnation {msg.inc}, this is "
-                         f"{self.incarnation} (the server restarted): say HELLO again")
+        if msg.inc not in (0, self.incarnation):  # 0: a client that never heard from us
+            raise Rejoin(
+                f"{who} talks to server incarnation {msg.inc}, this is "
+                f"{self.incarnation} (the server restarted): say HELLO again"
+            )
         if self.identities.get(msg.sender) != ident:
             raise Rejoin(f"{who} has not said HELLO on this connection (or was evicted)")
         is_node = msg.sender in self.subtrees
         if msg.kind == wire.Kind.RELAY and not is_node:
             raise ProtocolViolation(f"{who} sent RELAY; only tree nodes relay gradient sums")
         if msg.kind in (wire.Kind.PUSH, wire.Kind.PUSHPULL) and is_node:
-            raise ProtocolViolation(f"{who} sent {msg.kind.name}; tree nodes send their "
-                                    "gradient sums as RELAY")
+            raise ProtocolViolation(
+                f"{who} sent {msg.kind.name}; tree nodes send their gradient sums as RELAY"
+            )
         if msg.kind == wire.Kind.RELAY:
             topology.Tree.check_clock(msg.sender, msg.clock, self.subtrees[msg.sender])
 
@@ -248,7 +272,7 @@ class ServerState:
     def relay(self, msg: wire.Message) -> Arrival:
         """Account and apply a tree node's RELAY (the sum of the gradients its clock lists);
         returns and raises as ``push``."""
-        entries = msg.clock      # checked against the tree by check_sender
+        entries = msg.clock  # checked against the tree by check_sender
         arrival = self.engine.receive_many(entries)
         self._apply(msg.payloads, 1.0, arrival.update, len(entries))
         self.applied[msg.sender] = (msg.seq, arrival.sigma)
@@ -272,14 +296,22 @@ class ServerState:
         arrays are the live buffers of ``span`` (no copy): save them before the next update;
         meta ``numel`` is the model's size and ``range`` the span [lo, hi]. Pure."""
         u, c = self.updater, self.counters
-        meta = {"numel": self.model_numel, "range": [self.span.lo, self.span.hi],
-                "signature": self.signature,
-                "engine": self.engine.state_dict(), "incarnations": self.incarnations,
-                "applied": {str(k): list(v) for k, v in self.applied.items()},
-                "steps": {str(k): v for k, v in self.steps.items()},
-                "done": self.done,
-                "counters": {"invalid": c.invalid, "duplicates": c.duplicates,
-                             "evictions": c.evictions, "lost_updates": c.lost_updates}}
+        meta = {
+            "numel": self.model_numel,
+            "range": [self.span.lo, self.span.hi],
+            "signature": self.signature,
+            "engine": self.engine.state_dict(),
+            "incarnations": self.incarnations,
+            "applied": {str(k): list(v) for k, v in self.applied.items()},
+            "steps": {str(k): v for k, v in self.steps.items()},
+            "done": self.done,
+            "counters": {
+                "invalid": c.invalid,
+                "duplicates": c.duplicates,
+                "evictions": c.evictions,
+                "lost_updates": c.lost_updates,
+            },
+        }
         return {"w": u.w, "v": u.v, "acc": u.acc}, meta
 
     def restore(self, arrays: dict, meta: dict) -> None:
@@ -288,27 +320,35 @@ class ServerState:
         ranges) holds the whole vector. Raises ValueError if the checkpoint holds another
         model or another range of it."""
         if meta["numel"] != self.model_numel or meta["signature"] != self.signature:
-            raise ValueError(f"the checkpoint holds a model of {meta['numel']:,} parameters "
-                             f"({meta['signature']}); this run's model has "
-                             f"{self.model_numel:,} ({self.signature}): was the model config "
-                             "changed?")
+            raise ValueError(
+                f"the checkpoint holds a model of {meta['numel']:,} parameters "
+                f"({meta['signature']}); this run's model has "
+                f"{self.model_numel:,} ({self.signature}): was the model config "
+                "changed?"
+            )
         saved = Span.from_meta(meta.get("range"), meta["numel"])
         if saved != self.span:
-            raise ValueError(f"the checkpoint holds range {saved} of the model's parameters; "
-                             f"this server serves range {self.span}: restore each server from "
-                             "its own range's checkpoints (was the number of servers changed?)")
+            raise ValueError(
+                f"the checkpoint holds range {saved} of the model's parameters; "
+                f"this server serves range {self.span}: restore each server from "
+                "its own range's checkpoints (was the number of servers changed?)"
+            )
         for name in ("w", "v", "acc"):
             if arrays[name].shape != (self.numel,) or arrays[name].dtype != np.float32:
-                raise ValueError(f"checkpoint array {name!r} is {arrays[name].dtype} "
-                                 f"{arrays[name].shape}, expected float32 ({self.numel},)")
+                raise ValueError(
+                    f"checkpoint array {name!r} is {arrays[name].dtype} "
+                    f"{arrays[name].shape}, expected float32 ({self.numel},)"
+                )
         u = self.updater
         u.versions = WeightVersions(np.ascontiguousarray(arrays["w"]))
         u.v[:] = arrays["v"]
         u.acc[:] = arrays["acc"]
         self.engine.load_state(meta["engine"])
         self.incarnations = [int(i) for i in meta["incarnations"]] + [self.incarnation]
-        self.applied = {int(k): (int(v[0]), None if v[1] is None else int(v[1]))
-                        for k, v in meta["applied"].items()}
+        self.applied = {
+            int(k): (int(v[0]), None if v[1] is None else int(v[1]))
+            for k, v in meta["applied"].items()
+        }
         self.steps = {int(k): int(v) for k, v in meta["steps"].items()}
         # every learner says HELLO again (and is told STOP then, if training is over); a run
         # resumed with more train.epochs goes on

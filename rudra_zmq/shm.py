@@ -18,6 +18,7 @@ learners). Layout, measurements and why not ``multiprocessing.shared_memory``:
   Segments whose creator died are removed by :func:`sweep_stale`, which each ``create`` runs
   first.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -38,12 +39,12 @@ SHM_DIR = "/dev/shm"
 PREFIX = "rudra_zmq_"
 MAGIC, LAYOUT = b"RUDRASHM", 1
 KIND_SLOTS, KIND_BOARD = 1, 2
-_HEADER = struct.Struct("<8sIIIxxxxQQQ")   # magic, layout, kind, pid, start, pid ns, numel
+_HEADER = struct.Struct("<8sIIIxxxxQQQ")  # magic, layout, kind, pid, start, pid ns, numel
 HEADER_BYTES = 64
-_SEQ, _TS, _BOARD_DATA = 64, 72, 128       # board: seq and ts on their own cache line
+_SEQ, _TS, _BOARD_DATA = 64, 72, 128  # board: seq and ts on their own cache line
 _TOKEN = re.compile(r"[A-Za-z0-9]{1,32}\Z")
-_X86 = {"x86_64", "amd64"}                # 64-bit: seq is one aligned 8-byte access
-_OWNED: dict[str, int] = {}                # path -> pid of the process that created it
+_X86 = {"x86_64", "amd64"}  # 64-bit: seq is one aligned 8-byte access
+_OWNED: dict[str, int] = {}  # path -> pid of the process that created it
 _USE_IPC = "use ipc:// instead (architecture.leaf_shm: false)"
 
 
@@ -113,7 +114,7 @@ def stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
     from another pid namespace (another container sharing /dev/shm). Unlinks nothing; blocks
     briefly (a listing, 64 bytes read each); thread-safe."""
     me = _pid_ns()
-    if not me or _start_time(os.getpid()) is None:   # no /proc: cannot tell who is alive
+    if not me or _start_time(os.getpid()) is None:  # no /proc: cannot tell who is alive
         return []
     try:
         names = [n for n in os.listdir(shm_dir) if n.startswith(PREFIX)]
@@ -139,7 +140,7 @@ def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
 @atexit.register
 def _unlink_owned() -> None:
     for path, pid in list(_OWNED.items()):
-        if pid == os.getpid():             # not in a forked child: the names are the parent's
+        if pid == os.getpid():  # not in a forked child: the names are the parent's
             _unlink(path)
             del _OWNED[path]
 
@@ -158,20 +159,32 @@ class _Shared:
         fd = self._create(shm_dir, limit_bytes) if create else self._open()
         try:
             if os.fstat(fd).st_size != nbytes:
-                raise ShmUnavailable(f"{self.path} has {os.fstat(fd).st_size:,} bytes, "
-                                     f"expected {nbytes:,} for {numel:,} floats")
-            self._mm = mmap.mmap(fd, nbytes, access=mmap.ACCESS_WRITE if create
-                                 else mmap.ACCESS_READ)
-            if create:   # the magic last: a sweep that sees it sees the pid too (x86 TSO)
-                head = _HEADER.pack(MAGIC, LAYOUT, kind, os.getpid(),
-                                    _start_time(os.getpid()) or 0, _pid_ns(), numel)
-                self._mm[8:_HEADER.size], self._mm[:8] = head[8:], head[:8]
+                raise ShmUnavailable(
+                    f"{self.path} has {os.fstat(fd).st_size:,} bytes, "
+                    f"expected {nbytes:,} for {numel:,} floats"
+                )
+            self._mm = mmap.mmap(
+                fd, nbytes, access=mmap.ACCESS_WRITE if create else mmap.ACCESS_READ
+            )
+            if create:  # the magic last: a sweep that sees it sees the pid too (x86 TSO)
+                head = _HEADER.pack(
+                    MAGIC,
+                    LAYOUT,
+                    kind,
+                    os.getpid(),
+                    _start_time(os.getpid()) or 0,
+                    _pid_ns(),
+                    numel,
+                )
+                self._mm[8 : _HEADER.size], self._mm[:8] = head[8:], head[:8]
             got = _HEADER.unpack_from(self._mm, 0)
             if (got[0], got[1], got[2], got[6]) != (MAGIC, LAYOUT, kind, numel):
-                raise ShmUnavailable(f"{self.path} is not a layout-{LAYOUT} kind-{kind} "
-                                     f"rudra_zmq segment of {numel:,} floats (header: {got[0]!r}"
-                                     f", layout {got[1]}, kind {got[2]}, {got[6]:,} floats); "
-                                     "is the peer another version or model config?")
+                raise ShmUnavailable(
+                    f"{self.path} is not a layout-{LAYOUT} kind-{kind} "
+                    f"rudra_zmq segment of {numel:,} floats (header: {got[0]!r}"
+                    f", layout {got[1]}, kind {got[2]}, {got[6]:,} floats); "
+                    "is the peer another version or model config?"
+                )
         except BaseException:
             self.close()
             raise
@@ -182,8 +195,10 @@ class _Shared:
         try:
             return os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            raise ShmUnavailable(f"no shared-memory segment {self.path} on this host (is its "
-                                 f"creator on another machine, or gone?); {_USE_IPC}") from None
+            raise ShmUnavailable(
+                f"no shared-memory segment {self.path} on this host (is its "
+                f"creator on another machine, or gone?); {_USE_IPC}"
+            ) from None
 
     def _create(self, shm_dir: str, limit_bytes: int | None) -> int:
         if not os.path.isdir(shm_dir):
@@ -194,7 +209,8 @@ class _Shared:
         no_room = ShmUnavailable(
             f"shared memory needs {self.nbytes:,} bytes ({self.nbytes / 2**20:,.1f} MiB) in "
             f"{shm_dir} for {self.name}, but only {room:,} are free (Docker's default /dev/shm "
-            f"is 64 MiB: give the container --shm-size); {_USE_IPC}")
+            f"is 64 MiB: give the container --shm-size); {_USE_IPC}"
+        )
         if self.nbytes > room:
             raise no_room
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -226,7 +242,7 @@ class _Shared:
         if self._mm is not None:
             try:
                 self._mm.close()
-            except BufferError:   # views still exported: the mapping goes with them
+            except BufferError:  # views still exported: the mapping goes with them
                 pass
 
     def _drop(self) -> None:
@@ -248,13 +264,28 @@ class GradientSlots(_Shared):
     learner's flat gradient buffer may be a view of it. Not thread-safe.
     """
 
-    def __init__(self, token: str, node: int, learner: int, numel: int, *, create: bool,
-                 shm_dir: str = SHM_DIR, limit_bytes: int | None = None):
-        super().__init__(segment_name(token, node, learner), KIND_SLOTS, numel,
-                         slots_nbytes(numel), create, shm_dir, limit_bytes)
+    def __init__(
+        self,
+        token: str,
+        node: int,
+        learner: int,
+        numel: int,
+        *,
+        create: bool,
+        shm_dir: str = SHM_DIR,
+        limit_bytes: int | None = None,
+    ):
+        super().__init__(
+            segment_name(token, node, learner),
+            KIND_SLOTS,
+            numel,
+            slots_nbytes(numel),
+            create,
+            shm_dir,
+            limit_bytes,
+        )
         self.token, self.numel, step = token, numel, _align(4 * numel)
-        self._slots = tuple(self._array(np.float32, numel, HEADER_BYTES + i * step)
-                            for i in (0, 1))
+        self._slots = tuple(self._array(np.float32, numel, HEADER_BYTES + i * step) for i in (0, 1))
 
     @classmethod
     def create(cls, token: str, node: int, learner: int, numel: int, **kw) -> GradientSlots:
@@ -290,14 +321,31 @@ class WeightBoard(_Shared):
     elsewhere ``create``/``attach`` raise ShmUnavailable. ``retries`` counts discarded copies.
     """
 
-    def __init__(self, token: str, node: int, numel: int, *, create: bool,
-                 shm_dir: str = SHM_DIR, limit_bytes: int | None = None):
+    def __init__(
+        self,
+        token: str,
+        node: int,
+        numel: int,
+        *,
+        create: bool,
+        shm_dir: str = SHM_DIR,
+        limit_bytes: int | None = None,
+    ):
         machine = platform.machine()
         if machine.lower() not in _X86:
-            raise ShmUnavailable(f"the weight board's seqlock relies on x86 store ordering and "
-                                 f"this CPU is {machine!r}; {_USE_IPC}")
-        super().__init__(segment_name(token, node), KIND_BOARD, numel, board_nbytes(numel),
-                         create, shm_dir, limit_bytes)
+            raise ShmUnavailable(
+                f"the weight board's seqlock relies on x86 store ordering and "
+                f"this CPU is {machine!r}; {_USE_IPC}"
+            )
+        super().__init__(
+            segment_name(token, node),
+            KIND_BOARD,
+            numel,
+            board_nbytes(numel),
+            create,
+            shm_dir,
+            limit_bytes,
+        )
         self.token, self.numel, self.retries = token, numel, 0
         self._seq = self._array(np.uint64, 1, _SEQ)
         self._ts = self._array(np.int64, 1, _TS)
@@ -332,20 +380,25 @@ class WeightBoard(_Shared):
         only; one writer: not thread-safe."""
         pieces = [np.asarray(p) for p in pieces]
         total = sum(int(p.shape[0]) for p in pieces if p.ndim == 1)
-        bad = [f"{p.dtype}{list(p.shape)}" for p in pieces
-               if p.dtype != np.float32 or p.ndim != 1 or not p.flags.c_contiguous]
+        bad = [
+            f"{p.dtype}{list(p.shape)}"
+            for p in pieces
+            if p.dtype != np.float32 or p.ndim != 1 or not p.flags.c_contiguous
+        ]
         if bad or total != self.numel:
-            raise ValueError(f"WeightBoard.publish got {bad or [p.shape[0] for p in pieces]} "
-                             f"({total:,} floats); the board holds {self.numel:,} contiguous "
-                             "float32 (is the sender running another model config?)")
+            raise ValueError(
+                f"WeightBoard.publish got {bad or [p.shape[0] for p in pieces]} "
+                f"({total:,} floats); the board holds {self.numel:,} contiguous "
+                "float32 (is the sender running another model config?)"
+            )
         seq = int(self._seq[0]) + 1
-        self._seq[0] = seq                    # odd: a reader that sees this copies again
+        self._seq[0] = seq  # odd: a reader that sees this copies again
         self._ts[0] = ts
         off = 0
         for p in pieces:
-            kernels.copy_into(self._w[off:off + p.shape[0]], p)
+            kernels.copy_into(self._w[off : off + p.shape[0]], p)
             off += p.shape[0]
-        self._seq[0] = seq + 1                # even: complete (x86: after every store above)
+        self._seq[0] = seq + 1  # even: complete (x86: after every store above)
         return seq + 1
 
     def read_into(self, dst: np.ndarray, timeout_s: float = 60.0) -> int:
@@ -365,9 +418,11 @@ class WeightBoard(_Shared):
             self.retries += 1
             deadline = deadline or time.monotonic() + timeout_s
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the weight board {self.name} stayed mid-publish or changed "
-                                   f"during every copy for {timeout_s:g} s (sequence {seq}); "
-                                   "did the leaf die writing it, or publish back to back?")
+                raise TimeoutError(
+                    f"the weight board {self.name} stayed mid-publish or changed "
+                    f"during every copy for {timeout_s:g} s (sequence {seq}); "
+                    "did the leaf die writing it, or publish back to back?"
+                )
             time.sleep(0 if self.retries % 64 else 1e-4)
 
     def _drop(self) -> None:

@@ -6,6 +6,7 @@ learning-rate and weight-decay multipliers) are per element, so a segment that c
 span's boundary is clipped to the span (``Span.clip``): each server updates its elements
 exactly as the whole-vector server would. Pure: no I/O; thread-safe (immutable).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,9 +25,11 @@ class Span:
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in self.astuple()):
             raise ValueError(f"range {self.astuple()!r}: lo, hi and total must be integers")
         if not 0 <= self.lo < self.hi <= self.total:
-            raise ValueError(f"range [{self.lo}, {self.hi}) of a vector of {self.total} floats: "
-                             "it needs 0 <= lo < hi <= total (is the model the one the range "
-                             "was planned for?)")
+            raise ValueError(
+                f"range [{self.lo}, {self.hi}) of a vector of {self.total} floats: "
+                "it needs 0 <= lo < hi <= total (is the model the one the range "
+                "was planned for?)"
+            )
 
     @classmethod
     def whole(cls, numel: int) -> Span:
@@ -60,8 +63,11 @@ class Span:
     def clip(self, segments) -> list[tuple]:
         """The (start, stop, lr_mult, decay_mult) ``segments`` of the whole vector that overlap
         the span, clipped to it and shifted to offsets within it (0 is ``lo``)."""
-        return [(max(a, self.lo) - self.lo, min(b, self.hi) - self.lo, *rest)
-                for a, b, *rest in segments if a < self.hi and b > self.lo]
+        return [
+            (max(a, self.lo) - self.lo, min(b, self.hi) - self.lo, *rest)
+            for a, b, *rest in segments
+            if a < self.hi and b > self.lo
+        ]
 
     def __str__(self) -> str:
         whole = " (the whole vector)" if self.is_whole else ""

@@ -24,6 +24,7 @@ and the schedule: ``docs/protocols.md``.
 
 Not thread-safe: one owner (the PS loop, or a tree node's loop) drives an engine or clock.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -44,13 +45,17 @@ def check_protocol(protocol: str, n: int, learners: int, broadcast: bool = False
     if learners < 1:
         raise ValueError(f"sync.learners must be >= 1, got {learners}")
     if protocol == "softsync" and not 1 <= n <= learners:
-        raise ValueError(f"sync.n must be between 1 and sync.learners={learners} for softsync, "
-                         f"got {n} (n = learners is async)")
+        raise ValueError(
+            f"sync.n must be between 1 and sync.learners={learners} for softsync, "
+            f"got {n} (n = learners is async)"
+        )
     if broadcast and barrier(protocol):
-        raise ValueError("architecture.kind=advstar is asynchronous by design (learners never "
-                         "wait for weights; they adopt whatever the broadcast brought), so "
-                         f"sync.protocol={protocol} is not supported: use softsync or async, or "
-                         "architecture.kind=adv for it through a PS tree")
+        raise ValueError(
+            "architecture.kind=advstar is asynchronous by design (learners never "
+            "wait for weights; they adopt whatever the broadcast brought), so "
+            f"sync.protocol={protocol} is not supported: use softsync or async, or "
+            "architecture.kind=adv for it through a PS tree"
+        )
 
 
 def barrier(protocol: str) -> bool:
@@ -200,9 +205,14 @@ class SyncEngine:
         """The engine a run's config (``cfg.sync``, ``cfg.optimizer``) asks for: the one place
         a protocol's parameters go from the config into the engine. Pure."""
         s, o = cfg.sync, cfg.optimizer
-        return cls(s.protocol, s.learners,
-                   LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
-                   n=s.n, batch_size=s.batch_size, epoch_size=epoch_size)
+        return cls(
+            s.protocol,
+            s.learners,
+            LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
+            n=s.n,
+            batch_size=s.batch_size,
+            epoch_size=epoch_size,
+        )
 
     def __post_init__(self):
         check_protocol(self.protocol, self.n, self.n_learners)
@@ -211,7 +221,8 @@ class SyncEngine:
         if self.batch_size < 1 or self.epoch_size < 0:
             raise ValueError(
                 f"batch_size must be >= 1 and epoch_size >= 0, got {self.batch_size}, "
-                f"{self.epoch_size}")
+                f"{self.epoch_size}"
+            )
 
     @property
     def gradients_per_update(self) -> int:
@@ -230,15 +241,20 @@ class SyncEngine:
     def join(self, learner: int) -> None:
         """``learner`` is waited for again (from the next gradient it sends)."""
         if not 0 <= learner < self.n_learners:
-            raise ProtocolViolation(f"learner id {learner} is out of range 0.."
-                                    f"{self.n_learners - 1} (sync.learners)")
+            raise ProtocolViolation(
+                f"learner id {learner} is out of range 0..{self.n_learners - 1} (sync.learners)"
+            )
         self.members.add(learner)
 
     def state_dict(self) -> dict:
         """The engine's state as plain JSON-able values (for a checkpoint). Pure."""
-        return {"timestamp": self.timestamp, "gradients_received": self.gradients_received,
-                "updates": self.updates, "pending": [list(p) for p in self._pending],
-                "members": sorted(self.members)}
+        return {
+            "timestamp": self.timestamp,
+            "gradients_received": self.gradients_received,
+            "updates": self.updates,
+            "pending": [list(p) for p in self._pending],
+            "members": sorted(self.members),
+        }
 
     def load_state(self, d: dict) -> None:
         """Restore what ``state_dict`` returned (the schedule comes from the config)."""
@@ -275,14 +291,18 @@ class SyncEngine:
         if not 0 <= learner < self.n_learners:
             raise ProtocolViolation(
                 f"learner id {learner} is out of range: this run has λ={self.n_learners} "
-                f"learners (ids 0..{self.n_learners - 1})")
+                f"learners (ids 0..{self.n_learners - 1})"
+            )
         if learner not in self.members:
-            raise Rejoin(f"learner {learner} is not a member any more (it was silent for too "
-                         "long, or left): say HELLO again to rejoin at the current weights")
+            raise Rejoin(
+                f"learner {learner} is not a member any more (it was silent for too "
+                "long, or left): say HELLO again to rejoin at the current weights"
+            )
         if grad_ts > self.timestamp:
             raise ProtocolViolation(
                 f"learner {learner} pushed a gradient with timestamp {grad_ts}, newer than the "
-                f"server's {self.timestamp} (is it talking to a restarted server?)")
+                f"server's {self.timestamp} (is it talking to a restarted server?)"
+            )
         if grad_ts < 0:
             raise ProtocolViolation(f"learner {learner} sent a negative timestamp {grad_ts}")
         if barrier(self.protocol):
@@ -290,11 +310,13 @@ class SyncEngine:
                 raise ProtocolViolation(
                     f"hardsync: learner {learner} pushed a gradient of timestamp {grad_ts} but "
                     f"the server is at {self.timestamp}; hardsync learners must pull the new "
-                    "weights before computing the next gradient")
+                    "weights before computing the next gradient"
+                )
             if learner in self._pending_learners:
                 raise ProtocolViolation(
                     f"hardsync: learner {learner} pushed twice for timestamp {self.timestamp}; "
-                    "each update takes exactly one gradient from every learner")
+                    "each update takes exactly one gradient from every learner"
+                )
 
     def receive(self, learner: int, grad_ts: int) -> Arrival:
         """Account one gradient; return its σ, its scale and the update it completes, if any.
@@ -330,14 +352,17 @@ class SyncEngine:
         if not entries:
             raise ProtocolViolation("a relayed gradient must contain at least one gradient")
         if self.lr.policy == "per_gradient":
-            raise ProtocolViolation("the per_gradient learning-rate policy needs each gradient "
-                                    "separately; relayed sums support constant or staleness")
+            raise ProtocolViolation(
+                "the per_gradient learning-rate policy needs each gradient "
+                "separately; relayed sums support constant or staleness"
+            )
         seen = set()
         for learner, ts in entries:
             self.check(learner, ts)
             if barrier(self.protocol) and learner in seen:
-                raise ProtocolViolation(f"hardsync: learner {learner} appears twice in one "
-                                        "relayed gradient")
+                raise ProtocolViolation(
+                    f"hardsync: learner {learner} appears twice in one relayed gradient"
+                )
             seen.add(learner)
         for learner, ts in entries:
             self._pending.append((learner, ts, self.timestamp - ts))
@@ -347,8 +372,14 @@ class SyncEngine:
         update = None
         if len(self._pending) >= self.gradients_per_update:
             update = self._make_update()
-        return Arrival(entries[0][0], min(t for _, t in entries), sigma, 1.0, update,
-                       self.reply(learner for learner, _ in entries))
+        return Arrival(
+            entries[0][0],
+            min(t for _, t in entries),
+            sigma,
+            1.0,
+            update,
+            self.reply(learner for learner, _ in entries),
+        )
 
     def reply(self, learners) -> Reply:
         """When a sender whose gradients come from ``learners`` (a learner's own id, or the
@@ -374,8 +405,9 @@ class SyncEngine:
             lr /= max(mean_sigma, 1.0)
         self.timestamp += 1
         self.updates += 1
-        update = Update(self.timestamp, learners, stamps, sigmas, mean_sigma, lr,
-                        1.0 / len(sigmas), epoch)
+        update = Update(
+            self.timestamp, learners, stamps, sigmas, mean_sigma, lr, 1.0 / len(sigmas), epoch
+        )
         self._pending.clear()
         self._pending_learners.clear()
         return update

@@ -1,13 +1,14 @@
 """Warnings about what peers send, at a bounded rate: the first of each kind at once, then at
 most one per ``every_s`` with how many were left out. A peer that sends nonsense, or never
 reads its replies, cannot fill the log."""
+
 from __future__ import annotations
 
 import logging
 import time
 
 EVERY_S = 10.0
-MAX_KEYS = 1024     # distinct (sender, reason) keys remembered; then they share one
+MAX_KEYS = 1024  # distinct (sender, reason) keys remembered; then they share one
 
 
 class ThrottledLog:
@@ -17,7 +18,7 @@ class ThrottledLog:
 
     def __init__(self, logger: logging.Logger, every_s: float = EVERY_S):
         self.logger, self.every_s = logger, every_s
-        self._seen: dict = {}        # key -> [last logged (monotonic), left out since]
+        self._seen: dict = {}  # key -> [last logged (monotonic), left out since]
 
     def warning(self, key, msg: str, *args) -> bool:
         """Log ``msg % args`` now, or count it; returns whether it was logged."""

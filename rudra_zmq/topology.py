@@ -20,6 +20,7 @@ Node ids count leaves first (0 .. L-1, in the order of ``architecture.leaves``),
 level above in turn. Every role that loads the same config plans the same tree, so the root
 and each node can check that a child saying HELLO is the child the plan puts there.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,7 @@ from . import transport, wire
 from .config import ConfigError
 from .sync import ProtocolViolation
 
-_IPC_PATH_MAX = 107          # sun_path is 108 bytes on Linux, including the NUL
+_IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, including the NUL
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,11 @@ class NodeSpec:
         return self.level == 1
 
     def describe(self) -> str:
-        below = (f"learners {_ids(self.learners)}" if self.is_leaf
-                 else f"nodes {_ids(self.children)} (learners {_ids(sorted(self.subtree))})")
+        below = (
+            f"learners {_ids(self.learners)}"
+            if self.is_leaf
+            else f"nodes {_ids(self.children)} (learners {_ids(sorted(self.subtree))})"
+        )
         up = "the root" if self.parent is None else f"node {self.parent}"
         kind = "leaf" if self.is_leaf else f"inner node, level {self.level}"
         return f"tree node {self.id} ({kind}): {below}; parent {up}"
@@ -78,8 +82,10 @@ class Tree:
 
     def node(self, node_id: int) -> NodeSpec:
         if not 0 <= node_id < len(self.nodes):
-            raise ValueError(f"tree node id {node_id} is out of range: this config plans "
-                             f"{len(self.nodes)} nodes (ids 0..{len(self.nodes) - 1})")
+            raise ValueError(
+                f"tree node id {node_id} is out of range: this config plans "
+                f"{len(self.nodes)} nodes (ids 0..{len(self.nodes) - 1})"
+            )
         return self.nodes[node_id]
 
     def below(self, sender: int) -> frozenset:
@@ -105,21 +111,26 @@ class Tree:
             if parent is not None and sender in self.node(parent).learners:
                 return frozenset((sender,))
             if not 0 <= sender < self.n_learners:
-                raise ProtocolViolation(f"learner id {sender} is out of range 0.."
-                                        f"{self.n_learners - 1} (sync.learners)")
+                raise ProtocolViolation(
+                    f"learner id {sender} is out of range 0..{self.n_learners - 1} (sync.learners)"
+                )
             raise ProtocolViolation(
                 f"learner {sender} belongs under tree node {self.leaf_of(sender).id}, not "
-                f"{here} (architecture.kind=adv): point it at that leaf's endpoint")
+                f"{here} (architecture.kind=adv): point it at that leaf's endpoint"
+            )
         if not 0 <= node_id < len(self.nodes) or self.nodes[node_id].parent != parent:
             mine = _ids(n.id for n in self.children_of(parent)) or "none"
-            raise ProtocolViolation(f"tree node {node_id} is not a child of {here} in this "
-                                    f"config's tree (its children: nodes {mine}); is it "
-                                    "running another config or pointed at the wrong parent?")
+            raise ProtocolViolation(
+                f"tree node {node_id} is not a child of {here} in this "
+                f"config's tree (its children: nodes {mine}); is it "
+                "running another config or pointed at the wrong parent?"
+            )
         spec = self.nodes[node_id]
         if subtree is None or sorted(subtree) != sorted(spec.subtree):
             raise ProtocolViolation(
                 f"tree node {node_id} says it serves learners {subtree}; this config places "
-                f"learners {sorted(spec.subtree)} below it (is it running another config?)")
+                f"learners {sorted(spec.subtree)} below it (is it running another config?)"
+            )
         return spec.subtree
 
     @staticmethod
@@ -131,10 +142,13 @@ class Tree:
             if learner not in below:
                 raise ProtocolViolation(
                     f"{wire.sender_name(sender)} relayed a gradient of learner {learner}, which "
-                    f"is not below it (its learners: {_ids(sorted(below))})")
+                    f"is not below it (its learners: {_ids(sorted(below))})"
+                )
             if learner in seen:
-                raise ProtocolViolation(f"{wire.sender_name(sender)} relayed two gradients of "
-                                        f"learner {learner} in one sum")
+                raise ProtocolViolation(
+                    f"{wire.sender_name(sender)} relayed two gradients of "
+                    f"learner {learner} in one sum"
+                )
             seen.add(learner)
 
 
@@ -149,16 +163,29 @@ def plan(cfg) -> Tree:
     nodes: list[dict] = []
     level = []
     for g in groups:
-        nodes.append(dict(id=len(nodes), level=1, parent=None, children=(), learners=tuple(g),
-                          subtree=frozenset(g)))
+        nodes.append(
+            dict(
+                id=len(nodes),
+                level=1,
+                parent=None,
+                children=(),
+                learners=tuple(g),
+                subtree=frozenset(g),
+            )
+        )
         level.append(nodes[-1])
     for lvl in range(2, a.depth + 1):
         upper = []
         for i in range(0, len(level), a.fanout):
-            kids = level[i:i + a.fanout]
-            node = dict(id=len(nodes), level=lvl, parent=None,
-                        children=tuple(k["id"] for k in kids), learners=(),
-                        subtree=frozenset().union(*(k["subtree"] for k in kids)))
+            kids = level[i : i + a.fanout]
+            node = dict(
+                id=len(nodes),
+                level=lvl,
+                parent=None,
+                children=tuple(k["id"] for k in kids),
+                learners=(),
+                subtree=frozenset().union(*(k["subtree"] for k in kids)),
+            )
             for k in kids:
                 k["parent"] = node["id"]
             nodes.append(node)
@@ -180,7 +207,7 @@ def learner_groups(tree: Tree, per_process: int) -> list[list[int]]:
     out = []
     for leaf in tree.leaves:
         ids = list(leaf.learners)
-        out += [ids[i:i + per_process] for i in range(0, len(ids), per_process)]
+        out += [ids[i : i + per_process] for i in range(0, len(ids), per_process)]
     return out
 
 
@@ -193,16 +220,20 @@ def node_endpoints(cfg, tree: Tree, run_dir: Path) -> dict[str, str]:
         if n.is_leaf or cfg.runtime.transport == "ipc":
             path = os.path.join(run_dir, f"node{n.id}.sock")
             if len(path) > _IPC_PATH_MAX:
-                raise ConfigError(f"the ipc socket path {path!r} is longer than "
-                                  f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
-                                  "shorter runtime.run_dir or --run-dir")
+                raise ConfigError(
+                    f"the ipc socket path {path!r} is longer than "
+                    f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
+                    "shorter runtime.run_dir or --run-dir"
+                )
             eps[f"node{n.id}"] = f"ipc://{path}"
         else:
             try:
                 eps[f"node{n.id}"] = transport.free_tcp_endpoint(cfg.runtime.host)
             except OSError as exc:
-                raise ConfigError(f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
-                                  f"there ({exc}); use an address of this machine") from None
+                raise ConfigError(
+                    f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
+                    f"there ({exc}); use an address of this machine"
+                ) from None
     return eps
 
 
@@ -230,8 +261,7 @@ def describe_broadcast(cfg) -> list[str]:
         kids = broadcast_children(cfg, who)
         if kids:
             name = "root" if who is None else f"learner {who}"
-            lines.append(f"broadcast: {name} -> learner{'s' if len(kids) > 1 else ''} "
-                         f"{_ids(kids)}")
+            lines.append(f"broadcast: {name} -> learner{'s' if len(kids) > 1 else ''} {_ids(kids)}")
     return lines
 
 
@@ -247,14 +277,18 @@ def broadcast_endpoints(cfg, run_dir: Path) -> dict[str, str]:
         if cfg.runtime.transport == "ipc":
             path = os.path.join(run_dir, f"{label}.sock")
             if len(path) > _IPC_PATH_MAX:
-                raise ConfigError(f"the ipc socket path {path!r} is longer than "
-                                  f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
-                                  "shorter runtime.run_dir or --run-dir")
+                raise ConfigError(
+                    f"the ipc socket path {path!r} is longer than "
+                    f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
+                    "shorter runtime.run_dir or --run-dir"
+                )
             eps[label] = f"ipc://{path}"
         else:
             try:
                 eps[label] = transport.free_tcp_endpoint(cfg.runtime.host)
             except OSError as exc:
-                raise ConfigError(f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
-                                  f"there ({exc}); use an address of this machine") from None
+                raise ConfigError(
+                    f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
+                    f"there ({exc}); use an address of this machine"
+                ) from None
     return eps

@@ -18,6 +18,7 @@ applied once (raw ZeroMQ figures: ``bench/RESULTS.md``, "Raw ZeroMQ reference"):
 - ``tune_malloc()`` stops glibc from giving every large ZeroMQ buffer a fresh mmap, which
   cost ~16k page faults per 40 MB message.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -41,9 +42,9 @@ LINGER_MS = 200
 # thread's poll is not interrupted: its Python handler runs only when the call returns. A
 # learner waiting out a 60 s receive timeout once outlived its SIGKILLed launcher that way.
 WAKE_MS = 250
-_HEARTBEAT_MS = 2000   # ZMTP heartbeat interval; the timeout and TTL are 5x (set_heartbeat)
-_SECURITY = None       # security.Curve once set_security was called: CURVE on every socket
-MESSAGE_SLACK = wire.MAX_HEADER_BYTES + 4096   # a frame's bytes beyond its float payload
+_HEARTBEAT_MS = 2000  # ZMTP heartbeat interval; the timeout and TTL are 5x (set_heartbeat)
+_SECURITY = None  # security.Curve once set_security was called: CURVE on every socket
+MESSAGE_SLACK = wire.MAX_HEADER_BYTES + 4096  # a frame's bytes beyond its float payload
 
 log = logging.getLogger("rudra_zmq.transport")
 
@@ -133,7 +134,7 @@ def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
             if (host, port) not in _handed_out and _port_is_free(host, port):
                 _handed_out.add((host, port))
                 return f"tcp://{host}:{port}"
-    for _ in range(200):   # no room below the ephemeral range: let the kernel choose
+    for _ in range(200):  # no room below the ephemeral range: let the kernel choose
         with _pysocket.socket(_pysocket.AF_INET, _pysocket.SOCK_STREAM) as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
@@ -182,7 +183,7 @@ def bind(sock: zmq.Socket, endpoint: str) -> str:
     elif endpoint.startswith("tcp://") and _wildcard(endpoint):
         _warn_exposed(endpoint)
     if endpoint.startswith("tcp://") and endpoint.rsplit(":", 1)[-1] in ("0", "*"):
-        host = endpoint[len("tcp://"):].rsplit(":", 1)[0]
+        host = endpoint[len("tcp://") :].rsplit(":", 1)[0]
         port = sock.bind_to_random_port(f"tcp://{host}")
         return f"tcp://{host}:{port}"
     sock.bind(endpoint)
@@ -205,11 +206,11 @@ def term(ctx: zmq.Context) -> None:
 
 
 _warned_exposed: set = set()
-PLAINTEXT_NAMED_ENV = "RUDRA_ZMQ_PLAINTEXT_NAMED"   # set: the launcher said it on the terminal
+PLAINTEXT_NAMED_ENV = "RUDRA_ZMQ_PLAINTEXT_NAMED"  # set: the launcher said it on the terminal
 
 
 def _wildcard(endpoint: str) -> bool:
-    host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    host = endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
     return host in ("*", "0.0.0.0", "::", "")
 
 
@@ -219,11 +220,15 @@ def _warn_exposed(endpoint: str) -> None:
         _warned_exposed.add(endpoint)
         # under `rudra-zmq launch`, which said it once for the whole run, only at debug level
         level = logging.DEBUG if os.environ.get(PLAINTEXT_NAMED_ENV) else logging.WARNING
-        log.log(level, "%s listens on every network interface without encryption: anyone who "
-                "can reach this host can read what it serves (weights, training data) and "
-                "send it requests (gradients, records). Set "
-                "security.curve=true (rudra-zmq keys init DIR; --keys DIR), or bind one "
-                "address on a trusted network.", endpoint)
+        log.log(
+            level,
+            "%s listens on every network interface without encryption: anyone who "
+            "can reach this host can read what it serves (weights, training data) and "
+            "send it requests (gradients, records). Set "
+            "security.curve=true (rudra-zmq keys init DIR; --keys DIR), or bind one "
+            "address on a trusted network.",
+            endpoint,
+        )
 
 
 def peer_connected(sock: zmq.Socket, ident: bytes, sender: int) -> bool:
@@ -234,12 +239,19 @@ def peer_connected(sock: zmq.Socket, ident: bytes, sender: int) -> bool:
     try:
         sock.send_multipart([ident, *frames], zmq.NOBLOCK)
     except zmq.ZMQError as exc:
-        return exc.errno != zmq.EHOSTUNREACH   # EAGAIN: there, with a full queue
+        return exc.errno != zmq.EHOSTUNREACH  # EAGAIN: there, with a full queue
     return True
 
 
-def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = 16, identity: bytes | None = None,
-                rcvtimeo: int = -1, max_bytes: int = -1) -> zmq.Socket:
+def make_socket(
+    ctx: zmq.Context,
+    kind: int,
+    *,
+    hwm: int = 16,
+    identity: bytes | None = None,
+    rcvtimeo: int = -1,
+    max_bytes: int = -1,
+) -> zmq.Socket:
     """A socket with LINGER, HWM, heartbeats, (for ROUTER) ROUTER_MANDATORY and, if
     ``max_bytes`` >= 0, ZMQ_MAXMSGSIZE (a peer sending a larger frame is disconnected). Not
     thread-safe: use a socket only from the thread that made it."""
@@ -288,26 +300,35 @@ class Channel:
     Not thread-safe (owns one socket).
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, sender: int, *, name: str = "server",
-                 timeout_ms: int = 60_000, hwm: int = 16, retry_ms: int = 5_000,
-                 max_bytes: int = -1):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        sender: int,
+        *,
+        name: str = "server",
+        timeout_ms: int = 60_000,
+        hwm: int = 16,
+        retry_ms: int = 5_000,
+        max_bytes: int = -1,
+    ):
         self.endpoint = endpoint
         self.sender = sender
         self.name = name
         self.timeout_ms = timeout_ms
-        self.sock = make_socket(ctx, zmq.DEALER, hwm=hwm, identity=new_routing_id(),
-                                max_bytes=max_bytes)
+        self.sock = make_socket(
+            ctx, zmq.DEALER, hwm=hwm, identity=new_routing_id(), max_bytes=max_bytes
+        )
         # A receive timeout instead of poll() before each recv: Socket.poll builds a Poller
         # per call, Python work on every round trip of the hot path. At most WAKE_MS, so a
         # long wait returns to Python (and its signal handlers) regularly.
-        self.sock.setsockopt(zmq.RCVTIMEO, WAKE_MS if timeout_ms < 0 else min(timeout_ms,
-                                                                               WAKE_MS))
+        self.sock.setsockopt(zmq.RCVTIMEO, WAKE_MS if timeout_ms < 0 else min(timeout_ms, WAKE_MS))
         connect(self.sock, endpoint, sender)
         self._seq = itertools.count(time.time_ns() // 1000)
         self.retry_ms = retry_ms
-        self.resent = 0          # requests sent again (for tests and logs)
-        self.late = 0            # late answers to requests sent twice, dropped
-        self._last: tuple[int, list] | None = None   # (seq, frames) awaiting its reply
+        self.resent = 0  # requests sent again (for tests and logs)
+        self.late = 0  # late answers to requests sent twice, dropped
+        self._last: tuple[int, list] | None = None  # (seq, frames) awaiting its reply
         self.inc = 0  # the server incarnation we last heard from
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
@@ -321,7 +342,7 @@ class Channel:
         """Send the request awaiting its reply again, unchanged (for callers that poll the
         socket themselves instead of waiting in ``recv``)."""
         if self._last is not None:
-            self.resent += 1     # first: whoever sees the copy arrive sees it counted
+            self.resent += 1  # first: whoever sees the copy arrive sees it counted
             self.sock.send_multipart(self._last[1], copy=False)
 
     def drop_late(self) -> int:
@@ -347,32 +368,48 @@ class Channel:
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
                 now = time.monotonic()
                 if self.timeout_ms >= 0 and now - t0 >= self.timeout_ms / 1000:
-                    hint = "" if _SECURITY is None else (
-                        "; with security.curve, is this key allow-listed there and the "
-                        "server key the same?")
-                    raise TimeoutError(f"no reply from the {self.name} at {self.endpoint} "
-                                       f"within {self.timeout_ms / 1000:g} s (is it "
-                                       f"running?{hint})") from None
+                    hint = (
+                        ""
+                        if _SECURITY is None
+                        else (
+                            "; with security.curve, is this key allow-listed there and the "
+                            "server key the same?"
+                        )
+                    )
+                    raise TimeoutError(
+                        f"no reply from the {self.name} at {self.endpoint} "
+                        f"within {self.timeout_ms / 1000:g} s (is it "
+                        f"running?{hint})"
+                    ) from None
                 if now - sent >= self.retry_ms / 1000:
                     self.resend()
                     sent = now
                 continue
             re = msg.fields.get("re")
             if re is None or (self._last is not None and re == self._last[0]):
-                break   # a reply without x{re} (older servers' ERROR) is taken as it comes
-            self.late += 1   # a late answer to a request sent twice: dropped
+                break  # a reply without x{re} (older servers' ERROR) is taken as it comes
+            self.late += 1  # a late answer to a request sent twice: dropped
         self._last = None
         if msg.kind == wire.Kind.ERROR:
-            raise ServerError(msg.fields["code"], f"{self.name} refused the request: "
-                                                  f"{msg.fields['error']}")
+            raise ServerError(
+                msg.fields["code"], f"{self.name} refused the request: {msg.fields['error']}"
+            )
         if kinds is not None and msg.kind not in kinds and msg.kind != wire.Kind.STOP:
             raise wire.WireError("unexpected_kind", f"{self.name} answered {msg.kind.name}")
         if msg.inc:
             self.inc = msg.inc
         return msg
 
-    def request(self, kind: wire.Kind, ts: int = 0, payloads=(), *, reply_kinds=None,
-                numel: int | None = None, **fields) -> wire.Message:
+    def request(
+        self,
+        kind: wire.Kind,
+        ts: int = 0,
+        payloads=(),
+        *,
+        reply_kinds=None,
+        numel: int | None = None,
+        **fields,
+    ) -> wire.Message:
         """Send one request and wait for its reply (see ``recv``)."""
         self.send(kind, ts, payloads, **fields)
         return self.recv(reply_kinds, numel)

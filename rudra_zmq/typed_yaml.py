@@ -7,6 +7,7 @@ Every error is a ConfigError that quotes the key, the value and what is allowed.
 dataclasses and which keys were removed is ``config.py``'s to say. Pure, but for the file
 ``read_mapping`` reads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,12 +55,13 @@ def build(cls, data: dict, prefix: str, removed: dict[str, str]):
     for name in sorted(unknown):
         key = f"{prefix}.{name}" if prefix else name
         if key in removed:
-            raise ConfigError(f"{key} was removed: {removed[key]}; delete it from the "
-                              "config")
+            raise ConfigError(f"{key} was removed: {removed[key]}; delete it from the config")
     if unknown:
         where = f"section {prefix!r}" if prefix else "the top level"
-        raise ConfigError(f"unknown key(s) {', '.join(map(repr, sorted(unknown)))} in {where}; "
-                          f"valid keys: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"unknown key(s) {', '.join(map(repr, sorted(unknown)))} in {where}; "
+            f"valid keys: {', '.join(sorted(known))}"
+        )
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -79,16 +81,19 @@ def apply_override(root, data: dict, item: str, removed: dict[str, str]) -> None
         raise ConfigError(f"override {item!r} must look like section.key=value")
     path, raw = item.split("=", 1)
     if path.strip() in removed:
-        raise ConfigError(f"override {path.strip()!r}: that key was removed: "
-                          f"{removed[path.strip()]}")
+        raise ConfigError(
+            f"override {path.strip()!r}: that key was removed: {removed[path.strip()]}"
+        )
     keys = path.strip().split(".")
     cls, node = root, data
     for i, k in enumerate(keys):
         fields_ = {f.name: f for f in dataclasses.fields(cls)}
         if k not in fields_:
-            raise ConfigError(f"override {path!r}: {k!r} is not a key of "
-                              f"{'.'.join(keys[:i]) or 'the config'}; valid keys: "
-                              f"{', '.join(sorted(fields_))}")
+            raise ConfigError(
+                f"override {path!r}: {k!r} is not a key of "
+                f"{'.'.join(keys[:i]) or 'the config'}; valid keys: "
+                f"{', '.join(sorted(fields_))}"
+            )
         tp = typing.get_type_hints(cls)[k]
         if i == len(keys) - 1:
             if dataclasses.is_dataclass(tp):
@@ -113,8 +118,9 @@ def read_mapping(path, what: str, examples: str) -> dict:
         with open(path) as f:
             data = yaml.safe_load(f) or {}
     except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {str(path)!r} does not exist (see {examples} for "
-                                "examples)") from None
+        raise FileNotFoundError(
+            f"{what} {str(path)!r} does not exist (see {examples} for examples)"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -14,6 +14,7 @@ sync engine) and sends the results; this module does the arithmetic:
 
 Not thread-safe: owned by the parameter server's thread.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,13 +45,17 @@ class Updater:
         starts, stops = [a for a, *_ in segments], [b for _, b, *_ in segments]
         if starts != [0] + stops[:-1] or stops[-1] != total:
             # the update writes a fresh buffer: a gap would leave garbage in the new weights
-            raise ValueError(f"parameter segments {list(zip(starts, stops))[:4]}... must cover "
-                             f"0..{total} in order without gaps")
+            raise ValueError(
+                f"parameter segments {list(zip(starts, stops))[:4]}... must cover "
+                f"0..{total} in order without gaps"
+            )
         self.span = Span.whole(total) if span is None else span
         if self.span.total != total:
-            raise ValueError(f"range {self.span} is of another vector than the model's "
-                             f"{total:,} weights: was it planned for another model?")
-        own = weights[self.span.lo:self.span.hi]
+            raise ValueError(
+                f"range {self.span} is of another vector than the model's "
+                f"{total:,} weights: was it planned for another model?"
+            )
+        own = weights[self.span.lo : self.span.hi]
         self.versions = WeightVersions(np.ascontiguousarray(own, dtype=np.float32).copy())
         self.numel = self.span.numel
         self.v = np.zeros_like(self.w)
@@ -82,14 +87,29 @@ class Updater:
                 a, b = max(start, off), min(stop, end)
                 if a >= b:
                     continue
-                g = src[a - off:b - off]
+                g = src[a - off : b - off]
                 if o.momentum:
                     kernels.sgd_momentum_step(
-                        w[a:b], self.v[a:b], g, lr * lr_mult, o.momentum,
-                        o.weight_decay * decay_mult, g_scale, zero_acc, out=out[a:b])
+                        w[a:b],
+                        self.v[a:b],
+                        g,
+                        lr * lr_mult,
+                        o.momentum,
+                        o.weight_decay * decay_mult,
+                        g_scale,
+                        zero_acc,
+                        out=out[a:b],
+                    )
                 else:
-                    kernels.sgd_step(w[a:b], g, lr * lr_mult, o.weight_decay * decay_mult,
-                                     g_scale, zero_acc, out=out[a:b])
+                    kernels.sgd_step(
+                        w[a:b],
+                        g,
+                        lr * lr_mult,
+                        o.weight_decay * decay_mult,
+                        g_scale,
+                        zero_acc,
+                        out=out[a:b],
+                    )
             off = end
         self.versions.publish(out)
 

@@ -11,6 +11,7 @@ folder to the roles it starts.
 No package imports here: ``datasets``, ``user_data``, ``models`` and ``config`` build on it.
 Nothing here blocks beyond importing the user's module and calling the user's function.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -18,9 +19,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
-IMPORT_RULE = ("the module must be importable by every role's process, on every host: install "
-               "it, or put its folder on PYTHONPATH (rudra_zmq.train passes the folder it "
-               "imported it from to the roles it starts)")
+IMPORT_RULE = (
+    "the module must be importable by every role's process, on every host: install "
+    "it, or put its folder on PYTHONPATH (rudra_zmq.train passes the folder it "
+    "imported it from to the roles it starts)"
+)
 
 
 class UserCodeError(ValueError):
@@ -41,19 +44,24 @@ def resolve(value: str, key: str):
     module_name, _, attr = value.partition(":")
     parts = module_name.split(".") + attr.split(".")
     if not all(p.isidentifier() for p in parts):
-        raise UserCodeError(f"{key} {value!r} is not an import path: write "
-                            "package.module:function, for example mypkg.models:small_cnn")
+        raise UserCodeError(
+            f"{key} {value!r} is not an import path: write "
+            "package.module:function, for example mypkg.models:small_cnn"
+        )
     try:
         obj = importlib.import_module(module_name)
     except Exception as exc:  # whatever the user's module raises while it is imported
-        raise UserCodeError(f"{key} {value!r}: importing {module_name} failed "
-                            f"({type(exc).__name__}: {exc}); {IMPORT_RULE}") from exc
+        raise UserCodeError(
+            f"{key} {value!r}: importing {module_name} failed "
+            f"({type(exc).__name__}: {exc}); {IMPORT_RULE}"
+        ) from exc
     for name in attr.split("."):
         try:
             obj = getattr(obj, name)
         except AttributeError:
-            raise UserCodeError(f"{key} {value!r}: {module_name} ({_origin(module_name)}) has "
-                                f"no attribute {attr!r}") from None
+            raise UserCodeError(
+                f"{key} {value!r}: {module_name} ({_origin(module_name)}) has no attribute {attr!r}"
+            ) from None
     if not callable(obj):
         raise UserCodeError(f"{key} {value!r} is a {type(obj).__name__}, not a function")
     return obj
@@ -68,8 +76,9 @@ def call(value: str, key: str, *args):
         return fn(*args)
     except Exception as exc:
         shown = ", ".join(map(repr, args))
-        raise UserCodeError(f"{key} {value!r}: calling it with ({shown}) raised "
-                            f"{type(exc).__name__}: {exc}") from exc
+        raise UserCodeError(
+            f"{key} {value!r}: calling it with ({shown}) raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def import_root(value: str) -> str | None:
@@ -84,11 +93,11 @@ def import_root(value: str) -> str | None:
         return None
     if spec is None:
         return None
-    if spec.submodule_search_locations:            # a package (regular or namespace)
+    if spec.submodule_search_locations:  # a package (regular or namespace)
         root = Path(list(spec.submodule_search_locations)[0]).parent
-    elif spec.origin and Path(spec.origin).is_file():   # a single-file module
+    elif spec.origin and Path(spec.origin).is_file():  # a single-file module
         root = Path(spec.origin).parent
-    else:                                          # built-in or frozen
+    else:  # built-in or frozen
         return None
     root = root.resolve()
     prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}

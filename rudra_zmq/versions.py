@@ -18,6 +18,7 @@ snapshot per pulled version); at most ``max_spares`` idle buffers are kept.
 
 Not thread-safe: owned by the parameter server's thread.
 """
+
 from __future__ import annotations
 
 import sys
@@ -34,12 +35,14 @@ class WeightVersions:
 
     def __init__(self, weights: np.ndarray, max_spares: int = 3):
         if weights.dtype != np.float32 or weights.ndim != 1 or not weights.flags.c_contiguous:
-            raise ValueError(f"weights must be a 1-D contiguous float32 array, got "
-                             f"{weights.dtype} shape {weights.shape}")
+            raise ValueError(
+                f"weights must be a 1-D contiguous float32 array, got "
+                f"{weights.dtype} shape {weights.shape}"
+            )
         self.current = weights
         self.max_spares = max_spares
         self._spares: list[np.ndarray] = []
-        self.allocated = 1      # buffers ever allocated (current included): for tests/metrics
+        self.allocated = 1  # buffers ever allocated (current included): for tests/metrics
 
     def next_buffer(self) -> np.ndarray:
         """A buffer the next version may be written into: no send holds it, and it is not the

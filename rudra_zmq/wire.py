@@ -21,6 +21,7 @@ after their length and dtype were checked.
 Every kind and its fields, and the tree (RELAY), broadcast (BCAST, CREDIT) and shared-memory
 variants: ``docs/wire.md``.
 """
+
 from __future__ import annotations
 
 import enum
@@ -30,21 +31,26 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-PROTOCOL_VERSION = 5          # 5: no x{wait} (the server's engine decides when a reply goes);
+PROTOCOL_VERSION = 5  # 5: no x{wait} (the server's engine decides when a reply goes);
 #                               4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.
 DEFAULT_CHUNK_BYTES = 8 * 1024 * 1024
 # bf16 frames are bfloat16 as their uint16 bit patterns: NumPy has no bfloat16 dtype
-PAYLOAD_DTYPES = {"f4": np.dtype("<f4"), "f2": np.dtype("<f2"), "bf16": np.dtype("<u2"),
-                  "u1": np.dtype("u1"), "i8": np.dtype("<i8")}
-MODEL_DTYPES = ("f4", "f2", "bf16")   # what a run's model-sized payloads may travel as
+PAYLOAD_DTYPES = {
+    "f4": np.dtype("<f4"),
+    "f2": np.dtype("<f2"),
+    "bf16": np.dtype("<u2"),
+    "u1": np.dtype("u1"),
+    "i8": np.dtype("<i8"),
+}
+MODEL_DTYPES = ("f4", "f2", "bf16")  # what a run's model-sized payloads may travel as
 _DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
 
 SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
-SENDER_NODE0 = -100          # tree node k sends as SENDER_NODE0 - k
-MAX_CLOCK = 16384            # entries in one RELAY's clock (the header must stay < 64 KiB)
-MAX_FRAMES = 4096            # payload frames of one model-sized message
+SENDER_NODE0 = -100  # tree node k sends as SENDER_NODE0 - k
+MAX_CLOCK = 16384  # entries in one RELAY's clock (the header must stay < 64 KiB)
+MAX_FRAMES = 4096  # payload frames of one model-sized message
 
 
 def node_sender(node: int) -> int:
@@ -63,44 +69,58 @@ def sender_name(sender: int) -> str:
         return f"learner {sender}"
     if node_id(sender) is not None:
         return f"tree node {node_id(sender)}"
-    return {SENDER_PS: "parameter server", SENDER_DATA: "data server",
-            SENDER_STATS: "statistics server"}.get(sender, f"sender {sender}")
+    return {
+        SENDER_PS: "parameter server",
+        SENDER_DATA: "data server",
+        SENDER_STATS: "statistics server",
+    }.get(sender, f"sender {sender}")
 
 
 class Kind(enum.IntEnum):
     """Message kinds. Requests get exactly one reply from the server they were sent to."""
 
-    HELLO = 1        # learner/node -> PS: x{model, numel, subtree?, had?}; WELCOME or ERROR
-    WELCOME = 2      # PS -> learner: weights payload; x{learners, protocol, step?}; to a tree
+    HELLO = 1  # learner/node -> PS: x{model, numel, subtree?, had?}; WELCOME or ERROR
+    WELCOME = 2  # PS -> learner: weights payload; x{learners, protocol, step?}; to a tree
     #                  node x{steps?}: [learner, step] for each learner below it
     # Replies (WELCOME, ACK, WEIGHTS, UPTODATE, STOP, ERROR) may carry x{re}: the seq of the
     # request they answer, so a client drops a late answer to a request it sent again.
-    PUSH = 3         # learner -> PS: gradient payload, ts = weights it was computed on; ACK
-    ACK = 4          # PS -> learner: x{sigma}
-    PULL = 5         # learner -> PS: ts = weights it has; WEIGHTS or UPTODATE, when the sync
+    PUSH = 3  # learner -> PS: gradient payload, ts = weights it was computed on; ACK
+    ACK = 4  # PS -> learner: x{sigma}
+    PULL = 5  # learner -> PS: ts = weights it has; WEIGHTS or UPTODATE, when the sync
     #                  engine says (hardsync: after the update the learner's gradient is in)
-    PUSHPULL = 6     # PUSH and PULL in one round trip; reply WEIGHTS or UPTODATE with x{sigma}
-    WEIGHTS = 7      # PS -> learner: weights payload at ts
-    UPTODATE = 8     # PS -> learner: no newer weights than the pull's ts
-    STOP = 9         # any server -> client: training is over; x{reason}
-    ERROR = 10       # reply to a refused request: x{code, error}
-    BATCH_REQ = 11   # learner -> data server: x{step}; reply BATCH
-    BATCH = 12       # data server -> learner: [images u1, labels i8]; x{shape, epoch, step, mean?, std?}
-    METRIC = 13      # any -> stats server (one-way): x{metric: map}
-    EVAL = 14        # PS -> stats server (one-way): weights payload at ts; x{epoch}
-    BYE = 15         # learner -> PS: leaving cleanly; reply ACK
-    RELAY = 16       # tree node -> parent: sum of gradients, x{clock}; like PUSHPULL
-    BCAST = 17       # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
-    CREDIT = 18      # broadcast member -> upstream: may send k more chunks; x{credit, reset}
+    PUSHPULL = 6  # PUSH and PULL in one round trip; reply WEIGHTS or UPTODATE with x{sigma}
+    WEIGHTS = 7  # PS -> learner: weights payload at ts
+    UPTODATE = 8  # PS -> learner: no newer weights than the pull's ts
+    STOP = 9  # any server -> client: training is over; x{reason}
+    ERROR = 10  # reply to a refused request: x{code, error}
+    BATCH_REQ = 11  # learner -> data server: x{step}; reply BATCH
+    BATCH = 12  # data server -> learner: [images u1, labels i8]; x{shape, epoch, step, mean?, std?}
+    METRIC = 13  # any -> stats server (one-way): x{metric: map}
+    EVAL = 14  # PS -> stats server (one-way): weights payload at ts; x{epoch}
+    BYE = 15  # learner -> PS: leaving cleanly; reply ACK
+    RELAY = 16  # tree node -> parent: sum of gradients, x{clock}; like PUSHPULL
+    BCAST = 17  # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
+    CREDIT = 18  # broadcast member -> upstream: may send k more chunks; x{credit, reset}
 
 
 # Kind-specific fields: name -> allowed Python types, and whether it is required.
 _INT, _FLOAT, _STR, _BOOL, _LIST, _MAP = (int,), (int, float), (str,), (bool,), (list,), (dict,)
 KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
-    Kind.HELLO: {"model": (_STR, True), "numel": (_INT, True), "subtree": (_LIST, False),
-                 "shm": (_STR, False), "had": (_INT, False)},
-    Kind.WELCOME: {"learners": (_INT, True), "protocol": (_STR, True), "shm": (_STR, False),
-                   "step": (_INT, False), "steps": (_LIST, False), "re": (_INT, False)},
+    Kind.HELLO: {
+        "model": (_STR, True),
+        "numel": (_INT, True),
+        "subtree": (_LIST, False),
+        "shm": (_STR, False),
+        "had": (_INT, False),
+    },
+    Kind.WELCOME: {
+        "learners": (_INT, True),
+        "protocol": (_STR, True),
+        "shm": (_STR, False),
+        "step": (_INT, False),
+        "steps": (_LIST, False),
+        "re": (_INT, False),
+    },
     Kind.PUSH: {"slot": (_INT, False)},
     Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
     Kind.PULL: {},
@@ -110,9 +130,14 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.STOP: {"reason": (_STR, True), "re": (_INT, False)},
     Kind.ERROR: {"code": (_STR, True), "error": (_STR, True), "re": (_INT, False)},
     Kind.BATCH_REQ: {"step": (_INT, True)},
-    Kind.BATCH: {"shape": (_LIST, True), "epoch": (_FLOAT, True), "step": (_INT, True),
-                 "mean": (_LIST, False), "std": (_LIST, False)},  # per-channel, 0..1 scale
-    Kind.METRIC: {"metric": (_MAP, True), "token": (_STR, False)},   # token: from the PS
+    Kind.BATCH: {
+        "shape": (_LIST, True),
+        "epoch": (_FLOAT, True),
+        "step": (_INT, True),
+        "mean": (_LIST, False),
+        "std": (_LIST, False),
+    },  # per-channel, 0..1 scale
+    Kind.METRIC: {"metric": (_MAP, True), "token": (_STR, False)},  # token: from the PS
     Kind.EVAL: {"epoch": (_FLOAT, True), "token": (_STR, False)},
     Kind.BYE: {},
     Kind.RELAY: {"clock": (_LIST, True)},
@@ -125,10 +150,11 @@ _PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
 _PAYLOAD_FRAMES.update({k: (1, MAX_FRAMES) for k in _MODEL_SIZED})
 _PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
 _PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
-_RUN_DTYPE = _MODEL_SIZED | {Kind.BCAST}   # payloads in the run's model dtype
+_RUN_DTYPE = _MODEL_SIZED | {Kind.BCAST}  # payloads in the run's model dtype
 
-_UNPACK_LIMITS = dict(max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024,
-                      max_map_len=256, max_ext_len=0)
+_UNPACK_LIMITS = dict(
+    max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024, max_map_len=256, max_ext_len=0
+)
 
 
 class WireError(ValueError):
@@ -175,10 +201,10 @@ def chunk(vector: np.ndarray, max_bytes: int = DEFAULT_CHUNK_BYTES) -> list[np.n
     n = vector.shape[0]
     if n <= step:
         return [vector]
-    return [vector[i:i + step] for i in range(0, n, step)]
+    return [vector[i : i + step] for i in range(0, n, step)]
 
 
-_SHOW = reprlib.Repr()   # keyword arguments only from Python 3.12
+_SHOW = reprlib.Repr()  # keyword arguments only from Python 3.12
 _SHOW.maxlevel, _SHOW.maxstring, _SHOW.maxother, _SHOW.maxlist, _SHOW.maxdict = 3, 60, 60, 6, 6
 
 
@@ -188,8 +214,9 @@ def _show(value) -> str:
     return _SHOW.repr(value)
 
 
-def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
-           payloads=(), **fields) -> list:
+def encode(
+    kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0, payloads=(), **fields
+) -> list:
     """Build the frames of one message: [header, *payloads] (payload arrays are not copied).
 
     Send the result with ``socket.send_multipart(frames, copy=False)``. Raises ValueError if a
@@ -205,10 +232,19 @@ def encode(kind: Kind, sender: int, seq: int, ts: int = 0, inc: int = 0,
         if code is None or arr.ndim != 1 or not arr.flags.c_contiguous:
             raise ValueError(
                 f"{kind.name}: payloads must be 1-D contiguous {list(PAYLOAD_DTYPES)}, got "
-                f"{arr.dtype} shape {arr.shape}")
+                f"{arr.dtype} shape {arr.shape}"
+            )
         descr.append([code, int(arr.shape[0])])
-    header = {"v": PROTOCOL_VERSION, "k": int(kind), "s": int(sender), "q": int(seq),
-              "ts": int(ts), "inc": int(inc), "p": descr, "x": fields}
+    header = {
+        "v": PROTOCOL_VERSION,
+        "k": int(kind),
+        "s": int(sender),
+        "q": int(seq),
+        "ts": int(ts),
+        "inc": int(inc),
+        "p": descr,
+        "x": fields,
+    }
     return [msgpack.packb(header, use_bin_type=True), *payloads]
 
 
@@ -230,9 +266,15 @@ _HEADER_KEYS = frozenset(_INT_KEYS + ("p", "x"))
 _KINDS = {int(k): k for k in Kind}
 
 
-def decode(frames, *, kinds=None, numel: int | None = None,
-           learners: int | None = None, slots: bool = False,
-           model_dtype: str = "f4") -> Message:
+def decode(
+    frames,
+    *,
+    kinds=None,
+    numel: int | None = None,
+    learners: int | None = None,
+    slots: bool = False,
+    model_dtype: str = "f4",
+) -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
     Args:
@@ -254,8 +296,9 @@ def decode(frames, *, kinds=None, numel: int | None = None,
         raise WireError("empty", "empty message (no header frame)")
     raw = _buffer(frames[0])
     if _nbytes(raw) > MAX_HEADER_BYTES:
-        raise WireError("header_too_large",
-                        f"header of {_nbytes(raw):,} bytes exceeds {MAX_HEADER_BYTES:,}")
+        raise WireError(
+            "header_too_large", f"header of {_nbytes(raw):,} bytes exceeds {MAX_HEADER_BYTES:,}"
+        )
     try:
         h = msgpack.unpackb(raw, raw=False, strict_map_key=True, **_UNPACK_LIMITS)
     except Exception as exc:  # msgpack raises several types for malformed input
@@ -265,26 +308,36 @@ def decode(frames, *, kinds=None, numel: int | None = None,
     for key in _INT_KEYS:
         val = h.get(key)
         if type(val) is not int:
-            raise WireError("bad_header", f"header field {key!r} must be an integer, got {_show(val)}")
+            raise WireError(
+                "bad_header", f"header field {key!r} must be an integer, got {_show(val)}"
+            )
     if h["v"] != PROTOCOL_VERSION:
-        raise WireError("version", f"protocol version {h['v']} is not {PROTOCOL_VERSION} "
-                                   "(are all roles running the same rudra_zmq release?)")
-    kind = _KINDS.get(h["k"])   # a dict lookup: Kind(k) costs microseconds per message
+        raise WireError(
+            "version",
+            f"protocol version {h['v']} is not {PROTOCOL_VERSION} "
+            "(are all roles running the same rudra_zmq release?)",
+        )
+    kind = _KINDS.get(h["k"])  # a dict lookup: Kind(k) costs microseconds per message
     if kind is None:
         raise WireError("bad_kind", f"unknown message kind {h['k']}")
     if kinds is not None and kind not in kinds:
         names = ", ".join(sorted(k.name for k in kinds))
         raise WireError("unexpected_kind", f"{kind.name} is not accepted here (expects {names})")
     if not _HEADER_KEYS.issuperset(h):
-        raise WireError("bad_header", f"unknown header fields {_show(sorted(map(repr, set(h) - _HEADER_KEYS)))}")
+        raise WireError(
+            "bad_header", f"unknown header fields {_show(sorted(map(repr, set(h) - _HEADER_KEYS)))}"
+        )
     fields = h.get("x", {})
     if not isinstance(fields, dict):
         raise WireError("bad_header", f"field map 'x' must be a map, got {type(fields).__name__}")
     _check_fields(kind, fields)
     _check_learner_lists(kind, fields, learners)
     if "slot" in fields and not slots:
-        raise WireError("unexpected_field", f"{kind.name} x{{slot}} (a gradient in shared "
-                        "memory) goes only to a leaf that accepted it in its WELCOME")
+        raise WireError(
+            "unexpected_field",
+            f"{kind.name} x{{slot}} (a gradient in shared "
+            "memory) goes only to a leaf that accepted it in its WELCOME",
+        )
     payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields, model_dtype)
     return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
 
@@ -296,8 +349,11 @@ def _check_fields(kind: Kind, fields: dict) -> None:
             raise WireError("bad_field", f"{kind.name} has no field {_show(name)}")
         types, _ = spec[name]
         if type(val) not in types:
-            raise WireError("bad_field", f"{kind.name} field {name!r} has type "
-                                         f"{type(val).__name__}, expected {types[0].__name__}")
+            raise WireError(
+                "bad_field",
+                f"{kind.name} field {name!r} has type "
+                f"{type(val).__name__}, expected {types[0].__name__}",
+            )
     for name, (_, required) in spec.items():
         if required and name not in fields:
             raise WireError("bad_field", f"{kind.name} is missing field {name!r}")
@@ -311,32 +367,40 @@ def _check_learner_lists(kind: Kind, fields: dict, learners: int | None) -> None
     if kind == Kind.RELAY:
         clock = fields["clock"]
         if not 1 <= len(clock) <= limit:
-            raise WireError("bad_clock", f"RELAY clock has {len(clock)} entries; expected "
-                                         f"1..{limit}{top}")
+            raise WireError(
+                "bad_clock", f"RELAY clock has {len(clock)} entries; expected 1..{limit}{top}"
+            )
         for e in clock:
             if not (isinstance(e, list) and len(e) == 2 and all(type(v) is int for v in e)):
-                raise WireError("bad_clock", f"RELAY clock entry {_show(e)} is not a "
-                                             "[learner, timestamp] pair of integers")
+                raise WireError(
+                    "bad_clock",
+                    f"RELAY clock entry {_show(e)} is not a [learner, timestamp] pair of integers",
+                )
         ids, what = [e[0] for e in clock], "RELAY clock"
         if min(e[1] for e in clock) < 0:
             raise WireError("bad_clock", f"RELAY clock has a negative timestamp: {_show(clock)}")
     elif kind == Kind.HELLO and "subtree" in fields:
         ids, what = fields["subtree"], "HELLO subtree"
         if not 1 <= len(ids) <= limit or any(type(v) is not int for v in ids):
-            raise WireError("bad_field", f"HELLO subtree must list 1..{limit} learner ids"
-                                         f"{top}, got {_show(ids)}")
+            raise WireError(
+                "bad_field",
+                f"HELLO subtree must list 1..{limit} learner ids{top}, got {_show(ids)}",
+            )
     else:
         return
     bad = [i for i in ids if i < 0 or (learners is not None and i >= learners)]
     if bad:
         span = f"0..{learners - 1}{top}" if learners is not None else "ids >= 0"
-        raise WireError("bad_clock" if kind == Kind.RELAY else "bad_field",
-                        f"{what} names learner {bad[0]}, outside {span}")
+        raise WireError(
+            "bad_clock" if kind == Kind.RELAY else "bad_field",
+            f"{what} names learner {bad[0]}, outside {span}",
+        )
 
 
 def _in_shm(kind: Kind, fields: dict) -> bool:
-    return ((kind in (Kind.PUSH, Kind.PUSHPULL) and "slot" in fields)
-            or (kind == Kind.WEIGHTS and fields.get("board", False)))
+    return (kind in (Kind.PUSH, Kind.PUSHPULL) and "slot" in fields) or (
+        kind == Kind.WEIGHTS and fields.get("board", False)
+    )
 
 
 def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
@@ -345,29 +409,46 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
         raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1, got {_show(fields)}")
     lo, hi = (0, 0) if in_shm else _PAYLOAD_FRAMES[kind]
     if not isinstance(descr, list) or len(descr) != len(frames):
-        raise WireError("bad_payload", f"{kind.name}: header describes "
-                        f"{len(descr) if isinstance(descr, list) else _show(descr)} payload frames "
-                        f"but {len(frames)} arrived")
+        raise WireError(
+            "bad_payload",
+            f"{kind.name}: header describes "
+            f"{len(descr) if isinstance(descr, list) else _show(descr)} payload frames "
+            f"but {len(frames)} arrived",
+        )
     if not lo <= len(frames) <= hi:
-        raise WireError("bad_payload", f"{kind.name} carries {lo}..{hi} payload frames, "
-                                       f"got {len(frames)}")
+        raise WireError(
+            "bad_payload", f"{kind.name} carries {lo}..{hi} payload frames, got {len(frames)}"
+        )
     out = []
     for i, (d, frame) in enumerate(zip(descr, frames)):
-        if (not isinstance(d, list) or len(d) != 2 or type(d[0]) is not str
-                or d[0] not in PAYLOAD_DTYPES
-                or type(d[1]) is not int or d[1] < 0):
-            raise WireError("bad_payload", f"{kind.name}: payload {i} descriptor {_show(d)} is not "
-                                           f"[dtype in {list(PAYLOAD_DTYPES)}, count >= 0]")
+        if (
+            not isinstance(d, list)
+            or len(d) != 2
+            or type(d[0]) is not str
+            or d[0] not in PAYLOAD_DTYPES
+            or type(d[1]) is not int
+            or d[1] < 0
+        ):
+            raise WireError(
+                "bad_payload",
+                f"{kind.name}: payload {i} descriptor {_show(d)} is not "
+                f"[dtype in {list(PAYLOAD_DTYPES)}, count >= 0]",
+            )
         dtype = PAYLOAD_DTYPES[d[0]]
         buf = _buffer(frame)
         nbytes = _nbytes(buf)
         if nbytes != d[1] * dtype.itemsize:
-            raise WireError("bad_length", f"{kind.name}: payload {i} has {nbytes:,} bytes, "
-                                          f"its header says {d[1]:,} x {d[0]}")
+            raise WireError(
+                "bad_length",
+                f"{kind.name}: payload {i} has {nbytes:,} bytes, its header says {d[1]:,} x {d[0]}",
+            )
         if kind in _RUN_DTYPE and d[0] != model_dtype:
-            raise WireError("bad_dtype", f"{kind.name}: model payloads are {model_dtype} in "
-                                         f"this run, payload {i} is {d[0]} (is the sender "
-                                         "running another wire dtype?)")
+            raise WireError(
+                "bad_dtype",
+                f"{kind.name}: model payloads are {model_dtype} in "
+                f"this run, payload {i} is {d[0]} (is the sender "
+                "running another wire dtype?)",
+            )
         out.append(np.frombuffer(buf, dtype=dtype))
     if numel is not None and kind in _MODEL_SIZED and not in_shm:
         _check_numel(kind, sum(d[1] for d in descr), numel)
@@ -376,7 +457,9 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
 
 def _check_numel(kind: Kind, total: int, numel: int) -> None:
     if total != numel:
-        raise WireError("bad_length", f"{kind.name} carries {total:,} floats; the model has "
-                                      f"{numel:,} (is the sender running another model "
-                                      "config?)")
-
+        raise WireError(
+            "bad_length",
+            f"{kind.name} carries {total:,} floats; the model has "
+            f"{numel:,} (is the sender running another model "
+            "config?)",
+        )

@@ -2,6 +2,7 @@
 
 Every helper owns its context and sockets, binds random loopback ports and cleans up.
 """
+
 import contextlib
 import json
 import os
@@ -20,9 +21,18 @@ from rudra_zmq.wire import Kind
 
 
 def small_config(*overrides):
-    base = ["model.name=mlp", "data.dataset=digits", "sync.learners=2", "sync.batch_size=8",
-            "optimizer.lr=0.1", "optimizer.momentum=0.9", "optimizer.weight_decay=0.001",
-            "train.epochs=100", "train.eval_every_epochs=0", "runtime.timeout_s=20"]
+    base = [
+        "model.name=mlp",
+        "data.dataset=digits",
+        "sync.learners=2",
+        "sync.batch_size=8",
+        "optimizer.lr=0.1",
+        "optimizer.momentum=0.9",
+        "optimizer.weight_decay=0.001",
+        "train.epochs=100",
+        "train.eval_every_epochs=0",
+        "runtime.timeout_s=20",
+    ]
     return load_config(None, [*base, *overrides])
 
 
@@ -91,8 +101,9 @@ def kill_during_training(cmd, run_dir, pick, cwd=None, start_timeout=90, stop_ti
 
     Blocks up to ``start_timeout + stop_timeout`` seconds; kills the run on every exit path.
     """
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=cwd)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd
+    )
     try:
         deadline = time.time() + start_timeout
         victim = None

@@ -1,5 +1,6 @@
 """A `rudra-zmq run` in the background for the failure tests (test_fault_*.py): start it,
 wait for a timestamp, signal one of its processes, read its metrics."""
+
 import json
 import os
 import subprocess
@@ -25,9 +26,10 @@ def records(run_dir, kind=None):
 
 def newest_ts(run_dir) -> int:
     try:
-        return max((r.get("ts", 0) for r in records(run_dir) if r["type"] in ("ps", "update")),
-                   default=0)
-    except (OSError, ValueError):   # not there yet, or a line half written
+        return max(
+            (r.get("ts", 0) for r in records(run_dir) if r["type"] in ("ps", "update")), default=0
+        )
+    except (OSError, ValueError):  # not there yet, or a line half written
         return 0
 
 
@@ -39,7 +41,7 @@ def role_pids(run_dir, label=None) -> list[int]:
 
 
 def pid_of(run_dir, label) -> int:
-    return role_pids(run_dir, label)[-1]   # the newest (after restarts)
+    return role_pids(run_dir, label)[-1]  # the newest (after restarts)
 
 
 class Run:
@@ -48,12 +50,16 @@ class Run:
     def __init__(self, tmp_path, name, overrides, config="quickstart.yaml", resume=False):
         self.dir = tmp_path / name
         cmd = [sys.executable, "-m", "rudra_zmq", "run"]
-        cmd += ["--resume", str(self.dir)] if resume else [str(ROOT / "configs" / config),
-                                                           "--run-dir", str(self.dir)]
+        cmd += (
+            ["--resume", str(self.dir)]
+            if resume
+            else [str(ROOT / "configs" / config), "--run-dir", str(self.dir)]
+        )
         for o in overrides:
             cmd += ["--set", o]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+        )
 
     def wait_ts(self, ts, timeout=90):
         """Block until the PS reported timestamp ``ts`` (at most ``timeout`` s)."""

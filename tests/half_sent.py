@@ -16,6 +16,7 @@ reading (its one-message queue is full), so the push stays half-sent. Then:
   used again, so the window stays open and libzmq aborts every time, whatever the linger.
   The libzmq bug itself, deterministically.
 """
+
 import sys
 import time
 from pathlib import Path
@@ -27,19 +28,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rudra_zmq import transport, wire  # noqa: E402
 from rudra_zmq.wire import Kind  # noqa: E402
 
-NUMEL = 50 << 20            # 200 MiB of float32, ImageNet-sized
-CHUNK = 8 << 20             # runtime.chunk_mib's default
-SETTLE_S = 0.5              # for the I/O thread to fill the kernel's buffers and stall
+NUMEL = 50 << 20  # 200 MiB of float32, ImageNet-sized
+CHUNK = 8 << 20  # runtime.chunk_mib's default
+SETTLE_S = 0.5  # for the I/O thread to fill the kernel's buffers and stall
 
 
 def round_(ctx, grad, mode: str) -> None:
     """One push left half-sent, then the end of its connection (see the module docstring)."""
-    ps = transport.make_socket(ctx, zmq.ROUTER, hwm=1,
-                               max_bytes=transport.frame_limit(4 * NUMEL))
+    ps = transport.make_socket(ctx, zmq.ROUTER, hwm=1, max_bytes=transport.frame_limit(4 * NUMEL))
     endpoint = transport.bind(ps, "tcp://127.0.0.1:0")
-    ch = transport.Channel(ctx, endpoint, 0, name="ps", timeout_ms=5_000, hwm=4,
-                           max_bytes=transport.frame_limit(4 * NUMEL))
-    ch.send(Kind.HELLO, model="m", numel=NUMEL)   # fills the ROUTER's queue of one message
+    ch = transport.Channel(
+        ctx,
+        endpoint,
+        0,
+        name="ps",
+        timeout_ms=5_000,
+        hwm=4,
+        max_bytes=transport.frame_limit(4 * NUMEL),
+    )
+    ch.send(Kind.HELLO, model="m", numel=NUMEL)  # fills the ROUTER's queue of one message
     if not ps.poll(5_000):
         raise SystemExit("the ROUTER never got the HELLO")
     ch.send(Kind.PUSH, 0, wire.chunk(grad, CHUNK))
@@ -48,7 +55,7 @@ def round_(ctx, grad, mode: str) -> None:
         ch.sock.disconnect(endpoint)
         time.sleep(2 * transport.LINGER_MS / 1000)
         ps.close(linger=0)
-        time.sleep(SETTLE_S)   # the channel's engine sees the connection end meanwhile
+        time.sleep(SETTLE_S)  # the channel's engine sees the connection end meanwhile
         ch.close()
     else:
         ps.close(linger=0)

@@ -6,6 +6,7 @@ not the process boundary: a run of 4 learners then imports torch once instead of
 (~3 s of CPU each on 2 cores). Tests about processes (a role that dies, a killed launcher)
 keep using ``rudra-zmq run``.
 """
+
 import threading
 
 import zmq
@@ -14,7 +15,7 @@ from rudra_zmq import kernels, transport
 from rudra_zmq.config import load_config
 from rudra_zmq.launch.run_plan import learner_endpoints, learner_threads, make_plan, summary
 
-JOIN_S = 300     # the longest a role may take to end after training did (a hang guard only)
+JOIN_S = 300  # the longest a role may take to end after training did (a hang guard only)
 
 
 def run_in_threads(config, overrides, run_dir):
@@ -47,9 +48,9 @@ def run_in_threads(config, overrides, run_dir):
                 ready.set()
                 if serve_event is not None:
                     server.serve_forever(serve_event)
-                else:   # a learner
+                else:  # a learner
                     server.run(stop_event=failed)
-            except BaseException as exc:   # surfaced below
+            except BaseException as exc:  # surfaced below
                 errors.append((name, exc))
                 failed.set()
             finally:
@@ -63,21 +64,38 @@ def run_in_threads(config, overrides, run_dir):
     servers = [
         role("stats", lambda: StatsServer(cfg, ep["stats"], plan.run_dir, ctx), stop),
         role("data", lambda: DataServer(cfg, ep["data"], ctx), stop),
-        role("ps", lambda: ParameterServer(cfg, ep["ps"], ep["stats"], plan.run_dir, ctx,
-                                           broadcast=ep.get("bcast")), failed),
+        role(
+            "ps",
+            lambda: ParameterServer(
+                cfg, ep["ps"], ep["stats"], plan.run_dir, ctx, broadcast=ep.get("bcast")
+            ),
+            failed,
+        ),
     ]
-    if plan.tree is not None:   # the top level first: a node's parent must be bound
+    if plan.tree is not None:  # the top level first: a node's parent must be bound
         for node in sorted(plan.tree.nodes, key=lambda n: -n.level):
             parent = ep["ps"] if node.parent is None else ep[f"node{node.parent}"]
-            servers.append(role(f"node{node.id}", lambda n=node, p=parent: TreeNode(
-                cfg, n.id, ep[f"node{n.id}"], p, ctx), failed))
+            servers.append(
+                role(
+                    f"node{node.id}",
+                    lambda n=node, p=parent: TreeNode(cfg, n.id, ep[f"node{n.id}"], p, ctx),
+                    failed,
+                )
+            )
     learners = []
     for i in range(cfg.sync.learners):
         le = learner_endpoints(plan, i)
-        learners.append(role(f"learner{i}", lambda i=i, le=le: Learner(
-            cfg, i, le["ps"], le["data"], le["stats"], ctx, le["bcast"]), None))
+        learners.append(
+            role(
+                f"learner{i}",
+                lambda i=i, le=le: Learner(
+                    cfg, i, le["ps"], le["data"], le["stats"], ctx, le["bcast"]
+                ),
+                None,
+            )
+        )
     try:
-        for t in learners + servers[2:] + servers[:1]:   # learners, PS and nodes, stats
+        for t in learners + servers[2:] + servers[:1]:  # learners, PS and nodes, stats
             t.join(JOIN_S)
             if t.is_alive():
                 failed.set()
@@ -93,7 +111,7 @@ def run_in_threads(config, overrides, run_dir):
         # A role still inside a request (a test cut short by its timeout) must not have its
         # sockets closed under it (libzmq aborts the process): leave them to their timeouts.
         if not any(t.is_alive() for t in learners + servers):
-            if transport.security() is not None:   # its ZAP handler, before the context
+            if transport.security() is not None:  # its ZAP handler, before the context
                 transport.security().release(ctx)
             ctx.destroy(linger=0)
     return plan.run_dir, summary(plan)

@@ -3,6 +3,7 @@
 They live in ``rudra_zmq/benchmarks/numpy_twins.py`` so that the installed benchmark
 (``rudra-zmq bench kernels``) has them too; tests import them from here as ``oracles``.
 """
+
 from rudra_zmq.benchmarks.numpy_twins import (  # noqa: F401
     accumulate,
     accumulate_bf16,

@@ -8,6 +8,7 @@ The launcher is the real one with its PS command pointed at this file; the PS is
 with one method wrapped, in its first incarnation only (a restarted one has ``--resume``).
 ``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at.
 """
+
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ def before(cls, name, when=lambda: True):
         if when():
             die()
         return original(*args, **kwargs)
+
     setattr(cls, name, wrapped)
 
 
@@ -41,18 +43,19 @@ def after(cls, name):
     def wrapped(*args, **kwargs):
         original(*args, **kwargs)
         die()
+
     setattr(cls, name, wrapped)
 
 
 def arm(point: str) -> None:
-    if point == "stopping":      # training over (its checkpoint written); STOP number k
+    if point == "stopping":  # training over (its checkpoint written); STOP number k
         calls, k = [], int(os.environ.get("PS_CRASH_STOP", "1"))
         before(ps.ParameterServer, "_stop", lambda: calls.append(1) or len(calls) >= k)
-    elif point == "finishing":   # every learner told; before the final checkpoint
+    elif point == "finishing":  # every learner told; before the final checkpoint
         before(ps.ParameterServer, "_finish")
-    elif point == "sending-done":   # the "done" record just handed to ZeroMQ
+    elif point == "sending-done":  # the "done" record just handed to ZeroMQ
         after(ps_report.PSReport, "done")
-    elif point == "after-final":    # ps_final.json written
+    elif point == "after-final":  # ps_final.json written
         after(ps, "write_final")
     else:
         raise SystemExit(f"PS_CRASH_AT={point!r}: one of {', '.join(POINTS)}")
@@ -63,8 +66,9 @@ def main(argv) -> int:
     if role == "run":
         here = os.path.abspath(__file__)
         real = launcher._role_command
-        launcher._role_command = lambda r, a: ([sys.executable, here, r, *a] if r == "ps"
-                                               else real(r, a))
+        launcher._role_command = lambda r, a: (
+            [sys.executable, here, r, *a] if r == "ps" else real(r, a)
+        )
     elif "--resume" not in args:
         arm(os.environ["PS_CRASH_AT"])
     return cli.main([role, *args])

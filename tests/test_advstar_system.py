@@ -2,6 +2,7 @@
 learners (each a broadcast member) of architecture.kind=advstar; as threads of this process
 where training is the subject (tests/inproc.py), as processes of `rudra-zmq run` where a
 process dies or is started by hand."""
+
 import json
 import os
 import signal
@@ -22,8 +23,7 @@ def records(run_dir, kind):
     return [r for r in map(json.loads, lines) if r["type"] == kind]
 
 
-def test_quickstart_advstar_trains_to_high_accuracy_with_weights_only_from_the_broadcast(
-        tmp_path):
+def test_quickstart_advstar_trains_to_high_accuracy_with_weights_only_from_the_broadcast(tmp_path):
     run_dir, out = threaded_run(tmp_path, "advstar", ["runtime.timeout_s=60"], config=CONFIG)
     assert "broadcast: root -> learner 0" in out and "broadcast: learner 2 -> learner 3" in out
     evals = records(run_dir, "eval")
@@ -35,8 +35,9 @@ def test_quickstart_advstar_trains_to_high_accuracy_with_weights_only_from_the_b
         newest[r["learner"]] = max(newest.get(r["learner"], 0), r["ts"])
     assert sorted(newest) == [0, 1, 2, 3] and min(newest.values()) > 0, newest
     ups = updates(run_dir)
-    assert len(ups) >= 100 and all(r["n_grads"] >= 4 for r in ups)   # 1-softsync, λ = 4
+    assert len(ups) >= 100 and all(r["n_grads"] >= 4 for r in ups)  # 1-softsync, λ = 4
     from rudra_zmq.config import load_config
+
     alpha0 = load_config(CONFIG).optimizer.lr
     for r in ups:
         assert r["lr"] == pytest.approx(alpha0 / max(r["mean_sigma"], 1.0), rel=1e-12)
@@ -48,8 +49,9 @@ def test_a_broadcast_member_that_dies_stops_the_run_with_a_clear_message(tmp_pat
     cmd = [sys.executable, "-m", "rudra_zmq", "run", str(CONFIG), "--run-dir", str(run_dir)]
     for o in [*DIGITS, "train.epochs=1000"]:
         cmd += ["--set", o]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
     try:
         deadline = time.time() + 90
         victim = None
@@ -78,24 +80,50 @@ def test_a_learner_started_by_hand_times_out_naming_its_silent_broadcast_upstrea
     from rudra_zmq.wire import Kind
 
     ctx = zmq.Context()
-    leaf = ctx.socket(zmq.ROUTER)                      # answers the learner's HELLO, no more
+    leaf = ctx.socket(zmq.ROUTER)  # answers the learner's HELLO, no more
     leaf.setsockopt(zmq.LINGER, 0)
     leaf_ep = f"tcp://127.0.0.1:{leaf.bind_to_random_port('tcp://127.0.0.1')}"
-    silent = transport.free_tcp_endpoint()             # learner 0 was never started
-    cmd = [sys.executable, "-m", "rudra_zmq", "learner", "--config", str(CONFIG),
-           "--id", "1", "--ps", leaf_ep, "--data", transport.free_tcp_endpoint(),
-           "--bcast-upstream", silent]
+    silent = transport.free_tcp_endpoint()  # learner 0 was never started
+    cmd = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "learner",
+        "--config",
+        str(CONFIG),
+        "--id",
+        "1",
+        "--ps",
+        leaf_ep,
+        "--data",
+        transport.free_tcp_endpoint(),
+        "--bcast-upstream",
+        silent,
+    ]
     for o in ["sync.learners=2", "runtime.timeout_s=3"]:
         cmd += ["--set", o]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
     try:
         assert leaf.poll(90_000), "the learner never said HELLO"
         ident, *frames = leaf.recv_multipart()
         hello = wire.decode(frames)
-        leaf.send_multipart([ident, *wire.encode(
-            Kind.WELCOME, wire.node_sender(0), 1, 0, 7,
-            [np.zeros(hello.fields["numel"], np.float32)], learners=2, protocol="softsync")])
+        leaf.send_multipart(
+            [
+                ident,
+                *wire.encode(
+                    Kind.WELCOME,
+                    wire.node_sender(0),
+                    1,
+                    0,
+                    7,
+                    [np.zeros(hello.fields["numel"], np.float32)],
+                    learners=2,
+                    protocol="softsync",
+                ),
+            ]
+        )
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -103,5 +131,7 @@ def test_a_learner_started_by_hand_times_out_naming_its_silent_broadcast_upstrea
             proc.communicate()
         ctx.destroy(linger=0)
     assert proc.returncode == 1, out
-    assert (f"learner 1: no weights from learner 0 at {silent} for 3 s (runtime.timeout_s) "
-            "while training is not finished") in out, out
+    assert (
+        f"learner 1: no weights from learner 0 at {silent} for 3 s (runtime.timeout_s) "
+        "while training is not finished"
+    ) in out, out

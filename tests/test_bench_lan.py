@@ -6,6 +6,7 @@ timing thresholds (the machine is shared). The emulated-LAN tests need root and 
 and skip with the reason otherwise; they use namespaces with a prefix of their own and check
 that nothing is left behind.
 """
+
 import csv
 import json
 import os
@@ -33,8 +34,13 @@ def bench_cmd(name, *args):
 def run_json(name, *args, timeout=100):
     """``rudra-zmq bench NAME ARGS --json``: (JSON records, its pid); fails the test on exit
     != 0."""
-    proc = subprocess.Popen(bench_cmd(name, *args, "--json"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        bench_cmd(name, *args, "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -55,21 +61,30 @@ def csv_rows(path):
 
 def test_root_ingress_counts_one_model_per_gradient_message_and_less_through_a_tree(tmp_path):
     archs = ["base", "adv"] + (["advstar"] if advstar_available() else [])
-    recs, _ = run_json("root-ingress", "--quick", "--archs", *archs,
-                       "--csv", str(tmp_path / "ri.csv"), "--png", str(tmp_path / "ri.png"))
+    recs, _ = run_json(
+        "root-ingress",
+        "--quick",
+        "--archs",
+        *archs,
+        "--csv",
+        str(tmp_path / "ri.csv"),
+        "--png",
+        str(tmp_path / "ri.png"),
+    )
     cases = [r for r in recs if r["type"] == "case"]
-    assert {(c["arch"], c["protocol"]) for c in cases} == {   # advstar has no hardsync
-        (a, p) for a in archs for p in ("softsync", "hardsync") if (a, p) != ("advstar",
-                                                                            "hardsync")}
+    assert {(c["arch"], c["protocol"]) for c in cases} == {  # advstar has no hardsync
+        (a, p) for a in archs for p in ("softsync", "hardsync") if (a, p) != ("advstar", "hardsync")
+    }
     for c in cases:
         assert c["learners"] == 4 and c["params"] == c["numel"] == 10_000
         assert c["root_grad_bytes_total"] == c["numel"] * 4 * c["root_grad_msgs_total"]
-        assert c["root_rx_bytes_total"] > c["root_grad_bytes_total"]   # headers too
+        assert c["root_rx_bytes_total"] > c["root_grad_bytes_total"]  # headers too
         assert c["updates"] >= 2 and c["s_per_update"] > 0
-        assert c["grads_per_update"] >= c["learners"]                   # 1-softsync, hardsync
+        assert c["grads_per_update"] >= c["learners"]  # 1-softsync, hardsync
         assert c["root_rx_bytes_per_update"] >= c["root_grad_msgs_per_update"] * 40_000
         assert c["rss_sum_mib"] > 0 and c["processes"] == 1 + c["learners"] + (
-            c["learners"] // c["fanout"] if c["arch"] != "base" else 0)
+            c["learners"] // c["fanout"] if c["arch"] != "base" else 0
+        )
     by = {(c["arch"], c["protocol"]): c for c in cases}
     # base: one message per gradient; hardsync through leaves of 2: exactly one per leaf
     assert by["base", "hardsync"]["root_grad_msgs_per_update"] == 4
@@ -77,7 +92,7 @@ def test_root_ingress_counts_one_model_per_gradient_message_and_less_through_a_t
     assert by["adv", "hardsync"]["root_grad_msgs_per_update"] == 2
     assert by["adv", "hardsync"]["ingress_per_update_vs_base"] > 1.5
     assert by["adv", "softsync"]["grads_per_root_msg"] >= 1
-    if "advstar" in archs:   # the weights leave the root once per version, by the broadcast
+    if "advstar" in archs:  # the weights leave the root once per version, by the broadcast
         assert by["advstar", "softsync"]["root_bcast_bytes_per_update"] > 0
     assert len(csv_rows(tmp_path / "ri.csv")) == len(cases)
     assert (tmp_path / "ri.png").read_bytes()[:8] == PNG_MAGIC
@@ -87,8 +102,9 @@ def test_root_ingress_with_gathering_leaves_gets_whole_subtrees_under_softsync()
     """architecture.relay: gather — each relay carries its leaf's 2 learners, counted at the
     root: the root's ingress per gradient falls by exactly the fan-out factor."""
     archs = ["adv"] + (["advstar"] if advstar_available() else [])
-    recs, _ = run_json("root-ingress", "--quick", "--relay", "gather",
-                       "--protocols", "softsync", "--archs", *archs)
+    recs, _ = run_json(
+        "root-ingress", "--quick", "--relay", "gather", "--protocols", "softsync", "--archs", *archs
+    )
     cases = [r for r in recs if r["type"] == "case"]
     assert {c["arch"] for c in cases} == set(archs)
     for c in cases:
@@ -108,8 +124,7 @@ def _lan_skip_reason():
     return None
 
 
-needs_lan = pytest.mark.skipif(_lan_skip_reason() is not None,
-                               reason=_lan_skip_reason() or "")
+needs_lan = pytest.mark.skipif(_lan_skip_reason() is not None, reason=_lan_skip_reason() or "")
 
 
 def namespaces(prefix):
@@ -127,7 +142,7 @@ def netns(*args, check=True):
 def lan_prefix():
     prefix = f"rzp{os.getpid() % 100000}"
     yield prefix
-    netns("down", "--prefix", prefix, check=False)   # whatever the test left
+    netns("down", "--prefix", prefix, check=False)  # whatever the test left
     assert namespaces(prefix) == []
 
 
@@ -136,32 +151,64 @@ def test_netns_up_builds_shaped_hosts_that_reach_each_other_and_down_removes_the
     out = netns("up", "2", "1gbit", "--prefix", lan_prefix).stdout.split("\n")
     hosts = [ln.split() for ln in out if ln.startswith("host ")]
     assert [(h[1], h[2], h[3]) for h in hosts] == [
-        ("0", f"{lan_prefix}-h0", "10.77.0.1"), ("1", f"{lan_prefix}-h1", "10.77.0.2")]
-    assert sorted(namespaces(lan_prefix)) == sorted([f"{lan_prefix}-br", f"{lan_prefix}-h0",
-                                                     f"{lan_prefix}-h1"])
+        ("0", f"{lan_prefix}-h0", "10.77.0.1"),
+        ("1", f"{lan_prefix}-h1", "10.77.0.2"),
+    ]
+    assert sorted(namespaces(lan_prefix)) == sorted(
+        [f"{lan_prefix}-br", f"{lan_prefix}-h0", f"{lan_prefix}-h1"]
+    )
     assert netns("up", "2", "--prefix", lan_prefix, check=False).returncode != 0  # already up
-    for i in (0, 1):   # each host link is shaped both ways
-        q = subprocess.run(["tc", "-n", f"{lan_prefix}-h{i}", "qdisc", "show", "dev", "eth0"],
-                           capture_output=True, text=True).stdout
+    for i in (0, 1):  # each host link is shaped both ways
+        q = subprocess.run(
+            ["tc", "-n", f"{lan_prefix}-h{i}", "qdisc", "show", "dev", "eth0"],
+            capture_output=True,
+            text=True,
+        ).stdout
         assert "tbf" in q and "rate 1Gbit" in q, q
-        q = subprocess.run(["tc", "-n", f"{lan_prefix}-br", "qdisc", "show", "dev", f"h{i}"],
-                           capture_output=True, text=True).stdout
+        q = subprocess.run(
+            ["tc", "-n", f"{lan_prefix}-br", "qdisc", "show", "dev", f"h{i}"],
+            capture_output=True,
+            text=True,
+        ).stdout
         assert "tbf" in q and "rate 1Gbit" in q, q
     if shutil.which("ping"):
-        subprocess.run(["ip", "netns", "exec", f"{lan_prefix}-h0", "ping", "-c", "1", "-W", "2",
-                        "10.77.0.2"], check=True, capture_output=True)
+        subprocess.run(
+            ["ip", "netns", "exec", f"{lan_prefix}-h0", "ping", "-c", "1", "-W", "2", "10.77.0.2"],
+            check=True,
+            capture_output=True,
+        )
     # one TCP transfer from host 0 to host 1 (4 MiB)
     server = subprocess.Popen(
-        ["ip", "netns", "exec", f"{lan_prefix}-h1", sys.executable, "-c",
-         "import socket\ns = socket.socket(); s.bind(('10.77.0.2', 5301)); s.listen(1)\n"
-         "print('ready', flush=True); c, _ = s.accept(); n = 0\n"
-         "while (b := c.recv(1 << 16)): n += len(b)\nprint(n)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            "ip",
+            "netns",
+            "exec",
+            f"{lan_prefix}-h1",
+            sys.executable,
+            "-c",
+            "import socket\ns = socket.socket(); s.bind(('10.77.0.2', 5301)); s.listen(1)\n"
+            "print('ready', flush=True); c, _ = s.accept(); n = 0\n"
+            "while (b := c.recv(1 << 16)): n += len(b)\nprint(n)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert server.stdout.readline().strip() == "ready"
-        subprocess.run(["ip", "netns", "exec", f"{lan_prefix}-h0", sys.executable, "-c",
-                        "import socket\nc = socket.create_connection(('10.77.0.2', 5301), 10)\n"
-                        "c.sendall(b'x' * (4 << 20)); c.close()"], check=True, timeout=30)
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                f"{lan_prefix}-h0",
+                sys.executable,
+                "-c",
+                "import socket\nc = socket.create_connection(('10.77.0.2', 5301), 10)\n"
+                "c.sendall(b'x' * (4 << 20)); c.close()",
+            ],
+            check=True,
+            timeout=30,
+        )
         assert server.stdout.readline().strip() == str(4 << 20)
     finally:
         server.kill()
@@ -169,7 +216,7 @@ def test_netns_up_builds_shaped_hosts_that_reach_each_other_and_down_removes_the
     netns("down", "--prefix", lan_prefix)
     assert namespaces(lan_prefix) == []
     assert not Path(f"/run/rudra_zmq_lan/{lan_prefix}.ns").exists()
-    netns("down", "--prefix", lan_prefix)   # idempotent
+    netns("down", "--prefix", lan_prefix)  # idempotent
 
 
 @needs_lan
@@ -183,22 +230,31 @@ def test_netns_up_that_fails_half_way_removes_what_it_built(lan_prefix):
 @needs_lan
 def test_table1_quick_reports_seconds_per_epoch_and_root_ingress_and_cleans_up(tmp_path):
     names = ["base-hardsync", "base-softsync", "adv-softsync"] + (
-        ["advstar-softsync"] if advstar_available() else [])
-    recs, pid = run_json("lan-table1", "--quick", "--cases", *names,
-                         "--csv", str(tmp_path / "t1.csv"), "--png", str(tmp_path / "t1.png"))
+        ["advstar-softsync"] if advstar_available() else []
+    )
+    recs, pid = run_json(
+        "lan-table1",
+        "--quick",
+        "--cases",
+        *names,
+        "--csv",
+        str(tmp_path / "t1.csv"),
+        "--png",
+        str(tmp_path / "t1.png"),
+    )
     cases = [r for r in recs if r["type"] == "case"]
     assert [c["case"] for c in cases] == names
     for c in cases:
         assert c["learners"] == 4 and c["hosts"] == 2 and len(c["epoch_s"]) == 2
         assert c["s_per_epoch"] > 0
         want = 2 * c["epoch_gradients"]
-        if c["case"].startswith("base"):   # one gradient per message: training ends on the dot
+        if c["case"].startswith("base"):  # one gradient per message: training ends on the dot
             assert c["grads_total"] == want
-        else:   # a relay sums gradients (each learner's at most once): the last one may carry
-            assert want <= c["grads_total"] <= want - 1 + c["learners"]   # past the end
+        else:  # a relay sums gradients (each learner's at most once): the last one may carry
+            assert want <= c["grads_total"] <= want - 1 + c["learners"]  # past the end
         assert c["root_grad_bytes_total"] == c["numel"] * 4 * c["root_grad_msgs_total"]
-        assert c["root_rx_bytes_per_epoch"] >= c["numel"] * 4   # at least one model's worth
-    assert cases[0]["mean_sigma"] == 0   # hardsync
+        assert c["root_rx_bytes_per_epoch"] >= c["numel"] * 4  # at least one model's worth
+    assert cases[0]["mean_sigma"] == 0  # hardsync
     order = [r for r in recs if r["type"] == "note" and "order" in r]
     assert len(order) == 1 and set(order[0]["order"].split(" > ")) == {c["case"] for c in cases}
     assert len(csv_rows(tmp_path / "t1.csv")) == len(names)
@@ -208,18 +264,26 @@ def test_table1_quick_reports_seconds_per_epoch_and_root_ingress_and_cleans_up(t
 
 @needs_lan
 def test_table1_interrupted_by_ctrl_c_leaves_no_namespace_or_process():
-    proc = subprocess.Popen(bench_cmd("lan-table1", "--quick", "--epochs", "200", "--cases",
-                                      "base-hardsync"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(
+        bench_cmd("lan-table1", "--quick", "--epochs", "200", "--cases", "base-hardsync"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
     prefix = f"rzt{proc.pid % 1_000_000}"
     pids = set()
     try:
-        deadline = time.monotonic() + 60   # wait until learners run on both learner hosts
+        deadline = time.monotonic() + 60  # wait until learners run on both learner hosts
         while len(pids) < 3:
             assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
             time.sleep(0.1)
-            pids = {int(p) for ns in namespaces(prefix) for p in subprocess.run(
-                ["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()}
+            pids = {
+                int(p)
+                for ns in namespaces(prefix)
+                for p in subprocess.run(
+                    ["ip", "netns", "pids", ns], capture_output=True, text=True
+                ).stdout.split()
+            }
         proc.send_signal(signal.SIGINT)
         proc.wait(60)
     finally:
@@ -228,4 +292,4 @@ def test_table1_interrupted_by_ctrl_c_leaves_no_namespace_or_process():
             proc.wait()
     assert proc.returncode != 0
     assert namespaces(prefix) == []
-    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]   # PS and learners gone
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]  # PS and learners gone

@@ -5,6 +5,7 @@ equal to the oracle both ways, and no shared-memory segment or learner process l
 also when the run is stopped with SIGTERM. The seqlock is tested directly against a writer
 that publishes while a reader copies. No timing thresholds: the machine is shared.
 """
+
 import csv
 import json
 import os
@@ -44,10 +45,32 @@ def learners_of(pid: int) -> list[int]:
 def test_every_round_sums_to_the_oracle_both_ways_and_no_segment_is_left(tmp_path):
     # 10K is checked on every element, 70K (> FULL_CHECK_MAX) on a sample; k = 1 and 3
     proc = subprocess.Popen(
-        [*BENCH, "--sizes", "10K", "70K", "--learners", "1", "3",
-         "--rounds", "3", "--repeat", "2", "--warmup", "1", "--chunk-mib", "0.1",
-         "--pattern", "ramp", "--json", "--csv", str(tmp_path / "shm.csv")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            *BENCH,
+            "--sizes",
+            "10K",
+            "70K",
+            "--learners",
+            "1",
+            "3",
+            "--rounds",
+            "3",
+            "--repeat",
+            "2",
+            "--warmup",
+            "1",
+            "--chunk-mib",
+            "0.1",
+            "--pattern",
+            "ramp",
+            "--json",
+            "--csv",
+            str(tmp_path / "shm.csv"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = proc.communicate(timeout=80)
     assert proc.returncode == 0, err[-3000:]
     assert shm.our_segments(proc.pid) == []
@@ -56,7 +79,11 @@ def test_every_round_sums_to_the_oracle_both_ways_and_no_segment_is_left(tmp_pat
     assert records[0]["nproc"] >= 1 and "build_info" in records[0]
     cases = [r for r in records if r["type"] == "case"]
     assert [(r["params"], r["learners"]) for r in cases] == [
-        (10_000, 1), (10_000, 3), (70_000, 1), (70_000, 3)]
+        (10_000, 1),
+        (10_000, 3),
+        (70_000, 1),
+        (70_000, 3),
+    ]
     for r in cases:
         assert r["check_errors"] == 0 and r["version_errors"] == 0
         assert r["rounds_per_way"] == 3 * 2 and r["bytes"] == 4 * r["params"]
@@ -68,19 +95,34 @@ def test_every_round_sums_to_the_oracle_both_ways_and_no_segment_is_left(tmp_pat
     with open(tmp_path / "shm.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(int(r["params"]), int(r["learners"]), r["way"]) for r in rows] == [
-        (n, k, w) for n in (10_000, 70_000) for k in (1, 3) for w in ("ipc", "shm")]
+        (n, k, w) for n in (10_000, 70_000) for k in (1, 3) for w in ("ipc", "shm")
+    ]
 
 
 def test_sigterm_stops_the_learners_and_leaves_no_segment():
     proc = subprocess.Popen(
-        [*BENCH, "--sizes", "100K", "--learners", "2", "--rounds", "1000000",
-         "--repeat", "1", "--warmup", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            *BENCH,
+            "--sizes",
+            "100K",
+            "--learners",
+            "2",
+            "--rounds",
+            "1000000",
+            "--repeat",
+            "1",
+            "--warmup",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while len(learners_of(proc.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        time.sleep(1.0)                       # well into the timed rounds
+        time.sleep(1.0)  # well into the timed rounds
         learners = learners_of(proc.pid)
         assert len(learners) >= 2, "the learners did not start"
         proc.send_signal(signal.SIGTERM)
@@ -99,15 +141,16 @@ def test_sigterm_stops_the_learners_and_leaves_no_segment():
 
 def test_seqlock_reader_never_keeps_a_half_written_buffer():
     n = 1 << 20
-    seg = shm.Segment(f"{shm.PREFIX}_{os.getpid()}_seqlock_test",
-                           shm.VERSION_BYTES + 4 * n, create=True)
+    seg = shm.Segment(
+        f"{shm.PREFIX}_{os.getpid()}_seqlock_test", shm.VERSION_BYTES + 4 * n, create=True
+    )
     try:
         lock = shm.Seqlock(seg, n)
         sources = [np.full(n, v, np.float32) for v in (1.0, 2.0)]
         lock.publish(sources[0])
         stop, torn, versions = threading.Event(), [], []
 
-        def writer():   # publishes about as often as it takes to copy, as a busy leaf would
+        def writer():  # publishes about as often as it takes to copy, as a busy leaf would
             i = 0
             while not stop.is_set():
                 i += 1
@@ -139,7 +182,7 @@ def test_checker_counts_a_misplaced_element_against_the_oracle():
     check = shm.Checker(n, pattern)
     acc = np.empty(n, np.float32)
     shm.write(acc, 7.0, pattern)
-    acc += pattern                            # 2 x pattern + 7: two learners' sum
+    acc += pattern  # 2 x pattern + 7: two learners' sum
     assert check(acc, 7.0, mult=2)
     acc[123] += 1
     assert not check(acc, 7.0, mult=2) and check.errors == 1

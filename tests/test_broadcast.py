@@ -1,5 +1,6 @@
 """Rudra-adv* broadcast: versions travel from the root through a chain (or tree) of members,
 chunk by chunk, bit-identical and in order; credit bounds every link; bad chunks are refused."""
+
 import hashlib
 import time
 
@@ -15,12 +16,13 @@ from rudra_zmq.roles.broadcast import BroadcastMember, BroadcastRoot, default_wi
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(60)
-NUMEL, CHUNK = 10_000, 8192          # 5 chunks of at most 2,048 floats per version
+NUMEL, CHUNK = 10_000, 8192  # 5 chunks of at most 2,048 floats per version
 TOTAL = 5
 
 
 class OwningContext(zmq.Context):
     """A context that also closes the roots and members a test made, newest first."""
+
     owned: list
 
     def own(self, thing):
@@ -59,9 +61,16 @@ def weights(ts):
 
 def member(ctx, i, upstream, seen=None, **kw):
     kw.setdefault("timeout_s", 20)
-    m = BroadcastMember(ctx, "tcp://127.0.0.1:0", upstream, NUMEL, member=i, chunk_bytes=CHUNK,
-                        on_version=None if seen is None else
-                        (lambda ts, chunks: seen.append((ts, digest(chunks)))), **kw)
+    m = BroadcastMember(
+        ctx,
+        "tcp://127.0.0.1:0",
+        upstream,
+        NUMEL,
+        member=i,
+        chunk_bytes=CHUNK,
+        on_version=None if seen is None else (lambda ts, chunks: seen.append((ts, digest(chunks)))),
+        **kw,
+    )
     ctx.own(m)
     return m.start()
 
@@ -81,15 +90,15 @@ def chain(ctx, n):
 def test_a_chain_of_four_delivers_every_version_bit_identical_in_order_or_skips_superseded(ctx):
     root, members, seen = chain(ctx, 4)
     sent = {}
-    for ts in range(1, 11):                  # one at a time: nothing may be skipped
+    for ts in range(1, 11):  # one at a time: nothing may be skipped
         w = weights(ts)
         sent[ts] = digest([w])
         root.publish(ts, w)
-        w[:] = 0                             # publish copied: the caller may write at once
+        w[:] = 0  # publish copied: the caller may write at once
         wait_until(lambda ts=ts: all(m.latest()[0] == ts for m in members), what=f"version {ts}")
     for log in seen:
         assert log == [(ts, sent[ts]) for ts in range(1, 11)]
-    for ts in range(11, 61):                 # a burst: links skip what was superseded
+    for ts in range(11, 61):  # a burst: links skip what was superseded
         sent[ts] = digest([weights(ts)])
         root.publish(ts, weights(ts))
     wait_until(lambda: all(m.latest()[0] == 60 for m in members), what="version 60")
@@ -97,14 +106,14 @@ def test_a_chain_of_four_delivers_every_version_bit_identical_in_order_or_skips_
         stamps = [ts for ts, _ in log]
         assert stamps == sorted(set(stamps)) and stamps[-1] == 60, stamps
         assert all(h == sent[ts] for ts, h in log), f"member {i} got different bytes"
-        if i:                                # a member only has what its upstream completed
+        if i:  # a member only has what its upstream completed
             assert set(stamps) <= {ts for ts, _ in seen[i - 1]}
     ts, w = members[3].latest()
     assert ts == 60 and np.array_equal(w, weights(60))
     dst = np.zeros(NUMEL, np.float32)
     assert members[2].copy_latest_into(dst, newer_than=59) == 60
     assert np.array_equal(dst, weights(60))
-    assert members[2].copy_latest_into(dst, newer_than=60) == 60   # nothing newer: no copy
+    assert members[2].copy_latest_into(dst, newer_than=60) == 60  # nothing newer: no copy
     assert all(m.refused == 0 and m.aborted == 0 for m in members)
 
 
@@ -127,7 +136,7 @@ def test_a_stalled_link_holds_at_most_its_credit_and_nobody_else_waits_for_it(ct
     root.start()
     fast_seen = []
     fast = member(ctx, 0, root.endpoint, fast_seen)
-    stalled = ctx.socket(zmq.DEALER)            # a member that grants one version, then hangs
+    stalled = ctx.socket(zmq.DEALER)  # a member that grants one version, then hangs
     stalled.setsockopt(zmq.LINGER, 0)
     stalled.setsockopt(zmq.RCVTIMEO, 5000)
     stalled.setsockopt(zmq.ROUTING_ID, b"stalled")
@@ -147,8 +156,9 @@ def test_a_stalled_link_holds_at_most_its_credit_and_nobody_else_waits_for_it(ct
     assert [c.credit for c in root._fan.kids.values() if c.member == 7] == [0]
     # credit again: it gets the newest version whole, having skipped only superseded ones
     stalled.send_multipart(wire.encode(Kind.CREDIT, 7, 2, credit=TOTAL, reset=False))
-    got = [wire.decode(stalled.recv_multipart()) for _ in range(TOTAL)] if stalled.poll(5000) \
-        else []
+    got = (
+        [wire.decode(stalled.recv_multipart()) for _ in range(TOTAL)] if stalled.poll(5000) else []
+    )
     assert [(m.ts, m.fields["chunk"]) for m in got] == [(40, c) for c in range(TOTAL)]
     assert digest([m.payloads[0] for m in got]) == digest([weights(40)])
     stalled.close(0)
@@ -173,22 +183,42 @@ class FakeUpstream:
 
     def version(self, ts, w):
         for i, off in enumerate(range(0, NUMEL, CHUNK // 4)):
-            part = w[off:off + CHUNK // 4]
-            self.send(wire.encode(Kind.BCAST, wire.SENDER_PS, i, ts, payloads=[part], chunk=i,
-                                  offset=off, total=TOTAL))
+            part = w[off : off + CHUNK // 4]
+            self.send(
+                wire.encode(
+                    Kind.BCAST,
+                    wire.SENDER_PS,
+                    i,
+                    ts,
+                    payloads=[part],
+                    chunk=i,
+                    offset=off,
+                    total=TOTAL,
+                )
+            )
 
 
 def bcast(ts=2, chunk=0, offset=0, total=TOTAL, n=2048, sender=wire.SENDER_PS, dtype=np.float32):
-    return wire.encode(Kind.BCAST, sender, 1, ts, payloads=[np.ones(n, dtype)], chunk=chunk,
-                       offset=offset, total=total)
+    return wire.encode(
+        Kind.BCAST,
+        sender,
+        1,
+        ts,
+        payloads=[np.ones(n, dtype)],
+        chunk=chunk,
+        offset=offset,
+        total=total,
+    )
 
 
 def test_invalid_broadcast_messages_are_refused_without_touching_the_newest_version(ctx):
     up = FakeUpstream(ctx)
     m = member(ctx, 1, up.endpoint, children=[3])
     first = up.credit()
-    assert first.sender == 1 and first.fields == {"credit": default_window(NUMEL, CHUNK),
-                                                  "reset": True}
+    assert first.sender == 1 and first.fields == {
+        "credit": default_window(NUMEL, CHUNK),
+        "reset": True,
+    }
     child = ctx.socket(zmq.DEALER)
     child.setsockopt(zmq.LINGER, 0)
     child.setsockopt(zmq.RCVTIMEO, 5000)
@@ -205,8 +235,11 @@ def test_invalid_broadcast_messages_are_refused_without_touching_the_newest_vers
         "pickled payload": [msgpack.packb({**header, "p": [["O", 8]]}), b"\x80\x04K\x01."],
         "int64 payload": bcast(dtype=np.int64),
         "length not as declared": [bcast()[0], np.ones(7, np.float32)],
-        "two payloads": [msgpack.packb({**header, "p": [["f4", 1], ["f4", 1]]}),
-                         np.ones(1, np.float32), np.ones(1, np.float32)],
+        "two payloads": [
+            msgpack.packb({**header, "p": [["f4", 1], ["f4", 1]]}),
+            np.ones(1, np.float32),
+            np.ones(1, np.float32),
+        ],
         "chunk 0 not at offset 0": bcast(offset=8),
         "chunk without its predecessors": bcast(chunk=2, offset=4096),
         "no chunks": bcast(total=0),
@@ -225,10 +258,13 @@ def test_invalid_broadcast_messages_are_refused_without_touching_the_newest_vers
     assert not child.poll(300), "a refused chunk must not be forwarded"
     # a version in progress survives an intruding bad chunk, and the link still works
     w2 = weights(2)
-    up.send(wire.encode(Kind.BCAST, wire.SENDER_PS, 1, 2, payloads=[w2[:2048]], chunk=0,
-                        offset=0, total=TOTAL))
+    up.send(
+        wire.encode(
+            Kind.BCAST, wire.SENDER_PS, 1, 2, payloads=[w2[:2048]], chunk=0, offset=0, total=TOTAL
+        )
+    )
     up.send(bcast(ts=2, chunk=2, offset=2048))
-    up.version(2, w2)   # restarts at chunk 0: the partial one is abandoned, not mixed
+    up.version(2, w2)  # restarts at chunk 0: the partial one is abandoned, not mixed
     wait_until(lambda: m.latest()[0] == 2, what="version 2")
     assert digest([m.latest()[1]]) == digest([w2]) and m.aborted == 1
     assert m.refused == len(bad) + 1
@@ -241,11 +277,14 @@ def test_invalid_broadcast_messages_are_refused_without_touching_the_newest_vers
 
 
 def test_a_member_whose_upstream_is_silent_times_out_naming_it(ctx):
-    nobody = "tcp://127.0.0.1:9"   # discard port: nothing answers
+    nobody = "tcp://127.0.0.1:9"  # discard port: nothing answers
     m = member(ctx, 3, nobody, timeout_s=0.5, upstream_name="learner 2")
     wait_until(lambda: m.error is not None, what="the timeout")
-    with pytest.raises(TimeoutError, match=r"learner 3: no weights from learner 2 at "
-                                           r"tcp://127.0.0.1:9 for 0.5 s \(runtime.timeout_s\)"):
+    with pytest.raises(
+        TimeoutError,
+        match=r"learner 3: no weights from learner 2 at "
+        r"tcp://127.0.0.1:9 for 0.5 s \(runtime.timeout_s\)",
+    ):
         m.check()
 
 
@@ -259,12 +298,16 @@ def test_stop_travels_down_the_chain_and_ends_the_timeout(ctx):
     assert all(m.latest()[0] == 1 for m in members)
     time.sleep(1.0)
     for m in members:
-        m.check()     # silent upstream after STOP is not an error
+        m.check()  # silent upstream after STOP is not an error
 
 
 def test_advstar_config_is_spelled_advstar_and_is_asynchronous():
-    cfg = small_config("architecture.kind=advstar", "sync.protocol=softsync",
-                       "sync.learners=5", "architecture.broadcast_fanout=2")
+    cfg = small_config(
+        "architecture.kind=advstar",
+        "sync.protocol=softsync",
+        "sync.learners=5",
+        "architecture.broadcast_fanout=2",
+    )
     assert [topology.broadcast_upstream(cfg, i) for i in range(5)] == [None, None, 0, 0, 1]
     assert topology.broadcast_children(cfg, None) == [0, 1]
     assert topology.broadcast_children(cfg, 1) == [4] and topology.broadcast_children(cfg, 2) == []
@@ -275,8 +318,9 @@ def test_advstar_config_is_spelled_advstar_and_is_asynchronous():
     with pytest.raises(ConfigError, match="hardsync is not supported.*architecture.kind=adv"):
         small_config("architecture.kind=advstar", "sync.protocol=hardsync")
     with pytest.raises(ConfigError, match="broadcast_fanout must be >= 1"):
-        small_config("architecture.kind=advstar", "sync.protocol=async",
-                     "architecture.broadcast_fanout=0")
+        small_config(
+            "architecture.kind=advstar", "sync.protocol=async", "architecture.broadcast_fanout=0"
+        )
 
 
 def test_role_commands_ask_for_the_broadcast_endpoints_advstar_needs(tmp_path, capsys):
@@ -286,15 +330,20 @@ def test_role_commands_ask_for_the_broadcast_endpoints_advstar_needs(tmp_path, c
     cfg.write_text("architecture: {kind: advstar, fanout: 2}\nsync: {protocol: async}\n")
     base = ["--config", str(cfg)]
     assert cli.main(["ps", *base, "--bind", "tcp://h:1"]) == 2
-    assert "--bcast-bind (the endpoint the broadcast root binds) is needed" in \
-        capsys.readouterr().err
+    assert (
+        "--bcast-bind (the endpoint the broadcast root binds) is needed" in capsys.readouterr().err
+    )
     learner = ["learner", *base, "--id", "0,1", "--ps", "tcp://h:1", "--data", "tcp://h:2"]
     assert cli.main([*learner, "--bcast-upstream", "tcp://h:5"]) == 2
-    assert "one --bcast-upstream and one --bcast-bind endpoint per learner id (2)" in \
-        capsys.readouterr().err
+    assert (
+        "one --bcast-upstream and one --bcast-bind endpoint per learner id (2)"
+        in capsys.readouterr().err
+    )
     assert cli.main([*learner, "--bcast-upstream", "tcp://h:5,tcp://h:6"]) == 2
-    assert "learner 0 forwards the broadcast to learners 1: give it a --bcast-bind" in \
-        capsys.readouterr().err
+    assert (
+        "learner 0 forwards the broadcast to learners 1: give it a --bcast-bind"
+        in capsys.readouterr().err
+    )
 
 
 # ----------------------------------------------------------------------------- PS and tree node
@@ -302,8 +351,13 @@ SIG, SMALL = "feedface", 12
 
 
 def advstar(*overrides):
-    return small_config("architecture.kind=advstar", "sync.protocol=softsync", "sync.n=1",
-                        "architecture.fanout=2", *overrides)
+    return small_config(
+        "architecture.kind=advstar",
+        "sync.protocol=softsync",
+        "sync.n=1",
+        "architecture.fanout=2",
+        *overrides,
+    )
 
 
 class FakeNode:
@@ -318,8 +372,9 @@ class FakeNode:
 
     def request(self, kind, ts=0, payloads=(), **fields):
         self.seq += 1
-        self.sock.send_multipart(wire.encode(kind, wire.node_sender(0), self.seq, ts, 0,
-                                             payloads, **fields))
+        self.sock.send_multipart(
+            wire.encode(kind, wire.node_sender(0), self.seq, ts, 0, payloads, **fields)
+        )
         assert self.sock.poll(5000), "no reply"
         return wire.decode(self.sock.recv_multipart())
 
@@ -329,11 +384,23 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
     from rudra_zmq.roles.ps import ParameterServer
 
     w0 = np.arange(SMALL, dtype=np.float32)
-    ps = ParameterServer(advstar(), "tcp://127.0.0.1:0", ctx=ctx, broadcast="tcp://127.0.0.1:0",
-                         model=(w0, [(0, SMALL, 1.0, 1.0)], SIG))
+    ps = ParameterServer(
+        advstar(),
+        "tcp://127.0.0.1:0",
+        ctx=ctx,
+        broadcast="tcp://127.0.0.1:0",
+        model=(w0, [(0, SMALL, 1.0, 1.0)], SIG),
+    )
     seen = []
-    m = BroadcastMember(ctx, None, ps.weights_out.endpoint, SMALL, member=0, timeout_s=20,
-                        on_version=lambda ts, chunks: seen.append((ts, digest(chunks))))
+    m = BroadcastMember(
+        ctx,
+        None,
+        ps.weights_out.endpoint,
+        SMALL,
+        member=0,
+        timeout_s=20,
+        on_version=lambda ts, chunks: seen.append((ts, digest(chunks))),
+    )
     ctx.own(m)
     m.start()
     with running(ps) as errors:
@@ -343,11 +410,12 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
         wait_until(lambda: m.latest()[0] == 0, what="version 0 (the initial weights)")
         g = np.ones(SMALL, np.float32)
         for ts in (0, 1, 2):
-            reply = node.request(Kind.RELAY, ts, [g + ts],
-                                 clock=[[0, ts], [1, ts]])
+            reply = node.request(Kind.RELAY, ts, [g + ts], clock=[[0, ts], [1, ts]])
             assert reply.kind == Kind.ACK and reply.ts == ts + 1 and not reply.payloads
             wait_until(lambda ts=ts: m.latest()[0] == ts + 1, what=f"version {ts + 1}")
-            assert np.array_equal(m.latest()[1], ps.state.w), "the broadcast carries the PS's weights"
+            assert np.array_equal(m.latest()[1], ps.state.w), (
+                "the broadcast carries the PS's weights"
+            )
         assert [ts for ts, _ in seen] == [0, 1, 2, 3] and not errors
         assert not np.array_equal(ps.state.w, w0)
 
@@ -366,9 +434,21 @@ def test_an_advstar_leaf_relays_pushes_answers_ack_and_serves_no_weights(ctx):
         assert parent.poll(5000)
         ident, *frames = parent.recv_multipart()
         assert wire.decode(frames).kind == Kind.HELLO
-        parent.send_multipart([ident, *wire.encode(Kind.WELCOME, wire.SENDER_PS, 1, 0, 7,
-                                                   [np.zeros(SMALL, np.float32)], learners=2,
-                                                   protocol="softsync")])
+        parent.send_multipart(
+            [
+                ident,
+                *wire.encode(
+                    Kind.WELCOME,
+                    wire.SENDER_PS,
+                    1,
+                    0,
+                    7,
+                    [np.zeros(SMALL, np.float32)],
+                    learners=2,
+                    protocol="softsync",
+                ),
+            ]
+        )
         assert learners[0].recv().kind == Kind.WELCOME
         learners[1].hello(SIG, SMALL)
         learners[1].send(Kind.PULL, 0)
@@ -403,10 +483,11 @@ def test_a_sender_serves_only_its_planned_children_with_sane_credit(ctx):
         s.send_multipart(wire.encode(Kind.CREDIT, member, 1, credit=credit, reset=True))
         socks.append(s)
     wait_until(lambda: root._fan.invalid == 3 and 0 in members(root), what="the credits")
-    assert sorted(members(root)) == [0]        # a stranger, no credit, absurd credit: refused
+    assert sorted(members(root)) == [0]  # a stranger, no credit, absurd credit: refused
     root.publish(1, weights(1))
-    assert [wire.decode(socks[3].recv_multipart()).fields["chunk"] for _ in range(TOTAL)] == \
-        list(range(TOTAL))
+    assert [wire.decode(socks[3].recv_multipart()).fields["chunk"] for _ in range(TOTAL)] == list(
+        range(TOTAL)
+    )
     assert not any(s.poll(200) for s in socks[:3])
     for s in socks:
         s.close(0)
@@ -422,7 +503,7 @@ def test_a_member_closed_after_stop_tells_a_planned_child_that_connects_late(ctx
     root.start()
     m = member(ctx, 1, root.endpoint, children=[2])
     closer = threading.Thread(target=m.close, args=("training finished at epoch 1.00",))
-    closer.start()                             # nobody connected yet: it waits for learner 2
+    closer.start()  # nobody connected yet: it waits for learner 2
     time.sleep(0.5)
     late = ctx.socket(zmq.DEALER)
     late.setsockopt(zmq.LINGER, 0)
@@ -432,5 +513,5 @@ def test_a_member_closed_after_stop_tells_a_planned_child_that_connects_late(ctx
     msg = wire.decode(late.recv_multipart())
     assert msg.kind == Kind.STOP and msg.fields["reason"] == "training finished at epoch 1.00"
     closer.join(10)
-    assert not closer.is_alive()               # told everyone: closed before the linger ran out
+    assert not closer.is_alive()  # told everyone: closed before the linger ran out
     late.close(0)

@@ -1,5 +1,6 @@
 """checkpoint: saves are atomic and verified, and a damaged newest checkpoint falls back to the
 previous one with a warning that names the file and the problem."""
+
 import hashlib
 import json
 import logging
@@ -14,8 +15,10 @@ from rudra_zmq.checkpoint import CheckpointError, list_checkpoints, load_latest,
 
 
 def _arrays(step):
-    return {"w": np.arange(12, dtype=np.float32).reshape(3, 4) + step,
-            "n": np.array([step, -step], dtype=np.int64)}
+    return {
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4) + step,
+        "n": np.array([step, -step], dtype=np.int64),
+    }
 
 
 def _two_checkpoints(d):
@@ -41,20 +44,22 @@ def _assert_fell_back(d, caplog, newest, *words):
     [record] = [r for r in caplog.records if r.name == "rudra_zmq.checkpoint"]
     message = record.getMessage()
     assert record.levelno == logging.WARNING and str(newest) in message
-    message = message.replace(str(d), "")     # tmp_path holds the test's name: not evidence
+    message = message.replace(str(d), "")  # tmp_path holds the test's name: not evidence
     for word in ("falling back to the previous", *words):
         assert word in message
 
 
 def test_save_then_load_latest_round_trips_every_array_and_the_meta(tmp_path):
-    d = tmp_path / "new" / "ckpts"          # created by save
-    arrays = {"w": np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32),
-              "steps": np.array([1, 2**40, -3], dtype=np.int64),
-              "lr": np.array(0.25),                             # 0-d
-              "empty": np.zeros((0, 3), dtype=np.float32),
-              "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
-              "strided": np.arange(10, dtype=np.int32)[::3],
-              "mask": np.array([True, False])}
+    d = tmp_path / "new" / "ckpts"  # created by save
+    arrays = {
+        "w": np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32),
+        "steps": np.array([1, 2**40, -3], dtype=np.int64),
+        "lr": np.array(0.25),  # 0-d
+        "empty": np.zeros((0, 3), dtype=np.float32),
+        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        "strided": np.arange(10, dtype=np.int32)[::3],
+        "mask": np.array([True, False]),
+    }
     meta = {"step": 7, "config": {"lr": 0.1, "name": "x"}, "seen": [1, 2]}
     path = save(d, arrays, meta)
     assert path == d / "ckpt-00000001" and list_checkpoints(d) == [path]
@@ -62,7 +67,7 @@ def test_save_then_load_latest_round_trips_every_array_and_the_meta(tmp_path):
     assert ckpt.path == path and ckpt.meta == meta and ckpt.arrays.keys() == arrays.keys()
     for name, arr in arrays.items():
         got = ckpt.arrays[name]
-        assert type(got) is np.ndarray and got.flags.writeable, name   # no memmap, no view
+        assert type(got) is np.ndarray and got.flags.writeable, name  # no memmap, no view
         assert got.dtype == arr.dtype and got.shape == arr.shape, name
         np.testing.assert_array_equal(got, arr)
     assert not [p for p in d.iterdir() if p.name.startswith(".tmp-")]
@@ -79,19 +84,20 @@ def test_numbering_continues_after_older_checkpoints_are_deleted(tmp_path):
     for step in range(1, 4):
         save(tmp_path, _arrays(step), {"step": step}, keep=1)
     assert list_checkpoints(tmp_path) == [tmp_path / "ckpt-00000003"]
-    (tmp_path / "ckpt-00000003").rename(tmp_path / "ckpt-00000009")   # e.g. restored by hand
+    (tmp_path / "ckpt-00000003").rename(tmp_path / "ckpt-00000009")  # e.g. restored by hand
     assert save(tmp_path, _arrays(4), {"step": 4}, keep=3) == tmp_path / "ckpt-00000010"
-    assert list_checkpoints(tmp_path) == [tmp_path / "ckpt-00000010",
-                                          tmp_path / "ckpt-00000009"]
+    assert list_checkpoints(tmp_path) == [tmp_path / "ckpt-00000010", tmp_path / "ckpt-00000009"]
 
 
 def test_list_checkpoints_is_newest_first_and_skips_other_names(tmp_path):
-    for name in ["ckpt-00000002", "ckpt-00000010", "ckpt-00000001", "ckpt-7", "other",
-                 ".tmp-abc"]:
+    for name in ["ckpt-00000002", "ckpt-00000010", "ckpt-00000001", "ckpt-7", "other", ".tmp-abc"]:
         (tmp_path / name).mkdir()
     (tmp_path / "ckpt-00000011").write_text("a file, not a checkpoint")
     assert [p.name for p in list_checkpoints(tmp_path)] == [
-        "ckpt-00000010", "ckpt-00000002", "ckpt-00000001"]
+        "ckpt-00000010",
+        "ckpt-00000002",
+        "ckpt-00000001",
+    ]
 
 
 def test_truncated_newest_array_falls_back_to_the_previous_checkpoint(tmp_path, caplog):
@@ -104,38 +110,57 @@ def test_truncated_newest_array_falls_back_to_the_previous_checkpoint(tmp_path, 
 def test_one_flipped_bit_in_the_newest_array_falls_back_to_the_previous(tmp_path, caplog):
     newest = _two_checkpoints(tmp_path)
     data = bytearray((newest / "w.npy").read_bytes())
-    data[-5] ^= 0x10                     # inside the float data: np.load alone would accept it
+    data[-5] ^= 0x10  # inside the float data: np.load alone would accept it
     (newest / "w.npy").write_bytes(bytes(data))
     _assert_fell_back(tmp_path, caplog, newest, "w.npy", "sha256 mismatch")
 
 
-@pytest.mark.parametrize("damage, words", [
-    (lambda c: (c / "manifest.json").unlink(), ["manifest.json", "missing"]),
-    (lambda c: (c / "manifest.json").write_text('{"format": 1, "arr'),
-     ["manifest.json", "does not parse"]),
-    (lambda c: (c / "manifest.json").write_text('{"format": 2, "arrays": {}}'),
-     ["manifest.json", "format 2"]),
-    (lambda c: (c / "n.npy").unlink(), ["n.npy", "missing"]),
-    (lambda c: _fix_manifest(c, "n", shape=[3]), ["n.npy", "the manifest says int64 [3]"]),
-], ids=["manifest-missing", "manifest-corrupt", "manifest-format", "npy-missing",
-        "shape-mismatch"])
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda c: (c / "manifest.json").unlink(), ["manifest.json", "missing"]),
+        (
+            lambda c: (c / "manifest.json").write_text('{"format": 1, "arr'),
+            ["manifest.json", "does not parse"],
+        ),
+        (
+            lambda c: (c / "manifest.json").write_text('{"format": 2, "arrays": {}}'),
+            ["manifest.json", "format 2"],
+        ),
+        (lambda c: (c / "n.npy").unlink(), ["n.npy", "missing"]),
+        (lambda c: _fix_manifest(c, "n", shape=[3]), ["n.npy", "the manifest says int64 [3]"]),
+    ],
+    ids=[
+        "manifest-missing",
+        "manifest-corrupt",
+        "manifest-format",
+        "npy-missing",
+        "shape-mismatch",
+    ],
+)
 def test_a_damaged_manifest_or_missing_file_falls_back_to_the_previous(
-        tmp_path, caplog, damage, words):
+    tmp_path, caplog, damage, words
+):
     newest = _two_checkpoints(tmp_path)
     damage(newest)
     _assert_fell_back(tmp_path, caplog, newest, *words)
 
 
-def test_pickled_object_array_is_refused_by_load_even_with_a_matching_manifest(
-        tmp_path, caplog):
+def test_pickled_object_array_is_refused_by_load_even_with_a_matching_manifest(tmp_path, caplog):
     newest = _two_checkpoints(tmp_path)
     npy = newest / "w.npy"
     obj = np.array([1, "two", None], dtype=object)
     with open(npy, "wb") as f:
         np.save(f, obj, allow_pickle=True)
     raw = npy.read_bytes()
-    _fix_manifest(newest, "w", dtype="object", shape=[3], bytes=len(raw),
-                  sha256=hashlib.sha256(raw).hexdigest())
+    _fix_manifest(
+        newest,
+        "w",
+        dtype="object",
+        shape=[3],
+        bytes=len(raw),
+        sha256=hashlib.sha256(raw).hexdigest(),
+    )
     _assert_fell_back(tmp_path, caplog, newest, "w.npy", "allow_pickle=False")
 
 
@@ -150,8 +175,7 @@ def test_all_checkpoints_damaged_raises_an_error_naming_each_path(tmp_path, capl
     message = str(err.value)
     assert str(newest) in message and str(oldest) in message
     message = message.replace(str(tmp_path), "")
-    for word in ("manifest.json missing", "n.npy truncated", "Start a new run",
-                 "restore a copy"):
+    for word in ("manifest.json missing", "n.npy truncated", "Start a new run", "restore a copy"):
         assert word in message
     assert len(caplog.records) == 2
 
@@ -167,7 +191,7 @@ def test_a_leftover_tmp_dir_is_ignored_by_load_and_removed_by_the_next_save(tmp_
     leftover = tmp_path / ".tmp-crashed"
     leftover.mkdir()
     (leftover / "w.npy").write_bytes(b"half a file")
-    old = first.stat().st_mtime - 60                  # the crash happened a minute ago
+    old = first.stat().st_mtime - 60  # the crash happened a minute ago
     os.utime(leftover, (old, old))
     with caplog.at_level(logging.WARNING, logger="rudra_zmq.checkpoint"):
         assert load_latest(tmp_path).path == first
@@ -177,11 +201,13 @@ def test_a_leftover_tmp_dir_is_ignored_by_load_and_removed_by_the_next_save(tmp_
 
 
 def test_a_save_that_fails_midway_leaves_no_trace_and_the_previous_checkpoint(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     first = save(tmp_path, _arrays(1), {"step": 1})
 
     def disk_full(path, arr):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(checkpoint, "_write_array", disk_full)
     with pytest.raises(OSError, match="No space"):
         save(tmp_path, _arrays(2), {"step": 2})

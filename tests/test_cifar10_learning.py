@@ -8,6 +8,7 @@ standardized inputs instead of Caffe's 0..255 mean-subtracted ones the model sta
 the verdict does not depend on the machine's load. Skips where the tarball is absent (a
 user's clone); CI has it.
 """
+
 import json
 from pathlib import Path
 
@@ -18,18 +19,33 @@ from test_system import threaded_run
 ROOT = Path(__file__).resolve().parents[1]
 TARBALL = ROOT.parent / "shared/data/cifar10-jpeg.tar.gz"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.skipif(not TARBALL.is_file(),
-                                 reason=f"the CIFAR-10 tarball is not at {TARBALL} (CI has it)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(
+        not TARBALL.is_file(), reason=f"the CIFAR-10 tarball is not at {TARBALL} (CI has it)"
+    ),
+]
 
 
 def test_cifar10_full_falls_clearly_below_chance_on_5000_real_images(tmp_path):
-    run_dir, _ = threaded_run(tmp_path, "cifar", [
-        f"data.root={TARBALL}", "data.limit_per_class=500", "train.epochs=4",
-        "train.eval_every_epochs=2"], config=ROOT / "configs/cifar10_baseline.yaml")
-    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"eval"' in line]
-    assert evals[0]["test_error"] > 0.8, evals[0]            # untrained: about chance
+    run_dir, _ = threaded_run(
+        tmp_path,
+        "cifar",
+        [
+            f"data.root={TARBALL}",
+            "data.limit_per_class=500",
+            "train.epochs=4",
+            "train.eval_every_epochs=2",
+        ],
+        config=ROOT / "configs/cifar10_baseline.yaml",
+    )
+    evals = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"eval"' in line
+    ]
+    assert evals[0]["test_error"] > 0.8, evals[0]  # untrained: about chance
     assert evals[-1]["epoch"] >= 4, evals[-1]
-    assert evals[-1]["test_error"] < 0.8, evals               # learned, clearly below 90 %
-    assert evals[-1]["test_loss"] < 2.2, evals[-1]            # ln 10 = 2.303 is no learning
+    assert evals[-1]["test_error"] < 0.8, evals  # learned, clearly below 90 %
+    assert evals[-1]["test_loss"] < 2.2, evals[-1]  # ln 10 = 2.303 is no learning

@@ -1,4 +1,5 @@
 """The rudra-zmq command line: help, info, config errors, and how role commands call serve()."""
+
 import os
 import signal
 import subprocess
@@ -18,8 +19,9 @@ pytestmark = pytest.mark.timeout(30)
 
 def rudra(*args, timeout=20):
     """Run ``python -m rudra_zmq ARGS`` the way a user would; returns the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", "rudra_zmq", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def write_config(tmp_path, text="name: t\nsync: {learners: 2}\n"):
@@ -40,21 +42,25 @@ def test_info_prints_the_build_and_versions_without_importing_torch():
     assert res.returncode == 0, res.stderr
     for key in ("rudra_zmq", "torch", "pyzmq", "libzmq", "numpy", "build.openmp"):
         assert key in res.stdout
-    code = ("import sys, contextlib, io; from rudra_zmq.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()): main(['info'])\n"
-            "print('torch' in sys.modules)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=20)
+    code = (
+        "import sys, contextlib, io; from rudra_zmq.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()): main(['info'])\n"
+        "print('torch' in sys.modules)"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
     assert res.stdout.strip() == "False", res.stderr
 
 
 @pytest.mark.parametrize("command", ["run", "ps", "learner", "data", "stats"])
 def test_an_unknown_config_key_exits_2_with_the_message_and_no_traceback(tmp_path, command):
     cfg = write_config(tmp_path, "sync: {lerners: 3}\n")
-    args = {"run": [cfg], "ps": ["--config", cfg, "--bind", "tcp://127.0.0.1:1"],
-            "learner": ["--config", cfg, "--id", "0", "--ps", "x", "--data", "y"],
-            "data": ["--config", cfg, "--bind", "x"],
-            "stats": ["--config", cfg, "--bind", "x", "--run-dir", str(tmp_path)]}[command]
+    args = {
+        "run": [cfg],
+        "ps": ["--config", cfg, "--bind", "tcp://127.0.0.1:1"],
+        "learner": ["--config", cfg, "--id", "0", "--ps", "x", "--data", "y"],
+        "data": ["--config", cfg, "--bind", "x"],
+        "stats": ["--config", cfg, "--bind", "x", "--run-dir", str(tmp_path)],
+    }[command]
     res = rudra(command, *args)
     assert res.returncode == 2
     assert res.stderr.startswith("rudra-zmq: error: unknown key(s) 'lerners' in section 'sync'")
@@ -90,6 +96,7 @@ def fake_roles(monkeypatch):
         def serve(*args, **kwargs):
             calls[name] = args + tuple(kwargs.values())
             return 0
+
         return serve
 
     for name in ("ps", "learner", "data_server", "stats_server"):
@@ -107,33 +114,37 @@ def test_role_commands_pass_their_endpoints_and_overrides_to_serve(tmp_path, fak
     calls, threads = fake_roles
     cfg = write_config(tmp_path, "name: t\nsync: {learners: 4}\n")
     common = ["--config", cfg, "--set", "optimizer.lr=0.5", "--set", "runtime.ps_threads=3"]
-    assert cli.main(["ps", *common, "--bind", "tcp://h:1", "--stats", "tcp://h:3",
-                     "--run-dir", "r"]) == 0
-    assert cli.main(["learner", *common, "--id", "0,2", "--ps", "tcp://h:1",
-                     "--data", "tcp://h:2"]) == 0
+    assert (
+        cli.main(["ps", *common, "--bind", "tcp://h:1", "--stats", "tcp://h:3", "--run-dir", "r"])
+        == 0
+    )
+    assert (
+        cli.main(["learner", *common, "--id", "0,2", "--ps", "tcp://h:1", "--data", "tcp://h:2"])
+        == 0
+    )
     assert cli.main(["data", *common, "--bind", "tcp://h:2"]) == 0
     assert cli.main(["stats", *common, "--bind", "tcp://h:3", "--run-dir", "r"]) == 0
 
     expected = load_config(cfg, ["optimizer.lr=0.5", "runtime.ps_threads=3"])
-    assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r", False)   # resume=False
+    assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r", False)  # resume=False
     assert calls["learner"] == (expected, [0, 2], "tcp://h:1", "tcp://h:2", None)
     assert calls["data_server"] == (expected, "tcp://h:2")
     assert calls["stats_server"] == (expected, "tcp://h:3", "r", False)
     assert calls["malloc"] is True
-    assert threads == [3, run_plan.learner_threads(expected, 2), 1, 1]   # --id 0,2: 2 here
+    assert threads == [3, run_plan.learner_threads(expected, 2), 1, 1]  # --id 0,2: 2 here
 
 
 def test_learner_threads_default_to_usable_cores_over_learners_here(monkeypatch):
     monkeypatch.setattr(run_plan, "usable_cores", lambda: 12)
     monkeypatch.delenv(run_plan.HOST_LEARNERS_ENV, raising=False)
     cfg = load_config(None, ["sync.learners=64"])
-    assert run_plan.learner_threads(cfg) == 1                  # 64 learners here: at least 1
-    assert run_plan.learner_threads(cfg, 3) == 4               # 3 learners on this host
-    monkeypatch.setenv(run_plan.HOST_LEARNERS_ENV, "2")   # what a launcher says
+    assert run_plan.learner_threads(cfg) == 1  # 64 learners here: at least 1
+    assert run_plan.learner_threads(cfg, 3) == 4  # 3 learners on this host
+    monkeypatch.setenv(run_plan.HOST_LEARNERS_ENV, "2")  # what a launcher says
     assert run_plan.learner_threads(cfg) == 6
     assert run_plan.host_learners(cfg, default=5) == 2
     monkeypatch.delenv(run_plan.HOST_LEARNERS_ENV)
-    assert run_plan.host_learners(cfg, default=5) == 5    # a hand-started learner process
+    assert run_plan.host_learners(cfg, default=5) == 5  # a hand-started learner process
     cfg = load_config(None, ["sync.learners=1"])
     assert run_plan.learner_threads(cfg) == 12
     cfg = load_config(None, ["runtime.threads_per_learner=3"])
@@ -146,10 +157,13 @@ def test_usable_cores_follow_the_cpu_affinity():
     assert run_plan.usable_cores() == len(os.sched_getaffinity(0))
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to narrow the affinity")
-    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from rudra_zmq.launch import run_plan; print(run_plan.usable_cores())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+        "from rudra_zmq.launch import run_plan; print(run_plan.usable_cores())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "1"
 
 

@@ -1,6 +1,7 @@
 """The payload codec: float32 frames are views (no copy), frames of every model dtype decode
 into float32 at their offsets, and the PS's update and a tree node's sum take half-precision
 frames as the float32 values they stand for."""
+
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from rudra_zmq.update import Updater
 from rudra_zmq.wire import Kind
 
 N = 1001
-SPLIT = [0, 400, 401, N]   # uneven pieces, one of a single element
+SPLIT = [0, 400, 401, N]  # uneven pieces, one of a single element
 
 
 def _frames(code, x):
@@ -28,8 +29,9 @@ def _frames(code, x):
         h = np.empty(x.shape[0], np.uint16)
         oracles.narrow_bf16(h, x)
     pieces = [h[a:b] for a, b in zip(SPLIT, SPLIT[1:])]
-    msg = wire.decode(wire.encode(Kind.PUSH, 0, 1, payloads=pieces), numel=x.shape[0],
-                      model_dtype=code)
+    msg = wire.decode(
+        wire.encode(Kind.PUSH, 0, 1, payloads=pieces), numel=x.shape[0], model_dtype=code
+    )
     widened = h.astype(np.float32) if code != "bf16" else oracles.bf16_to_f32(h)
     return msg.payloads, widened
 
@@ -40,7 +42,7 @@ def _vector(seed=0, n=N):
 
 def test_float32_frames_are_views_of_the_vector_not_copies():
     v = _vector()
-    frames = codec.FLOAT32.encode(v, 1024)           # 256 floats a frame
+    frames = codec.FLOAT32.encode(v, 1024)  # 256 floats a frame
     assert [f.shape[0] for f in frames] == [256, 256, 256, 233]
     assert all(np.shares_memory(f, v) for f in frames)
     np.testing.assert_array_equal(np.concatenate(frames), v)
@@ -54,7 +56,7 @@ def test_load_widens_frames_of_every_model_dtype_at_their_offsets(code):
     frames, want = _frames(code, _vector())
     out = np.full(N, np.nan, np.float32)
     codec.load(out, frames)
-    np.testing.assert_array_equal(out, want)          # widening is exact
+    np.testing.assert_array_equal(out, want)  # widening is exact
 
 
 @pytest.mark.parametrize("code", wire.MODEL_DTYPES)
@@ -86,15 +88,22 @@ def test_a_piece_of_another_dtype_is_refused_naming_it():
 
 
 def _updater():
-    segments = [(0, 300, 1.0, 1.0), (300, N, 2.0, 0.0)]   # per-layer multipliers
+    segments = [(0, 300, 1.0, 1.0), (300, N, 2.0, 0.0)]  # per-layer multipliers
     opt = OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=0.004)
     return Updater(_vector(3), segments, opt)
 
 
 def _update(learners):
-    return Update(timestamp=1, learners=tuple(learners), timestamps=(0,) * len(learners),
-                  sigmas=(0,) * len(learners), mean_sigma=0.0, lr=0.1,
-                  g_scale=1 / len(learners), epoch=0.1)
+    return Update(
+        timestamp=1,
+        learners=tuple(learners),
+        timestamps=(0,) * len(learners),
+        sigmas=(0,) * len(learners),
+        mean_sigma=0.0,
+        lr=0.1,
+        g_scale=1 / len(learners),
+        epoch=0.1,
+    )
 
 
 @pytest.mark.parametrize("code", ["f2", "bf16"])
@@ -128,15 +137,20 @@ def test_float32_frames_that_make_the_update_alone_are_read_in_place(monkeypatch
 
 @pytest.mark.parametrize("code", ["f2", "bf16"])
 def test_a_tree_node_sums_half_frames_and_float32_slots_alike(code):
-    cfg = small_config("sync.protocol=hardsync", "sync.learners=4", "architecture.kind=adv",
-                       "architecture.fanout=2")
+    cfg = small_config(
+        "sync.protocol=hardsync",
+        "sync.learners=4",
+        "architecture.kind=adv",
+        "architecture.fanout=2",
+    )
     st = NodeState(cfg, 0)
     for i in (0, 1):
-        st.register(str(i).encode(), wire.decode(wire.encode(Kind.HELLO, i, 1, model="sig",
-                                                             numel=N)))
+        st.register(
+            str(i).encode(), wire.decode(wire.encode(Kind.HELLO, i, 1, model="sig", numel=N))
+        )
     st.clock.timestamp = 0
     frames, a = _frames(code, _vector(5))
-    b = _vector(6)                                   # a float32 shared-memory slot
+    b = _vector(6)  # a float32 shared-memory slot
     for i, pieces in ((0, frames), (1, [b])):
         msg = wire.decode(wire.encode(Kind.PUSHPULL, i, 1, 0, 0, [np.zeros(N, np.float32)]))
         st.add(str(i).encode(), msg, st.entries(msg), pieces)

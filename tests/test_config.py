@@ -1,4 +1,5 @@
 """Typed config loading: unknown keys, wrong types and bad overrides are named errors."""
+
 import pathlib
 
 import pytest
@@ -15,15 +16,19 @@ def write(tmp_path, text):
 
 
 def test_defaults_load_and_overrides_apply(tmp_path):
-    cfg = load_config(write(tmp_path, "name: x\nsync: {learners: 3}\n"),
-                      ["optimizer.lr=0.5", "optimizer.lr_steps=[120, 130]", "data.root=/d"])
+    cfg = load_config(
+        write(tmp_path, "name: x\nsync: {learners: 3}\n"),
+        ["optimizer.lr=0.5", "optimizer.lr_steps=[120, 130]", "data.root=/d"],
+    )
     assert cfg.sync.learners == 3 and cfg.optimizer.lr == 0.5
     assert cfg.optimizer.lr_steps == [120.0, 130.0] and cfg.data.root == "/d"
     assert "learners: 3" in dump(cfg)
 
 
 def test_unknown_key_is_named_with_the_valid_ones(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'lerners' in section 'sync'.*learners"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key\(s\) 'lerners' in section 'sync'.*learners"
+    ):
         load_config(write(tmp_path, "sync: {lerners: 3}\n"))
 
 
@@ -57,8 +62,11 @@ def test_cross_field_validation_names_the_value():
 
 
 def test_removed_keys_say_why_and_what_to_do(tmp_path):
-    with pytest.raises(ConfigError, match="runtime.hot_path was removed: the compiled PS path "
-                                          "gave 1.08x.*delete it from the config"):
+    with pytest.raises(
+        ConfigError,
+        match="runtime.hot_path was removed: the compiled PS path "
+        "gave 1.08x.*delete it from the config",
+    ):
         load_config(str(write(tmp_path, "runtime: {hot_path: true}")), [])
     with pytest.raises(ConfigError, match="'runtime.stream_parts': that key was removed"):
         load_config(None, ["runtime.stream_parts=8"])
@@ -77,9 +85,14 @@ def test_every_shipped_config_loads():
 
 def test_architecture_defaults_to_base_and_adv_takes_fanout_depth_and_leaves(tmp_path):
     assert load_config(None).architecture.kind == "base"
-    cfg = load_config(write(tmp_path, "sync: {learners: 4, protocol: softsync}\n"
-                                      "architecture: {kind: adv, fanout: 2, depth: 2, "
-                                      "leaves: [[0, 3], [1, 2]]}\n"))
+    cfg = load_config(
+        write(
+            tmp_path,
+            "sync: {learners: 4, protocol: softsync}\n"
+            "architecture: {kind: adv, fanout: 2, depth: 2, "
+            "leaves: [[0, 3], [1, 2]]}\n",
+        )
+    )
     assert (cfg.architecture.fanout, cfg.architecture.depth) == (2, 2)
     assert cfg.architecture.leaves == [[0, 3], [1, 2]]
 
@@ -104,9 +117,21 @@ def test_architecture_errors_name_the_value_and_what_to_do():
 
 def test_flat_keys_are_the_dotted_keys_set_takes_and_load_back_the_same_config():
     assert flat_keys({"sync": {"learners": 8, "n": 2}, "name": "x"}) == {
-        "sync.learners": 8, "sync.n": 2, "name": "x"}
+        "sync.learners": 8,
+        "sync.n": 2,
+        "name": "x",
+    }
     cfg = load_config(None, ["sync.learners=8", "optimizer.lr_steps=[3,4]"])
     flat = flat_keys(to_dict(cfg))
     assert flat["sync.learners"] == 8 and flat["optimizer.lr_steps"] == [3, 4]
-    assert load_config(None, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
-                              for k, v in flat.items() if v is not None]) == cfg
+    assert (
+        load_config(
+            None,
+            [
+                f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+                for k, v in flat.items()
+                if v is not None
+            ],
+        )
+        == cfg
+    )

@@ -1,4 +1,5 @@
 """The data server: strided deterministic assignment, refusals, and the learner's client."""
+
 import contextlib
 import signal
 import subprocess
@@ -20,10 +21,17 @@ N_TRAIN = 100
 
 
 def make_cfg(learners, batch_size, seed=0):
-    return load_config(overrides=[
-        "data.dataset=synthetic", "data.synthetic_shape=[1,8,8]",
-        f"data.synthetic_train={N_TRAIN}", "data.synthetic_test=20",
-        f"sync.learners={learners}", f"sync.batch_size={batch_size}", f"train.seed={seed}"])
+    return load_config(
+        overrides=[
+            "data.dataset=synthetic",
+            "data.synthetic_shape=[1,8,8]",
+            f"data.synthetic_train={N_TRAIN}",
+            "data.synthetic_test=20",
+            f"sync.learners={learners}",
+            f"sync.batch_size={batch_size}",
+            f"train.seed={seed}",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +83,16 @@ def take(client, steps):
 
 def test_two_learners_of_mu_see_exactly_what_one_learner_of_two_mu_sees(dataset):
     steps = 20  # 20 x 16 = 3.2 epochs of 100, so batches straddle epoch boundaries
-    with running_server(make_cfg(2, 8), dataset) as (server, ctx), \
-            clients(ctx, server.endpoint, [0, 1], prefetch=3) as (c0, c1):
-        late = take(c1, steps)   # learner 1 runs ahead of learner 0: timing must not matter
+    with (
+        running_server(make_cfg(2, 8), dataset) as (server, ctx),
+        clients(ctx, server.endpoint, [0, 1], prefetch=3) as (c0, c1),
+    ):
+        late = take(c1, steps)  # learner 1 runs ahead of learner 0: timing must not matter
         early = take(c0, steps)
-    with running_server(make_cfg(1, 16), dataset) as (server, ctx), \
-            clients(ctx, server.endpoint, [0]) as (big,):
+    with (
+        running_server(make_cfg(1, 16), dataset) as (server, ctx),
+        clients(ctx, server.endpoint, [0]) as (big,),
+    ):
         together = take(big, steps)
     for k in range(steps):
         x0, y0, e0, s0 = early[k]
@@ -95,8 +107,10 @@ def test_two_learners_of_mu_see_exactly_what_one_learner_of_two_mu_sees(dataset)
 def test_batches_are_disjoint_within_an_epoch_cover_it_and_epochs_advance(dataset):
     mu, lam = 10, 2
     per_epoch = N_TRAIN // (mu * lam)
-    with running_server(make_cfg(lam, mu), dataset) as (server, ctx), \
-            clients(ctx, server.endpoint, range(lam)) as learners:
+    with (
+        running_server(make_cfg(lam, mu), dataset) as (server, ctx),
+        clients(ctx, server.endpoint, range(lam)) as learners,
+    ):
         got = {i: take(c, 2 * per_epoch) for i, c in enumerate(learners)}
         for epoch in range(2):
             ids = []
@@ -127,11 +141,17 @@ def test_the_sample_stream_is_a_concatenation_of_seeded_permutations():
 
 
 def test_batches_are_tensors_the_learner_owns_with_the_datasets_normalisation(dataset):
-    with running_server(make_cfg(1, 4), dataset) as (server, ctx), \
-            clients(ctx, server.endpoint, [0]) as (c,):
+    with (
+        running_server(make_cfg(1, 4), dataset) as (server, ctx),
+        clients(ctx, server.endpoint, [0]) as (c,),
+    ):
         x, y, epoch, step = c.next_batch()
-        assert (x.dtype, tuple(x.shape), y.dtype, tuple(y.shape)) == \
-            (torch.uint8, (4, 1, 8, 8), torch.int64, (4,))
+        assert (x.dtype, tuple(x.shape), y.dtype, tuple(y.shape)) == (
+            torch.uint8,
+            (4, 1, 8, 8),
+            torch.int64,
+            (4,),
+        )
         assert (epoch, step) == (0.0, 0)
         x.add_(1)  # writable: the client copied it out of ZeroMQ's read-only frame
         assert c.mean == pytest.approx(dataset.mean) and c.std == pytest.approx(dataset.std)
@@ -161,16 +181,17 @@ def test_invalid_requests_get_error_and_do_not_disturb_the_next_valid_request(da
                 assert text in reply.fields["error"]
             reply = raw_request(sock, wire.encode(Kind.BATCH_REQ, 1, 5, step=3))
             assert reply.kind == Kind.BATCH and reply.fields["step"] == 3
-            assert list(reply.payloads[1]) == list(
-                dataset.y_train[server.batch_indices(1, 3)])
+            assert list(reply.payloads[1]) == list(dataset.y_train[server.batch_indices(1, 3)])
             assert server.invalid == len(bad) and server.batches_served == 1
         finally:
             sock.close(linger=0)
 
 
 def test_a_refused_learner_gets_a_server_error_naming_its_id(dataset):
-    with running_server(make_cfg(2, 4), dataset) as (server, ctx), \
-            clients(ctx, server.endpoint, [7]) as (c,):
+    with (
+        running_server(make_cfg(2, 4), dataset) as (server, ctx),
+        clients(ctx, server.endpoint, [7]) as (c,),
+    ):
         with pytest.raises(transport.ServerError, match="learner id 7 is out of range 0..1"):
             c.next_batch()
 
@@ -190,9 +211,15 @@ def test_data_client_times_out_naming_the_endpoint_when_no_server_listens():
 
 
 def _batch(step):
-    return wire.encode(Kind.BATCH, wire.SENDER_DATA, 1,
-                       payloads=[np.full(4, step, np.uint8), np.zeros(1, np.int64)],
-                       shape=[1, 1, 2, 2], epoch=0.0, step=step)
+    return wire.encode(
+        Kind.BATCH,
+        wire.SENDER_DATA,
+        1,
+        payloads=[np.full(4, step, np.uint8), np.zeros(1, np.int64)],
+        shape=[1, 1, 2, 2],
+        epoch=0.0,
+        step=step,
+    )
 
 
 def test_data_client_refuses_a_step_it_never_asked_for():
@@ -205,8 +232,9 @@ def test_data_client_refuses_a_step_it_never_asked_for():
             assert router.poll(5000)
             ident = router.recv_multipart()[0]
             router.send_multipart([ident, *_batch(7)])
-            with pytest.raises(wire.WireError, match="answered step 7, never asked for; learner "
-                                                     "0 expected step 0"):
+            with pytest.raises(
+                wire.WireError, match="answered step 7, never asked for; learner 0 expected step 0"
+            ):
                 c.next_batch()
         finally:
             c.close()
@@ -234,6 +262,7 @@ def test_data_client_asks_again_for_lost_steps_and_drops_late_duplicates():
                     step = wire.decode(router.recv_multipart()[1:]).fields["step"]
                     again.append(step)
                     router.send_multipart([ident, *_batch(step)])
+
             t = threading.Thread(target=serve_resends, daemon=True)
             t.start()
             got = [c.next_batch()[3], c.next_batch()[3]]
@@ -248,11 +277,13 @@ def test_data_client_asks_again_for_lost_steps_and_drops_late_duplicates():
 
 
 def test_serve_prints_its_endpoint_and_exits_cleanly_on_sigterm():
-    code = ("from rudra_zmq.config import load_config\n"
-            "from rudra_zmq.roles.data_server import serve\n"
-            "cfg = load_config(overrides=['data.dataset=synthetic', 'data.synthetic_train=64',"
-            " 'data.synthetic_test=8', 'data.synthetic_shape=[1,4,4]'])\n"
-            "raise SystemExit(serve(cfg, 'tcp://127.0.0.1:0'))\n")
+    code = (
+        "from rudra_zmq.config import load_config\n"
+        "from rudra_zmq.roles.data_server import serve\n"
+        "cfg = load_config(overrides=['data.dataset=synthetic', 'data.synthetic_train=64',"
+        " 'data.synthetic_test=8', 'data.synthetic_shape=[1,4,4]'])\n"
+        "raise SystemExit(serve(cfg, 'tcp://127.0.0.1:0'))\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -267,7 +298,7 @@ def test_serve_prints_its_endpoint_and_exits_cleanly_on_sigterm():
         finally:
             ctx.term()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)   # bounded, not a hang (loaded CI boxes)
+        out, _ = proc.communicate(timeout=30)  # bounded, not a hang (loaded CI boxes)
         assert proc.returncode == 0
         assert "served" in out
     finally:

@@ -1,5 +1,6 @@
 """load_dataset for every source (digits, synthetic, CIFAR-10 pickle/tree/tarball/download,
 ImageFolder), its npz cache, and to_float."""
+
 import pickle
 import tarfile
 import time
@@ -47,8 +48,10 @@ def _write_cifar_pickles(folder, n=4):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(1)
     for fname in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-                 b"labels": [int(v) for v in rng.integers(0, 10, n)]}
+        batch = {
+            b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            b"labels": [int(v) for v in rng.integers(0, 10, n)],
+        }
         with open(folder / fname, "wb") as f:
             pickle.dump(batch, f)
     with open(folder / "batches.meta", "wb") as f:
@@ -74,10 +77,12 @@ def test_mean_and_std_are_per_channel_train_statistics():
 
 
 def test_synthetic_data_is_deterministic_and_learnable():
-    ds = load_dataset("synthetic", synthetic_shape=(1, 6, 6), synthetic_n=(400, 100),
-                      num_classes=4, seed=7)
-    again = load_dataset("synthetic", synthetic_shape=(1, 6, 6), synthetic_n=(400, 100),
-                         num_classes=4, seed=7)
+    ds = load_dataset(
+        "synthetic", synthetic_shape=(1, 6, 6), synthetic_n=(400, 100), num_classes=4, seed=7
+    )
+    again = load_dataset(
+        "synthetic", synthetic_shape=(1, 6, 6), synthetic_n=(400, 100), num_classes=4, seed=7
+    )
     np.testing.assert_array_equal(ds.x_test, again.x_test)
     assert ds.x_train.shape == (400, 1, 6, 6) and ds.num_classes == 4
     assert np.bincount(ds.y_train).tolist() == [100] * 4
@@ -102,14 +107,17 @@ def test_to_float_normalizes_per_channel_for_arrays_and_tensors():
         to_float(x.astype(np.float32), mean, std)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(name="mnist"), "'mnist'.*digits, cifar10, imagefolder, synthetic"),
-    (dict(name="synthetic", synthetic_shape=(3, 0, 4)), "synthetic_shape.*\\(3, 0, 4\\)"),
-    (dict(name="synthetic", synthetic_n=(10,)), "synthetic_n"),
-    (dict(name="digits", limit_per_class=0), "limit_per_class.*0"),
-    (dict(name="cifar10", image_size=64), "image_size=64"),
-    (dict(name="imagefolder"), "imagefolder needs root"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(name="mnist"), "'mnist'.*digits, cifar10, imagefolder, synthetic"),
+        (dict(name="synthetic", synthetic_shape=(3, 0, 4)), "synthetic_shape.*\\(3, 0, 4\\)"),
+        (dict(name="synthetic", synthetic_n=(10,)), "synthetic_n"),
+        (dict(name="digits", limit_per_class=0), "limit_per_class.*0"),
+        (dict(name="cifar10", image_size=64), "image_size=64"),
+        (dict(name="imagefolder"), "imagefolder needs root"),
+    ],
+)
 def test_bad_arguments_are_named_in_the_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         load_dataset(**kwargs)
@@ -121,10 +129,15 @@ def test_cifar10_without_data_says_where_it_looked_and_how_to_get_it(tmp_path):
         load_dataset("cifar10", root=tmp_path / "nothing")
     msg = str(err.value)
     assert str(tmp_path / "nothing") in msg and "does not exist" in msg and "\n" not in msg
-    for form in ("cifar-10-batches-py", "train/<class>", "test/<class>", ".tar.gz",
-                 "download: true"):
+    for form in (
+        "cifar-10-batches-py",
+        "train/<class>",
+        "test/<class>",
+        ".tar.gz",
+        "download: true",
+    ):
         assert form in msg
-    assert "../shared" not in msg   # a path only this repository's developers have
+    assert "../shared" not in msg  # a path only this repository's developers have
 
 
 def test_cifar10_default_root_is_in_the_cache_dir(cache):
@@ -205,13 +218,24 @@ def test_a_damaged_cache_file_is_rebuilt(tmp_path, cache):
     np.testing.assert_array_equal(again.x_test, first.x_test)
 
 
-@pytest.mark.skipif(not SHARED_TARBALL.is_file(),
-                    reason=f"CIFAR-10 JPEG tarball not found at {SHARED_TARBALL}")
+@pytest.mark.skipif(
+    not SHARED_TARBALL.is_file(), reason=f"CIFAR-10 JPEG tarball not found at {SHARED_TARBALL}"
+)
 def test_the_shared_cifar10_tarball_loads_and_then_comes_from_the_cache(cache):
     ds = load_dataset("cifar10", root=SHARED_TARBALL, limit_per_class=20)
     assert ds.x_train.shape == (200, 3, 32, 32) and ds.x_test.shape == (200, 3, 32, 32)
-    assert ds.classes == ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
-                          "horse", "ship", "truck"]
+    assert ds.classes == [
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    ]
     assert np.bincount(ds.y_train).tolist() == [20] * 10
     assert 0.3 < min(ds.mean) < max(ds.mean) < 0.7
     start = time.perf_counter()
@@ -221,21 +245,35 @@ def test_the_shared_cifar10_tarball_loads_and_then_comes_from_the_cache(cache):
 
 
 def _data_cfg(**kw):
-    base = dict(dataset="digits", root=None, download=False, image_size=None,
-                synthetic_shape=[3, 32, 32], synthetic_train=4096, synthetic_test=512,
-                num_classes=10, limit_per_class=None)
+    base = dict(
+        dataset="digits",
+        root=None,
+        download=False,
+        image_size=None,
+        synthetic_shape=[3, 32, 32],
+        synthetic_train=4096,
+        synthetic_test=512,
+        num_classes=10,
+        limit_per_class=None,
+    )
     return SimpleNamespace(**(base | kw))
 
 
 def test_dataset_shape_and_size_match_what_load_dataset_returns(tmp_path):
     root = _write_tree(tmp_path / "tree", n=3, size=(32, 32))
-    cases = [(_data_cfg(), load_dataset("digits")),
-             (_data_cfg(dataset="synthetic", synthetic_shape=[2, 5, 6], synthetic_train=30),
-              load_dataset("synthetic", synthetic_shape=(2, 5, 6), synthetic_n=(30, 10))),
-             (_data_cfg(dataset="cifar10", root=str(root)), load_dataset("cifar10", root=root)),
-             (_data_cfg(dataset="imagefolder", root=str(root), image_size=8),
-              load_dataset("imagefolder", root=root, image_size=8)),
-             (_data_cfg(limit_per_class=7), load_dataset("digits", limit_per_class=7))]
+    cases = [
+        (_data_cfg(), load_dataset("digits")),
+        (
+            _data_cfg(dataset="synthetic", synthetic_shape=[2, 5, 6], synthetic_train=30),
+            load_dataset("synthetic", synthetic_shape=(2, 5, 6), synthetic_n=(30, 10)),
+        ),
+        (_data_cfg(dataset="cifar10", root=str(root)), load_dataset("cifar10", root=root)),
+        (
+            _data_cfg(dataset="imagefolder", root=str(root), image_size=8),
+            load_dataset("imagefolder", root=root, image_size=8),
+        ),
+        (_data_cfg(limit_per_class=7), load_dataset("digits", limit_per_class=7)),
+    ]
     for cfg, ds in cases:
         assert dataset_shape(cfg) == ds.shape, cfg.dataset
         assert dataset_size(cfg) == len(ds.y_train), cfg.dataset

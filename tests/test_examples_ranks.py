@@ -1,6 +1,7 @@
 """The example job scripts (examples/slurm.sbatch, examples/mpirun_mpmd.sh) run a real training
 run through `rudra-zmq worker`, under stand-ins for srun and mpirun that start the processes
 on this machine with the variables the real launchers set."""
+
 import os
 import shutil
 import stat
@@ -65,9 +66,12 @@ def _shim(tmp_path: Path, name: str, text: str) -> dict:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     rudra = shutil.which("rudra-zmq")
     assert rudra, "rudra-zmq is not on PATH (pip install -e .)"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "OMPI_", "PMI", "RUDRA_", "DMLC_", "MASTER_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "OMPI_", "PMI", "RUDRA_", "DMLC_", "MASTER_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     env["PATH"] = f"{bin_dir}{os.pathsep}{Path(rudra).parent}{os.pathsep}{env['PATH']}"
     env["OMP_NUM_THREADS"] = "1"
     (tmp_path / "configs").symlink_to(ROOT / "configs")
@@ -79,19 +83,38 @@ def _check_run(run_dir: Path, res) -> None:
     assert res.returncode == 0, out[-3000:]
     summary = run_summary(run_dir)
     assert summary["epochs"] >= 1.0 and summary["final_error"] is not None, out[-2000:]
-    assert summary["final_error"] < 0.5, summary     # it learned: 10 classes, 90 % at chance
+    assert summary["final_error"] < 0.5, summary  # it learned: 10 classes, 90 % at chance
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_sbatch_example_trains_under_srun(tmp_path):
     env = _shim(tmp_path, "srun", FAKE_SRUN)
-    env.update(SLURM_JOB_ID="42", SLURM_NTASKS="3", SLURM_JOB_NODELIST="localhost",
-               SLURM_TASKS_PER_NODE="3", SLURM_NODEID="0")
+    env.update(
+        SLURM_JOB_ID="42",
+        SLURM_NTASKS="3",
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_TASKS_PER_NODE="3",
+        SLURM_NODEID="0",
+    )
     port = free_port_range()
-    res = subprocess.run(["bash", str(EXAMPLES / "slurm.sbatch"), "--set", "sync.learners=2",
-                          "--set", "train.epochs=1", "--master-port", str(port)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=360)
+    res = subprocess.run(
+        [
+            "bash",
+            str(EXAMPLES / "slurm.sbatch"),
+            "--set",
+            "sync.learners=2",
+            "--set",
+            "train.epochs=1",
+            "--master-port",
+            str(port),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
     _check_run(tmp_path / "runs" / "slurm-42", res)
     assert "rank 1: learners 0" in res.stderr and "rank 2: learners 1" in res.stderr
 
@@ -103,24 +126,49 @@ def test_the_mpirun_mpmd_example_trains_with_curve_from_a_key_directory(tmp_path
 
     env = _shim(tmp_path, "mpirun", FAKE_MPIRUN)
     env["LEARNERS"] = "2"
-    keys.make_run_keys(tmp_path / "keys", ["learner-0", "learner-1", "ps"])   # every rank's
+    keys.make_run_keys(tmp_path / "keys", ["learner-0", "learner-1", "ps"])  # every rank's
     port = free_port_range()
-    res = subprocess.run(["bash", str(EXAMPLES / "mpirun_mpmd.sh"), "localhost", "localhost:3",
-                          "--set", "sync.learners=2", "--set", "train.epochs=1",
-                          "--set", "security.curve=true", "--set", "security.keys=keys",
-                          "--master-port", str(port), "--run-dir", str(tmp_path / "run")],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=360)
+    res = subprocess.run(
+        [
+            "bash",
+            str(EXAMPLES / "mpirun_mpmd.sh"),
+            "localhost",
+            "localhost:3",
+            "--set",
+            "sync.learners=2",
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "security.curve=true",
+            "--set",
+            "security.keys=keys",
+            "--master-port",
+            str(port),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
     _check_run(tmp_path / "run", res)
-    assert (res.stdout + res.stderr).count("(CurveZMQ)") == 3        # the servers, 2 learners
-    assert not (tmp_path / "run" / "keys").exists()                  # the given keys, not new
+    assert (res.stdout + res.stderr).count("(CurveZMQ)") == 3  # the servers, 2 learners
+    assert not (tmp_path / "run" / "keys").exists()  # the given keys, not new
 
 
 def test_a_worker_count_that_does_not_fit_the_config_names_both(tmp_path):
     env = _shim(tmp_path, "srun", FAKE_SRUN)
     env.update(SLURM_PROCID="1", SLURM_NTASKS="4", SLURM_JOB_NODELIST="localhost")
-    res = subprocess.run(["rudra-zmq", "worker", "configs/quickstart.yaml",
-                          "--set", "sync.learners=2"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["rudra-zmq", "worker", "configs/quickstart.yaml", "--set", "sync.learners=2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2
     assert "4 ranks (from SLURM_NTASKS)" in res.stderr and "start 3 ranks" in res.stderr
 
@@ -128,19 +176,42 @@ def test_a_worker_count_that_does_not_fit_the_config_names_both(tmp_path):
 def test_advstar_under_worker_points_to_launch(tmp_path):
     env = _shim(tmp_path, "srun", FAKE_SRUN)
     env.update(RUDRA_RANK="0", RUDRA_MASTER_ADDR="localhost")
-    res = subprocess.run(["rudra-zmq", "worker", "configs/quickstart_advstar.yaml"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["rudra-zmq", "worker", "configs/quickstart_advstar.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "rudra-zmq launch" in res.stderr
 
 
 def test_a_learner_started_without_servers_names_the_missing_one(tmp_path):
     env = _shim(tmp_path, "srun", FAKE_SRUN)
     port = free_port_range()
-    env.update(RUDRA_RANK="1", RUDRA_WORLD_SIZE="3", RUDRA_MASTER_ADDR="127.0.0.1",
-               RUDRA_MASTER_PORT=str(port))
-    res = subprocess.run(["rudra-zmq", "worker", "configs/quickstart.yaml", "--set",
-                          "sync.learners=2", "--set", "runtime.timeout_s=2"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env.update(
+        RUDRA_RANK="1",
+        RUDRA_WORLD_SIZE="3",
+        RUDRA_MASTER_ADDR="127.0.0.1",
+        RUDRA_MASTER_PORT=str(port),
+    )
+    res = subprocess.run(
+        [
+            "rudra-zmq",
+            "worker",
+            "configs/quickstart.yaml",
+            "--set",
+            "sync.learners=2",
+            "--set",
+            "runtime.timeout_s=2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1, res.stderr[-2000:]
     assert f"no reply from the parameter server at tcp://127.0.0.1:{port}" in res.stderr
     assert "Traceback" not in res.stderr
@@ -151,25 +222,41 @@ def test_worker_plan_puts_every_server_on_the_master(tmp_path):
     from rudra_zmq.launch import ranks, worker
 
     cfg = load_config(str(ROOT / "configs" / "quickstart_adv.yaml"), [])
-    r = ranks.resolve({}, {"MASTER_ADDR": "node1", "MASTER_PORT": "29400", "RANK": "2",
-                           "WORLD_SIZE": "5"})
+    r = ranks.resolve(
+        {}, {"MASTER_ADDR": "node1", "MASTER_PORT": "29400", "RANK": "2", "WORLD_SIZE": "5"}
+    )
     p = worker.plan(cfg, r)
-    assert p.endpoints["ps"] == "tcp://node1:29401"      # one above torchrun's own port
+    assert p.endpoints["ps"] == "tcp://node1:29401"  # one above torchrun's own port
     assert p.bind("ps") == "tcp://0.0.0.0:29401"
     assert worker.part(cfg, r) == ("learner", 1)
     assert [p.endpoints[f"node{n.id}"] for n in p.tree.nodes] == [
-        "tcp://node1:29404", "tcp://node1:29405"]
-    dmlc = ranks.resolve({}, {"DMLC_ROLE": "worker", "DMLC_WORKER_ID": "0",
-                              "DMLC_NUM_WORKER": "4", "DMLC_PS_ROOT_URI": "10.0.0.1",
-                              "DMLC_PS_ROOT_PORT": "9000"})
+        "tcp://node1:29404",
+        "tcp://node1:29405",
+    ]
+    dmlc = ranks.resolve(
+        {},
+        {
+            "DMLC_ROLE": "worker",
+            "DMLC_WORKER_ID": "0",
+            "DMLC_NUM_WORKER": "4",
+            "DMLC_PS_ROOT_URI": "10.0.0.1",
+            "DMLC_PS_ROOT_PORT": "9000",
+        },
+    )
     assert worker.part(cfg, dmlc) == ("learner", 0)
     assert worker.plan(cfg, dmlc).endpoints["data"] == "tcp://10.0.0.1:9001"
 
 
-@pytest.mark.parametrize("master, bind", [
-    ("127.0.0.1", "tcp://127.0.0.1:29500"), ("localhost", "tcp://127.0.0.1:29500"),
-    ("10.0.0.1", "tcp://10.0.0.1:29500"), ("::1", "tcp://[::1]:29500"),
-    ("node1", "tcp://0.0.0.0:29500")])
+@pytest.mark.parametrize(
+    "master, bind",
+    [
+        ("127.0.0.1", "tcp://127.0.0.1:29500"),
+        ("localhost", "tcp://127.0.0.1:29500"),
+        ("10.0.0.1", "tcp://10.0.0.1:29500"),
+        ("::1", "tcp://[::1]:29500"),
+        ("node1", "tcp://0.0.0.0:29500"),
+    ],
+)
 def test_worker_servers_bind_the_master_address_they_are_given(master, bind):
     from rudra_zmq.config import load_config
     from rudra_zmq.launch import ranks, worker
@@ -178,14 +265,17 @@ def test_worker_servers_bind_the_master_address_they_are_given(master, bind):
     assert worker.plan(load_config(None, []), r).bind("ps") == bind
 
 
-@pytest.mark.parametrize("master, sets, on, warns", [
-    ("127.0.0.1", [], False, None),                                  # one machine: loopback
-    ("node1", [], False, "security.keys names no key directory"),    # no keys to get
-    ("node1", ["security.keys=k"], True, None),                      # keys: encrypted
-    ("node1", ["security.keys=k", "security.curve=false"], False, "security.curve is false"),
-    ("127.0.0.1", ["security.keys=k", "security.curve=true"], True, None)])
-def test_worker_encrypts_across_hosts_when_it_has_keys_else_says_plaintext(master, sets, on,
-                                                                           warns):
+@pytest.mark.parametrize(
+    "master, sets, on, warns",
+    [
+        ("127.0.0.1", [], False, None),  # one machine: loopback
+        ("node1", [], False, "security.keys names no key directory"),  # no keys to get
+        ("node1", ["security.keys=k"], True, None),  # keys: encrypted
+        ("node1", ["security.keys=k", "security.curve=false"], False, "security.curve is false"),
+        ("127.0.0.1", ["security.keys=k", "security.curve=true"], True, None),
+    ],
+)
+def test_worker_encrypts_across_hosts_when_it_has_keys_else_says_plaintext(master, sets, on, warns):
     from rudra_zmq.config import load_config
     from rudra_zmq.launch import worker
 
@@ -210,8 +300,9 @@ def test_worker_rank_0_says_plaintext_once_on_the_terminal(tmp_path, monkeypatch
     monkeypatch.setattr(launcher.Launcher, "run", lambda self: started.append(self) or 0)
     monkeypatch.setenv("RUDRA_RANK", "0")
     monkeypatch.setenv("RUDRA_MASTER_ADDR", "node1")
-    rc = cli.main(["worker", str(ROOT / "configs" / "quickstart.yaml"),
-                   "--run-dir", str(tmp_path / "run")])
+    rc = cli.main(
+        ["worker", str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(tmp_path / "run")]
+    )
     out, err = capsys.readouterr()
     assert rc == 0 and len(started) == 1, err
     assert err.count("PLAINTEXT") == 1 and "(plaintext)" in out

@@ -1,6 +1,7 @@
 """Runs that survive failures, with real processes under `rudra-zmq run`: the data, statistics and parameter servers killed and restarted, a hardsync run killed
 and resumed.
 Each run takes ~15-25 s on 2 cores; each test states its bound."""
+
 import json
 import signal
 import subprocess
@@ -19,8 +20,11 @@ def test_learner_data_and_stats_servers_killed_are_restarted_and_the_run_finishe
     """One run, three SIGKILLs (learner, data server, statistics server): each is restarted,
     learners ask the new data server again for what was lost, metrics.jsonl goes on with the
     run's clock."""
-    run = Run(tmp_path, "roles", [*FAST, "train.epochs=20", "train.eval_every_epochs=10",
-                                  "runtime.learners_per_process=2"])
+    run = Run(
+        tmp_path,
+        "roles",
+        [*FAST, "train.epochs=20", "train.eval_every_epochs=10", "runtime.learners_per_process=2"],
+    )
     for ts, label in ((10, "learner2-3"), (80, "data"), (160, "stats")):
         run.wait_ts(ts)
         run.signal(label, signal.SIGKILL)
@@ -29,16 +33,24 @@ def test_learner_data_and_stats_servers_killed_are_restarted_and_the_run_finishe
     for label in ("learner2-3", "data", "stats"):
         assert f"restarting {label} (1 of at most 3)" in run.out
     starts = records(run.dir, "start")
-    assert len(starts) == 1     # the restarted stats server kept the run's clock
+    assert len(starts) == 1  # the restarted stats server kept the run's clock
     assert records(run.dir, "done")[0]["epoch"] >= 20
 
 
 def test_a_killed_ps_restarts_from_its_checkpoint_losing_at_most_the_updates_since(tmp_path):
     """SIGKILL of the PS (checkpoints every 20 updates): restarted with a new incarnation,
     every learner rejoins, at most 20 updates are lost (reported), the run finishes."""
-    run = Run(tmp_path, "ps", [*FAST, "sync.protocol=async", "train.epochs=20",
-                               "train.checkpoint_every_updates=20",
-                               "runtime.learners_per_process=2"])
+    run = Run(
+        tmp_path,
+        "ps",
+        [
+            *FAST,
+            "sync.protocol=async",
+            "train.epochs=20",
+            "train.checkpoint_every_updates=20",
+            "runtime.learners_per_process=2",
+        ],
+    )
     run.wait_ts(100)
     run.signal("ps", signal.SIGKILL)
     assert run.finish() == 0, run.out
@@ -60,8 +72,14 @@ def test_a_hardsync_run_killed_and_resumed_ends_with_the_same_weights(tmp_path):
     one runs its roles as threads, tests/inproc.py, which computes the same)."""
     from inproc import run_in_threads
 
-    common = ["train.eval_every_epochs=0", "sync.protocol=hardsync", "sync.learners=2",
-              "train.epochs=3", "train.checkpoint_every_updates=10", "runtime.retry_s=1"]
+    common = [
+        "train.eval_every_epochs=0",
+        "sync.protocol=hardsync",
+        "sync.learners=2",
+        "train.epochs=3",
+        "train.checkpoint_every_updates=10",
+        "runtime.retry_s=1",
+    ]
     whole, _ = run_in_threads(ROOT / "configs/quickstart.yaml", common, tmp_path / "whole")
     cut = Run(tmp_path, "cut", [*common, "runtime.restart=false"])
     cut.wait_ts(40)
@@ -70,30 +88,40 @@ def test_a_hardsync_run_killed_and_resumed_ends_with_the_same_weights(tmp_path):
     newest = sorted((cut.dir / "checkpoints").iterdir())[-1]
     w = newest / "w.npy"
     data = bytearray(w.read_bytes())
-    data[-5] ^= 0x10                                 # one flipped bit in the weights
+    data[-5] ^= 0x10  # one flipped bit in the weights
     w.write_bytes(bytes(data))
-    with pytest.raises(subprocess.CalledProcessError):   # reusing it without --resume
-        subprocess.run([sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml"),
-                        "--run-dir", str(cut.dir)], check=True, capture_output=True, cwd=ROOT)
+    with pytest.raises(subprocess.CalledProcessError):  # reusing it without --resume
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rudra_zmq",
+                "run",
+                str(ROOT / "configs/quickstart.yaml"),
+                "--run-dir",
+                str(cut.dir),
+            ],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
     resumed = Run(tmp_path, "cut", [], resume=True)
     assert resumed.finish() == 0, resumed.out
     log = (cut.dir / "logs" / "ps.log").read_text()
-    assert f"{newest}" in log and "sha256 mismatch" in log      # the warning names the file
-    assert f"ps: warning: checkpoint {newest} is damaged" in resumed.out   # on the terminal
+    assert f"{newest}" in log and "sha256 mismatch" in log  # the warning names the file
+    assert f"ps: warning: checkpoint {newest} is damaged" in resumed.out  # on the terminal
     (restart,) = records(cut.dir, "restart")
-    assert restart["checkpoint"] != str(newest)                  # the previous one was used
+    assert restart["checkpoint"] != str(newest)  # the previous one was used
     assert len(records(cut.dir, "resume")) == 1
-    np.testing.assert_array_equal(np.load(cut.dir / "weights.npy"),
-                                  np.load(whole / "weights.npy"))
+    np.testing.assert_array_equal(np.load(cut.dir / "weights.npy"), np.load(whole / "weights.npy"))
 
 
 def test_a_statistics_server_killed_near_the_end_still_reports_the_final_weights(tmp_path):
     """SIGKILL of the statistics server a few epochs before the end (40 epochs, an EVAL
     each): training ends while it restarts (~5 s), and the result line is still the test
     error of the final weights, with an evaluation at the PS's final timestamp."""
-    run = Run(tmp_path, "late", ["runtime.timeout_s=60", "runtime.retry_s=1",
-                                 "train.epochs=40"])
-    run.wait_ts(700, timeout=180)     # of ~900; the records trail by up to a second
+    run = Run(tmp_path, "late", ["runtime.timeout_s=60", "runtime.retry_s=1", "train.epochs=40"])
+    run.wait_ts(700, timeout=180)  # of ~900; the records trail by up to a second
     run.signal("stats", signal.SIGKILL)
     assert run.finish() == 0, run.out
     assert "restarting stats (1 of at most 3)" in run.out
@@ -103,5 +131,6 @@ def test_a_statistics_server_killed_near_the_end_still_reports_the_final_weights
     assert at_end, f"no evaluation of the final weights (ts {final['timestamp']})\n{run.out}"
     result = [line for line in run.out.splitlines() if line.startswith("result: ")]
     assert result == [result[0]] and result[0].startswith(
-        f"result: test error {100 * at_end[-1]['test_error']:.2f}% (best "), run.out
+        f"result: test error {100 * at_end[-1]['test_error']:.2f}% (best "
+    ), run.out
     assert f"after {final['epoch']:.2f} epochs in " in result[0]

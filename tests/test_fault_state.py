@@ -1,5 +1,6 @@
 """Failures at the level of the state objects (no sockets): eviction and rejoining (elastic
 λ), at-most-once gradients, and a checkpoint's snapshot/restore."""
+
 import numpy as np
 import pytest
 
@@ -23,8 +24,9 @@ def state(*overrides):
 
 
 def hello(st, learner, seq=1, **fields):
-    st.register(str(learner).encode(), message(Kind.HELLO, learner, seq, model=SIG, numel=N,
-                                               **fields))
+    st.register(
+        str(learner).encode(), message(Kind.HELLO, learner, seq, model=SIG, numel=N, **fields)
+    )
 
 
 def g(value):
@@ -34,7 +36,7 @@ def g(value):
 def test_a_learner_leaving_completes_the_hardsync_barrier_for_the_others():
     eng = SyncEngine("hardsync", 3, LRSchedule(0.1))
     assert eng.receive(0, 0).update is None and eng.receive(1, 0).update is None
-    update = eng.leave(2)                       # learner 2 died: 0 and 1 are the barrier
+    update = eng.leave(2)  # learner 2 died: 0 and 1 are the barrier
     assert update is not None and update.learners == (0, 1) and eng.timestamp == 1
     assert eng.gradients_per_update == 2
     with pytest.raises(Rejoin, match="not a member"):
@@ -43,8 +45,9 @@ def test_a_learner_leaving_completes_the_hardsync_barrier_for_the_others():
     assert eng.gradients_per_update == 3 and eng.receive(2, 1).update is None
 
 
-@pytest.mark.parametrize("learners, n, alive, c", [(4, 1, 3, 3), (4, 2, 3, 1), (4, 2, 2, 1),
-                                                   (8, 2, 6, 3), (4, 4, 1, 1)])
+@pytest.mark.parametrize(
+    "learners, n, alive, c", [(4, 1, 3, 3), (4, 2, 3, 1), (4, 2, 2, 1), (8, 2, 6, 3), (4, 4, 1, 1)]
+)
 def test_softsync_c_is_recomputed_from_the_learners_alive(learners, n, alive, c):
     eng = SyncEngine("softsync", learners, LRSchedule(0.1), n=n)
     for i in range(alive, learners):
@@ -59,15 +62,15 @@ def test_a_gradient_sent_again_is_answered_and_applied_once_and_a_replay_is_refu
     assert not st.is_duplicate(push)
     st.push(push)
     w1 = st.w.copy()
-    for _ in range(3):                          # the same message three times: applied once
+    for _ in range(3):  # the same message three times: applied once
         assert st.is_duplicate(push)
     assert st.engine.timestamp == 1 and st.counters.duplicates == 3
     np.testing.assert_array_equal(st.w, w1)
     with pytest.raises(ProtocolViolation, match="replayed"):
         st.is_duplicate(message(Kind.PUSHPULL, 0, 10, 0, [g(1.0)]))
-    hello(st, 0, seq=10)                        # a late copy of the first HELLO
-    assert st.is_duplicate(push)                # does not reopen the window
-    with pytest.raises(ProtocolViolation, match="replayed"):   # from before a new HELLO
+    hello(st, 0, seq=10)  # a late copy of the first HELLO
+    assert st.is_duplicate(push)  # does not reopen the window
+    with pytest.raises(ProtocolViolation, match="replayed"):  # from before a new HELLO
         hello(st, 0, seq=20)
         st.is_duplicate(push)
 
@@ -80,19 +83,19 @@ def test_silent_members_are_found_but_not_those_owed_a_reply_or_told_to_stop():
     st.last_heard[2] = 130.0
     assert st.silent(now=140.0, timeout_s=30) == [0, 1]
     assert st.silent(now=140.0, timeout_s=30, waiting={0}) == [1]
-    del st.last_heard[1]                       # as if learner 1 had never said HELLO
+    del st.last_heard[1]  # as if learner 1 had never said HELLO
     assert st.silent(now=140.0, timeout_s=30) == [0]
     assert st.silent(now=140.0, timeout_s=30, never_by=139.0) == [0, 1]
-    st.stopped.add(0)                          # said BYE during training: evicted as usual
+    st.stopped.add(0)  # said BYE during training: evicted as usual
     assert st.silent(now=140.0, timeout_s=30, never_by=139.0) == [0, 1]
-    st.done = True                             # told STOP at the end: finished, not lost
+    st.done = True  # told STOP at the end: finished, not lost
     assert st.silent(now=140.0, timeout_s=30, never_by=139.0) == [1]
     st.stopped.discard(0)
     st.done = False
     st.join(1, now=100.0)
     st.push(message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)]))
     st.push(message(Kind.PUSHPULL, 2, 2, 0, [g(3.0)]))
-    update = st.evict(1)                        # the barrier completes without learner 1
+    update = st.evict(1)  # the barrier completes without learner 1
     assert update is not None and st.engine.timestamp == 1 and 1 not in st.identities
     assert st.counters.evictions == 1 and st.engine.members == {0, 2}
     assert st.join(1, now=150.0) and st.engine.members == {0, 1, 2}
@@ -103,14 +106,14 @@ def test_a_hardsync_learner_saying_hello_again_is_welcomed_after_the_update_it_i
     hello(st, 0), hello(st, 1)
     assert st.admit(b"0", 0, 1) and st.where(0) == {"step": 0}
     st.push(message(Kind.PUSH, 0, 2, 0, [g(1.0)]))
-    hello(st, 0, seq=3)                          # restarted with its gradient pending
+    hello(st, 0, seq=3)  # restarted with its gradient pending
     assert not st.admit(b"0", 0, 3) and st.welcomes_due() == []
     st.push(message(Kind.PUSH, 1, 2, 0, [g(2.0)]))
     assert st.engine.timestamp == 1 and st.welcomes_due() == [(b"0", 0, 3)]
     assert st.welcomes_due() == [] and st.where(0) == {"step": 1}
     st.push(message(Kind.PUSH, 0, 4, 1, [g(1.0)]))
     assert not st.admit(b"0", 0, 5)
-    st.done = True                               # training over: every held one is let go
+    st.done = True  # training over: every held one is let go
     assert st.welcomes_due() == [(b"0", 0, 5)]
 
 
@@ -139,7 +142,7 @@ def test_a_snapshot_restored_through_a_checkpoint_continues_identically(tmp_path
 def test_updates_lost_in_a_restart_are_counted_from_what_rejoining_learners_saw(tmp_path):
     a = state("sync.protocol=async", "sync.learners=2")
     hello(a, 0)
-    checkpoint.save(tmp_path, *a.snapshot())    # at timestamp 0
+    checkpoint.save(tmp_path, *a.snapshot())  # at timestamp 0
     b = state("sync.protocol=async", "sync.learners=2")
     ck = checkpoint.load_latest(tmp_path)
     b.restore(ck.arrays, ck.meta)
@@ -149,7 +152,7 @@ def test_updates_lost_in_a_restart_are_counted_from_what_rejoining_learners_saw(
 
 
 def test_a_finished_run_restored_with_more_epochs_goes_on(tmp_path):
-    a = state("sync.protocol=async", "train.epochs=1")   # 8 gradients of µ=8 in an epoch of 64
+    a = state("sync.protocol=async", "train.epochs=1")  # 8 gradients of µ=8 in an epoch of 64
     hello(a, 0)
     for seq in range(2, 10):
         a.push(message(Kind.PUSH, 0, seq, a.engine.timestamp, [g(1.0)]))
@@ -162,7 +165,7 @@ def test_a_finished_run_restored_with_more_epochs_goes_on(tmp_path):
     assert not b.done and b.stopped == set() and b.engine.timestamp == 8
     c = state("sync.protocol=async", "train.epochs=1")
     c.restore(ck.arrays, ck.meta)
-    assert c.done and not c.all_stopped      # learners are told STOP when they say HELLO
+    assert c.done and not c.all_stopped  # learners are told STOP when they say HELLO
 
 
 def test_a_checkpoint_of_another_model_is_refused_naming_both():
@@ -176,13 +179,25 @@ def test_a_checkpoint_of_another_model_is_refused_naming_both():
 def test_a_tree_node_hands_each_learner_its_data_step_from_the_root_plus_its_own():
     from rudra_zmq.node_state import NodeState
 
-    cfg = small_config("sync.protocol=softsync", "sync.learners=4", "sync.n=1",
-                       "architecture.kind=adv", "architecture.fanout=2")
-    st = NodeState(cfg, 0)                       # the leaf of learners 0 and 1
+    cfg = small_config(
+        "sync.protocol=softsync",
+        "sync.learners=4",
+        "sync.n=1",
+        "architecture.kind=adv",
+        "architecture.fanout=2",
+    )
+    st = NodeState(cfg, 0)  # the leaf of learners 0 and 1
     for i in (0, 1):
         st.register(str(i).encode(), message(Kind.HELLO, i, 1, model=SIG, numel=N))
-    st.welcomed({"learners": 4, "protocol": "softsync",
-                 "steps": [[0, 7], [1, 5], [2, 99], [1, -3], "junk"]}, [], 0)   # 2: not below it
+    st.welcomed(
+        {
+            "learners": 4,
+            "protocol": "softsync",
+            "steps": [[0, 7], [1, 5], [2, 99], [1, -3], "junk"],
+        },
+        [],
+        0,
+    )  # 2: not below it
     assert st.welcome == {"learners": 4, "protocol": "softsync"} and st.steps == {0: 7, 1: 5}
     st.add(b"0", message(Kind.PUSHPULL, 0, 2, 0, [g(1.0)]), [(0, 0)], [g(1.0)])
     assert st.where(0) == {"step": 8} and st.where(1) == {"step": 5}

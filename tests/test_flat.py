@@ -1,4 +1,5 @@
 """FlatModel: parameters and gradients as views into two contiguous float32 arrays."""
+
 import numpy as np
 import pytest
 import torch
@@ -39,7 +40,8 @@ def test_flattening_keeps_the_initial_weights():
     with torch.no_grad():
         torch.testing.assert_close(fm.module(x), ref(x), rtol=0, atol=0)
     np.testing.assert_array_equal(
-        fm.weights, torch.cat([p.detach().reshape(-1) for p in ref.parameters()]).numpy())
+        fm.weights, torch.cat([p.detach().reshape(-1) for p in ref.parameters()]).numpy()
+    )
 
 
 def test_backward_accumulates_into_the_flat_grads_buffer_in_place():
@@ -137,9 +139,15 @@ def test_signature_is_stable_and_tells_models_apart():
 
 def test_segments_follow_the_multipliers_and_merge_equal_neighbours():
     segs = _flat().segments()
-    assert segs == [(0, 2400, 1.0, 1.0), (2400, 2432, 2.0, 1.0), (2432, 28032, 1.0, 1.0),
-                    (28032, 28064, 2.0, 1.0), (28064, 79328, 1.0, 1.0),  # conv3 w+b merged
-                    (79328, 89568, 1.0, 250.0), (89568, 89578, 2.0, 0.0)]
+    assert segs == [
+        (0, 2400, 1.0, 1.0),
+        (2400, 2432, 2.0, 1.0),
+        (2432, 28032, 1.0, 1.0),
+        (28032, 28064, 2.0, 1.0),
+        (28064, 79328, 1.0, 1.0),  # conv3 w+b merged
+        (79328, 89568, 1.0, 250.0),
+        (89568, 89578, 2.0, 0.0),
+    ]
     fm = _flat("mlp", (1, 3, 3))
     assert fm.segments() == [(0, fm.numel, 1.0, 1.0)]
 
@@ -159,19 +167,21 @@ def test_a_staged_model_moves_gradients_and_weights_only_through_its_two_copies(
     arrays): backward writes only the module's gradient until grads_to_host; writing weights
     reaches the module only through weights_to_device (or load_weights). Same results as the
     plain model. tests/test_gpu.py runs it on a real GPU."""
-    plain, staged = _flat(seed=0), FlatModel(build_model("cifar10_full", 10, (3, 32, 32),
-                                                         seed=0), staged=True)
+    plain, staged = (
+        _flat(seed=0),
+        FlatModel(build_model("cifar10_full", 10, (3, 32, 32), seed=0), staged=True),
+    )
     assert staged.staged and not plain.staged
     assert staged.weights.ctypes.data != staged._w.data_ptr()
-    np.testing.assert_array_equal(staged.weights, plain.weights)   # the initial values
+    np.testing.assert_array_equal(staged.weights, plain.weights)  # the initial values
     staged.check_views()
     for fm in (plain, staged):
         fm.zero_grad()
         _loss(fm.module).backward()
-    assert not staged.grads.any()                   # not copied yet
+    assert not staged.grads.any()  # not copied yet
     staged.grads_to_host()
     np.testing.assert_array_equal(staged.grads, plain.grads)
-    staged.zero_grad()                              # the module's gradient, kept as views
+    staged.zero_grad()  # the module's gradient, kept as views
     staged.check_views()
     assert not staged._g.any() and staged.grads.any()
     new = np.linspace(-0.1, 0.1, staged.numel, dtype=np.float32)

@@ -1,6 +1,7 @@
 """GPU learners (``runtime.device``; devices.py, flat.py): run where torch sees a CUDA GPU,
 skipped elsewhere (bench/gpu_check.sh runs them on a GPU machine). The same logic without a
 GPU is tested in test_flat.py (``staged=True``)."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,9 +12,13 @@ from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
 from test_system import DIGITS, rudra_run, updates
 
-pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(),
-                                 reason="no CUDA GPU here (torch.cuda.is_available() is False)"),
-              pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="no CUDA GPU here (torch.cuda.is_available() is False)",
+    ),
+    pytest.mark.timeout(300),
+]
 
 
 def test_a_flat_model_on_the_gpu_keeps_views_and_matches_the_cpu_gradient():
@@ -32,20 +37,27 @@ def test_a_flat_model_on_the_gpu_keeps_views_and_matches_the_cpu_gradient():
     gpu.grads_to_host()
     rel = np.linalg.norm(gpu.grads - cpu.grads) / np.linalg.norm(cpu.grads)
     print(f"GPU vs CPU gradient of one minibatch: relative difference {rel:.2e}")
-    assert rel <= 1e-2      # (TF32 convolutions on the GPU)
+    assert rel <= 1e-2  # (TF32 convolutions on the GPU)
     gpu.load_weights(cpu.weights * 0.5)
     np.testing.assert_array_equal(gpu._w.cpu().numpy(), cpu.weights * 0.5)
 
 
 def test_hardsync_gpu_learners_match_one_gpu_learner_with_lambda_times_the_minibatch(tmp_path):
-    common = [*DIGITS, "sync.protocol=hardsync", "train.epochs=0.12", "optimizer.lr=0.05",
-              "runtime.device=cuda"]
+    common = [
+        *DIGITS,
+        "sync.protocol=hardsync",
+        "train.epochs=0.12",
+        "optimizer.lr=0.05",
+        "runtime.device=cuda",
+    ]
     one, _ = rudra_run(tmp_path, "one", [*common, "sync.learners=1", "sync.batch_size=16"])
     two, _ = rudra_run(tmp_path, "two", [*common, "sync.learners=2", "sync.batch_size=8"])
     assert len(updates(one)) == len(updates(two)) >= 10
     moved, rel = weights_difference(one, two)
-    print(f"GPU learners: training moved the weights by {moved:.2e}; one vs two learners "
-          f"differ by {rel:.2e}")
+    print(
+        f"GPU learners: training moved the weights by {moved:.2e}; one vs two learners "
+        f"differ by {rel:.2e}"
+    )
     assert rel <= 1e-3, f"relative difference {rel:.2e}"
     cpu, _ = rudra_run(tmp_path, "cpu", [*common[:-1], "sync.learners=1", "sync.batch_size=16"])
     _, rel_cpu = weights_difference(one, cpu)
@@ -55,16 +67,27 @@ def test_hardsync_gpu_learners_match_one_gpu_learner_with_lambda_times_the_minib
 
 def test_the_quickstart_on_gpu_learners_reaches_95_percent(tmp_path):
     import json
+
     run_dir, out = rudra_run(tmp_path, "quick", ["runtime.device=cuda"])
-    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"eval"' in line]
+    evals = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"eval"' in line
+    ]
     print(f"quickstart on GPU learners: final test error {evals[-1]['test_error']:.4f}")
     assert evals[-1]["test_error"] <= 0.05, evals[-1]
 
 
-TREE = [*DIGITS, "sync.protocol=hardsync", "sync.learners=4", "sync.batch_size=8",
-        "train.epochs=0.25", "optimizer.lr=0.05", "architecture.kind=adv",
-        "architecture.fanout=2"]
+TREE = [
+    *DIGITS,
+    "sync.protocol=hardsync",
+    "sync.learners=4",
+    "sync.batch_size=8",
+    "train.epochs=0.25",
+    "optimizer.lr=0.05",
+    "architecture.kind=adv",
+    "architecture.fanout=2",
+]
 
 
 @pytest.mark.parametrize("shm", [False, True])
@@ -90,9 +113,17 @@ def test_gpu_learners_train_under_advstar(tmp_path):
     import json
 
     from test_system import ROOT
-    run_dir, _ = rudra_run(tmp_path, "advstar", ["runtime.timeout_s=60", "runtime.device=cuda"],
-                           config=ROOT / "configs/quickstart_advstar.yaml")
-    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"eval"' in line]
+
+    run_dir, _ = rudra_run(
+        tmp_path,
+        "advstar",
+        ["runtime.timeout_s=60", "runtime.device=cuda"],
+        config=ROOT / "configs/quickstart_advstar.yaml",
+    )
+    evals = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"eval"' in line
+    ]
     print(f"advstar quickstart on GPU learners: final test error {evals[-1]['test_error']:.2%}")
     assert evals[-1]["test_error"] <= 0.10, evals[-1]

@@ -1,5 +1,6 @@
 """rudra_zmq.launch.hostfile: the hostfile, -H and --include/--exclude forms of Open MPI, DeepSpeed
 and Horovod, read exactly; every error names where it was and quotes the bad text."""
+
 import socket
 import time
 from pathlib import Path
@@ -30,28 +31,28 @@ def H(name, n):
 # --- parse_hostfile: what it accepts ---------------------------------------------------------
 
 ACCEPTED = [
-    ("node1 slots=4", [H("node1", 4)]),                               # Open MPI / DeepSpeed
-    ("node1:4", [H("node1", 4)]),                                     # Horovod / MPICH
-    ("node1", [H("node1", 1)]),                                       # Open MPI bare host
-    ("node1 slots=2 max_slots=8", [H("node1", 2)]),                   # max_slots ignored
+    ("node1 slots=4", [H("node1", 4)]),  # Open MPI / DeepSpeed
+    ("node1:4", [H("node1", 4)]),  # Horovod / MPICH
+    ("node1", [H("node1", 1)]),  # Open MPI bare host
+    ("node1 slots=2 max_slots=8", [H("node1", 2)]),  # max_slots ignored
     ("node1 max_slots=8 slots=2", [H("node1", 2)]),
     ("node1:3 max_slots=3", [H("node1", 3)]),
-    ("node1 slots = 4", [H("node1", 4)]),                             # spaces around '='
-    ("  \tnode1 \t slots=4  \t", [H("node1", 4)]),                    # surrounding whitespace
-    ("node1 slots=4 # four GPUs", [H("node1", 4)]),                   # trailing comment
+    ("node1 slots = 4", [H("node1", 4)]),  # spaces around '='
+    ("  \tnode1 \t slots=4  \t", [H("node1", 4)]),  # surrounding whitespace
+    ("node1 slots=4 # four GPUs", [H("node1", 4)]),  # trailing comment
     ("node1 slots=4#no space", [H("node1", 4)]),
     ("# a comment\n\n   \nnode1\n  # indented comment\n", [H("node1", 1)]),
-    ("a slots=1\r\nb:2\r\n", [H("a", 1), H("b", 2)]),                 # CRLF
+    ("a slots=1\r\nb:2\r\n", [H("a", 1), H("b", 2)]),  # CRLF
     ("gpu-01.cluster.example_org slots=2", [H("gpu-01.cluster.example_org", 2)]),
-    ("10.0.0.7 slots=2", [H("10.0.0.7", 2)]),                         # IPv4
+    ("10.0.0.7 slots=2", [H("10.0.0.7", 2)]),  # IPv4
     ("10.0.0.7:2", [H("10.0.0.7", 2)]),
-    ("[fd00::7] slots=2", [H("fd00::7", 2)]),                         # IPv6 in brackets
+    ("[fd00::7] slots=2", [H("fd00::7", 2)]),  # IPv6 in brackets
     ("[fd00::7]:2", [H("fd00::7", 2)]),
-    ("[FD00:0:0::7]", [H("fd00::7", 1)]),                             # kept compressed
-    ("fd00::7 slots=3", [H("fd00::7", 3)]),                           # bare IPv6
+    ("[FD00:0:0::7]", [H("fd00::7", 1)]),  # kept compressed
+    ("fd00::7 slots=3", [H("fd00::7", 3)]),  # bare IPv6
     ("::1", [H("::1", 1)]),
-    ("fe80::1%eth0 slots=2", [H("fe80::1%eth0", 2)]),                 # IPv6 with a zone
-    ("c:2\na slots=1\nb", [H("c", 2), H("a", 1), H("b", 1)]),         # order kept
+    ("fe80::1%eth0 slots=2", [H("fe80::1%eth0", 2)]),  # IPv6 with a zone
+    ("c:2\na slots=1\nb", [H("c", 2), H("a", 1), H("b", 1)]),  # order kept
     (f"big slots={hostfile.MAX_SLOTS}", [H("big", hostfile.MAX_SLOTS)]),
 ]
 
@@ -70,19 +71,19 @@ REFUSED = [  # (text, line number, bad text quoted, what the message says)
     ("a slots=-2", 1, "'slots=-2'", "bad slot count"),
     ("a slots=2.5", 1, "'slots=2.5'", "bad slot count"),
     (f"a slots={hostfile.MAX_SLOTS + 1}", 1, f"'slots={hostfile.MAX_SLOTS + 1}'", "from 1 to"),
-    ("a slots=" + "9" * 5000, 1, "bad slot count", "from 1 to"),       # no int() overflow
+    ("a slots=" + "9" * 5000, 1, "bad slot count", "from 1 to"),  # no int() overflow
     ("a:0", 1, "'a:0'", "bad slot count"),
     ("a:x", 1, "'a:x'", "bad slot count"),
     ("a:", 1, "'a:'", "bad slot count"),
     ("a max_slots=x", 1, "'max_slots=x'", "bad slot count"),
-    ("ok\n\nb slots=4 gpus=2", 3, "'gpus=2'", "unexpected"),           # junk token
+    ("ok\n\nb slots=4 gpus=2", 3, "'gpus=2'", "unexpected"),  # junk token
     ("a slots=4 extra", 1, "'extra'", "unexpected"),
     ("a slot=4", 1, "'slot=4'", "unexpected"),
     ("a:2 slots=2", 1, "'slots=2'", "given twice"),
     ("a slots=2 slots=3", 1, "'slots=3'", "given twice"),
-    ("slots=4", 1, "'slots=4'", "bad host name"),                      # host missing
+    ("slots=4", 1, "'slots=4'", "bad host name"),  # host missing
     ("user@node1 slots=2", 1, "'user@node1'", "bad host name"),
-    ("-oProxyCommand=x", 1, "'-oProxyCommand=x'", "bad host name"),    # never an ssh option
+    ("-oProxyCommand=x", 1, "'-oProxyCommand=x'", "bad host name"),  # never an ssh option
     (".hidden", 1, "'.hidden'", "bad host name"),
     ("nöde slots=2", 1, "'nöde'", "bad host name"),
     ("a/b", 1, "'a/b'", "bad host name"),
@@ -118,8 +119,11 @@ def test_a_host_listed_twice_is_an_error_naming_both_lines():
 
 
 def test_the_same_ipv6_address_written_two_ways_is_a_duplicate():
-    with pytest.raises(HostfileError, match=r"hosts:2: host 'fd00::7' is listed twice "
-                                            r"\(first on line 1\)"):
+    with pytest.raises(
+        HostfileError,
+        match=r"hosts:2: host 'fd00::7' is listed twice "
+        r"\(first on line 1\)",
+    ):
         parse_hostfile("[fd00::7]:2\nfd00:0::7\n", source="hosts")
 
 
@@ -158,7 +162,7 @@ HOSTS_ARGS_REFUSED = [
     ("", "an empty entry"),
     ("a:2,a:3", "host 'a' is listed twice"),
     ("a b:2", "bad host name 'a b'"),
-    ("a:2:3", "'a:2:3' is not a valid IPv6 address"),   # 2+ colons: a bare IPv6
+    ("a:2:3", "'a:2:3' is not a valid IPv6 address"),  # 2+ colons: a bare IPv6
 ]
 
 
@@ -178,17 +182,17 @@ CLUSTER = [H("a", 2), H("b", 4), H("c", 2), H("fd00::7", 2)]
 SELECTED = [
     (None, None, CLUSTER),
     ("a", None, [H("a", 2)]),
-    ("c@a", None, [H("a", 2), H("c", 2)]),                              # order of the list
+    ("c@a", None, [H("a", 2), H("c", 2)]),  # order of the list
     ("b:1,3", None, [Host("b", (1, 3))]),
-    ("b:3,1,3", None, [Host("b", (1, 3))]),                             # sorted, unique
-    ("a:0@b:2@a:1", None, [H("a", 2), Host("b", (2,))]),               # a host named twice
+    ("b:3,1,3", None, [Host("b", (1, 3))]),  # sorted, unique
+    ("a:0@b:2@a:1", None, [H("a", 2), Host("b", (2,))]),  # a host named twice
     ("b:1@b", None, [H("b", 4)]),
     ("[fd00::7]:1", None, [Host("fd00::7", (1,))]),
     ("fd00::7", None, [H("fd00::7", 2)]),
     (" a @ b: 0, 1 ", None, [H("a", 2), Host("b", (0, 1))]),
     (None, "a", [H("b", 4), H("c", 2), H("fd00::7", 2)]),
     (None, "b:0,2@c", [H("a", 2), Host("b", (1, 3)), H("fd00::7", 2)]),
-    (None, "a:0@a:1", [H("b", 4), H("c", 2), H("fd00::7", 2)]),       # no slots left: dropped
+    (None, "a:0@a:1", [H("b", 4), H("c", 2), H("fd00::7", 2)]),  # no slots left: dropped
     (None, "[fd00:0::7]:0", [H("a", 2), H("b", 4), H("c", 2), Host("fd00::7", (1,))]),
 ]
 
@@ -206,8 +210,7 @@ def test_select_applies_to_an_already_selected_list():
 
 
 SELECT_REFUSED = [
-    ("x", None, "--include 'x': host 'x' is not in the host list "
-                "(known: a, b, c, fd00::7)"),
+    ("x", None, "--include 'x': host 'x' is not in the host list (known: a, b, c, fd00::7)"),
     (None, "a@x:1", "--exclude 'a@x:1': host 'x' is not in the host list"),
     ("b:4", None, "--include 'b:4': host 'b' has no slot 4 (its slots: 0, 1, 2, 3)"),
     (None, "c:0,5", "host 'c' has no slot 5 (its slots: 0, 1)"),
@@ -217,8 +220,12 @@ SELECT_REFUSED = [
     ("a@@b", None, "an empty host entry"),
     ("", None, "--include '': an empty host entry"),
     ("a", "b", "--include 'a' and --exclude 'b' were both given"),
-    (None, "a@b@c@fd00::7", "--exclude 'a@b@c@fd00::7' leaves no slots to launch on "
-                            "(it excludes all 10 slots of the 4 hosts)"),
+    (
+        None,
+        "a@b@c@fd00::7",
+        "--exclude 'a@b@c@fd00::7' leaves no slots to launch on "
+        "(it excludes all 10 slots of the 4 hosts)",
+    ),
 ]
 
 
@@ -237,6 +244,7 @@ def test_select_lists_at_most_ten_known_hosts():
 
 # --- is_local -----------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def this_machine(monkeypatch):
     """This machine is 'box' / 'box.lab.example'; the cached names are reset around the test."""
@@ -248,12 +256,27 @@ def this_machine(monkeypatch):
 
 
 LOCALITY = [
-    ("localhost", True), ("LOCALHOST", True), ("localhost.", True),
-    ("127.0.0.1", True), ("127.4.5.6", True), ("::1", True), ("[::1]", True),
-    ("0:0:0:0:0:0:0:1", True), ("::ffff:127.0.0.1", True),
-    ("box", True), ("BOX", True), ("box.lab.example", True), ("box.lab.example.", True),
-    ("box2", False), ("box.other.example", False), ("node1", False), ("localhost2", False),
-    ("10.0.0.7", False), ("128.0.0.1", False), ("fd00::7", False), ("::", False),
+    ("localhost", True),
+    ("LOCALHOST", True),
+    ("localhost.", True),
+    ("127.0.0.1", True),
+    ("127.4.5.6", True),
+    ("::1", True),
+    ("[::1]", True),
+    ("0:0:0:0:0:0:0:1", True),
+    ("::ffff:127.0.0.1", True),
+    ("box", True),
+    ("BOX", True),
+    ("box.lab.example", True),
+    ("box.lab.example.", True),
+    ("box2", False),
+    ("box.other.example", False),
+    ("node1", False),
+    ("localhost2", False),
+    ("10.0.0.7", False),
+    ("128.0.0.1", False),
+    ("fd00::7", False),
+    ("::", False),
     ("0.0.0.0", False),
 ]
 
@@ -283,9 +306,10 @@ def test_is_local_knows_the_real_hostname():
 
 # --- load ---------------------------------------------------------------------------------------
 
+
 def test_load_reads_a_file_then_selects(tmp_path):
     path = tmp_path / "hosts.txt"
-    path.write_text("\ufeffa slots=2\nb:4\n", encoding="utf-8")       # a BOM is not a host
+    path.write_text("\ufeffa slots=2\nb:4\n", encoding="utf-8")  # a BOM is not a host
     assert load(path) == [H("a", 2), H("b", 4)]
     assert load(str(path), exclude="b:0") == [H("a", 2), Host("b", (1, 2, 3))]
 
@@ -301,22 +325,30 @@ def test_load_reads_hosts_arg():
     assert load(hosts_arg="a:2,b", include="a:1") == [Host("a", (1,))]
 
 
-@pytest.mark.parametrize("make", [
-    lambda d: d / "missing.txt",                                  # no such file
-    lambda d: d,                                                  # a directory
-    lambda d: (d / "bin").write_bytes(b"\xff\xfe a") and d / "bin",  # not UTF-8
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: d / "missing.txt",  # no such file
+        lambda d: d,  # a directory
+        lambda d: (d / "bin").write_bytes(b"\xff\xfe a") and d / "bin",  # not UTF-8
+    ],
+)
 def test_load_refuses_a_file_it_cannot_read_naming_the_path(tmp_path, make):
     path = make(tmp_path)
     with pytest.raises(HostfileError, match=rf"^cannot read hostfile '{path}': "):
         load(path)
 
 
-@pytest.mark.parametrize("kwargs, what", [
-    ({}, "no hosts given: pass --hostfile F or -H host1:N,host2:M"),
-    ({"path": "h", "hosts_arg": "a:1"}, "both a hostfile and -H were given: pass --hostfile F "
-                                        "or -H host1:N,host2:M, not both"),
-])
+@pytest.mark.parametrize(
+    "kwargs, what",
+    [
+        ({}, "no hosts given: pass --hostfile F or -H host1:N,host2:M"),
+        (
+            {"path": "h", "hosts_arg": "a:1"},
+            "both a hostfile and -H were given: pass --hostfile F or -H host1:N,host2:M, not both",
+        ),
+    ],
+)
 def test_load_needs_exactly_one_source(kwargs, what):
     with pytest.raises(HostfileError) as e:
         load(**kwargs)
@@ -325,11 +357,15 @@ def test_load_needs_exactly_one_source(kwargs, what):
 
 # --- describe, Host, the example ---------------------------------------------------------------
 
-@pytest.mark.parametrize("hosts, line", [
-    ([H("a", 2), H("b", 2), H("c", 2)], "3 hosts, 6 slots: a (2), b (2), c (2)"),
-    ([H("a", 1)], "1 host, 1 slot: a (1)"),
-    ([Host("b", (1, 3)), H("c", 4)], "2 hosts, 6 slots: b (slots 1,3), c (4)"),
-])
+
+@pytest.mark.parametrize(
+    "hosts, line",
+    [
+        ([H("a", 2), H("b", 2), H("c", 2)], "3 hosts, 6 slots: a (2), b (2), c (2)"),
+        ([H("a", 1)], "1 host, 1 slot: a (1)"),
+        ([Host("b", (1, 3)), H("c", 4)], "2 hosts, 6 slots: b (slots 1,3), c (4)"),
+    ],
+)
 def test_describe(hosts, line):
     assert describe(hosts) == line
 

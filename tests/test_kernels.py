@@ -1,4 +1,5 @@
 """Every compiled kernel against its NumPy twin (tests/oracles.py)."""
+
 import numpy as np
 import pytest
 
@@ -6,7 +7,7 @@ import oracles
 import rudra_zmq
 from rudra_zmq import kernels
 
-SIZES = [0, 1, 7, 1001, 70_001, 1_000_003]   # the last above the kernels' parallel minimum (2**18)
+SIZES = [0, 1, 7, 1001, 70_001, 1_000_003]  # the last above the kernels' parallel minimum (2**18)
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: dict(rtol=2e-6, atol=2e-6), np.float64: dict(rtol=1e-13, atol=1e-13)}
 
@@ -107,8 +108,7 @@ def test_sgd_step_matches_numpy(n, dtype, zero_acc, threads):
 @pytest.mark.parametrize("n", [1, 1001, 300_000])
 @pytest.mark.parametrize("zero_acc", [False, True])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, momentum,
-                                                                   threads):
+def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, momentum, threads):
     """The PS writes the next weight version into another buffer (out=) while the current
     one is being sent: the result must be bit-identical to the in-place step, and the
     input weights (read-only here, like a buffer in flight) must not change."""
@@ -130,8 +130,9 @@ def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, m
 
 @pytest.mark.parametrize("n", [1, 1001, 300_000])
 @pytest.mark.parametrize("zero_acc", [False, True])
-def test_momentum_into_separate_buffers_equals_in_place_and_leaves_v_untouched(n, zero_acc,
-                                                                               threads):
+def test_momentum_into_separate_buffers_equals_in_place_and_leaves_v_untouched(
+    n, zero_acc, threads
+):
     """An update computed aside (out=, v_out=) writes the new weights and the new momentum
     into spare buffers: bit-identical to the in-place step, with w and v (read-only here)
     unchanged, so the result can be adopted or dropped without losing anything."""
@@ -141,8 +142,9 @@ def test_momentum_into_separate_buffers_equals_in_place_and_leaves_v_untouched(n
     acc2 = acc.copy()
     out, v_out = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
     kernels.sgd_momentum_step(w, v, acc, 0.01, 0.9, 0.004, 0.5, zero_acc)
-    kernels.sgd_momentum_step(w_in, v_in, acc2, 0.01, 0.9, 0.004, 0.5, zero_acc, out=out,
-                              v_out=v_out)
+    kernels.sgd_momentum_step(
+        w_in, v_in, acc2, 0.01, 0.9, 0.004, 0.5, zero_acc, out=out, v_out=v_out
+    )
     np.testing.assert_array_equal(out, w)
     np.testing.assert_array_equal(v_out, v)
     np.testing.assert_array_equal(acc2, acc)

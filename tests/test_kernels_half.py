@@ -1,16 +1,17 @@
 """The half-precision kernels (float16, bfloat16 as uint16 bits, against float32) against their
 NumPy twins (tests/oracles.py), and bfloat16 against torch as a second, independent oracle."""
+
 import numpy as np
 import pytest
 
 import oracles
 from rudra_zmq import kernels
 
-SIZES = [0, 1, 7, 1001, 70_001, 1_000_003]   # the last above the kernels' parallel minimum (2**18)
+SIZES = [0, 1, 7, 1001, 70_001, 1_000_003]  # the last above the kernels' parallel minimum (2**18)
 HALVES = ["f16", "bf16"]
 # Widening is exact, so what is left is float32 arithmetic in the accumulator (s*g, then +).
 TOL = {"f16": {"rtol": 2e-6, "atol": 2e-6}, "bf16": {"rtol": 2e-6, "atol": 2e-6}}
-EPS = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}   # a half's relative rounding error
+EPS = {"f16": 2.0**-11, "bf16": 2.0**-8}  # a half's relative rounding error
 
 
 def _narrow_ref(fmt, x):
@@ -55,7 +56,7 @@ def test_accumulate_half_matches_numpy(n, fmt, s, threads):
     getattr(oracles, f"accumulate_{fmt}")(ref, g, s)
     _kernel("accumulate", fmt)(acc, g, s)
     np.testing.assert_allclose(acc, ref, **TOL[fmt])
-    if s == 1.0:   # acc + widened g: one float32 addition, bit for bit
+    if s == 1.0:  # acc + widened g: one float32 addition, bit for bit
         np.testing.assert_array_equal(acc, ref)
 
 
@@ -68,7 +69,7 @@ def test_widen_is_exact_for_every_bit_pattern(fmt, threads):
     ref = _widened(fmt, src)
     nan = np.isnan(ref)
     np.testing.assert_array_equal(np.isnan(dst), nan)
-    np.testing.assert_array_equal(_bits(dst)[~nan], _bits(ref)[~nan])   # -0.0, subnormals too
+    np.testing.assert_array_equal(_bits(dst)[~nan], _bits(ref)[~nan])  # -0.0, subnormals too
 
 
 def _awkward_floats(n, seed=1):
@@ -76,9 +77,28 @@ def _awkward_floats(n, seed=1):
     near the half formats' limits and ties."""
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 1 << 32, size=n, dtype=np.uint64).astype(np.uint32).view(np.float32)
-    edges = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 65504, 65519.99, 65520, -65520,
-                        2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -14, 1 + 2.0 ** -11,
-                        1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 3.4e38, 1e-40])
+    edges = np.float32(
+        [
+            0.0,
+            -0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+            65504,
+            65519.99,
+            65520,
+            -65520,
+            2.0**-24,
+            2.0**-25,
+            3 * 2.0**-26,
+            2.0**-14,
+            1 + 2.0**-11,
+            1 + 3 * 2.0**-11,
+            1 + 2.0**-8,
+            3.4e38,
+            1e-40,
+        ]
+    )
     return np.concatenate([raw, rng.standard_normal(n).astype(np.float32) * 1e-4, edges])
 
 
@@ -96,7 +116,7 @@ def test_bfloat16_agrees_with_torch():
     """The bfloat16 twins are our own bit arithmetic: check both directions against torch."""
     torch = pytest.importorskip("torch")
     x = _awkward_floats(100_000, seed=2)
-    x = x[~np.isnan(x)]   # torch keeps NaN payloads its own way; NaN-ness is checked above
+    x = x[~np.isnan(x)]  # torch keeps NaN payloads its own way; NaN-ness is checked above
     bits = np.empty(x.shape[0], np.uint16)
     kernels.narrow_bf16(bits, x)
     ref = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
@@ -104,7 +124,8 @@ def test_bfloat16_agrees_with_torch():
     back = np.empty(x.shape[0], np.float32)
     kernels.widen_bf16(back, bits)
     np.testing.assert_array_equal(
-        back, torch.from_numpy(ref.view(np.int16)).view(torch.bfloat16).float().numpy())
+        back, torch.from_numpy(ref.view(np.int16)).view(torch.bfloat16).float().numpy()
+    )
 
 
 @pytest.mark.parametrize("fmt", HALVES)
@@ -115,13 +136,13 @@ def test_narrow_then_widen_is_within_half_precision(fmt):
     _kernel("narrow", fmt)(h, x)
     _kernel("widen", fmt)(back, h)
     np.testing.assert_allclose(back, x, rtol=EPS[fmt], atol=1e-7)
-    assert not np.array_equal(back, x)   # it did round
+    assert not np.array_equal(back, x)  # it did round
 
 
 @pytest.mark.parametrize("fmt", HALVES)
 def test_read_only_half_frames_are_accepted(fmt):
     g = _half(fmt, 10)
-    frame = np.frombuffer(g.tobytes(), g.dtype)   # read-only, as from a zmq.Frame
+    frame = np.frombuffer(g.tobytes(), g.dtype)  # read-only, as from a zmq.Frame
     acc = np.zeros(10, np.float32)
     _kernel("accumulate", fmt)(acc, frame, 2.0)
     dst = np.empty(10, np.float32)
@@ -168,7 +189,12 @@ def test_f16_and_bf16_are_not_confused():
 
 
 def test_every_kernel_says_it_releases_the_gil():
-    settings = {"set_num_threads", "get_num_threads", "set_parallel_threshold",
-                "get_parallel_threshold", "openmp_enabled"}
+    settings = {
+        "set_num_threads",
+        "get_num_threads",
+        "set_parallel_threshold",
+        "get_parallel_threshold",
+        "openmp_enabled",
+    }
     for name in sorted(set(kernels.__all__) - settings):
         assert "Releases the GIL" in getattr(kernels, name).__doc__, name

@@ -1,5 +1,6 @@
 """`rudra_zmq.keys`: the CurveZMQ key directory, its sender rules, `rudra-zmq keys`, and a
 CURVE handshake made with its keys."""
+
 import argparse
 import os
 import stat
@@ -30,11 +31,11 @@ def run_cli(argv, capsys):
 
 def test_init_and_add_make_the_layout_with_private_modes(tmp_path):
     d = tmp_path / "keys"
-    umask = os.umask(0o022)                   # a permissive umask must not leak into secrets
+    umask = os.umask(0o022)  # a permissive umask must not leak into secrets
     try:
         assert keys.init(d) == d
         keys.add(d, "learner-0")
-        assert os.umask(0o022) == 0o022       # restored after each call
+        assert os.umask(0o022) == 0o022  # restored after each call
     finally:
         os.umask(umask)
     for sub in ("", "clients", "secret", "revoked"):
@@ -43,7 +44,12 @@ def test_init_and_add_make_the_layout_with_private_modes(tmp_path):
     assert mode(d / "secret" / "learner-0.key_secret") == 0o600
     assert (d / "server.key").is_file() and (d / "clients" / "learner-0.key").is_file()
     assert sorted(p.name for p in d.iterdir()) == [
-        "clients", "revoked", "secret", "server.key", "server.key_secret"]   # no staging left
+        "clients",
+        "revoked",
+        "secret",
+        "server.key",
+        "server.key_secret",
+    ]  # no staging left
     pub, sec = keys.server_keys(d)
     assert len(pub) == 40 and len(sec) == 40 and keys.server_keys(d, secret=False) == (pub, None)
     cpub, csec = keys.client_keys(d, "learner-0")
@@ -59,7 +65,7 @@ def test_senders_follow_the_name_and_the_learners_metadata(tmp_path):
     assert keys.add(d, "node-1").senders == {wire.node_sender(1)}
     assert keys.add(d, "ps").senders == {wire.SENDER_PS}
     assert keys.add(d, "worker").senders == frozenset()
-    assert keys.add(d, "learner-5", learners=[1, 0]).senders == {0, 1}      # replaces {5}
+    assert keys.add(d, "learner-5", learners=[1, 0]).senders == {0, 1}  # replaces {5}
     assert keys.add(d, "host-a", learners=[2, 3, 2]).senders == {2, 3}
     assert keys.add(d, "node-2", learners=[7]).senders == {wire.node_sender(2), 7}
     assert keys.add(d, "learner-6", learners=[]).senders == frozenset()
@@ -100,7 +106,9 @@ def test_revoke_moves_the_key_out_of_allowed(tmp_path):
     assert not (d / "clients" / "learner-0.key").exists()
     assert list(keys.allowed(d)) == [b.public]
     assert [(k.name, k.revoked) for k in keys.list_keys(d)] == [
-        ("learner-1", False), ("learner-0", True)]
+        ("learner-1", False),
+        ("learner-0", True),
+    ]
     with pytest.raises(ValueError, match="already revoked"):
         keys.revoke(d, "learner-0")
     with pytest.raises(ValueError, match=r"'nobody'.*known: learner-1"):
@@ -167,14 +175,17 @@ def test_cli_init_add_revoke_list(tmp_path, capsys):
     assert rows["learner-0"][:2] == ["revoked", "learner 0"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["add", "{d}", "bad/name"], "bad key name 'bad/name'"),
-    (["add", "{d}", "learner-3"], "'learner-3' already exists"),
-    (["add", "{d}", "x", "--learners", "1-"], "bad learner ids '1-'"),
-    (["revoke", "{d}", "nobody"], "known: learner-3"),
-    (["init", "{d}"], "already holds a server key"),
-    (["list", "{d}/missing"], "rudra-zmq keys init"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["add", "{d}", "bad/name"], "bad key name 'bad/name'"),
+        (["add", "{d}", "learner-3"], "'learner-3' already exists"),
+        (["add", "{d}", "x", "--learners", "1-"], "bad learner ids '1-'"),
+        (["revoke", "{d}", "nobody"], "known: learner-3"),
+        (["init", "{d}"], "already holds a server key"),
+        (["list", "{d}/missing"], "rudra-zmq keys init"),
+    ],
+)
 def test_cli_errors_print_one_line_and_return_2(tmp_path, capsys, argv, message):
     d = tmp_path / "k"
     keys.make_run_keys(d, ["learner-3"])
@@ -219,8 +230,8 @@ def test_an_authenticator_using_allowed_refuses_a_revoked_key(tmp_path):
     d = tmp_path / "k"
     keys.make_run_keys(d, ["learner-0", "learner-1"])
     pairs = {n: keys.client_keys(d, n) for n in ("learner-0", "learner-1")}
-    keys.revoke(d, "learner-1")               # its holder still has the (now refused) keys
-    keys.add(d, "learner-2")                  # added later: allowed() re-reads the directory
+    keys.revoke(d, "learner-1")  # its holder still has the (now refused) keys
+    keys.add(d, "learner-2")  # added later: allowed() re-reads the directory
     pairs["learner-2"] = keys.client_keys(d, "learner-2")
 
     class Allowed:

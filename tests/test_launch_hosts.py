@@ -6,6 +6,7 @@ network, stops everything on every host when a server fails or on Ctrl-C, remove
 directories of a launch that failed at start, and leaves nothing running. Needs root, iproute2 and Debian's openssh-server (.ci/run installs it); skips with
 the reason otherwise.
 """
+
 import contextlib
 import os
 import shutil
@@ -50,26 +51,47 @@ class Lan:
         return f"{self.prefix}-h{i}"
 
     def up(self) -> None:
-        subprocess.run(["bash", str(NETNS_SH), "up", "3", "1gbit", "--prefix", self.prefix],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["bash", str(NETNS_SH), "up", "3", "1gbit", "--prefix", self.prefix],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         t = self.tmp
         for name in ("host_key", "id"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(t / name)],
-                           check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(t / name)], check=True
+            )
         shutil.copy(t / "id.pub", t / "authorized_keys")
         (t / "sshd_config").write_text(
             f"HostKey {t / 'host_key'}\nAuthorizedKeysFile {t / 'authorized_keys'}\n"
             "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
             "StrictModes no\nPermitRootLogin prohibit-password\nPidFile none\n"
-            "ClientAliveInterval 2\nClientAliveCountMax 3\n")
+            "ClientAliveInterval 2\nClientAliveCountMax 3\n"
+        )
         (t / "ssh_config").write_text(
             f"Host *\n  IdentityFile {t / 'id'}\n  StrictHostKeyChecking no\n"
-            "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
-        os.makedirs("/run/sshd", exist_ok=True)     # sshd's privilege-separation directory
+            "  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
+        )
+        os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
         for i, addr in enumerate(HOSTS):
-            subprocess.run(["ip", "netns", "exec", self.ns(i), SSHD, "-f", str(t / "sshd_config"),
-                            "-o", f"ListenAddress={addr}", "-E", str(t / f"sshd{i}.log")],
-                           check=True, timeout=30)
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    self.ns(i),
+                    SSHD,
+                    "-f",
+                    str(t / "sshd_config"),
+                    "-o",
+                    f"ListenAddress={addr}",
+                    "-E",
+                    str(t / f"sshd{i}.log"),
+                ],
+                check=True,
+                timeout=30,
+            )
         deadline = time.monotonic() + 20
         for i in range(3):
             while not self.pids(i):
@@ -78,12 +100,16 @@ class Lan:
             self.sshd_pids |= self.pids(i)
 
     def down(self) -> None:
-        subprocess.run(["bash", str(NETNS_SH), "down", "--prefix", self.prefix],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            ["bash", str(NETNS_SH), "down", "--prefix", self.prefix],
+            capture_output=True,
+            timeout=120,
+        )
 
     def pids(self, i: int) -> set[int]:
-        out = subprocess.run(["ip", "netns", "pids", self.ns(i)], capture_output=True,
-                             text=True).stdout
+        out = subprocess.run(
+            ["ip", "netns", "pids", self.ns(i)], capture_output=True, text=True
+        ).stdout
         return {int(p) for p in out.split()}
 
     def commands(self, i: int) -> dict[int, str]:
@@ -91,9 +117,13 @@ class Lan:
         cmds = {}
         for p in self.pids(i) - self.sshd_pids:
             try:
-                cmds[p] = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") \
+                cmds[p] = (
+                    Path(f"/proc/{p}/cmdline")
+                    .read_bytes()
+                    .replace(b"\0", b" ")
                     .decode(errors="replace")
-            except OSError:   # ended meanwhile
+                )
+            except OSError:  # ended meanwhile
                 pass
         return cmds
 
@@ -120,16 +150,40 @@ class Lan:
                 return left
             time.sleep(0.3)
 
-    def launch(self, config: str, run_dir: Path, *extra: str, hosts: str = "",
-               env: dict | None = None) -> subprocess.Popen:
+    def launch(
+        self, config: str, run_dir: Path, *extra: str, hosts: str = "", env: dict | None = None
+    ) -> subprocess.Popen:
         """``rudra-zmq launch`` started on host 0, output to ``run_dir``.out."""
         hosts = hosts or f"{HOSTS[0]}:1,{HOSTS[1]}:2,{HOSTS[2]}:1"
-        cmd = ["ip", "netns", "exec", self.ns(0), sys.executable, "-m", "rudra_zmq", "launch",
-               str(ROOT / "configs" / config), "-H", hosts, "--run-dir", str(run_dir),
-               "--ssh-opts", f"-F {self.tmp / 'ssh_config'}", "-x", "OMP_NUM_THREADS=1", *extra]
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            self.ns(0),
+            sys.executable,
+            "-m",
+            "rudra_zmq",
+            "launch",
+            str(ROOT / "configs" / config),
+            "-H",
+            hosts,
+            "--run-dir",
+            str(run_dir),
+            "--ssh-opts",
+            f"-F {self.tmp / 'ssh_config'}",
+            "-x",
+            "OMP_NUM_THREADS=1",
+            *extra,
+        ]
         out = open(f"{run_dir}.out", "w")
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True, env={**os.environ, **(env or {})})
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +216,17 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 18
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("config,extra", [
-    # base through pdsh (adv, adv* and the fault tests go through ssh, the default)
-    ("quickstart.yaml", ["--launcher", "pdsh"]), ("quickstart_adv.yaml", []),
-    # adv* with CurveZMQ asked for (base and adv get it by default across hosts): the run's
-    # keys go to every host with the config
-    ("quickstart_advstar.yaml", ["--set", "security.curve=true"])])
+@pytest.mark.parametrize(
+    "config,extra",
+    [
+        # base through pdsh (adv, adv* and the fault tests go through ssh, the default)
+        ("quickstart.yaml", ["--launcher", "pdsh"]),
+        ("quickstart_adv.yaml", []),
+        # adv* with CurveZMQ asked for (base and adv get it by default across hosts): the run's
+        # keys go to every host with the config
+        ("quickstart_advstar.yaml", ["--set", "security.curve=true"]),
+    ],
+)
 def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     env = None
     if "pdsh" in extra:
@@ -181,11 +240,16 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     summary = run_summary(run)
     assert summary["epochs"] >= 1.0 and summary["final_error"] < 0.5, out[-2000:]
     # every host ran its share, its lines prefixed host:label, its logs here
-    for prefix in ("10.77.0.1:ps ", "10.77.0.1:stats ", "10.77.0.2:learner1 ",
-                   "10.77.0.2:learner2 ", "10.77.0.3:learner3 "):
+    for prefix in (
+        "10.77.0.1:ps ",
+        "10.77.0.1:stats ",
+        "10.77.0.2:learner1 ",
+        "10.77.0.2:learner2 ",
+        "10.77.0.3:learner3 ",
+    ):
         assert prefix in out, (prefix, out[-3000:])
     assert {"ps.log", "stats.log", "learner3.log"} <= {p.name for p in (run / "logs").iterdir()}
-    if config != "quickstart.yaml":   # the leaf of learners 1,2 sits on their host
+    if config != "quickstart.yaml":  # the leaf of learners 1,2 sits on their host
         assert "10.77.0.2:node1 " in out
     # across hosts CurveZMQ is on without being asked for, with the run's keys
     assert "security: CurveZMQ on every socket" in out and (run / "keys" / "server.key").exists()
@@ -200,11 +264,28 @@ def _private_sshd(lan, tmp_path):
     folder; stops that sshd after."""
     private = tmp_path / "private"
     private.mkdir()
-    script = (f"mount -t tmpfs tmpfs {private} && exec {SSHD} -p 2222 "
-              f"-f {lan.tmp / 'sshd_config'} -o ListenAddress={HOSTS[0]} "
-              f"-E {lan.tmp / 'sshd-private.log'}")
-    subprocess.run(["ip", "netns", "exec", lan.ns(0), "unshare", "-m", "--propagation",
-                    "private", "sh", "-c", script], check=True, timeout=30)
+    script = (
+        f"mount -t tmpfs tmpfs {private} && exec {SSHD} -p 2222 "
+        f"-f {lan.tmp / 'sshd_config'} -o ListenAddress={HOSTS[0]} "
+        f"-E {lan.tmp / 'sshd-private.log'}"
+    )
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            lan.ns(0),
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+        ],
+        check=True,
+        timeout=30,
+    )
     deadline = time.monotonic() + 20
     while not lan.pids(0) - lan.sshd_pids:
         assert time.monotonic() < deadline, "the private sshd did not start"
@@ -218,13 +299,21 @@ def _private_sshd(lan, tmp_path):
 
 
 def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_results(
-        lan, tmp_path):
+    lan, tmp_path
+):
     with _private_sshd(lan, tmp_path) as private:
         run = private / "run"
-        proc = lan.launch("quickstart.yaml", run, "--set", "sync.learners=2",
-                          "--set", "train.epochs=1",
-                          "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -p 2222",
-                          hosts=f"{HOSTS[0]}:2")
+        proc = lan.launch(
+            "quickstart.yaml",
+            run,
+            "--set",
+            "sync.learners=2",
+            "--set",
+            "train.epochs=1",
+            "--ssh-opts",
+            f"-F {lan.tmp / 'ssh_config'} -p 2222",
+            hosts=f"{HOSTS[0]}:2",
+        )
         rc = _finish(proc)
         out = Path(f"{run}.out").read_text()
         assert rc == 0, out[-4000:]
@@ -238,20 +327,41 @@ def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_re
 def test_a_launch_that_fails_at_start_removes_the_run_directories_it_made(lan, tmp_path):
     with _private_sshd(lan, tmp_path) as private:
         run = private / "run"
-        ssh = ["ip", "netns", "exec", lan.ns(0), "ssh", "-F", str(lan.tmp / "ssh_config"),
-               "-p", "2222", HOSTS[0]]
+        ssh = [
+            "ip",
+            "netns",
+            "exec",
+            lan.ns(0),
+            "ssh",
+            "-F",
+            str(lan.tmp / "ssh_config"),
+            "-p",
+            "2222",
+            HOSTS[0],
+        ]
         # every role is pointed at a key directory that is not there: the first server exits
-        proc = lan.launch("quickstart.yaml", run, "--set", "sync.learners=2",
-                          "-x", "RUDRA_ZMQ_KEYS=/nonexistent-keys",
-                          "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -p 2222",
-                          hosts=f"{HOSTS[0]}:2")
+        proc = lan.launch(
+            "quickstart.yaml",
+            run,
+            "--set",
+            "sync.learners=2",
+            "-x",
+            "RUDRA_ZMQ_KEYS=/nonexistent-keys",
+            "--ssh-opts",
+            f"-F {lan.tmp / 'ssh_config'} -p 2222",
+            hosts=f"{HOSTS[0]}:2",
+        )
         rc = _finish(proc)
         out = Path(f"{run}.out").read_text()
         assert rc == 1 and f"removed {run}" in out, out[-4000:]
-        assert not run.exists()                                          # here
-        there = subprocess.run([*ssh, f"test -e {run} && echo there || echo gone"],
-                               capture_output=True, text=True, timeout=60)
-        assert there.stdout.split() == ["gone"], there                   # and on the host
+        assert not run.exists()  # here
+        there = subprocess.run(
+            [*ssh, f"test -e {run} && echo there || echo gone"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert there.stdout.split() == ["gone"], there  # and on the host
     assert lan.leftovers() == {}
 
 
@@ -262,9 +372,18 @@ def test_a_learner_host_that_drops_off_the_network_is_left_out(lan, tmp_path):
     # evicting it (a learner never heard from gets runtime.timeout_s from the PS's start)
     # 20 epochs: training ends well inside learner 3's 60 s learner_timeout_s after the link
     # goes down even on a loaded machine (40 epochs took 60 s beside other work: evicted first)
-    proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=20",
-                      "--set", "runtime.restart=true", "--set", "runtime.timeout_s=45",
-                      "--ssh-opts", f"-F {lan.tmp / 'ssh_config'} -o ServerAliveInterval=1")
+    proc = lan.launch(
+        "quickstart.yaml",
+        run,
+        "--set",
+        "train.epochs=20",
+        "--set",
+        "runtime.restart=true",
+        "--set",
+        "runtime.timeout_s=45",
+        "--ssh-opts",
+        f"-F {lan.tmp / 'ssh_config'} -o ServerAliveInterval=1",
+    )
     try:
         _wait_for(Path(f"{run}.out"), "training started", proc)
         subprocess.run(["ip", "-n", lan.ns(2), "link", "set", "eth0", "down"], check=True)
@@ -283,8 +402,9 @@ def test_a_learner_host_that_drops_off_the_network_is_left_out(lan, tmp_path):
 
 def test_a_failed_server_stops_every_host_and_names_it(lan, tmp_path):
     run = tmp_path / "run"
-    proc = lan.launch("quickstart.yaml", run, "--set", "train.epochs=200",
-                      "--set", "runtime.restart=false")
+    proc = lan.launch(
+        "quickstart.yaml", run, "--set", "train.epochs=200", "--set", "runtime.restart=false"
+    )
     _wait_for(Path(f"{run}.out"), "training started", proc)
     assert lan.kill(0, "-m rudra_zmq ps "), "no parameter server on host 0"
     rc = _finish(proc)
@@ -306,16 +426,37 @@ def test_ctrl_c_tears_down_every_host(lan, tmp_path):
 
 def test_dry_run_prints_each_hosts_commands_and_writes_nothing(tmp_path):
     run = tmp_path / "never"
-    res = subprocess.run([sys.executable, "-m", "rudra_zmq", "launch",
-                          str(ROOT / "configs" / "quickstart_advstar.yaml"),
-                          "-H", "a:1,b:2,c:1", "--dry-run", "--run-dir", str(run)],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rudra_zmq",
+            "launch",
+            str(ROOT / "configs" / "quickstart_advstar.yaml"),
+            "-H",
+            "a:1,b:2,c:1",
+            "--dry-run",
+            "--run-dir",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     cmds = [ln for ln in lines if "$ " in ln]
     assert [c.split("$")[0] for c in cmds] == [
-        "a:stats", "a:data", "a:ps", "a:node0", "b:node1", "a:learner0", "b:learner1",
-        "b:learner2", "c:learner3"]
+        "a:stats",
+        "a:data",
+        "a:ps",
+        "a:node0",
+        "b:node1",
+        "a:learner0",
+        "b:learner1",
+        "b:learner2",
+        "c:learner3",
+    ]
     assert all(" ssh " in f" {c} " and "rudra_zmq.launch.host_guard" in c for c in cmds)
     assert "--bcast-upstream tcp://a:29504 --bcast-bind tcp://0.0.0.0:29500" in cmds[6]
     assert not run.exists()

@@ -1,5 +1,6 @@
 """The launcher, with small fake role processes: success, a failing learner, a hanging child,
 an interrupted run. Every test checks that no process it started is left behind."""
+
 import json
 import os
 import pathlib
@@ -90,8 +91,11 @@ def fake(tmp_path, monkeypatch):
     script = tmp_path / "fake_role.py"
     script.write_text(FAKE_ROLE)
     behaviour = {}
-    monkeypatch.setattr(launcher, "_role_command", lambda role, args: [
-        sys.executable, str(script), json.dumps(behaviour), role, *args])
+    monkeypatch.setattr(
+        launcher,
+        "_role_command",
+        lambda role, args: [sys.executable, str(script), json.dumps(behaviour), role, *args],
+    )
     monkeypatch.setattr(launcher, "TERM_GRACE_S", 1.0)
     yield behaviour.update
     leftovers = [pid for pid in all_pids(tmp_path) if not gone(pid)]
@@ -113,8 +117,9 @@ def all_pids(root: pathlib.Path) -> list[int]:
 
 def write_config(tmp_path, *lines):
     path = tmp_path / "c.yaml"
-    path.write_text("\n".join(["name: t", f"runtime: {{run_dir: {tmp_path / 'runs'}}}",
-                               *lines]) + "\n")
+    path.write_text(
+        "\n".join(["name: t", f"runtime: {{run_dir: {tmp_path / 'runs'}}}", *lines]) + "\n"
+    )
     return str(path)
 
 
@@ -134,8 +139,7 @@ def test_a_successful_run_returns_0_with_config_logs_and_progress(tmp_path, fake
     saved = load_config(run_dir / "config.yaml")
     assert saved == load_config(cfg, ["optimizer.lr=0.25"])
     rows = json.loads((run_dir / "processes.json").read_text())
-    assert [r["role"] for r in rows] == ["stats", "data", "ps", "learner0", "learner1",
-                                         "learner2"]
+    assert [r["role"] for r in rows] == ["stats", "data", "ps", "learner0", "learner1", "learner2"]
     assert {p.name for p in (run_dir / "logs").iterdir()} == {f"{r['role']}.log" for r in rows}
     assert "epoch 1.0 test error 0.5" in (run_dir / "logs" / "stats.log").read_text()
     # the summary, the stats server's progress echoed as it came, and the final lines
@@ -162,17 +166,19 @@ def test_each_server_listens_before_anything_that_connects_to_it_starts(tmp_path
     fake({})
     assert launcher.run(write_config(tmp_path, "sync: {learners: 2}")) == 0
     run_dir = only_run_dir(tmp_path)
-    t = {p.name: float(p.read_text())
-         for p in [*run_dir.glob("*.started"), *run_dir.glob("*.listening")]}
+    t = {
+        p.name: float(p.read_text())
+        for p in [*run_dir.glob("*.started"), *run_dir.glob("*.listening")]
+    }
     assert t["stats.listening"] < t["ps.started"]
-    assert max(t["ps.listening"], t["data.listening"]) < min(t["learner0.started"],
-                                                             t["learner1.started"])
+    assert max(t["ps.listening"], t["data.listening"]) < min(
+        t["learner0.started"], t["learner1.started"]
+    )
 
 
 def test_a_server_that_never_listens_fails_the_run_after_the_timeout(tmp_path, fake, capsys):
     fake({"data": "deaf", "ps": "sleep"})
-    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
-                        ["runtime.timeout_s=1"]) == 1
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"), ["runtime.timeout_s=1"]) == 1
     err = capsys.readouterr().err
     assert "data (pid" in err and "is not accepting connections on tcp://127.0.0.1:" in err
     assert "its log has not grown for 1 s (runtime.timeout_s)" in err
@@ -180,32 +186,34 @@ def test_a_server_that_never_listens_fails_the_run_after_the_timeout(tmp_path, f
 
 
 def test_a_server_slow_to_listen_is_waited_for_while_it_writes_progress(tmp_path, fake):
-    fake({"data": "slow:3"})   # 3 s of progress lines (decoding a dataset), then it listens
-    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
-                        ["runtime.timeout_s=1"]) == 0
+    fake({"data": "slow:3"})  # 3 s of progress lines (decoding a dataset), then it listens
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"), ["runtime.timeout_s=1"]) == 0
     run_dir = only_run_dir(tmp_path)
     assert "data: decoding, 14" in (run_dir / "logs" / "data.log").read_text()
-    t = {p.name: float(p.read_text())
-         for p in [*run_dir.glob("*.started"), *run_dir.glob("*.listening")]}
+    t = {
+        p.name: float(p.read_text())
+        for p in [*run_dir.glob("*.started"), *run_dir.glob("*.listening")]
+    }
     assert t["data.listening"] < t["learner0.started"]
 
 
 def test_a_server_gone_silent_is_stopped_runtime_timeout_s_after_its_last_progress(
-        tmp_path, fake, capsys):
-    fake({"data": "stall", "ps": "sleep"})   # 3 progress lines, then silent, never listening
-    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
-                        ["runtime.timeout_s=1"]) == 1
+    tmp_path, fake, capsys
+):
+    fake({"data": "stall", "ps": "sleep"})  # 3 progress lines, then silent, never listening
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"), ["runtime.timeout_s=1"]) == 1
     stopped = time.time()
     err = capsys.readouterr().err
     assert "data (pid" in err and "its log has not grown for 1 s (runtime.timeout_s)" in err
-    assert "data: decoding, 2" in err   # the tail of its log
+    assert "data: decoding, 2" in err  # the tail of its log
     run_dir = only_run_dir(tmp_path)
     assert stopped > float((run_dir / "data.progress").read_text()) + 1
     assert not (run_dir / "learner0.started").exists()
 
 
 def test_a_failing_learner_is_restarted_max_restarts_times_then_stops_every_process(
-        tmp_path, fake, capsys):
+    tmp_path, fake, capsys
+):
     fake({"learner1": "exit:3", "ps": "sleep", "learner0": "sleep", "learner2": "hang"})
     cfg = write_config(tmp_path, "sync: {learners: 3}")
     start = time.monotonic()
@@ -214,18 +222,20 @@ def test_a_failing_learner_is_restarted_max_restarts_times_then_stops_every_proc
     err = capsys.readouterr().err
     assert "restarting learner1 (1 of at most 2)" in err and "(2 of at most 2)" in err
     assert "learner1 failed 3 times (runtime.max_restarts=2); stopping the run" in err
-    pid = {r["role"]: r["pid"] for r in
-           json.loads((only_run_dir(tmp_path) / "processes.json").read_text())}
+    pid = {
+        r["role"]: r["pid"]
+        for r in json.loads((only_run_dir(tmp_path) / "processes.json").read_text())
+    }
     assert f"rudra-zmq: learner1 (pid {pid['learner1']}) exited with code 3" in err
     assert "learner1 failing on purpose" in err  # the tail of its log
     assert all(gone(p) for p in all_pids(tmp_path))
 
 
-def test_without_restarts_a_failing_learner_is_left_out_and_the_run_goes_on(tmp_path, fake,
-                                                                            capsys):
+def test_without_restarts_a_failing_learner_is_left_out_and_the_run_goes_on(tmp_path, fake, capsys):
     fake({"learner1": "exit:3"})
-    assert launcher.run(write_config(tmp_path, "sync: {learners: 2}"),
-                        ["runtime.restart=false"]) == 0
+    assert (
+        launcher.run(write_config(tmp_path, "sync: {learners: 2}"), ["runtime.restart=false"]) == 0
+    )
     err = capsys.readouterr().err
     assert "learner1 is left out (runtime.restart is off); the run goes on" in err
 
@@ -247,8 +257,9 @@ def test_a_child_killed_by_a_signal_is_named_by_it(tmp_path, fake, capsys):
 
 def test_a_hanging_process_tree_is_killed_grandchildren_included(tmp_path, fake, capsys):
     fake({"data": "hang_tree", "learner0": "exit:1", "ps": "sleep"})
-    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}"),
-                        ["runtime.restart=false"]) == 1
+    assert (
+        launcher.run(write_config(tmp_path, "sync: {learners: 1}"), ["runtime.restart=false"]) == 1
+    )
     run_dir = only_run_dir(tmp_path)
     assert (run_dir / "data.grandchild").exists()
     assert all(gone(p) for p in all_pids(tmp_path))
@@ -270,9 +281,10 @@ def test_a_stats_server_that_never_finishes_is_stopped(tmp_path, fake, monkeypat
     assert all(gone(p) for p in all_pids(tmp_path))
 
 
-@pytest.mark.parametrize("learner", ["ok", "slow:3"])   # gone already / still finishing
+@pytest.mark.parametrize("learner", ["ok", "slow:3"])  # gone already / still finishing
 def test_a_stats_server_killed_after_the_ps_exited_is_restarted_and_the_run_ends_well(
-        tmp_path, fake, capsys, learner):
+    tmp_path, fake, capsys, learner
+):
     """SIGKILL of the statistics server after training ended, while the launcher waits for it
     (learner ok) or still for a learner (slow:3): restarted, it finishes, the run ends 0."""
     fake({"stats": "killed_after_end", "learner0": learner})
@@ -299,8 +311,9 @@ def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, si
                                                      {behaviour!r}, role, *args]
         sys.exit(launcher.run({write_config(tmp_path, "sync: {learners: 2}")!r}))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and len(all_pids(tmp_path)) < 5:
@@ -323,14 +336,18 @@ def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, si
 def test_ipc_endpoints_live_in_the_run_directory(tmp_path):
     cfg = load_config(None, ["runtime.transport=ipc"])
     assert run_plan.endpoints(cfg, pathlib.Path("/r")) == {
-        "ps": "ipc:///r/ps.sock", "data": "ipc:///r/data.sock", "stats": "ipc:///r/stats.sock"}
+        "ps": "ipc:///r/ps.sock",
+        "data": "ipc:///r/data.sock",
+        "stats": "ipc:///r/stats.sock",
+    }
     with pytest.raises(ConfigError, match="longer than 107 bytes"):
         run_plan.endpoints(cfg, pathlib.Path("/" + "x" * 100))
 
 
 def test_children_get_thread_counts_and_malloc_settings():
-    cfg = load_config(None, ["sync.learners=1", "runtime.threads_per_learner=2",
-                             "runtime.ps_threads=3"])
+    cfg = load_config(
+        None, ["sync.learners=1", "runtime.threads_per_learner=2", "runtime.ps_threads=3"]
+    )
     assert launcher.role_env(cfg, "learner")["OMP_NUM_THREADS"] == "2"
     assert launcher.role_env(cfg, "ps")["MKL_NUM_THREADS"] == "3"
     env = launcher.role_env(cfg, "stats")
@@ -354,7 +371,7 @@ def test_role_env_gives_the_ps_the_cores_the_learners_leave(monkeypatch):
     env = role_env(cfg, "ps")
     assert env["OMP_NUM_THREADS"] == "4" and env["RUDRA_ZMQ_PS_THREADS"] == "4"
     assert "OMP_WAIT_POLICY" not in env
-    busy = load_config(None, ["sync.learners=8"])      # 8 learners x 1 thread on 8 cores
+    busy = load_config(None, ["sync.learners=8"])  # 8 learners x 1 thread on 8 cores
     env = role_env(busy, "ps")
     assert env["OMP_NUM_THREADS"] == "1" and env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert role_env(busy, "learner")["OMP_NUM_THREADS"] == "1"

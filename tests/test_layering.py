@@ -1,5 +1,6 @@
 """The package's layering: no import circles, counting imports inside functions too (an
 import moved into a function to dodge a circle is still a circle)."""
+
 import ast
 from pathlib import Path
 
@@ -23,9 +24,12 @@ def import_graph() -> dict[str, set[str]]:
                 base = package
                 for _ in range(node.level - 1):
                     base = base.rpartition(".")[0]
-                target = (f"{base}.{node.module}" if node.module else base) if node.level \
+                target = (
+                    (f"{base}.{node.module}" if node.module else base)
+                    if node.level
                     else node.module or ""
-                for alias in node.names:   # `from . import x` may name a module
+                )
+                for alias in node.names:  # `from . import x` may name a module
                     full = f"{target}.{alias.name}"
                     deps.add(full if full in modules else target)
             elif isinstance(node, ast.Import):
@@ -43,7 +47,7 @@ def find_cycle(graph):
         stack.append(n)
         for m in sorted(graph[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state and (found := visit(m)):
                 return found
         stack.pop()

@@ -2,6 +2,7 @@
 /dev/shm (rudra_zmq/shm.py). The wire's shm fields, the config switch, a tree driven by hand
 (a real root PS and leaves, learners speaking the wire with shared slots) against the flat
 hardsync update, the fall-back to payloads, and whole runs started as a user would."""
+
 import contextlib
 import json
 import logging
@@ -42,9 +43,15 @@ def leaked(before: set[str]) -> set[str]:
 
 
 def tree_config(*overrides, depth=1):
-    return small_config("architecture.kind=adv", "architecture.fanout=2",
-                        f"architecture.depth={depth}", "sync.learners=4",
-                        "sync.protocol=hardsync", "architecture.leaf_shm=true", *overrides)
+    return small_config(
+        "architecture.kind=adv",
+        "architecture.fanout=2",
+        f"architecture.depth={depth}",
+        "sync.learners=4",
+        "sync.protocol=hardsync",
+        "architecture.leaf_shm=true",
+        *overrides,
+    )
 
 
 class ShmLearner:
@@ -87,15 +94,16 @@ def test_a_gradient_in_a_slot_and_weights_on_the_board_travel_without_payload():
     msg = wire.decode(frames, numel=100, slots=True)
     assert msg.in_shm and msg.payloads == [] and msg.fields["slot"] == 1
     with pytest.raises(WireError, match="only to a leaf that accepted"):
-        wire.decode(frames, numel=100)                 # a root PS, or a leaf without leaf_shm
+        wire.decode(frames, numel=100)  # a root PS, or a leaf without leaf_shm
     with pytest.raises(WireError, match="slot must be 0 or 1"):
         wire.decode(wire.encode(Kind.PUSH, 3, 1, slot=2), slots=True)
     with pytest.raises(WireError, match="0..0 payload frames"):
-        wire.decode(wire.encode(Kind.PUSH, 3, 1, payloads=[np.zeros(100, np.float32)],
-                                slot=0), slots=True)
+        wire.decode(
+            wire.encode(Kind.PUSH, 3, 1, payloads=[np.zeros(100, np.float32)], slot=0), slots=True
+        )
     weights = wire.decode(wire.encode(Kind.WEIGHTS, -100, 1, ts=9, board=True), numel=100)
     assert weights.in_shm and weights.payloads == []
-    with pytest.raises(WireError, match="carries 1..4096"):   # board false: a payload is due
+    with pytest.raises(WireError, match="carries 1..4096"):  # board false: a payload is due
         wire.decode(wire.encode(Kind.WEIGHTS, -100, 1, ts=9, board=False), numel=100)
     hello = wire.decode(wire.encode(Kind.HELLO, 3, 1, model="m", numel=100, shm="abc"))
     assert hello.fields["shm"] == "abc"
@@ -127,9 +135,13 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
         w0, _ = plain.hello(ps.state.signature, ps.state.numel)
         np.testing.assert_array_equal(np.concatenate(welcomes[0].payloads), w0)
         w, v = w0, np.zeros_like(w0)
-        for rnd in range(3):                           # slots 0, 1, 0: they alternate
-            g = [x * (rnd + 1) for x in np.random.default_rng(rnd).standard_normal(
-                (4, ps.state.numel)).astype(np.float32)]
+        for rnd in range(3):  # slots 0, 1, 0: they alternate
+            g = [
+                x * (rnd + 1)
+                for x in np.random.default_rng(rnd)
+                .standard_normal((4, ps.state.numel))
+                .astype(np.float32)
+            ]
             for i in (2, 0, 1):
                 ls[i].pushpull(rnd, g[i], slot=rnd % 2)
             plain.send(Kind.PUSHPULL, rnd, [g[3]])
@@ -152,14 +164,14 @@ def test_hardsync_through_shared_memory_gives_the_flat_update(ctx, depth):
 
 
 def test_a_leaf_without_shared_memory_keeps_its_learners_on_payloads(ctx, monkeypatch):
-    monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")   # no seqlocked board here
+    monkeypatch.setattr(shm.platform, "machine", lambda: "aarch64")  # no seqlocked board here
     cfg = tree_config()
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
     leaves = [TreeNode(cfg, k, "tcp://127.0.0.1:0", ps.endpoint, ctx=ctx) for k in (0, 1)]
     with running(ps) as e0, running(leaves[0]) as e1, running(leaves[1]) as e2:
         ls = [ShmLearner(ctx, leaves[i // 2].endpoint, i, i // 2, ps.state.numel) for i in range(4)]
         welcomes = [learner.hello(ps.state.signature) for learner in ls]
-        assert not any("shm" in m.fields for m in welcomes)   # declined: use payloads
+        assert not any("shm" in m.fields for m in welcomes)  # declined: use payloads
         ls[0].pushpull(0, np.ones(ps.state.numel, np.float32), slot=0)
         err = ls[0].fake.recv()
         assert err.kind == Kind.ERROR and "did not map its slots" in err.fields["error"]
@@ -174,9 +186,16 @@ def test_a_leaf_without_shared_memory_keeps_its_learners_on_payloads(ctx, monkey
 
 
 # ----------------------------------------------------------------------------- whole runs
-HARD = [*DIGITS, "sync.protocol=hardsync", "sync.learners=4", "sync.batch_size=8",
-        "train.epochs=0.25", "optimizer.lr=0.05", "architecture.kind=adv",
-        "architecture.fanout=2"]
+HARD = [
+    *DIGITS,
+    "sync.protocol=hardsync",
+    "sync.learners=4",
+    "sync.batch_size=8",
+    "train.epochs=0.25",
+    "optimizer.lr=0.05",
+    "architecture.kind=adv",
+    "architecture.fanout=2",
+]
 
 
 @pytest.mark.slow
@@ -188,7 +207,7 @@ def test_hardsync_runs_give_the_same_weights_with_and_without_leaf_shm(tmp_path,
     shared, _ = threaded_run(tmp_path, "shm", [*HARD, "architecture.leaf_shm=true"])
     logs = caplog.text
     assert logs.count("trades through shared memory") == 4, logs[-3000:]
-    assert "ZeroMQ payloads" not in logs, logs[-3000:]     # no learner fell back
+    assert "ZeroMQ payloads" not in logs, logs[-3000:]  # no learner fell back
     w_ipc, w_shm = np.load(ipc / "weights.npy"), np.load(shared / "weights.npy")
     rel = np.linalg.norm(w_shm - w_ipc) / np.linalg.norm(w_ipc)
     assert rel <= 1e-5, f"relative difference {rel:.2e}"
@@ -200,15 +219,21 @@ def _train_with_leaf_shm(tmp_path, caplog, config: str, epochs: int | None, max_
     shared memory (none falls back), the run must learn, and no segment may be left."""
     caplog.set_level(logging.INFO, logger="rudra_zmq")
     before = ours()
-    epochs_set = [f"train.epochs={epochs}"] if epochs else []    # None: the config's own
-    run_dir, _ = threaded_run(tmp_path, config, ["architecture.leaf_shm=true", *epochs_set,
-                                                 "runtime.timeout_s=60"],
-                              config=ROOT / f"configs/{config}.yaml")
+    epochs_set = [f"train.epochs={epochs}"] if epochs else []  # None: the config's own
+    run_dir, _ = threaded_run(
+        tmp_path,
+        config,
+        ["architecture.leaf_shm=true", *epochs_set, "runtime.timeout_s=60"],
+        config=ROOT / f"configs/{config}.yaml",
+    )
     logs = caplog.text
     assert logs.count("trades through shared memory") == 4, logs[-3000:]
     assert "ZeroMQ payloads" not in logs, logs[-3000:]
-    evals = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-             if r["type"] == "eval"]
+    evals = [
+        r
+        for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        if r["type"] == "eval"
+    ]
     print(f"{config} with leaf_shm: test error {[round(e['test_error'], 3) for e in evals]}")
     assert evals[0]["test_error"] > 0.8 and evals[-1]["test_error"] <= max_error, evals
     assert not leaked(before), "segments left behind"
@@ -229,15 +254,21 @@ def test_quickstart_advstar_pushes_through_slots_with_leaf_shm(tmp_path, caplog)
     _train_with_leaf_shm(tmp_path, caplog, "quickstart_advstar", epochs=None, max_error=0.10)
 
 
-@pytest.mark.parametrize("leaf_shm,node,chosen", [(True, 0, LeafShm), (False, 0, NoShm),
-                                                  (True, 2, NoShm)])
+@pytest.mark.parametrize(
+    "leaf_shm,node,chosen", [(True, 0, LeafShm), (False, 0, NoShm), (True, 2, NoShm)]
+)
 def test_the_shared_memory_way_is_chosen_once_per_node(leaf_shm, node, chosen):
-    cfg = small_config("sync.learners=4", "architecture.kind=adv", "architecture.fanout=2",
-                       "architecture.depth=2", f"architecture.leaf_shm={str(leaf_shm).lower()}")
+    cfg = small_config(
+        "sync.learners=4",
+        "architecture.kind=adv",
+        "architecture.fanout=2",
+        "architecture.depth=2",
+        f"architecture.leaf_shm={str(leaf_shm).lower()}",
+    )
     shared = make_shared(cfg, topology.plan(cfg).node(node), advstar=False)
     assert type(shared) is chosen and shared.takes_slots == (chosen is LeafShm)
     plain = wire.decode(wire.encode(Kind.PUSH, 1, 1, 0, 0, [np.ones(3, np.float32)]))
-    if chosen is NoShm:                              # payloads only, nothing on a board
+    if chosen is NoShm:  # payloads only, nothing on a board
         assert shared.pieces(plain) is plain.payloads and not shared.on_board(b"1")
         assert shared.welcome_fields(1) == {}
     shared.close()

@@ -1,4 +1,5 @@
 """The model zoo: Caffe's cifar10_full reproduced exactly, the small models, seeds, multipliers."""
+
 import numpy as np
 import pytest
 import torch
@@ -61,15 +62,19 @@ def test_within_channel_lrn_matches_caffes_formula_elementwise():
     ref = torch.empty_like(x)
     for i in range(5):
         for j in range(6):
-            window_sum = padded[:, :, i:i + 3, j:j + 3].sum(dim=(2, 3))
+            window_sum = padded[:, :, i : i + 3, j : j + 3].sum(dim=(2, 3))
             ref[:, :, i, j] = x[:, :, i, j] / (1 + 5e-5 * window_sum / 9) ** 0.75
     torch.testing.assert_close(lrn(x), ref)
 
 
 def test_cifar10_full_uses_caffe_gaussian_fillers_and_zero_biases():
     model = build_model("cifar10_full", 10, (3, 32, 32))
-    for layer, std in ((model.conv1, 1e-4), (model.conv2, 0.01), (model.conv3, 0.01),
-                       (model.ip1, 0.01)):
+    for layer, std in (
+        (model.conv1, 1e-4),
+        (model.conv2, 0.01),
+        (model.conv3, 0.01),
+        (model.ip1, 0.01),
+    ):
         assert float(layer.weight.detach().std()) == pytest.approx(std, rel=0.1)
         assert float(layer.weight.detach().mean()) == pytest.approx(0.0, abs=std / 10)
         assert not layer.bias.any()
@@ -81,8 +86,16 @@ def test_cifar10_full_multipliers_match_the_prototxt():
     assert names == list(CIFAR10_FULL_MULTS)
     mults = param_multipliers(model)
     assert [m[0] for m in mults] == [2400, 32, 25600, 32, 51200, 64, 10240, 10]
-    assert [m[1:] for m in mults] == [(1.0, 1.0), (2.0, 1.0), (1.0, 1.0), (2.0, 1.0),
-                                      (1.0, 1.0), (1.0, 1.0), (1.0, 250.0), (2.0, 0.0)]
+    assert [m[1:] for m in mults] == [
+        (1.0, 1.0),
+        (2.0, 1.0),
+        (1.0, 1.0),
+        (2.0, 1.0),
+        (1.0, 1.0),
+        (1.0, 1.0),
+        (1.0, 250.0),
+        (2.0, 0.0),
+    ]
 
 
 @pytest.mark.parametrize("name,shape", [("digits_cnn", (1, 8, 8)), ("mlp", (2, 5, 7))])
@@ -115,11 +128,14 @@ def test_unknown_model_name_lists_the_valid_names():
     assert set(MODEL_NAMES) == {"cifar10_full", "digits_cnn", "alexnet", "mlp"}
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(num_classes=0), "num_classes"),
-    (dict(in_shape=(3, 32)), "in_shape"),
-    (dict(in_shape=(3, 2, 2)), "at least 3x3"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(num_classes=0), "num_classes"),
+        (dict(in_shape=(3, 32)), "in_shape"),
+        (dict(in_shape=(3, 2, 2)), "at least 3x3"),
+    ],
+)
 def test_bad_arguments_are_named_in_the_error(kwargs, match):
     args = dict(name="cifar10_full", num_classes=10, in_shape=(3, 32, 32)) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -169,7 +185,7 @@ def test_each_model_gets_the_input_scale_it_was_designed_for():
     # cifar10_full: Caffe's example feeds pixel values 0..255 minus the training mean
     caffe = input_transform("cifar10_full")(x, mean, std).numpy()
     np.testing.assert_allclose(caffe, x.astype(np.float32) - 255 * m, rtol=1e-6, atol=1e-4)
-    for name in ("alexnet", "digits_cnn", "mlp"):   # torchvision's standardization
+    for name in ("alexnet", "digits_cnn", "mlp"):  # torchvision's standardization
         out = input_transform(name)(x, mean, std).numpy()
         np.testing.assert_allclose(out, (x / 255.0 - m) / s, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="'resnet'"):

@@ -1,6 +1,7 @@
 """Notices: a role's warning that the launcher also shows on the terminal (``notices.py``).
 End to end (a damaged checkpoint on --resume, an evicted learner, on the launcher's output):
 tests/test_fault_servers.py and tests/test_fault_learners.py."""
+
 import logging
 
 from rudra_zmq.notices import MARKER, LogNotices, notice, notice_text
@@ -11,8 +12,9 @@ def test_a_log_is_followed_from_its_end_line_by_line(tmp_path):
     log.write_text(f"{MARKER} from an earlier run\n")
     follow = LogNotices(log)
     with open(log, "a") as f:
-        f.write(f"plain line\n2026 rudra_zmq.ps WARNING: {MARKER} learner 3 evicted\n"
-                f"{MARKER} half a li")
+        f.write(
+            f"plain line\n2026 rudra_zmq.ps WARNING: {MARKER} learner 3 evicted\n{MARKER} half a li"
+        )
         f.flush()
         assert follow.new() == ["learner 3 evicted"]
         f.write("ne\n")

@@ -6,6 +6,7 @@ The sdist and the wheel are built once per module (about 30 s of compiling on 2 
 fresh venv borrows the current venv's dependencies through a ``.pth`` file (no download of
 torch again) but not its editable rudra_zmq: the wheel is installed there with ``--no-deps``.
 """
+
 import ast
 import os
 import re
@@ -28,27 +29,35 @@ VERSION = rudra_zmq.__version__
 # import name -> distribution name, where they differ
 DISTRIBUTIONS = {"PIL": "Pillow", "yaml": "PyYAML", "sklearn": "scikit-learn", "zmq": "pyzmq"}
 
-pytestmark = pytest.mark.timeout(900)   # the module's fixtures compile the kernels once
+pytestmark = pytest.mark.timeout(900)  # the module's fixtures compile the kernels once
 
 
 def _needs_compiler():
     cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         pytest.skip(f"no C compiler (`{cc}`): the sdist and wheel builds compile the kernels")
-    pytest.importorskip("build", reason="`python -m build` is in the test extra: "
-                        "pip install -e '.[test]'")
+    pytest.importorskip(
+        "build", reason="`python -m build` is in the test extra: pip install -e '.[test]'"
+    )
 
 
 def _env(**extra):
     """The environment of a build or a user's shell: no RUDRA_ZMQ_MARCH (the default build is
     what is tested), no PYTHONPATH (nothing may leak in from the repository)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RUDRA_ZMQ_MARCH", "PYTHONPATH")}
-    return {**env, "COLUMNS": "200", **extra}   # COLUMNS: argparse wraps --version to it
+    return {**env, "COLUMNS": "200", **extra}  # COLUMNS: argparse wraps --version to it
 
 
 def _check(cmd, cwd, timeout=600, **kw):
-    res = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True,
-                         timeout=timeout, env=_env(), **kw)
+    res = subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(),
+        **kw,
+    )
     assert res.returncode == 0, f"{cmd} exited {res.returncode}\n{res.stdout}\n{res.stderr}"
     return res
 
@@ -57,8 +66,10 @@ def _check(cmd, cwd, timeout=600, **kw):
 def sdist(tmp_path_factory):
     _needs_compiler()
     out = tmp_path_factory.mktemp("sdist")
-    _check([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", out, REPO],
-           cwd=REPO)
+    _check(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", out, REPO],
+        cwd=REPO,
+    )
     (path,) = out.glob("*.tar.gz")
     assert path.name == f"rudra_zmq-{VERSION}.tar.gz"
     return path
@@ -70,8 +81,20 @@ def wheel(sdist, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     with tarfile.open(sdist) as tar:
         tar.extractall(tmp / "src", filter="data")
-    _check([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", ".",
-            "-w", tmp / "dist"], cwd=tmp / "src" / f"rudra_zmq-{VERSION}")
+    _check(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            ".",
+            "-w",
+            tmp / "dist",
+        ],
+        cwd=tmp / "src" / f"rudra_zmq-{VERSION}",
+    )
     (path,) = (tmp / "dist").glob("rudra_zmq-*.whl")
     return path
 
@@ -83,14 +106,27 @@ def fresh_venv(wheel, tmp_path_factory):
     venv = tmp_path_factory.mktemp("venv") / "v"
     _check([sys.executable, "-m", "venv", "--without-pip", venv], cwd=venv.parent)
     python = venv / "bin" / "python"
-    site = _check([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                  cwd=venv.parent).stdout.strip()
+    site = _check(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=venv.parent
+    ).stdout.strip()
     ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
     # a path line in a .pth file adds the folder, but not the .pth files in it: the editable
     # install's finder (__editable__*.pth) stays out
     Path(site, "_current_venv.pth").write_text("\n".join(sorted(ours)) + "\n")
-    _check([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
-            "--no-index", wheel], cwd=venv.parent)
+    _check(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-deps",
+            "--no-index",
+            wheel,
+        ],
+        cwd=venv.parent,
+    )
     return venv / "bin"
 
 
@@ -113,12 +149,15 @@ def test_the_wheel_holds_the_compiled_kernels_and_the_configs_as_package_data(wh
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
     assert any(re.fullmatch(r"rudra_zmq/_kernels\..*\.so", n) for n in names), sorted(names)
-    configs = {f"rudra_zmq/configs/{p.relative_to(REPO / 'configs')}"
-               for p in REPO.glob("configs/**/*.yaml")}
+    configs = {
+        f"rudra_zmq/configs/{p.relative_to(REPO / 'configs')}"
+        for p in REPO.glob("configs/**/*.yaml")
+    }
     assert "rudra_zmq/configs/quickstart.yaml" in configs
     assert configs <= names, f"missing from the wheel: {sorted(configs - names)}"
-    examples = {f"rudra_zmq/examples/{p.name}" for p in (REPO / "examples").iterdir()
-                if p.is_file()}
+    examples = {
+        f"rudra_zmq/examples/{p.name}" for p in (REPO / "examples").iterdir() if p.is_file()
+    }
     assert "rudra_zmq/examples/slurm.sbatch" in examples
     assert examples <= names, f"missing from the wheel: {sorted(examples - names)}"
 
@@ -126,8 +165,9 @@ def test_the_wheel_holds_the_compiled_kernels_and_the_configs_as_package_data(wh
 @pytest.mark.slow
 def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_by_name(fresh_venv, tmp_path):
     """From a folder with no configs/ around, as a user who only installed the wheel."""
-    where = _check([fresh_venv / "python", "-c", "import rudra_zmq; print(rudra_zmq.__file__)"],
-                   cwd=tmp_path).stdout.strip()
+    where = _check(
+        [fresh_venv / "python", "-c", "import rudra_zmq; print(rudra_zmq.__file__)"], cwd=tmp_path
+    ).stdout.strip()
     assert Path(where).is_relative_to(fresh_venv.parent), where
 
     version = _check([fresh_venv / "rudra-zmq", "--version"], cwd=tmp_path).stdout
@@ -135,8 +175,19 @@ def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_by_name(fresh_venv, tmp_p
     assert "-march=native" not in version, "the default build must run on any x86-64-v2 host"
 
     run_dir = tmp_path / "run"
-    _check([fresh_venv / "rudra-zmq", "run", "quickstart", "--set", "train.epochs=1",
-            "--run-dir", run_dir], cwd=tmp_path, timeout=300)
+    _check(
+        [
+            fresh_venv / "rudra-zmq",
+            "run",
+            "quickstart",
+            "--set",
+            "train.epochs=1",
+            "--run-dir",
+            run_dir,
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     metrics = (run_dir / "metrics.jsonl").read_text()
     assert metrics.strip(), "the run wrote no metrics"
     assert "name: quickstart" in (run_dir / "config.yaml").read_text()
@@ -156,11 +207,18 @@ def test_the_wheel_in_a_fresh_venv_finds_grids_and_examples_by_name(fresh_venv, 
 
 # ----------------------------------------------------------------------------- config names
 def test_an_unknown_config_name_exits_2_and_lists_the_builtin_names(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "rudra_zmq", "run", "no_such_config"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60, env=_env())
+    res = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", "no_such_config"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert res.returncode == 2, res.stderr
-    assert res.stderr.startswith("rudra-zmq: error: config 'no_such_config' is not a file and "
-                                 "not a built-in config"), res.stderr
+    assert res.stderr.startswith(
+        "rudra-zmq: error: config 'no_such_config' is not a file and not a built-in config"
+    ), res.stderr
     for name in ("quickstart", "quickstart_adv", "cifar10_baseline", "imagenet_base_softsync"):
         assert re.search(rf"\b{name}\b", res.stderr), name
     assert "Traceback" not in res.stderr
@@ -192,9 +250,9 @@ def _imports():
         guarded = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Try) and any(
-                    isinstance(h.type, ast.Name) and h.type.id in ("ImportError",
-                                                                   "ModuleNotFoundError")
-                    for h in node.handlers):
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                for h in node.handlers
+            ):
                 guarded |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -214,8 +272,11 @@ def _imports():
 def _setup_requirements():
     """(install_requires, {extra: requirements}) read from setup.py's setup() call."""
     tree = ast.parse((REPO / "setup.py").read_text())
-    (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-               and getattr(n.func, "id", None) == "setup"]
+    (call,) = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup"
+    ]
     kw = {k.arg: k.value for k in call.keywords}
     return ast.literal_eval(kw["install_requires"]), ast.literal_eval(kw["extras_require"])
 
@@ -231,12 +292,16 @@ def test_every_third_party_import_is_a_declared_dependency():
     required = {_dist(r) for r in required}
     optional = {_dist(r) for reqs in extras.values() for r in reqs}
     imports = _imports()
-    assert {"PIL", "yaml", "zmq", "torch", "numpy"} <= set(imports)   # the scan works
-    undeclared = sorted(m for m, unguarded in imports.items()
-                        if _dist(DISTRIBUTIONS.get(m, m)) not in
-                        (required if unguarded else required | optional))
-    assert not undeclared, (f"imported by rudra_zmq/ but not in setup.py's install_requires "
-                            f"(or, for an import guarded by except ImportError, an extra): "
-                            f"{undeclared}")
+    assert {"PIL", "yaml", "zmq", "torch", "numpy"} <= set(imports)  # the scan works
+    undeclared = sorted(
+        m
+        for m, unguarded in imports.items()
+        if _dist(DISTRIBUTIONS.get(m, m)) not in (required if unguarded else required | optional)
+    )
+    assert not undeclared, (
+        f"imported by rudra_zmq/ but not in setup.py's install_requires "
+        f"(or, for an import guarded by except ImportError, an extra): "
+        f"{undeclared}"
+    )
     unused = required - {_dist(DISTRIBUTIONS.get(m, m)) for m in imports}
     assert not unused, f"install_requires names packages rudra_zmq/ never imports: {unused}"

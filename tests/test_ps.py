@@ -1,4 +1,5 @@
 """The parameter server against hand-driven fake learners (real ZeroMQ sockets)."""
+
 import msgpack
 import numpy as np
 
@@ -24,8 +25,9 @@ def expected_step(w, v, grads, cfg, segments, lr=None):
     g = np.mean(grads, axis=0, dtype=np.float64).astype(np.float32)
     o = cfg.optimizer
     for a, b, lm, dm in segments:
-        oracles.sgd_momentum_step(w[a:b], v[a:b], g[a:b], (lr or o.lr) * lm, o.momentum,
-                                  o.weight_decay * dm)
+        oracles.sgd_momentum_step(
+            w[a:b], v[a:b], g[a:b], (lr or o.lr) * lm, o.momentum, o.weight_decay * dm
+        )
     return w, v
 
 
@@ -59,7 +61,7 @@ def test_async_reports_staleness_and_returns_newer_weights_at_once(ctx):
         a.send(Kind.PUSHPULL, ts, [g])
         r = a.recv()
         assert (r.kind, r.ts, r.fields["sigma"]) == (Kind.WEIGHTS, 1, 0)
-        b.send(Kind.PUSHPULL, 0, [g])   # computed on ts 0, arrives at ts 1
+        b.send(Kind.PUSHPULL, 0, [g])  # computed on ts 0, arrives at ts 1
         r = b.recv()
         assert (r.kind, r.ts, r.fields["sigma"]) == (Kind.WEIGHTS, 2, 1)
         b.send(Kind.PULL, 2)
@@ -76,8 +78,8 @@ def test_hardsync_holds_a_pull_after_a_push_until_the_update_and_answers_others_
         g = np.ones(ps.state.numel, np.float32)
         a.send(Kind.PUSH, ts, [g])
         assert a.recv().kind == Kind.ACK
-        a.send(Kind.PULL, ts)                  # its gradient is pending: the engine holds it
-        b.send(Kind.PULL, ts)                  # nothing pending: answered at once
+        a.send(Kind.PULL, ts)  # its gradient is pending: the engine holds it
+        b.send(Kind.PULL, ts)  # nothing pending: answered at once
         assert b.recv().kind == Kind.UPTODATE and not a.has_reply(300)
         b.send(Kind.PUSHPULL, ts, [g])
         ra, rb = a.recv(), b.recv()
@@ -112,15 +114,15 @@ def test_the_server_parks_a_reply_the_engine_holds_and_sends_it_when_the_engine_
 
 def test_the_ps_holds_a_gradient_reply_as_long_as_the_engine_says(ctx):
     _, ps = make_ps(ctx, "sync.protocol=async")
-    eng = ps.state.engine   # a rule no protocol has: learner 0's gradient waits for timestamp 3
+    eng = ps.state.engine  # a rule no protocol has: learner 0's gradient waits for timestamp 3
     eng.reply = lambda learners: Reply(3) if 0 in set(learners) and eng.gradients_received else NOW
     with running(ps) as errors:
         a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
         _, ts = a.hello(ps.state.signature, ps.state.numel)
         b.hello(ps.state.signature, ps.state.numel)
         g = np.ones(ps.state.numel, np.float32)
-        a.send(Kind.PUSHPULL, ts, [g])                   # update 1, held
-        for t in (1, 2):                                 # updates 2 and 3
+        a.send(Kind.PUSHPULL, ts, [g])  # update 1, held
+        for t in (1, 2):  # updates 2 and 3
             assert not a.has_reply(200)
             b.send(Kind.PUSHPULL, t, [g])
             assert b.recv().ts == t + 1
@@ -149,9 +151,19 @@ def test_malformed_and_mismatched_messages_are_refused_and_leave_weights_bit_ide
         good = np.ones(ps.state.numel, np.float32)
 
         def hdr(**kw):
-            return msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.PUSH), "s": 0,
-                                  "q": 9, "ts": 0, "inc": 0, "p": [["f4", ps.state.numel]],
-                                  "x": {}, **kw})
+            return msgpack.packb(
+                {
+                    "v": wire.PROTOCOL_VERSION,
+                    "k": int(Kind.PUSH),
+                    "s": 0,
+                    "q": 9,
+                    "ts": 0,
+                    "inc": 0,
+                    "p": [["f4", ps.state.numel]],
+                    "x": {},
+                    **kw,
+                }
+            )
 
         cases = [
             ([b"\x93\xff\x00garbage", good.tobytes()], "bad_header"),
@@ -159,10 +171,13 @@ def test_malformed_and_mismatched_messages_are_refused_and_leave_weights_bit_ide
             ([hdr(), good.tobytes()[:-4]], "bad_length"),
             ([hdr(p=[["u1", ps.state.numel * 4]]), good.tobytes()], "bad_dtype"),
             (wire.encode(Kind.PUSH, 0, 1, 0, 0, [good[:-8]]), "bad_length"),
-            (wire.encode(Kind.PUSH, 0, 1, 5, 0, [good]), "protocol"),        # from the future
-            (wire.encode(Kind.PUSH, 7, 1, 0, 0, [good]), "rejoin"),          # unknown learner
+            (wire.encode(Kind.PUSH, 0, 1, 5, 0, [good]), "protocol"),  # from the future
+            (wire.encode(Kind.PUSH, 7, 1, 0, 0, [good]), "rejoin"),  # unknown learner
             (wire.encode(Kind.HELLO, 1, 1, model="deadbeef", numel=ps.state.numel), "protocol"),
-            (wire.encode(Kind.HELLO, 1, 1, model=ps.state.signature, numel=ps.state.numel - 8), "protocol"),
+            (
+                wire.encode(Kind.HELLO, 1, 1, model=ps.state.signature, numel=ps.state.numel - 8),
+                "protocol",
+            ),
         ]
         for frames, code in cases:
             a.send_raw(frames)
@@ -185,7 +200,9 @@ def test_hello_from_another_model_names_both_sizes(ctx):
         a.send(Kind.HELLO, model="0123456789abcdef", numel=89_570)
         r = a.recv()
         assert r.kind == Kind.ERROR
-        assert "89,570 parameters" in r.fields["error"] and f"{ps.state.numel:,}" in r.fields["error"]
+        assert (
+            "89,570 parameters" in r.fields["error"] and f"{ps.state.numel:,}" in r.fields["error"]
+        )
         a.close()
 
 
@@ -208,7 +225,7 @@ def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
         a.send(Kind.PUSHPULL, 0, [g])
         assert a.recv().kind == Kind.WEIGHTS
         b.send(Kind.PUSHPULL, 1, [g])
-        assert b.recv().kind == Kind.STOP       # this gradient reached train.epochs
+        assert b.recv().kind == Kind.STOP  # this gradient reached train.epochs
         a.send(Kind.PUSHPULL, 1, [g])
         assert a.recv().kind == Kind.STOP
         a.close(), b.close()

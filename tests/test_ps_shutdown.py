@@ -10,6 +10,7 @@ waited for learners already told, or for a statistics server that has gone, woul
 ``runtime.timeout_s`` (600 s) and fail it; a clean run takes 40-80 s on a loaded 2-core
 machine, the restart ~10-20 s more.
 """
+
 import json
 import os
 import subprocess
@@ -25,34 +26,47 @@ from rudra_zmq.roles.ps_checkpoint import ToldRecord
 from rudra_zmq.run_files import TOLD_FILE
 
 pytestmark = pytest.mark.timeout(300)
-BOUND_S = 240   # far below runtime.timeout_s (600): a stall fails the run's wait
+BOUND_S = 240  # far below runtime.timeout_s (600): a stall fails the run's wait
 
 
 def crashed_run(tmp_path, point, stop=1):
     run_dir = tmp_path / point
-    cmd = [sys.executable, str(ROOT / "tests" / "ps_crash.py"), "run",
-           str(ROOT / "configs" / "quickstart.yaml"), "--run-dir", str(run_dir)]
-    for o in ("train.epochs=2", "train.eval_every_epochs=1", "runtime.timeout_s=600",
-              "runtime.retry_s=1", "runtime.learners_per_process=4"):
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "ps_crash.py"),
+        "run",
+        str(ROOT / "configs" / "quickstart.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ]
+    for o in (
+        "train.epochs=2",
+        "train.eval_every_epochs=1",
+        "runtime.timeout_s=600",
+        "runtime.retry_s=1",
+        "runtime.learners_per_process=4",
+    ):
         cmd += ["--set", o]
-    env = {**os.environ, "PS_CRASH_AT": point, "PS_CRASH_STOP": str(stop),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                       os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env=env)
+    env = {
+        **os.environ,
+        "PS_CRASH_AT": point,
+        "PS_CRASH_STOP": str(stop),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
+    )
     try:
         out, _ = proc.communicate(timeout=BOUND_S)
     except subprocess.TimeoutExpired:
-        proc.kill()   # the launcher's roles follow it (parent-death signal)
+        proc.kill()  # the launcher's roles follow it (parent-death signal)
         out, _ = proc.communicate()
-        pytest.fail(f"the run did not end within {BOUND_S} s after a PS crash at {point!r}:"
-                    f"\n{out}")
+        pytest.fail(f"the run did not end within {BOUND_S} s after a PS crash at {point!r}:\n{out}")
     return proc.returncode, out, run_dir
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("point,stop", [("stopping", 3), ("sending-done", 1),
-                                        ("after-final", 1)])
+@pytest.mark.parametrize("point,stop", [("stopping", 3), ("sending-done", 1), ("after-final", 1)])
 def test_a_ps_killed_during_its_shutdown_is_restarted_and_the_run_ends(tmp_path, point, stop):
     rc, out, run_dir = crashed_run(tmp_path, point, stop)
     assert rc == 0, out
@@ -65,21 +79,22 @@ def test_a_ps_killed_during_its_shutdown_is_restarted_and_the_run_ends(tmp_path,
 
 
 def told_state(ts=45, done=True, stopped=()):
-    return SimpleNamespace(engine=SimpleNamespace(timestamp=ts), done=done, learners=4,
-                           stopped=set(stopped))
+    return SimpleNamespace(
+        engine=SimpleNamespace(timestamp=ts), done=done, learners=4, stopped=set(stopped)
+    )
 
 
 def test_the_told_record_holds_only_for_the_same_launch_and_the_same_end(tmp_path, monkeypatch):
     monkeypatch.setenv(security.RUN_TOKEN_ENV, "a" * 32)
     ToldRecord(tmp_path).save(told_state(stopped={1, 2}))
-    assert "a" * 32 not in (tmp_path / TOLD_FILE).read_text()      # a hash, not the token
+    assert "a" * 32 not in (tmp_path / TOLD_FILE).read_text()  # a hash, not the token
     st = told_state()
     assert ToldRecord(tmp_path).restore(st) == {1, 2} and st.stopped == {1, 2}
-    for other in (told_state(ts=46), told_state(done=False)):     # trained on / not over
+    for other in (told_state(ts=46), told_state(done=False)):  # trained on / not over
         assert ToldRecord(tmp_path).restore(other) == set() and not other.stopped
-    monkeypatch.setenv(security.RUN_TOKEN_ENV, "b" * 32)           # another launch (--resume)
+    monkeypatch.setenv(security.RUN_TOKEN_ENV, "b" * 32)  # another launch (--resume)
     assert ToldRecord(tmp_path).restore(told_state()) == set()
-    monkeypatch.delenv(security.RUN_TOKEN_ENV)                     # roles by hand
+    monkeypatch.delenv(security.RUN_TOKEN_ENV)  # roles by hand
     assert ToldRecord(tmp_path).restore(told_state()) == set()
     (tmp_path / TOLD_FILE).write_text("{not json")
     monkeypatch.setenv(security.RUN_TOKEN_ENV, "a" * 32)

@@ -1,4 +1,5 @@
 """`rudra-zmq report`: Table 2's layout and Figures 3-4 from run directories made by hand."""
+
 import csv
 import json
 import struct
@@ -11,7 +12,7 @@ from rudra_zmq.results import paper, report
 
 pytestmark = pytest.mark.timeout(60)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-EPOCHS_PER_UPDATE = 0.0995   # so the update that reaches 3 epochs (ts 31) goes past them
+EPOCHS_PER_UPDATE = 0.0995  # so the update that reaches 3 epochs (ts 31) goes past them
 
 
 def make_run(path, overrides, evals=(), sigmas=((1,),), updates=31, point=None, real=False):
@@ -21,43 +22,99 @@ def make_run(path, overrides, evals=(), sigmas=((1,),), updates=31, point=None, 
     point.json when `point` is given, processes.json when `real`."""
     path.mkdir(parents=True)
     save(load_config(None, ["train.epochs=3", *overrides]), path / "config.yaml")
-    recs = [{"type": "update", "ts": ts, "t": 2.0 * ts, "epoch": ts * EPOCHS_PER_UPDATE,
-             "sigmas": list(s), "mean_sigma": sum(s) / len(s), "n_grads": len(s), "lr": 0.01}
-            for ts, s in zip(range(1, updates + 1), sigmas * updates)]
-    recs += [{"type": "eval", "ts": ts, "t": 2.0 * ts, "epoch": ts * EPOCHS_PER_UPDATE,
-              "test_error": err, "test_loss": 1.0} for ts, err in evals]
+    recs = [
+        {
+            "type": "update",
+            "ts": ts,
+            "t": 2.0 * ts,
+            "epoch": ts * EPOCHS_PER_UPDATE,
+            "sigmas": list(s),
+            "mean_sigma": sum(s) / len(s),
+            "n_grads": len(s),
+            "lr": 0.01,
+        }
+        for ts, s in zip(range(1, updates + 1), sigmas * updates)
+    ]
+    recs += [
+        {
+            "type": "eval",
+            "ts": ts,
+            "t": 2.0 * ts,
+            "epoch": ts * EPOCHS_PER_UPDATE,
+            "test_error": err,
+            "test_loss": 1.0,
+        }
+        for ts, err in evals
+    ]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     if point is not None:
-        (path / "point.json").write_text(json.dumps({
-            "point": path.name, "overrides": list(overrides), "mode": "simulate",
-            "status": "done", "exit_code": 0, "wall_s": 1.5, "started": "2025-01-01T00:00:00",
-            "finished": "2025-01-01T00:00:02", **point}))
+        (path / "point.json").write_text(
+            json.dumps(
+                {
+                    "point": path.name,
+                    "overrides": list(overrides),
+                    "mode": "simulate",
+                    "status": "done",
+                    "exit_code": 0,
+                    "wall_s": 1.5,
+                    "started": "2025-01-01T00:00:00",
+                    "finished": "2025-01-01T00:00:02",
+                    **point,
+                }
+            )
+        )
     if real:
         (path / "processes.json").write_text("[]")
     return path
 
 
-EVALS = [(10, 0.5), (20, 0.3), (31, 0.35)]   # epochs 0.995, 1.99 and 3.08
+EVALS = [(10, 0.5), (20, 0.3), (31, 0.35)]  # epochs 0.995, 1.99 and 3.08
 
 
 @pytest.fixture
 def sweep(tmp_path):
     """A sweep directory whose grid lists its points out of name order, one of them failed."""
     parent = tmp_path / "sweep"
-    make_run(parent / "soft30", ["sync.protocol=softsync", "sync.n=30", "sync.learners=30",
-                                 "sync.batch_size=4", "optimizer.lr_policy=staleness"],
-             EVALS, sigmas=((29, 30),), point={})
-    make_run(parent / "base", ["sync.protocol=softsync", "sync.n=1", "sync.learners=1",
-                               "sync.batch_size=128", "optimizer.lr=0.001"],
-             [(10, 0.4), (31, 0.2)], sigmas=((0,),), point={})
-    make_run(parent / "async8", ["sync.protocol=async", "sync.learners=8",
-                                 "sync.batch_size=16"], [], sigmas=((6,), (8,)), updates=4,
-             point={"status": "failed", "exit_code": 1})
-    (parent / "sweep.yaml").write_text(      # as `rudra-zmq sweep` writes it
+    make_run(
+        parent / "soft30",
+        [
+            "sync.protocol=softsync",
+            "sync.n=30",
+            "sync.learners=30",
+            "sync.batch_size=4",
+            "optimizer.lr_policy=staleness",
+        ],
+        EVALS,
+        sigmas=((29, 30),),
+        point={},
+    )
+    make_run(
+        parent / "base",
+        [
+            "sync.protocol=softsync",
+            "sync.n=1",
+            "sync.learners=1",
+            "sync.batch_size=128",
+            "optimizer.lr=0.001",
+        ],
+        [(10, 0.4), (31, 0.2)],
+        sigmas=((0,),),
+        point={},
+    )
+    make_run(
+        parent / "async8",
+        ["sync.protocol=async", "sync.learners=8", "sync.batch_size=16"],
+        [],
+        sigmas=((6,), (8,)),
+        updates=4,
+        point={"status": "failed", "exit_code": 1},
+    )
+    (parent / "sweep.yaml").write_text(  # as `rudra-zmq sweep` writes it
         "name: grid\nbase: configs/quickstart.yaml\nbudget: 3\nmode: simulate\npoints:\n"
         "- name: soft30\n  overrides: [sync.n=30]\n- name: base\n  overrides: [sync.n=1]\n"
-        "- name: async8\n  overrides: [sync.protocol=async]\n")
-    (parent / "notes").mkdir()    # not a run: left out
+        "- name: async8\n  overrides: [sync.protocol=async]\n"
+    )
+    (parent / "notes").mkdir()  # not a run: left out
     return parent
 
 
@@ -75,20 +132,28 @@ def test_report_on_a_sweep_writes_table_2_rows_beside_the_paper(sweep, capsys):
     assert cli.main(["report", str(sweep)]) == 0
     out = capsys.readouterr().out
     table = [line for line in out.splitlines() if line.startswith("| ")]
-    assert [line.split(" | ")[0] for line in table] == ["| run", "| soft30", "| base",
-                                                        "| async8"]   # sweep.yaml's order
+    assert [line.split(" | ")[0] for line in table] == [
+        "| run",
+        "| soft30",
+        "| base",
+        "| async8",
+    ]  # sweep.yaml's order
     assert (sweep / "report.md").read_text().count("| soft30 |") == 1
     rows = read_csv(sweep / "report.csv")
     soft, base, failed = rows["soft30"], rows["base"], rows["async8"]
     assert soft["protocol"] == "30-softsync" and soft["mode"] == "simulated"
-    assert (soft["sigma"], soft["batch"], soft["learners"], soft["mu_lambda"]) == \
-        ("30", "4", "30", "120")
+    assert (soft["sigma"], soft["batch"], soft["learners"], soft["mu_lambda"]) == (
+        "30",
+        "4",
+        "30",
+        "120",
+    )
     assert float(soft["mean_sigma"]) == 29.5
     # budget 3 epochs: the eval of the update that reached them (ts 31, 3.08 epochs) counts
     assert float(soft["error_at_budget"]) == 0.35 and float(soft["best_error"]) == 0.3
     assert float(soft["time"]) == 62.0 and soft["time_unit"] == "sim"
-    assert float(soft["paper_error"]) == 0.1841          # Table 2: ≈128, σ 30, µ 4, λ 30
-    assert base["sigma"] == "1" and base["paper_error"] == ""   # µ 128, λ 1 is no Table 2 row
+    assert float(soft["paper_error"]) == 0.1841  # Table 2: ≈128, σ 30, µ 4, λ 30
+    assert base["sigma"] == "1" and base["paper_error"] == ""  # µ 128, λ 1 is no Table 2 row
     assert float(base["error_at_budget"]) == 0.2 and float(base["mean_sigma"]) == 0.0
     assert (failed["sigma"], failed["status"]) == ("8", "failed (exit 1), no eval")
     assert failed["error_at_budget"] == "" and float(failed["mean_sigma"]) == 7.0
@@ -113,12 +178,16 @@ def test_runs_without_a_sweep_are_ordered_by_name_and_typed_by_processes_json(tm
     make_run(parent / "b-real", ["sync.protocol=hardsync"], [(31, 0.4)], real=True)
     make_run(parent / "a-sim", ["sync.protocol=hardsync"], [(31, 0.5)])
     (parent / "c-crashed").mkdir()
-    (parent / "c-crashed" / "point.json").write_text(json.dumps(
-        {"point": "c-crashed", "mode": "run", "status": "failed", "exit_code": 2}))
+    (parent / "c-crashed" / "point.json").write_text(
+        json.dumps({"point": "c-crashed", "mode": "run", "status": "failed", "exit_code": 2})
+    )
     runs = report.load_runs(report.expand_run_dirs([parent], report.RUN_MARKERS))
     # the config names repeat ("run"), so the folder tells the runs apart
     assert [(r.label, r.mode) for r in runs] == [
-        ("run (a-sim)", "simulated"), ("run (b-real)", "real"), ("c-crashed", "real")]
+        ("run (a-sim)", "simulated"),
+        ("run (b-real)", "real"),
+        ("c-crashed", "real"),
+    ]
     rows = [report.table_row(r) for r in runs]
     assert [r["status"] for r in rows] == ["", "", "failed (exit 2), no metrics"]
     assert rows[1]["sigma"] == 0 and rows[1]["time_unit"] == "s"
@@ -131,11 +200,14 @@ def test_runs_without_a_sweep_are_ordered_by_name_and_typed_by_processes_json(tm
 
 def test_runs_that_differ_only_in_lr_policy_share_a_colour_in_figure_3(tmp_path):
     common = ["sync.protocol=softsync", "sync.n=4", "sync.learners=30", "sync.batch_size=128"]
-    dirs = [make_run(tmp_path / name, common + extra, [(31, 0.5)])
-            for name, extra in (("stale", ["optimizer.lr_policy=staleness"]),
-                                ("const", ["optimizer.lr_policy=constant",
-                                           "runtime.run_dir=elsewhere"]),
-                                ("mu64", ["sync.batch_size=64"]))]
+    dirs = [
+        make_run(tmp_path / name, common + extra, [(31, 0.5)])
+        for name, extra in (
+            ("stale", ["optimizer.lr_policy=staleness"]),
+            ("const", ["optimizer.lr_policy=constant", "runtime.run_dir=elsewhere"]),
+            ("mu64", ["sync.batch_size=64"]),
+        )
+    ]
     runs = report.load_runs(dirs)
     stale, const, mu64 = report.line_styles(runs, [report.table_row(r) for r in runs])
     assert stale["color"] == const["color"] != mu64["color"]
@@ -169,25 +241,38 @@ def test_a_path_that_holds_no_runs_is_named_and_exits_2(tmp_path, capsys, comman
     assert f"{empty}: no metrics.jsonl" in err and "nor in any subdirectory" in err
     assert cli.main([command, str(tmp_path / "nope")]) == 2
     assert f"{tmp_path / 'nope'}: no metrics.jsonl" in capsys.readouterr().err
-    assert list(empty.iterdir()) == [empty / "sub"]          # nothing written
+    assert list(empty.iterdir()) == [empty / "sub"]  # nothing written
 
 
 def test_a_real_runs_time_counts_from_the_start_of_training(tmp_path):
     run = make_run(tmp_path / "real", ["sync.protocol=hardsync"], [(31, 0.4)], real=True)
-    metrics = run / "metrics.jsonl"     # as the statistics server writes it: its clock first
-    metrics.write_text(json.dumps({"type": "start", "t": 0.0, "unix": 1.78e9}) + "\n"
-                       + metrics.read_text())
+    metrics = run / "metrics.jsonl"  # as the statistics server writes it: its clock first
+    metrics.write_text(
+        json.dumps({"type": "start", "t": 0.0, "unix": 1.78e9}) + "\n" + metrics.read_text()
+    )
     row = report.table_row(report.load_runs([run])[0])
-    assert row["time"] == 60.0          # at 62 s; the first update, at 2 s, ended start-up
+    assert row["time"] == 60.0  # at 62 s; the first update, at 2 s, ended start-up
     assert "since training started" in report.format_markdown([row])
 
 
 def test_a_scaled_schedule_is_marked_in_a_column_and_a_line_above_the_table(tmp_path, capsys):
     parent = tmp_path / "sweep"
-    make_run(parent / "scaled", ["sync.protocol=softsync", "sync.n=30", "sync.learners=30",
-                                 "sync.batch_size=4", "train.schedule_scale=0.1"], EVALS)
-    make_run(parent / "plain", ["sync.protocol=softsync", "sync.n=1", "sync.learners=30",
-                                "sync.batch_size=4"], EVALS)
+    make_run(
+        parent / "scaled",
+        [
+            "sync.protocol=softsync",
+            "sync.n=30",
+            "sync.learners=30",
+            "sync.batch_size=4",
+            "train.schedule_scale=0.1",
+        ],
+        EVALS,
+    )
+    make_run(
+        parent / "plain",
+        ["sync.protocol=softsync", "sync.n=1", "sync.learners=30", "sync.batch_size=4"],
+        EVALS,
+    )
     assert cli.main(["report", str(parent)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("**Schedule scaled ×0.1 in some runs — not the paper's budget**")
@@ -196,4 +281,4 @@ def test_a_scaled_schedule_is_marked_in_a_column_and_a_line_above_the_table(tmp_
     assert "| 3 | ×0.1 | 35.00 % |" in out and "| 3 |  | 35.00 % |" in out
     make_run(tmp_path / "alone", ["sync.n=1"], EVALS)
     assert cli.main(["report", str(tmp_path / "alone"), "--out", str(tmp_path / "o")]) == 0
-    assert "Schedule scaled" not in capsys.readouterr().out    # unscaled: no such line
+    assert "Schedule scaled" not in capsys.readouterr().out  # unscaled: no such line

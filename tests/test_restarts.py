@@ -1,4 +1,5 @@
 """The launcher's restart policy (restarts.on_failure), driven directly: no processes."""
+
 from cluster import small_config
 from rudra_zmq.launch.restarts import on_failure
 
@@ -7,8 +8,9 @@ RUN = "/runs/r"
 
 def verdict(role, *overrides, restarts=0, others=True, args=("--config", "c")):
     cfg = small_config(*overrides)
-    return on_failure(cfg, f"{role}0" if role == "learner" else role, role, args, restarts,
-                      others, RUN)
+    return on_failure(
+        cfg, f"{role}0" if role == "learner" else role, role, args, restarts, others, RUN
+    )
 
 
 def test_a_restarted_ps_resumes_and_a_restarted_stats_server_stays_in_the_run():
@@ -29,7 +31,7 @@ def test_without_restarts_a_learner_is_left_out_while_another_goes_on():
     v = verdict("learner", "runtime.restart=false", others=False)
     assert v.action == "stop" and "every learner has failed" in v.message
     v = verdict("ps", "runtime.restart=false")
-    assert v.action == "stop" and v.message is None      # the failure report said it all
+    assert v.action == "stop" and v.message is None  # the failure report said it all
 
 
 def test_advstar_restarts_only_its_servers_and_says_how_to_resume():

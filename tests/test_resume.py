@@ -1,5 +1,6 @@
 """What `rudra-zmq run --resume RUN_DIR` may change about a run (resume.resume_config) and
 the command line around it. No processes."""
+
 import json
 
 import pytest
@@ -29,8 +30,16 @@ def test_training_longer_and_runtime_keys_may_change_with_set(run_dir):
     assert not resumable("train.seed") and not resumable("sync.learners")
 
 
-@pytest.mark.parametrize("key", ["sync.learners=4", "optimizer.lr=0.5", "model.seed=3",
-                                 "train.seed=1", "architecture.kind=adv"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sync.learners=4",
+        "optimizer.lr=0.5",
+        "model.seed=3",
+        "train.seed=1",
+        "architecture.kind=adv",
+    ],
+)
 def test_a_key_that_defines_the_training_is_refused_naming_it(run_dir, key):
     name = key.split("=")[0]
     with pytest.raises(ConfigError, match=f"^{name} is .* a resumed run cannot change it"):
@@ -47,15 +56,15 @@ def test_a_config_file_that_differs_without_set_is_refused_naming_the_key(run_di
 
 def test_a_run_saved_with_curve_false_resumes_with_its_file_that_leaves_curve_unset(tmp_path):
     original = tmp_path / "c.yaml"
-    original.write_text("sync:\n  learners: 3\n")                  # security.curve unset
+    original.write_text("sync:\n  learners: 3\n")  # security.curve unset
     run = tmp_path / "run"
     run.mkdir()
     saved = load_config(original)
-    saved.security.curve = False                  # what runs saved before unset was the default
+    saved.security.curve = False  # what runs saved before unset was the default
     config_mod.save(saved, run / "config.yaml")
     assert load_config(original).security.curve is None
     assert not resume_config(run, original).security.curve
-    with pytest.raises(ConfigError, match="security.curve"):        # on is still a change
+    with pytest.raises(ConfigError, match="security.curve"):  # on is still a change
         resume_config(run, original, ["security.curve=true"])
 
 
@@ -75,13 +84,16 @@ def test_a_finished_run_has_nothing_to_do_unless_it_trains_longer(run_dir):
     from rudra_zmq.resume import finished_note
 
     cfg = resume_config(run_dir)
-    assert finished_note(run_dir, cfg) is None                  # no final state: resume
-    (run_dir / "ps_final.json").write_text(json.dumps({"timestamp": 80, "epoch": 5.02,
-                                                       "done": True}))
+    assert finished_note(run_dir, cfg) is None  # no final state: resume
+    (run_dir / "ps_final.json").write_text(
+        json.dumps({"timestamp": 80, "epoch": 5.02, "done": True})
+    )
     assert finished_note(run_dir, cfg) == (
         f"rudra-zmq: nothing to do: {run_dir} already trained 5.02 epochs of train.epochs=5; "
-        "to train on, resume with --set train.epochs=N (N > 5.02)")
+        "to train on, resume with --set train.epochs=N (N > 5.02)"
+    )
     assert finished_note(run_dir, resume_config(run_dir, None, ["train.epochs=9"])) is None
-    (run_dir / "ps_final.json").write_text(json.dumps({"timestamp": 80, "epoch": 5.02,
-                                                       "done": False}))     # stopped early
+    (run_dir / "ps_final.json").write_text(
+        json.dumps({"timestamp": 80, "epoch": 5.02, "done": False})
+    )  # stopped early
     assert finished_note(run_dir, cfg) is None

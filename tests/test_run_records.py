@@ -2,6 +2,7 @@
 and samples/s are those of the updates since the previous line (summary.csv, metrics.jsonl),
 lines come in the order things happen, a resumed run counts only its training time, and a
 finished run resumed with nothing to do starts nothing. Real processes, ~1-2 min on 2 cores."""
+
 import csv
 import json
 import re
@@ -15,9 +16,11 @@ from rudra_zmq.roles.stats_progress import duration
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 COMMON = ["runtime.timeout_s=60", "runtime.retry_s=1"]
-MU = 16   # configs/quickstart.yaml's sync.batch_size
-LINE = re.compile(r"^epoch +([\d.]+) +ts +(\d+) +test error +([\d.]+)% +loss \S+ +<σ> (\S+) +"
-                  r"samples/s (\S+) +elapsed (.+?) +ETA (.+)$")
+MU = 16  # configs/quickstart.yaml's sync.batch_size
+LINE = re.compile(
+    r"^epoch +([\d.]+) +ts +(\d+) +test error +([\d.]+)% +loss \S+ +<σ> (\S+) +"
+    r"samples/s (\S+) +elapsed (.+?) +ETA (.+)$"
+)
 
 
 def progress_lines(out):
@@ -77,9 +80,11 @@ def test_progress_lines_agree_with_the_records_and_resumes_count_training_time_o
     idle = Run(tmp_path, "q", [], resume=True)
     assert idle.finish() == 0, idle.out
     epoch = json.loads((run.dir / "ps_final.json").read_text())["epoch"]
-    assert idle.out.strip() == (f"rudra-zmq: nothing to do: {run.dir} already trained "
-                                f"{epoch:.2f} epochs of train.epochs=4; to train on, resume "
-                                f"with --set train.epochs=N (N > {epoch:.2f})")
+    assert idle.out.strip() == (
+        f"rudra-zmq: nothing to do: {run.dir} already trained "
+        f"{epoch:.2f} epochs of train.epochs=4; to train on, resume "
+        f"with --set train.epochs=N (N > {epoch:.2f})"
+    )
     assert (run.dir / "processes.json").read_text() == processes
     assert records(run.dir, "resume") == []
 
@@ -97,10 +102,13 @@ def test_progress_lines_agree_with_the_records_and_resumes_count_training_time_o
     assert r["s_per_epoch"] == pytest.approx(trained / r["epochs"])
     first_update = min(u["t"] for u in records(run.dir, "update"))
     last_eval = max(e["t"] for e in records(run.dir, "eval"))
-    assert r["wall_s"] < last_eval - first_update - (resume["t"] - max(
-        e["t"] for e in records(run.dir, "eval") if e["t"] < resume["t"]))
-    assert f"in {r['wall_s']:.1f} s of training (after {r['startup_s']:.1f} s of start-up " \
-           f"in 2 runs; {r['between_runs_s']:.1f} s between them left out)" in more.out
+    assert r["wall_s"] < last_eval - first_update - (
+        resume["t"] - max(e["t"] for e in records(run.dir, "eval") if e["t"] < resume["t"])
+    )
+    assert (
+        f"in {r['wall_s']:.1f} s of training (after {r['startup_s']:.1f} s of start-up "
+        f"in 2 runs; {r['between_runs_s']:.1f} s between them left out)" in more.out
+    )
     resumed_lines = progress_lines(more.out)
     last_row = list(csv.DictReader((run.dir / "summary.csv").open()))[-1]
     assert resumed_lines[-1][5] == duration(float(last_row["wall_s"]))

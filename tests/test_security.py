@@ -20,6 +20,7 @@ What it proves, each against the real role in this process and real ZeroMQ socke
    yet told (PULL, BYE, HELLO) cannot mark it stopped, at the PS or at a tree node, and the
    real learner is still told.
 """
+
 import io
 import itertools
 import json
@@ -46,14 +47,15 @@ from rudra_zmq.wire import Kind
 pytestmark = pytest.mark.timeout(90)
 N, SIG, TOKEN = 16, "sig", "0123456789abcdef"
 GRAD = np.ones(N, np.float32)
-_seq = itertools.count(time.time_ns())   # newer than any Channel's (µs clock) seq
+_seq = itertools.count(time.time_ns())  # newer than any Channel's (µs clock) seq
 
 
 def make_ps(ctx):
     """An async λ=2 parameter server of N floats, bound on a random loopback port."""
     model = (np.linspace(-1, 1, N, dtype=np.float32), [(0, N, 1.0, 1.0)], SIG)
-    return ParameterServer(small_config("sync.protocol=async"), "tcp://127.0.0.1:0", ctx=ctx,
-                           model=model)
+    return ParameterServer(
+        small_config("sync.protocol=async"), "tcp://127.0.0.1:0", ctx=ctx, model=model
+    )
 
 
 def dealer(ctx, endpoint, curve=None):
@@ -124,7 +126,7 @@ def test_curve_admits_only_allow_listed_keys_speaking_as_their_own_learner(curve
         one = dealer(ctx, ps.endpoint, as_1)
         assert codes(attack(one, 0)) == [(Kind.ERROR, "forbidden")] * 2
         assert 0 not in ps.state.identities and np.array_equal(ps.state.w, w0)
-        hello(one, 1)                                   # as itself it is welcome ...
+        hello(one, 1)  # as itself it is welcome ...
         assert reply(one).kind == Kind.WELCOME
         # (c) ... until revoked: its open connection is refused, a new one not admitted
         keys.revoke(d, "learner-1")
@@ -151,18 +153,22 @@ def test_with_curve_the_data_server_gives_a_key_only_its_own_learners_minibatche
     curve, ctx = security.Curve(d), zmq.Context()
     transport.set_security(curve)
     try:
-        cfg = small_config("data.dataset=synthetic", "data.synthetic_shape=[1,4,4]",
-                           "data.synthetic_train=64", "data.synthetic_test=8")
+        cfg = small_config(
+            "data.dataset=synthetic",
+            "data.synthetic_shape=[1,4,4]",
+            "data.synthetic_train=64",
+            "data.synthetic_test=8",
+        )
         server = DataServer(cfg, "tcp://127.0.0.1:0", ctx)
         spub = keys.server_keys(d, secret=False)[0]
         with running(server) as errors:
             one = dealer(ctx, server.endpoint, (spub, keys.client_keys(d, "learner-1")))
-            send(one, Kind.BATCH_REQ, 0, step=0)            # learner 1's key asking as learner 0
+            send(one, Kind.BATCH_REQ, 0, step=0)  # learner 1's key asking as learner 0
             assert codes([reply(one)]) == [(Kind.ERROR, "forbidden")]
-            send(one, Kind.BATCH_REQ, 1, step=0)            # ... and as itself
+            send(one, Kind.BATCH_REQ, 1, step=0)  # ... and as itself
             own = reply(one)
             assert own.kind == Kind.BATCH and own.fields["step"] == 0
-            plain = dealer(ctx, server.endpoint)            # no key: no handshake, no data
+            plain = dealer(ctx, server.endpoint)  # no key: no handshake, no data
             send(plain, Kind.BATCH_REQ, 0, step=0)
             assert reply(plain, 1000) is None
         assert not errors
@@ -182,7 +188,7 @@ def test_a_live_learner_keeps_its_id_until_its_connection_is_gone(ctx):
         other = transport.Channel(ctx, ps.endpoint, 1, timeout_ms=5000)
         assert len(rid) == 16 and rid[:1] == b"r" and rid != other.sock.getsockopt(zmq.ROUTING_ID)
         other.close()
-        live.send(Kind.HELLO, model=SIG, numel=N)   # request(numel=) is the reply's size
+        live.send(Kind.HELLO, model=SIG, numel=N)  # request(numel=) is the reply's size
         live.recv({Kind.WELCOME})
         # (a) a second HELLO for learner 0 from another connection
         rival = dealer(ctx, ps.endpoint)
@@ -223,8 +229,9 @@ def test_a_live_learner_keeps_its_id_until_its_connection_is_gone(ctx):
 def stats(ctx, tmp_path, monkeypatch):
     monkeypatch.setenv(security.RUN_TOKEN_ENV, TOKEN)
     cfg = small_config()
-    server = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path / "run", ctx,
-                         dataset=load_data(cfg), out=io.StringIO())
+    server = StatsServer(
+        cfg, "tcp://127.0.0.1:0", tmp_path / "run", ctx, dataset=load_data(cfg), out=io.StringIO()
+    )
     yield server
     server._file.close()
     server.sock.close(linger=0)
@@ -236,14 +243,28 @@ def metric(sender, record, **token):
 
 def test_only_the_ps_with_the_run_token_ends_the_recording(stats):
     done = {"type": "done", "t": time.time(), "evals_sent": 0}
-    forged = [metric(wire.SENDER_PS, done), metric(wire.SENDER_PS, done, token="x" * 16),
-              metric(wire.SENDER_PS, {"type": "batch", "items": [done]}),
-              metric(0, done), metric(0, done, token=TOKEN),
-              metric(wire.SENDER_PS, {"type": "eval", "ts": 99, "epoch": 50.0,
-                                      "test_error": 0.0}, token=TOKEN),
-              metric(3, {"type": "eval", "ts": 99, "epoch": 50.0, "test_error": 0.0}),
-              wire.encode(Kind.EVAL, wire.SENDER_PS, next(_seq), 99, 0,
-                          [np.zeros(stats.flat.numel, np.float32)], epoch=50.0)]
+    forged = [
+        metric(wire.SENDER_PS, done),
+        metric(wire.SENDER_PS, done, token="x" * 16),
+        metric(wire.SENDER_PS, {"type": "batch", "items": [done]}),
+        metric(0, done),
+        metric(0, done, token=TOKEN),
+        metric(
+            wire.SENDER_PS,
+            {"type": "eval", "ts": 99, "epoch": 50.0, "test_error": 0.0},
+            token=TOKEN,
+        ),
+        metric(3, {"type": "eval", "ts": 99, "epoch": 50.0, "test_error": 0.0}),
+        wire.encode(
+            Kind.EVAL,
+            wire.SENDER_PS,
+            next(_seq),
+            99,
+            0,
+            [np.zeros(stats.flat.numel, np.float32)],
+            epoch=50.0,
+        ),
+    ]
     for i, frames in enumerate(forged, 1):
         stats.handle(frames)
         assert stats.invalid == i, i
@@ -269,7 +290,7 @@ def test_a_frame_over_max_bytes_disconnects_its_sender_and_delivers_nothing(ctx)
     assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
     assert not router.poll(500)
     small = dealer(ctx, endpoint)
-    small.send(bytes(1024))                      # what the limit allows still comes through
+    small.send(bytes(1024))  # what the limit allows still comes through
     assert router.poll(5000) and router.recv_multipart()[1:] == [bytes(1024)]
     router.disable_monitor()
 
@@ -282,9 +303,18 @@ def test_a_10000_frame_message_leaves_the_ps_up_and_its_memory_bounded(ctx):
         hello(learner, 0)
         assert reply(learner).kind == Kind.WELCOME
         w0, rss0 = ps.state.w.copy(), proc.memory_info().rss
-        header = msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.PUSH), "s": 0,
-                                "q": next(_seq), "ts": 0, "inc": 0,
-                                "p": [["f4", N]] * 10_000, "x": {}})
+        header = msgpack.packb(
+            {
+                "v": wire.PROTOCOL_VERSION,
+                "k": int(Kind.PUSH),
+                "s": 0,
+                "q": next(_seq),
+                "ts": 0,
+                "inc": 0,
+                "p": [["f4", N]] * 10_000,
+                "x": {},
+            }
+        )
         learner.send_multipart([header, *[bytes(1024)] * 10_000])
         assert reply(learner, 10_000).kind == Kind.ERROR
         assert np.array_equal(ps.state.w, w0)
@@ -301,13 +331,16 @@ def forged_run(tmp_path):
     epoch 2): a forged EVAL at ts 99, epoch 50, of someone else's 1%-error weights."""
     run = tmp_path / "run"
     run.mkdir()
-    recs = [{"type": "start", "t": 0.0, "unix": 1e9},
-            {"type": "eval", "ts": 0, "t": 1.0, "epoch": 0.0, "test_error": 0.9},
-            {"type": "eval", "ts": 10, "t": 5.0, "epoch": 2.0, "test_error": 0.3},
-            {"type": "eval", "ts": 99, "t": 6.0, "epoch": 50.0, "test_error": 0.01}]
+    recs = [
+        {"type": "start", "t": 0.0, "unix": 1e9},
+        {"type": "eval", "ts": 0, "t": 1.0, "epoch": 0.0, "test_error": 0.9},
+        {"type": "eval", "ts": 10, "t": 5.0, "epoch": 2.0, "test_error": 0.3},
+        {"type": "eval", "ts": 99, "t": 6.0, "epoch": 50.0, "test_error": 0.01},
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    (run / "ps_final.json").write_text(json.dumps(
-        {"timestamp": 10, "epoch": 2.0, "updates": 10, "done": True, "incarnation": 1}))
+    (run / "ps_final.json").write_text(
+        json.dumps({"timestamp": 10, "epoch": 2.0, "updates": 10, "done": True, "incarnation": 1})
+    )
     return run
 
 
@@ -341,22 +374,26 @@ def outsider_speaks_as(ctx, endpoint, sender, stopped):
 
 def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_the_ps(ctx):
     model = (np.zeros(N, np.float32), [(0, N, 1.0, 1.0)], SIG)
-    ps = ParameterServer(small_config("sync.protocol=async", "train.epochs=0.01"),
-                         "tcp://127.0.0.1:0", ctx=ctx, model=model)
+    ps = ParameterServer(
+        small_config("sync.protocol=async", "train.epochs=0.01"),
+        "tcp://127.0.0.1:0",
+        ctx=ctx,
+        model=model,
+    )
     with running(ps) as errors:
         zero, one = dealer(ctx, ps.endpoint), dealer(ctx, ps.endpoint)
         for sock, i in ((zero, 0), (one, 1)):
             hello(sock, i)
             assert reply(sock).kind == Kind.WELCOME
-        for _ in range(10):                      # learner 0 pushes until training ends
+        for _ in range(10):  # learner 0 pushes until training ends
             send(zero, Kind.PUSH, 0, 0, [GRAD])
             if reply(zero).kind == Kind.STOP:
                 break
         assert ps.state.done and ps.state.stopped == {0}
         outsider_speaks_as(ctx, ps.endpoint, 1, lambda: ps.state.stopped)
         assert not ps.state.all_stopped
-        send(one, Kind.PULL, 1, 0)   # the real learner 1 is told
-        while (r := reply(one)).fields.get("code") == "probe":   # the in_use check's
+        send(one, Kind.PULL, 1, 0)  # the real learner 1 is told
+        while (r := reply(one)).fields.get("code") == "probe":  # the in_use check's
             pass
         assert r.kind == Kind.STOP and ps.state.all_stopped
     assert not errors
@@ -364,13 +401,14 @@ def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_the_ps(ctx)
 
 def test_after_training_an_outsider_cannot_mark_a_learner_stopped_at_a_tree_node(ctx):
     from test_tree import adv, stop_after_one_push, welcome_leaf
+
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=async"))
     with running(node) as errors:
         stop_after_one_push(parent, l0, l1)
         outsider_speaks_as(ctx, node.endpoint, 1, lambda: node.state.stopped)
         assert not node.state.finished
-        l1.send(Kind.PULL, 0)        # the real learner 1 is told
-        while (r := l1.recv()).fields.get("code") == "probe":   # the in_use check's
+        l1.send(Kind.PULL, 0)  # the real learner 1 is told
+        while (r := l1.recv()).fields.get("code") == "probe":  # the in_use check's
             pass
         assert r.kind == Kind.STOP and node.state.finished
         l0.close(), l1.close()

@@ -1,5 +1,6 @@
 """The small guards of ``docs/security.md``: an old libzmq is refused, warnings about peers come
 at a bounded rate, a plaintext wildcard bind warns once, client routing ids are unpredictable."""
+
 import logging
 
 import pytest
@@ -34,8 +35,11 @@ def test_repeated_warnings_are_logged_once_per_interval_with_a_count(monkeypatch
         warn.warning(("other", "bad"), "refused %s", "other")
     assert logged.count(True) == 1
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["refused 0", "refused again (999 more like it in the last 10 s not logged)",
-                     "refused other"]
+    assert lines == [
+        "refused 0",
+        "refused again (999 more like it in the last 10 s not logged)",
+        "refused other",
+    ]
 
 
 def test_many_senders_share_one_key_once_the_table_is_full(monkeypatch):
@@ -43,7 +47,7 @@ def test_many_senders_share_one_key_once_the_table_is_full(monkeypatch):
     warn = throttled_log.ThrottledLog(logging.getLogger("t"))
     for i in range(100):
         warn.warning(("peer", i), "x")
-    assert len(warn._seen) == 4       # three senders and "(many senders)"
+    assert len(warn._seen) == 4  # three senders and "(many senders)"
 
 
 def test_a_plaintext_wildcard_bind_warns_once_naming_the_fix(monkeypatch, caplog):
@@ -64,8 +68,7 @@ def test_a_plaintext_wildcard_bind_warns_once_naming_the_fix(monkeypatch, caplog
         ctx.destroy(linger=0)
 
 
-def test_under_a_launcher_that_said_it_a_plaintext_wildcard_bind_does_not_warn(monkeypatch,
-                                                                              caplog):
+def test_under_a_launcher_that_said_it_a_plaintext_wildcard_bind_does_not_warn(monkeypatch, caplog):
     monkeypatch.setattr(transport, "_warned_exposed", set())
     monkeypatch.setenv(transport.PLAINTEXT_NAMED_ENV, "1")
     ctx = zmq.Context()

@@ -7,6 +7,7 @@
   authenticator admitted each learner's, each tree node's and the PS's own key, and nothing
   else was asked.
 """
+
 import os
 import stat
 
@@ -27,9 +28,12 @@ def test_the_quickstart_under_rudra_zmq_run_trains_with_curve(tmp_path):
     assert names == {"learner-0", "learner-1", "learner-2", "learner-3", "ps"}
     assert stat.S_IMODE(os.stat(kdir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(kdir / "server.key_secret").st_mode) == 0o600
-    evals = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"type": "eval"' in line or '"type":"eval"' in line]
-    assert len(evals) >= 3                       # epochs 0..3 evaluated: EVALs got through
+    evals = [
+        line
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"type": "eval"' in line or '"type":"eval"' in line
+    ]
+    assert len(evals) >= 3  # epochs 0..3 evaluated: EVALs got through
     assert np.isfinite(np.load(run_dir / "weights.npy")).all()
 
 
@@ -47,13 +51,30 @@ class Counting:
         return self._callback(domain, key)
 
 
-@pytest.mark.parametrize("arch,config,extra", [
-    ("adv", None, [*DIGITS, "sync.protocol=softsync", "sync.n=2", "sync.learners=4",
-                   "sync.batch_size=8", "train.epochs=0.5", "architecture.kind=adv",
-                   "architecture.fanout=2"]),
-    ("advstar", ROOT / "configs/quickstart_advstar.yaml", ["train.epochs=0.5",
-                                                           "train.eval_every_epochs=0"]),
-])
+@pytest.mark.parametrize(
+    "arch,config,extra",
+    [
+        (
+            "adv",
+            None,
+            [
+                *DIGITS,
+                "sync.protocol=softsync",
+                "sync.n=2",
+                "sync.learners=4",
+                "sync.batch_size=8",
+                "train.epochs=0.5",
+                "architecture.kind=adv",
+                "architecture.fanout=2",
+            ],
+        ),
+        (
+            "advstar",
+            ROOT / "configs/quickstart_advstar.yaml",
+            ["train.epochs=0.5", "train.eval_every_epochs=0"],
+        ),
+    ],
+)
 def test_tree_and_broadcast_runs_use_curve_on_every_socket(tmp_path, arch, config, extra):
     names = [f"learner-{i}" for i in range(4)] + ["ps", "node-0", "node-1"]
     keys.make_run_keys(tmp_path / "keys", names)
@@ -61,14 +82,14 @@ def test_tree_and_broadcast_runs_use_curve_on_every_socket(tmp_path, arch, confi
     seen = Counting(curve)
     transport.set_security(curve)
     try:
-        run_dir, _ = threaded_run(tmp_path, arch, ["security.curve=true", *extra],
-                                  config=config)
+        run_dir, _ = threaded_run(tmp_path, arch, ["security.curve=true", *extra], config=config)
     finally:
         transport.set_security(None)
-    updates = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if '"update"' in line]
+    updates = [
+        line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"update"' in line
+    ]
     assert updates, "no update was recorded"
-    assert None not in seen.asked                # only allow-listed keys ever knocked
+    assert None not in seen.asked  # only allow-listed keys ever knocked
     # every learner (PS or leaf, data server; adv*: the broadcast) and both tree nodes (to
     # the root) connected with their own keys
     assert {f"learner-{i}" for i in range(4)} | {"node-0", "node-1"} <= set(seen.asked)

@@ -1,4 +1,5 @@
 """The servers' state objects on their own: no sockets, messages built with wire.encode."""
+
 import numpy as np
 import pytest
 
@@ -24,8 +25,9 @@ def state(*overrides):
 
 
 def hello(st, learner, ident=None, **fields):
-    st.register(ident or str(learner).encode(),
-                message(Kind.HELLO, learner, model=SIG, numel=N, **fields))
+    st.register(
+        ident or str(learner).encode(), message(Kind.HELLO, learner, model=SIG, numel=N, **fields)
+    )
 
 
 def test_hardsync_updates_once_every_learner_pushed_and_matches_the_oracle():
@@ -55,14 +57,14 @@ def test_refused_messages_leave_the_state_as_it_was():
     push = message(Kind.PUSH, 0, 0, [np.ones(N, np.float32)])
     with pytest.raises(ProtocolViolation, match="has not said HELLO on this connection"):
         st.check_sender(b"elsewhere", push)
-    with pytest.raises(ProtocolViolation):       # from the future
+    with pytest.raises(ProtocolViolation):  # from the future
         st.push(message(Kind.PUSH, 0, 3, [np.ones(N, np.float32)]))
     np.testing.assert_array_equal(st.w, w0)
     assert st.engine.gradients_received == 0 and not st.updater.acc.any()
 
 
 def test_training_ends_at_train_epochs_and_stops_count_learners():
-    _, st, _ = state("sync.protocol=async", "train.epochs=2")   # 16 gradients of µ=8, epoch 64
+    _, st, _ = state("sync.protocol=async", "train.epochs=2")  # 16 gradients of µ=8, epoch 64
     hello(st, 0), hello(st, 1)
     for i in range(16):
         assert not st.done
@@ -73,24 +75,35 @@ def test_training_ends_at_train_epochs_and_stops_count_learners():
 
 
 def test_a_root_state_accounts_a_relayed_sum_gradient_by_gradient():
-    _, st, _ = state("sync.protocol=softsync", "sync.learners=4", "sync.n=1",
-                     "architecture.kind=adv", "architecture.fanout=2")
+    _, st, _ = state(
+        "sync.protocol=softsync",
+        "sync.learners=4",
+        "sync.n=1",
+        "architecture.kind=adv",
+        "architecture.fanout=2",
+    )
     node = wire.node_sender(0)
     hello(st, node, subtree=[0, 1])
     assert st.subtrees[node] == frozenset({0, 1})
-    arrival = st.relay(message(Kind.RELAY, node, 0, [np.ones(N, np.float32)],
-                               clock=[[0, 0], [1, 0]]))
+    arrival = st.relay(
+        message(Kind.RELAY, node, 0, [np.ones(N, np.float32)], clock=[[0, 0], [1, 0]])
+    )
     assert st.engine.gradients_received == 2 and arrival.reply == NOW
     with pytest.raises(ProtocolViolation):
-        st.check_sender(b"-100", message(Kind.RELAY, node, 0, [np.ones(N, np.float32)],
-                                         clock=[[2, 0]]))  # 2 is not below node 0
+        st.check_sender(
+            b"-100", message(Kind.RELAY, node, 0, [np.ones(N, np.float32)], clock=[[2, 0]])
+        )  # 2 is not below node 0
     st.mark_stopped(node)
     assert st.stopped == {0, 1}
 
 
 def test_a_node_state_sums_children_and_hands_out_one_relay_at_a_time():
-    cfg = small_config("sync.protocol=hardsync", "sync.learners=4", "architecture.kind=adv",
-                       "architecture.fanout=2")
+    cfg = small_config(
+        "sync.protocol=hardsync",
+        "sync.learners=4",
+        "architecture.kind=adv",
+        "architecture.fanout=2",
+    )
     st = NodeState(cfg, 0)
     for i in (0, 1):
         first = st.register(str(i).encode(), message(Kind.HELLO, i, model=SIG, numel=N))
@@ -109,25 +122,29 @@ def test_a_node_state_sums_children_and_hands_out_one_relay_at_a_time():
 
 
 def test_a_node_state_holds_hellos_rejoins_and_pulls_until_the_parent_answers():
-    cfg = small_config("sync.protocol=hardsync", "sync.learners=4", "architecture.kind=adv",
-                       "architecture.fanout=2")
+    cfg = small_config(
+        "sync.protocol=hardsync",
+        "sync.learners=4",
+        "architecture.kind=adv",
+        "architecture.fanout=2",
+    )
     st = NodeState(cfg, 0)
     for i in (0, 1):
         st.register(str(i).encode(), message(Kind.HELLO, i, model=SIG, numel=N))
-    assert not st.admit(b"0", 0, 5)              # before the parent's WELCOME: it waits
+    assert not st.admit(b"0", 0, 5)  # before the parent's WELCOME: it waits
     w0 = [np.zeros(N, np.float32)]
     assert st.welcomed({"learners": 4, "protocol": "hardsync"}, w0, 0) == [(b"0", 0, 5)]
     assert st.ts == 0 and st.weights is w0 and st.admit(b"1", 1, 6)
     for i in (0, 1):
         msg = message(Kind.PUSHPULL, i, 0, [np.ones(N, np.float32)])
         st.add(str(i).encode(), msg, st.entries(msg), msg.payloads)
-    assert not st.admit(b"0b", 0, 7)             # restarted with its gradient in the sum
-    reply = st.clock.reply(1)                    # hardsync: its pull waits for the update
+    assert not st.admit(b"0b", 0, 7)  # restarted with its gradient in the sum
+    reply = st.clock.reply(1)  # hardsync: its pull waits for the update
     assert not st.clock.due(reply)
     st.park(b"1", message(Kind.PULL, 1, 0), reply)
     assert st.rejoins_due() == [] and st.pulls_due() == []
     st.take_relay()
-    assert st.rejoins_due() == [] and st.pulls_due() == []   # in flight: still held
+    assert st.rejoins_due() == [] and st.pulls_due() == []  # in flight: still held
     st.answered(1, weights=[np.ones(N, np.float32)])
     assert st.rejoins_due() == [(b"0b", 0, 7)] and st.rejoins_due() == []
     assert st.pulls_due() == [(b"1", 1, 0, 1)] and st.pulls_due() == []

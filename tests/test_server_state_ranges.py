@@ -1,5 +1,6 @@
 """A parameter server's state over a range [lo, hi) of the flat vector: the same arithmetic as
 the whole-vector state on that slice, and checkpoints that know their range. No sockets."""
+
 import numpy as np
 import pytest
 
@@ -17,8 +18,11 @@ SEGMENTS = [(0, 4, 1.0, 1.0), (4, 9, 2.0, 0.0), (9, 12, 0.5, 3.0)]
 PROTOCOLS = {
     "hardsync": ("sync.protocol=hardsync",),
     "3-softsync": ("sync.protocol=softsync", "sync.n=3"),
-    "1-softsync per-gradient lr": ("sync.protocol=softsync", "sync.n=1",
-                                   "optimizer.lr_policy=per_gradient"),
+    "1-softsync per-gradient lr": (
+        "sync.protocol=softsync",
+        "sync.n=1",
+        "optimizer.lr_policy=per_gradient",
+    ),
     "async": ("sync.protocol=async",),
 }
 
@@ -43,7 +47,7 @@ def train(states, rounds=5, seed=0):
     state's (σ, update timestamp) per push."""
     rng = np.random.default_rng(seed)
     seen, answers = [0, 0, 0], {id(st): [] for st in states}
-    held = []   # (learner, sync.Reply) not answered yet, by the first state's engine
+    held = []  # (learner, sync.Reply) not answered yet, by the first state's engine
     for st in states:
         for i in range(3):
             hello(st, i)
@@ -51,26 +55,27 @@ def train(states, rounds=5, seed=0):
         for learner in range(3):
             g = rng.standard_normal(N).astype(np.float32)
             for st in states:
-                part = g[st.span.lo:st.span.hi]
+                part = g[st.span.lo : st.span.hi]
                 cut = len(part) // 2 + 1
-                arrival = st.push(message(Kind.PUSHPULL, learner, seq, seen[learner],
-                                          [part[:cut], part[cut:]]))
-                answers[id(st)].append((arrival.sigma, arrival.update and
-                                        arrival.update.timestamp))
+                arrival = st.push(
+                    message(Kind.PUSHPULL, learner, seq, seen[learner], [part[:cut], part[cut:]])
+                )
+                answers[id(st)].append((arrival.sigma, arrival.update and arrival.update.timestamp))
                 if st is states[0]:
                     held.append((learner, arrival.reply))
             # a learner has the weights it got back once the engine answered it (hardsync:
             # every learner at the update)
             eng = states[0].engine
-            seen = [eng.timestamp if any(j == i and eng.due(r) for j, r in held) else t
-                    for i, t in enumerate(seen)]
+            seen = [
+                eng.timestamp if any(j == i and eng.due(r) for j, r in held) else t
+                for i, t in enumerate(seen)
+            ]
             held = [(j, r) for j, r in held if not eng.due(r)]
     return [answers[id(st)] for st in states]
 
 
 def test_a_range_clips_the_segments_that_cross_it_to_offsets_within_it():
-    assert Span(3, 10, N).clip(SEGMENTS) == [(0, 1, 1.0, 1.0), (1, 6, 2.0, 0.0),
-                                             (6, 7, 0.5, 3.0)]
+    assert Span(3, 10, N).clip(SEGMENTS) == [(0, 1, 1.0, 1.0), (1, 6, 2.0, 0.0), (6, 7, 0.5, 3.0)]
     assert Span(4, 9, N).clip(SEGMENTS) == [(0, 5, 2.0, 0.0)]
     assert Span.whole(N).clip(SEGMENTS) == SEGMENTS
 
@@ -92,9 +97,10 @@ def test_a_state_over_a_range_updates_its_slice_exactly_as_the_whole_vector_stat
     answers = train([whole, part])
     assert answers[0] == answers[1] and whole.engine.timestamp > 3
     assert not np.array_equal(whole.w, np.linspace(-1, 1, N, dtype=np.float32))
-    for name in ("w", "v", "acc"):      # bit for bit, momentum and pending sum too
-        np.testing.assert_array_equal(getattr(part.updater, name),
-                                      getattr(whole.updater, name)[3:10], err_msg=name)
+    for name in ("w", "v", "acc"):  # bit for bit, momentum and pending sum too
+        np.testing.assert_array_equal(
+            getattr(part.updater, name), getattr(whole.updater, name)[3:10], err_msg=name
+        )
 
 
 def test_servers_over_the_ranges_of_a_split_together_hold_the_whole_vector_state():
@@ -107,7 +113,7 @@ def test_servers_over_the_ranges_of_a_split_together_hold_the_whole_vector_state
 
 def test_a_range_server_accepts_the_models_learners_and_refuses_another_size():
     st = state(Span(3, 10, N))
-    hello(st, 0)                          # a learner says the model's size, not the range's
+    hello(st, 0)  # a learner says the model's size, not the range's
     with pytest.raises(ProtocolViolation, match="7 parameters .* holds 12"):
         hello(st, 1, numel=7)
 
@@ -138,19 +144,21 @@ def test_a_checkpoint_of_another_range_is_refused_naming_both(saved, into):
     arrays, meta = a.snapshot()
     b = state(into and Span(*into, N))
     w = b.w
-    name = {None: r"\[0, 12\) of 12 \(the whole vector\)", (3, 10): r"\[3, 10\) of 12",
-            (4, 10): r"\[4, 10\) of 12"}
-    with pytest.raises(ValueError, match=f"holds range {name[saved]} .* serves range "
-                                         f"{name[into]}"):
+    name = {
+        None: r"\[0, 12\) of 12 \(the whole vector\)",
+        (3, 10): r"\[3, 10\) of 12",
+        (4, 10): r"\[4, 10\) of 12",
+    }
+    with pytest.raises(ValueError, match=f"holds range {name[saved]} .* serves range {name[into]}"):
         b.restore(arrays, meta)
-    assert b.w is w and b.restored_ts is None     # nothing restored
+    assert b.w is w and b.restored_ts is None  # nothing restored
 
 
 def test_a_checkpoint_written_before_ranges_loads_as_the_whole_vector(tmp_path):
     a = state(None, "sync.protocol=async")
     train([a], rounds=2)
     arrays, meta = a.snapshot()
-    del meta["range"]                                 # what servers wrote before ranges
+    del meta["range"]  # what servers wrote before ranges
     checkpoint.save(tmp_path, arrays, meta)
     b = state(None, "sync.protocol=async")
     restore_latest(b, tmp_path)
@@ -162,7 +170,7 @@ def test_a_checkpoint_written_before_ranges_loads_as_the_whole_vector(tmp_path):
 
 
 def test_a_server_with_no_checkpoints_of_its_range_refuses_other_ranges_checkpoints(tmp_path):
-    assert restore_latest(state(), checkpoint_dir(tmp_path)) is None   # a new run
+    assert restore_latest(state(), checkpoint_dir(tmp_path)) is None  # a new run
     first, second = split(N, 2)
     checkpoint.save(checkpoint_dir(tmp_path, first), *state(first).snapshot())
     with pytest.raises(ValueError, match=r"range \[0, 6\) but none of range \[0, 12\)"):

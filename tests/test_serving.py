@@ -1,5 +1,6 @@
 """The servers' one request path (roles/serving.py) on its own: a real ServerState, recorded
 handlers and replies, no sockets."""
+
 import logging
 
 import msgpack
@@ -28,12 +29,17 @@ def path(*overrides):
         elif msg.ts < 0:
             raise ProtocolViolation("this handler refuses a pull of a negative timestamp")
 
-    serving = Serving(None, wire.SENDER_PS, st, {k: handler for k in (
-        Kind.HELLO, Kind.PUSH, Kind.PUSHPULL, Kind.RELAY, Kind.PULL)},
+    serving = Serving(
+        None,
+        wire.SENDER_PS,
+        st,
+        {k: handler for k in (Kind.HELLO, Kind.PUSH, Kind.PUSHPULL, Kind.RELAY, Kind.PULL)},
         send=lambda ident, kind, payloads=(), **f: did.append(("send", kind, f.get("code"))),
         stop=lambda ident, sender, seq: did.append(("stop", sender, seq)),
-        learners=st.learners, log=logging.getLogger("test_serving"),
-        heard=lambda sender, now: did.append(("heard", sender)))
+        learners=st.learners,
+        log=logging.getLogger("test_serving"),
+        heard=lambda sender, now: did.append(("heard", sender)),
+    )
     return serving, st, did
 
 
@@ -43,17 +49,23 @@ def request(serving, ident, kind, sender, seq, payloads=(), ts=0, **fields):
 
 def test_each_request_is_checked_then_dispatched_and_a_refusal_is_an_error_counted_once():
     serving, st, did = path("sync.learners=2")
-    serving.handle([b"a", msgpack.packb({"v": 1})])                  # not a header
-    request(serving, b"a", Kind.PULL, 0, 1)                           # before its HELLO
+    serving.handle([b"a", msgpack.packb({"v": 1})])  # not a header
+    request(serving, b"a", Kind.PULL, 0, 1)  # before its HELLO
     request(serving, b"a", Kind.HELLO, 0, 2, model=SIG, numel=N)
     request(serving, b"a", Kind.PULL, 0, 3)
-    request(serving, b"b", Kind.PULL, 0, 4)                           # another connection
-    request(serving, b"a", Kind.PULL, 0, 5, ts=-1)                    # the handler refuses it
-    assert did == [("send", Kind.ERROR, "bad_header"), ("send", Kind.ERROR, "rejoin"),
-                   ("handler", Kind.HELLO, 0),
-                   ("heard", 0), ("handler", Kind.PULL, 0),
-                   ("send", Kind.ERROR, "rejoin"),
-                   ("heard", 0), ("handler", Kind.PULL, 0), ("send", Kind.ERROR, "protocol")]
+    request(serving, b"b", Kind.PULL, 0, 4)  # another connection
+    request(serving, b"a", Kind.PULL, 0, 5, ts=-1)  # the handler refuses it
+    assert did == [
+        ("send", Kind.ERROR, "bad_header"),
+        ("send", Kind.ERROR, "rejoin"),
+        ("handler", Kind.HELLO, 0),
+        ("heard", 0),
+        ("handler", Kind.PULL, 0),
+        ("send", Kind.ERROR, "rejoin"),
+        ("heard", 0),
+        ("handler", Kind.PULL, 0),
+        ("send", Kind.ERROR, "protocol"),
+    ]
     assert st.counters.invalid == 4
 
 
@@ -62,10 +74,15 @@ def test_once_training_is_over_a_checked_request_is_told_stop_and_a_hello_still_
     request(serving, b"a", Kind.HELLO, 0, 1, model=SIG, numel=N)
     st.done = True
     request(serving, b"a", Kind.PUSHPULL, 0, 2, [np.ones(N, np.float32)])
-    request(serving, b"b", Kind.PULL, 0, 3)                           # not checked: refused
+    request(serving, b"b", Kind.PULL, 0, 3)  # not checked: refused
     request(serving, b"b", Kind.HELLO, 1, 4, model=SIG, numel=N)
-    assert did == [("handler", Kind.HELLO, 0), ("heard", 0), ("stop", 0, 2),
-                   ("send", Kind.ERROR, "rejoin"), ("handler", Kind.HELLO, 1)]
+    assert did == [
+        ("handler", Kind.HELLO, 0),
+        ("heard", 0),
+        ("stop", 0, 2),
+        ("send", Kind.ERROR, "rejoin"),
+        ("handler", Kind.HELLO, 1),
+    ]
 
 
 def test_bye_is_answered_ack_and_marks_the_sender_stopped():

@@ -1,5 +1,6 @@
 """Shipped configs, grids and examples are found by name from any folder (rudra_zmq.launch.shipped);
 the installed-wheel side of the same is in test_packaging.py."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +15,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "rudra_zmq", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize("text", ["table2", "grids/table2", "grids/table2.yaml",
-                                  "configs/grids/table2.yaml"])
-def test_a_grid_is_found_by_name_or_by_its_repository_path_from_any_folder(text, tmp_path,
-                                                                            monkeypatch):
+@pytest.mark.parametrize(
+    "text", ["table2", "grids/table2", "grids/table2.yaml", "configs/grids/table2.yaml"]
+)
+def test_a_grid_is_found_by_name_or_by_its_repository_path_from_any_folder(
+    text, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     grid = load_grid(text)
     assert grid.name == "table2"
@@ -31,7 +39,8 @@ def test_a_grid_is_found_by_name_or_by_its_repository_path_from_any_folder(text,
 def test_a_config_is_found_by_its_repository_path_from_any_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert load_config("configs/quickstart.yaml") == load_config(
-        str(REPO / "configs" / "quickstart.yaml"))
+        str(REPO / "configs" / "quickstart.yaml")
+    )
 
 
 def test_a_grid_file_in_the_current_folder_wins_over_the_shipped_one(tmp_path, monkeypatch):
@@ -42,11 +51,13 @@ def test_a_grid_file_in_the_current_folder_wins_over_the_shipped_one(tmp_path, m
 
 def test_an_unknown_grid_name_is_refused_with_the_shipped_names(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"grid 'tabel2' is not a file and not a built-in "
-                                          r"grid; .*figure3, hardsync, lag, table2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"grid 'tabel2' is not a file and not a built-in "
+        r"grid; .*figure3, hardsync, lag, table2",
+    ):
         load_grid("tabel2")
-    with pytest.raises(FileNotFoundError, match="grid file 'elsewhere/table2.yaml' does not "
-                                                "exist"):
+    with pytest.raises(FileNotFoundError, match="grid file 'elsewhere/table2.yaml' does not exist"):
         load_grid("elsewhere/table2.yaml")
 
 
@@ -79,5 +90,6 @@ def test_examples_are_listed_printed_and_copied_by_name(tmp_path):
 def test_an_unknown_example_exits_2_naming_the_examples(tmp_path):
     res = _cli("examples", "slurm", cwd=tmp_path)
     assert res.returncode == 2
-    assert res.stderr.startswith("rudra-zmq: error: no example 'slurm'; the examples are: "
-                                 "custom_model.py, hostfile"), res.stderr
+    assert res.stderr.startswith(
+        "rudra-zmq: error: no example 'slurm'; the examples are: custom_model.py, hostfile"
+    ), res.stderr

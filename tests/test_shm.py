@@ -4,6 +4,7 @@ Real /dev/shm segments under a fresh token per test, removed at teardown whateve
 Child processes (a publishing writer, a creator stopped by SIGTERM or SIGKILL) are plain
 ``python -c`` scripts with a deadline of their own. No timing assertions.
 """
+
 import os
 import select
 import signal
@@ -35,8 +36,13 @@ def token():
 
 def child(script: str, *args) -> subprocess.Popen:
     """A Python child running ``script``; returns once it printed "ready"."""
-    proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args)], text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     if not select.select([proc.stdout], [], [], 30)[0] or proc.stdout.readline() != "ready\n":
         proc.kill()
         raise AssertionError(f"child did not start: {proc.communicate(timeout=10)[1][-2000:]}")
@@ -45,8 +51,10 @@ def child(script: str, *args) -> subprocess.Popen:
 
 # ----------------------------------------------------------------------------- gradient slots
 def test_a_gradient_written_by_the_learner_is_summed_by_the_leaf_from_its_slot(token):
-    with shm.GradientSlots.create(token, 2, 7, N) as learner, \
-            shm.GradientSlots.attach(token, 2, 7, N) as leaf:
+    with (
+        shm.GradientSlots.create(token, 2, 7, N) as learner,
+        shm.GradientSlots.attach(token, 2, 7, N) as leaf,
+    ):
         grad = np.arange(N, dtype=np.float32)
         learner.slot(0)[:] = grad
         acc = np.ones(N, np.float32)
@@ -58,27 +66,31 @@ def test_a_gradient_written_by_the_learner_is_summed_by_the_leaf_from_its_slot(t
             assert learner.slot(i).flags.writeable and not s.flags.writeable
             assert s.ctypes.data % 64 == 0
         with pytest.raises(ValueError):
-            leaf.slot(0)[0] = 1.0                    # the leaf's mapping is read-only
+            leaf.slot(0)[0] = 1.0  # the leaf's mapping is read-only
         with pytest.raises(ValueError, match="0 or 1"):
             learner.slot(2)
     assert segments(token) == []
 
 
 def test_the_two_slots_alternate_so_gradient_k_plus_1_never_overwrites_slot_k(token):
-    with shm.GradientSlots.create(token, 0, 0, N) as learner, \
-            shm.GradientSlots.attach(token, 0, 0, N) as leaf:
+    with (
+        shm.GradientSlots.create(token, 0, 0, N) as learner,
+        shm.GradientSlots.attach(token, 0, 0, N) as leaf,
+    ):
         assert not np.shares_memory(learner.slot(0), learner.slot(1))
-        for k in range(6):                         # write k+1 while the leaf still has k
+        for k in range(6):  # write k+1 while the leaf still has k
             learner.slot((k + 1) % 2)[:] = k + 1
             np.testing.assert_array_equal(leaf.slot(k % 2), np.full(N, k, np.float32))
-            learner.slot(k % 2)[:] = k + 2         # only after the leaf is done with slot k
+            learner.slot(k % 2)[:] = k + 2  # only after the leaf is done with slot k
 
 
 def test_a_torch_gradient_view_of_a_slot_writes_straight_into_shared_memory(token):
     torch = pytest.importorskip("torch")
-    with shm.GradientSlots.create(token, 0, 1, N) as learner, \
-            shm.GradientSlots.attach(token, 0, 1, N) as leaf:
-        grad = torch.from_numpy(learner.slot(1))       # what FlatModel's p.grad would view
+    with (
+        shm.GradientSlots.create(token, 0, 1, N) as learner,
+        shm.GradientSlots.attach(token, 0, 1, N) as leaf,
+    ):
+        grad = torch.from_numpy(learner.slot(1))  # what FlatModel's p.grad would view
         grad.add_(3.0)
         assert float(leaf.slot(1).sum()) == 3.0 * N
 
@@ -87,10 +99,10 @@ def test_a_torch_gradient_view_of_a_slot_writes_straight_into_shared_memory(toke
 def test_the_board_returns_the_published_timestamp_and_weights_from_pieces(token):
     with shm.WeightBoard.create(token, 1, N) as leaf, shm.WeightBoard.attach(token, 1, N) as r:
         dst = np.full(N, 9.0, np.float32)
-        assert r.read_into(dst) == -1 and r.ts == -1     # nothing published yet
+        assert r.read_into(dst) == -1 and r.ts == -1  # nothing published yet
         w = np.arange(N, dtype=np.float32)
         ro = w[600:].copy()
-        ro.flags.writeable = False                       # like a received zmq frame
+        ro.flags.writeable = False  # like a received zmq frame
         assert leaf.publish(42, [w[:600], ro]) == 2
         assert r.read_into(dst) == 42 and r.ts == 42
         np.testing.assert_array_equal(dst, w)
@@ -98,7 +110,7 @@ def test_the_board_returns_the_published_timestamp_and_weights_from_pieces(token
             leaf.publish(43, [w[:999]])
         with pytest.raises(ValueError, match="float64"):
             leaf.publish(43, [w.astype(np.float64)])
-        assert r.read_into(dst) == 42                    # a refused publish wrote nothing
+        assert r.read_into(dst) == 42  # a refused publish wrote nothing
         np.testing.assert_array_equal(dst, w)
 
 
@@ -133,7 +145,7 @@ def whole(dst: np.ndarray, ts: int) -> bool:
 
 
 def test_the_seqlock_never_returns_a_torn_copy_while_another_process_publishes(token):
-    n = 1 << 20                                      # 4 MB: a copy takes long enough to race
+    n = 1 << 20  # 4 MB: a copy takes long enough to race
     writer = child(WRITER, token, n)
     try:
         board = shm.WeightBoard.attach(token, 0, n)
@@ -167,7 +179,7 @@ def test_a_reader_never_keeps_the_board_of_a_writer_stopped_mid_publish(token):
         leaf._ts[0] = 2
         leaf._w[: n // 2] = 1.0
         dst = np.empty(n, np.float32)
-        assert not whole(dst, broken_read_into(r, dst))          # the check sees the tear
+        assert not whole(dst, broken_read_into(r, dst))  # the check sees the tear
         with pytest.raises(TimeoutError, match="stayed mid-publish"):
             r.read_into(dst, timeout_s=0.2)
         assert r.retries > 0
@@ -179,7 +191,7 @@ def test_the_board_is_refused_on_a_weakly_ordered_cpu_and_slots_are_not(token, m
         shm.WeightBoard.create(token, 0, N)
     with pytest.raises(shm.ShmUnavailable, match="aarch64"):
         shm.WeightBoard.attach(token, 0, N)
-    shm.GradientSlots.create(token, 0, 0, N).close()   # slots are ordered by ZeroMQ messages
+    shm.GradientSlots.create(token, 0, 0, N).close()  # slots are ordered by ZeroMQ messages
     assert segments(token) == []
 
 
@@ -188,10 +200,10 @@ def test_only_the_creator_unlinks_and_mapped_memory_outlives_the_name(token):
     learner = shm.GradientSlots.create(token, 0, 0, N)
     leaf = shm.GradientSlots.attach(token, 0, 0, N)
     leaf.close()
-    leaf.close()                                       # idempotent
+    leaf.close()  # idempotent
     assert segments(token) == [shm.segment_name(token, 0, 0)]
     leaf = shm.GradientSlots.attach(token, 0, 0, N)
-    learner.unlink()                                   # every peer has it mapped: drop the name
+    learner.unlink()  # every peer has it mapped: drop the name
     assert segments(token) == [] and not learner.owner
     learner.slot(0)[:] = 5.0
     assert leaf.slot(0)[0] == 5.0
@@ -200,7 +212,7 @@ def test_only_the_creator_unlinks_and_mapped_memory_outlives_the_name(token):
     view = leaf.slot(0)
     leaf.close()
     learner.close()
-    assert view[0] == 5.0                              # a view handed out keeps its memory
+    assert view[0] == 5.0  # a view handed out keeps its memory
 
 
 CREATOR = """
@@ -219,7 +231,7 @@ def test_a_creator_stopped_by_sigterm_leaves_no_segment(token):
     proc = child(CREATOR, token)
     try:
         assert len(segments(token)) == 2
-        proc.send_signal(signal.SIGTERM)              # rudra-zmq's CLI turns it into an exception
+        proc.send_signal(signal.SIGTERM)  # rudra-zmq's CLI turns it into an exception
         proc.communicate(timeout=20)
     finally:
         if proc.poll() is None:
@@ -230,26 +242,36 @@ def test_a_creator_stopped_by_sigterm_leaves_no_segment(token):
 
 def test_segments_of_a_killed_or_replaced_creator_are_swept_and_live_ones_kept(token):
     proc = child(CREATOR, token)
-    proc.kill()                                       # SIGKILL: no cleanup of its own
+    proc.kill()  # SIGKILL: no cleanup of its own
     proc.communicate(timeout=20)
     assert len(segments(token)) == 2
-    with shm.GradientSlots.create(token, 0, 0, N) as live:   # create sweeps first
+    with shm.GradientSlots.create(token, 0, 0, N) as live:  # create sweeps first
         assert segments(token) == [live.name]
         fake = os.path.join(shm.SHM_DIR, shm.segment_name(token, 0, 1))
-        with open(fake, "wb") as f:                   # our pid, another start time: pid reused
-            f.write(shm._HEADER.pack(shm.MAGIC, shm.LAYOUT, shm.KIND_SLOTS, os.getpid(),
-                                     shm._start_time(os.getpid()) + 1, shm._pid_ns(), N))
+        with open(fake, "wb") as f:  # our pid, another start time: pid reused
+            f.write(
+                shm._HEADER.pack(
+                    shm.MAGIC,
+                    shm.LAYOUT,
+                    shm.KIND_SLOTS,
+                    os.getpid(),
+                    shm._start_time(os.getpid()) + 1,
+                    shm._pid_ns(),
+                    N,
+                )
+            )
         alien = os.path.join(shm.SHM_DIR, shm.segment_name(token, 0, 2))
-        with open(alien, "wb") as f:                  # another pid namespace: not ours to judge
-            f.write(shm._HEADER.pack(shm.MAGIC, shm.LAYOUT, shm.KIND_SLOTS, 1, 0,
-                                     shm._pid_ns() + 1, N))
+        with open(alien, "wb") as f:  # another pid namespace: not ours to judge
+            f.write(
+                shm._HEADER.pack(shm.MAGIC, shm.LAYOUT, shm.KIND_SLOTS, 1, 0, shm._pid_ns() + 1, N)
+            )
         assert os.path.basename(fake) in shm.sweep_stale()
         assert segments(token) == sorted([live.name, os.path.basename(alien)])
 
 
 # ----------------------------------------------------------------------------- errors
 def test_a_segment_too_large_for_dev_shm_names_the_size_and_says_to_use_ipc(token):
-    n = 10_000_000                                    # 80 MB of slots > Docker's 64 MiB
+    n = 10_000_000  # 80 MB of slots > Docker's 64 MiB
     with pytest.raises(shm.ShmUnavailable, match=r"needs 80,000,064 bytes .*64 MiB.*ipc"):
         shm.GradientSlots.create(token, 0, 0, n, limit_bytes=64 << 20)
     with pytest.raises(shm.ShmUnavailable, match=r"needs 40,000,128 bytes"):
@@ -265,16 +287,25 @@ def test_attaching_a_missing_or_mismatched_segment_says_what_is_wrong(token):
         with pytest.raises(shm.ShmUnavailable, match="expected"):
             shm.GradientSlots.attach(token, 0, 0, N + 1000)
         path = os.path.join(shm.SHM_DIR, shm.segment_name(token, 0, 0))
-        with open(path, "r+b") as f:                  # same size, another model's numel
+        with open(path, "r+b") as f:  # same size, another model's numel
             f.seek(struct.calcsize("<8sIIIxxxxQQ"))
             f.write(struct.pack("<Q", N + 1))
         with pytest.raises(shm.ShmUnavailable, match="1,001 floats"):
             shm.GradientSlots.attach(token, 0, 0, N)
 
 
-@pytest.mark.parametrize("tok, node, learner", [
-    ("../etc", 0, 0), ("a/b", 0, 0), ("", 0, 0), ("x" * 33, 0, 0), ("ok", -1, 0),
-    ("ok", 0, "1"), ("ok", 0, True)])
+@pytest.mark.parametrize(
+    "tok, node, learner",
+    [
+        ("../etc", 0, 0),
+        ("a/b", 0, 0),
+        ("", 0, 0),
+        ("x" * 33, 0, 0),
+        ("ok", -1, 0),
+        ("ok", 0, "1"),
+        ("ok", 0, True),
+    ],
+)
 def test_segment_names_refuse_unsafe_tokens_and_ids(tok, node, learner):
     with pytest.raises(ValueError):
         shm.segment_name(tok, node, learner)

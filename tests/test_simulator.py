@@ -1,4 +1,5 @@
 """The in-process simulator: deterministic staleness and training without sockets."""
+
 import numpy as np
 import pytest
 
@@ -7,8 +8,10 @@ from rudra_zmq.sim.simulator import simulate, write_run
 
 
 def cfg(*overrides):
-    return load_config(None, ["model.name=digits_cnn", "data.dataset=digits",
-                              "train.eval_every_epochs=1", *overrides])
+    return load_config(
+        None,
+        ["model.name=digits_cnn", "data.dataset=digits", "train.eval_every_epochs=1", *overrides],
+    )
 
 
 def test_hardsync_has_zero_staleness_and_one_gradient_per_learner():
@@ -20,16 +23,19 @@ def test_hardsync_has_zero_staleness_and_one_gradient_per_learner():
 
 @pytest.mark.parametrize("learners,n", [(30, 1), (30, 2), (30, 10), (30, 30), (8, 4)])
 def test_equal_speed_softsync_staleness_is_n_times_lambda_minus_one_over_lambda(learners, n):
-    res = simulate(cfg("sync.protocol=softsync", f"sync.learners={learners}", f"sync.n={n}"),
-                   max_updates=40 * n)
-    steady = res.updates[len(res.updates) // 2:]
+    res = simulate(
+        cfg("sync.protocol=softsync", f"sync.learners={learners}", f"sync.n={n}"),
+        max_updates=40 * n,
+    )
+    steady = res.updates[len(res.updates) // 2 :]
     mean = np.mean([u["mean_sigma"] for u in steady])
     assert mean == pytest.approx(n * (learners - 1) / learners, abs=0.05)
 
 
 def test_a_slow_learner_pushes_staler_gradients_under_async():
-    res = simulate(cfg("sync.protocol=async", "sync.learners=4"), speeds=[1, 1, 1, 4],
-                   max_updates=400)
+    res = simulate(
+        cfg("sync.protocol=async", "sync.learners=4"), speeds=[1, 1, 1, 4], max_updates=400
+    )
     # one gradient per async update: the fast learners' gradients see ~2-3 other updates, the
     # slow learner's see the ~9 updates the fast ones made while it computed
     sigmas = [u["sigmas"][0] for u in res.updates]
@@ -46,8 +52,14 @@ def test_simulation_is_deterministic_for_a_seed():
 
 
 def test_simulated_training_learns_digits_and_writes_a_run_directory(tmp_path):
-    c = cfg("sync.protocol=softsync", "sync.learners=4", "sync.batch_size=16", "train.epochs=6",
-            "optimizer.lr=0.05", "optimizer.lr_policy=staleness")
+    c = cfg(
+        "sync.protocol=softsync",
+        "sync.learners=4",
+        "sync.batch_size=16",
+        "train.epochs=6",
+        "optimizer.lr=0.05",
+        "optimizer.lr_policy=staleness",
+    )
     res = simulate(c, train=True, jitter=0.2)
     assert res.evals[0]["test_error"] > 0.5 and res.evals[-1]["test_error"] < 0.1
     out = write_run(c, res, tmp_path / "sim")
@@ -60,19 +72,24 @@ def test_bad_speeds_are_named():
 
 
 @pytest.mark.parametrize("path", ["per-gradient", "batched"])
-@pytest.mark.parametrize("overrides", [("sync.protocol=softsync", "sync.learners=4", "sync.n=2"),
-                                       ("sync.protocol=hardsync", "sync.learners=3")])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("sync.protocol=softsync", "sync.learners=4", "sync.n=2"),
+        ("sync.protocol=hardsync", "sync.learners=3"),
+    ],
+)
 def test_gradients_computed_ahead_on_worker_threads_change_nothing(overrides, path):
     import torch
 
     c = cfg(*overrides, "train.epochs=0.5", "sync.batch_size=8")
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)          # one gradient at a time, one thread
+        torch.set_num_threads(1)  # one gradient at a time, one thread
         alone = simulate(c, train=True, jitter=0.3, workers=1, gradients=path)
-        torch.set_num_threads(2)          # two workers of one thread each
+        torch.set_num_threads(2)  # two workers of one thread each
         ahead = simulate(c, train=True, jitter=0.3, workers=2, gradients=path)
-        assert torch.get_num_threads() == 2   # given back after the run
+        assert torch.get_num_threads() == 2  # given back after the run
     finally:
         torch.set_num_threads(threads)
     assert alone.updates == ahead.updates and alone.evals == ahead.evals
@@ -90,16 +107,28 @@ def test_gradients_computed_ahead_on_worker_threads_change_nothing(overrides, pa
 BATCHED_TOLERANCE = 1e-5
 
 
-@pytest.mark.parametrize("overrides", [
-    ("sync.protocol=hardsync", "sync.learners=6"),
-    ("sync.protocol=softsync", "sync.learners=6", "sync.n=2", "optimizer.lr_policy=staleness"),
-    ("sync.protocol=softsync", "sync.learners=6", "sync.n=1", "optimizer.lr_policy=constant"),
-    ("sync.protocol=async", "sync.learners=5"),
-    ("sync.protocol=softsync", "sync.learners=6", "sync.n=1",
-     "optimizer.lr_policy=per_gradient"),
-    ("sync.protocol=softsync", "sync.learners=6", "sync.n=3",
-     "optimizer.lr_policy=per_gradient"),
-], ids=["hardsync", "2-softsync", "1-softsync", "async", "per_gradient-1", "per_gradient-3"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("sync.protocol=hardsync", "sync.learners=6"),
+        ("sync.protocol=softsync", "sync.learners=6", "sync.n=2", "optimizer.lr_policy=staleness"),
+        ("sync.protocol=softsync", "sync.learners=6", "sync.n=1", "optimizer.lr_policy=constant"),
+        ("sync.protocol=async", "sync.learners=5"),
+        (
+            "sync.protocol=softsync",
+            "sync.learners=6",
+            "sync.n=1",
+            "optimizer.lr_policy=per_gradient",
+        ),
+        (
+            "sync.protocol=softsync",
+            "sync.learners=6",
+            "sync.n=3",
+            "optimizer.lr_policy=per_gradient",
+        ),
+    ],
+    ids=["hardsync", "2-softsync", "1-softsync", "async", "per_gradient-1", "per_gradient-3"],
+)
 def test_batched_gradients_give_the_per_gradient_weights(overrides):
     import torch
 
@@ -107,18 +136,21 @@ def test_batched_gradients_give_the_per_gradient_weights(overrides):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        old = simulate(c, train=True, jitter=0.3, seed=1, max_updates=10,
-                       gradients="per-gradient", workers=1)
-        new = simulate(c, train=True, jitter=0.3, seed=1, max_updates=10,
-                       gradients="batched", workers=1)
-        ahead = simulate(c, train=True, jitter=0.3, seed=1, max_updates=10,
-                         gradients="batched", workers=2)   # computed ahead on 2 threads
+        old = simulate(
+            c, train=True, jitter=0.3, seed=1, max_updates=10, gradients="per-gradient", workers=1
+        )
+        new = simulate(
+            c, train=True, jitter=0.3, seed=1, max_updates=10, gradients="batched", workers=1
+        )
+        ahead = simulate(
+            c, train=True, jitter=0.3, seed=1, max_updates=10, gradients="batched", workers=2
+        )  # computed ahead on 2 threads
     finally:
         torch.set_num_threads(threads)
     assert new.updates == old.updates and len(new.updates) == 10
-    if "per_gradient" in overrides[-1]:    # staleness > 1 happened: scales other than 1
+    if "per_gradient" in overrides[-1]:  # staleness > 1 happened: scales other than 1
         assert max(s for u in new.updates for s in u["sigmas"]) > 1
-    if "sync.n=2" in overrides:            # an update drew on two weights versions
+    if "sync.n=2" in overrides:  # an update drew on two weights versions
         assert any(len(set(np.subtract(u["ts"] - 1, u["sigmas"]))) > 1 for u in new.updates)
     scale = np.abs(old.weights).max()
     np.testing.assert_allclose(new.weights, old.weights, rtol=0, atol=BATCHED_TOLERANCE * scale)
@@ -131,26 +163,44 @@ def test_batched_gradients_share_one_batch_per_version_in_an_update(monkeypatch)
 
     calls = []
     real = simulator._Trainer.group_gradient
-    monkeypatch.setattr(simulator._Trainer, "group_gradient",
-                        lambda self, w, members: calls.append(len(members)) or real(
-                            self, w, members))
-    simulate(cfg("sync.protocol=hardsync", "sync.learners=6", "sync.batch_size=4"),
-             train=True, max_updates=5, gradients="batched", workers=1)
-    assert calls == [6] * 5        # hardsync: one batch of λ·µ samples per update
+    monkeypatch.setattr(
+        simulator._Trainer,
+        "group_gradient",
+        lambda self, w, members: calls.append(len(members)) or real(self, w, members),
+    )
+    simulate(
+        cfg("sync.protocol=hardsync", "sync.learners=6", "sync.batch_size=4"),
+        train=True,
+        max_updates=5,
+        gradients="batched",
+        workers=1,
+    )
+    assert calls == [6] * 5  # hardsync: one batch of λ·µ samples per update
 
 
 def test_cifar10_full_batched_matches_per_gradient_on_synthetic_images():
     # cifar10_full has two within-channel LRN layers: per sample, so a batch is exact too
-    c = load_config(None, ["model.name=cifar10_full", "data.dataset=synthetic",
-                           "data.synthetic_train=256", "data.synthetic_test=64",
-                           "train.eval_every_epochs=0", "sync.protocol=softsync",
-                           "sync.learners=4", "sync.n=2", "sync.batch_size=4",
-                           "optimizer.lr_policy=staleness"])
+    c = load_config(
+        None,
+        [
+            "model.name=cifar10_full",
+            "data.dataset=synthetic",
+            "data.synthetic_train=256",
+            "data.synthetic_test=64",
+            "train.eval_every_epochs=0",
+            "sync.protocol=softsync",
+            "sync.learners=4",
+            "sync.n=2",
+            "sync.batch_size=4",
+            "optimizer.lr_policy=staleness",
+        ],
+    )
     old = simulate(c, train=True, jitter=0.3, max_updates=8, gradients="per-gradient")
     new = simulate(c, train=True, jitter=0.3, max_updates=8, gradients="batched")
     assert new.updates == old.updates
-    np.testing.assert_allclose(new.weights, old.weights, rtol=0,
-                               atol=BATCHED_TOLERANCE * np.abs(old.weights).max())
+    np.testing.assert_allclose(
+        new.weights, old.weights, rtol=0, atol=BATCHED_TOLERANCE * np.abs(old.weights).max()
+    )
 
 
 def test_batched_gradients_are_refused_for_a_model_with_dropout_and_auto_avoids_them():

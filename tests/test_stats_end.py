@@ -1,5 +1,6 @@
 """When the statistics server may finish (roles/stats_end.RunEnd), driven directly with
 made-up times: no sockets, no clock."""
+
 import json
 
 from rudra_zmq import wire
@@ -13,7 +14,7 @@ def done(ts=40, epoch=4.0, **extra):
 def test_the_run_waits_for_stragglers_then_for_its_final_weights_then_gives_up(tmp_path):
     end = RunEnd(tmp_path, epochs=4)
     end.done_received(done(), 100.0, wire.SENDER_PS)
-    end.done_received(done(ts=99), 101.0, wire.SENDER_PS)     # the first done counts
+    end.done_received(done(ts=99), 101.0, wire.SENDER_PS)  # the first done counts
     assert end.done["ts"] == 40 and end.done["arrived"] == 100.0
     assert end.verdict(100.0 + DONE_QUIET_S / 2, evaluated=set()) == "wait"
     assert end.verdict(100.0 + DONE_QUIET_S, evaluated={40}) == "finished"
@@ -31,17 +32,17 @@ def test_a_done_without_ts_waits_for_the_evals_it_announced(tmp_path):
     assert end.verdict(1.0, evaluated=set()) == "finished"
     other = RunEnd(tmp_path, epochs=4)
     other.done_received({"type": "done", "evals_sent": 2}, 0.0, wire.SENDER_PS)
-    assert other.verdict(DONE_WAIT_S, evaluated=set()) == "finished"   # waited long enough
+    assert other.verdict(DONE_WAIT_S, evaluated=set()) == "finished"  # waited long enough
 
 
-def test_ps_final_json_saying_training_is_done_stands_for_the_done_looked_at_now_and_then(
-        tmp_path):
+def test_ps_final_json_saying_training_is_done_stands_for_the_done_looked_at_now_and_then(tmp_path):
     end = RunEnd(tmp_path, epochs=4)
-    assert not end.look_for_file(10.0, t0=0.0)                  # no file yet
-    (tmp_path / "ps_final.json").write_text(json.dumps({"timestamp": 40, "epoch": 4.0,
-                                                        "done": True}))
-    assert not end.look_for_file(10.0 + FINAL_FILE_EVERY_S / 2, t0=0.0)   # not looked again
+    assert not end.look_for_file(10.0, t0=0.0)  # no file yet
+    (tmp_path / "ps_final.json").write_text(
+        json.dumps({"timestamp": 40, "epoch": 4.0, "done": True})
+    )
+    assert not end.look_for_file(10.0 + FINAL_FILE_EVERY_S / 2, t0=0.0)  # not looked again
     assert end.look_for_file(10.0 + FINAL_FILE_EVERY_S, t0=0.0)
     assert end.done["ts"] == 40 and end.done["sender"] == wire.SENDER_PS
-    stale = RunEnd(tmp_path, epochs=5)                           # resumed to train on
+    stale = RunEnd(tmp_path, epochs=5)  # resumed to train on
     assert not stale.look_for_file(10.0, t0=0.0)

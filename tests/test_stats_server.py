@@ -1,5 +1,6 @@
 """The statistics server: metrics to metrics.jsonl, test error of EVAL weights, the end of a
 run, and a client that never blocks training."""
+
 import contextlib
 import io
 import json
@@ -48,11 +49,11 @@ def running_stats(cfg, run_dir, dataset, **kw):
     result = {}
     thread = None
     try:
-        server = StatsServer(cfg, "tcp://127.0.0.1:0", run_dir, ctx, dataset=dataset, out=out,
-                             **kw)
+        server = StatsServer(cfg, "tcp://127.0.0.1:0", run_dir, ctx, dataset=dataset, out=out, **kw)
         server.out_text = out.getvalue  # for the tests: what it printed so far
         thread = threading.Thread(
-            target=lambda: result.setdefault("reason", server.serve_forever(stop)), daemon=True)
+            target=lambda: result.setdefault("reason", server.serve_forever(stop)), daemon=True
+        )
         server.result = result
         server.thread = thread
         thread.start()
@@ -60,7 +61,7 @@ def running_stats(cfg, run_dir, dataset, **kw):
     finally:
         stop.set()
         if thread is not None:
-            thread.join(timeout=40)   # a stopped server still draws its plots
+            thread.join(timeout=40)  # a stopped server still draws its plots
             assert not thread.is_alive(), "statistics server thread did not stop"
         ctx.destroy(linger=0)
 
@@ -74,7 +75,7 @@ def client(ctx, endpoint, sender=wire.SENDER_PS):
         c.close(linger_ms=0)
 
 
-def finish(server, c, timeout=40.0):   # "done" draws the plots: >8 s seen under load
+def finish(server, c, timeout=40.0):  # "done" draws the plots: >8 s seen under load
     """Send "done" and wait for the server to return by itself."""
     assert c.metric({"type": "done", "t": time.time()})
     server.thread.join(timeout)
@@ -101,19 +102,44 @@ def oracle_error(flat, ds):
 
 def test_metrics_end_up_in_metrics_jsonl_with_times_relative_to_t0(cfg, digits, tmp_path):
     t0 = time.time() - 100.0
-    with running_stats(cfg, tmp_path, digits, t0=t0) as (server, ctx), \
-            client(ctx, server.endpoint) as ps:
-        assert ps.metric({"type": "ps", "t": t0 + 5.0, "ts": 3, "updates_per_s": 1.5,
-                          "gradients_per_s": 6.0, "invalid": 0})
-        assert ps.metric({"type": "batch", "items": [
-            {"type": "update", "t": t0 + 6.0 + k, "ts": k + 1, "epoch": 0.1 * k,
-             "mean_sigma": 1.0, "sigmas": [1, 1], "lr": 0.05, "n_grads": 2}
-            for k in range(3)]})
-        assert ps.metric({"type": "learner", "learner": 0, "step": 4, "samples_per_s": 99.0,
-                          "loss": 2.3})  # no "t": stamped with its arrival
+    with (
+        running_stats(cfg, tmp_path, digits, t0=t0) as (server, ctx),
+        client(ctx, server.endpoint) as ps,
+    ):
+        assert ps.metric(
+            {
+                "type": "ps",
+                "t": t0 + 5.0,
+                "ts": 3,
+                "updates_per_s": 1.5,
+                "gradients_per_s": 6.0,
+                "invalid": 0,
+            }
+        )
+        assert ps.metric(
+            {
+                "type": "batch",
+                "items": [
+                    {
+                        "type": "update",
+                        "t": t0 + 6.0 + k,
+                        "ts": k + 1,
+                        "epoch": 0.1 * k,
+                        "mean_sigma": 1.0,
+                        "sigmas": [1, 1],
+                        "lr": 0.05,
+                        "n_grads": 2,
+                    }
+                    for k in range(3)
+                ],
+            }
+        )
+        assert ps.metric(
+            {"type": "learner", "learner": 0, "step": 4, "samples_per_s": 99.0, "loss": 2.3}
+        )  # no "t": stamped with its arrival
         finish(server, ps)
     start, *recs = read_jsonl(tmp_path / "metrics.jsonl")
-    assert start == {"type": "start", "t": 0.0, "unix": t0}    # the run's clock, for restarts
+    assert start == {"type": "start", "t": 0.0, "unix": t0}  # the run's clock, for restarts
     assert [r["type"] for r in recs] == ["ps", "update", "update", "update", "learner", "done"]
     assert [r["t"] for r in recs[:4]] == pytest.approx([5.0, 6.0, 7.0, 8.0])
     assert 99.0 < recs[4]["t"] < 120.0
@@ -125,8 +151,7 @@ def test_metrics_end_up_in_metrics_jsonl_with_times_relative_to_t0(cfg, digits, 
 def test_eval_gives_chance_error_untrained_and_low_error_after_training(cfg, digits, tmp_path):
     flat = FlatModel(build_model("digits_cnn", 10, digits.shape, seed=cfg.model.seed))
     untrained = oracle_error(flat, digits)
-    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
-            client(ctx, server.endpoint) as ps:
+    with running_stats(cfg, tmp_path, digits) as (server, ctx), client(ctx, server.endpoint) as ps:
         assert ps.eval_weights(0, 0.0, flat.weights.copy())
         wait_for(lambda: server.evals_done == 1)  # else the newer EVAL could replace it
         # A few hundred quick SGD steps on the training split.
@@ -161,8 +186,9 @@ def test_only_the_newest_of_queued_evals_is_evaluated(cfg, digits, tmp_path):
     w = server.flat.weights.copy()
     for ts in (1, 2, 3):
         server.handle(as_bytes(wire.encode(Kind.EVAL, -1, ts, ts=ts, payloads=[w], epoch=0.5)))
-    server.handle(as_bytes(wire.encode(Kind.METRIC, -1, 4,
-                                       metric={"type": "done", "evals_sent": 3})))
+    server.handle(
+        as_bytes(wire.encode(Kind.METRIC, -1, 4, metric={"type": "done", "evals_sent": 3}))
+    )
     assert server.serve_forever() == "done"  # returns by itself: everything is queued
     evals = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "eval"]
     assert [e["ts"] for e in evals] == [3]
@@ -170,16 +196,16 @@ def test_only_the_newest_of_queued_evals_is_evaluated(cfg, digits, tmp_path):
 
 
 def test_garbage_messages_are_counted_and_ignored(cfg, digits, tmp_path):
-    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
-            client(ctx, server.endpoint) as ps:
+    with running_stats(cfg, tmp_path, digits) as (server, ctx), client(ctx, server.endpoint) as ps:
         raw = transport.make_socket(ctx, zmq.PUSH)
         try:
             raw.connect(server.endpoint)
             garbage = [
                 [b"\xc1 not msgpack"],
-                wire.encode(Kind.PULL, 0, 1),                                # wrong kind
-                wire.encode(Kind.EVAL, 0, 2, payloads=[np.zeros(7, np.float32)],
-                            epoch=1.0),                                      # wrong size
+                wire.encode(Kind.PULL, 0, 1),  # wrong kind
+                wire.encode(
+                    Kind.EVAL, 0, 2, payloads=[np.zeros(7, np.float32)], epoch=1.0
+                ),  # wrong size
                 wire.encode(Kind.METRIC, 0, 3, metric={"no_type": 1}),
                 wire.encode(Kind.METRIC, 0, 4, metric={"type": "batch", "items": 5}),
             ]
@@ -188,29 +214,63 @@ def test_garbage_messages_are_counted_and_ignored(cfg, digits, tmp_path):
             wait_for(lambda: server.invalid == len(garbage))
         finally:
             raw.close(linger=0)
-        assert ps.metric({"type": "ps", "t": time.time(), "ts": 0, "updates_per_s": 0.0,
-                          "gradients_per_s": 0.0, "invalid": 0})
+        assert ps.metric(
+            {
+                "type": "ps",
+                "t": time.time(),
+                "ts": 0,
+                "updates_per_s": 0.0,
+                "gradients_per_s": 0.0,
+                "invalid": 0,
+            }
+        )
         finish(server, ps)
     assert [r["type"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == ["start", "ps", "done"]
     assert server.invalid == len(garbage) and server.evals_done == 0
 
 
 def test_done_writes_summary_csv_and_plots_and_returns(cfg, digits, tmp_path):
-    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
-            client(ctx, server.endpoint) as ps, client(ctx, server.endpoint, 0) as learner:
+    with (
+        running_stats(cfg, tmp_path, digits) as (server, ctx),
+        client(ctx, server.endpoint) as ps,
+        client(ctx, server.endpoint, 0) as learner,
+    ):
         now = time.time()
-        learner.metric({"type": "learner", "learner": 0, "t": now, "step": 10,
-                        "samples_per_s": 640.0, "loss": 1.0})
-        ps.metric({"type": "batch", "items": [   # 4 x 2 gradients of µ 32 in 0.4 s: 640/s
-            {"type": "update", "t": now + 0.1 * k, "ts": k, "epoch": k / 10, "mean_sigma": 2.0,
-             "sigmas": [2, 2], "lr": 0.05, "n_grads": 2} for k in range(1, 6)]})
+        learner.metric(
+            {
+                "type": "learner",
+                "learner": 0,
+                "t": now,
+                "step": 10,
+                "samples_per_s": 640.0,
+                "loss": 1.0,
+            }
+        )
+        ps.metric(
+            {
+                "type": "batch",
+                "items": [  # 4 x 2 gradients of µ 32 in 0.4 s: 640/s
+                    {
+                        "type": "update",
+                        "t": now + 0.1 * k,
+                        "ts": k,
+                        "epoch": k / 10,
+                        "mean_sigma": 2.0,
+                        "sigmas": [2, 2],
+                        "lr": 0.05,
+                        "n_grads": 2,
+                    }
+                    for k in range(1, 6)
+                ],
+            }
+        )
         wait_for(lambda: server.records == 6)  # the eval must come after these
         # The EVAL travels on its own connection: "done" announces it, so the server waits.
         ps.eval_weights(5, 0.5, server.flat.weights.copy())
         finish(server, ps)
     rows = (tmp_path / "summary.csv").read_text().splitlines()
     assert rows[0].startswith("epoch,wall_s,ts,test_error")
-    assert not (tmp_path / "tensorboard").exists()      # logging.tensorboard is off
+    assert not (tmp_path / "tensorboard").exists()  # logging.tensorboard is off
     assert len(rows) == 2 and rows[1].startswith("0.5,")
     assert list(tmp_path.glob("*.png"))
     assert f"run directory: {tmp_path}" in server.out_text()
@@ -219,34 +279,50 @@ def test_done_writes_summary_csv_and_plots_and_returns(cfg, digits, tmp_path):
 
 
 def test_a_stopped_server_still_writes_what_it_has(cfg, digits, tmp_path):
-    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
-            client(ctx, server.endpoint) as ps:
-        ps.metric({"type": "ps", "t": time.time(), "ts": 0, "updates_per_s": 1.0,
-                   "gradients_per_s": 1.0, "invalid": 0})
+    with running_stats(cfg, tmp_path, digits) as (server, ctx), client(ctx, server.endpoint) as ps:
+        ps.metric(
+            {
+                "type": "ps",
+                "t": time.time(),
+                "ts": 0,
+                "updates_per_s": 1.0,
+                "gradients_per_s": 1.0,
+                "invalid": 0,
+            }
+        )
         wait_for(lambda: server.records == 1)
     assert server.result["reason"] == "stopped"
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "throughput.png").is_file()
 
 
 def test_a_diverged_run_is_named_once(cfg, digits, tmp_path):
-    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
-            client(ctx, server.endpoint) as ps:
+    with running_stats(cfg, tmp_path, digits) as (server, ctx), client(ctx, server.endpoint) as ps:
         bad = np.full_like(server.flat.weights, np.nan)
         ps.eval_weights(1, 0.5, bad)
         wait_for(lambda: server.evals_done == 1)
         ps.eval_weights(2, 1.0, bad)
         wait_for(lambda: server.evals_done == 2)
         assert server.out_text().count("training has diverged") == 1, server.out_text()
-        ps.eval_weights(3, 1.5, server.flat.weights.copy())   # finite again: no new warning
+        ps.eval_weights(3, 1.5, server.flat.weights.copy())  # finite again: no new warning
         wait_for(lambda: server.evals_done == 3)
         assert server.out_text().count("diverged") == 1
-        ps.metric({"type": "learner", "learner": 0, "t": time.time(), "step": 1,
-                   "samples_per_s": 1.0, "loss": float("inf")})
-        wait_for(lambda: server.records == 4)        # 3 evals, then this one
+        ps.metric(
+            {
+                "type": "learner",
+                "learner": 0,
+                "t": time.time(),
+                "step": 1,
+                "samples_per_s": 1.0,
+                "loss": float("inf"),
+            }
+        )
+        wait_for(lambda: server.records == 4)  # 3 evals, then this one
     # metrics.jsonl stays strict JSON: no NaN/Infinity tokens, null instead
     text = (tmp_path / "metrics.jsonl").read_text()
-    recs = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
-            for line in text.splitlines()]
+    recs = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
+        for line in text.splitlines()
+    ]
     assert [r["test_loss"] for r in recs if r["type"] == "eval"][:2] == [None, None]
     assert [r["loss"] for r in recs if r["type"] == "learner"] == [None]
 
@@ -259,22 +335,30 @@ class _ClosedPipe(io.StringIO):
 
 
 def test_a_closed_progress_pipe_does_not_stop_the_server(cfg, digits, tmp_path):
-    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
-            client(ctx, server.endpoint) as ps:
+    with running_stats(cfg, tmp_path, digits) as (server, ctx), client(ctx, server.endpoint) as ps:
         server.out = _ClosedPipe()
         ps.eval_weights(1, 0.1, server.flat.weights.copy())
-        wait_for(lambda: server.evals_done == 1)      # its progress line hit the closed pipe
+        wait_for(lambda: server.evals_done == 1)  # its progress line hit the closed pipe
         finish(server, ps)
     assert server.out is None
     assert len((tmp_path / "summary.csv").read_text().splitlines()) == 2
 
 
 def test_big_batches_are_split_and_numpy_values_converted(cfg, digits, tmp_path):
-    items = [{"type": "update", "t": time.time(), "ts": k, "epoch": np.float64(k / 1000),
-              "mean_sigma": np.float32(1.5), "sigmas": list(np.arange(30)), "lr": 0.05,
-              "n_grads": 30} for k in range(2000)]
-    with running_stats(cfg, tmp_path, digits) as (server, ctx), \
-            client(ctx, server.endpoint) as ps:
+    items = [
+        {
+            "type": "update",
+            "t": time.time(),
+            "ts": k,
+            "epoch": np.float64(k / 1000),
+            "mean_sigma": np.float32(1.5),
+            "sigmas": list(np.arange(30)),
+            "lr": 0.05,
+            "n_grads": 30,
+        }
+        for k in range(2000)
+    ]
+    with running_stats(cfg, tmp_path, digits) as (server, ctx), client(ctx, server.endpoint) as ps:
         assert ps.metric({"type": "batch", "items": items})  # > 64 KiB of header: split
         finish(server, ps)
     updates = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "update"]
@@ -287,8 +371,19 @@ def test_the_client_never_blocks_when_no_server_listens():
     c = StatsClient(ctx, transport.free_tcp_endpoint(), 0)
     try:
         start = time.time()
-        sent = sum(c.metric({"type": "learner", "learner": 0, "t": time.time(), "step": i,
-                             "samples_per_s": 1.0, "loss": 0.0}) for i in range(1000))
+        sent = sum(
+            c.metric(
+                {
+                    "type": "learner",
+                    "learner": 0,
+                    "t": time.time(),
+                    "step": i,
+                    "samples_per_s": 1.0,
+                    "loss": 0.0,
+                }
+            )
+            for i in range(1000)
+        )
         w = np.zeros(1 << 20, np.float32)
         evals = sum(c.eval_weights(i, 0.0, w) for i in range(10))
         assert time.time() - start < 1.0
@@ -302,10 +397,12 @@ def test_the_client_never_blocks_when_no_server_listens():
 
 
 def test_serve_exits_cleanly_on_sigterm_and_writes_what_it_has(tmp_path):
-    code = ("from rudra_zmq.config import load_config\n"
-            "from rudra_zmq.roles.stats_server import serve\n"
-            "cfg = load_config(overrides=['data.dataset=digits', 'model.name=digits_cnn'])\n"
-            f"raise SystemExit(serve(cfg, 'tcp://127.0.0.1:0', {str(tmp_path)!r}))\n")
+    code = (
+        "from rudra_zmq.config import load_config\n"
+        "from rudra_zmq.roles.stats_server import serve\n"
+        "cfg = load_config(overrides=['data.dataset=digits', 'model.name=digits_cnn'])\n"
+        f"raise SystemExit(serve(cfg, 'tcp://127.0.0.1:0', {str(tmp_path)!r}))\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -314,8 +411,16 @@ def test_serve_exits_cleanly_on_sigterm_and_writes_what_it_has(tmp_path):
         ctx = zmq.Context()
         try:
             with client(ctx, line.split("listening on ")[1].split()[0]) as ps:
-                assert ps.metric({"type": "ps", "t": time.time(), "ts": 0, "invalid": 0,
-                                  "updates_per_s": 1.0, "gradients_per_s": 1.0})
+                assert ps.metric(
+                    {
+                        "type": "ps",
+                        "t": time.time(),
+                        "ts": 0,
+                        "invalid": 0,
+                        "updates_per_s": 1.0,
+                        "gradients_per_s": 1.0,
+                    }
+                )
                 wait_for(lambda: (tmp_path / "metrics.jsonl").stat().st_size > 0)
         finally:
             ctx.term()
@@ -333,32 +438,43 @@ def test_serve_exits_cleanly_on_sigterm_and_writes_what_it_has(tmp_path):
 
 # ------------------------------------------------------------------ progress lines
 def update(t, ts, epoch, sigma=1.0):
-    return {"type": "update", "t": t, "ts": ts, "epoch": epoch, "mean_sigma": sigma,
-            "sigmas": [sigma], "lr": 0.05, "n_grads": 1}
+    return {
+        "type": "update",
+        "t": t,
+        "ts": ts,
+        "epoch": epoch,
+        "mean_sigma": sigma,
+        "sigmas": [sigma],
+        "lr": 0.05,
+        "n_grads": 1,
+    }
 
 
 def test_the_progress_line_gives_elapsed_time_and_an_eta_once_training_started():
     p = Progress(epochs=10.0, batch_size=32)
-    assert p.evaluated(6.4, 0, 0.0, 0.92, 2.3) == []       # the initial weights: not yet
+    assert p.evaluated(6.4, 0, 0.0, 0.92, 2.3) == []  # the initial weights: not yet
     started, before = p.update(update(16.5, 1, 0.1))
-    assert started == ("training started: the parameter server applied its first update "
-                       "after 16.5 s of start-up")
+    assert started == (
+        "training started: the parameter server applied its first update after 16.5 s of start-up"
+    )
     assert before.startswith("epoch   0.00  ts      0  test error 92.00%")
     assert before.endswith("<σ> -  samples/s -  elapsed 0.0 s  ETA -"), before
     # an evaluation waits for the update records up to its timestamp
     assert p.evaluated(17.0, 2, 0.2, 0.5, 1.0) == []
-    (line,) = p.update(update(17.0, 2, 0.2, sigma=3.0))     # 1 gradient of 32 in 0.5 s
+    (line,) = p.update(update(17.0, 2, 0.2, sigma=3.0))  # 1 gradient of 32 in 0.5 s
     assert line.endswith("<σ> 2.00  samples/s 64  elapsed 0.5 s  ETA 49.0 s"), line
-    for ts in range(3, 21):                               # 18 gradients in 1.5 s: 384/s
+    for ts in range(3, 21):  # 18 gradients in 1.5 s: 384/s
         assert p.update(update(17.0 + (ts - 2) / 12, ts, ts / 20 + 0.1)) == []
     (line,) = p.evaluated(18.5, 20, 1.1, 0.3, 0.8)
-    assert line == ("epoch   1.10  ts     20  test error 30.00%  loss 0.8000  <σ> 1.00  "
-                    "samples/s 384  elapsed 2.0 s  ETA 17.8 s")
-    p.update(update(200.5, 900, 9.0))                       # 8.9 epochs in 184 s: 1 left
+    assert line == (
+        "epoch   1.10  ts     20  test error 30.00%  loss 0.8000  <σ> 1.00  "
+        "samples/s 384  elapsed 2.0 s  ETA 17.8 s"
+    )
+    p.update(update(200.5, 900, 9.0))  # 8.9 epochs in 184 s: 1 left
     assert p.evaluated(200.5, 900, 9.0, 0.1, 0.3)[0].endswith("elapsed 3m04s  ETA 20.7 s")
-    p.update(update(230.0, 1000, 10.2))                     # past the end: nothing left
+    p.update(update(230.0, 1000, 10.2))  # past the end: nothing left
     assert p.evaluated(230.5, 1000, 10.2, 0.1, 0.3)[0].endswith("ETA 0.0 s")
-    assert p.evaluated(231.0, 1001, 10.3, 0.1, 0.3) == []   # its updates never came:
+    assert p.evaluated(231.0, 1001, 10.3, 0.1, 0.3) == []  # its updates never came:
     assert p.flush()[0].endswith("<σ> -  samples/s -  elapsed 3m34s  ETA 0.0 s")  # at the end
 
 
@@ -366,7 +482,7 @@ def test_a_resumed_runs_progress_counts_training_time_only():
     """Resumed 600 s after the run began, with 30 s of training before: elapsed goes on from
     30 s, start-up counts from the resume."""
     p = Progress(epochs=10.0, batch_size=32, begun=600.0, trained_s=30.0)
-    assert p.evaluated(605.0, 100, 5.0, 0.2, 0.5) == []     # the restored weights
+    assert p.evaluated(605.0, 100, 5.0, 0.2, 0.5) == []  # the restored weights
     started, line = p.update(update(612.0, 101, 5.05))
     assert started.endswith("after 12.0 s of start-up")
     assert "elapsed 30.0 s" in line
@@ -375,30 +491,55 @@ def test_a_resumed_runs_progress_counts_training_time_only():
 
 
 def test_durations_read_at_a_glance():
-    assert [duration(s) for s in (0.04, 59.94, 60.2, 125, 3599, 3 * 3600 + 7 * 60 + 29)] == \
-        ["0.0 s", "59.9 s", "1m00s", "2m05s", "59m59s", "3h07m"]
+    assert [duration(s) for s in (0.04, 59.94, 60.2, 125, 3599, 3 * 3600 + 7 * 60 + 29)] == [
+        "0.0 s",
+        "59.9 s",
+        "1m00s",
+        "2m05s",
+        "59m59s",
+        "3h07m",
+    ]
 
 
-def test_a_restarted_server_counts_elapsed_time_from_the_runs_training_start(cfg, digits,
-                                                                           tmp_path):
+def test_a_restarted_server_counts_elapsed_time_from_the_runs_training_start(cfg, digits, tmp_path):
     t0 = time.time() - 100.0
-    first = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO(),
-                        t0=t0)
-    first.handle(as_bytes(wire.encode(Kind.METRIC, wire.SENDER_PS, 1, metric={
-        "type": "batch", "items": [update(t0 + 16.5, 1, 0.1), update(t0 + 18.5, 2, 1.1)]})))
+    first = StatsServer(
+        cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO(), t0=t0
+    )
+    first.handle(
+        as_bytes(
+            wire.encode(
+                Kind.METRIC,
+                wire.SENDER_PS,
+                1,
+                metric={
+                    "type": "batch",
+                    "items": [update(t0 + 16.5, 1, 0.1), update(t0 + 18.5, 2, 1.1)],
+                },
+            )
+        )
+    )
     stop = threading.Event()
     stop.set()
     assert first.serve_forever(stop) == "stopped"
     assert "after 16.5 s of start-up" in first.out.getvalue()
     again = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
     assert again.t0 == t0 and again.progress.started == 16.5
-    again.handle(as_bytes(wire.encode(Kind.EVAL, wire.SENDER_PS, 2, ts=2, epoch=1.1,
-                                      payloads=[again.flat.weights.copy()])))
-    again.handle(as_bytes(wire.encode(Kind.METRIC, wire.SENDER_PS, 3,
-                                      metric={"type": "done", "evals_sent": 1})))
+    again.handle(
+        as_bytes(
+            wire.encode(
+                Kind.EVAL, wire.SENDER_PS, 2, ts=2, epoch=1.1, payloads=[again.flat.weights.copy()]
+            )
+        )
+    )
+    again.handle(
+        as_bytes(
+            wire.encode(Kind.METRIC, wire.SENDER_PS, 3, metric={"type": "done", "evals_sent": 1})
+        )
+    )
     assert again.serve_forever() == "done"
     out = again.out.getvalue()
-    assert "training started" not in out                    # it had, before the restart
+    assert "training started" not in out  # it had, before the restart
     # ~100 s after the run's start, 16.5 s of it start-up; no update seen since: no rate yet
     assert re.search(r"elapsed 1m2\ds  ETA -\n", out), out
 
@@ -406,8 +547,9 @@ def test_a_restarted_server_counts_elapsed_time_from_the_runs_training_start(cfg
 # ------------------------------------------------------------------ TensorBoard
 @pytest.fixture(scope="module")
 def tb_cfg():
-    return load_config(overrides=["data.dataset=digits", "model.name=digits_cnn",
-                                  "logging.tensorboard=true"])
+    return load_config(
+        overrides=["data.dataset=digits", "model.name=digits_cnn", "logging.tensorboard=true"]
+    )
 
 
 def test_tensorboard_gets_the_scalars_of_metrics_jsonl(tb_cfg, digits, tmp_path):
@@ -415,25 +557,78 @@ def test_tensorboard_gets_the_scalars_of_metrics_jsonl(tb_cfg, digits, tmp_path)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     t0 = time.time() - 100.0
-    with running_stats(tb_cfg, tmp_path, digits, t0=t0) as (server, ctx), \
-            client(ctx, server.endpoint) as ps, client(ctx, server.endpoint, 0) as l0, \
-            client(ctx, server.endpoint, 1) as l1:
-        ps.metric({"type": "ps", "t": t0 + 5.0, "ts": 0, "updates_per_s": 0.0,
-                   "gradients_per_s": 0.0, "invalid": 0})   # start-up
-        ps.eval_weights(0, 0.0, server.flat.weights.copy())    # the initial weights
+    with (
+        running_stats(tb_cfg, tmp_path, digits, t0=t0) as (server, ctx),
+        client(ctx, server.endpoint) as ps,
+        client(ctx, server.endpoint, 0) as l0,
+        client(ctx, server.endpoint, 1) as l1,
+    ):
+        ps.metric(
+            {
+                "type": "ps",
+                "t": t0 + 5.0,
+                "ts": 0,
+                "updates_per_s": 0.0,
+                "gradients_per_s": 0.0,
+                "invalid": 0,
+            }
+        )  # start-up
+        ps.eval_weights(0, 0.0, server.flat.weights.copy())  # the initial weights
         wait_for(lambda: server.evals_done == 1)
-        ps.metric({"type": "batch", "items": [update(t0 + 10.0 + k, k + 1, 0.1 * (k + 1),
-                                                     sigma=0.5 * k) for k in range(4)]})
+        ps.metric(
+            {
+                "type": "batch",
+                "items": [
+                    update(t0 + 10.0 + k, k + 1, 0.1 * (k + 1), sigma=0.5 * k) for k in range(4)
+                ],
+            }
+        )
         wait_for(lambda: server.records == 6)
-        l0.metric({"type": "learner", "learner": 0, "t": t0 + 11.5, "ts": 2, "step": 2,
-                   "samples_per_s": 100.0, "loss": 2.0})
+        l0.metric(
+            {
+                "type": "learner",
+                "learner": 0,
+                "t": t0 + 11.5,
+                "ts": 2,
+                "step": 2,
+                "samples_per_s": 100.0,
+                "loss": 2.0,
+            }
+        )
         wait_for(lambda: server.records == 7)
-        l1.metric({"type": "learner", "learner": 1, "t": t0 + 12.5, "ts": 3, "step": 3,
-                   "samples_per_s": 50.0, "loss": 2.0})
-        ps.metric({"type": "ps", "t": t0 + 13.0, "ts": 4, "updates_per_s": 2.0,
-                   "gradients_per_s": 2.0, "invalid": 0})
-        ps.metric({"type": "members", "t": t0 + 13.5, "ts": 4, "epoch": 0.4, "learner": 1,
-                   "event": "evicted", "learners": 3, "c": 3})
+        l1.metric(
+            {
+                "type": "learner",
+                "learner": 1,
+                "t": t0 + 12.5,
+                "ts": 3,
+                "step": 3,
+                "samples_per_s": 50.0,
+                "loss": 2.0,
+            }
+        )
+        ps.metric(
+            {
+                "type": "ps",
+                "t": t0 + 13.0,
+                "ts": 4,
+                "updates_per_s": 2.0,
+                "gradients_per_s": 2.0,
+                "invalid": 0,
+            }
+        )
+        ps.metric(
+            {
+                "type": "members",
+                "t": t0 + 13.5,
+                "ts": 4,
+                "epoch": 0.4,
+                "learner": 1,
+                "event": "evicted",
+                "learners": 3,
+                "c": 3,
+            }
+        )
         wait_for(lambda: server.records == 10)
         ps.eval_weights(4, 0.4, np.zeros_like(server.flat.weights))
         finish(server, ps)
@@ -442,24 +637,27 @@ def test_tensorboard_gets_the_scalars_of_metrics_jsonl(tb_cfg, digits, tmp_path)
     acc.Reload()
 
     def scalars(tag):
-        return [(e.step, pytest.approx(e.value, rel=1e-6), e.wall_time)
-                for e in acc.Scalars(tag)]
+        return [(e.step, pytest.approx(e.value, rel=1e-6), e.wall_time) for e in acc.Scalars(tag)]
 
     evals = [r for r in recs if r["type"] == "eval"]
     updates = [r for r in recs if r["type"] == "update"]
     assert [s[:2] for s in scalars("test/error")] == [(e["ts"], e["test_error"]) for e in evals]
     assert [s[:2] for s in scalars("test/loss")] == [(e["ts"], e["test_loss"]) for e in evals]
     assert evals[0]["test_error"] != evals[1]["test_error"]
-    assert [s[:2] for s in scalars("staleness/mean_sigma")] == \
-        [(u["ts"], u["mean_sigma"]) for u in updates] == [(1, 0.0), (2, 0.5), (3, 1.0), (4, 1.5)]
+    assert (
+        [s[:2] for s in scalars("staleness/mean_sigma")]
+        == [(u["ts"], u["mean_sigma"]) for u in updates]
+        == [(1, 0.0), (2, 0.5), (3, 1.0), (4, 1.5)]
+    )
     assert [s[:2] for s in scalars("throughput/samples_per_s")] == [(2, 100.0), (3, 150.0)]
     assert [s[:2] for s in scalars("throughput/updates_per_s")] == [(0, 0.0), (4, 2.0)]
     assert [s[:2] for s in scalars("sync/learners")] == [(0, 4), (4, 3)]
     # wall time: the record's; what came before training, at its start (the first update)
     start = t0 + 10.0
     assert [s[2] for s in scalars("test/error")] == pytest.approx([start, t0 + evals[1]["t"]])
-    assert [s[2] for s in scalars("staleness/mean_sigma")] == \
-        pytest.approx([t0 + u["t"] for u in updates])
+    assert [s[2] for s in scalars("staleness/mean_sigma")] == pytest.approx(
+        [t0 + u["t"] for u in updates]
+    )
     assert [s[2] for s in scalars("sync/learners")] == pytest.approx([start, t0 + 13.5])
 
 
@@ -471,7 +669,7 @@ def test_what_tensorboard_hears_before_training_is_stamped_with_its_start(tmp_pa
     from rudra_zmq.roles.stats_tensorboard import TensorBoardLog
 
     tb = TensorBoardLog(tmp_path, t0=1000.0, learners=2)
-    for t in (5.0, 6.0, 7.0):      # the PS reports every second during start-up
+    for t in (5.0, 6.0, 7.0):  # the PS reports every second during start-up
         tb.record({"type": "ps", "t": t, "ts": 0, "updates_per_s": 0.0})
     tb.record(update(10.0, 1, 0.1))
     # the initial weights' evaluation, written after training started (a long one)
@@ -480,44 +678,60 @@ def test_what_tensorboard_hears_before_training_is_stamped_with_its_start(tmp_pa
     tb.close()
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
-    assert [(e.step, e.wall_time) for e in acc.Scalars("test/error")] == [(0, 1010.0),
-                                                                          (5, 1012.0)]
-    assert [(e.step, e.wall_time) for e in acc.Scalars("throughput/updates_per_s")] == \
-        [(0, 1010.0)]
+    assert [(e.step, e.wall_time) for e in acc.Scalars("test/error")] == [(0, 1010.0), (5, 1012.0)]
+    assert [(e.step, e.wall_time) for e in acc.Scalars("throughput/updates_per_s")] == [(0, 1010.0)]
 
 
 def test_tensorboard_without_its_package_fails_before_training_and_says_what_to_install(
-        tb_cfg, digits, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboard", None)    # `import tensorboard` fails
+    tb_cfg, digits, tmp_path, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # `import tensorboard` fails
     with pytest.raises(ConfigError) as err:
         check_tensorboard()
     assert str(err.value).startswith(MISSING)
-    assert MISSING == ("logging.tensorboard needs the tensorboard package: "
-                       "pip install 'rudra_zmq[tensorboard]'")
+    assert MISSING == (
+        "logging.tensorboard needs the tensorboard package: pip install 'rudra_zmq[tensorboard]'"
+    )
     with pytest.raises(ConfigError, match=r"pip install 'rudra_zmq\[tensorboard\]'"):
-        StatsServer(tb_cfg, "tcp://127.0.0.1:0", tmp_path / "run", dataset=digits,
-                    out=io.StringIO())
-    assert not (tmp_path / "run").exists()              # nothing started, nothing written
+        StatsServer(
+            tb_cfg, "tcp://127.0.0.1:0", tmp_path / "run", dataset=digits, out=io.StringIO()
+        )
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
 
 
 # ------------------------------------------------------------------ the final weights
 def _done(server, ts, epoch, seq=9):
-    server.handle(as_bytes(wire.encode(Kind.METRIC, wire.SENDER_PS, seq, metric={
-        "type": "done", "t": time.time(), "ts": ts, "epoch": epoch, "evals_sent": 5})))
+    server.handle(
+        as_bytes(
+            wire.encode(
+                Kind.METRIC,
+                wire.SENDER_PS,
+                seq,
+                metric={
+                    "type": "done",
+                    "t": time.time(),
+                    "ts": ts,
+                    "epoch": epoch,
+                    "evals_sent": 5,
+                },
+            )
+        )
+    )
 
 
-def test_final_weights_whose_eval_never_came_are_evaluated_from_weights_npy(cfg, digits,
-                                                                           tmp_path):
+def test_final_weights_whose_eval_never_came_are_evaluated_from_weights_npy(cfg, digits, tmp_path):
     """The PS's final EVAL lost (a statistics server restarted near the end): the server
     evaluates RUN/weights.npy once ps_final.json says it holds the weights at done's ts."""
     server = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
     w = server.flat.weights.copy()
-    server.handle(as_bytes(wire.encode(Kind.EVAL, wire.SENDER_PS, 1, ts=3, payloads=[w],
-                                       epoch=0.5)))          # an earlier evaluation arrived
+    server.handle(
+        as_bytes(wire.encode(Kind.EVAL, wire.SENDER_PS, 1, ts=3, payloads=[w], epoch=0.5))
+    )  # an earlier evaluation arrived
     _done(server, 40, 4.0)
     np.save(tmp_path / "weights.npy", w)
-    (tmp_path / "ps_final.json").write_text(json.dumps({"timestamp": 40, "epoch": 4.0,
-                                                        "done": True}))
+    (tmp_path / "ps_final.json").write_text(
+        json.dumps({"timestamp": 40, "epoch": 4.0, "done": True})
+    )
     assert server.serve_forever() == "done"
     evals = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "eval"]
     assert [(e["ts"], e.get("weights")) for e in evals] == [(3, None), (40, "weights.npy")]
@@ -525,22 +739,23 @@ def test_final_weights_whose_eval_never_came_are_evaluated_from_weights_npy(cfg,
     assert "ts     40  test error" in server.out.getvalue()
 
 
-def test_a_stale_ps_final_is_not_taken_for_the_final_weights(cfg, digits, tmp_path,
-                                                            monkeypatch):
+def test_a_stale_ps_final_is_not_taken_for_the_final_weights(cfg, digits, tmp_path, monkeypatch):
     """ps_final.json of another timestamp (a run resumed from it): not the final weights;
     after DONE_WAIT_S the server ends without them, saying so in its log."""
     monkeypatch.setattr(stats_end, "DONE_WAIT_S", 1.0)
     server = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
     np.save(tmp_path / "weights.npy", server.flat.weights)
-    (tmp_path / "ps_final.json").write_text(json.dumps({"timestamp": 20, "epoch": 2.0,
-                                                        "done": True}))
+    (tmp_path / "ps_final.json").write_text(
+        json.dumps({"timestamp": 20, "epoch": 2.0, "done": True})
+    )
     _done(server, 40, 4.0)
     assert server.serve_forever() == "done"
     assert [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "eval"] == []
 
 
 def test_a_server_started_after_the_ps_ended_evaluates_the_final_weights_and_finishes(
-        cfg, digits, tmp_path):
+    cfg, digits, tmp_path
+):
     """A statistics server (re)started as or after the PS ended never gets its "done":
     RUN/ps_final.json saying training is done (at train.epochs or later) stands for it, and
     the final weights are evaluated from RUN/weights.npy. A ps_final.json at fewer epochs (a
@@ -548,24 +763,28 @@ def test_a_server_started_after_the_ps_ended_evaluates_the_final_weights_and_fin
     from rudra_zmq.flat import FlatModel
     from rudra_zmq.models import build_model
 
-    w = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, digits.shape,
-                              seed=cfg.model.seed)).weights.copy()
+    w = FlatModel(
+        build_model(cfg.model.name, cfg.data.num_classes, digits.shape, seed=cfg.model.seed)
+    ).weights.copy()
     epochs = cfg.train.epochs
     for run, epoch, finishes in (("ended", epochs + 0.02, True), ("resumed", epochs - 1, False)):
         run_dir = tmp_path / run
         run_dir.mkdir()
         np.save(run_dir / "weights.npy", w)
-        (run_dir / "ps_final.json").write_text(json.dumps(
-            {"timestamp": 40, "epoch": epoch, "updates": 40, "done": True}))
+        (run_dir / "ps_final.json").write_text(
+            json.dumps({"timestamp": 40, "epoch": epoch, "updates": 40, "done": True})
+        )
         with running_stats(cfg, run_dir, digits) as (server, _):
             server.thread.join(30 if finishes else 2.5)
             assert server.result.get("reason") == ("done" if finishes else None), run
         evals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "eval"]
         if finishes:
-            assert [(e["ts"], e["epoch"], e["weights"]) for e in evals] == \
-                [(40, epoch, "weights.npy")]
-            assert evals[0]["test_error"] == pytest.approx(oracle_error(server.flat, digits),
-                                                           abs=1e-9)
+            assert [(e["ts"], e["epoch"], e["weights"]) for e in evals] == [
+                (40, epoch, "weights.npy")
+            ]
+            assert evals[0]["test_error"] == pytest.approx(
+                oracle_error(server.flat, digits), abs=1e-9
+            )
         else:
             assert evals == []
 
@@ -601,7 +820,7 @@ def test_a_sender_leaving_while_the_server_is_not_reading_does_not_abort_it():
         "    time.sleep(1.0)            # heartbeats would be due now\n"
         "    while pull.poll(0):\n"
         "        pull.recv()\n"
-        "print('alive')\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+        "print('alive')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "alive", proc.stderr

@@ -2,6 +2,7 @@
 
 Each run takes ~10 s on 2 cores (mostly importing torch in every process).
 """
+
 import json
 import subprocess
 import sys
@@ -16,14 +17,27 @@ from cluster import gone, weights_difference
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-DIGITS = ["model.name=digits_cnn", "data.dataset=digits", "train.eval_every_epochs=0",
-          "optimizer.momentum=0.9", "optimizer.weight_decay=0.001", "runtime.timeout_s=60"]
+DIGITS = [
+    "model.name=digits_cnn",
+    "data.dataset=digits",
+    "train.eval_every_epochs=0",
+    "optimizer.momentum=0.9",
+    "optimizer.weight_decay=0.001",
+    "runtime.timeout_s=60",
+]
 
 
 def rudra_run(tmp_path, name, overrides, config=None, timeout=150):
     run_dir = tmp_path / name
-    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(config or ROOT / "configs/quickstart.yaml"),
-           "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "run",
+        str(config or ROOT / "configs/quickstart.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ]
     for o in overrides:
         cmd += ["--set", o]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -36,8 +50,7 @@ def threaded_run(tmp_path, name, overrides, config=None):
     tests about what the roles compute, not about processes. Returns (run_dir, summary)."""
     from inproc import run_in_threads
 
-    return run_in_threads(config or ROOT / "configs/quickstart.yaml", overrides,
-                          tmp_path / name)
+    return run_in_threads(config or ROOT / "configs/quickstart.yaml", overrides, tmp_path / name)
 
 
 def updates(run_dir):
@@ -61,6 +74,7 @@ def test_hardsync_lambda_learners_match_one_learner_with_lambda_times_the_miniba
     # the in-process simulator drives the same engine and kernels: same weights
     from rudra_zmq.config import load_config
     from rudra_zmq.sim.simulator import simulate
+
     w2 = np.load(two / "weights.npy")
     sim = simulate(load_config(two / "config.yaml"), train=True)
     assert len(sim.updates) == len(u2)
@@ -72,8 +86,14 @@ def test_hardsync_lambda_learners_match_one_learner_with_lambda_times_the_miniba
 
 
 def test_softsync_and_async_staleness_is_about_n_and_lambda(tmp_path):
-    base = [*DIGITS, "train.epochs=3", "sync.learners=4", "sync.batch_size=8",
-            "optimizer.lr=0.02", "optimizer.lr_policy=staleness"]
+    base = [
+        *DIGITS,
+        "train.epochs=3",
+        "sync.learners=4",
+        "sync.batch_size=8",
+        "optimizer.lr=0.02",
+        "optimizer.lr_policy=staleness",
+    ]
     soft, _ = threaded_run(tmp_path, "soft2", [*base, "sync.protocol=softsync", "sync.n=2"])
     asyn, _ = threaded_run(tmp_path, "async", [*base, "sync.protocol=async"])
     s_soft = [s for r in updates(soft)[20:] for s in r["sigmas"]]
@@ -98,15 +118,25 @@ def test_30_softsync_with_30_learners_trains_only_with_the_staleness_aware_rate(
     to fit CI), 30-softsync, µ = 4, α0 = 0.02. With α0/⟨σ⟩ it trains (final 2.8-4.7 % in 3 runs
     here); with a constant α0 it does not (chance error, 90 %, in every run). ~11 s per run.
     (With the quickstart's α0 = 0.05 even α0/⟨σ⟩ diverged in at least 1 of 13 runs.)"""
-    base = ["sync.learners=30", "sync.n=30", "sync.batch_size=4", "train.epochs=10",
-            "train.eval_every_epochs=2", "runtime.learners_per_process=10", "optimizer.lr=0.02"]
+    base = [
+        "sync.learners=30",
+        "sync.n=30",
+        "sync.batch_size=4",
+        "train.epochs=10",
+        "train.eval_every_epochs=2",
+        "runtime.learners_per_process=10",
+        "optimizer.lr=0.02",
+    ]
     errors = {}
     for pol in ("staleness", "constant"):
         run_dir, _ = threaded_run(tmp_path, pol, [*base, f"optimizer.lr_policy={pol}"])
-        errors[pol] = [json.loads(line)["test_error"] for line in
-                       (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
-        late = [s for r in updates(run_dir)[len(updates(run_dir)) // 2:] for s in r["sigmas"]]
-        assert np.mean(late) >= 10, (pol, np.mean(late))   # clearly stale: ≈ λ − 1 when even
+        errors[pol] = [
+            json.loads(line)["test_error"]
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if '"eval"' in line
+        ]
+        late = [s for r in updates(run_dir)[len(updates(run_dir)) // 2 :] for s in r["sigmas"]]
+        assert np.mean(late) >= 10, (pol, np.mean(late))  # clearly stale: ≈ λ − 1 when even
     # staleness-aware: trains
     assert errors["staleness"][-1] <= 0.15, errors
     # constant α0: ends at chance (it may learn a little first: 72 % once at epoch 2)
@@ -115,12 +145,15 @@ def test_30_softsync_with_30_learners_trains_only_with_the_staleness_aware_rate(
 
 def test_quickstart_reaches_95_percent_test_accuracy(tmp_path):
     run_dir, out = rudra_run(tmp_path, "quick", [])
-    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-             if '"eval"' in line]
+    evals = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if '"eval"' in line
+    ]
     assert evals and evals[-1]["test_error"] <= 0.05, evals[-1]
     assert "run directory:" in out
     final = evals[-1]["test_error"]
-    assert f"result: test error {100 * final:.2f}%" in out    # the launcher's last word
+    assert f"result: test error {100 * final:.2f}%" in out  # the launcher's last word
     for name in ("config.yaml", "summary.csv", "test_error_vs_epoch.png", "staleness_hist.png"):
         assert (run_dir / name).is_file(), name
 
@@ -144,8 +177,17 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
     import time
 
     run_dir = tmp_path / "orphans"
-    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml"),
-           "--run-dir", str(run_dir), "--set", "train.epochs=1000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "run",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "train.epochs=1000",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     pids = []
     try:
@@ -154,8 +196,10 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
             time.sleep(0.5)
             metrics = run_dir / "metrics.jsonl"
             if metrics.exists() and '"update"' in metrics.read_text():
-                roles = {e["pid"]: e["role"] for e in
-                         json.loads((run_dir / "processes.json").read_text())}
+                roles = {
+                    e["pid"]: e["role"]
+                    for e in json.loads((run_dir / "processes.json").read_text())
+                }
                 pids = list(roles)
                 break
         assert pids, "the run never started training"
@@ -170,8 +214,11 @@ def test_a_killed_launcher_leaves_no_role_running(tmp_path):
         # watchdog, which writes its stacks to its log: say so (the run passed either way)
         for log in sorted((run_dir / "logs").glob("*.log")):
             if "Timeout (0:" in log.read_text(errors="replace"):
-                warnings.warn(f"{log.name}: the role's cleanup was cut short by its watchdog:\n"
-                              f"{log.read_text(errors='replace')[-3000:]}", stacklevel=1)
+                warnings.warn(
+                    f"{log.name}: the role's cleanup was cut short by its watchdog:\n"
+                    f"{log.read_text(errors='replace')[-3000:]}",
+                    stacklevel=1,
+                )
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -208,8 +255,12 @@ def test_a_role_stuck_after_its_launcher_died_exits_and_leaves_its_stacks(tmp_pa
     import time
 
     err = tmp_path / "role.log"
-    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(err), _IGNORES_SIGTERM],
-                                stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER, str(err), _IGNORES_SIGTERM],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     role = int(launcher.stdout.readline())
     try:
         deadline = time.time() + 30

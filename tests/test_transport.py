@@ -1,4 +1,5 @@
 """transport.Channel: a silent server is a TimeoutError naming it, never a hang."""
+
 import subprocess
 import sys
 import time
@@ -17,15 +18,21 @@ def server_and_channel(ctx, sender, timeout_ms, **kw):
     """A bound ROUTER the test answers by hand, a Channel to it, and the port."""
     server = ctx.socket(zmq.ROUTER)
     port = server.bind_to_random_port("tcp://127.0.0.1")
-    return server, transport.Channel(ctx, f"tcp://127.0.0.1:{port}", sender,
-                                     timeout_ms=timeout_ms, **kw), port
+    return (
+        server,
+        transport.Channel(ctx, f"tcp://127.0.0.1:{port}", sender, timeout_ms=timeout_ms, **kw),
+        port,
+    )
 
 
 def test_a_silent_server_is_a_timeout_error_naming_it(ctx):
     server, ch, port = server_and_channel(ctx, 0, 200, name="parameter server")
     t = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"no reply from the parameter server at "
-                                           rf"tcp://127.0.0.1:{port} within 0.2 s"):
+    with pytest.raises(
+        TimeoutError,
+        match=r"no reply from the parameter server at "
+        rf"tcp://127.0.0.1:{port} within 0.2 s",
+    ):
         ch.request(Kind.PULL, 0)
     assert time.monotonic() - t < 10  # bounded, not a hang (generous: the box is shared)
     ch.close()
@@ -39,8 +46,9 @@ def test_a_reply_is_validated_and_an_error_reply_raises_server_error(ctx):
     assert ch.recv({Kind.UPTODATE}).kind == Kind.UPTODATE and ch.inc == 77
     ch.send(Kind.PULL, 0)
     ident, *_ = server.recv_multipart()
-    server.send_multipart([ident, *wire.encode(Kind.ERROR, wire.SENDER_PS, 2, 0, 77,
-                                               code="protocol", error="nope")])
+    server.send_multipart(
+        [ident, *wire.encode(Kind.ERROR, wire.SENDER_PS, 2, 0, 77, code="protocol", error="nope")]
+    )
     with pytest.raises(transport.ServerError, match="refused the request: nope"):
         ch.recv({Kind.UPTODATE})
     ch.close()
@@ -51,33 +59,33 @@ def test_an_unanswered_request_is_sent_again_unchanged_and_a_late_answer_is_drop
 
     server, ch, _ = server_and_channel(ctx, 3, 10_000, retry_ms=300)
     got = []
-    client = threading.Thread(target=lambda: got.append(ch.request(Kind.PULL, 0)),
-                              daemon=True)
+    client = threading.Thread(target=lambda: got.append(ch.request(Kind.PULL, 0)), daemon=True)
     client.start()
     try:
         first = server.recv_multipart()
-        again = server.recv_multipart()        # nothing answered within retry_ms
-        while again[0] != first[0]:            # another connection (a test elsewhere reusing
-            again = server.recv_multipart()    # this port before): not ours
+        again = server.recv_multipart()  # nothing answered within retry_ms
+        while again[0] != first[0]:  # another connection (a test elsewhere reusing
+            again = server.recv_multipart()  # this port before): not ours
         assert first[1:] == again[1:] and ch.resent >= 1
     except BaseException:
-        client.join(15)   # its request times out: never destroy the context under its recv
+        client.join(15)  # its request times out: never destroy the context under its recv
         raise
     seq = wire.decode(first[1:]).seq
 
     def answer(re):
         server.send_multipart(
-            [first[0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 77, re=re)])
+            [first[0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 77, re=re)]
+        )
 
     answer(seq)
     client.join(10)
     assert got[0].fields["re"] == seq
-    answer(seq)                                 # the answer to the second copy, late
+    answer(seq)  # the answer to the second copy, late
     ch.send(Kind.PULL, 0)
     nxt = wire.decode(server.recv_multipart()[1:]).seq
     answer(nxt)
     assert ch.recv({Kind.UPTODATE}).fields["re"] == nxt and ch.late == 1
-    answer(nxt)                                 # late again, while nothing is outstanding
+    answer(nxt)  # late again, while nothing is outstanding
     time.sleep(0.2)
     assert ch.drop_late() == 1 and ch.late == 2
     ch.close()
@@ -95,6 +103,7 @@ def test_free_tcp_endpoints_are_distinct_and_outside_the_ephemeral_range():
 
 def test_a_port_in_use_is_never_handed_out(monkeypatch):
     import socket
+
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -103,22 +112,25 @@ def test_a_port_in_use_is_never_handed_out(monkeypatch):
         # first may happen to be one it handed out before, in another test)
         offers = iter([taken, taken])
         monkeypatch.setattr(transport, "ephemeral_port_range", lambda: (65000, 65535))
-        monkeypatch.setattr(transport._rng, "randrange", lambda a, b: next(offers, None) or
-                            transport.random.Random().randrange(a, b))
+        monkeypatch.setattr(
+            transport._rng,
+            "randrange",
+            lambda a, b: next(offers, None) or transport.random.Random().randrange(a, b),
+        )
         ep = transport.free_tcp_endpoint()
     assert int(ep.rsplit(":", 1)[1]) != taken
 
 
 def test_a_foreign_host_is_an_os_error():
     with pytest.raises(OSError):
-        transport.free_tcp_endpoint("192.0.2.1")    # TEST-NET-1: never this machine's
+        transport.free_tcp_endpoint("192.0.2.1")  # TEST-NET-1: never this machine's
 
 
 def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx):
     server, ch, port = server_and_channel(ctx, 3, 30_000)
     ch.send(Kind.PULL, 0)
     ident, *_ = server.recv_multipart()
-    time.sleep(3 * transport.WAKE_MS / 1000)      # the client's receive wakes up meanwhile
+    time.sleep(3 * transport.WAKE_MS / 1000)  # the client's receive wakes up meanwhile
     server.send_multipart([ident, *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 7)])
     assert ch.recv({Kind.UPTODATE}).kind == Kind.UPTODATE
     ch.close()
@@ -126,7 +138,7 @@ def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx
     t = time.monotonic()
     with pytest.raises(TimeoutError):
         ch.request(Kind.PULL, 0)
-    assert time.monotonic() - t >= 3 * transport.WAKE_MS / 1000   # the whole timeout, not a slice
+    assert time.monotonic() - t >= 3 * transport.WAKE_MS / 1000  # the whole timeout, not a slice
     ch.close()
 
 
@@ -160,11 +172,12 @@ def test_a_signal_taken_by_another_thread_still_ends_a_long_wait():
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", _SIGNAL_ON_ANOTHER_THREAD],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGNAL_ON_ANOTHER_THREAD], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(1.0)                       # now inside the 120 s wait
+        time.sleep(1.0)  # now inside the 120 s wait
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)  # without the wake slices: 120 s
         assert "interrupted" in out
@@ -180,7 +193,9 @@ def test_a_channel_closed_as_its_server_goes_with_a_push_half_sent_does_not_abor
     # half-sent and the connection ended just after: docs/wire.md, "Half-sent messages". 200
     # rounds, each a chance; in a subprocess, so that an abort fails this test with its stderr.
     script = Path(__file__).resolve().parent / "half_sent.py"
-    proc = subprocess.run([sys.executable, str(script), "close", "200"], capture_output=True,
-                          text=True, timeout=110)
+    proc = subprocess.run(
+        [sys.executable, str(script), "close", "200"], capture_output=True, text=True, timeout=110
+    )
     assert proc.returncode == 0 and "survived" in proc.stdout, (
-        f"exit {proc.returncode}: {proc.stdout[-1000:]}{proc.stderr[-3000:]}")
+        f"exit {proc.returncode}: {proc.stdout[-1000:]}{proc.stderr[-3000:]}"
+    )

@@ -1,5 +1,6 @@
 """Rudra-adv PS tree: the plan, the relay clock, RELAY on the wire, and tree nodes driven by
 hand (fake learners, a fake or real parent). The root's side: tests/test_tree_root.py."""
+
 import time
 
 import msgpack
@@ -21,8 +22,13 @@ SIG, NUMEL = "feedface", 12
 
 
 def adv(*overrides, learners=4, fanout=2, depth=1):
-    return small_config("architecture.kind=adv", f"architecture.fanout={fanout}",
-                        f"architecture.depth={depth}", f"sync.learners={learners}", *overrides)
+    return small_config(
+        "architecture.kind=adv",
+        f"architecture.fanout={fanout}",
+        f"architecture.depth={depth}",
+        f"sync.learners={learners}",
+        *overrides,
+    )
 
 
 class FakeParent:
@@ -42,8 +48,9 @@ class FakeParent:
 
     def reply(self, ident, kind, ts=0, payloads=(), **fields):
         self.seq += 1
-        self.sock.send_multipart([ident, *wire.encode(kind, wire.SENDER_PS, self.seq, ts, 7,
-                                                      payloads, **fields)])
+        self.sock.send_multipart(
+            [ident, *wire.encode(kind, wire.SENDER_PS, self.seq, ts, 7, payloads, **fields)]
+        )
 
     def quiet(self, timeout_ms=300):
         return not self.sock.poll(timeout_ms)
@@ -67,8 +74,10 @@ def welcome_leaf(ctx, cfg, node_id=0, learner_ids=(0, 1)):
 def test_the_plan_groups_learners_into_leaves_and_leaves_into_levels():
     t = topology.plan(adv(learners=5, fanout=2, depth=2))
     assert [n.learners for n in t.leaves] == [(0, 1), (2, 3), (4,)]
-    assert [(n.id, n.children, n.parent) for n in t.nodes[3:]] == [(3, (0, 1), None),
-                                                                 (4, (2,), None)]
+    assert [(n.id, n.children, n.parent) for n in t.nodes[3:]] == [
+        (3, (0, 1), None),
+        (4, (2,), None),
+    ]
     assert [n.parent for n in t.leaves] == [3, 3, 4] and t.leaf_of(4).id == 2
     assert t.nodes[3].subtree == {0, 1, 2, 3}
     t = topology.plan(adv("architecture.leaves=[[0,3],[1,2]]", learners=4))
@@ -77,12 +86,16 @@ def test_the_plan_groups_learners_into_leaves_and_leaves_into_levels():
     assert topology.learner_groups(t, 2) == [[0, 3], [1, 2]]
 
 
-
 def test_tree_of_is_the_plan_for_adv_and_advstar_and_none_for_base():
     assert topology.tree_of(small_config("sync.learners=4")) is None
     for kind in ("adv", "advstar"):
-        cfg = small_config(f"architecture.kind={kind}", "architecture.fanout=2",
-                           "sync.learners=4", "sync.protocol=softsync", "sync.n=1")
+        cfg = small_config(
+            f"architecture.kind={kind}",
+            "architecture.fanout=2",
+            "sync.learners=4",
+            "sync.protocol=softsync",
+            "sync.n=1",
+        )
         assert topology.tree_of(cfg) == topology.plan(cfg)
 
 
@@ -94,13 +107,13 @@ def test_hardsync_relays_once_every_learner_below_contributed_exactly_once():
     assert c.ready and c.take() == [(0, 3), (2, 3), (1, 3)] and not c.ready
     assert c.answered(4) == [(0, 3), (2, 3), (1, 3)] and c.timestamp == 4
     c.add([(1, 4)])
-    assert not c.ready                                   # 0 and 2 still missing
+    assert not c.ready  # 0 and 2 still missing
 
 
 def test_gather_relays_only_once_every_learner_below_has_a_gradient_pending():
     c = RelayClock("softsync", frozenset({0, 1, 2}), timestamp=5, gather=True)
     c.add([(2, 5)])
-    c.add([(0, 3)])                                      # timestamps may differ (softsync)
+    c.add([(0, 3)])  # timestamps may differ (softsync)
     assert not c.ready
     c.add([(1, 4)])
     assert c.ready and sorted(c.take()) == [(0, 3), (1, 4), (2, 5)]
@@ -111,13 +124,14 @@ def test_softsync_relays_what_is_pending_whenever_no_relay_is_in_flight():
     c.add([(0, 4)])
     assert c.ready and c.take() == [(0, 4)]
     c.add([(1, 5)])
-    assert not c.ready                                   # one relay at a time
+    assert not c.ready  # one relay at a time
     c.answered(7)
     assert c.ready and c.take() == [(1, 5)]
 
 
-def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400, seed=0,
-                         gather=False, counts=None):
+def _simulated_staleness(
+    tree: bool, relay_s: float, learners=4, n=2, steps=400, seed=0, gather=False, counts=None
+):
     """Mean σ of an equal-speed n-softsync run, event by event, with no sockets or clocks:
     flat (every learner talks to the root) or through leaves of 2 whose relay round trip to
     the root takes ``relay_s`` (compute takes 1.0 ± 5 %). The same SyncEngine and RelayClock
@@ -127,10 +141,13 @@ def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400,
     from rudra_zmq.sync import LRSchedule, SyncEngine
 
     rng = np.random.default_rng(seed)
-    eng = SyncEngine("softsync", learners, LRSchedule(0.1, "staleness"), n=n, batch_size=1,
-                     epoch_size=10**9)
-    leaves = [RelayClock("softsync", frozenset({2 * k, 2 * k + 1}), timestamp=0, gather=gather)
-              for k in range(learners // 2)]
+    eng = SyncEngine(
+        "softsync", learners, LRSchedule(0.1, "staleness"), n=n, batch_size=1, epoch_size=10**9
+    )
+    leaves = [
+        RelayClock("softsync", frozenset({2 * k, 2 * k + 1}), timestamp=0, gather=gather)
+        for k in range(learners // 2)
+    ]
     sigmas, ts_of = [], [0] * learners
     events = [(rng.uniform(0.95, 1.05), "push", i) for i in range(learners)]
     heapq.heapify(events)
@@ -156,8 +173,9 @@ def _simulated_staleness(tree: bool, relay_s: float, learners=4, n=2, steps=400,
             if counts is not None:
                 counts.append(len(leaves[who]._in_flight))
             a = eng.receive_many(leaves[who]._in_flight)
-            sigmas += [eng.timestamp - (1 if a.update else 0) - ts
-                       for _, ts in leaves[who]._in_flight]
+            sigmas += [
+                eng.timestamp - (1 if a.update else 0) - ts for _, ts in leaves[who]._in_flight
+            ]
             heapq.heappush(events, (t + relay_s / 2, "answer", (who, eng.timestamp)))
         elif what == "answer":
             k, ts = who
@@ -187,14 +205,17 @@ def test_gather_makes_every_relay_carry_the_subtree_and_keeps_softsync_staleness
     assert 0 <= gathered <= flat + 0.1
 
 
-@pytest.mark.parametrize("entries, match", [
-    ([(3, 0)], "learner 3 is not below"),
-    ([(0, 2), (0, 2)], "previous one was not answered"),
-    ([(1, 2)], "previous one was not answered"),          # 1 is pending already
-    ([(0, 9)], "only served weights up to 2"),
-    ([(0, 1)], "hardsync: learner 0 pushed a gradient of timestamp 1"),
-    ([], "at least one"),
-])
+@pytest.mark.parametrize(
+    "entries, match",
+    [
+        ([(3, 0)], "learner 3 is not below"),
+        ([(0, 2), (0, 2)], "previous one was not answered"),
+        ([(1, 2)], "previous one was not answered"),  # 1 is pending already
+        ([(0, 9)], "only served weights up to 2"),
+        ([(0, 1)], "hardsync: learner 0 pushed a gradient of timestamp 1"),
+        ([], "at least one"),
+    ],
+)
 def test_the_relay_clock_refuses_bad_gradients_and_stays_unchanged(entries, match):
     c = RelayClock("hardsync", frozenset({0, 1, 2}), timestamp=2)
     c.add([(1, 2)])
@@ -209,7 +230,7 @@ def test_a_relay_clock_holds_a_pull_only_from_a_hardsync_learner_whose_gradient_
     assert c.reply(1) == NOW and c.reply(0) == Reply(after=4) and not c.due(c.reply(0))
     c.add([(1, 3)])
     c.take()
-    held = c.reply(0)                       # its gradient is in the relay in flight
+    held = c.reply(0)  # its gradient is in the relay in flight
     assert held == Reply(after=4) and not c.due(held)
     c.answered(4)
     assert c.due(held) and c.reply(0) == NOW
@@ -221,27 +242,39 @@ def test_a_relay_clock_holds_a_pull_only_from_a_hardsync_learner_whose_gradient_
 # ----------------------------------------------------------------------------- wire
 def test_relay_roundtrip_carries_the_sum_and_its_vector_clock():
     g = np.arange(6, dtype=np.float32)
-    frames = wire.encode(Kind.RELAY, wire.node_sender(2), 1, 4, 0, [g],
-                         clock=[[0, 4], [3, 2]])
+    frames = wire.encode(Kind.RELAY, wire.node_sender(2), 1, 4, 0, [g], clock=[[0, 4], [3, 2]])
     msg = wire.decode([bytes(memoryview(f)) for f in frames], numel=6, learners=4)
     assert msg.clock == [(0, 4), (3, 2)] and wire.node_id(msg.sender) == 2
     assert wire.sender_name(msg.sender) == "tree node 2"
     np.testing.assert_array_equal(msg.payloads[0], g)
 
 
-@pytest.mark.parametrize("clock, match", [
-    ([], "0 entries"),
-    ([[0, 1, 2]], "not a \\[learner, timestamp\\] pair"),
-    ([[0, 1.5]], "not a \\[learner, timestamp\\] pair"),
-    ([[0, -1]], "negative timestamp"),
-    ([[4, 0]], "names learner 4, outside 0..3"),
-    ([[-1, 0]], "names learner -1"),
-    ([[0, 0]] * 5, "5 entries; expected 1..4"),
-    ("0,0", "field 'clock' has type str"),
-])
+@pytest.mark.parametrize(
+    "clock, match",
+    [
+        ([], "0 entries"),
+        ([[0, 1, 2]], "not a \\[learner, timestamp\\] pair"),
+        ([[0, 1.5]], "not a \\[learner, timestamp\\] pair"),
+        ([[0, -1]], "negative timestamp"),
+        ([[4, 0]], "names learner 4, outside 0..3"),
+        ([[-1, 0]], "names learner -1"),
+        ([[0, 0]] * 5, "5 entries; expected 1..4"),
+        ("0,0", "field 'clock' has type str"),
+    ],
+)
 def test_malformed_relay_clocks_are_refused_by_the_wire(clock, match):
-    hdr = msgpack.packb({"v": wire.PROTOCOL_VERSION, "k": int(Kind.RELAY), "s": -100, "q": 1, "ts": 0, "inc": 0,
-                         "p": [["f4", 2]], "x": {"clock": clock}})
+    hdr = msgpack.packb(
+        {
+            "v": wire.PROTOCOL_VERSION,
+            "k": int(Kind.RELAY),
+            "s": -100,
+            "q": 1,
+            "ts": 0,
+            "inc": 0,
+            "p": [["f4", 2]],
+            "x": {"clock": clock},
+        }
+    )
     with pytest.raises(WireError, match=match):
         wire.decode([hdr, np.zeros(2, np.float32).tobytes()], numel=2, learners=4)
 
@@ -252,7 +285,10 @@ def test_a_leaf_says_hello_upstream_with_its_learners_and_welcomes_its_children(
     with running(node) as errors:
         ident, hello = parent.recv()
         assert (hello.kind, hello.sender, hello.fields) == (
-            Kind.HELLO, -100, {"model": SIG, "numel": NUMEL, "subtree": [0, 1]})
+            Kind.HELLO,
+            -100,
+            {"model": SIG, "numel": NUMEL, "subtree": [0, 1]},
+        )
         l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
         w = np.arange(NUMEL, dtype=np.float32)
         parent.reply(ident, Kind.WELCOME, 3, [w], learners=4, protocol="hardsync")
@@ -272,10 +308,11 @@ def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_
     with running(node) as errors:
         ident, _ = parent.recv()
         l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-        parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
-                     protocol="hardsync")
+        parent.reply(
+            ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4, protocol="hardsync"
+        )
         l0.recv(), l1.recv()
-        for step in range(2):                                   # the buffers swap each round
+        for step in range(2):  # the buffers swap each round
             g0, g1 = grads(2, seed=step)
             l1.send(Kind.PUSHPULL, step, [g1])
             assert parent.quiet(), "a hardsync leaf waits for every learner below it"
@@ -300,23 +337,24 @@ def test_a_softsync_leaf_relays_at_once_and_sends_what_arrived_meanwhile_next(ct
     with running(node):
         ident, _ = parent.recv()
         l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-        parent.reply(ident, Kind.WELCOME, 4, [np.zeros(NUMEL, np.float32)], learners=4,
-                     protocol="softsync")
+        parent.reply(
+            ident, Kind.WELCOME, 4, [np.zeros(NUMEL, np.float32)], learners=4, protocol="softsync"
+        )
         l0.recv(), l1.recv()
         g0, g1 = grads(2)
         l0.send(Kind.PUSHPULL, 4, [g0])
         _, first = parent.recv()
         assert first.clock == [(0, 4)] and set(first.fields) == {"clock"}
-        l1.send(Kind.PUSHPULL, 3, [g1])             # arrives during the relay
+        l1.send(Kind.PUSHPULL, 3, [g1])  # arrives during the relay
         assert parent.quiet() and not l0.has_reply(0)
         parent.reply(ident, Kind.UPTODATE, 4)
-        assert l0.recv().kind == Kind.UPTODATE                  # l0 holds ts 4 already
+        assert l0.recv().kind == Kind.UPTODATE  # l0 holds ts 4 already
         _, second = parent.recv()
         assert second.clock == [(1, 3)]
         np.testing.assert_array_equal(second.payloads[0], g1)
         parent.reply(ident, Kind.WEIGHTS, 6, [np.ones(NUMEL, np.float32)])
         assert l1.recv().ts == 6
-        l0.send(Kind.PULL, 4)                       # a pull is served from cache
+        l0.send(Kind.PULL, 4)  # a pull is served from cache
         msg = l0.recv()
         assert (msg.kind, msg.ts) == (Kind.WEIGHTS, 6) and parent.quiet()
         l0.close(), l1.close()
@@ -326,16 +364,20 @@ def test_a_leaf_refuses_bad_gradients_and_its_sum_stays_unchanged(ctx):
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=softsync", "sync.n=1"))
     with running(node):
         ident, _ = parent.recv()
-        parent.reply(ident, Kind.WELCOME, 2, [np.zeros(NUMEL, np.float32)], learners=4,
-                     protocol="softsync")
+        parent.reply(
+            ident, Kind.WELCOME, 2, [np.zeros(NUMEL, np.float32)], learners=4, protocol="softsync"
+        )
         l0.recv()
         g = np.ones(NUMEL, np.float32)
         cases = [
             (l1, wire.encode(Kind.PUSHPULL, 1, 1, 2, 0, [g]), "has not said HELLO"),
             (l0, wire.encode(Kind.PUSHPULL, 0, 1, 5, 0, [g]), "up to 2"),
             (l0, wire.encode(Kind.PUSHPULL, 0, 1, 2, 0, [g[:-1]]), "the model has"),
-            (l0, wire.encode(Kind.RELAY, 0, 1, 2, 0, [g], clock=[[0, 2]]),
-             "learners push gradients"),
+            (
+                l0,
+                wire.encode(Kind.RELAY, 0, 1, 2, 0, [g], clock=[[0, 2]]),
+                "learners push gradients",
+            ),
             (l0, wire.encode(Kind.HELLO, 0, 1, model="other", numel=NUMEL), "another model"),
         ]
         for who, frames, text in cases:
@@ -352,8 +394,9 @@ def stop_after_one_push(parent, l0, l1):
     of learner 0's, then the parent says STOP, which learner 0 is told at once."""
     ident, _ = parent.recv()
     l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-    parent.reply(ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4,
-                 protocol="async")
+    parent.reply(
+        ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4, protocol="async"
+    )
     l0.recv(), l1.recv()
     l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)])
     parent.recv()
@@ -388,8 +431,12 @@ def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
     inner = TreeNode(cfg, 2, "tcp://127.0.0.1:0", ps.endpoint, ctx=ctx)
     leaves = [TreeNode(cfg, k, "tcp://127.0.0.1:0", inner.endpoint, ctx=ctx) for k in (0, 1)]
-    with running(ps) as e0, running(inner) as e1, running(leaves[0]) as e2, \
-            running(leaves[1]) as e3:
+    with (
+        running(ps) as e0,
+        running(inner) as e1,
+        running(leaves[0]) as e2,
+        running(leaves[1]) as e3,
+    ):
         ls = [FakeLearner(ctx, leaves[i // 2].endpoint, i) for i in range(4)]
         w0 = [learner.hello(ps.state.signature, ps.state.numel)[0] for learner in ls][0]
         g = grads(4, ps.state.numel)

@@ -1,5 +1,6 @@
 """Rudra-adv at the root: the parameter server accepting tree nodes and their relayed sums
 (hand-driven fake nodes and learners, real ZeroMQ sockets)."""
+
 import time
 
 import numpy as np
@@ -48,7 +49,7 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
         a, _ = node_hello(ctx, ps, 0, [0, 1])
         before = ps.state.w.copy(), ps.state.updater.v.copy(), ps.state.updater.acc.copy()
         good = np.ones(ps.state.numel, np.float32)
-        seqs = iter(range(10**6, 2 * 10**6))   # after the HELLO's: each one is new
+        seqs = iter(range(10**6, 2 * 10**6))  # after the HELLO's: each one is new
 
         def relay(clock, ts=0, g=good, s=-100):
             return wire.encode(Kind.RELAY, s, next(seqs), ts, 0, [g], clock=clock)
@@ -59,15 +60,31 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
             (relay([[9, 0]]), "bad_clock", "outside 0..3"),
             (relay([[0, 0]], g=good[:-4]), "bad_length", "the model has"),
             (relay([[0, 1]], ts=1), "protocol", "newer than the server's"),
-            (wire.encode(Kind.PUSHPULL, -100, 1, 0, 0, [good]), "protocol",
-             "tree nodes send their gradient sums as RELAY"),
+            (
+                wire.encode(Kind.PUSHPULL, -100, 1, 0, 0, [good]),
+                "protocol",
+                "tree nodes send their gradient sums as RELAY",
+            ),
             (relay([[2, 0]], s=-101), "rejoin", "tree node 1 has not said HELLO"),
-            (wire.encode(Kind.HELLO, 0, 1, model=ps.state.signature, numel=ps.state.numel), "protocol",
-             "belongs under tree node 0"),
-            (wire.encode(Kind.HELLO, -101, 1, model=ps.state.signature, numel=ps.state.numel,
-                         subtree=[2]), "protocol", "places learners [2, 3] below it"),
-            (wire.encode(Kind.HELLO, -107, 1, model=ps.state.signature, numel=ps.state.numel,
-                         subtree=[2]), "protocol", "tree node 7 is not a child of the root"),
+            (
+                wire.encode(Kind.HELLO, 0, 1, model=ps.state.signature, numel=ps.state.numel),
+                "protocol",
+                "belongs under tree node 0",
+            ),
+            (
+                wire.encode(
+                    Kind.HELLO, -101, 1, model=ps.state.signature, numel=ps.state.numel, subtree=[2]
+                ),
+                "protocol",
+                "places learners [2, 3] below it",
+            ),
+            (
+                wire.encode(
+                    Kind.HELLO, -107, 1, model=ps.state.signature, numel=ps.state.numel, subtree=[2]
+                ),
+                "protocol",
+                "tree node 7 is not a child of the root",
+            ),
         ]
         for frames, code, text in cases:
             a.send_raw(frames)
@@ -81,7 +98,7 @@ def test_the_root_refuses_malformed_relays_and_leaves_its_state_bit_identical(ct
 
 
 def test_a_stop_to_a_node_counts_for_every_learner_below_it(ctx):
-    cfg = adv("sync.protocol=async", "train.epochs=0.022")        # 4 gradients of 8 samples
+    cfg = adv("sync.protocol=async", "train.epochs=0.022")  # 4 gradients of 8 samples
     ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)
     with running(ps):
         (a, _), (b, _) = node_hello(ctx, ps, 0, [0, 1]), node_hello(ctx, ps, 1, [2, 3])
@@ -95,7 +112,7 @@ def test_a_stop_to_a_node_counts_for_every_learner_below_it(ctx):
         assert a.recv().kind == Kind.STOP
         deadline = time.time() + 5
         while ps.sock and not ps.sock.closed and time.time() < deadline:
-            time.sleep(0.05)                                       # the server returns by itself
+            time.sleep(0.05)  # the server returns by itself
         assert ps.sock.closed and ps.state.stopped == {0, 1, 2, 3}
         a.close(), b.close()
 

@@ -1,6 +1,7 @@
 """Whole Rudra-adv runs: the root PS, the tree nodes and the learners of architecture.kind=adv
 (as threads of this process, tests/inproc.py; a tree node that dies: `rudra-zmq run`, as a
 user would), compared with flat Rudra-base runs of the same learners and data."""
+
 import sys
 
 import numpy as np
@@ -11,10 +12,24 @@ from test_system import DIGITS, ROOT, threaded_run, updates
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
-HARD = [*DIGITS, "sync.protocol=hardsync", "sync.learners=4", "sync.batch_size=8",
-        "train.epochs=0.25", "optimizer.lr=0.05"]
-SOFT = [*DIGITS, "sync.protocol=softsync", "sync.n=2", "sync.learners=4", "sync.batch_size=8",
-        "train.epochs=2", "optimizer.lr=0.02", "optimizer.lr_policy=staleness"]
+HARD = [
+    *DIGITS,
+    "sync.protocol=hardsync",
+    "sync.learners=4",
+    "sync.batch_size=8",
+    "train.epochs=0.25",
+    "optimizer.lr=0.05",
+]
+SOFT = [
+    *DIGITS,
+    "sync.protocol=softsync",
+    "sync.n=2",
+    "sync.learners=4",
+    "sync.batch_size=8",
+    "train.epochs=2",
+    "optimizer.lr=0.02",
+    "optimizer.lr_policy=staleness",
+]
 TREE = ["architecture.kind=adv", "architecture.fanout=2"]
 
 
@@ -25,10 +40,10 @@ def flat_hardsync(tmp_path_factory):
 
 
 @pytest.mark.parametrize("depth", [1, 2])
-def test_hardsync_through_a_tree_gives_the_weights_of_flat_hardsync(flat_hardsync, tmp_path,
-                                                                     depth):
-    tree, out = threaded_run(tmp_path, f"tree{depth}",
-                             [*HARD, *TREE, f"architecture.depth={depth}"])
+def test_hardsync_through_a_tree_gives_the_weights_of_flat_hardsync(flat_hardsync, tmp_path, depth):
+    tree, out = threaded_run(
+        tmp_path, f"tree{depth}", [*HARD, *TREE, f"architecture.depth={depth}"]
+    )
     assert "tree node 0 (leaf): learners 0,1" in out
     if depth == 2:
         assert "tree node 2 (inner node, level 2): nodes 0,1" in out
@@ -62,12 +77,22 @@ def test_softsync_through_a_tree_has_the_staleness_of_flat_softsync(tmp_path):
 
 def test_without_restarts_a_tree_node_that_dies_stops_the_run_with_a_clear_message(tmp_path):
     run_dir = tmp_path / "dies"
-    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml"),
-           "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "run",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ]
     for o in [*HARD, *TREE, "train.epochs=1000", "runtime.restart=false"]:
         cmd += ["--set", o]
     rc, out, victim = kill_during_training(
-        cmd, run_dir, lambda entries: next((e for e in entries if e["role"] == "node1"), None),
-        cwd=ROOT)
+        cmd,
+        run_dir,
+        lambda entries: next((e for e in entries if e["role"] == "node1"), None),
+        cwd=ROOT,
+    )
     assert rc == 1, out
     assert f"node1 (pid {victim['pid']}) exited with code -9 (SIGKILL)" in out, out

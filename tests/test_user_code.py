@@ -1,6 +1,7 @@
 """Your own model and data, named by import path (``package.module:function``): one resolver
 for both, the same model in every role, the data as the built-in datasets are, and a config
 error naming the value before anything starts. No processes: see test_api.py for whole runs."""
+
 import itertools
 import sys
 import textwrap
@@ -107,8 +108,15 @@ def user_module(tmp_path):
 
 
 def config(module, model="mlp", data="arrays", *overrides):
-    return load_config(None, [f"model.name={module}:{model}", f"data.dataset={module}:{data}",
-                              "data.num_classes=4", *overrides])
+    return load_config(
+        None,
+        [
+            f"model.name={module}:{model}",
+            f"data.dataset={module}:{data}",
+            "data.num_classes=4",
+            *overrides,
+        ],
+    )
 
 
 def test_the_resolver_imports_the_module_and_returns_the_function(user_module):
@@ -118,12 +126,15 @@ def test_the_resolver_imports_the_module_and_returns_the_function(user_module):
     assert items_len is sys.modules[user_module].Items.__len__
 
 
-@pytest.mark.parametrize("value, says", [
-    ("no_such_module_anywhere:f", "importing no_such_module_anywhere failed"),
-    ("{m}:nope", "has no attribute 'nope'"),
-    ("{m}:NOT_CALLABLE", "is a int, not a function"),
-    ("{m}:not-an-identifier", "is not an import path"),
-])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("no_such_module_anywhere:f", "importing no_such_module_anywhere failed"),
+        ("{m}:nope", "has no attribute 'nope'"),
+        ("{m}:NOT_CALLABLE", "is a int, not a function"),
+        ("{m}:not-an-identifier", "is not an import path"),
+    ],
+)
 def test_a_path_that_does_not_resolve_is_an_error_naming_the_value(user_module, value, says):
     value = value.format(m=user_module)
     with pytest.raises(UserCodeError, match=says) as err:
@@ -131,15 +142,19 @@ def test_a_path_that_does_not_resolve_is_an_error_naming_the_value(user_module, 
     assert f"model.name {value!r}" in str(err.value)
 
 
-@pytest.mark.parametrize("model, says", [
-    ("not_a_model", "returned a str for \\(4, \\(1, 4, 4\\)\\); it must return a torch.nn.Mod"),
-    ("wrong_shape", "fails on a batch of \\(2, 1, 4, 4\\) images"),
-    ("raises", "raised RuntimeError: no model today"),
-    ("float64", "parameter 'weight' is torch.float64 on cpu; build the model on the CPU"),
-    ("nope", "has no attribute"),
-])
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        ("not_a_model", "returned a str for \\(4, \\(1, 4, 4\\)\\); it must return a torch.nn.Mod"),
+        ("wrong_shape", "fails on a batch of \\(2, 1, 4, 4\\) images"),
+        ("raises", "raised RuntimeError: no model today"),
+        ("float64", "parameter 'weight' is torch.float64 on cpu; build the model on the CPU"),
+        ("nope", "has no attribute"),
+    ],
+)
 def test_a_model_that_is_not_a_usable_module_is_a_config_error_before_anything_starts(
-        user_module, model, says):
+    user_module, model, says
+):
     with pytest.raises(ConfigError, match=says) as err:
         config(user_module, model)
     assert f"model.name '{user_module}:{model}'" in str(err.value)
@@ -169,13 +184,12 @@ def test_a_user_model_declares_its_input_transform_on_its_function(user_module):
     sys.modules[user_module].mlp.input_transform = "sepia"
     with pytest.raises(UserCodeError, match="input_transform='sepia'"):
         models.input_transform(f"{user_module}:mlp")
-    own = lambda x, mean, std: torch.zeros(3)   # noqa: E731 - any (x, mean, std) -> tensor
+    own = lambda x, mean, std: torch.zeros(3)  # noqa: E731 - any (x, mean, std) -> tensor
     sys.modules[user_module].mlp.input_transform = own
     assert models.input_transform(f"{user_module}:mlp") is own
 
 
-def test_a_learner_whose_user_model_differs_from_the_ps_is_refused_naming_both_sizes(
-        user_module):
+def test_a_learner_whose_user_model_differs_from_the_ps_is_refused_naming_both_sizes(user_module):
     from rudra_zmq import wire
     from rudra_zmq.roles.ps import initial_model
     from rudra_zmq.server_state import ProtocolViolation, ServerState
@@ -185,8 +199,9 @@ def test_a_learner_whose_user_model_differs_from_the_ps_is_refused_naming_both_s
     weights, segments, signature, shape = initial_model(ps_cfg)
     state = ServerState(ps_cfg, weights, segments, signature, 32)
     other = FlatModel(models.build_model(f"{user_module}:wide", 4, shape, seed=0))
-    hello = wire.decode(wire.encode(Kind.HELLO, 0, 1, 0, 0, [], model=other.signature,
-                                    numel=other.numel))
+    hello = wire.decode(
+        wire.encode(Kind.HELLO, 0, 1, 0, 0, [], model=other.signature, numel=other.numel)
+    )
     with pytest.raises(ProtocolViolation) as err:
         state.register(b"0", hello)
     assert f"{other.numel:,} parameters" in str(err.value)
@@ -215,16 +230,23 @@ def test_user_data_gets_data_root_and_keeps_limit_per_class(user_module):
     assert len(ds.y_train) == 8 and len(ds.y_test) == 8
     assert datasets.dataset_size(cfg.data) == 8
     x_root = sys.modules[user_module].arrays("abc")[0]
-    np.testing.assert_array_equal(ds.x_train, x_root[np.sort(np.concatenate(
-        [np.flatnonzero(np.arange(32) % 4 == c)[:2] for c in range(4)]))])
+    np.testing.assert_array_equal(
+        ds.x_train,
+        x_root[
+            np.sort(np.concatenate([np.flatnonzero(np.arange(32) % 4 == c)[:2] for c in range(4)]))
+        ],
+    )
 
 
-@pytest.mark.parametrize("data, says", [
-    ("floats", "x_train is float64 \\(32, 1, 4, 4\\); it must be uint8 .* np.rint"),
-    ("three", "returned a tuple of 3; it must return \\(x_train, y_train, x_test, y_test\\)"),
-    ("ragged_map_style", "train item 1 is \\(1, 5, 5\\) but item 0 is \\(1, 4, 4\\)"),
-    ("mlp", "calling it with \\(\\) raised TypeError"),
-])
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ("floats", "x_train is float64 \\(32, 1, 4, 4\\); it must be uint8 .* np.rint"),
+        ("three", "returned a tuple of 3; it must return \\(x_train, y_train, x_test, y_test\\)"),
+        ("ragged_map_style", "train item 1 is \\(1, 5, 5\\) but item 0 is \\(1, 4, 4\\)"),
+        ("mlp", "calling it with \\(\\) raised TypeError"),
+    ],
+)
 def test_user_data_that_is_not_the_documented_arrays_is_a_config_error(user_module, data, says):
     with pytest.raises(ConfigError, match=says) as err:
         config(user_module, "mlp", data)
@@ -243,5 +265,5 @@ def test_a_user_model_trains_on_a_builtin_dataset(user_module):
 
 def test_import_root_is_the_folder_the_module_came_from(user_module, tmp_path):
     assert user_code.import_root(f"{user_module}:mlp") == str(tmp_path.resolve())
-    assert user_code.import_root("numpy:zeros") is None   # installed: every process finds it
+    assert user_code.import_root("numpy:zeros") is None  # installed: every process finds it
     assert user_code.import_root("no_such_module_anywhere:f") is None

@@ -1,4 +1,5 @@
 """WeightVersions: a weight version handed to ZeroMQ zero-copy is never written again."""
+
 import time
 
 import numpy as np
@@ -38,7 +39,7 @@ def test_a_version_in_flight_is_not_reused_until_zeromq_releases_it(pair):
     first = v.current
     # hold the send in flight: the peer does not read yet, and nothing else refers to `first`
     a.send(first[: n // 2], copy=False)
-    a.send(first[n // 2:], copy=False)
+    a.send(first[n // 2 :], copy=False)
     new = v.next_buffer()
     assert new is not first and v.allocated == 2
     new[:] = -1.0
@@ -48,8 +49,9 @@ def test_a_version_in_flight_is_not_reused_until_zeromq_releases_it(pair):
     # that allocated: the only spare (the first version) is still in flight
     assert v.allocated == 3 and len(v._spares) == 1 and third.base is None
     got = [b.recv(copy=False), b.recv(copy=False)]
-    np.testing.assert_array_equal(np.concatenate([np.frombuffer(f.buffer, np.float32)
-                                                  for f in got]), np.arange(n))
+    np.testing.assert_array_equal(
+        np.concatenate([np.frombuffer(f.buffer, np.float32) for f in got]), np.arange(n)
+    )
     del got
     assert _wait_free(v), "the spare was never released after the peer received it"
     reused = v.next_buffer()

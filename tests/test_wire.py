@@ -1,4 +1,5 @@
 """The wire protocol: round trips, chunking, and refusal of malformed messages."""
+
 import msgpack
 import numpy as np
 import pytest
@@ -33,15 +34,24 @@ def test_chunked_payload_adds_up_to_the_model_and_chunks_are_views():
 def test_batch_carries_images_and_labels():
     x = np.zeros(2 * 3 * 4 * 4, np.uint8)
     y = np.array([1, 2], np.int64)
-    msg = roundtrip(wire.encode(Kind.BATCH, -2, 1, payloads=[x, y], shape=[2, 3, 4, 4],
-                                epoch=0.5, step=3))
+    msg = roundtrip(
+        wire.encode(Kind.BATCH, -2, 1, payloads=[x, y], shape=[2, 3, 4, 4], epoch=0.5, step=3)
+    )
     assert msg.fields == {"shape": [2, 3, 4, 4], "epoch": 0.5, "step": 3}
     assert msg.payloads[1].dtype == np.int64
 
 
 def header(**over):
-    h = {"v": wire.PROTOCOL_VERSION, "k": int(Kind.PUSH), "s": 0, "q": 1, "ts": 0, "inc": 0,
-         "p": [["f4", 4]], "x": {}}
+    h = {
+        "v": wire.PROTOCOL_VERSION,
+        "k": int(Kind.PUSH),
+        "s": 0,
+        "q": 1,
+        "ts": 0,
+        "inc": 0,
+        "p": [["f4", 4]],
+        "x": {},
+    }
     h.update(over)
     return msgpack.packb(h)
 
@@ -49,29 +59,42 @@ def header(**over):
 GOOD_PAYLOAD = np.zeros(4, np.float32).tobytes()
 
 
-@pytest.mark.parametrize("frames,code,match", [
-    ([], "empty", "empty message"),
-    ([b"\xc1garbage", GOOD_PAYLOAD], "bad_header", "not valid msgpack"),
-    ([msgpack.packb([1, 2]), GOOD_PAYLOAD], "bad_header", "must be a map"),
-    ([header(v=99), GOOD_PAYLOAD], "version", "protocol version 99"),
-    ([header(k=77), GOOD_PAYLOAD], "bad_kind", "unknown message kind 77"),
-    ([header(ts="5"), GOOD_PAYLOAD], "bad_header", "'ts' must be an integer"),
-    ([header(ts=True), GOOD_PAYLOAD], "bad_header", "'ts' must be an integer"),
-    ([header(zz=1), GOOD_PAYLOAD], "bad_header", "unknown header fields"),
-    ([header(), GOOD_PAYLOAD[:-1]], "bad_length", "has 15 bytes, its header says 4 x f4"),
-    ([header(p=[["f8", 2]]), GOOD_PAYLOAD], "bad_payload", "descriptor"),
-    ([header(p=[["u1", 16]]), GOOD_PAYLOAD], "bad_dtype", "model payloads are f4"),
-    ([header(p=[]), GOOD_PAYLOAD], "bad_payload", "describes 0 payload frames but 1"),
-    ([header(p=[])], "bad_payload", "carries 1..4096 payload frames, got 0"),
-    ([header(x={"wait": True}), GOOD_PAYLOAD], "bad_field", "PUSH has no field 'wait'"),
-    ([header(k=int(Kind.PULL), p=[], x={"wait": True})], "bad_field", "PULL has no field 'wait'"),
-    ([header(v=4, k=int(Kind.PUSHPULL), x={"wait": True}), GOOD_PAYLOAD], "version",
-     "protocol version 4 is not 5"),   # a learner from before the engine decided replies
-    ([header(k=int(Kind.RELAY), x={"clock": "x"}), GOOD_PAYLOAD], "bad_field",
-     "field 'clock' has type str"),
-    ([header(k=int(Kind.RELAY), x={}), GOOD_PAYLOAD], "bad_field", "missing field 'clock'"),
-    ([b"\x00" * (wire.MAX_HEADER_BYTES + 1)], "header_too_large", "exceeds"),
-])
+@pytest.mark.parametrize(
+    "frames,code,match",
+    [
+        ([], "empty", "empty message"),
+        ([b"\xc1garbage", GOOD_PAYLOAD], "bad_header", "not valid msgpack"),
+        ([msgpack.packb([1, 2]), GOOD_PAYLOAD], "bad_header", "must be a map"),
+        ([header(v=99), GOOD_PAYLOAD], "version", "protocol version 99"),
+        ([header(k=77), GOOD_PAYLOAD], "bad_kind", "unknown message kind 77"),
+        ([header(ts="5"), GOOD_PAYLOAD], "bad_header", "'ts' must be an integer"),
+        ([header(ts=True), GOOD_PAYLOAD], "bad_header", "'ts' must be an integer"),
+        ([header(zz=1), GOOD_PAYLOAD], "bad_header", "unknown header fields"),
+        ([header(), GOOD_PAYLOAD[:-1]], "bad_length", "has 15 bytes, its header says 4 x f4"),
+        ([header(p=[["f8", 2]]), GOOD_PAYLOAD], "bad_payload", "descriptor"),
+        ([header(p=[["u1", 16]]), GOOD_PAYLOAD], "bad_dtype", "model payloads are f4"),
+        ([header(p=[]), GOOD_PAYLOAD], "bad_payload", "describes 0 payload frames but 1"),
+        ([header(p=[])], "bad_payload", "carries 1..4096 payload frames, got 0"),
+        ([header(x={"wait": True}), GOOD_PAYLOAD], "bad_field", "PUSH has no field 'wait'"),
+        (
+            [header(k=int(Kind.PULL), p=[], x={"wait": True})],
+            "bad_field",
+            "PULL has no field 'wait'",
+        ),
+        (
+            [header(v=4, k=int(Kind.PUSHPULL), x={"wait": True}), GOOD_PAYLOAD],
+            "version",
+            "protocol version 4 is not 5",
+        ),  # a learner from before the engine decided replies
+        (
+            [header(k=int(Kind.RELAY), x={"clock": "x"}), GOOD_PAYLOAD],
+            "bad_field",
+            "field 'clock' has type str",
+        ),
+        ([header(k=int(Kind.RELAY), x={}), GOOD_PAYLOAD], "bad_field", "missing field 'clock'"),
+        ([b"\x00" * (wire.MAX_HEADER_BYTES + 1)], "header_too_large", "exceeds"),
+    ],
+)
 def test_malformed_messages_are_refused_with_a_named_reason(frames, code, match):
     with pytest.raises(WireError, match=match) as exc:
         wire.decode(frames)
@@ -101,8 +124,6 @@ def test_encode_refuses_fields_the_kind_does_not_have():
         wire.encode(Kind.PUSH, 0, 1, payloads=[np.zeros(3, np.float64)])
 
 
-
-
 @pytest.mark.parametrize("code", wire.MODEL_DTYPES)
 def test_model_payloads_are_checked_against_the_runs_dtype(code):
     arr = np.arange(6).astype(wire.PAYLOAD_DTYPES[code])
@@ -111,11 +132,12 @@ def test_model_payloads_are_checked_against_the_runs_dtype(code):
     assert [p.dtype for p in msg.payloads] == [wire.PAYLOAD_DTYPES[code]] * 2
     np.testing.assert_array_equal(np.concatenate(msg.payloads), arr)
     for other in set(wire.MODEL_DTYPES) - {code}:
-        with pytest.raises(WireError, match=f"model payloads are {other} in this run, "
-                                            f"payload 0 is {code}") as exc:
+        with pytest.raises(
+            WireError, match=f"model payloads are {other} in this run, payload 0 is {code}"
+        ) as exc:
             wire.decode(frames, numel=6, model_dtype=other)
         assert exc.value.code == "bad_dtype"
-    if code != "f4":   # a run says nothing: float32
+    if code != "f4":  # a run says nothing: float32
         with pytest.raises(WireError, match="model payloads are f4"):
             wire.decode(frames, numel=6)
 

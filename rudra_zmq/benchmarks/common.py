@@ -15,6 +15,7 @@
 
 The two sides of a command (``--bind``/``--connect``) are in :mod:`.sides`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,19 @@ import zmq
 from .. import transport
 from . import sides
 
-DEFAULT_SECONDS = 1.0      # timed seconds per case and repeat
-DEFAULT_WARMUP_S = 0.2     # untimed seconds per case
-DEFAULT_REPEAT = 3         # timed repeats per case (min / median / max)
-TRANSPORTS = ["tcp", "ipc", "inproc"]   # what ``thr`` and ``lat`` sweep
+DEFAULT_SECONDS = 1.0  # timed seconds per case and repeat
+DEFAULT_WARMUP_S = 0.2  # untimed seconds per case
+DEFAULT_REPEAT = 3  # timed repeats per case (min / median / max)
+TRANSPORTS = ["tcp", "ipc", "inproc"]  # what ``thr`` and ``lat`` sweep
 MODES = ["copy", "zerocopy"]
-ENV_KEYS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MALLOC_ARENA_MAX", "MALLOC_MMAP_MAX_",
-            "MALLOC_TRIM_THRESHOLD_", "ZMQ_IO_THREADS")
+ENV_KEYS = (
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+    "MALLOC_ARENA_MAX",
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "ZMQ_IO_THREADS",
+)
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -47,7 +54,7 @@ def parse_size(text: str) -> int:
     units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}
     for suffix, mult in units.items():
         if s.endswith(suffix) or s.endswith(suffix.lower()):
-            s, factor = s[:-len(suffix)], mult
+            s, factor = s[: -len(suffix)], mult
             break
     else:
         factor = 1
@@ -62,8 +69,14 @@ def parse_size(text: str) -> int:
 
 def fmt_count(n: int) -> str:
     """1000000 -> ``1M``, 16777216 -> ``16Mi``, 89578 -> ``89,578``."""
-    for suffix, div in (("Gi", 2**30), ("G", 10**9), ("Mi", 2**20), ("M", 10**6),
-                        ("Ki", 2**10), ("K", 10**3)):
+    for suffix, div in (
+        ("Gi", 2**30),
+        ("G", 10**9),
+        ("Mi", 2**20),
+        ("M", 10**6),
+        ("Ki", 2**10),
+        ("K", 10**3),
+    ):
         if n >= div and n % div == 0:
             return f"{n // div}{suffix}"
     return f"{n:,}"
@@ -91,16 +104,37 @@ def sweep(begin: int, end: int, factor: float) -> list[int]:
     return out
 
 
-def add_size_args(p, default_begin: str, default_end: str, default_factor: float,
-                  what: str) -> None:
-    p.add_argument("-b", "--minsize", default=default_begin, metavar="SIZE",
-                   help=f"smallest {what} (default {default_begin})")
-    p.add_argument("-e", "--maxsize", default=default_end, metavar="SIZE",
-                   help=f"largest {what} (default {default_end})")
-    p.add_argument("-f", "--stepfactor", type=float, default=default_factor, metavar="F",
-                   help=f"multiply the size by F between cases (default {default_factor:g})")
-    p.add_argument("--sizes", nargs="+", metavar="SIZE",
-                   help="explicit sizes instead of -b/-e/-f, e.g. 90K 1M 10M")
+def add_size_args(
+    p, default_begin: str, default_end: str, default_factor: float, what: str
+) -> None:
+    p.add_argument(
+        "-b",
+        "--minsize",
+        default=default_begin,
+        metavar="SIZE",
+        help=f"smallest {what} (default {default_begin})",
+    )
+    p.add_argument(
+        "-e",
+        "--maxsize",
+        default=default_end,
+        metavar="SIZE",
+        help=f"largest {what} (default {default_end})",
+    )
+    p.add_argument(
+        "-f",
+        "--stepfactor",
+        type=float,
+        default=default_factor,
+        metavar="F",
+        help=f"multiply the size by F between cases (default {default_factor:g})",
+    )
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        metavar="SIZE",
+        help="explicit sizes instead of -b/-e/-f, e.g. 90K 1M 10M",
+    )
 
 
 def sizes_from_args(args) -> list[int]:
@@ -110,19 +144,35 @@ def sizes_from_args(args) -> list[int]:
 
 
 def add_timing_args(p) -> None:
-    p.add_argument("--seconds", type=float, default=DEFAULT_SECONDS,
-                   help=f"timed seconds per repeat of a case (default {DEFAULT_SECONDS:g})")
-    p.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, metavar="S",
-                   help=f"untimed warm-up seconds per case (default {DEFAULT_WARMUP_S:g})")
-    p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
-                   help=f"timed repeats per case: min/median/max (default {DEFAULT_REPEAT})")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=DEFAULT_SECONDS,
+        help=f"timed seconds per repeat of a case (default {DEFAULT_SECONDS:g})",
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=DEFAULT_WARMUP_S,
+        metavar="S",
+        help=f"untimed warm-up seconds per case (default {DEFAULT_WARMUP_S:g})",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=DEFAULT_REPEAT,
+        help=f"timed repeats per case: min/median/max (default {DEFAULT_REPEAT})",
+    )
 
 
 def add_output_args(p) -> None:
     p.add_argument("--csv", metavar="PATH", help="write one row per case here")
     p.add_argument("--png", metavar="PATH", help="plot bandwidth and latency vs size here")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object per line instead of text (for scripts)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per line instead of text (for scripts)",
+    )
 
 
 # ----------------------------------------------------------------------------- timing
@@ -146,8 +196,15 @@ def summary(samples) -> dict:
     if a.size == 0:
         return {k: math.nan for k in ("min", "p50", "p90", "p99", "max", "mean")} | {"count": 0}
     p50, p90, p99 = np.percentile(a, [50, 90, 99])
-    return {"min": float(a.min()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "max": float(a.max()), "mean": float(a.mean()), "count": int(a.size)}
+    return {
+        "min": float(a.min()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(a.max()),
+        "mean": float(a.mean()),
+        "count": int(a.size),
+    }
 
 
 def mmm(values) -> tuple[float, float, float]:
@@ -166,30 +223,44 @@ def machine_facts(env_keys=ENV_KEYS, **extra) -> dict:
     model = "unknown"
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((ln.split(":", 1)[1].strip() for ln in f
-                          if ln.startswith("model name")), model)
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
+            )
     except OSError:
         pass
-    return {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
-            "nproc": os.cpu_count(), "cpu_model": model, "loadavg": list(os.getloadavg()),
-            "python": platform.python_version(), "numpy": np.__version__,
-            "pyzmq": zmq.pyzmq_version(), "libzmq": zmq.zmq_version(),
-            "build_info": rudra_zmq.build_info(),
-            "env": {k: os.environ.get(k, "(unset)") for k in env_keys}, **extra}
+    return {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "host": platform.node(),
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "loadavg": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pyzmq": zmq.pyzmq_version(),
+        "libzmq": zmq.zmq_version(),
+        "build_info": rudra_zmq.build_info(),
+        "env": {k: os.environ.get(k, "(unset)") for k in env_keys},
+        **extra,
+    }
 
 
 def header_text(title: str, facts: dict, notes=()) -> str:
     """The ``# ...`` header lines printed above a benchmark's cases."""
     bi = facts["build_info"]
-    libs = "  ".join(f"{k} {facts[k]}" for k in ("python", "numpy", "pyzmq", "libzmq", "torch",
-                                                 "psutil") if k in facts)
-    lines = [f"# rudra_zmq {title}  {facts['time']}  host {facts['host']}",
-             f"# cpu: {facts['cpu_model']} x{facts['nproc']}  loadavg: "
-             + " ".join(f"{x:.2f}" for x in facts["loadavg"]),
-             f"# {libs}",
-             f"# kernels: openmp={bi.get('openmp')} threads={bi.get('num_threads')} "
-             f"compile_args='{bi.get('compile_args')}'",
-             "# env: " + " ".join(f"{k}={v}" for k, v in facts["env"].items())]
+    libs = "  ".join(
+        f"{k} {facts[k]}"
+        for k in ("python", "numpy", "pyzmq", "libzmq", "torch", "psutil")
+        if k in facts
+    )
+    lines = [
+        f"# rudra_zmq {title}  {facts['time']}  host {facts['host']}",
+        f"# cpu: {facts['cpu_model']} x{facts['nproc']}  loadavg: "
+        + " ".join(f"{x:.2f}" for x in facts["loadavg"]),
+        f"# {libs}",
+        f"# kernels: openmp={bi.get('openmp')} threads={bi.get('num_threads')} "
+        f"compile_args='{bi.get('compile_args')}'",
+        "# env: " + " ".join(f"{k}={v}" for k, v in facts["env"].items()),
+    ]
     return "\n".join(lines + [f"# {n}" for n in notes])
 
 
@@ -206,8 +277,10 @@ class Report:
         self.args, self.title, self.plot = args, title, plot
         self.rows: list[dict] = []
         self.facts = machine_facts(**facts)
-        self.emit({"type": "header", "title": title, **self.facts, "notes": list(notes)},
-                  header_text(title, self.facts, notes))
+        self.emit(
+            {"type": "header", "title": title, **self.facts, "notes": list(notes)},
+            header_text(title, self.facts, notes),
+        )
 
     def emit(self, obj: dict, text: str) -> None:
         print(json.dumps(obj) if self.args.json else text, flush=True)
@@ -221,8 +294,10 @@ class Report:
         self.emit({"type": "case", **record}, text)
 
     def close(self) -> None:
-        self.emit({"type": "end", "loadavg": list(os.getloadavg())},
-                  "# loadavg at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+        self.emit(
+            {"type": "end", "loadavg": list(os.getloadavg())},
+            "# loadavg at end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        )
         if self.args.csv:
             write_csv(self.args.csv, self.rows)
         if self.args.png and self.plot:
@@ -235,13 +310,23 @@ def add_transport_sweep_args(p, bind_help: str) -> None:
     timing and output."""
     sides.add_side_args(p, bind_help)
     add_size_args(p, "64", "4Mi", 16, "message size in bytes")
-    p.add_argument("--transports", nargs="+", default=None, choices=TRANSPORTS,
-                   help="default: tcp ipc inproc (tcp only with --connect)")
+    p.add_argument(
+        "--transports",
+        nargs="+",
+        default=None,
+        choices=TRANSPORTS,
+        help="default: tcp ipc inproc (tcp only with --connect)",
+    )
     p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
     add_timing_args(p)
-    p.add_argument("--count", type=int, default=0, metavar="N",
-                   help="messages per repeat, fixed (as libzmq's local_thr/local_lat take "
-                        "them); default 0: as many as fill --seconds")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=0,
+        metavar="N",
+        help="messages per repeat, fixed (as libzmq's local_thr/local_lat take "
+        "them); default 0: as many as fill --seconds",
+    )
     add_output_args(p)
 
 
@@ -250,8 +335,9 @@ def op_count(args, per_op_s: float) -> int:
     return args.count if args.count > 0 else calibrate(per_op_s, args.seconds, lo=10)
 
 
-def run_transport_sweep(args, command: str, handlers, title: str, note: str, plot,
-                        cases, line) -> int:
+def run_transport_sweep(
+    args, command: str, handlers, title: str, note: str, plot, cases, line
+) -> int:
     """``run()`` of a ``thr``/``lat``-style command; blocks until done, returns the exit code.
 
     With ``--bind``: serve ``handlers`` as the passive side. Otherwise choose the transports,
@@ -261,8 +347,9 @@ def run_transport_sweep(args, command: str, handlers, title: str, note: str, plo
     context are closed on any exit (linger 0: never hangs).
     """
     if args.bind:
-        return sides.serve_agent(f"{command} server", args.bind, handlers, args.idle_timeout,
-                                 args.exit_with_parent)
+        return sides.serve_agent(
+            f"{command} server", args.bind, handlers, args.idle_timeout, args.exit_with_parent
+        )
     if args.count < 0:
         raise ValueError(f"--count must be >= 0 (0: fill --seconds), got {args.count}")
     kinds = args.transports or (["tcp"] if args.connect else TRANSPORTS)
@@ -270,9 +357,12 @@ def run_transport_sweep(args, command: str, handlers, title: str, note: str, plo
         raise ValueError("inproc needs both sides in one process: drop --connect")
     sizes = sizes_from_args(args)
     transport.tune_malloc()
-    report = Report(args, title, notes=[
-        note, f"other side: {args.connect or 'spawned on this machine (inproc: a thread)'}"],
-        plot=plot)
+    report = Report(
+        args,
+        title,
+        notes=[note, f"other side: {args.connect or 'spawned on this machine (inproc: a thread)'}"],
+        plot=plot,
+    )
     ctx = zmq.Context()
     peers = sides.Sides(ctx, command, args.connect, handlers)
     try:
@@ -282,7 +372,7 @@ def run_transport_sweep(args, command: str, handlers, title: str, note: str, plo
                     report.case(r, line(r))
     finally:
         peers.close()
-        ctx.destroy(linger=0)   # closes what an error left open, never hangs
+        ctx.destroy(linger=0)  # closes what an error left open, never hangs
     report.close()
     return 0
 
@@ -296,8 +386,9 @@ def write_csv(path: str, rows: list[dict]) -> None:
         wr.writerows(rows)
 
 
-def write_png(path: str, rows: list[dict], x: str, panels, series: str, keep=None, *,
-              title: str) -> None:
+def write_png(
+    path: str, rows: list[dict], x: str, panels, series: str, keep=None, *, title: str
+) -> None:
     """One log-log panel per (y key, label): y against ``x``, one line per ``series`` value,
     of the rows that ``keep(row)`` accepts (all by default)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -310,8 +401,11 @@ def write_png(path: str, rows: list[dict], x: str, panels, series: str, keep=Non
     labels = list(dict.fromkeys(r[series] for r in rows))
     for ax, (ykey, ylabel) in zip(axes, panels):
         for label in labels:
-            pts = sorted((r[x], r[ykey]) for r in rows if r[series] == label
-                         and r.get(ykey) is not None and r[ykey] > 0)
+            pts = sorted(
+                (r[x], r[ykey])
+                for r in rows
+                if r[series] == label and r.get(ykey) is not None and r[ykey] > 0
+            )
             if pts:
                 ax.plot(*zip(*pts), marker="o", markersize=3, label=label)
         ax.set_xscale("log")

@@ -14,6 +14,7 @@ Examples::
     rudra-zmq bench curve                 # 90K and 10M, 20 s arms (about 3 minutes)
     rudra-zmq bench curve --quick         # a smoke run (seconds)
 """
+
 from __future__ import annotations
 
 import statistics
@@ -30,8 +31,13 @@ SIGNATURE = "bench-curve"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--sizes", nargs="+", type=parse_size, default=[90_000, 10_000_000],
-                   help="parameters per model (default: 90K 10M)")
+    p.add_argument(
+        "--sizes",
+        nargs="+",
+        type=parse_size,
+        default=[90_000, 10_000_000],
+        help="parameters per model (default: 90K 10M)",
+    )
     p.add_argument("--seconds", type=float, default=20.0, help="seconds per arm (default 20)")
     p.add_argument("--learners", type=int, default=2, help="synthetic learner threads")
     p.add_argument("--quick", action="store_true", help="2 s arms")
@@ -40,9 +46,18 @@ def add_arguments(p) -> None:
 
 def _config(learners: int):
     from ..config import load_config
-    return load_config(None, ["sync.protocol=async", f"sync.learners={learners}",
-                              "train.epochs=1000000000000.0", "train.eval_every_epochs=0",
-                              "train.checkpoint_every_s=0", "runtime.learner_timeout_s=0"])
+
+    return load_config(
+        None,
+        [
+            "sync.protocol=async",
+            f"sync.learners={learners}",
+            "train.epochs=1000000000000.0",
+            "train.eval_every_epochs=0",
+            "train.checkpoint_every_s=0",
+            "runtime.learner_timeout_s=0",
+        ],
+    )
 
 
 def _learner(ctx, endpoint, i, numel, until, out):
@@ -54,10 +69,9 @@ def _learner(ctx, endpoint, i, numel, until, out):
     ch.recv({Kind.WELCOME}, numel=numel)
     grad = wire.chunk(np.full(numel, 1e-6, np.float32))
     lat = []
-    while time.monotonic() < until:   # each reply is dropped at once, releasing its frames
+    while time.monotonic() < until:  # each reply is dropped at once, releasing its frames
         t0 = time.perf_counter()
-        ch.request(Kind.PUSHPULL, 0, grad, numel=numel,
-                   reply_kinds={Kind.WEIGHTS, Kind.UPTODATE})
+        ch.request(Kind.PUSHPULL, 0, grad, numel=numel, reply_kinds={Kind.WEIGHTS, Kind.UPTODATE})
         lat.append(time.perf_counter() - t0)
     out[i] = lat
     ch.close()
@@ -72,16 +86,23 @@ def arm(numel: int, curve, seconds: float, learners: int) -> dict:
     ctx = zmq.Context()
     try:
         w = np.random.default_rng(0).standard_normal(numel).astype(np.float32) * 0.01
-        ps = ParameterServer(_config(learners), "tcp://127.0.0.1:0", ctx=ctx,
-                             model=(w, [(0, numel, 1.0, 1.0)], SIGNATURE))
+        ps = ParameterServer(
+            _config(learners),
+            "tcp://127.0.0.1:0",
+            ctx=ctx,
+            model=(w, [(0, numel, 1.0, 1.0)], SIGNATURE),
+        )
         stop = threading.Event()
         server = threading.Thread(target=ps.serve_forever, args=(stop,), daemon=True)
         server.start()
         out: dict = {}
         until = time.monotonic() + seconds
-        threads = [threading.Thread(target=_learner, args=(ctx, ps.endpoint, i, numel, until,
-                                                            out), daemon=True)
-                   for i in range(learners)]
+        threads = [
+            threading.Thread(
+                target=_learner, args=(ctx, ps.endpoint, i, numel, until, out), daemon=True
+            )
+            for i in range(learners)
+        ]
         t0 = time.monotonic()
         for t in threads:
             t.start()
@@ -106,10 +127,15 @@ def run(args) -> int:
     if args.quick:
         args.seconds = 2.0
     kernels.set_num_threads(1)
-    rep = Report(args, "CURVE cost on push+pull", notes=[
-        f"async PS on tcp loopback, {args.learners} synthetic learner threads (no compute), "
-        f"arms of {args.seconds:g} s in the order plain, curve, curve, plain; ratio = curve "
-        "/ plain (round trips per second: lower is slower; p50: higher is slower)"])
+    rep = Report(
+        args,
+        "CURVE cost on push+pull",
+        notes=[
+            f"async PS on tcp loopback, {args.learners} synthetic learner threads (no compute), "
+            f"arms of {args.seconds:g} s in the order plain, curve, curve, plain; ratio = curve "
+            "/ plain (round trips per second: lower is slower; p50: higher is slower)"
+        ],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         keys.make_run_keys(tmp, [f"learner-{i}" for i in range(args.learners)])
         for numel in args.sizes:
@@ -123,9 +149,12 @@ def run(args) -> int:
                 r[f"{which}_p50_us"] = statistics.mean(a["p50_us"] for a in runs)
             r["ops_ratio"] = r["curve_ops_per_s"] / r["plain_ops_per_s"]
             r["p50_ratio"] = r["curve_p50_us"] / r["plain_p50_us"]
-            rep.case(r, f"{r['label']:>5}: plain {r['plain_ops_per_s']:8.1f} round trips/s "
-                        f"(p50 {r['plain_p50_us']:8.0f} µs), curve {r['curve_ops_per_s']:8.1f}"
-                        f"/s (p50 {r['curve_p50_us']:8.0f} µs): curve/plain "
-                        f"{r['ops_ratio']:.3f} round trips/s, {r['p50_ratio']:.3f} p50")
+            rep.case(
+                r,
+                f"{r['label']:>5}: plain {r['plain_ops_per_s']:8.1f} round trips/s "
+                f"(p50 {r['plain_p50_us']:8.0f} µs), curve {r['curve_ops_per_s']:8.1f}"
+                f"/s (p50 {r['curve_p50_us']:8.0f} µs): curve/plain "
+                f"{r['ops_ratio']:.3f} round trips/s, {r['p50_ratio']:.3f} p50",
+            )
     rep.close()
     return 0

@@ -15,6 +15,7 @@ Examples::
     rudra-zmq bench failover                         # all three, learner timeout 2 s
     rudra-zmq bench failover --scenarios ps --retry-s 1 5
 """
+
 from __future__ import annotations
 
 import json
@@ -33,12 +34,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--scenarios", nargs="+", choices=("dead", "hung", "ps"),
-                   default=["dead", "hung", "ps"])
+    p.add_argument(
+        "--scenarios", nargs="+", choices=("dead", "hung", "ps"), default=["dead", "hung", "ps"]
+    )
     p.add_argument("--config", default=str(ROOT / "configs" / "quickstart.yaml"))
     p.add_argument("--learner-timeout-s", type=float, default=2.0)
-    p.add_argument("--retry-s", type=float, nargs="+", default=[1.0, 5.0],
-                   help="runtime.retry_s values for the ps scenario (default 1 5)")
+    p.add_argument(
+        "--retry-s",
+        type=float,
+        nargs="+",
+        default=[1.0, 5.0],
+        help="runtime.retry_s values for the ps scenario (default 1 5)",
+    )
     p.add_argument("--at-ts", type=int, default=60, help="fail once the PS is this far")
     add_output_args(p)
 
@@ -52,7 +59,7 @@ def _records(run_dir: Path) -> list[dict]:
     for line in lines:
         try:
             rec = json.loads(line)
-        except ValueError:        # a line being written
+        except ValueError:  # a line being written
             continue
         out += rec["items"] if rec.get("type") == "batch" else [rec]
     return out
@@ -66,8 +73,7 @@ def _one(config, overrides, label, action, at_ts, pause_s=0.0, timeout=240) -> t
         cmd = [sys.executable, "-m", "rudra_zmq", "run", config, "--run-dir", str(run_dir)]
         for o in overrides:
             cmd += ["--set", o]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.time() + timeout
             while time.time() < deadline:
@@ -97,39 +103,73 @@ def _t0(recs) -> float:
 def run(args) -> int:
     """Print one line per scenario."""
     to = args.learner_timeout_s
-    base = ["train.eval_every_epochs=0", "train.epochs=60", f"runtime.learner_timeout_s={to}",
-            "train.checkpoint_every_s=1"]
-    rep = Report(args, "failover", notes=[
-        f"{Path(args.config).name}, epochs 60, runtime.learner_timeout_s={to:g}, checkpoints "
-        "every 1 s; times from metrics.jsonl"])
+    base = [
+        "train.eval_every_epochs=0",
+        "train.epochs=60",
+        f"runtime.learner_timeout_s={to}",
+        "train.checkpoint_every_s=1",
+    ]
+    rep = Report(
+        args,
+        "failover",
+        notes=[
+            f"{Path(args.config).name}, epochs 60, runtime.learner_timeout_s={to:g}, checkpoints "
+            "every 1 s; times from metrics.jsonl"
+        ],
+    )
     for sc in args.scenarios:
         if sc in ("dead", "hung"):
-            recs, acted, _ = _one(args.config, [*base, "runtime.restart=false"], "learner1",
-                                  signal.SIGKILL if sc == "dead" else signal.SIGSTOP,
-                                  args.at_ts, pause_s=3 * to if sc == "hung" else 0.0)
+            recs, acted, _ = _one(
+                args.config,
+                [*base, "runtime.restart=false"],
+                "learner1",
+                signal.SIGKILL if sc == "dead" else signal.SIGSTOP,
+                args.at_ts,
+                pause_s=3 * to if sc == "hung" else 0.0,
+            )
             ev = [r for r in recs if r["type"] == "members" and r["event"] == "evicted"]
             detect = ev[0]["t"] + _t0(recs) - acted if ev else float("nan")
-            rec = {"scenario": sc, "detect_s": detect, "timeout_s": to,
-                   "lambda_after": ev[0]["learners"] if ev else None}
-            rep.case(rec, f"{sc:>5} learner: evicted {detect:5.2f} s after the "
-                          f"{'SIGKILL' if sc == 'dead' else 'SIGSTOP'} (timeout {to:g} s), "
-                          f"λ -> {rec['lambda_after']}")
+            rec = {
+                "scenario": sc,
+                "detect_s": detect,
+                "timeout_s": to,
+                "lambda_after": ev[0]["learners"] if ev else None,
+            }
+            rep.case(
+                rec,
+                f"{sc:>5} learner: evicted {detect:5.2f} s after the "
+                f"{'SIGKILL' if sc == 'dead' else 'SIGSTOP'} (timeout {to:g} s), "
+                f"λ -> {rec['lambda_after']}",
+            )
             continue
         for retry in args.retry_s:
-            recs, acted, _ = _one(args.config, [*base, f"runtime.retry_s={retry}"], "ps",
-                                  signal.SIGKILL, args.at_ts)
+            recs, acted, _ = _one(
+                args.config, [*base, f"runtime.retry_s={retry}"], "ps", signal.SIGKILL, args.at_ts
+            )
             t_act = acted - _t0(recs)
             restart = next((r for r in recs if r["type"] == "restart"), None)
-            after = [r["t"] for r in recs if r["type"] == "update" and r["t"] > t_act and
-                     restart is not None and r["ts"] > restart["ts"]]
+            after = [
+                r["t"]
+                for r in recs
+                if r["type"] == "update"
+                and r["t"] > t_act
+                and restart is not None
+                and r["ts"] > restart["ts"]
+            ]
             done = next((r for r in recs if r["type"] == "done"), {})
-            rec = {"scenario": "ps", "retry_s": retry,
-                   "to_next_update_s": min(after) - t_act if after else float("nan"),
-                   "to_restart_s": restart["t"] - t_act if restart else float("nan"),
-                   "lost_updates": done.get("lost_updates")}
-            rep.case(rec, f"   ps crash (retry_s {retry:g}): restarted after "
-                          f"{rec['to_restart_s']:5.2f} s, next update after "
-                          f"{rec['to_next_update_s']:5.2f} s, {rec['lost_updates']} updates "
-                          "lost")
+            rec = {
+                "scenario": "ps",
+                "retry_s": retry,
+                "to_next_update_s": min(after) - t_act if after else float("nan"),
+                "to_restart_s": restart["t"] - t_act if restart else float("nan"),
+                "lost_updates": done.get("lost_updates"),
+            }
+            rep.case(
+                rec,
+                f"   ps crash (retry_s {retry:g}): restarted after "
+                f"{rec['to_restart_s']:5.2f} s, next update after "
+                f"{rec['to_next_update_s']:5.2f} s, {rec['lost_updates']} updates "
+                "lost",
+            )
     rep.close()
     return 0

@@ -20,6 +20,7 @@ Needs root and ``ip netns``.
 ``bench/lan/netns.sh`` beside the package or under the current directory, or given with
 ``--netns-sh``.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,18 +35,24 @@ from . import common
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
 
-HOSTS = 4                 # learner hosts (the root is one more)
-PER_HOST = 4              # learners per host = the tree's fan-out
-PARAMS = 2_500_000        # 10 MB of float32: 80 ms on a 1 Gbit/s link
-COMPUTE_MS = 100.0        # emulated forward + backward per gradient
-EPOCH_GRADIENTS = 128     # one "epoch" (8 gradients per learner)
-EPOCHS = 3                # the first is a warm-up
+HOSTS = 4  # learner hosts (the root is one more)
+PER_HOST = 4  # learners per host = the tree's fan-out
+PARAMS = 2_500_000  # 10 MB of float32: 80 ms on a 1 Gbit/s link
+COMPUTE_MS = 100.0  # emulated forward + backward per gradient
+EPOCH_GRADIENTS = 128  # one "epoch" (8 gradients per learner)
+EPOCHS = 3  # the first is a warm-up
 RATE = "1gbit"
 CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
-DEFAULTS = dict(hosts=HOSTS, per_host=PER_HOST, params=PARAMS, compute_ms=COMPUTE_MS,
-                epoch_gradients=EPOCH_GRADIENTS, epochs=EPOCHS)
+DEFAULTS = dict(
+    hosts=HOSTS,
+    per_host=PER_HOST,
+    params=PARAMS,
+    compute_ms=COMPUTE_MS,
+    epoch_gradients=EPOCH_GRADIENTS,
+    epochs=EPOCHS,
+)
 QUICK = dict(hosts=2, per_host=2, params=10_000, compute_ms=5.0, epoch_gradients=16, epochs=2)
-NETNS_SH = os.path.join("bench", "lan", "netns.sh")   # in the source tree
+NETNS_SH = os.path.join("bench", "lan", "netns.sh")  # in the source tree
 
 
 def find_netns_sh() -> str | None:
@@ -56,7 +63,9 @@ def find_netns_sh() -> str | None:
         if os.path.isfile(path):
             return path
     return None
-MIB = 2 ** 20
+
+
+MIB = 2**20
 
 
 def lan_available() -> str | None:
@@ -80,8 +89,12 @@ class Lan:
         self.hosts: list[sc.Host] = []
 
     def __enter__(self):
-        res = subprocess.run([self.sh, "up", str(self.n), self.rate, "--prefix", self.prefix],
-                             capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [self.sh, "up", str(self.n), self.rate, "--prefix", self.prefix],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if res.returncode != 0:
             raise RuntimeError(f"netns.sh up failed (exit {res.returncode}): {res.stderr}")
         for ln in res.stdout.splitlines():
@@ -97,19 +110,25 @@ def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
     """Per epoch: seconds (from the update completing the previous epoch, or the first
     gradient), root ingress and egress bytes, updates, and ⟨σ⟩."""
     rows = [dict(zip(ps["log_fields"], r)) for r in ps["log"]]
-    for r in rows:   # what the root sent: replies, and the broadcast (advstar)
+    for r in rows:  # what the root sent: replies, and the broadcast (advstar)
         r["out_bytes"] = r["tx_bytes"] + r["bcast_bytes"]
     prev = {"t": ps["t_first_grad"], "rx_bytes": 0, "out_bytes": 0, "grads": 0, "k": 0}
     out = []
     for e in range(1, epochs + 1):
         k = next(i for i, r in enumerate(rows) if r["grads"] >= e * n)
         r = rows[k]
-        upd = rows[prev["k"]:k + 1]
-        out.append({"epoch": e, "s": r["t"] - prev["t"], "grads": r["grads"] - prev["grads"],
-                    "rx_bytes": r["rx_bytes"] - prev["rx_bytes"],
-                    "tx_bytes": r["out_bytes"] - prev["out_bytes"],
-                    "updates": len(upd),
-                    "mean_sigma": statistics.fmean(u["mean_sigma"] for u in upd)})
+        upd = rows[prev["k"] : k + 1]
+        out.append(
+            {
+                "epoch": e,
+                "s": r["t"] - prev["t"],
+                "grads": r["grads"] - prev["grads"],
+                "rx_bytes": r["rx_bytes"] - prev["rx_bytes"],
+                "tx_bytes": r["out_bytes"] - prev["out_bytes"],
+                "updates": len(upd),
+                "mean_sigma": statistics.fmean(u["mean_sigma"] for u in upd),
+            }
+        )
         prev = dict(r, k=k + 1)
     return out
 
@@ -117,10 +136,27 @@ def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
 def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
     arch, protocol = case.split("-")
     lam = a.hosts * a.per_host
-    ov = sr.overrides(arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,
-                      fanout=a.per_host, depth=1)
-    r = sc.run(arch, ov, params=a.params, learners=lam, root=lan.hosts[0], hosts=lan.hosts[1:],
-               workdir=workdir, compute_ms=a.compute_ms, per_process=a.per_host)
+    ov = sr.overrides(
+        arch,
+        protocol,
+        lam,
+        a.epoch_gradients,
+        epochs=a.epochs,
+        softsync_n=1,
+        fanout=a.per_host,
+        depth=1,
+    )
+    r = sc.run(
+        arch,
+        ov,
+        params=a.params,
+        learners=lam,
+        root=lan.hosts[0],
+        hosts=lan.hosts[1:],
+        workdir=workdir,
+        compute_ms=a.compute_ms,
+        per_process=a.per_host,
+    )
     ps = r["ps"]
     if ps["rx_grad_bytes"] != ps["numel"] * 4 * ps["rx_grad_msgs"]:
         raise RuntimeError("root gradient bytes != numel x 4 x gradient messages")
@@ -129,29 +165,45 @@ def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
     s = statistics.median(e["s"] for e in timed)
     rx = statistics.median(e["rx_bytes"] for e in timed)
     grads = sum(e["grads"] for e in timed)
-    return {"bench": "table1", "case": case, "arch": arch, "protocol": protocol,
-            "learners": lam, "hosts": a.hosts, "per_host": a.per_host, "params": a.params,
-            "rate": a.rate, "compute_ms": a.compute_ms, "epoch_gradients": a.epoch_gradients,
-            "s_per_epoch": s, "epoch_s": [e["s"] for e in ep],
-            "root_rx_bytes_per_epoch": rx,
-            "root_tx_bytes_per_epoch": statistics.median(e["tx_bytes"] for e in timed),
-            "root_rx_bytes_per_gradient": sum(e["rx_bytes"] for e in timed) / grads,
-            "updates_per_epoch": statistics.median(e["updates"] for e in timed),
-            "mean_sigma": statistics.fmean(e["mean_sigma"] for e in timed),
-            "root_grad_msgs_total": ps["rx_grad_msgs"], "grads_total": ps["grads"],
-            "numel": ps["numel"], "root_grad_bytes_total": ps["rx_grad_bytes"],
-            "root_cpu_s": ps["cpu_s"], "wall_s": r["wall_s"]}
+    return {
+        "bench": "table1",
+        "case": case,
+        "arch": arch,
+        "protocol": protocol,
+        "learners": lam,
+        "hosts": a.hosts,
+        "per_host": a.per_host,
+        "params": a.params,
+        "rate": a.rate,
+        "compute_ms": a.compute_ms,
+        "epoch_gradients": a.epoch_gradients,
+        "s_per_epoch": s,
+        "epoch_s": [e["s"] for e in ep],
+        "root_rx_bytes_per_epoch": rx,
+        "root_tx_bytes_per_epoch": statistics.median(e["tx_bytes"] for e in timed),
+        "root_rx_bytes_per_gradient": sum(e["rx_bytes"] for e in timed) / grads,
+        "updates_per_epoch": statistics.median(e["updates"] for e in timed),
+        "mean_sigma": statistics.fmean(e["mean_sigma"] for e in timed),
+        "root_grad_msgs_total": ps["rx_grad_msgs"],
+        "grads_total": ps["grads"],
+        "numel": ps["numel"],
+        "root_grad_bytes_total": ps["rx_grad_bytes"],
+        "root_cpu_s": ps["cpu_s"],
+        "wall_s": r["wall_s"],
+    }
 
 
 def line(r: dict) -> str:
     eps = " ".join(f"{x:.2f}" for x in r["epoch_s"])
-    return (f"table1 {r['case']:<17} λ={r['learners']} ({r['hosts']} hosts x {r['per_host']}) "
-            f"n={common.fmt_count(r['params'])} {r['rate']}  {r['s_per_epoch']:7.2f} s/epoch "
-            f"[epochs {eps}]  root in {r['root_rx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch "
-            f"({r['root_rx_bytes_per_gradient'] / MIB:.2f} MiB/grad) out "
-            f"{r['root_tx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch  {r['updates_per_epoch']:.0f} "
-            f"upd/epoch  <σ> {r['mean_sigma']:.2f}  root cpu {r['root_cpu_s']:.1f} s  "
-            f"wall {r['wall_s']:.1f} s")
+    return (
+        f"table1 {r['case']:<17} λ={r['learners']} ({r['hosts']} hosts x {r['per_host']}) "
+        f"n={common.fmt_count(r['params'])} {r['rate']}  {r['s_per_epoch']:7.2f} s/epoch "
+        f"[epochs {eps}]  root in {r['root_rx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch "
+        f"({r['root_rx_bytes_per_gradient'] / MIB:.2f} MiB/grad) out "
+        f"{r['root_tx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch  {r['updates_per_epoch']:.0f} "
+        f"upd/epoch  <σ> {r['mean_sigma']:.2f}  root cpu {r['root_cpu_s']:.1f} s  "
+        f"wall {r['wall_s']:.1f} s"
+    )
 
 
 def ordering(rows: list[dict], cases: list[str]) -> tuple[str, bool]:
@@ -168,16 +220,22 @@ def write_png(path: str, rows: list[dict]) -> None:
 
     fig = Figure(figsize=(11, 4.2), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    for ax, (key, scale, label) in zip(fig.subplots(1, 2), [
+    for ax, (key, scale, label) in zip(
+        fig.subplots(1, 2),
+        [
             ("s_per_epoch", 1, "seconds per epoch"),
-            ("root_rx_bytes_per_epoch", MIB, "root ingress per epoch (MiB)")]):
+            ("root_rx_bytes_per_epoch", MIB, "root ingress per epoch (MiB)"),
+        ],
+    ):
         ax.bar([r["case"] for r in rows], [r[key] / scale for r in rows])
         ax.set_ylabel(label)
         ax.tick_params(axis="x", labelsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     r0 = rows[0]
-    fig.suptitle(f"rudra_zmq Table 1 on emulated hosts: λ={r0['learners']} ({r0['hosts']} "
-                 f"hosts), {common.fmt_count(r0['params'])} parameters, {r0['rate']} links")
+    fig.suptitle(
+        f"rudra_zmq Table 1 on emulated hosts: λ={r0['learners']} ({r0['hosts']} "
+        f"hosts), {common.fmt_count(r0['params'])} parameters, {r0['rate']} links"
+    )
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, format="png")
 
@@ -188,16 +246,22 @@ def _interrupt(*_):
 
 def add_arguments(p) -> None:
     p.add_argument("--hosts", type=int, help=f"learner hosts, +1 for the root (default {HOSTS})")
-    p.add_argument("--per-host", type=int,
-                   help=f"learners per host, and the tree's fan-out (default {PER_HOST})")
+    p.add_argument(
+        "--per-host",
+        type=int,
+        help=f"learners per host, and the tree's fan-out (default {PER_HOST})",
+    )
     p.add_argument("--params", type=common.parse_size, help=f"default {PARAMS:,}")
     p.add_argument("--compute-ms", type=float, help=f"default {COMPUTE_MS:g}")
     p.add_argument("--epoch-gradients", type=int, help=f"default {EPOCH_GRADIENTS}")
     p.add_argument("--epochs", type=int, help=f"the first is a warm-up (default {EPOCHS})")
     p.add_argument("--rate", default=RATE, help="each host link's rate, both ways (tc units)")
     p.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
-    p.add_argument("--netns-sh", metavar="PATH", help=f"the LAN script (default: {NETNS_SH} "
-                   "of the source tree or the current directory)")
+    p.add_argument(
+        "--netns-sh",
+        metavar="PATH",
+        help=f"the LAN script (default: {NETNS_SH} of the source tree or the current directory)",
+    )
     p.add_argument("--quick", action="store_true", help="2 hosts x 2 learners, 10k, seconds")
     common.add_output_args(p)
 
@@ -208,36 +272,48 @@ def run(a) -> int:
     common.resolve_quick(a, DEFAULTS, QUICK)
     lam = a.hosts * a.per_host
     if a.epoch_gradients % lam:
-        raise ValueError(f"--epoch-gradients {a.epoch_gradients} must be a multiple of λ = "
-                         f"{lam} (hardsync updates take one gradient per learner)")
+        raise ValueError(
+            f"--epoch-gradients {a.epoch_gradients} must be a multiple of λ = "
+            f"{lam} (hardsync updates take one gradient per learner)"
+        )
     netns_sh = a.netns_sh or find_netns_sh()
     why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
     if why:
         print(f"table1: cannot build the emulated LAN: {why}", file=sys.stderr)
         return 2
     cases = list(a.cases)
-    report = common.Report(a, "Table 1 on emulated LAN hosts (netns + tbf)", notes=[
-        f"hosts: root on host 0; λ={lam} learners, {a.per_host} per host on {a.hosts} hosts; "
-        f"each host link {a.rate} both ways (tc tbf); adv: fanout {a.per_host}, depth 1, "
-        "leaves on their learners' host (ipc)",
-        f"learners: sleep {a.compute_ms:g} ms ±10 % then push {a.params:,} float32 (PUSHPULL; "
-        "advstar: PUSH, weights by broadcast); "
-        f"epoch = {a.epoch_gradients} gradients; {a.epochs} epochs, the first a warm-up; "
-        "softsync = 1-softsync; root: ParameterServer, momentum 0.9, 1 thread",
-        "s/epoch = median over the timed epochs, at the root; root in = bytes of every frame "
-        "reaching the root's handler; out = weights it sent (replies, and advstar's broadcast "
-        "chain of the learners); expected order (slowest first): " + " > ".join(CASES)])
+    report = common.Report(
+        a,
+        "Table 1 on emulated LAN hosts (netns + tbf)",
+        notes=[
+            f"hosts: root on host 0; λ={lam} learners, {a.per_host} per host on {a.hosts} hosts; "
+            f"each host link {a.rate} both ways (tc tbf); adv: fanout {a.per_host}, depth 1, "
+            "leaves on their learners' host (ipc)",
+            f"learners: sleep {a.compute_ms:g} ms ±10 % then push {a.params:,} float32 (PUSHPULL; "
+            "advstar: PUSH, weights by broadcast); "
+            f"epoch = {a.epoch_gradients} gradients; {a.epochs} epochs, the first a warm-up; "
+            "softsync = 1-softsync; root: ParameterServer, momentum 0.9, 1 thread",
+            "s/epoch = median over the timed epochs, at the root; root in = bytes of every frame "
+            "reaching the root's handler; out = weights it sent (replies, and advstar's broadcast "
+            "chain of the learners); expected order (slowest first): " + " > ".join(CASES),
+        ],
+    )
     if "advstar-softsync" in cases and not sc.advstar_available():
-        report.note("advstar-softsync skipped: rudra_zmq/roles/broadcast.py (Rudra-adv*) is "
-                    "not available yet", skipped="advstar-softsync")
+        report.note(
+            "advstar-softsync skipped: rudra_zmq/roles/broadcast.py (Rudra-adv*) is "
+            "not available yet",
+            skipped="advstar-softsync",
+        )
         cases.remove("advstar-softsync")
-    old = signal.signal(signal.SIGTERM, _interrupt)   # `kill` cleans up like Ctrl-C
+    old = signal.signal(signal.SIGTERM, _interrupt)  # `kill` cleans up like Ctrl-C
     # ... and SIGINT is Ctrl-C even where it was inherited ignored (a shell starts background
     # jobs that way, and Python then installs no handler): the namespaces must go either way
     old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with tempfile.TemporaryDirectory(prefix="rzt-") as workdir, \
-                Lan(a.hosts + 1, a.rate, netns_sh) as lan:
+        with (
+            tempfile.TemporaryDirectory(prefix="rzt-") as workdir,
+            Lan(a.hosts + 1, a.rate, netns_sh) as lan,
+        ):
             os.chmod(workdir, 0o755)
             for case in cases:
                 r = run_case(case, a, lan, workdir)
@@ -246,8 +322,12 @@ def run(a) -> int:
         signal.signal(signal.SIGTERM, old)
         signal.signal(signal.SIGINT, old_int)
     order, ok = ordering(report.rows, CASES)
-    report.note(f"measured order (slowest first): {order}; expected order "
-                f"{'reproduced' if ok else 'NOT reproduced'}", order=order, reproduced=ok)
+    report.note(
+        f"measured order (slowest first): {order}; expected order "
+        f"{'reproduced' if ok else 'NOT reproduced'}",
+        order=order,
+        reproduced=ok,
+    )
     report.close()
     if a.png and report.rows:
         write_png(a.png, report.rows)

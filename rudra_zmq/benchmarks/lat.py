@@ -17,6 +17,7 @@ process as threads (they share the GIL).
     host-a$ rudra-zmq bench lat --bind tcp://0.0.0.0:5555
     host-b$ rudra-zmq bench lat --connect tcp://host-a:5555 --sizes 64 1Ki 64Ki 1Mi
 """
+
 from __future__ import annotations
 
 import time
@@ -28,9 +29,9 @@ from .. import transport
 from . import common, sides
 
 TRANSPORTS, MODES = common.TRANSPORTS, common.MODES
-ECHO_IDLE_MS = 10_000     # an echo loop with no message this long: the measuring side left
-RESEND_MS = 1000          # a round trip unanswered this long is sent again (and counted)
-GIVE_UP_S = 30.0          # ... and one unanswered this long is an error
+ECHO_IDLE_MS = 10_000  # an echo loop with no message this long: the measuring side left
+RESEND_MS = 1000  # a round trip unanswered this long is sent again (and counted)
+GIVE_UP_S = 30.0  # ... and one unanswered this long is an error
 
 
 # ----------------------------------------------------------------------------- passive side
@@ -51,10 +52,11 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
                     sock.send(msg, copy=copy)
                     if len(msg) == 0:
                         break
-            except zmq.Again:   # the measuring side went away: back to the control loop
+            except zmq.Again:  # the measuring side went away: back to the control loop
                 pass
             finally:
                 sides.close_bound(sock, endpoint)
+
         return {"endpoint": endpoint}, serve
 
     return {"echo": echo}
@@ -78,7 +80,7 @@ def trips(req, buf, copy: bool, count: int, out: list | None = None) -> tuple[fl
             try:
                 reply = req.recv(copy=copy)
                 break
-            except zmq.Again:   # a late or lost round trip: ask again rather than hang
+            except zmq.Again:  # a late or lost round trip: ask again rather than hang
                 if perf() - t0 > GIVE_UP_S:
                     raise RuntimeError(f"no echo of {size} B within {GIVE_UP_S:g} s") from None
                 lost, resent = lost + 1, True
@@ -103,8 +105,9 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
             buf = np.full(size, 0x5A, np.uint8)
             warm_lost = [0]
 
-            def warm(buf=buf, warm_lost=warm_lost):   # this size's buffer and count
+            def warm(buf=buf, warm_lost=warm_lost):  # this size's buffer and count
                 warm_lost[0] += trips(req, buf, copy, 10)[1]
+
             per = common.warm_up(warm, args.warmup) / 10
             count = common.op_count(args, per)
             samples, averages, lost = [], [], warm_lost[0]
@@ -114,14 +117,25 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
                 lost += k
             one_way = common.summary(np.asarray(samples) / 2 * 1e6)
             lo, med, hi = common.mmm(averages)
-            yield {"bench": "lat", "label": f"{kind} {mode}", "transport": kind, "mode": mode,
-                   "size": size, "count": count, "bytes": size * count, "repeat": args.repeat,
-                   "latency_us": med, "latency_min_us": lo, "latency_max_us": hi,
-                   "p50_us": one_way["p50"], "p99_us": one_way["p99"],
-                   "mb_per_s": size / med,                     # bytes per µs = MB/s one way
-                   "resent": lost}
+            yield {
+                "bench": "lat",
+                "label": f"{kind} {mode}",
+                "transport": kind,
+                "mode": mode,
+                "size": size,
+                "count": count,
+                "bytes": size * count,
+                "repeat": args.repeat,
+                "latency_us": med,
+                "latency_min_us": lo,
+                "latency_max_us": hi,
+                "p50_us": one_way["p50"],
+                "p99_us": one_way["p99"],
+                "mb_per_s": size / med,  # bytes per µs = MB/s one way
+                "resent": lost,
+            }
     finally:
-        try:    # end the echo loop (an empty message); REQ can send only after a reply
+        try:  # end the echo loop (an empty message); REQ can send only after a reply
             req.send(b"", zmq.NOBLOCK)
             req.poll(ECHO_IDLE_MS)
         except zmq.ZMQError:
@@ -130,12 +144,18 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
 
 
 def line(r: dict) -> str:
-    return (f"lat {r['transport']:<6} {r['mode']:<8} message size: {r['size']} [B] "
-            f"roundtrip count: {r['count']} average latency: {r['latency_us']:.3f} [us]  "
-            f"(one way; p50 {r['p50_us']:.1f} p99 {r['p99_us']:.1f} µs; min "
-            f"{r['latency_min_us']:.1f} max {r['latency_max_us']:.1f} of {r['repeat']})"
-            + (f"  RESENT {r['resent']} round trips unanswered after {RESEND_MS} ms (their "
-               "wait is in the average)" if r["resent"] else ""))
+    return (
+        f"lat {r['transport']:<6} {r['mode']:<8} message size: {r['size']} [B] "
+        f"roundtrip count: {r['count']} average latency: {r['latency_us']:.3f} [us]  "
+        f"(one way; p50 {r['p50_us']:.1f} p99 {r['p99_us']:.1f} µs; min "
+        f"{r['latency_min_us']:.1f} max {r['latency_max_us']:.1f} of {r['repeat']})"
+        + (
+            f"  RESENT {r['resent']} round trips unanswered after {RESEND_MS} ms (their "
+            "wait is in the average)"
+            if r["resent"]
+            else ""
+        )
+    )
 
 
 def add_arguments(p) -> None:
@@ -147,7 +167,12 @@ def run(args) -> int:
         return run_mode(ctl, ctx, kind, mode, sizes, args)
 
     return common.run_transport_sweep(
-        args, "lat", handlers, "bench lat (ZeroMQ REQ <-> REP latency)",
+        args,
+        "lat",
+        handlers,
+        "bench lat (ZeroMQ REQ <-> REP latency)",
         "libzmq local_lat figure: average latency = round-trip time / 2 (one way), µs",
-        ("size", [("latency_us", "one-way latency (µs)"), ("mb_per_s", "MB/s one way")],
-         "label"), cases, line)
+        ("size", [("latency_us", "one-way latency (µs)"), ("mb_per_s", "MB/s one way")], "label"),
+        cases,
+        line,
+    )

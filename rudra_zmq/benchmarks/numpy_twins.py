@@ -5,6 +5,7 @@ one would write it without rudra_zmq (temporaries and several passes over memory
 They live in the package so that ``rudra-zmq bench kernels`` has its baseline wherever
 rudra_zmq is installed; the tests import them through ``tests/oracles.py``.
 """
+
 import numpy as np
 
 
@@ -69,6 +70,6 @@ def narrow_f16(dst, src):
 
 def narrow_bf16(dst, src):
     bits = src.view(np.uint32)
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16   # nearest, ties even
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16  # nearest, ties even
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
     np.copyto(dst, np.where(nan, (bits >> 16) | 0x40, rounded).astype(np.uint16))

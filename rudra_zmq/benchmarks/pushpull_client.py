@@ -14,6 +14,7 @@ command at a time for all of them; clients time each operation with ``time.perf_
 each block with ``time.monotonic`` (CLOCK_MONOTONIC: comparable between processes of a host),
 and count their own CPU time and minor page faults per block.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -29,9 +30,13 @@ from ..wire import Kind
 from . import sides
 from .pushpull_server import RAW_HDR, SIGNATURE
 
-PAYLOADS = {"push_then_pull": 2, "pushpull": 2, "push": 1, "pull": 1}   # N-byte transfers/op
-RAW = {"push_then_pull": [(1, 0), (0, 1)], "pushpull": [(1, 1)], "push": [(1, 0)],
-       "pull": [(0, 1)]}                      # raw round trips per operation: (up, down) x N
+PAYLOADS = {"push_then_pull": 2, "pushpull": 2, "push": 1, "pull": 1}  # N-byte transfers/op
+RAW = {
+    "push_then_pull": [(1, 0), (0, 1)],
+    "pushpull": [(1, 1)],
+    "push": [(1, 0)],
+    "pull": [(0, 1)],
+}  # raw round trips per operation: (up, down) x N
 TIMEOUT_MS = 300_000
 
 
@@ -39,15 +44,17 @@ class _Client:
     """One client: a learner's channels to the PS (or its tree leaf) and to the echo server,
     and a raw DEALER. Not thread-safe."""
 
-    def __init__(self, ctx, learner: int, ps: list, echo: str, raw: str, n: int,
-                 chunk_bytes: int, mode: str):
+    def __init__(
+        self, ctx, learner: int, ps: list, echo: str, raw: str, n: int, chunk_bytes: int, mode: str
+    ):
         self.n, self.nbytes, self.mode = n, 4 * n, mode
         self.chunk_bytes = chunk_bytes
         self.grad = np.full(n, 1e-3, np.float32)
         self.chans, self.ts = {}, {}
         for target, ep in (("ps", ps[learner]), ("echo", echo)):
-            ch = transport.Channel(ctx, ep, learner, name=f"{target} server",
-                                   timeout_ms=TIMEOUT_MS, hwm=4)
+            ch = transport.Channel(
+                ctx, ep, learner, name=f"{target} server", timeout_ms=TIMEOUT_MS, hwm=4
+            )
             ch.send(Kind.HELLO, model=SIGNATURE, numel=n)
             self.ts[target] = ch.recv({Kind.WELCOME}, numel=n).ts
             self.chans[target] = ch
@@ -63,8 +70,14 @@ class _Client:
             if u and d:
                 self.raw_trips.append((parts, reply, d * self.nbytes, 0))
             else:
-                self.raw_trips.append(([RAW_HDR.pack(d * self.nbytes, chunk_bytes, 0),
-                                        *(parts if u else ())], 1 + reply, d * self.nbytes, 1))
+                self.raw_trips.append(
+                    (
+                        [RAW_HDR.pack(d * self.nbytes, chunk_bytes, 0), *(parts if u else ())],
+                        1 + reply,
+                        d * self.nbytes,
+                        1,
+                    )
+                )
         self.raw_up = sum(u for u, _ in RAW[mode]) * self.nbytes
         self.raw_down = sum(d for _, d in RAW[mode]) * self.nbytes
         self.last = None
@@ -72,14 +85,14 @@ class _Client:
     def _request(self, target, kind, ts, replies=(Kind.WEIGHTS, Kind.UPTODATE), **kw):
         """One request and its reply, as a learner makes it (blocks up to TIMEOUT_MS)."""
         ch = self.chans[target]
-        if kind in (Kind.PUSHPULL, Kind.PUSH):   # the gradient, sent as the learner sends it
+        if kind in (Kind.PUSHPULL, Kind.PUSH):  # the gradient, sent as the learner sends it
             ch.send(kind, ts, wire.chunk(self.grad, self.chunk_bytes), **kw)
         else:
             ch.send(kind, ts, **kw)
         msg = ch.recv(set(replies), self.n)
         if msg.kind == Kind.STOP:
             raise RuntimeError(f"the {target} server said STOP: {msg.fields['reason']}")
-        self.last = msg            # hold the frames until the next operation, as a learner
+        self.last = msg  # hold the frames until the next operation, as a learner
         return msg, sum(p.nbytes for p in msg.payloads)
 
     def _op_protocol(self, target: str) -> tuple[int, int]:
@@ -91,10 +104,10 @@ class _Client:
             ack, _ = self._request(target, Kind.PUSH, ts, replies=(Kind.ACK,))
             up += self.nbytes
             if m == "push":
-                ts = ack.ts   # a pushing-only learner claims the newest weights
+                ts = ack.ts  # a pushing-only learner claims the newest weights
         if m in ("pull", "push_then_pull"):
-            pull_ts = -1 if m == "pull" else ts      # -1: "I have nothing", always answered
-            msg, down = self._request(target, Kind.PULL, pull_ts)   # (hardsync: held until
+            pull_ts = -1 if m == "pull" else ts  # -1: "I have nothing", always answered
+            msg, down = self._request(target, Kind.PULL, pull_ts)  # (hardsync: held until
             #                                                           the update, by the PS)
             if msg.kind == Kind.WEIGHTS and m != "pull":
                 ts = msg.ts
@@ -141,13 +154,21 @@ class _Client:
         t1 = time.monotonic()
         cpu = time.process_time() - cpu0
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
-        if target == "raw":   # the last reply's size, checked outside the timed operations
-            got = sum(len(f) for f in self.last[self.raw_trips[-1][3]:])
+        if target == "raw":  # the last reply's size, checked outside the timed operations
+            got = sum(len(f) for f in self.last[self.raw_trips[-1][3] :])
             if got != self.raw_trips[-1][2]:
-                raise RuntimeError(f"raw server sent {got:,} bytes, asked "
-                                   f"{self.raw_trips[-1][2]:,}")
-        return {"lat": lat, "t0": t0, "t1": t1, "up": up, "down": down, "cpu_s": cpu,
-                "minflt": faults}
+                raise RuntimeError(
+                    f"raw server sent {got:,} bytes, asked {self.raw_trips[-1][2]:,}"
+                )
+        return {
+            "lat": lat,
+            "t0": t0,
+            "t1": t1,
+            "up": up,
+            "down": down,
+            "cpu_s": cpu,
+            "minflt": faults,
+        }
 
     def close(self) -> None:
         for ch in self.chans.values():
@@ -170,7 +191,7 @@ def _client_process(conn, learner: int) -> None:
                     client, out = _Client(ctx, learner, **kw), None
                 elif cmd == "run":
                     out = client.run(**kw)
-                else:   # close
+                else:  # close
                     client, out = client.close() if client else None, None
                 conn.send(("ok", out))
             except Exception:
@@ -193,8 +214,9 @@ class Clients:
         self.pipes, self.procs = [], []
         for i in range(n):
             parent, child = spawn.Pipe()
-            proc = spawn.Process(target=_client_process, args=(child, i), daemon=True,
-                                 name=f"bench-client-{i}")
+            proc = spawn.Process(
+                target=_client_process, args=(child, i), daemon=True, name=f"bench-client-{i}"
+            )
             proc.start()
             self.pipes.append(parent)
             self.procs.append(proc)
@@ -205,8 +227,9 @@ class Clients:
         out, errors = [], []
         for i, p in enumerate(self.pipes):
             if not p.poll(TIMEOUT_MS / 1000):
-                raise TimeoutError(f"bench client {i} did not answer {cmd!r} within "
-                                   f"{TIMEOUT_MS / 1000:.0f} s")
+                raise TimeoutError(
+                    f"bench client {i} did not answer {cmd!r} within {TIMEOUT_MS / 1000:.0f} s"
+                )
             status, value = p.recv()
             (out if status == "ok" else errors).append(value)
         if errors:

@@ -15,6 +15,7 @@ Per case the agent (:mod:`.sides`) starts, each in a spawned process on its host
 It also answers ``counters``: the PS's update count and the CPU seconds and minor page faults
 of a target's server processes so far (from /proc, so the agent must share their host).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -38,15 +39,26 @@ RAW_HDR = struct.Struct("<QQB")
 def ps_overrides(req: dict) -> list[str]:
     """Config overrides of the benchmark PS: the requested protocol, λ, threads and frames;
     momentum SGD; an epoch so long that training never ends; no evaluation."""
-    out = [f"sync.protocol={req['protocol']}", f"sync.learners={req['learners']}",
-           "sync.batch_size=1", "optimizer.lr=1.0e-6", "optimizer.momentum=0.9",
-           "optimizer.weight_decay=0.0005", "train.epochs=1.0e+15",
-           "train.eval_every_epochs=0", "train.eval_every_updates=0",
-           "data.dataset=synthetic", "data.synthetic_train=1000000000",
-           f"runtime.ps_threads={req['ps_threads']}", f"runtime.chunk_mib={req['chunk_mib']}",
-           "runtime.timeout_s=3600", f"architecture.kind={req['arch']}",
-           f"architecture.fanout={req['fanout']}", f"architecture.depth={req['depth']}",
-           f"sync.n={req['softsync_n']}"]   # (read by softsync only)
+    out = [
+        f"sync.protocol={req['protocol']}",
+        f"sync.learners={req['learners']}",
+        "sync.batch_size=1",
+        "optimizer.lr=1.0e-6",
+        "optimizer.momentum=0.9",
+        "optimizer.weight_decay=0.0005",
+        "train.epochs=1.0e+15",
+        "train.eval_every_epochs=0",
+        "train.eval_every_updates=0",
+        "data.dataset=synthetic",
+        "data.synthetic_train=1000000000",
+        f"runtime.ps_threads={req['ps_threads']}",
+        f"runtime.chunk_mib={req['chunk_mib']}",
+        "runtime.timeout_s=3600",
+        f"architecture.kind={req['arch']}",
+        f"architecture.fanout={req['fanout']}",
+        f"architecture.depth={req['depth']}",
+        f"sync.n={req['softsync_n']}",
+    ]  # (read by softsync only)
     return out
 
 
@@ -65,15 +77,19 @@ def _ps_process(conn, stop, bind, n, overrides, ps_threads, io_threads):
     transport.tune_malloc()
     kernels.set_num_threads(ps_threads)
     ctx = zmq.Context(io_threads=io_threads)
-    ps = ParameterServer(load_config(None, overrides), bind, ctx=ctx,
-                         model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE))
+    ps = ParameterServer(
+        load_config(None, overrides),
+        bind,
+        ctx=ctx,
+        model=(initial_weights(n), [(0, n, 1.0, 1.0)], SIGNATURE),
+    )
     conn.send(ps.endpoint)
     engine = ps.state.engine
 
     def answer_updates():
         while True:
             conn.recv()
-            conn.send(engine.updates)   # an int read: safe beside the serving thread
+            conn.send(engine.updates)  # an int read: safe beside the serving thread
 
     threading.Thread(target=answer_updates, daemon=True, name="updates").start()
     ps.serve_forever(stop_event=stop)
@@ -86,7 +102,7 @@ def _node_process(conn, stop, node_id, bind, parent, overrides):
 
     sides.exit_with_parent()
     transport.tune_malloc()
-    kernels.set_num_threads(1)   # as `rudra-zmq node` does
+    kernels.set_num_threads(1)  # as `rudra-zmq node` does
     node = TreeNode(load_config(None, overrides), node_id, bind, parent)
     conn.send(node.endpoint)
     node.serve_forever(stop_event=stop)
@@ -99,7 +115,7 @@ def _serve_router(conn, stop, bind: str, io_threads: int, answer) -> None:
     sides.exit_with_parent()
     transport.tune_malloc()
     ctx = zmq.Context(io_threads=io_threads)
-    sock = transport.make_socket(ctx, zmq.ROUTER, hwm=64, rcvtimeo=100)   # 100 ms: see stop
+    sock = transport.make_socket(ctx, zmq.ROUTER, hwm=64, rcvtimeo=100)  # 100 ms: see stop
     conn.send(transport.bind(sock, bind))
     try:
         while not stop.is_set():
@@ -129,7 +145,7 @@ def raw_server(conn, stop, bind: str, io_threads: int = 1) -> None:
             nbytes = frame if len(frames) == 2 else sum(len(f) for f in frames[1:])
             key, head = (nbytes, frame), []
         parts = replies.get(key)
-        if parts is None:   # a new request shape: views of a fresh buffer
+        if parts is None:  # a new request shape: views of a fresh buffer
             buffers.append(np.ones(nbytes, np.uint8))
             parts = replies[key] = wire.chunk(buffers[-1], frame) if nbytes else []
         return [*head, *parts]
@@ -137,8 +153,16 @@ def raw_server(conn, stop, bind: str, io_threads: int = 1) -> None:
     _serve_router(conn, stop, bind, io_threads, answer)
 
 
-def echo_server(conn, stop, bind: str, n: int, learners: int, protocol: str,
-                chunk_bytes: int, io_threads: int = 1) -> None:
+def echo_server(
+    conn,
+    stop,
+    bind: str,
+    n: int,
+    learners: int,
+    protocol: str,
+    chunk_bytes: int,
+    io_threads: int = 1,
+) -> None:
     """The PS's protocol with no PS, until ``stop``: decode, then WELCOME / ACK / WEIGHTS
     (every pull answered, never UPTODATE) from one preallocated array, chunked as the PS."""
     weights = wire.chunk(initial_weights(n), chunk_bytes)
@@ -150,8 +174,16 @@ def echo_server(conn, stop, bind: str, n: int, learners: int, protocol: str,
         state["seq"] += 1
         seq = state["seq"]
         if msg.kind == Kind.HELLO:
-            return wire.encode(Kind.WELCOME, wire.SENDER_PS, seq, state["ts"], 1, weights,
-                               learners=learners, protocol=protocol)
+            return wire.encode(
+                Kind.WELCOME,
+                wire.SENDER_PS,
+                seq,
+                state["ts"],
+                1,
+                weights,
+                learners=learners,
+                protocol=protocol,
+            )
         if msg.kind in (Kind.PUSH, Kind.BYE):
             state["ts"] += msg.kind == Kind.PUSH
             return wire.encode(Kind.ACK, wire.SENDER_PS, seq, state["ts"], 1, sigma=0)
@@ -169,7 +201,7 @@ def _start(target, *args, env=None):
     stop = spawn.Event()
     proc = spawn.Process(target=target, args=(child, stop, *args), daemon=True)
     saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})   # a spawned child inherits the environment at start()
+    os.environ.update(env or {})  # a spawned child inherits the environment at start()
     try:
         proc.start()
     finally:
@@ -220,30 +252,52 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
         _stop(state["ps"] + state["echo"])
         state["ps"], state["echo"] = [], []
         overrides = ps_overrides(req)
-        ps = _start(_ps_process, agent.data_endpoint("tcp", slot=1), req["n"], overrides,
-                    req["ps_threads"], req["io_threads"], env=req.get("ps_env"))
+        ps = _start(
+            _ps_process,
+            agent.data_endpoint("tcp", slot=1),
+            req["n"],
+            overrides,
+            req["ps_threads"],
+            req["io_threads"],
+            env=req.get("ps_env"),
+        )
         state["ps"].append(ps)
         eps = [ps[2]] * req["learners"]
         if req["arch"] == "adv":
             from ..config import load_config
             from ..topology import plan
+
             tree = plan(load_config(None, overrides))
             where = {None: ps[2]}
-            for node in sorted(tree.nodes, key=lambda nd: -nd.level):   # parents first
-                p = _start(_node_process, node.id, agent.data_endpoint("tcp", slot=4 + node.id),
-                           where[node.parent], overrides)
+            for node in sorted(tree.nodes, key=lambda nd: -nd.level):  # parents first
+                p = _start(
+                    _node_process,
+                    node.id,
+                    agent.data_endpoint("tcp", slot=4 + node.id),
+                    where[node.parent],
+                    overrides,
+                )
                 state["ps"].append(p)
                 where[node.id] = p[2]
             eps = [where[tree.leaf_of(i).id] for i in range(req["learners"])]
-        state["echo"] = [_start(echo_server, agent.data_endpoint("tcp", slot=3), req["n"],
-                                req["learners"], req["protocol"], req["chunk_mib"] << 20,
-                                req["io_threads"])]
+        state["echo"] = [
+            _start(
+                echo_server,
+                agent.data_endpoint("tcp", slot=3),
+                req["n"],
+                req["learners"],
+                req["protocol"],
+                req["chunk_mib"] << 20,
+                req["io_threads"],
+            )
+        ]
         if state["raw"] is not None and state["raw_io"] != req["io_threads"]:
             _stop(state["raw"])
             state["raw"] = None
         if state["raw"] is None:
-            state["raw"] = [_start(raw_server, agent.data_endpoint("tcp", slot=2),
-                                   req["io_threads"])]
+            state["raw"] = [
+                _start(raw_server, agent.data_endpoint("tcp", slot=2), req["io_threads"])
+            ]
             state["raw_io"] = req["io_threads"]
         return {"learners": eps, "echo": state["echo"][0][2], "raw": state["raw"][0][2]}
 

@@ -19,6 +19,7 @@ each way does, the write assumption and the checks: ``docs/benchmarks.md``.
     rudra-zmq bench shm-leaf                              # defaults, ~2-3 minutes
     rudra-zmq bench shm-leaf --sizes 10M --learners 4 --repeat 9 --csv out.csv --json
 """
+
 from __future__ import annotations
 
 import json
@@ -50,16 +51,16 @@ from .shm_segment import (
     write,
 )
 
-SIZES = ["1M", "10M"]        # float32 parameters
-LEARNERS = [1, 2, 4]         # learners per leaf
-ROUNDS = 30                  # timed rounds per block
-REPEAT = 5                   # blocks per way, alternating ipc / shm
-WARMUP = 8                   # untimed rounds of each way before the first block
-CHUNK_MIB = 8                # runtime.chunk_mib (the default): frame size of the ipc way
-LEAF_THREADS = 1             # kernel threads at the leaf
+SIZES = ["1M", "10M"]  # float32 parameters
+LEARNERS = [1, 2, 4]  # learners per leaf
+ROUNDS = 30  # timed rounds per block
+REPEAT = 5  # blocks per way, alternating ipc / shm
+WARMUP = 8  # untimed rounds of each way before the first block
+CHUNK_MIB = 8  # runtime.chunk_mib (the default): frame size of the ipc way
+LEAF_THREADS = 1  # kernel threads at the leaf
 WAYS = ("ipc", "shm")
 # A notification / round header, both directions: way, op, learner, slot, round, version.
-HDR = struct.Struct("<BBHBxxxIQ")        # 20 bytes
+HDR = struct.Struct("<BBHBxxxIQ")  # 20 bytes
 OP_ROUND, OP_STOP, OP_HELLO = 0, 1, 2
 
 
@@ -88,25 +89,34 @@ def learner_main(i, n, endpoint, wname, gname, chunk_bytes, pattern_kind, leaf_p
                 frames = sock.recv_multipart(copy=False)
             except zmq.Again:
                 if os.getppid() != leaf_pid or time.monotonic() - silent_since > TIMEOUT_S:
-                    return 1   # the leaf is gone
+                    return 1  # the leaf is gone
                 continue
             silent_since, t = time.monotonic(), time.process_time()
-            if timed_way is not None:       # CPU since the last round began, all threads
+            if timed_way is not None:  # CPU since the last round began, all threads
                 cpu[timed_way] += t - t_prev
                 rounds[timed_way] += 1
             t_prev = t
             way, op, timed, slot, rnd, version = HDR.unpack(frames[0].bytes)
             if op == OP_STOP:
-                sock.send(json.dumps({"learner": i, "check_errors": check.errors,
-                                      "version_errors": version_errors, "retries": retries,
-                                      "cpu_s": cpu, "rounds": rounds}).encode())
+                sock.send(
+                    json.dumps(
+                        {
+                            "learner": i,
+                            "check_errors": check.errors,
+                            "version_errors": version_errors,
+                            "retries": retries,
+                            "cpu_s": cpu,
+                            "rounds": rounds,
+                        }
+                    ).encode()
+                )
                 sock.poll(1000, zmq.POLLOUT)
                 return 0
             if WAYS[way] == "ipc":
                 off = 0
                 for part in frames[1:]:
                     a = np.frombuffer(part.buffer, np.float32)
-                    kernels.copy_into(params[off:off + a.shape[0]], a)
+                    kernels.copy_into(params[off : off + a.shape[0]], a)
                     off += a.shape[0]
                 if off != n:
                     raise RuntimeError(f"learner {i}: weights of {off:,} floats, expected {n:,}")
@@ -145,7 +155,7 @@ class Leaf:
         self.pattern = make_pattern(args.pattern, n)
         self.check = Checker(n, self.pattern)
         self.acc = np.zeros(n, np.float32)
-        self.pool = [np.empty(n, np.float32) for _ in (0, 1)]   # weights "from the parent"
+        self.pool = [np.empty(n, np.float32) for _ in (0, 1)]  # weights "from the parent"
         for r, w in enumerate(self.pool):
             write(w, weight_value(r), self.pattern)
         self.pool_chunks = [wire.chunk(w, self.chunk_bytes) for w in self.pool]
@@ -166,7 +176,7 @@ class Leaf:
         self.segs.append(self.wseg)
         for i in range(k):
             self.segs.append(Segment(f"{base}_g{i}", 2 * 4 * n, create=True))
-        for s in self.segs:                       # touch every page now, not in a round
+        for s in self.segs:  # touch every page now, not in a round
             s.array(np.uint8, s.nbytes, 0).fill(0)
         self.lock = Seqlock(self.wseg, n)
         self.slots = [[s.array(np.float32, n, j * 4 * n) for j in (0, 1)] for s in self.segs[1:]]
@@ -174,17 +184,28 @@ class Leaf:
         self.endpoint = transport.bind(self.sock, f"ipc://{self.tmp}/leaf.sock")
         spawn = mp.get_context("spawn")
         for i in range(k):
-            p = spawn.Process(target=learner_main, daemon=True, name=f"learner {i}", args=(
-                i, n, self.endpoint, self.wseg.path.rsplit("/", 1)[1],
-                self.segs[1 + i].path.rsplit("/", 1)[1], self.chunk_bytes, self.args.pattern,
-                os.getpid()))
+            p = spawn.Process(
+                target=learner_main,
+                daemon=True,
+                name=f"learner {i}",
+                args=(
+                    i,
+                    n,
+                    self.endpoint,
+                    self.wseg.path.rsplit("/", 1)[1],
+                    self.segs[1 + i].path.rsplit("/", 1)[1],
+                    self.chunk_bytes,
+                    self.args.pattern,
+                    os.getpid(),
+                ),
+            )
             p.start()
             self.procs.append(p)
         self.idents = [None] * k
         for _ in range(k):
             ident, hdr = self._recv()[:2]
             self.idents[HDR.unpack(hdr.bytes)[2]] = ident.bytes
-        for s in self.segs:   # every learner has them mapped: no name left to leak
+        for s in self.segs:  # every learner has them mapped: no name left to leak
             s.unlink()
 
     def _recv(self):
@@ -214,14 +235,19 @@ class Leaf:
             frames = self._recv()
             _, _, i, gslot, grnd, _ = HDR.unpack(frames[1].bytes)
             if grnd != rnd or gslot != slot:
-                raise RuntimeError(f"learner {i} answered round {grnd} slot {gslot}, "
-                                   f"expected round {rnd} slot {slot}")
-            parts = [np.frombuffer(f.buffer, np.float32) for f in frames[2:]] \
-                if way == "ipc" else [self.slots[i][gslot]]
+                raise RuntimeError(
+                    f"learner {i} answered round {grnd} slot {gslot}, "
+                    f"expected round {rnd} slot {slot}"
+                )
+            parts = (
+                [np.frombuffer(f.buffer, np.float32) for f in frames[2:]]
+                if way == "ipc"
+                else [self.slots[i][gslot]]
+            )
             off = 0
             for part in parts:
                 m = part.shape[0]
-                (kernels.accumulate if got else kernels.copy_into)(self.acc[off:off + m], part)
+                (kernels.accumulate if got else kernels.copy_into)(self.acc[off : off + m], part)
                 off += m
             if off != self.n:
                 raise RuntimeError(f"learner {i} sent {off:,} floats, expected {self.n:,}")
@@ -272,7 +298,7 @@ def run_case(n, k, args, ctx) -> dict:
                 leaf.round(way, rnd, False)
                 rnd += 1
         for b in range(args.repeat):
-            for way in (WAYS if b % 2 == 0 else WAYS[::-1]):
+            for way in WAYS if b % 2 == 0 else WAYS[::-1]:
                 c0, ts = time.process_time(), []
                 for _ in range(args.rounds):
                     ts.append(leaf.round(way, rnd, True))
@@ -282,56 +308,88 @@ def run_case(n, k, args, ctx) -> dict:
                 blocks[way].append(float(np.median(ts)) * 1e3)
         reports = leaf.stop()
         leaf_errors = leaf.check.errors
-    rec = {"bench": "shm_leaf", "params": n, "bytes": 4 * n, "learners": k,
-           "rounds_per_way": len(times["ipc"]), "blocks": args.repeat,
-           "check_errors": leaf_errors + sum(r["check_errors"] for r in reports),
-           "version_errors": sum(r["version_errors"] for r in reports),
-           "seqlock_retries": sum(r["retries"] for r in reports)}
+    rec = {
+        "bench": "shm_leaf",
+        "params": n,
+        "bytes": 4 * n,
+        "learners": k,
+        "rounds_per_way": len(times["ipc"]),
+        "blocks": args.repeat,
+        "check_errors": leaf_errors + sum(r["check_errors"] for r in reports),
+        "version_errors": sum(r["version_errors"] for r in reports),
+        "seqlock_retries": sum(r["retries"] for r in reports),
+    }
     for w in WAYS:
         s = common.summary(np.asarray(times[w]) * 1e3)
         lr = [r["cpu_s"][w] / max(r["rounds"][w], 1) * 1e3 for r in reports]
-        rec |= {f"{w}_ms": s["p50"], f"{w}_p90_ms": s["p90"],
-                f"{w}_block_min_ms": min(blocks[w]), f"{w}_block_max_ms": max(blocks[w]),
-                f"{w}_leaf_cpu_ms": cpu[w] / len(times[w]) * 1e3,
-                f"{w}_learner_cpu_ms": float(np.mean(lr))}
+        rec |= {
+            f"{w}_ms": s["p50"],
+            f"{w}_p90_ms": s["p90"],
+            f"{w}_block_min_ms": min(blocks[w]),
+            f"{w}_block_max_ms": max(blocks[w]),
+            f"{w}_leaf_cpu_ms": cpu[w] / len(times[w]) * 1e3,
+            f"{w}_learner_cpu_ms": float(np.mean(lr)),
+        }
     rec["speedup"] = rec["ipc_ms"] / rec["shm_ms"]
     return rec
 
 
 def line(r: dict) -> str:
     def way(w):
-        return (f"{w} {r[f'{w}_ms']:7.2f} ms p90 {r[f'{w}_p90_ms']:7.2f} (blocks "
-                f"{r[f'{w}_block_min_ms']:.2f}-{r[f'{w}_block_max_ms']:.2f}) leaf cpu "
-                f"{r[f'{w}_leaf_cpu_ms']:6.2f} learner cpu {r[f'{w}_learner_cpu_ms']:6.2f}")
-    return (f"{common.fmt_count(r['params']):>4} params  k={r['learners']}  {way('ipc')}  |  "
-            f"{way('shm')}  |  ipc/shm {r['speedup']:.2f}x  checks {r['check_errors']} errors, "
-            f"seqlock retries {r['seqlock_retries']}")
+        return (
+            f"{w} {r[f'{w}_ms']:7.2f} ms p90 {r[f'{w}_p90_ms']:7.2f} (blocks "
+            f"{r[f'{w}_block_min_ms']:.2f}-{r[f'{w}_block_max_ms']:.2f}) leaf cpu "
+            f"{r[f'{w}_leaf_cpu_ms']:6.2f} learner cpu {r[f'{w}_learner_cpu_ms']:6.2f}"
+        )
+
+    return (
+        f"{common.fmt_count(r['params']):>4} params  k={r['learners']}  {way('ipc')}  |  "
+        f"{way('shm')}  |  ipc/shm {r['speedup']:.2f}x  checks {r['check_errors']} errors, "
+        f"seqlock retries {r['seqlock_retries']}"
+    )
 
 
 def rows(r: dict) -> list[dict]:
     """One CSV row per way."""
-    head = {k: r[k] for k in ("params", "bytes", "learners", "rounds_per_way", "blocks",
-                              "check_errors")}
-    return [head | {"way": w, "median_ms": r[f"{w}_ms"], "p90_ms": r[f"{w}_p90_ms"],
-                    "block_min_ms": r[f"{w}_block_min_ms"],
-                    "block_max_ms": r[f"{w}_block_max_ms"],
-                    "leaf_cpu_ms": r[f"{w}_leaf_cpu_ms"],
-                    "learner_cpu_ms": r[f"{w}_learner_cpu_ms"]} for w in WAYS]
+    head = {
+        k: r[k] for k in ("params", "bytes", "learners", "rounds_per_way", "blocks", "check_errors")
+    }
+    return [
+        head
+        | {
+            "way": w,
+            "median_ms": r[f"{w}_ms"],
+            "p90_ms": r[f"{w}_p90_ms"],
+            "block_min_ms": r[f"{w}_block_min_ms"],
+            "block_max_ms": r[f"{w}_block_max_ms"],
+            "leaf_cpu_ms": r[f"{w}_leaf_cpu_ms"],
+            "learner_cpu_ms": r[f"{w}_learner_cpu_ms"],
+        }
+        for w in WAYS
+    ]
 
 
 def add_arguments(p) -> None:
     p.add_argument("--sizes", nargs="+", default=SIZES, help=f"parameters (default {SIZES})")
-    p.add_argument("--learners", nargs="+", type=int, default=LEARNERS,
-                   help=f"learners per leaf (default {LEARNERS})")
+    p.add_argument(
+        "--learners",
+        nargs="+",
+        type=int,
+        default=LEARNERS,
+        help=f"learners per leaf (default {LEARNERS})",
+    )
     p.add_argument("--rounds", type=int, default=ROUNDS, help="timed rounds per block")
-    p.add_argument("--repeat", type=int, default=REPEAT,
-                   help="blocks per way, alternating ipc/shm")
+    p.add_argument("--repeat", type=int, default=REPEAT, help="blocks per way, alternating ipc/shm")
     p.add_argument("--warmup", type=int, default=WARMUP, help="untimed rounds per way")
     p.add_argument("--chunk-mib", type=float, default=CHUNK_MIB, help="ipc frame size")
     p.add_argument("--leaf-threads", type=int, default=LEAF_THREADS)
-    p.add_argument("--pattern", choices=["fill", "ramp"], default="fill",
-                   help="gradient/weights contents: a constant (one pure write pass) or a "
-                        "position-dependent ramp (catches misplaced chunks; an extra read)")
+    p.add_argument(
+        "--pattern",
+        choices=["fill", "ramp"],
+        default="fill",
+        help="gradient/weights contents: a constant (one pure write pass) or a "
+        "position-dependent ramp (catches misplaced chunks; an extra read)",
+    )
     p.add_argument("--csv", metavar="PATH", help="write one row per case and way here")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
@@ -344,20 +402,24 @@ def run(args) -> int:
     sizes = [common.parse_size(s) for s in args.sizes]
     if not os.path.isdir(SHM_DIR):
         raise SystemExit(f"{SHM_DIR} does not exist: this benchmark needs POSIX shared memory")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # so every `finally` runs
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so every `finally` runs
     stale = remove_stale_segments()
     transport.tune_malloc()
     kernels.set_num_threads(args.leaf_threads)
-    report = common.Report(args, "bench shm-leaf (leaf <-> k learners: ipc:// vs shared "
-                           "memory)", notes=[
-        f"a round: weights out to k learners, k gradients in and summed at the leaf; "
-        f"{args.warmup} warm-up rounds per way, then {args.repeat} blocks x {args.rounds} "
-        f"rounds per way, alternating; median / p90 over all rounds",
-        f"ipc: zero-copy {args.chunk_mib:g} MiB frames; shm: gradients in per-learner "
-        f"segments, weights behind a seqlock, 20-byte notifications over ipc://",
-        f"leaf kernel threads {args.leaf_threads}, learner 1; pattern {args.pattern}; "
-        f"cpu = ms of CPU (all threads, user+sys) per round",
-        *([f"removed stale segments: {' '.join(stale)}"] if stale else [])])
+    report = common.Report(
+        args,
+        "bench shm-leaf (leaf <-> k learners: ipc:// vs shared memory)",
+        notes=[
+            f"a round: weights out to k learners, k gradients in and summed at the leaf; "
+            f"{args.warmup} warm-up rounds per way, then {args.repeat} blocks x {args.rounds} "
+            f"rounds per way, alternating; median / p90 over all rounds",
+            f"ipc: zero-copy {args.chunk_mib:g} MiB frames; shm: gradients in per-learner "
+            f"segments, weights behind a seqlock, 20-byte notifications over ipc://",
+            f"leaf kernel threads {args.leaf_threads}, learner 1; pattern {args.pattern}; "
+            f"cpu = ms of CPU (all threads, user+sys) per round",
+            *([f"removed stale segments: {' '.join(stale)}"] if stale else []),
+        ],
+    )
     ctx = zmq.Context()
     try:
         for n in sizes:

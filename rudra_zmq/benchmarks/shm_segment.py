@@ -5,6 +5,7 @@ weights behind a version counter so a reader never keeps a half-written copy; th
 and :class:`Checker` give every round an exact oracle. Nothing here blocks except
 ``Seqlock.read_into`` (at most ``timeout_s``).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -16,11 +17,11 @@ import numpy as np
 
 from .. import kernels
 
-TIMEOUT_S = 60.0             # a silent peer fails the run after this long
-FULL_CHECK_MAX = 1 << 16     # check every element up to this many parameters, else a sample
+TIMEOUT_S = 60.0  # a silent peer fails the run after this long
+FULL_CHECK_MAX = 1 << 16  # check every element up to this many parameters, else a sample
 SHM_DIR = "/dev/shm"
 PREFIX = "rudra_shm_leaf"
-VERSION_BYTES = 64           # the seqlock counter's cache line, before the weights
+VERSION_BYTES = 64  # the seqlock counter's cache line, before the weights
 
 
 # ----------------------------------------------------------------------------- shared memory
@@ -60,7 +61,7 @@ class Segment:
         self.unlink()
         try:
             self.mm.close()
-        except BufferError:   # arrays still view it: the mapping goes with the process
+        except BufferError:  # arrays still view it: the mapping goes with the process
             pass
 
 
@@ -103,9 +104,9 @@ class Seqlock:
 
     def publish(self, src: np.ndarray) -> int:
         v = int(self.version[0]) + 1
-        self.version[0] = v            # odd: writing
+        self.version[0] = v  # odd: writing
         kernels.copy_into(self.weights, src)
-        self.version[0] = v + 1        # even: complete
+        self.version[0] = v + 1  # even: complete
         return v + 1
 
     def read_into(self, dst: np.ndarray, timeout_s: float = TIMEOUT_S) -> tuple[int, int]:
@@ -124,11 +125,11 @@ class Seqlock:
 
 # ----------------------------------------------------------------------------- values
 def weight_value(rnd: int) -> float:
-    return 1.5 if rnd % 2 == 0 else 2.5        # the two preallocated weight buffers
+    return 1.5 if rnd % 2 == 0 else 2.5  # the two preallocated weight buffers
 
 
 def grad_value(learner: int, rnd: int) -> float:
-    return float(learner + 1 + rnd % 8)        # small integers: every sum is exact
+    return float(learner + 1 + rnd % 8)  # small integers: every sum is exact
 
 
 def make_pattern(kind: str, n: int) -> np.ndarray | None:

@@ -11,6 +11,7 @@ P + 1, P + 2, ... so one port range is enough to open in a firewall.
 Control messages are JSON on a socket pair of their own: a benchmark's private conversation,
 not rudra_zmq's wire protocol (``rudra_zmq.wire``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,10 @@ class Control:
 
     def recv(self) -> dict:
         if not self.sock.poll(int(self.timeout_s * 1000)):
-            raise TimeoutError(f"the benchmark's other side at {self.endpoint} did not answer "
-                               f"within {self.timeout_s:.0f} s (is `--bind` running there?)")
+            raise TimeoutError(
+                f"the benchmark's other side at {self.endpoint} did not answer "
+                f"within {self.timeout_s:.0f} s (is `--bind` running there?)"
+            )
         reply = json.loads(self.sock.recv())
         if not reply.pop("ok"):
             raise RuntimeError(f"the other side ({self.endpoint}) failed: {reply['error']}")
@@ -133,8 +136,19 @@ def _host(endpoint: str) -> str:
 def spawn_bind_side(command: str, extra=(), timeout_s: float = 60.0):
     """Start ``python -m rudra_zmq bench COMMAND --bind tcp://127.0.0.1:0 EXTRA`` and return
     (process, control endpoint) once it printed ``listening on ENDPOINT``. Blocks."""
-    cmd = [sys.executable, "-m", "rudra_zmq", "bench", command, "--bind", "tcp://127.0.0.1:0",
-           "--idle-timeout", "600", "--exit-with-parent", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "bench",
+        command,
+        "--bind",
+        "tcp://127.0.0.1:0",
+        "--idle-timeout",
+        "600",
+        "--exit-with-parent",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -162,14 +176,25 @@ def stop_bind_side(proc, control: Control | None) -> None:
 
 def add_side_args(p, what: str) -> None:
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--bind", metavar="EP",
-                   help=f"run the passive side here ({what}) and serve the measuring side, "
-                        "e.g. tcp://0.0.0.0:5555")
-    g.add_argument("--connect", metavar="EP",
-                   help="run the measuring side against a `--bind` side at EP "
-                        "(default: start one on this machine)")
-    p.add_argument("--idle-timeout", type=float, default=3600, metavar="S",
-                   help="--bind: exit after S seconds without a request (default 3600)")
+    g.add_argument(
+        "--bind",
+        metavar="EP",
+        help=f"run the passive side here ({what}) and serve the measuring side, "
+        "e.g. tcp://0.0.0.0:5555",
+    )
+    g.add_argument(
+        "--connect",
+        metavar="EP",
+        help="run the measuring side against a `--bind` side at EP "
+        "(default: start one on this machine)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=3600,
+        metavar="S",
+        help="--bind: exit after S seconds without a request (default 3600)",
+    )
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -178,7 +203,7 @@ def close_bound(sock: zmq.Socket, endpoint: str) -> None:
     sock.close(linger=0)
     if endpoint.startswith("ipc://"):
         try:
-            os.unlink(endpoint[len("ipc://"):])
+            os.unlink(endpoint[len("ipc://") :])
         except OSError:
             pass
 
@@ -210,8 +235,9 @@ class Sides:
     this object started. Not thread-safe.
     """
 
-    def __init__(self, ctx: zmq.Context, command: str, connect: str | None, handlers_for,
-                 spawn_extra=()):
+    def __init__(
+        self, ctx: zmq.Context, command: str, connect: str | None, handlers_for, spawn_extra=()
+    ):
         self.ctx, self.command, self.connect = ctx, command, connect
         self.handlers_for, self.spawn_extra = handlers_for, spawn_extra
         self._local = self._remote = self._proc = self._thread = None
@@ -221,8 +247,7 @@ class Sides:
             if self._local is None:
                 agent = Agent(self.ctx, f"inproc://rudra-bench-ctl-{id(self)}", {})
                 agent.handlers = self.handlers_for(self.ctx, agent)
-                self._thread = threading.Thread(target=agent.serve, daemon=True,
-                                                name="bench-agent")
+                self._thread = threading.Thread(target=agent.serve, daemon=True, name="bench-agent")
                 self._thread.start()
                 self._local = Control(self.ctx, agent.endpoint)
             return self._local
@@ -243,8 +268,9 @@ class Sides:
             self._remote.close(quit_agent=False)
 
 
-def serve_agent(what: str, bind: str, handlers_for, idle_s: float,
-                with_parent: bool = False) -> int:
+def serve_agent(
+    what: str, bind: str, handlers_for, idle_s: float, with_parent: bool = False
+) -> int:
     """``--bind``: run an agent in this process until told to quit (or idle, or, with
     ``with_parent``, until the process that started it is gone). Blocks."""
     if with_parent:
@@ -257,7 +283,7 @@ def serve_agent(what: str, bind: str, handlers_for, idle_s: float,
     try:
         agent.serve()
     finally:
-        if "_close" in agent.handlers:   # what the handlers started (processes)
+        if "_close" in agent.handlers:  # what the handlers started (processes)
             agent.handlers["_close"]()
-        ctx.destroy(linger=0)   # a data socket an error left open must not block the exit
+        ctx.destroy(linger=0)  # a data socket an error left open must not block the exit
     return 0

@@ -14,6 +14,7 @@ copied in), run with ``PYTHONPATH`` set to it, from its root; this side runs the
 ``rudra_zmq`` that runs this command. One warm-up run per side first (file cache). Prints one
 line per run, then each side's median and the ratio of the medians, and of each repeat's pair.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from ..run_files import metrics_path
 
-CONFIG = "configs/quickstart.yaml"   # a checkout's path; a shipped name where there is none
+CONFIG = "configs/quickstart.yaml"  # a checkout's path; a shipped name where there is none
 REPEATS = 5
 TIMEOUT_S = 300
 
@@ -50,9 +51,24 @@ def startup_s(root: Path | None, run_dir: Path) -> tuple[float, float]:
     else:
         root = run_dir.parent
     cpu0, began = cpu_s(), time.time()
-    res = subprocess.run([sys.executable, "-m", "rudra_zmq", "run", CONFIG, "--set",
-                          "train.epochs=1", "--run-dir", str(run_dir)], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rudra_zmq",
+            "run",
+            CONFIG,
+            "--set",
+            "train.epochs=1",
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     if res.returncode != 0:
         raise RuntimeError(f"{root}: exit {res.returncode}\n{res.stderr[-2000:]}")
     records = [json.loads(line) for line in metrics_path(run_dir).read_text().splitlines()]
@@ -62,10 +78,16 @@ def startup_s(root: Path | None, run_dir: Path) -> tuple[float, float]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--against", required=True, type=Path, metavar="CHECKOUT",
-                   help="the checkout to compare with (its kernels built or copied in)")
-    p.add_argument("--repeats", type=int, default=REPEATS, help="pairs of runs (default "
-                   f"{REPEATS})")
+    p.add_argument(
+        "--against",
+        required=True,
+        type=Path,
+        metavar="CHECKOUT",
+        help="the checkout to compare with (its kernels built or copied in)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=REPEATS, help=f"pairs of runs (default {REPEATS})"
+    )
 
 
 def run(args) -> int:
@@ -78,7 +100,7 @@ def run(args) -> int:
     cpus: dict[str, list[float]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory(prefix="rudra-startup-") as tmp:
         n = 0
-        for root in sides.values():   # warm-up: the file cache, the digits cache
+        for root in sides.values():  # warm-up: the file cache, the digits cache
             n += 1
             startup_s(root, Path(tmp) / f"run{n}")
         for i in range(args.repeats):
@@ -89,12 +111,17 @@ def run(args) -> int:
                 times[name].append(s)
                 cpus[name].append(cpu)
                 load = os.getloadavg()[0]
-                print(f"repeat {i}  {name:4}  start-up {s:5.2f} s  run's CPU {cpu:5.2f} s  "
-                      f"(load average {load:.1f})", flush=True)
+                print(
+                    f"repeat {i}  {name:4}  start-up {s:5.2f} s  run's CPU {cpu:5.2f} s  "
+                    f"(load average {load:.1f})",
+                    flush=True,
+                )
     for what, got in (("start-up", times), ("run's CPU", cpus)):
         med = {name: statistics.median(v) for name, v in got.items()}
         pairs = [b / a for a, b in zip(got["new"], got["base"])]
-        print(f"median {what}: base {med['base']:.2f} s, new {med['new']:.2f} s; "
-              f"base/new {med['base'] / med['new']:.2f}x (per repeat: "
-              f"{', '.join(f'{r:.2f}' for r in pairs)})")
+        print(
+            f"median {what}: base {med['base']:.2f} s, new {med['new']:.2f} s; "
+            f"base/new {med['base'] / med['new']:.2f}x (per repeat: "
+            f"{', '.join(f'{r:.2f}' for r in pairs)})"
+        )
     return 0

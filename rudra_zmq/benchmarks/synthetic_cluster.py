@@ -15,6 +15,7 @@ its learners (ipc socket, as ``rudra-zmq run`` does); an inner node on its first
 ``advstar`` (Rudra-adv*: the same tree carries the gradients, the weights go from the root
 down a broadcast among the learners, see :func:`_advstar`).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ MODULE = "rudra_zmq.benchmarks.synthetic_roles"
 @dataclass(frozen=True)
 class Host:
     """An emulated host: a network namespace (None: this one) and the address to bind there."""
+
     ns: str | None = None
     addr: str = "127.0.0.1"
 
@@ -44,17 +46,30 @@ class Processes:
         self.workdir = workdir
         self.procs: list[tuple[str, subprocess.Popen, str, str]] = []
 
-    def start(self, name: str, role: str, args: list[str], host: Host,
-              server: bool = False, timeout_s: float = 60) -> str | None:
+    def start(
+        self,
+        name: str,
+        role: str,
+        args: list[str],
+        host: Host,
+        server: bool = False,
+        timeout_s: float = 60,
+    ) -> str | None:
         """Start a role; a ``server`` is waited for until it printed ``listening on EP``:
         returns its output so far (endpoints, see ``_field``)."""
         out = os.path.join(self.workdir, f"{name}.out")
         log = os.path.join(self.workdir, f"{name}.log")
         report = os.path.join(self.workdir, f"{name}.json")
         cmd = (["ip", "netns", "exec", host.ns] if host.ns else []) + [
-            sys.executable, "-m", MODULE, role, *args, "--report", report]
-        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE",
-                   PYTHONUNBUFFERED="1")
+            sys.executable,
+            "-m",
+            MODULE,
+            role,
+            *args,
+            "--report",
+            report,
+        ]
+        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1")
         with open(out, "w") as fo, open(log, "w") as fe:
             proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, start_new_session=True)
         self.procs.append((name, proc, log, report))
@@ -84,8 +99,9 @@ class Processes:
         while not all(os.path.exists(f"{go}.ready{i}") for i in firsts):
             for name, proc, log, _ in self.procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} ended before the start: "
-                                       f"{self._why(name, proc, log)}")
+                    raise RuntimeError(
+                        f"{name} ended before the start: {self._why(name, proc, log)}"
+                    )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the learners did not all say HELLO within {timeout_s} s")
             time.sleep(0.02)
@@ -103,8 +119,10 @@ class Processes:
                 break
             if time.monotonic() > deadline:
                 alive = [n for n, p, _, _ in self.procs if p.poll() is None]
-                raise TimeoutError(f"the run did not end within {timeout_s:.0f} s; still "
-                                   f"running: {', '.join(alive)}")
+                raise TimeoutError(
+                    f"the run did not end within {timeout_s:.0f} s; still "
+                    f"running: {', '.join(alive)}"
+                )
             time.sleep(0.1)
         reports = {}
         for name, _, _, path in self.procs:
@@ -127,7 +145,7 @@ class Processes:
 
 def _signal(proc, sig) -> None:
     try:
-        os.killpg(proc.pid, sig)   # its own session: the process and anything it started
+        os.killpg(proc.pid, sig)  # its own session: the process and anything it started
     except ProcessLookupError:
         pass
 
@@ -156,14 +174,19 @@ def _tree(overrides, procs, where, root_ep, workdir) -> dict[int, str]:
     for node in sorted(tree.nodes, key=lambda nd: -nd.level):
         first = min(node.subtree)
         host = where[first]
-        bind = (f"ipc://{workdir}/node{node.id}.sock" if node.is_leaf
-                else f"tcp://{host.addr}:0")
+        bind = f"ipc://{workdir}/node{node.id}.sock" if node.is_leaf else f"tcp://{host.addr}:0"
         if node.is_leaf and any(where[i] != host for i in node.learners):
-            raise ValueError(f"leaf {node.id} has learners on several hosts; choose a fanout "
-                             "that divides the learners per host")
-        out = procs.start(f"node{node.id}", "node", ["--id", str(node.id), "--bind", bind,
-                                                     "--parent", ep[node.parent], *common],
-                          host, server=True)
+            raise ValueError(
+                f"leaf {node.id} has learners on several hosts; choose a fanout "
+                "that divides the learners per host"
+            )
+        out = procs.start(
+            f"node{node.id}",
+            "node",
+            ["--id", str(node.id), "--bind", bind, "--parent", ep[node.parent], *common],
+            host,
+            server=True,
+        )
         ep[node.id] = _field(out, "listening on ")
     return {i: ep[tree.leaf_of(i).id] for i in range(len(where))}
 
@@ -179,12 +202,20 @@ def _advstar(overrides, where, bcast_root, first_port=21000):
     from ..topology import broadcast_children, broadcast_upstream
 
     cfg = load_config(None, overrides)
-    binds = {i: (None if not broadcast_children(cfg, i) else
-                 f"tcp://{h.addr}:{first_port + i}" if h.ns else
-                 transport.free_tcp_endpoint(h.addr))
-             for i, h in enumerate(where)}
-    ups = {i: bcast_root if broadcast_upstream(cfg, i) is None
-           else binds[broadcast_upstream(cfg, i)] for i in range(len(where))}
+    binds = {
+        i: (
+            None
+            if not broadcast_children(cfg, i)
+            else f"tcp://{h.addr}:{first_port + i}"
+            if h.ns
+            else transport.free_tcp_endpoint(h.addr)
+        )
+        for i, h in enumerate(where)
+    }
+    ups = {
+        i: bcast_root if broadcast_upstream(cfg, i) is None else binds[broadcast_upstream(cfg, i)]
+        for i in range(len(where))
+    }
     return {i: (ups[i], binds[i]) for i in range(len(where))}
 
 
@@ -196,16 +227,27 @@ def advstar_available() -> bool:
     if importlib.util.find_spec("rudra_zmq.roles.broadcast") is None:
         return False
     from ..roles.ps import ParameterServer
+
     return "broadcast" in inspect.signature(ParameterServer.__init__).parameters
 
 
-def run(arch: str, overrides: list[str], *, params: int, learners: int, root: Host,
-        hosts: list[Host], workdir: str, compute_ms: float = 0.0, per_process: int = 1,
-        timeout_s: float = 600) -> dict:
+def run(
+    arch: str,
+    overrides: list[str],
+    *,
+    params: int,
+    learners: int,
+    root: Host,
+    hosts: list[Host],
+    workdir: str,
+    compute_ms: float = 0.0,
+    per_process: int = 1,
+    timeout_s: float = 600,
+) -> dict:
     """Run one cluster to the end; ``{"ps": report, "nodes": [...], "learners": [...],
     "wall_s": s, "workdir": its own directory under workdir}``. Blocks; stops every process
     it started before returning or raising."""
-    workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)   # fresh: logs, reports, go
+    workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
     procs = Processes(workdir)
     t0 = time.time()
     try:
@@ -213,35 +255,65 @@ def run(arch: str, overrides: list[str], *, params: int, learners: int, root: Ho
             raise ValueError(f"unknown architecture {arch!r}: base, adv or advstar")
         common = [f"--set={o}" for o in overrides]
         bcast = ["--bcast-bind", f"tcp://{root.addr}:0"] if arch == "advstar" else []
-        out = procs.start("ps", "ps", ["--bind", f"tcp://{root.addr}:0", *bcast,
-                                       "--params", str(params), *common], root, server=True)
+        out = procs.start(
+            "ps",
+            "ps",
+            ["--bind", f"tcp://{root.addr}:0", *bcast, "--params", str(params), *common],
+            root,
+            server=True,
+        )
         root_ep = _field(out, "listening on ")
         where = _learner_hosts(learners, hosts)
         members = {}
         if arch == "base":
             eps = {i: root_ep for i in range(learners)}
-        else:   # adv and advstar: the same tree of nodes carries the gradients
+        else:  # adv and advstar: the same tree of nodes carries the gradients
             eps = _tree(overrides, procs, where, root_ep, workdir)
-        if arch == "advstar":   # ... and the weights go down the learners' broadcast
+        if arch == "advstar":  # ... and the weights go down the learners' broadcast
             members = _advstar(overrides, where, _field(out, "broadcast on "))
         go, firsts = os.path.join(workdir, "go"), []
-        for h in dict.fromkeys(where):   # learner processes per host, per_process each
+        for h in dict.fromkeys(where):  # learner processes per host, per_process each
             ids = [i for i in range(learners) if where[i] == h]
             for k in range(0, len(ids), per_process):
-                group = ids[k:k + per_process]
+                group = ids[k : k + per_process]
                 firsts.append(group[0])
-                bc = ["--bcast-up", ",".join(members[i][0] for i in group), "--bcast-bind",
-                      ",".join(members[i][1] or "none" for i in group)] if members else []
-                procs.start(f"learners{group[0]}", "learners",
-                            ["--ids", ",".join(map(str, group)), *bc,
-                             "--ps", ",".join(eps[i] for i in group), "--go", go,
-                             "--params", str(params), "--compute-ms", str(compute_ms), *common],
-                            h)
+                bc = (
+                    [
+                        "--bcast-up",
+                        ",".join(members[i][0] for i in group),
+                        "--bcast-bind",
+                        ",".join(members[i][1] or "none" for i in group),
+                    ]
+                    if members
+                    else []
+                )
+                procs.start(
+                    f"learners{group[0]}",
+                    "learners",
+                    [
+                        "--ids",
+                        ",".join(map(str, group)),
+                        *bc,
+                        "--ps",
+                        ",".join(eps[i] for i in group),
+                        "--go",
+                        go,
+                        "--params",
+                        str(params),
+                        "--compute-ms",
+                        str(compute_ms),
+                        *common,
+                    ],
+                    h,
+                )
         procs.barrier(go, firsts, timeout_s=120)
         reports = procs.wait(timeout_s)
     finally:
         procs.close()
-    return {"ps": reports["ps"],
-            "nodes": [r for n, r in reports.items() if n.startswith("node")],
-            "learners": [r for n, r in reports.items() if n.startswith("learners")],
-            "wall_s": time.time() - t0, "workdir": workdir}
+    return {
+        "ps": reports["ps"],
+        "nodes": [r for n, r in reports.items() if n.startswith("node")],
+        "learners": [r for n, r in reports.items() if n.startswith("learners")],
+        "wall_s": time.time() - t0,
+        "workdir": workdir,
+    }

@@ -22,6 +22,7 @@ Servers print ``listening on ENDPOINT`` once bound (an advstar root first prints
 on ENDPOINT``); every role writes a JSON report (its counters, ``ru_maxrss`` and CPU seconds)
 to ``--report`` when it ends. Each role exits when its parent process is gone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,21 +44,46 @@ SIGNATURE = "bench-synthetic"
 ARCHS = ("base", "adv", "advstar")
 
 
-def overrides(arch: str, protocol: str, learners: int, epoch_gradients: int, *, epochs: int = 1,
-              softsync_n: int = 1, fanout: int = 4, depth: int = 1, chunk_mib: int = 8,
-              timeout_s: float = 120, relay: str = "eager") -> list[str]:
+def overrides(
+    arch: str,
+    protocol: str,
+    learners: int,
+    epoch_gradients: int,
+    *,
+    epochs: int = 1,
+    softsync_n: int = 1,
+    fanout: int = 4,
+    depth: int = 1,
+    chunk_mib: int = 8,
+    timeout_s: float = 120,
+    relay: str = "eager",
+) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
-    out = [f"sync.protocol={protocol}", f"sync.learners={learners}", "sync.batch_size=1",
-           "optimizer.lr=1.0e-6", "optimizer.momentum=0.9", "optimizer.weight_decay=0.0005",
-           f"train.epochs={epochs}", "train.eval_every_epochs=0", "train.eval_every_updates=0",
-           "data.dataset=synthetic", f"data.synthetic_train={epoch_gradients}",
-           "runtime.ps_threads=1", f"runtime.chunk_mib={chunk_mib}",
-           f"runtime.timeout_s={timeout_s}", f"architecture.kind={arch}"]
+    out = [
+        f"sync.protocol={protocol}",
+        f"sync.learners={learners}",
+        "sync.batch_size=1",
+        "optimizer.lr=1.0e-6",
+        "optimizer.momentum=0.9",
+        "optimizer.weight_decay=0.0005",
+        f"train.epochs={epochs}",
+        "train.eval_every_epochs=0",
+        "train.eval_every_updates=0",
+        "data.dataset=synthetic",
+        f"data.synthetic_train={epoch_gradients}",
+        "runtime.ps_threads=1",
+        f"runtime.chunk_mib={chunk_mib}",
+        f"runtime.timeout_s={timeout_s}",
+        f"architecture.kind={arch}",
+    ]
     if arch != "base":
-        out += [f"architecture.fanout={fanout}", f"architecture.depth={depth}",
-                f"architecture.relay={relay}"]
-    return [*out, f"sync.n={softsync_n}"]   # (read by softsync only)
+        out += [
+            f"architecture.fanout={fanout}",
+            f"architecture.depth={depth}",
+            f"architecture.relay={relay}",
+        ]
+    return [*out, f"sync.n={softsync_n}"]  # (read by softsync only)
 
 
 def _usage() -> dict:
@@ -80,8 +106,17 @@ def counting_ps_class():
         ``log``: one row per update (see ``LOG_FIELDS``). Same threading rules as the base.
         """
 
-        LOG_FIELDS = ("t", "grads", "rx_bytes", "rx_grad_bytes", "rx_grad_msgs", "tx_bytes",
-                      "n_grads", "mean_sigma", "bcast_bytes")
+        LOG_FIELDS = (
+            "t",
+            "grads",
+            "rx_bytes",
+            "rx_grad_bytes",
+            "rx_grad_msgs",
+            "tx_bytes",
+            "n_grads",
+            "mean_sigma",
+            "bcast_bytes",
+        )
 
         def __init__(self, *a, **kw):
             self.rx_bytes = self.rx_msgs = self.rx_grad_bytes = self.rx_grad_msgs = 0
@@ -107,9 +142,19 @@ def counting_ps_class():
             super().send(ident, kind, payloads, **fields)
 
         def _after_update(self, update) -> None:
-            self.log.append((time.time(), self.state.engine.gradients_received, self.rx_bytes,
-                             self.rx_grad_bytes, self.rx_grad_msgs, self.tx_bytes,
-                             len(update.sigmas), update.mean_sigma, self.bcast_bytes()))
+            self.log.append(
+                (
+                    time.time(),
+                    self.state.engine.gradients_received,
+                    self.rx_bytes,
+                    self.rx_grad_bytes,
+                    self.rx_grad_msgs,
+                    self.tx_bytes,
+                    len(update.sigmas),
+                    update.mean_sigma,
+                    self.bcast_bytes(),
+                )
+            )
             super()._after_update(update)
 
         def bcast_bytes(self) -> int:
@@ -125,13 +170,23 @@ def counting_ps_class():
 
         def report(self) -> dict:
             engine = self.state.engine
-            return {"role": "ps", "numel": self.state.numel, "rx_bytes": self.rx_bytes,
-                    "rx_msgs": self.rx_msgs, "rx_grad_bytes": self.rx_grad_bytes,
-                    "rx_grad_msgs": self.rx_grad_msgs, "tx_bytes": self.tx_bytes,
-                    "updates": engine.updates, "grads": engine.gradients_received,
-                    "t_first_grad": self.t_first_grad, "invalid": self.state.counters.invalid,
-                    "bcast_bytes": self.bcast_bytes(),
-                    "log_fields": list(self.LOG_FIELDS), "log": self.log, **_usage()}
+            return {
+                "role": "ps",
+                "numel": self.state.numel,
+                "rx_bytes": self.rx_bytes,
+                "rx_msgs": self.rx_msgs,
+                "rx_grad_bytes": self.rx_grad_bytes,
+                "rx_grad_msgs": self.rx_grad_msgs,
+                "tx_bytes": self.tx_bytes,
+                "updates": engine.updates,
+                "grads": engine.gradients_received,
+                "t_first_grad": self.t_first_grad,
+                "invalid": self.state.counters.invalid,
+                "bcast_bytes": self.bcast_bytes(),
+                "log_fields": list(self.LOG_FIELDS),
+                "log": self.log,
+                **_usage(),
+            }
 
     return CountingPS
 
@@ -144,37 +199,64 @@ class SyntheticLearner:
     ``run()`` blocks; owns its socket (not thread-safe), shares the thread-safe ``ctx``.
     """
 
-    def __init__(self, ctx: zmq.Context, cfg, learner_id: int, endpoint: str, numel: int,
-                 compute_s: float, bcast: tuple[str, str | None] | None = None):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        cfg,
+        learner_id: int,
+        endpoint: str,
+        numel: int,
+        compute_s: float,
+        bcast: tuple[str, str | None] | None = None,
+    ):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
-        self.ch = transport.Channel(ctx, endpoint, learner_id, name="parameter server",
-                                    timeout_ms=int(cfg.runtime.timeout_s * 1000), hwm=4)
-        self.grad = np.full(numel, 1e-3, np.float32)   # sent zero-copy, never written
+        self.ch = transport.Channel(
+            ctx,
+            endpoint,
+            learner_id,
+            name="parameter server",
+            timeout_ms=int(cfg.runtime.timeout_s * 1000),
+            hwm=4,
+        )
+        self.grad = np.full(numel, 1e-3, np.float32)  # sent zero-copy, never written
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
         self.parts = wire.chunk(self.grad, self.chunk_bytes)
         self.w = np.zeros(numel, np.float32)
         self.rng = random.Random(learner_id)
         self.ts = 0
-        self.stats = {"learner": learner_id, "steps": 0, "weights": 0, "up_bytes": 0,
-                      "down_bytes": 0, "comm_s": 0.0, "compute_s": 0.0}
+        self.stats = {
+            "learner": learner_id,
+            "steps": 0,
+            "weights": 0,
+            "up_bytes": 0,
+            "down_bytes": 0,
+            "comm_s": 0.0,
+            "compute_s": 0.0,
+        }
         self.member = None
-        if cfg.architecture.kind == "advstar":   # Rudra-adv*: as roles/learner.py
+        if cfg.architecture.kind == "advstar":  # Rudra-adv*: as roles/learner.py
             from .. import topology
             from ..roles.broadcast import BroadcastMember
 
             kids = topology.broadcast_children(cfg, learner_id)
             up = topology.broadcast_upstream(cfg, learner_id)
             self.member = BroadcastMember(
-                ctx, bcast[1] if kids else None, bcast[0], numel, member=learner_id,
-                children=kids, chunk_bytes=cfg.runtime.chunk_mib << 20,
+                ctx,
+                bcast[1] if kids else None,
+                bcast[0],
+                numel,
+                member=learner_id,
+                children=kids,
+                chunk_bytes=cfg.runtime.chunk_mib << 20,
                 timeout_s=cfg.runtime.timeout_s,
-                upstream_name="the root" if up is None else f"learner {up}").start()
+                upstream_name="the root" if up is None else f"learner {up}",
+            ).start()
             self._sendbuf = np.empty_like(self.grad)
 
     def _load(self, msg: wire.Message) -> None:
         off = 0
         for part in msg.payloads:
-            kernels.copy_into(self.w[off:off + part.shape[0]], part)
+            kernels.copy_into(self.w[off : off + part.shape[0]], part)
             off += part.shape[0]
         self.ts = msg.ts
         self.stats["weights"] += 1
@@ -199,9 +281,14 @@ class SyntheticLearner:
             if self.compute_s > 0:
                 time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
             t1 = time.perf_counter()
-            msg = None   # release the previous reply's frames before the next round trip
-            msg = self.ch.request(Kind.PUSHPULL, self.ts, self.parts, numel=self.numel,
-                                  reply_kinds={Kind.WEIGHTS, Kind.UPTODATE})
+            msg = None  # release the previous reply's frames before the next round trip
+            msg = self.ch.request(
+                Kind.PUSHPULL,
+                self.ts,
+                self.parts,
+                numel=self.numel,
+                reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
+            )
             s["compute_s"] += t1 - t0
             s["comm_s"] += time.perf_counter() - t1
             s["steps"] += 1
@@ -234,7 +321,7 @@ class SyntheticLearner:
                     if reply.kind == Kind.STOP:
                         finished = True
                         break
-                kernels.copy_into(self._sendbuf, self.grad)   # as the learner's send buffer
+                kernels.copy_into(self._sendbuf, self.grad)  # as the learner's send buffer
                 self.ch.send(Kind.PUSH, grad_ts, wire.chunk(self._sendbuf, self.chunk_bytes))
                 in_flight = True
                 s["compute_s"] += t1 - t0
@@ -252,6 +339,7 @@ class SyntheticLearner:
 # ----------------------------------------------------------------------------- role mains
 def _cfg(args):
     from ..config import load_config
+
     return load_config(None, args.set)
 
 
@@ -259,10 +347,11 @@ def main_ps(args) -> dict:
     transport.tune_malloc()
     kernels.set_num_threads(1)
     weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
-    extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}   # advstar only
-    ps = counting_ps_class()(_cfg(args), args.bind,
-                             model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE), **extra)
-    if ps.weights_out.endpoint is not None:   # advstar: before "listening on"
+    extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}  # advstar only
+    ps = counting_ps_class()(
+        _cfg(args), args.bind, model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE), **extra
+    )
+    if ps.weights_out.endpoint is not None:  # advstar: before "listening on"
         print(f"broadcast on {ps.weights_out.endpoint}", flush=True)
     print(f"listening on {ps.endpoint}", flush=True)
     ps.serve_forever()
@@ -273,13 +362,19 @@ def main_node(args) -> dict:
     from ..roles.tree_node import TreeNode
 
     transport.tune_malloc()
-    kernels.set_num_threads(1)   # as `rudra-zmq node` does
+    kernels.set_num_threads(1)  # as `rudra-zmq node` does
     node = TreeNode(_cfg(args), args.id, args.bind, args.parent)
     print(f"listening on {node.endpoint}", flush=True)
     node.serve_forever()
     st = node.state
-    return {"role": "node", "id": args.id, "relays": st.relays, "gradients": st.gradients,
-            "invalid": st.invalid, **_usage()}
+    return {
+        "role": "node",
+        "id": args.id,
+        "relays": st.relays,
+        "gradients": st.gradients,
+        "invalid": st.invalid,
+        **_usage(),
+    }
 
 
 def main_learners(args) -> dict:
@@ -289,32 +384,39 @@ def main_learners(args) -> dict:
     ids = [int(x) for x in args.ids.split(",")]
     eps = args.ps.split(",")
     if len(eps) not in (1, len(ids)):
-        raise SystemExit(f"--ps names {len(eps)} endpoints for {len(ids)} learners: give one, "
-                         "or one per learner")
+        raise SystemExit(
+            f"--ps names {len(eps)} endpoints for {len(ids)} learners: give one, or one per learner"
+        )
     eps = eps * len(ids) if len(eps) == 1 else eps
     ctx = zmq.Context()
     ups = args.bcast_up.split(",") if args.bcast_up else [None] * len(ids)
-    binds = [None if b == "none" else b for b in args.bcast_bind.split(",")] \
-        if args.bcast_bind else [None] * len(ids)
-    learners = [SyntheticLearner(ctx, cfg, i, ep, args.params, args.compute_ms / 1000,
-                                 bcast=(up, bind))
-                for i, ep, up, bind in zip(ids, eps, ups, binds)]
+    binds = (
+        [None if b == "none" else b for b in args.bcast_bind.split(",")]
+        if args.bcast_bind
+        else [None] * len(ids)
+    )
+    learners = [
+        SyntheticLearner(ctx, cfg, i, ep, args.params, args.compute_ms / 1000, bcast=(up, bind))
+        for i, ep, up, bind in zip(ids, eps, ups, binds)
+    ]
     for learner in learners:
         learner.hello()
-    if args.go:   # a start barrier across processes (and namespaces): the launcher's file
+    if args.go:  # a start barrier across processes (and namespaces): the launcher's file
         open(args.go + f".ready{ids[0]}", "w").close()
         deadline = time.time() + cfg.runtime.timeout_s
         while not os.path.exists(args.go):
             if time.time() > deadline:
-                raise TimeoutError(f"learners {args.ids}: no start signal {args.go} within "
-                                   f"{cfg.runtime.timeout_s:.0f} s")
+                raise TimeoutError(
+                    f"learners {args.ids}: no start signal {args.go} within "
+                    f"{cfg.runtime.timeout_s:.0f} s"
+                )
             time.sleep(0.01)
     results, errors = [None] * len(learners), []
 
     def work(k):
         try:
             results[k] = learners[k].run()
-        except BaseException as exc:   # re-raised by the main thread
+        except BaseException as exc:  # re-raised by the main thread
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(ids))]
@@ -344,15 +446,21 @@ def main(argv=None) -> int:
     sub.choices["node"].add_argument("--bind", required=True)
     sub.choices["node"].add_argument("--parent", required=True)
     sub.choices["learners"].add_argument("--ids", required=True, help="e.g. 0,1,2,3")
-    sub.choices["learners"].add_argument("--ps", required=True,
-                                         help="endpoint, or one per learner (comma-separated)")
+    sub.choices["learners"].add_argument(
+        "--ps", required=True, help="endpoint, or one per learner (comma-separated)"
+    )
     sub.choices["learners"].add_argument("--compute-ms", type=float, default=0.0)
-    sub.choices["learners"].add_argument("--bcast-up", help="advstar: each learner's broadcast "
-                                         "upstream endpoint (comma-separated, as --ids)")
-    sub.choices["learners"].add_argument("--bcast-bind", help="advstar: each learner's "
-                                         "endpoint for its broadcast children, or none")
-    sub.choices["learners"].add_argument("--go", help="after HELLO, create GO.readyID (ID: "
-                                         "the first learner id) and wait until GO exists")
+    sub.choices["learners"].add_argument(
+        "--bcast-up",
+        help="advstar: each learner's broadcast upstream endpoint (comma-separated, as --ids)",
+    )
+    sub.choices["learners"].add_argument(
+        "--bcast-bind", help="advstar: each learner's endpoint for its broadcast children, or none"
+    )
+    sub.choices["learners"].add_argument(
+        "--go",
+        help="after HELLO, create GO.readyID (ID: the first learner id) and wait until GO exists",
+    )
     args = p.parse_args(argv)
     exit_with_parent()
     report = {"ps": main_ps, "node": main_node, "learners": main_learners}[args.role](args)

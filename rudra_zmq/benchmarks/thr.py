@@ -21,6 +21,7 @@ are queued.
     host-a$ rudra-zmq bench thr --bind tcp://0.0.0.0:5555
     host-b$ rudra-zmq bench thr --connect tcp://host-a:5555 -b 1Ki -e 64Mi -f 4
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,8 @@ from .. import transport
 from . import common, sides
 
 TRANSPORTS, MODES = common.TRANSPORTS, common.MODES
-QUEUE_BYTES = 256 << 20     # cap on queued bytes per socket (HWM = this / size, at most 1000)
-MAX_HWM = 1000              # libzmq's default
+QUEUE_BYTES = 256 << 20  # cap on queued bytes per socket (HWM = this / size, at most 1000)
+MAX_HWM = 1000  # libzmq's default
 
 
 def hwm_for(size: int) -> int:
@@ -46,8 +47,9 @@ def handlers(ctx: zmq.Context, agent: sides.Agent) -> dict:
     state = {}
 
     def open_(req):
-        sock = transport.make_socket(ctx, zmq.PULL, hwm=req["hwm"],
-                                     rcvtimeo=int(sides.CONTROL_TIMEOUT_S * 1000))
+        sock = transport.make_socket(
+            ctx, zmq.PULL, hwm=req["hwm"], rcvtimeo=int(sides.CONTROL_TIMEOUT_S * 1000)
+        )
         endpoint = transport.bind(sock, agent.data_endpoint(req["transport"]))
         state.update(sock=sock, copy=req["copy"], endpoint=endpoint)
         return {"endpoint": endpoint}
@@ -86,7 +88,7 @@ def run_case(ctl: sides.Control, ctx, kind: str, mode: str, size: int, args) -> 
         return r
 
     try:
-        r = burst(int(min(1000, max(10, (1 << 20) // size))))     # probe (includes connecting)
+        r = burst(int(min(1000, max(10, (1 << 20) // size))))  # probe (includes connecting)
         per = r["elapsed_s"] / r["count"]
         r = burst(common.calibrate(per, args.warmup, lo=10))
         count = common.op_count(args, r["elapsed_s"] / r["count"])
@@ -94,21 +96,34 @@ def run_case(ctl: sides.Control, ctx, kind: str, mode: str, size: int, args) -> 
     finally:
         push.close(linger=0)
         ctl.request("close")
-    rates = [count / r["elapsed_s"] for r in runs]                # libzmq: count / elapsed
+    rates = [count / r["elapsed_s"] for r in runs]  # libzmq: count / elapsed
     mbit = [x * size * 8 / 1e6 for x in rates]
     lo, med, hi = common.mmm(mbit)
     msgs = float(np.median(rates))
-    return {"bench": "thr", "label": f"{kind} {mode}", "transport": kind, "mode": mode,
-            "size": size, "count": count, "bytes": runs[0]["bytes"], "repeat": args.repeat,
-            "msg_per_s": msgs, "mbit_per_s": med, "mbit_min": lo, "mbit_max": hi,
-            "us_per_msg": 1e6 / msgs}
+    return {
+        "bench": "thr",
+        "label": f"{kind} {mode}",
+        "transport": kind,
+        "mode": mode,
+        "size": size,
+        "count": count,
+        "bytes": runs[0]["bytes"],
+        "repeat": args.repeat,
+        "msg_per_s": msgs,
+        "mbit_per_s": med,
+        "mbit_min": lo,
+        "mbit_max": hi,
+        "us_per_msg": 1e6 / msgs,
+    }
 
 
 def line(r: dict) -> str:
-    return (f"thr {r['transport']:<6} {r['mode']:<8} message size: {r['size']} [B] "
-            f"message count: {r['count']} mean throughput: {r['msg_per_s']:.0f} [msg/s] "
-            f"mean throughput: {r['mbit_per_s']:.3f} [Mb/s]  (min {r['mbit_min']:.1f} max "
-            f"{r['mbit_max']:.1f} Mb/s of {r['repeat']}; {r['us_per_msg']:.2f} µs/msg)")
+    return (
+        f"thr {r['transport']:<6} {r['mode']:<8} message size: {r['size']} [B] "
+        f"message count: {r['count']} mean throughput: {r['msg_per_s']:.0f} [msg/s] "
+        f"mean throughput: {r['mbit_per_s']:.3f} [Mb/s]  (min {r['mbit_min']:.1f} max "
+        f"{r['mbit_max']:.1f} Mb/s of {r['repeat']}; {r['us_per_msg']:.2f} µs/msg)"
+    )
 
 
 def add_arguments(p) -> None:
@@ -120,8 +135,13 @@ def run(args) -> int:
         return (run_case(ctl, ctx, kind, mode, size, args) for size in sizes)
 
     return common.run_transport_sweep(
-        args, "thr", handlers, "bench thr (ZeroMQ PUSH -> PULL throughput)",
+        args,
+        "thr",
+        handlers,
+        "bench thr (ZeroMQ PUSH -> PULL throughput)",
         "libzmq local_thr figures: msg/s = count / time from the first to the last message; "
         "Mb/s = msg/s x size x 8 / 1e6",
-        ("size", [("mbit_per_s", "throughput (Mb/s)"), ("us_per_msg", "µs per message")],
-         "label"), cases, line)
+        ("size", [("mbit_per_s", "throughput (Mb/s)"), ("us_per_msg", "µs per message")], "label"),
+        cases,
+        line,
+    )

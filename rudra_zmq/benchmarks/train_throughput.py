@@ -22,6 +22,7 @@ and after the distributed cases (load drifts on this shared box) and the two are
 on the GPU too (its batches prepared on the CPU as the learners' are); the goal line is for
 the CPU cases of the issue, so it is not printed then.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,27 +44,30 @@ MODEL, SHAPE, CLASSES = "cifar10_full", [3, 32, 32], 10
 TRAIN_N, TEST_N = 8192, 512
 MU = 128
 LR, MOMENTUM, WD = 0.001, 0.9, 0.004
-EPOCHS = 4.0                     # per distributed run (8192 samples/epoch)
-SKIP_S, TRIM_S = 5.0, 1.0        # steady-state window of the update records
-BASELINE_S = 15.0                # timed seconds per baseline measurement (two of them)
+EPOCHS = 4.0  # per distributed run (8192 samples/epoch)
+SKIP_S, TRIM_S = 5.0, 1.0  # steady-state window of the update records
+BASELINE_S = 15.0  # timed seconds per baseline measurement (two of them)
 BASELINE_THREADS = 2
 WARMUP_STEPS = 3
-GOAL = 0.95                      # distributed images/s >= GOAL x baseline
+GOAL = 0.95  # distributed images/s >= GOAL x baseline
 # name -> (extra --set overrides, extra environment of the run, whether the goal applies)
 PASSIVE = {"OMP_WAIT_POLICY": "passive"}
 CASES = {
-    "default": (["sync.learners=2"], {}, True),                  # threads_per_learner 0 -> 1
+    "default": (["sync.learners=2"], {}, True),  # threads_per_learner 0 -> 1
     "tpl1": (["sync.learners=2", "runtime.threads_per_learner=1"], {}, False),
     "tpl2": (["sync.learners=2", "runtime.threads_per_learner=2"], {}, False),
     "tpl2_passive": (["sync.learners=2", "runtime.threads_per_learner=2"], PASSIVE, False),
     "ps1": (["sync.learners=2", "runtime.ps_threads=1"], {}, False),
-    "lambda1": (["sync.learners=1"], {}, False),                 # one learner on 2 threads
+    "lambda1": (["sync.learners=1"], {}, False),  # one learner on 2 threads
     # where per-message cost binds most: async, µ = 4, λ = 8
     "async_mu4_l8": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4"], {}, False),
     # the same two with CurveZMQ on every socket (per-run keys): what encryption costs
     "curve": (["sync.learners=2", "security.curve=true"], {}, False),
-    "async_mu4_l8_curve": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4",
-                            "security.curve=true"], {}, False),
+    "async_mu4_l8_curve": (
+        ["sync.learners=8", "sync.protocol=async", "sync.batch_size=4", "security.curve=true"],
+        {},
+        False,
+    ),
 }
 DEFAULT_CASES = ["default", "tpl2", "tpl2_passive", "lambda1"]
 
@@ -72,8 +76,13 @@ def run_config(run_root, epochs):
     return {
         "name": "bench-throughput",
         "model": {"name": MODEL},
-        "data": {"dataset": "synthetic", "synthetic_shape": SHAPE, "synthetic_train": TRAIN_N,
-                 "synthetic_test": TEST_N, "num_classes": CLASSES},
+        "data": {
+            "dataset": "synthetic",
+            "synthetic_shape": SHAPE,
+            "synthetic_train": TRAIN_N,
+            "synthetic_test": TEST_N,
+            "num_classes": CLASSES,
+        },
         "sync": {"protocol": "softsync", "n": 1, "learners": 2, "batch_size": MU},
         "optimizer": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WD},
         "train": {"epochs": float(epochs), "eval_every_epochs": 0.0},
@@ -102,7 +111,7 @@ def baseline(seconds, threads, data, device="cpu"):
         nonlocal pos, order
         if pos + MU > len(order):
             order, pos = rng.permutation(len(y_tr)), 0
-        idx = order[pos:pos + MU]
+        idx = order[pos : pos + MU]
         pos += MU
         xb = input_transform(MODEL)(x_tr[idx], mean, std).to(device)
         yb = torch.from_numpy(y_tr[idx]).to(device)
@@ -120,8 +129,12 @@ def baseline(seconds, threads, data, device="cpu"):
         step()
         times.append(time.perf_counter() - t0)
     total = time.perf_counter() - t_start
-    return {"images_per_s": len(times) * MU / total, "steps": len(times),
-            "step_median_s": statistics.median(times), "seconds": total}
+    return {
+        "images_per_s": len(times) * MU / total,
+        "steps": len(times),
+        "step_median_s": statistics.median(times),
+        "seconds": total,
+    }
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -133,24 +146,36 @@ def distributed(name, overrides, env, epochs, skip_s, trim_s, keep, tree=None):
     with open(cfg_path, "w") as f:
         yaml.safe_dump(run_config(root, epochs), f)
     run_dir = os.path.join(root, "run")
-    cmd = [sys.executable, "-m", "rudra_zmq", "run", cfg_path, "--run-dir", run_dir,
-           *(a for o in overrides for a in ("--set", o))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "run",
+        cfg_path,
+        "--run-dir",
+        run_dir,
+        *(a for o in overrides for a in ("--set", o)),
+    ]
     t0 = time.time()
     with open(os.path.join(root, "launcher.log"), "w") as log:
         extra = {} if tree is None else {"PYTHONPATH": os.path.abspath(tree)}
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
-                             env={**os.environ, **env, **extra})
+        rc = subprocess.call(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tree, env={**os.environ, **env, **extra}
+        )
     wall = time.time() - t0
     if rc != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {rc}; see {root}/launcher.log and "
-                           f"{run_dir}/logs")
+        raise RuntimeError(
+            f"{' '.join(cmd)} exited {rc}; see {root}/launcher.log and {run_dir}/logs"
+        )
     recs = [json.loads(line) for line in open(metrics_path(run_dir))]
     ups = sorted((r for r in recs if r["type"] == "update"), key=lambda r: r["t"])
     t_first, t_last = ups[0]["t"], ups[-1]["t"]
     win = [r for r in ups if t_first + skip_s <= r["t"] <= t_last - trim_s]
     if len(win) < 10:
-        raise RuntimeError(f"case {name}: only {len(win)} updates in the steady-state window "
-                           f"({len(ups)} in all over {t_last - t_first:.1f} s); raise --epochs")
+        raise RuntimeError(
+            f"case {name}: only {len(win)} updates in the steady-state window "
+            f"({len(ups)} in all over {t_last - t_first:.1f} s); raise --epochs"
+        )
     resolved = yaml.safe_load(open(config_path(run_dir)))
     samples = sum(r["n_grads"] for r in win[1:]) * resolved["sync"]["batch_size"]
     rate = samples / (win[-1]["t"] - win[0]["t"])
@@ -161,21 +186,32 @@ def distributed(name, overrides, env, epochs, skip_s, trim_s, keep, tree=None):
     lrn_rate = sum(statistics.median(v) for v in lrn.values()) if lrn else float("nan")
     if not keep:
         import shutil
+
         shutil.rmtree(root, ignore_errors=True)
-    return {"images_per_s": rate, "learner_records_images_per_s": lrn_rate,
-            "updates": len(ups), "window_updates": len(win),
-            "window_s": win[-1]["t"] - win[0]["t"], "startup_s": t_first, "wall_s": wall,
-            "learners": resolved["sync"]["learners"],
-            "threads_per_learner": resolved["runtime"]["threads_per_learner"],
-            "ps_threads": resolved["runtime"]["ps_threads"], "root": root}
+    return {
+        "images_per_s": rate,
+        "learner_records_images_per_s": lrn_rate,
+        "updates": len(ups),
+        "window_updates": len(win),
+        "window_s": win[-1]["t"] - win[0]["t"],
+        "startup_s": t_first,
+        "wall_s": wall,
+        "learners": resolved["sync"]["learners"],
+        "threads_per_learner": resolved["runtime"]["threads_per_learner"],
+        "ps_threads": resolved["runtime"]["ps_threads"],
+        "root": root,
+    }
 
 
 def timed_baseline(when, args, data):
     """Run the baseline loop once and print its line; blocks about ``args.baseline_s``."""
     b = baseline(args.baseline_s, args.baseline_threads, data, args.device)
-    print(f"{f'baseline ({when})':<19}{b['images_per_s']:7.1f} images/s  step "
-          f"median {b['step_median_s'] * 1e3:6.1f} ms  ({b['steps']} steps)  loadavg "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{f'baseline ({when})':<19}{b['images_per_s']:7.1f} images/s  step "
+        f"median {b['step_median_s'] * 1e3:6.1f} ms  ({b['steps']} steps)  loadavg "
+        f"{os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     return b
 
 
@@ -184,16 +220,31 @@ def compare_runs(name, sets, env, args):
     two pooled results (images/s over both windows; the rest from the first run)."""
     got = {"this": [], "other": []}
     for who in ("this", "other", "other", "this"):
-        r = distributed(name, sets, env, args.epochs, args.skip_s, args.trim_s, args.keep,
-                        tree=args.against if who == "other" else None)
+        r = distributed(
+            name,
+            sets,
+            env,
+            args.epochs,
+            args.skip_s,
+            args.trim_s,
+            args.keep,
+            tree=args.against if who == "other" else None,
+        )
         got[who].append(r)
-        print(f"# {name} [{who}] {r['images_per_s']:.1f} images/s over {r['window_s']:.1f} s, "
-              f"loadavg {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"# {name} [{who}] {r['images_per_s']:.1f} images/s over {r['window_s']:.1f} s, "
+            f"loadavg {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
 
     def pool(rs):
         rate = sum(r["images_per_s"] * r["window_s"] for r in rs) / sum(r["window_s"] for r in rs)
-        return {**rs[0], "images_per_s": rate,
-                "runs": "(" + ", ".join(f"{r['images_per_s']:.1f}" for r in rs) + ")"}
+        return {
+            **rs[0],
+            "images_per_s": rate,
+            "runs": "(" + ", ".join(f"{r['images_per_s']:.1f}" for r in rs) + ")",
+        }
+
     return pool(got["this"]), pool(got["other"])
 
 
@@ -202,8 +253,10 @@ def scaling(r, one):
     threads = r["threads_per_learner"] or max(1, (os.cpu_count() or 1) // r["learners"])
     if one is None or threads != 1:
         return ""
-    return (f" | {r['images_per_s'] / (r['learners'] * one['images_per_s']):4.2f} of "
-            f"{r['learners']} x 1-thread reference")
+    return (
+        f" | {r['images_per_s'] / (r['learners'] * one['images_per_s']):4.2f} of "
+        f"{r['learners']} x 1-thread reference"
+    )
 
 
 # ----------------------------------------------------------------------------- command
@@ -214,16 +267,27 @@ def add_arguments(ap) -> None:
     ap.add_argument("--trim-s", type=float, default=TRIM_S)
     ap.add_argument("--baseline-s", type=float, default=BASELINE_S)
     ap.add_argument("--baseline-threads", type=int, default=BASELINE_THREADS)
-    ap.add_argument("--no-one-thread-ref", dest="one_thread_ref", action="store_false",
-                    help="skip the 1-thread reference loop (printed for scale, not a baseline)")
+    ap.add_argument(
+        "--no-one-thread-ref",
+        dest="one_thread_ref",
+        action="store_false",
+        help="skip the 1-thread reference loop (printed for scale, not a baseline)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the temporary run directories")
-    ap.add_argument("--device", default="cpu", help="runtime.device of the learners and the "
-                    "baseline's device (cpu, cuda, cuda:N)")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="runtime.device of the learners and the baseline's device (cpu, cuda, cuda:N)",
+    )
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
-    ap.add_argument("--against", metavar="CHECKOUT", help="also run every case with the "
-                    "rudra_zmq of another checkout (its extensions built in place, e.g. a git "
-                    "worktree of an earlier commit), in the order this, other, other, this; "
-                    "prints this/other")
+    ap.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="also run every case with the "
+        "rudra_zmq of another checkout (its extensions built in place, e.g. a git "
+        "worktree of an earlier commit), in the order this, other, other, this; "
+        "prints this/other",
+    )
 
 
 def run(args) -> int:
@@ -232,31 +296,52 @@ def run(args) -> int:
 
     from ..data.datasets import load_dataset
 
-    facts = common.machine_facts(env_keys=(
-        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "MKL_NUM_THREADS",
-        "OPENBLAS_NUM_THREADS"), torch=torch.__version__)
-    print(common.header_text("training throughput benchmark", facts, notes=[
-        f"{MODEL}, synthetic {SHAPE} x {TRAIN_N}, mu={MU}, SGD momentum {MOMENTUM}, wd {WD}; "
-        f"runs: 1-softsync, {args.epochs:g} epochs, window = updates after {args.skip_s:g} s, "
-        f"before the last {args.trim_s:g} s",
-        f"device: {args.device}",
-        f"baseline: one process, torch.set_num_threads({args.baseline_threads}), timed "
-        f"before and after the runs and pooled; ratio = run / baseline (goal >= {GOAL})",
-        "runs: the launcher gives each learner OMP_NUM_THREADS = torch threads = "
-        "runtime.threads_per_learner (0: cores / lambda, at least 1), interop 1; the PS "
-        "OMP_NUM_THREADS = runtime.ps_threads (0: all cores); loadavg includes our own runs"]),
-        flush=True)
+    facts = common.machine_facts(
+        env_keys=(
+            "OMP_NUM_THREADS",
+            "OMP_WAIT_POLICY",
+            "GOMP_SPINCOUNT",
+            "MKL_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS",
+        ),
+        torch=torch.__version__,
+    )
+    print(
+        common.header_text(
+            "training throughput benchmark",
+            facts,
+            notes=[
+                f"{MODEL}, synthetic {SHAPE} x {TRAIN_N}, mu={MU}, SGD momentum {MOMENTUM}, wd {WD}; "
+                f"runs: 1-softsync, {args.epochs:g} epochs, window = updates after {args.skip_s:g} s, "
+                f"before the last {args.trim_s:g} s",
+                f"device: {args.device}",
+                f"baseline: one process, torch.set_num_threads({args.baseline_threads}), timed "
+                f"before and after the runs and pooled; ratio = run / baseline (goal >= {GOAL})",
+                "runs: the launcher gives each learner OMP_NUM_THREADS = torch threads = "
+                "runtime.threads_per_learner (0: cores / lambda, at least 1), interop 1; the PS "
+                "OMP_NUM_THREADS = runtime.ps_threads (0: all cores); loadavg includes our own runs",
+            ],
+        ),
+        flush=True,
+    )
 
-    ds = load_dataset("synthetic", synthetic_shape=tuple(SHAPE), synthetic_n=(TRAIN_N, TEST_N),
-                      num_classes=CLASSES)
+    ds = load_dataset(
+        "synthetic",
+        synthetic_shape=tuple(SHAPE),
+        synthetic_n=(TRAIN_N, TEST_N),
+        num_classes=CLASSES,
+    )
     data = (ds.x_train, ds.y_train, ds.mean, ds.std)
     one = None
-    if args.one_thread_ref:   # reference only: what one learner's compute alone can do
+    if args.one_thread_ref:  # reference only: what one learner's compute alone can do
         one = baseline(args.baseline_s, 1, data, args.device)
-        print(f"reference 1 thread {one['images_per_s']:7.1f} images/s  step median "
-              f"{one['step_median_s'] * 1e3:6.1f} ms  ({one['steps']} steps)  loadavg "
-              f"{os.getloadavg()[0]:.2f}  (not the baseline; 2 x this = perfect 2-learner "
-              f"scaling)", flush=True)
+        print(
+            f"reference 1 thread {one['images_per_s']:7.1f} images/s  step median "
+            f"{one['step_median_s'] * 1e3:6.1f} ms  ({one['steps']} steps)  loadavg "
+            f"{os.getloadavg()[0]:.2f}  (not the baseline; 2 x this = perfect 2-learner "
+            f"scaling)",
+            flush=True,
+        )
     b1 = timed_baseline("before", args, data)
     results, others = {}, {}
     for name in args.cases:
@@ -265,44 +350,65 @@ def run(args) -> int:
         if args.against:
             results[name], others[name] = compare_runs(name, sets, env, args)
         else:
-            results[name] = distributed(name, sets, env, args.epochs, args.skip_s,
-                                        args.trim_s, args.keep)
+            results[name] = distributed(
+                name, sets, env, args.epochs, args.skip_s, args.trim_s, args.keep
+            )
         r = results[name]
-        print(f"# ran {name}: lambda={r['learners']} threads_per_learner={r['threads_per_learner']}"
-              f" ps_threads={r['ps_threads']} env={env or '-'}: {r['images_per_s']:.1f} images/s"
-              f" over {r['window_s']:.1f} s ({r['window_updates']} updates), start-up "
-              f"{r['startup_s']:.1f} s, wall {r['wall_s']:.1f} s, loadavg "
-              f"{os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"# ran {name}: lambda={r['learners']} threads_per_learner={r['threads_per_learner']}"
+            f" ps_threads={r['ps_threads']} env={env or '-'}: {r['images_per_s']:.1f} images/s"
+            f" over {r['window_s']:.1f} s ({r['window_updates']} updates), start-up "
+            f"{r['startup_s']:.1f} s, wall {r['wall_s']:.1f} s, loadavg "
+            f"{os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     b2 = timed_baseline("after", args, data)
     base = (b1["steps"] + b2["steps"]) * MU / (b1["seconds"] + b2["seconds"])
 
-    rows = [{"case": "baseline", "images_per_s": base, "before": b1["images_per_s"],
-             "after": b2["images_per_s"]}]
+    rows = [
+        {
+            "case": "baseline",
+            "images_per_s": base,
+            "before": b1["images_per_s"],
+            "after": b2["images_per_s"],
+        }
+    ]
     if one:
         rows.append({"case": "reference_1thread", "images_per_s": one["images_per_s"]})
     for name, r in results.items():
         ratio = r["images_per_s"] / base
         tpl = r["threads_per_learner"] or "0(auto)"
-        print(f"train {name:<12} lambda={r['learners']} threads/learner={tpl:<7} "
-              f"rudra-zmq {r['images_per_s']:7.1f} images/s (learner records "
-              f"{r['learner_records_images_per_s']:7.1f}) | plain torch {base:7.1f} images/s | "
-              f"ratio {ratio:4.2f}x" + scaling(r, one), flush=True)
+        print(
+            f"train {name:<12} lambda={r['learners']} threads/learner={tpl:<7} "
+            f"rudra-zmq {r['images_per_s']:7.1f} images/s (learner records "
+            f"{r['learner_records_images_per_s']:7.1f}) | plain torch {base:7.1f} images/s | "
+            f"ratio {ratio:4.2f}x" + scaling(r, one),
+            flush=True,
+        )
         rows.append({"case": name, "ratio": ratio, **r})
         if name in others:
             o = others[name]
-            print(f"train {name:<12} this checkout {r['images_per_s']:7.1f} images/s "
-                  f"{r['runs']} | {args.against}: {o['images_per_s']:7.1f} images/s {o['runs']} "
-                  f"| this/other {r['images_per_s'] / o['images_per_s']:4.2f}x | other/plain "
-                  f"torch {o['images_per_s'] / base:4.2f}x", flush=True)
+            print(
+                f"train {name:<12} this checkout {r['images_per_s']:7.1f} images/s "
+                f"{r['runs']} | {args.against}: {o['images_per_s']:7.1f} images/s {o['runs']} "
+                f"| this/other {r['images_per_s'] / o['images_per_s']:4.2f}x | other/plain "
+                f"torch {o['images_per_s'] / base:4.2f}x",
+                flush=True,
+            )
             rows.append({"case": f"{name}@other", "ratio": o["images_per_s"] / base, **o})
     if args.csv:
         common.write_csv(args.csv, rows)
-    goal = (f"goal: rudra-zmq (lambda=2, default threads) >= {GOAL:.2f}x plain torch"
-            if args.device == "cpu" else "(the goal is for CPU learners)")
+    goal = (
+        f"goal: rudra-zmq (lambda=2, default threads) >= {GOAL:.2f}x plain torch"
+        if args.device == "cpu"
+        else "(the goal is for CPU learners)"
+    )
     print(f"# {goal}  (loadavg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
     for name, r in results.items():
         if CASES[name][2] and args.device == "cpu":
             ratio = r["images_per_s"] / base
-            print(f"{'PASS' if ratio >= GOAL else 'MISS'}  {name}  want >= {GOAL:.2f}x  "
-                  f"got {ratio:.2f}x")
+            print(
+                f"{'PASS' if ratio >= GOAL else 'MISS'}  {name}  want >= {GOAL:.2f}x  "
+                f"got {ratio:.2f}x"
+            )
     return 0

@@ -12,6 +12,7 @@ So λ learners of µ each see exactly the batches one learner of λ·µ would, w
 timing, and no two batches overlap. The data server serves it over ZeroMQ
 (``roles/data_server.py``); the simulator reads it directly. No sockets here.
 """
+
 from __future__ import annotations
 
 import collections
@@ -32,12 +33,20 @@ def load_data(cfg) -> datasets.Dataset:
     """
     d = cfg.data
     ds = datasets.load_dataset(
-        d.dataset, root=d.root, image_size=d.image_size,
-        synthetic_shape=tuple(d.synthetic_shape), synthetic_n=(d.synthetic_train, d.synthetic_test),
-        num_classes=d.num_classes, download=d.download, limit_per_class=d.limit_per_class)
+        d.dataset,
+        root=d.root,
+        image_size=d.image_size,
+        synthetic_shape=tuple(d.synthetic_shape),
+        synthetic_n=(d.synthetic_train, d.synthetic_test),
+        num_classes=d.num_classes,
+        download=d.download,
+        limit_per_class=d.limit_per_class,
+    )
     if ds.num_classes > d.num_classes:
-        raise ValueError(f"data.num_classes is {d.num_classes} but {d.dataset} has "
-                         f"{ds.num_classes} classes; set data.num_classes={ds.num_classes}")
+        raise ValueError(
+            f"data.num_classes is {d.num_classes} but {d.dataset} has "
+            f"{ds.num_classes} classes; set data.num_classes={ds.num_classes}"
+        )
     return ds
 
 
@@ -75,7 +84,7 @@ class SampleStream:
         while filled < count:
             epoch, off = divmod(pos, self.n)
             take = min(count - filled, self.n - off)
-            out[filled:filled + take] = self.permutation(epoch)[off:off + take]
+            out[filled : filled + take] = self.permutation(epoch)[off : off + take]
             filled += take
             pos += take
         return out

@@ -5,6 +5,7 @@ Every source builds its Dataset here: the named datasets (:mod:`rudra_zmq.data.d
 user's own (:mod:`rudra_zmq.data.user_data`). No package imports; pure; nothing blocks beyond the
 arithmetic on the arrays.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,6 +18,7 @@ import numpy as np
 class Dataset:
     """Images and labels of one dataset, held in memory. ``mean``/``std`` are per channel of
     the training images on the 0..1 scale (feed them to ``to_float``)."""
+
     name: str
     x_train: np.ndarray  # uint8 (N, C, H, W)
     y_train: np.ndarray  # int64 (N,)
@@ -28,15 +30,24 @@ class Dataset:
 
     def __post_init__(self):
         k = len(self.classes)
-        for split, x, y in (("train", self.x_train, self.y_train),
-                            ("test", self.x_test, self.y_test)):
+        for split, x, y in (
+            ("train", self.x_train, self.y_train),
+            ("test", self.x_test, self.y_test),
+        ):
             if x.dtype != np.uint8 or x.ndim != 4 or x.shape[1:] != self.x_train.shape[1:]:
-                raise ValueError(f"{self.name}: x_{split} is {x.dtype} {x.shape}; both splits "
-                                 "need uint8 (N, C, H, W) with one image shape")
-            if y.dtype != np.int64 or y.shape != x.shape[:1] or (
-                    y.size and not 0 <= y.min() <= y.max() < k):
-                raise ValueError(f"{self.name}: y_{split} must be int64 ({x.shape[0]},) with "
-                                 f"labels in 0..{k - 1}, got {y.dtype} {y.shape}")
+                raise ValueError(
+                    f"{self.name}: x_{split} is {x.dtype} {x.shape}; both splits "
+                    "need uint8 (N, C, H, W) with one image shape"
+                )
+            if (
+                y.dtype != np.int64
+                or y.shape != x.shape[:1]
+                or (y.size and not 0 <= y.min() <= y.max() < k)
+            ):
+                raise ValueError(
+                    f"{self.name}: y_{split} must be int64 ({x.shape[0]},) with "
+                    f"labels in 0..{k - 1}, got {y.dtype} {y.shape}"
+                )
         if not len(self.mean) == len(self.std) == self.x_train.shape[1]:
             raise ValueError(f"{self.name}: mean/std need one value per channel")
 
@@ -68,8 +79,16 @@ def make_dataset(name, x_tr, y_tr, x_te, y_te, classes) -> Dataset:
     """The Dataset of these arrays (images made contiguous), with the training images'
     per-channel mean/std. Raises ValueError (``Dataset``) for arrays of the wrong kind."""
     mean, std = channel_stats(x_tr)
-    return Dataset(name, np.ascontiguousarray(x_tr), y_tr, np.ascontiguousarray(x_te), y_te,
-                   list(classes), mean, std)
+    return Dataset(
+        name,
+        np.ascontiguousarray(x_tr),
+        y_tr,
+        np.ascontiguousarray(x_te),
+        y_te,
+        list(classes),
+        mean,
+        std,
+    )
 
 
 __all__ = ["Dataset", "channel_stats", "make_dataset"]

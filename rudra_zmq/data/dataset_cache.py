@@ -17,6 +17,7 @@ Nothing here decodes images (:mod:`rudra_zmq.data.images`) or knows the datasets
 (:mod:`rudra_zmq.data.datasets`). Functions block on the file system only; ``locked`` blocks until
 the lock is free.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,8 @@ from .dataset_arrays import Dataset
 from .images import SPLITS, is_tarball
 
 CACHE_VERSION = 1
-LOCK_POLL_S = 0.2      # how often a waiting process tries the lock again
-WAIT_NOTE_S = 30.0     # how often it says it is still waiting
+LOCK_POLL_S = 0.2  # how often a waiting process tries the lock again
+WAIT_NOTE_S = 30.0  # how often it says it is still waiting
 
 
 def cache_file(cache: Path, name: str, root: Path, image_size, limit) -> Path:
@@ -43,12 +44,20 @@ def cache_file(cache: Path, name: str, root: Path, image_size, limit) -> Path:
     stat = root.stat()
     key = [str(root.resolve()), stat.st_size, stat.st_mtime_ns]
     if not is_tarball(root):  # folder mtimes change when files are added or removed
-        key += [(str(d), d.stat().st_mtime_ns) for s in SPLITS if (root / s).is_dir()
-                for d in sorted((root / s).iterdir()) if d.is_dir()]
+        key += [
+            (str(d), d.stat().st_mtime_ns)
+            for s in SPLITS
+            if (root / s).is_dir()
+            for d in sorted((root / s).iterdir())
+            if d.is_dir()
+        ]
     digest = hashlib.sha256(repr(key).encode()).hexdigest()[:12]
     stem = root.name.split(".")[0] or "data"
-    return (cache / f"{stem}-{digest}" /
-            f"{name}-v{CACHE_VERSION}-{image_size or 'native'}-{limit or 'all'}.npz")
+    return (
+        cache
+        / f"{stem}-{digest}"
+        / f"{name}-v{CACHE_VERSION}-{image_size or 'native'}-{limit or 'all'}.npz"
+    )
 
 
 def read(path: Path, name: str) -> Dataset | None:
@@ -58,9 +67,16 @@ def read(path: Path, name: str) -> Dataset | None:
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            return Dataset(name, z["x_train"], z["y_train"], z["x_test"], z["y_test"],
-                           [str(c) for c in z["classes"]], tuple(z["mean"].tolist()),
-                           tuple(z["std"].tolist()))
+            return Dataset(
+                name,
+                z["x_train"],
+                z["y_train"],
+                z["x_test"],
+                z["y_test"],
+                [str(c) for c in z["classes"]],
+                tuple(z["mean"].tolist()),
+                tuple(z["std"].tolist()),
+            )
     except (OSError, ValueError, KeyError) as exc:
         print(f"rudra_zmq: ignoring unreadable cache {path} ({exc})", file=sys.stderr)
         return None
@@ -85,11 +101,11 @@ def save_npz(path: Path, **arrays) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a path
             np.savez(f, **arrays)
             f.flush()
-            os.fsync(f.fileno())   # the rename must not reach the disk before the data
+            os.fsync(f.fileno())  # the rename must not reach the disk before the data
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
-            tmp.unlink()   # after an error or an interrupt; gone already after the rename
+            tmp.unlink()  # after an error or an interrupt; gone already after the rename
 
 
 def write(path: Path, ds: Dataset) -> bool:
@@ -97,14 +113,23 @@ def write(path: Path, ds: Dataset) -> bool:
     stderr, when the cache cannot be written (a read-only or full disk): the data are in
     memory anyway, only the next load decodes again."""
     try:
-        save_npz(path, x_train=ds.x_train, y_train=ds.y_train, x_test=ds.x_test,
-                 y_test=ds.y_test, classes=np.array(ds.classes), mean=np.array(ds.mean),
-                 std=np.array(ds.std))
+        save_npz(
+            path,
+            x_train=ds.x_train,
+            y_train=ds.y_train,
+            x_test=ds.x_test,
+            y_test=ds.y_test,
+            classes=np.array(ds.classes),
+            mean=np.array(ds.mean),
+            std=np.array(ds.std),
+        )
         return True
     except OSError as exc:
-        print(f"rudra_zmq: warning: cannot write the dataset cache {path} ({exc}); the next "
-              "load decodes again (set $RUDRA_ZMQ_CACHE to a writable folder)",
-              file=sys.stderr)
+        print(
+            f"rudra_zmq: warning: cannot write the dataset cache {path} ({exc}); the next "
+            "load decodes again (set $RUDRA_ZMQ_CACHE to a writable folder)",
+            file=sys.stderr,
+        )
         return False
 
 
@@ -119,7 +144,7 @@ def locked(path: Path, what: str | None = None):
         lock.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
-        yield   # write() will say that the cache cannot be written
+        yield  # write() will say that the cache cannot be written
         return
     try:
         began, noted = time.monotonic(), None
@@ -131,13 +156,17 @@ def locked(path: Path, what: str | None = None):
                 now = time.monotonic()
                 if noted is None or now - noted >= WAIT_NOTE_S:
                     doing = what or f"decoding into {path.parent}"
-                    print(f"rudra_zmq: another process is {doing}; waiting for it "
-                          f"({now - began:.0f} s so far)", file=sys.stderr, flush=True)
+                    print(
+                        f"rudra_zmq: another process is {doing}; waiting for it "
+                        f"({now - began:.0f} s so far)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     noted = now
                 time.sleep(LOCK_POLL_S)
         yield
     finally:
-        os.close(fd)   # releases the lock
+        os.close(fd)  # releases the lock
 
 
 __all__ = [

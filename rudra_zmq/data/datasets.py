@@ -29,6 +29,7 @@ second; a file lock lets one process of a machine decode while others wait for i
 under 2 s to stream). Finding and decoding image files is :mod:`rudra_zmq.data.images`; this module
 turns them into a Dataset (:mod:`rudra_zmq.data.dataset_arrays`).
 """
+
 from __future__ import annotations
 
 import os
@@ -57,7 +58,7 @@ CACHE_ENV = "RUDRA_ZMQ_CACHE"
 CACHE_VERSION = dataset_cache.CACHE_VERSION
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_SYNTHETIC_SHAPE = (3, 32, 32)
-DIGITS_TEST = 360          # of sklearn's 1,797 digits; the other 1,437 train
+DIGITS_TEST = 360  # of sklearn's 1,797 digits; the other 1,437 train
 
 
 def default_cache_dir() -> Path:
@@ -66,12 +67,20 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "rudra_zmq"
 
 
-def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: int | None = None,
-                 synthetic_shape: tuple[int, int, int] | None = None,
-                 synthetic_n: tuple[int, int] = (1024, 256), num_classes: int = 10,
-                 seed: int = 0, download: bool = False, limit_per_class: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, workers: int = 2,
-                 progress: bool = True) -> Dataset:
+def load_dataset(
+    name: str,
+    root: str | os.PathLike | None = None,
+    image_size: int | None = None,
+    synthetic_shape: tuple[int, int, int] | None = None,
+    synthetic_n: tuple[int, int] = (1024, 256),
+    num_classes: int = 10,
+    seed: int = 0,
+    download: bool = False,
+    limit_per_class: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    workers: int = 2,
+    progress: bool = True,
+) -> Dataset:
     """Load dataset ``name`` (see the module docstring for names and sources). Blocks.
 
     ``seed`` fixes the digits split and the synthetic images; ``num_classes``,
@@ -85,8 +94,10 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: i
     if is_import_path(name):
         return _limit_dataset(_load_user(name, root), limit_per_class)
     if name not in DATASET_NAMES:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, "
-                         "or an import path package.module:function")
+        raise ValueError(
+            f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, "
+            "or an import path package.module:function"
+        )
     _check_int("image_size", image_size, optional=True)
     _check_int("limit_per_class", limit_per_class, optional=True)
     _check_int("num_classes", num_classes)
@@ -103,16 +114,22 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, image_size: i
         return _limit_dataset(ds, limit_per_class)
     if name == "imagefolder":
         if root is None:
-            raise ValueError("imagefolder needs root: a folder with train/<class>/* and "
-                             "val/<class>/* (or test/), or a .tar.gz of one")
+            raise ValueError(
+                "imagefolder needs root: a folder with train/<class>/* and "
+                "val/<class>/* (or test/), or a .tar.gz of one"
+            )
         root = Path(root).expanduser()
         if not (_is_tarball(root) or (root / "train").is_dir()):
-            raise FileNotFoundError(f"imagefolder: {root} is neither a folder with train/ "
-                                    "inside nor a tarball (.tar.gz, .tgz, .tar) of one")
+            raise FileNotFoundError(
+                f"imagefolder: {root} is neither a folder with train/ "
+                "inside nor a tarball (.tar.gz, .tgz, .tar) of one"
+            )
         return _load_images(name, root, image_size or DEFAULT_IMAGE_SIZE, **opts)
     if image_size not in (None, 32):
-        raise ValueError(f"cifar10 images are 32x32, got image_size={image_size}; use the "
-                         "imagefolder dataset to resize a tree of images")
+        raise ValueError(
+            f"cifar10 images are 32x32, got image_size={image_size}; use the "
+            "imagefolder dataset to resize a tree of images"
+        )
     given = root is not None
     root = Path(root).expanduser() if given else cache / "cifar10"
     return _load_cifar10(root, download, opts, given)
@@ -130,8 +147,10 @@ def dataset_shape(data) -> tuple[int, int, int]:
         return (3, data.image_size or DEFAULT_IMAGE_SIZE, data.image_size or DEFAULT_IMAGE_SIZE)
     shapes = {"digits": (1, 8, 8), "cifar10": (3, 32, 32)}
     if data.dataset not in shapes:
-        raise ValueError(f"unknown dataset {data.dataset!r}; valid names: "
-                         f"{', '.join(DATASET_NAMES)}, or an import path package.module:function")
+        raise ValueError(
+            f"unknown dataset {data.dataset!r}; valid names: "
+            f"{', '.join(DATASET_NAMES)}, or an import path package.module:function"
+        )
     return shapes[data.dataset]
 
 
@@ -150,11 +169,17 @@ def dataset_size(data) -> int:
     if data.dataset == "synthetic" and not limit:
         return int(data.synthetic_train)
     dataset_shape(data)  # rejects unknown names
-    ds = load_dataset(data.dataset, root=data.root, image_size=data.image_size,
-                      synthetic_shape=tuple(data.synthetic_shape),
-                      synthetic_n=(data.synthetic_train, data.synthetic_test),
-                      num_classes=data.num_classes, download=data.download,
-                      limit_per_class=limit, progress=False)
+    ds = load_dataset(
+        data.dataset,
+        root=data.root,
+        image_size=data.image_size,
+        synthetic_shape=tuple(data.synthetic_shape),
+        synthetic_n=(data.synthetic_train, data.synthetic_test),
+        num_classes=data.num_classes,
+        download=data.download,
+        limit_per_class=limit,
+        progress=False,
+    )
     return len(ds.y_train)
 
 
@@ -186,15 +211,20 @@ def to_float(x, mean, std):
     import torch
 
     is_array = isinstance(x, np.ndarray)
-    if not (is_array or isinstance(x, torch.Tensor)) \
-            or x.dtype != (np.uint8 if is_array else torch.uint8):
-        raise TypeError(f"to_float takes a uint8 ndarray or tensor, got "
-                        f"{type(x).__name__} of {getattr(x, 'dtype', None)}")
+    if not (is_array or isinstance(x, torch.Tensor)) or x.dtype != (
+        np.uint8 if is_array else torch.uint8
+    ):
+        raise TypeError(
+            f"to_float takes a uint8 ndarray or tensor, got "
+            f"{type(x).__name__} of {getattr(x, 'dtype', None)}"
+        )
     # One float32 allocation, then in-place arithmetic.
     t = torch.from_numpy(x.astype(np.float32)) if is_array else x.to(torch.float32)
     if t.ndim < 3 or not len(mean) == len(std) == t.shape[-3]:
-        raise ValueError(f"to_float: images of shape {tuple(t.shape)} need (..., C, H, W) with C "
-                         f"equal to len(mean)={len(mean)} and len(std)={len(std)}")
+        raise ValueError(
+            f"to_float: images of shape {tuple(t.shape)} need (..., C, H, W) with C "
+            f"equal to len(mean)={len(mean)} and len(std)={len(std)}"
+        )
     s = torch.tensor(std, dtype=torch.float64)
     if not bool((s > 0).all()):
         raise ValueError(f"to_float: std must be positive, got {tuple(std)}")
@@ -221,11 +251,13 @@ def _load_digits(seed: int, cache: Path) -> Dataset:
     # Pixel values are 0..16; spread them over 0..255 so every dataset shares the uint8 scale.
     x = np.rint(d.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
     y = d.target.astype(np.int64)
-    idx_tr, idx_te = train_test_split(np.arange(len(y)), test_size=DIGITS_TEST, stratify=y,
-                                      random_state=seed)
-    ds = _make("digits", x[idx_tr], y[idx_tr], x[idx_te], y[idx_te],
-               [str(c) for c in d.target_names])
-    dataset_cache.write(path, ds)   # atomically: a role started beside this one reads it whole
+    idx_tr, idx_te = train_test_split(
+        np.arange(len(y)), test_size=DIGITS_TEST, stratify=y, random_state=seed
+    )
+    ds = _make(
+        "digits", x[idx_tr], y[idx_tr], x[idx_te], y[idx_te], [str(c) for c in d.target_names]
+    )
+    dataset_cache.write(path, ds)  # atomically: a role started beside this one reads it whole
     return ds
 
 
@@ -259,13 +291,18 @@ def cifar10_source(root: Path) -> tuple[str, Path] | None:
 
 def cifar10_missing(root: Path, root_given: bool = True) -> str:
     """The one-line error for no CIFAR-10 at ``root``: what was looked for and what to do."""
-    where = (f"data.root {str(root)!r}" if root_given
-             else f"{root} (data.root is not set: the cache dir)")
+    where = (
+        f"data.root {str(root)!r}"
+        if root_given
+        else f"{root} (data.root is not set: the cache dir)"
+    )
     gone = "" if root.exists() else ", which does not exist"
-    return (f"cifar10: no CIFAR-10 data at {where}{gone}. Set data.download: true to fetch the "
-            "python release into it (needs internet), or point data.root at the "
-            "cifar-10-batches-py folder (or the folder holding it), an ImageFolder tree with "
-            "train/<class>/*.jpg and test/<class>/*.jpg, or a .tar.gz of such a tree")
+    return (
+        f"cifar10: no CIFAR-10 data at {where}{gone}. Set data.download: true to fetch the "
+        "python release into it (needs internet), or point data.root at the "
+        "cifar-10-batches-py folder (or the folder holding it), an ImageFolder tree with "
+        "train/<class>/*.jpg and test/<class>/*.jpg, or a .tar.gz of such a tree"
+    )
 
 
 def _load_cifar10(root: Path, download: bool, opts: dict, root_given: bool = True) -> Dataset:
@@ -296,7 +333,8 @@ def _download_cifar10(root: Path) -> tuple[str, Path]:
                 raise RuntimeError(
                     f"downloading CIFAR-10 into {root} failed: {exc}. Offline, point data.root "
                     "at a cifar-10-batches-py folder, an ImageFolder tree or a .tar.gz of one "
-                    "instead") from exc
+                    "instead"
+                ) from exc
     return "pickle", folder
 
 
@@ -325,7 +363,7 @@ def _load_images(name, root: Path, image_size, limit, cache, workers, progress) 
     if ds is not None:
         return ds
     with dataset_cache.locked(path, f"decoding {root} into {path.parent}"):
-        ds = dataset_cache.read(path, name)   # written while we waited for the lock
+        ds = dataset_cache.read(path, name)  # written while we waited for the lock
         if ds is None:
             items = _tar_items(root, limit) if _is_tarball(root) else _tree_items(root, limit)
             ds = _decode_dataset(name, root, items, image_size, workers, progress)
@@ -339,14 +377,23 @@ def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> D
     test_split = "test" if any(s == "test" for s, _ in items) else "val"
     for split in ("train", test_split):
         if not any(lst for (s, _), lst in items.items() if s == split):
-            raise FileNotFoundError(f"{name}: {root} has no images under {split}/<class>/; it "
-                                    "needs train/<class>/* and test/<class>/* (or val/)")
+            raise FileNotFoundError(
+                f"{name}: {root} has no images under {split}/<class>/; it "
+                "needs train/<class>/* and test/<class>/* (or val/)"
+            )
     extra = sorted(c for s, c in items if s == test_split and c not in classes)
     if extra:
         raise ValueError(f"{name}: {root} has {test_split} classes with no train folder: {extra}")
     label = {c: i for i, c in enumerate(classes)}
-    flat = {split: [(label[c], n, src) for (s, c), lst in sorted(items.items()) if s == split
-                    for n, src in lst] for split in ("train", test_split)}
+    flat = {
+        split: [
+            (label[c], n, src)
+            for (s, c), lst in sorted(items.items())
+            if s == split
+            for n, src in lst
+        ]
+        for split in ("train", test_split)
+    }
     everything = flat["train"] + flat[test_split]
     x = _decode_all([(n, src) for _, n, src in everything], image_size, workers, progress)
     y = np.array([lab for lab, _, _ in everything], dtype=np.int64)
@@ -357,8 +404,9 @@ def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> D
 # ------------------------------------------------------------------------------- helpers
 def _check_int(what: str, value, optional: bool = False):
     if not (optional and value is None) and not _positive_int(value):
-        raise ValueError(f"{what} must be a positive int{' or None' if optional else ''}, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{what} must be a positive int{' or None' if optional else ''}, got {value!r}"
+        )
 
 
 def _check_ints(what: str, values: tuple, expected: str, n: int):
@@ -376,16 +424,32 @@ def _limit_dataset(ds: Dataset, limit) -> Dataset:
         return ds
 
     def keep(y):
-        return np.sort(np.concatenate([np.flatnonzero(y == c)[:limit]
-                                       for c in range(len(ds.classes))]))
+        return np.sort(
+            np.concatenate([np.flatnonzero(y == c)[:limit] for c in range(len(ds.classes))])
+        )
 
     tr, te = keep(ds.y_train), keep(ds.y_test)
-    return _make(ds.name, ds.x_train[tr], ds.y_train[tr], ds.x_test[te], ds.y_test[te],
-                 ds.classes)
+    return _make(ds.name, ds.x_train[tr], ds.y_train[tr], ds.x_test[te], ds.y_test[te], ds.classes)
 
 
-__all__ = ["Dataset", "DATASET_NAMES", "load_dataset", "to_float", "default_cache_dir",
-           "dataset_shape", "dataset_size", "image_cache", "cifar10_source", "cifar10_missing",
-           # re-exported from .user_data and .images
-           "user_data_info", "from_user", "USER_ARRAYS",
-           "DECODE_CHUNK", "IMAGE_EXTS", "PARALLEL_MIN_IMAGES", "SPLITS", "TARBALL_EXTS"]
+__all__ = [
+    "Dataset",
+    "DATASET_NAMES",
+    "load_dataset",
+    "to_float",
+    "default_cache_dir",
+    "dataset_shape",
+    "dataset_size",
+    "image_cache",
+    "cifar10_source",
+    "cifar10_missing",
+    # re-exported from .user_data and .images
+    "user_data_info",
+    "from_user",
+    "USER_ARRAYS",
+    "DECODE_CHUNK",
+    "IMAGE_EXTS",
+    "PARALLEL_MIN_IMAGES",
+    "SPLITS",
+    "TARBALL_EXTS",
+]

@@ -11,6 +11,7 @@
 
 Pillow is imported only when decoding. :mod:`rudra_zmq.data.datasets` builds Datasets from these.
 """
+
 from __future__ import annotations
 
 import io
@@ -27,10 +28,10 @@ import numpy as np
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".gif", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "test", "val")
 TARBALL_EXTS = (".tar.gz", ".tgz", ".tar")
-DECODE_CHUNK = 1000        # images per task sent to a decode worker
+DECODE_CHUNK = 1000  # images per task sent to a decode worker
 PARALLEL_MIN_IMAGES = 2000  # below this a pool costs more than it saves
-CHECK_MEMBERS = 1000       # check_tarball reads at most this many member headers
-PROGRESS_EVERY_S = 20.0    # decoding says how far it got at least this often
+CHECK_MEMBERS = 1000  # check_tarball reads at most this many member headers
+PROGRESS_EVERY_S = 20.0  # decoding says how far it got at least this often
 # what a damaged, truncated or mislabelled archive raises while it is read
 TAR_ERRORS = (tarfile.TarError, EOFError, OSError, zlib.error)
 
@@ -93,9 +94,11 @@ def check_tarball(path: Path, members: int = CHECK_MEMBERS) -> None:
                     return
     except TAR_ERRORS as exc:
         raise ValueError(tar_error(path, exc)) from None
-    raise ValueError(f"{path} holds no images in the layout train/<class>/*.jpg and "
-                     "test/<class>/*.jpg (or val/); repack it so (any folders above train/ "
-                     "are fine)")
+    raise ValueError(
+        f"{path} holds no images in the layout train/<class>/*.jpg and "
+        "test/<class>/*.jpg (or val/); repack it so (any folders above train/ "
+        "are fine)"
+    )
 
 
 def tar_error(path: Path, exc: BaseException) -> str:
@@ -105,8 +108,10 @@ def tar_error(path: Path, exc: BaseException) -> str:
     method = "gz" if path.name.lower().endswith(("gz", ".tgz")) else "tar"
     said = re.search(rf"method {method}: \w+\('([^']*)'\)", why)
     why = said.group(1) if said else why
-    return (f"{path} is not a readable tar archive ({why}); give a .tar.gz, .tgz or .tar of "
-            "train/<class>/* and test/<class>/* images, or the folder of such a tree")
+    return (
+        f"{path} is not a readable tar archive ({why}); give a .tar.gz, .tgz or .tar of "
+        "train/<class>/* and test/<class>/* images, or the folder of such a tree"
+    )
 
 
 def _image_member(m: tarfile.TarInfo) -> str | None:
@@ -119,7 +124,7 @@ def _image_member(m: tarfile.TarInfo) -> str | None:
 
 def decode_all(items: list, image_size, workers: int, progress: bool) -> np.ndarray:
     """Decode [(name, path or bytes)] to one uint8 (N, 3, H, W) array, in order. Blocks."""
-    chunks = [items[i:i + DECODE_CHUNK] for i in range(0, len(items), DECODE_CHUNK)]
+    chunks = [items[i : i + DECODE_CHUNK] for i in range(0, len(items), DECODE_CHUNK)]
     tasks = [(chunk, image_size) for chunk in chunks]
     bar = _Progress(len(items), progress and len(items) >= PARALLEL_MIN_IMAGES)
     out = []
@@ -156,8 +161,10 @@ def _decode_chunk(task) -> np.ndarray:
             raise ValueError(f"cannot decode image {name}: {exc}") from None
     if len({a.shape for a in arrays}) > 1:
         sizes = sorted({f"{a.shape[2]}x{a.shape[1]}" for a in arrays})
-        raise ValueError(f"images differ in size ({', '.join(sizes)}), e.g. {items[0][0]}; "
-                         "pass image_size to resize them")
+        raise ValueError(
+            f"images differ in size ({', '.join(sizes)}), e.g. {items[0][0]}; "
+            "pass image_size to resize them"
+        )
     return np.stack(arrays)
 
 
@@ -191,8 +198,10 @@ class _Progress:
         self.done += n
         if self.bar is not None:
             self.bar.update(n)
-        elif self.enabled and (10 * self.done // self.total > self.shown
-                               or time.monotonic() - self.last >= PROGRESS_EVERY_S):
+        elif self.enabled and (
+            10 * self.done // self.total > self.shown
+            or time.monotonic() - self.last >= PROGRESS_EVERY_S
+        ):
             self.shown, self.last = 10 * self.done // self.total, time.monotonic()
             print(f"decoding images: {self.done:,}/{self.total:,}", file=sys.stderr, flush=True)
 
@@ -201,5 +210,16 @@ class _Progress:
             self.bar.close()
 
 
-__all__ = ["IMAGE_EXTS", "SPLITS", "TARBALL_EXTS", "DECODE_CHUNK", "PARALLEL_MIN_IMAGES",
-           "is_tarball", "tree_items", "tar_items", "check_tarball", "tar_error", "decode_all"]
+__all__ = [
+    "IMAGE_EXTS",
+    "SPLITS",
+    "TARBALL_EXTS",
+    "DECODE_CHUNK",
+    "PARALLEL_MIN_IMAGES",
+    "is_tarball",
+    "tree_items",
+    "tar_items",
+    "check_tarball",
+    "tar_error",
+    "decode_all",
+]

@@ -7,6 +7,7 @@ ever signalling a pid that is no longer ours; ``accepting`` says whether a serve
 accepts connections yet. Functions block only as their docstrings say; none is thread-safe
 for the same child from two threads.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,14 +27,14 @@ LOG_TAIL_LINES = 20
 
 @dataclass
 class Child:
-    label: str               # stats | data | ps | learner3 | learner0-3
-    role: str                # stats | data | ps | learner
+    label: str  # stats | data | ps | learner3 | learner0-3
+    role: str  # stats | data | ps | learner
     command: list[str]
     log: Path
     proc: subprocess.Popen
     echo: threading.Thread | None = None
-    last_line: str = ""      # the last stdout line echoed (stats server only)
-    ended: bool = False      # its exit was handled by the supervisor
+    last_line: str = ""  # the last stdout line echoed (stats server only)
+    ended: bool = False  # its exit was handled by the supervisor
     args: list | None = None  # the role's arguments (to restart it with)
 
     def describe_exit(self) -> str:

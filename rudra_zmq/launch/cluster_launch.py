@@ -16,6 +16,7 @@ and a lost connection does the same. At the end the server host's files (metrics
 checkpoints) are copied back here when it does not share this file system. Blocks; use from
 the main thread.
 """
+
 from __future__ import annotations
 
 import io
@@ -51,9 +52,9 @@ from .launcher import Launcher
 from .remote_commands import Commands
 from .run_plan import role_env
 
-MARKER = LAUNCH_ID_FILE     # in the run directory: tells a shared file system
+MARKER = LAUNCH_ID_FILE  # in the run directory: tells a shared file system
 COPY_TIMEOUT_S = 300.0
-SSH_FAILED = 255           # ssh's exit code for its own errors (not the remote command's)
+SSH_FAILED = 255  # ssh's exit code for its own errors (not the remote command's)
 
 
 class LaunchError(RuntimeError):
@@ -84,24 +85,28 @@ class _RemotePopen(subprocess.Popen):
 class ClusterLauncher(Launcher):
     """Starts and supervises one run on many hosts. Use once, from the main thread."""
 
-    def __init__(self, cp: cluster_plan.ClusterPlan, *, via: str = "ssh",
-                 ssh_options: list[str] = (), forward: dict[str, str] | None = None,
-                 python: str | None = None):
+    def __init__(
+        self,
+        cp: cluster_plan.ClusterPlan,
+        *,
+        via: str = "ssh",
+        ssh_options: list[str] = (),
+        forward: dict[str, str] | None = None,
+        python: str | None = None,
+    ):
         super().__init__(cp.plan)
         self.commands = Commands(cp.plan.run_dir, via, ssh_options, python)
         self.cp, self.via, self.forward = cp, via, dict(forward or {})
-        self.shared: dict[str, bool] = {}     # remote host -> shares our file system
-        self.made: list[str] = []             # remote hosts where we made the run directory
-        self.all_up = False                   # every role started and listening
-        if not cp.plan.cfg.security.curve and cluster_plan.exposed(cp.plan.binds,
-                                                                   cp.host_names()):
+        self.shared: dict[str, bool] = {}  # remote host -> shares our file system
+        self.made: list[str] = []  # remote hosts where we made the run directory
+        self.all_up = False  # every role started and listening
+        if not cp.plan.cfg.security.curve and cluster_plan.exposed(cp.plan.binds, cp.host_names()):
             # `launch` said it once on the terminal (plaintext_warning): the roles keep quiet
             self.secrets[transport.PLAINTEXT_NAMED_ENV] = "1"
 
     def settings(self, host: str) -> dict:
         """What a remote guard reads first: the launcher's variables, the learners here."""
-        return {"env": {**self.secrets, **self.forward},
-                "learners_here": self.cp.learners_on(host)}
+        return {"env": {**self.secrets, **self.forward}, "learners_here": self.cp.learners_on(host)}
 
     # -- hosts -----------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -114,26 +119,34 @@ class ClusterLauncher(Launcher):
             tar.add(config_path(self.plan.run_dir), arcname=CONFIG_FILE)
             if (self.plan.run_dir / KEYS_DIR).is_dir():
                 tar.add(self.plan.run_dir / KEYS_DIR, arcname=KEYS_DIR)
-        if self.via == "pdsh":   # pdsh forwards no stdin: the guard reads a 0600 file
+        if self.via == "pdsh":  # pdsh forwards no stdin: the guard reads a 0600 file
             for host, label, _, _ in cluster_plan.commands(self.cp):
                 path = env_path(self.plan.run_dir, label)
                 path.touch(mode=0o600)
                 path.write_text(json.dumps(self.settings(host)))
         run_dir = shlex.quote(str(self.plan.run_dir))
-        script = (f"new=old; [ -e {run_dir} ] || new=new; mkdir -p {run_dir}/{LOG_DIR} && "
-                  f"cd {run_dir} && "
-                  f"if [ \"$(cat {MARKER} 2>/dev/null)\" = {token} ]; then echo shared; "
-                  f"else tar -xf - && echo copied $new; fi")
+        script = (
+            f"new=old; [ -e {run_dir} ] || new=new; mkdir -p {run_dir}/{LOG_DIR} && "
+            f"cd {run_dir} && "
+            f'if [ "$(cat {MARKER} 2>/dev/null)" = {token} ]; then echo shared; '
+            f"else tar -xf - && echo copied $new; fi"
+        )
         for host in self.cp.host_names():
             if hostfile.is_local(host):
                 continue
-            res = subprocess.run(self.commands.remote(host, script), input=payload.getvalue(),
-                                 capture_output=True, timeout=COPY_TIMEOUT_S)
+            res = subprocess.run(
+                self.commands.remote(host, script),
+                input=payload.getvalue(),
+                capture_output=True,
+                timeout=COPY_TIMEOUT_S,
+            )
             said = res.stdout.decode(errors="replace").split()
             if res.returncode != 0 or not said:
                 how = " ".join(self.commands.remote(host, "..."))
-                raise LaunchError(f"could not prepare {host} ({how} exited {res.returncode}): "
-                                  f"{res.stderr.decode(errors='replace').strip()[-500:]}")
+                raise LaunchError(
+                    f"could not prepare {host} ({how} exited {res.returncode}): "
+                    f"{res.stderr.decode(errors='replace').strip()[-500:]}"
+                )
             self.shared[host] = said[-1] == "shared"
             if said[-1] == "new":
                 self.made.append(host)
@@ -144,8 +157,9 @@ class ClusterLauncher(Launcher):
         for host in self.made:
             try:
                 rm = f"rm -rf -- {shlex.quote(str(self.plan.run_dir))}"
-                subprocess.run(self.commands.remote(host, rm), capture_output=True,
-                               timeout=COPY_TIMEOUT_S)
+                subprocess.run(
+                    self.commands.remote(host, rm), capture_output=True, timeout=COPY_TIMEOUT_S
+                )
             except (OSError, subprocess.SubprocessError):
                 pass
 
@@ -157,15 +171,19 @@ class ClusterLauncher(Launcher):
             return
         script = f"tar -C {shlex.quote(str(self.plan.run_dir))} --exclude=./{LOG_DIR} -cf - ."
         try:
-            res = subprocess.run(self.commands.remote(host, script), capture_output=True,
-                                 timeout=COPY_TIMEOUT_S)
+            res = subprocess.run(
+                self.commands.remote(host, script), capture_output=True, timeout=COPY_TIMEOUT_S
+            )
             if res.returncode != 0:
                 raise LaunchError(res.stderr.decode(errors="replace").strip()[-500:])
             with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tar:
                 tar.extractall(self.plan.run_dir, filter="data")
         except (OSError, subprocess.SubprocessError, tarfile.TarError, LaunchError) as exc:
-            print(f"rudra-zmq: could not copy the run directory back from {host} ({exc}); "
-                  f"it is still there, in {self.plan.run_dir}", file=sys.stderr)
+            print(
+                f"rudra-zmq: could not copy the run directory back from {host} ({exc}); "
+                f"it is still there, in {self.plan.run_dir}",
+                file=sys.stderr,
+            )
 
     # -- processes -------------------------------------------------------------------------
     def start(self, label: str, role: str, args: list[str]) -> Child:
@@ -174,24 +192,42 @@ class ClusterLauncher(Launcher):
         log_file = log_path(self.plan.run_dir, label)
         if hostfile.is_local(host):
             command = [sys.executable, "-m", "rudra_zmq", role, *args]
-            env = {**role_env(self.plan.cfg, role, self.cp.learners_on(host)),
-                   **self.secrets, **self.forward}
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    text=True, errors="replace")
+            env = {
+                **role_env(self.plan.cfg, role, self.cp.learners_on(host)),
+                **self.secrets,
+                **self.forward,
+            }
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+            )
         else:
             command = self.commands.argv(host, label, role, args)
-            proc = _RemotePopen(command, stdout=subprocess.PIPE,
-                                stdin=subprocess.PIPE if self.via == "ssh" else subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT, start_new_session=True, text=True,
-                                errors="replace")
+            proc = _RemotePopen(
+                command,
+                stdout=subprocess.PIPE,
+                stdin=subprocess.PIPE if self.via == "ssh" else subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+            )
             if self.via == "ssh":
                 proc.stdin.write(json.dumps(self.settings(host)) + "\n")
-                proc.stdin.flush()   # and keep it open: closing it stops the role
+                proc.stdin.flush()  # and keep it open: closing it stops the role
         child = Child(label, role, command, log_file, proc, args=list(args))
-        child.echo = threading.Thread(target=echo_lines, args=(proc.stdout, log_file, child,
-                                                               f"{host}:{label} "),
-                                      name=f"echo-{label}", daemon=True)
+        child.echo = threading.Thread(
+            target=echo_lines,
+            args=(proc.stdout, log_file, child, f"{host}:{label} "),
+            name=f"echo-{label}",
+            daemon=True,
+        )
         child.echo.start()
         self.children.append(child)
         self._write_processes()
@@ -204,13 +240,21 @@ class ClusterLauncher(Launcher):
         if c.proc.returncode != SSH_FAILED or hostfile.is_local(host) or self.via != "ssh":
             return super()._failed(c)
         self._report(c)
-        print(f"rudra-zmq: lost host {host} (ssh exited {SSH_FAILED}: the connection failed "
-              "or broke)", file=sys.stderr, flush=True)
-        if c.role == "learner" and any(x.role == "learner" and not x.ended
-                                       for x in self._current()):
+        print(
+            f"rudra-zmq: lost host {host} (ssh exited {SSH_FAILED}: the connection failed "
+            "or broke)",
+            file=sys.stderr,
+            flush=True,
+        )
+        if c.role == "learner" and any(
+            x.role == "learner" and not x.ended for x in self._current()
+        ):
             self.left_out.add(c.label)
-            print(f"rudra-zmq: {c.label} is left out; the run goes on with the other learners",
-                  file=sys.stderr, flush=True)
+            print(
+                f"rudra-zmq: {c.label} is left out; the run goes on with the other learners",
+                file=sys.stderr,
+                flush=True,
+            )
             return None
         print(f"rudra-zmq: {c.label} ran on the lost host; stopping the run", file=sys.stderr)
         self.stop_all()
@@ -254,8 +298,9 @@ def _forwarded(names: list[str]) -> dict[str, str]:
         name, eq, value = item.partition("=")
         if not eq:
             if name not in os.environ:
-                raise ConfigError(f"-x {name}: {name} is not set here; set it or give "
-                                  f"-x {name}=VALUE")
+                raise ConfigError(
+                    f"-x {name}: {name} is not set here; set it or give -x {name}=VALUE"
+                )
             value = os.environ[name]
         out[name] = value
     return out
@@ -266,10 +311,12 @@ def plaintext_warning(cp: cluster_plan.ClusterPlan) -> str | None:
     said ``security.curve: false``), else None."""
     if cp.plan.cfg.security.curve or not cluster_plan.exposed(cp.plan.binds, cp.host_names()):
         return None
-    return ("rudra-zmq launch: warning: security.curve is false, so the roles talk in "
-            "PLAINTEXT beyond this machine: anyone who can reach them can read the weights "
-            "and the training data and push gradients; remove `security.curve: false` to "
-            "encrypt (docs/security.md)")
+    return (
+        "rudra-zmq launch: warning: security.curve is false, so the roles talk in "
+        "PLAINTEXT beyond this machine: anyone who can reach them can read the weights "
+        "and the training data and push gradients; remove `security.curve: false` to "
+        "encrypt (docs/security.md)"
+    )
 
 
 def _missing_dirs(path: Path) -> list[Path]:
@@ -283,13 +330,12 @@ def _remove_made(run_dir: Path, made: list[Path], had: set[str]) -> None:
     ``had``), what it wrote there. Says so in one line."""
     if run_dir in made:
         shutil.rmtree(run_dir, ignore_errors=True)
-        for p in made[made.index(run_dir) + 1:]:
+        for p in made[made.index(run_dir) + 1 :]:
             try:
-                p.rmdir()          # only if empty: never a folder with something else in it
+                p.rmdir()  # only if empty: never a folder with something else in it
             except OSError:
                 break
-        print(f"rudra-zmq launch: removed {run_dir} (no training started there)",
-              file=sys.stderr)
+        print(f"rudra-zmq launch: removed {run_dir} (no training started there)", file=sys.stderr)
         return
     for name in set(os.listdir(run_dir)) - had:
         path = run_dir / name
@@ -297,8 +343,11 @@ def _remove_made(run_dir: Path, made: list[Path], had: set[str]) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-    print(f"rudra-zmq launch: removed what this launch wrote in {run_dir} (no training "
-          "started there)", file=sys.stderr)
+    print(
+        f"rudra-zmq launch: removed what this launch wrote in {run_dir} (no training "
+        "started there)",
+        file=sys.stderr,
+    )
 
 
 def launch(args) -> int:
@@ -307,36 +356,52 @@ def launch(args) -> int:
     cfg = config_mod.load_config(args.config, list(args.set))
     hosts = hostfile.load(args.hostfile, args.hosts, args.include, args.exclude)
     if args.launcher == "pdsh" and shutil.which("pdsh") is None:
-        raise ConfigError("--launcher pdsh: pdsh is not installed here (Debian: apt-get "
-                          "install pdsh); or use --launcher ssh")
+        raise ConfigError(
+            "--launcher pdsh: pdsh is not installed here (Debian: apt-get "
+            "install pdsh); or use --launcher ssh"
+        )
     forward = _forwarded(args.export)
     # the data and extras: checked (and images decoded) here when the servers run here;
     # on another host its roles decode once under the cache's lock (dataset_cache)
-    preflight.run(cfg, local=hostfile.is_local(args.server_host or hosts[0].name),
-                  decode=not args.dry_run)
+    preflight.run(
+        cfg, local=hostfile.is_local(args.server_host or hosts[0].name), decode=not args.dry_run
+    )
     target = Path(args.run_dir or cfg.runtime.run_dir).absolute()
     made = [] if args.dry_run else _missing_dirs(target)
     had = set(os.listdir(target)) if args.run_dir and target.is_dir() else set()
-    cp = cluster_plan.place(cfg, hosts, server_host=args.server_host, port=args.port,
-                            run_dir=args.run_dir, create=not args.dry_run)
+    cp = cluster_plan.place(
+        cfg,
+        hosts,
+        server_host=args.server_host,
+        port=args.port,
+        run_dir=args.run_dir,
+        create=not args.dry_run,
+    )
     if not args.dry_run and args.run_dir is None:
-        made.insert(0, cp.plan.run_dir)        # a new NAME-STAMP folder under runtime.run_dir
-    print(f"rudra-zmq launch {cfg.name!r} on {hostfile.describe(hosts)}; run directory "
-          f"{cp.plan.run_dir}\n{cluster_plan.describe(cp)}", flush=True)
+        made.insert(0, cp.plan.run_dir)  # a new NAME-STAMP folder under runtime.run_dir
+    print(
+        f"rudra-zmq launch {cfg.name!r} on {hostfile.describe(hosts)}; run directory "
+        f"{cp.plan.run_dir}\n{cluster_plan.describe(cp)}",
+        flush=True,
+    )
     warning = plaintext_warning(cp)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     if args.dry_run:
         print(f"  ssh: {cluster_plan.LOCAL_RULE}")
-        commands = Commands(cp.plan.run_dir, args.launcher, shlex.split(args.ssh_opts),
-                            args.python)
+        commands = Commands(cp.plan.run_dir, args.launcher, shlex.split(args.ssh_opts), args.python)
         for host, label, role, role_args in cluster_plan.commands(cp):
             print(f"{host}:{label}$ {shlex.join(commands.argv(host, label, role, role_args))}")
         return 0
     rc, launcher = 1, None
     try:
-        launcher = ClusterLauncher(cp, via=args.launcher, ssh_options=shlex.split(args.ssh_opts),
-                                   forward=forward, python=args.python)
+        launcher = ClusterLauncher(
+            cp,
+            via=args.launcher,
+            ssh_options=shlex.split(args.ssh_opts),
+            forward=forward,
+            python=args.python,
+        )
         rc = launcher.run()
     finally:
         if rc != 0 and (launcher is None or not launcher.all_up):
@@ -347,35 +412,70 @@ def launch(args) -> int:
 def add_parser(sub) -> None:
     """Register ``rudra-zmq launch``."""
     p = sub.add_parser(
-        "launch", help="run every role across the hosts of a hostfile (over ssh)",
+        "launch",
+        help="run every role across the hosts of a hostfile (over ssh)",
         description="Place the roles of one run on the hosts of a hostfile (one slot = one "
-                    "learner; the servers on the first host), start them over ssh, show "
-                    "every host's output, and stop them all when training ends or anything "
-                    "fails. Every host needs rudra_zmq installed at the same python path "
-                    "(--python) and the run directory's path writable.")
+        "learner; the servers on the first host), start them over ssh, show "
+        "every host's output, and stop them all when training ends or anything "
+        "fails. Every host needs rudra_zmq installed at the same python path "
+        "(--python) and the run directory's path writable.",
+    )
     p.add_argument("config", metavar="CONFIG", help="YAML config file (or a built-in name)")
-    p.add_argument("--hostfile", metavar="F", help="'host slots=N' lines (Open MPI, "
-                   "DeepSpeed, Horovod)")
+    p.add_argument(
+        "--hostfile", metavar="F", help="'host slots=N' lines (Open MPI, DeepSpeed, Horovod)"
+    )
     p.add_argument("-H", "--hosts", metavar="HOST:N,...", help="hosts and slots inline")
     p.add_argument("--include", metavar="SPEC", help="only these hosts/slots: h1@h2:0,2")
     p.add_argument("--exclude", metavar="SPEC", help="not these hosts/slots: h1@h2:0,2")
-    p.add_argument("--server-host", metavar="HOST",
-                   help="where the PS, data and statistics servers run (default: first host)")
-    p.add_argument("--port", type=int, default=cluster_plan.DEFAULT_PORT,
-                   help=f"first port used on each host (default {cluster_plan.DEFAULT_PORT})")
-    p.add_argument("--launcher", choices=("ssh", "pdsh"), default="ssh",
-                   help="how to start remote roles (default ssh)")
-    p.add_argument("--ssh-opts", default="", metavar="OPTS",
-                   help="extra ssh options, e.g. \"-p 2222 -i ~/.ssh/cluster\"")
-    p.add_argument("-x", "--export", action="append", default=[], metavar="NAME[=VALUE]",
-                   help="forward an environment variable to every role (repeatable)")
-    p.add_argument("--python", metavar="PATH",
-                   help=f"python on the remote hosts (default: this one, {sys.executable})")
+    p.add_argument(
+        "--server-host",
+        metavar="HOST",
+        help="where the PS, data and statistics servers run (default: first host)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=cluster_plan.DEFAULT_PORT,
+        help=f"first port used on each host (default {cluster_plan.DEFAULT_PORT})",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=("ssh", "pdsh"),
+        default="ssh",
+        help="how to start remote roles (default ssh)",
+    )
+    p.add_argument(
+        "--ssh-opts",
+        default="",
+        metavar="OPTS",
+        help='extra ssh options, e.g. "-p 2222 -i ~/.ssh/cluster"',
+    )
+    p.add_argument(
+        "-x",
+        "--export",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="forward an environment variable to every role (repeatable)",
+    )
+    p.add_argument(
+        "--python",
+        metavar="PATH",
+        help=f"python on the remote hosts (default: this one, {sys.executable})",
+    )
     p.add_argument("--run-dir", metavar="DIR", help="run directory, the same path on every host")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan and each host's exact commands; start nothing")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (repeatable)")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan and each host's exact commands; start nothing",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (repeatable)",
+    )
     p.set_defaults(func=_cmd_launch)
 
 

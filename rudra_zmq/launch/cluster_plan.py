@@ -19,6 +19,7 @@ beyond loopback, off otherwise (:func:`exposed`). Pure planning: :func:`place` s
 with ``create`` it makes the run directory here and saves the resolved config, as
 ``rudra-zmq run`` does. Thread-safe.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,23 +35,27 @@ from ..run_files import KEYS_DIR, config_path
 from . import hostfile
 from .run_plan import Plan, learner_groups, learner_label, make_run_dir, role_steps
 
-DEFAULT_PORT = 29500   # the first port on each host (torch.distributed's default)
+DEFAULT_PORT = 29500  # the first port on each host (torch.distributed's default)
 
 
 @dataclass
 class ClusterPlan:
     """A :class:`run_plan.Plan` (endpoints as others reach them, binds as servers bind) and
     the host of every process label."""
+
     plan: Plan
     hosts: list[hostfile.Host]
     server_host: str
-    placement: dict[str, str]          # label (ps, data, node3, learner0-1, ...) -> host
-    curve_given: bool | None = None    # security.curve as the config said it (None: unset)
+    placement: dict[str, str]  # label (ps, data, node3, learner0-1, ...) -> host
+    curve_given: bool | None = None  # security.curve as the config said it (None: unset)
 
     def learners_on(self, host: str) -> int:
         """How many learners the plan puts on ``host``."""
-        return sum(len(ids) for ids in self.plan.learner_groups
-                   if self.placement[learner_label(ids)] == host)
+        return sum(
+            len(ids)
+            for ids in self.plan.learner_groups
+            if self.placement[learner_label(ids)] == host
+        )
 
     def host_names(self) -> list[str]:
         """Every host that runs something, the server host first."""
@@ -73,7 +78,7 @@ def bind_address(host: str) -> str:
     """Where a server reached as ``host`` binds, as a tcp endpoint's host: that IP address
     (IPv6 in brackets), 127.0.0.1 for ``localhost``, every interface for any other name."""
     if host.rstrip(".").lower() == "localhost":
-        return "127.0.0.1"      # libzmq resolves a connect to localhost over IPv4 by default
+        return "127.0.0.1"  # libzmq resolves a connect to localhost over IPv4 by default
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -97,14 +102,15 @@ def is_loopback(endpoint: str) -> bool:
     """Whether a ``tcp://HOST:PORT`` endpoint's HOST is loopback (ipc: True)."""
     if not endpoint.startswith("tcp://"):
         return True
-    return is_loopback_host(endpoint[len("tcp://"):].rsplit(":", 1)[0])
+    return is_loopback_host(endpoint[len("tcp://") :].rsplit(":", 1)[0])
 
 
 def exposed(binds: dict[str, str], hosts) -> bool:
     """Whether others could reach servers that bind ``binds`` with roles on ``hosts``: a host
     that is not this machine, or a server listening beyond loopback."""
-    return (not all(hostfile.is_local(h) for h in hosts)
-            or not all(is_loopback(ep) for ep in binds.values()))
+    return not all(hostfile.is_local(h) for h in hosts) or not all(
+        is_loopback(ep) for ep in binds.values()
+    )
 
 
 def _place_groups(groups: list[list[int]], hosts: list[hostfile.Host]) -> list[str]:
@@ -119,29 +125,42 @@ def _place_groups(groups: list[list[int]], hosts: list[hostfile.Host]) -> list[s
                 f"learners {','.join(map(str, ids))} (one process of "
                 f"runtime.learners_per_process learners) fit on no host that has slots left "
                 f"({hostfile.describe(hosts)}); give hosts more slots or lower "
-                "runtime.learners_per_process")
+                "runtime.learners_per_process"
+            )
         out.append(hosts[i].name)
         free -= len(ids)
     return out
 
 
-def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
-          port: int = DEFAULT_PORT, run_dir=None, create: bool = True) -> ClusterPlan:
+def place(
+    cfg,
+    hosts: list[hostfile.Host],
+    *,
+    server_host: str | None = None,
+    port: int = DEFAULT_PORT,
+    run_dir=None,
+    create: bool = True,
+) -> ClusterPlan:
     """Plan the run of ``cfg`` on ``hosts``. ``create``: make the run directory (``run_dir``,
     else ``runtime.run_dir/NAME-STAMP``) and save ``config.yaml`` there; without it nothing
     is written (a dry run). Raises ConfigError: too few slots, a bad port."""
     lam = cfg.sync.learners
     slots = sum(h.count for h in hosts)
     if slots < lam:
-        raise ConfigError(f"sync.learners={lam} learners need {lam} slots, and the hosts give "
-                          f"{slots} ({hostfile.describe(hosts)}); add slots or hosts, or set "
-                          f"sync.learners={slots}")
+        raise ConfigError(
+            f"sync.learners={lam} learners need {lam} slots, and the hosts give "
+            f"{slots} ({hostfile.describe(hosts)}); add slots or hosts, or set "
+            f"sync.learners={slots}"
+        )
     if not 1 <= port <= 65535 - 200:
         raise ConfigError(f"--port {port}: give the first port of a free range, 1-65335")
     server = server_host or hosts[0].name
     tree = topology.tree_of(cfg)
-    groups = (topology.learner_groups(tree, cfg.runtime.learners_per_process) if tree
-              else learner_groups(cfg))
+    groups = (
+        topology.learner_groups(tree, cfg.runtime.learners_per_process)
+        if tree
+        else learner_groups(cfg)
+    )
     placement = {"stats": server, "data": server, "ps": server}
     for ids, host in zip(groups, _place_groups(groups, hosts)):
         placement[learner_label(ids)] = host
@@ -168,7 +187,7 @@ def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
         endpoints[label] = f"tcp://{_address(host)}:{p}"
         binds[label] = f"tcp://{bind_address(host)}:{p}"
     given = cfg.security.curve
-    if given is None:     # unset: encrypt whenever someone else could reach the roles
+    if given is None:  # unset: encrypt whenever someone else could reach the roles
         on = exposed(binds, placement.values())
         cfg = dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on))
     if create:
@@ -181,9 +200,11 @@ def place(cfg, hosts: list[hostfile.Host], *, server_host: str | None = None,
     return ClusterPlan(plan, hosts, server, placement, given)
 
 
-LOCAL_RULE = ("localhost, 127.x.x.x, ::1 and this machine's own names run here without ssh "
-              "(as under Horovod); every other entry goes over ssh, this machine's network "
-              "addresses included (name one of them to reach it over ssh)")
+LOCAL_RULE = (
+    "localhost, 127.x.x.x, ::1 and this machine's own names run here without ssh "
+    "(as under Horovod); every other entry goes over ssh, this machine's network "
+    "addresses included (name one of them to reach it over ssh)"
+)
 
 
 def describe(cp: ClusterPlan) -> str:
@@ -196,18 +217,24 @@ def describe(cp: ClusterPlan) -> str:
         n = slots.get(host)
         what = f"{n} slot{'s' if n != 1 else ''}" if n is not None else "servers only"
         how = "this machine, no ssh" if hostfile.is_local(host) else "over ssh"
-        lines.append(f"  {host} ({what}, {cp.learners_on(host)} learners; {how}): "
-                     + ", ".join(labels))
+        lines.append(
+            f"  {host} ({what}, {cp.learners_on(host)} learners; {how}): " + ", ".join(labels)
+        )
     return "\n".join([*lines, f"  security: {security_line(cp)}"])
 
 
 def security_line(cp: ClusterPlan) -> str:
     """How the roles of ``cp`` talk, and why: one line for the plan."""
-    given = {None: "security.curve unset", True: "security.curve: true",
-             False: "security.curve: false"}[cp.curve_given]
+    given = {
+        None: "security.curve unset",
+        True: "security.curve: true",
+        False: "security.curve: false",
+    }[cp.curve_given]
     if cp.plan.cfg.security.curve:
-        return (f"CurveZMQ on every socket ({given}); the run's keys are made in "
-                f"{cp.plan.run_dir / KEYS_DIR} and copied to each host")
+        return (
+            f"CurveZMQ on every socket ({given}); the run's keys are made in "
+            f"{cp.plan.run_dir / KEYS_DIR} and copied to each host"
+        )
     if exposed(cp.plan.binds, cp.host_names()):
         return f"PLAINTEXT across hosts ({given}): anyone who can reach the roles can join"
     return f"plaintext on loopback, every role on this machine ({given})"
@@ -216,5 +243,7 @@ def security_line(cp: ClusterPlan) -> str:
 def commands(cp: ClusterPlan, resume: bool = False) -> list[tuple[str, str, str, list[str]]]:
     """Every process in start order: ``(host, label, role, args)`` with ``--config`` first."""
     conf = ["--config", str(config_path(cp.plan.run_dir))]
-    return [(cp.placement[label], label, role, conf + args)
-            for label, role, args, _ in role_steps(cp.plan, resume)]
+    return [
+        (cp.placement[label], label, role, conf + args)
+        for label, role, args, _ in role_steps(cp.plan, resume)
+    ]

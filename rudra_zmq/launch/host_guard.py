@@ -14,6 +14,7 @@ changes (the ssh session ended), or on SIGTERM/SIGHUP/SIGINT. The role itself ge
 if the guard dies (``RUDRA_ZMQ_LAUNCHER_PID``, :func:`role_process.follow_launcher`). Blocks
 until the role has exited; run as a program, from one thread.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,14 @@ import sys
 import threading
 import time
 
-GRACE_S = 5.0          # SIGTERM -> SIGKILL of the role's process group
+GRACE_S = 5.0  # SIGTERM -> SIGKILL of the role's process group
 POLL_S = 0.2
-MAX_LINE = 1 << 20     # the JSON line: a few variables, not megabytes
+MAX_LINE = 1 << 20  # the JSON line: a few variables, not megabytes
 
 
 class _Stop(threading.Event):
     """Set when the role should stop; ``why`` says what asked."""
+
     why = ""
 
     def request(self, why: str) -> None:
@@ -50,10 +52,13 @@ def _read_settings(argv: list[str]) -> tuple[dict, list[str], bool]:
             raw, argv = f.read(MAX_LINE), argv[2:]
     settings = json.loads(raw.decode() or "{}")
     env = settings.get("env", {})
-    if (not isinstance(settings, dict) or not isinstance(env, dict)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
-            or not isinstance(settings.get("learners_here", 0), int)):
-        raise ValueError("expected {\"env\": {NAME: VALUE}, \"learners_here\": N}")
+    if (
+        not isinstance(settings, dict)
+        or not isinstance(env, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+        or not isinstance(settings.get("learners_here", 0), int)
+    ):
+        raise ValueError('expected {"env": {NAME: VALUE}, "learners_here": N}')
     if not argv:
         raise ValueError("no role given")
     return settings, argv, on_stdin
@@ -68,7 +73,7 @@ def _role_env(role: str, argv: list[str], settings: dict) -> dict[str, str]:
     cfg = load_config(argv[argv.index("--config") + 1], [])
     env = role_env(cfg, role, learners_here=settings.get("learners_here", 0))
     env.update(settings.get("env", {}))
-    env["RUDRA_ZMQ_LAUNCHER_PID"] = str(os.getpid())   # the role follows this guard
+    env["RUDRA_ZMQ_LAUNCHER_PID"] = str(os.getpid())  # the role follows this guard
     return env
 
 
@@ -95,25 +100,28 @@ def run(argv: list[str]) -> int:
     stop = _Stop()
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(s, lambda signum, frame: stop.request(signal.Signals(signum).name))
-    if on_stdin:   # (pdsh gives no stdin to watch: the parent check below stands in)
+    if on_stdin:  # (pdsh gives no stdin to watch: the parent check below stands in)
         threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
     parent = os.getppid()
-    proc = subprocess.Popen([sys.executable, "-m", "rudra_zmq", *argv], env=env,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rudra_zmq", *argv],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     while proc.poll() is None:
         if os.getppid() != parent:
             stop.request("its ssh session ended")
         if stop.wait(POLL_S):
             break
     if proc.poll() is None:
-        print(f"rudra-zmq host_guard: stopping {role} ({stop.why})", file=sys.stderr,
-              flush=True)
+        print(f"rudra-zmq host_guard: stopping {role} ({stop.why})", file=sys.stderr, flush=True)
         proc.terminate()
         deadline = time.monotonic() + GRACE_S
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
     try:
-        os.killpg(proc.pid, signal.SIGKILL)   # the role's leftovers, or the role itself
+        os.killpg(proc.pid, signal.SIGKILL)  # the role's leftovers, or the role itself
     except (ProcessLookupError, PermissionError):
         pass
     rc = proc.wait()
@@ -124,5 +132,5 @@ if __name__ == "__main__":
     code = run(sys.argv[1:])
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)   # not sys.exit: the stdin watcher may sit in a read that would abort
+    os._exit(code)  # not sys.exit: the stdin watcher may sit in a read that would abort
     # the interpreter's shutdown ("could not acquire lock for <stdin>")

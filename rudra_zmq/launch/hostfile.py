@@ -21,6 +21,7 @@ once: DeepSpeed refuses duplicates, and so do we (give a host one line with all 
 Pure and thread-safe; only :func:`load` reads a file, and :func:`is_local` asks the OS for this
 machine's names once (``gethostname`` and ``getfqdn``, the latter bounded by ``FQDN_TIMEOUT_S``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,16 +32,16 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_SLOTS = 4096        # per host: a typo such as slots=40000000 must not allocate a huge tuple
-FQDN_TIMEOUT_S = 2.0    # getfqdn may wait on a slow resolver; is_local must not wait with it
+MAX_SLOTS = 4096  # per host: a typo such as slots=40000000 must not allocate a huge tuple
+FQDN_TIMEOUT_S = 2.0  # getfqdn may wait on a slow resolver; is_local must not wait with it
 EXPECTED = "expected 'host slots=N' (or 'host:N', or a bare 'host' for 1 slot)"
 EXPECTED_H = "expected -H 'host1:N,host2:M' (a host without ':N' has 1 slot)"
 EXPECTED_SELECT = "expected 'host1@host2:0,2' ('@' between hosts, ':' before slot indices)"
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}", re.ASCII)
-_DOTTED = re.compile(r"[0-9.]+", re.ASCII)          # looks like IPv4, so must be a valid one
-_INT = re.compile(r"[0-9]{1,6}", re.ASCII)          # bounded: int() of 5,000 digits raises
-_SCOPE = re.compile(r"[A-Za-z0-9._-]+", re.ASCII)   # an IPv6 zone, as in fe80::1%eth0
+_DOTTED = re.compile(r"[0-9.]+", re.ASCII)  # looks like IPv4, so must be a valid one
+_INT = re.compile(r"[0-9]{1,6}", re.ASCII)  # bounded: int() of 5,000 digits raises
+_SCOPE = re.compile(r"[A-Za-z0-9._-]+", re.ASCII)  # an IPv6 zone, as in fe80::1%eth0
 
 
 class HostfileError(ValueError):
@@ -56,14 +57,16 @@ class _Bad(Exception):
 class Host:
     """A host and the slot indices (one learner each) to use on it, ascending and unique:
     normally ``0..N-1``; ``--include host:1,3`` keeps only some."""
+
     name: str
     slots: tuple[int, ...]
 
     def __post_init__(self):
         object.__setattr__(self, "slots", tuple(self.slots))
         if list(self.slots) != sorted(set(self.slots)) or any(s < 0 for s in self.slots):
-            raise ValueError(f"Host {self.name!r}: slots must be ascending, unique and >= 0, "
-                             f"got {self.slots}")
+            raise ValueError(
+                f"Host {self.name!r}: slots must be ascending, unique and >= 0, got {self.slots}"
+            )
 
     @property
     def count(self) -> int:
@@ -81,14 +84,15 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         if not line:
             continue
         try:
-            host = _parse_line(re.sub(r"\s*=\s*", "=", line))    # 'slots = 4' reads as slots=4
+            host = _parse_line(re.sub(r"\s*=\s*", "=", line))  # 'slots = 4' reads as slots=4
         except _Bad as e:
             raise HostfileError(f"{source}:{lineno}: {e} in {line!r}; {EXPECTED}") from None
         if host.name in first_line:
             raise HostfileError(
                 f"{source}:{lineno}: host {host.name!r} is listed twice (first on line "
                 f"{first_line[host.name]}); give it one line with all its slots (DeepSpeed "
-                f"refuses duplicate hosts too)")
+                f"refuses duplicate hosts too)"
+            )
         first_line[host.name] = lineno
         hosts.append(host)
     if not hosts:
@@ -110,21 +114,23 @@ def parse_hosts_arg(text: str) -> list[Host]:
         except _Bad as e:
             raise HostfileError(f"-H {text!r}: {e}; {EXPECTED_H}") from None
         if any(h.name == name for h in hosts):
-            raise HostfileError(f"-H {text!r}: host {name!r} is listed twice; give it once "
-                                f"with all its slots")
+            raise HostfileError(
+                f"-H {text!r}: host {name!r} is listed twice; give it once with all its slots"
+            )
         hosts.append(Host(name, tuple(range(n))))
     return hosts
 
 
-def select(hosts: list[Host], include: str | None = None,
-           exclude: str | None = None) -> list[Host]:
+def select(hosts: list[Host], include: str | None = None, exclude: str | None = None) -> list[Host]:
     """The hosts and slots that ``include`` keeps or ``exclude`` leaves (DeepSpeed's
     ``host1@host2:0,2``), in the order of ``hosts``; hosts left without slots are dropped.
     Neither given: ``hosts`` unchanged. Raises HostfileError if both are given, if either
     names a host or slot not in ``hosts``, or if nothing is left. Pure."""
     if include is not None and exclude is not None:
-        raise HostfileError(f"--include {include!r} and --exclude {exclude!r} were both given; "
-                            f"give one of them (DeepSpeed allows only one too)")
+        raise HostfileError(
+            f"--include {include!r} and --exclude {exclude!r} were both given; "
+            f"give one of them (DeepSpeed allows only one too)"
+        )
     if include is None and exclude is None:
         return list(hosts)
     flag, text = ("--include", include) if include is not None else ("--exclude", exclude)
@@ -144,8 +150,10 @@ def select(hosts: list[Host], include: str | None = None,
                 if not _INT.fullmatch(s.strip()):
                     raise _Bad(f"bad slot index {s!r} in {spec!r}")
                 if int(s) not in have:
-                    raise _Bad(f"host {name!r} has no slot {int(s)} (its slots: "
-                               f"{', '.join(map(str, have))})")
+                    raise _Bad(
+                        f"host {name!r} has no slot {int(s)} (its slots: "
+                        f"{', '.join(map(str, have))})"
+                    )
                 slots.add(int(s))
         except _Bad as e:
             raise HostfileError(f"{flag} {text!r}: {e}; {EXPECTED_SELECT}") from None
@@ -153,12 +161,15 @@ def select(hosts: list[Host], include: str | None = None,
     if include is not None:
         out = [Host(h.name, tuple(sorted(named[h.name]))) for h in hosts if h.name in named]
     else:
-        out = [Host(h.name, tuple(s for s in h.slots if s not in named.get(h.name, ())))
-               for h in hosts]
+        out = [
+            Host(h.name, tuple(s for s in h.slots if s not in named.get(h.name, ()))) for h in hosts
+        ]
         out = [h for h in out if h.slots]
     if not out:
-        raise HostfileError(f"{flag} {text!r} leaves no slots to launch on (it excludes all "
-                            f"{sum(h.count for h in hosts)} slots of the {len(hosts)} hosts)")
+        raise HostfileError(
+            f"{flag} {text!r} leaves no slots to launch on (it excludes all "
+            f"{sum(h.count for h in hosts)} slots of the {len(hosts)} hosts)"
+        )
     return out
 
 
@@ -172,25 +183,28 @@ def is_local(name: str) -> bool:
     except ValueError:
         return name == "localhost" or name in _local_names()
     if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped                                 # ::ffff:127.0.0.1
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1
     return ip.is_loopback
 
 
-def load(path=None, hosts_arg: str | None = None, include: str | None = None,
-         exclude: str | None = None) -> list[Host]:
+def load(
+    path=None, hosts_arg: str | None = None, include: str | None = None, exclude: str | None = None
+) -> list[Host]:
     """The hosts to launch on: from the hostfile at ``path`` or from ``hosts_arg`` (``-H``;
     exactly one of them), then :func:`select` with ``include``/``exclude``. Raises
     HostfileError for a missing or unreadable file and for any error above. Blocks only to
     read the file."""
     if (path is None) == (hosts_arg is None):
         both = path is not None
-        raise HostfileError(f"{'both a hostfile and -H were given' if both else 'no hosts given'}"
-                            f": pass --hostfile F or -H host1:N,host2:M{', not both' * both}")
+        raise HostfileError(
+            f"{'both a hostfile and -H were given' if both else 'no hosts given'}"
+            f": pass --hostfile F or -H host1:N,host2:M{', not both' * both}"
+        )
     if path is None:
         hosts = parse_hosts_arg(hosts_arg)
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8-sig")    # -sig: a BOM is not a host
+            text = Path(path).read_text(encoding="utf-8-sig")  # -sig: a BOM is not a host
         except (OSError, UnicodeDecodeError) as e:
             why = getattr(e, "strerror", None) or e
             raise HostfileError(f"cannot read hostfile {str(path)!r}: {why}") from None
@@ -202,10 +216,16 @@ def describe(hosts: list[Host]) -> str:
     """One line for logs: ``3 hosts, 6 slots: a (2), b (2), c (2)``; a host using only some
     of its slots shows them: ``b (slots 1,3)``. Pure."""
     total = sum(h.count for h in hosts)
-    parts = [f"{h.name} ({h.count})" if h.slots == tuple(range(h.count))
-             else f"{h.name} (slots {','.join(map(str, h.slots))})" for h in hosts]
-    return (f"{len(hosts)} host{'s' * (len(hosts) != 1)}, {total} slot{'s' * (total != 1)}: "
-            f"{', '.join(parts)}")
+    parts = [
+        f"{h.name} ({h.count})"
+        if h.slots == tuple(range(h.count))
+        else f"{h.name} (slots {','.join(map(str, h.slots))})"
+        for h in hosts
+    ]
+    return (
+        f"{len(hosts)} host{'s' * (len(hosts) != 1)}, {total} slot{'s' * (total != 1)}: "
+        f"{', '.join(parts)}"
+    )
 
 
 def _parse_line(line: str) -> Host:
@@ -220,7 +240,7 @@ def _parse_line(line: str) -> Host:
                 raise _Bad(f"the slot count is given twice ({spec!r}, {opt!r})")
             n, given = _count(value, opt), True
         elif eq and key == "max_slots":
-            _count(value, opt)      # checked, then ignored: we run exactly `slots` learners
+            _count(value, opt)  # checked, then ignored: we run exactly `slots` learners
         else:
             raise _Bad(f"unexpected {opt!r}")
     return Host(name, tuple(range(n)))
@@ -236,7 +256,7 @@ def _spec(spec: str) -> tuple[str, str | None]:
             raise _Bad(f"brackets are for IPv6 addresses, not {spec!r}")
         return _name(name, spec), (rest[1:] if rest else None)
     if spec.count(":") >= 2:
-        return _name(spec, spec), None      # a bare IPv6 address: brackets are needed for ':N'
+        return _name(spec, spec), None  # a bare IPv6 address: brackets are needed for ':N'
     name, colon, rest = spec.partition(":")
     return _name(name, spec), (rest if colon else None)
 
@@ -258,8 +278,10 @@ def _name(text: str, spec: str) -> str:
         except ValueError:
             raise _Bad(f"{text!r} is not a valid IPv4 address") from None
     if not _NAME.fullmatch(text):
-        raise _Bad(f"bad host name {text!r} (letters, digits, '.', '-', '_', not starting "
-                   f"with '-' or '.'; an IPv4 address; or an IPv6 address)")
+        raise _Bad(
+            f"bad host name {text!r} (letters, digits, '.', '-', '_', not starting "
+            f"with '-' or '.'; an IPv4 address; or an IPv6 address)"
+        )
     return text
 
 
@@ -278,8 +300,9 @@ def _names(known) -> str:
 def _local_names() -> frozenset[str]:
     """This machine's names, lower case; cached (functools.cache is thread-safe)."""
     found = [socket.gethostname()]
-    worker = threading.Thread(target=lambda: found.append(socket.getfqdn()), daemon=True,
-                              name="rudra-getfqdn")
+    worker = threading.Thread(
+        target=lambda: found.append(socket.getfqdn()), daemon=True, name="rudra-getfqdn"
+    )
     worker.start()
-    worker.join(FQDN_TIMEOUT_S)     # a slow resolver leaves only gethostname's answer
+    worker.join(FQDN_TIMEOUT_S)  # a slow resolver leaves only gethostname's answer
     return frozenset(n.rstrip(".").lower() for n in list(found) if n)

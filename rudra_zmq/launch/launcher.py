@@ -27,6 +27,7 @@ directory continues from its checkpoint (``rudra-zmq run --resume``).
 Each role's command line and the stop order: ``docs/architecture.md`` (The launcher); the same
 commands started by hand across machines: ``docs/multihost.md``.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,10 +47,10 @@ from .children import Child, accepting, echo_lines, kill_tree, log_size, tail
 from .restarts import on_failure
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
-POLL_S = 0.2                 # how often the supervisor looks at its children
-TERM_GRACE_S = 5.0           # SIGTERM -> SIGKILL of the process tree
+POLL_S = 0.2  # how often the supervisor looks at its children
+TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
-LEARNER_EXIT_S = 10.0        # after the PS finished, how long learners may take to exit
+LEARNER_EXIT_S = 10.0  # after the PS finished, how long learners may take to exit
 
 
 def _role_command(role: str, args: list[str]) -> list[str]:
@@ -70,15 +71,15 @@ class Launcher:
         self.children: list[Child] = []
         self.interrupted = False
         self.hurry = False  # a second interrupt: skip the SIGTERM grace period
-        self.restarts: dict[str, int] = {}   # label -> times restarted
-        self.left_out: set[str] = set()      # learners that failed and were not restarted
+        self.restarts: dict[str, int] = {}  # label -> times restarted
+        self.left_out: set[str] = set()  # learners that failed and were not restarted
         self.learners_here: int | None = None  # learners on this host (None: all λ)
         self.heard: dict[str, tuple[float, int]] = {}  # wait_ready: a server's last progress
-        self.notices: dict[str, LogNotices] = {}   # label -> its log's notices, followed
+        self.notices: dict[str, LogNotices] = {}  # label -> its log's notices, followed
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
         self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
-        if plan.cfg.security.curve:   # keys_dir: the user's (worker), else per-run keys
+        if plan.cfg.security.curve:  # keys_dir: the user's (worker), else per-run keys
             self.secrets[security.KEYS_ENV] = keys_dir or str(run_keys(plan))
 
     # -- signals -----------------------------------------------------------------------
@@ -90,8 +91,10 @@ class Launcher:
     def _install_signals(self) -> dict:
         if threading.current_thread() is not threading.main_thread():
             return {}  # signals can't be caught here; KeyboardInterrupt still works
-        return {s: signal.signal(s, self._on_signal)
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return {
+            s: signal.signal(s, self._on_signal)
+            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        }
 
     # -- starting ------------------------------------------------------------------------
     def start(self, label: str, role: str, args: list[str]) -> Child:
@@ -99,27 +102,37 @@ class Launcher:
         cfg = self.plan.cfg
         command = _role_command(role, args)
         log_file = log_path(self.plan.run_dir, label)
-        if label not in self.notices:   # from the log's end: a restarted role appends to it
+        if label not in self.notices:  # from the log's end: a restarted role appends to it
             self.notices[label] = LogNotices(log_file)
         with open(log_file, "ab") as log:
             proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE if role == "stats" else log, stderr=log,
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if role == "stats" else log,
+                stderr=log,
                 env={**role_env(cfg, role, self.learners_here), **self.secrets},
                 start_new_session=True,
-                text=role == "stats", errors="replace" if role == "stats" else None)
+                text=role == "stats",
+                errors="replace" if role == "stats" else None,
+            )
         child = Child(label, role, command, log_file, proc, args=list(args))
         self.children.append(child)
         if role == "stats":
-            child.echo = threading.Thread(target=echo_lines, name="stats-echo", daemon=True,
-                                          args=(proc.stdout, log_file, child))
+            child.echo = threading.Thread(
+                target=echo_lines,
+                name="stats-echo",
+                daemon=True,
+                args=(proc.stdout, log_file, child),
+            )
             child.echo.start()
         self._write_processes()
         return child
 
     def _write_processes(self) -> None:
-        rows = [{"role": c.label, "pid": c.proc.pid, "command": c.command, "log": str(c.log)}
-                for c in self.children]
+        rows = [
+            {"role": c.label, "pid": c.proc.pid, "command": c.command, "log": str(c.log)}
+            for c in self.children
+        ]
         tmp = self.plan.run_dir / (PROCESSES_FILE + ".tmp")
         tmp.write_text(json.dumps(rows, indent=1) + "\n")
         tmp.replace(self.plan.run_dir / PROCESSES_FILE)
@@ -148,21 +161,29 @@ class Launcher:
                     self.stop_all()
                     return 1
             waiting = [s for s in waiting if s not in ready]
-            if ready:   # a line per batch: importing torch makes the start-up take seconds
-                print(f"start-up: {', '.join(s.label for s in ready)} started "
-                      f"({time.monotonic() - began:.1f} s)", flush=True)
+            if ready:  # a line per batch: importing torch makes the start-up take seconds
+                print(
+                    f"start-up: {', '.join(s.label for s in ready)} started "
+                    f"({time.monotonic() - began:.1f} s)",
+                    flush=True,
+                )
             started = [c for c in self.children if c.label in servers - listening]
             if not waiting and not started:
                 return None
-            if not started:   # a plan error, not the user's: say it rather than wait forever
-                raise RuntimeError(f"{waiting[0].label} waits for {waiting[0].after}, which "
-                                   "no role of the plan serves")
+            if not started:  # a plan error, not the user's: say it rather than wait forever
+                raise RuntimeError(
+                    f"{waiting[0].label} waits for {waiting[0].after}, which "
+                    "no role of the plan serves"
+                )
             up, rc = self.wait_ready(started)
             if rc is not None:
                 return rc
             listening.update(c.label for c in up)
-            print(f"start-up: {', '.join(c.label for c in up)} listening "
-                  f"({time.monotonic() - began:.1f} s)", flush=True)
+            print(
+                f"start-up: {', '.join(c.label for c in up)} listening "
+                f"({time.monotonic() - began:.1f} s)",
+                flush=True,
+            )
 
     def wait_ready(self, servers: list[Child]) -> tuple[list[Child], int | None]:
         """Block until at least one of ``servers`` accepts connections on its endpoint;
@@ -171,7 +192,7 @@ class Launcher:
         neither accepts connections nor writes to its log (a server decoding a dataset with
         a progress line is never too slow, a hung one is stopped)."""
         timeout = self.plan.cfg.runtime.timeout_s
-        heard = self.heard   # label -> (when its log last grew, its size then)
+        heard = self.heard  # label -> (when its log last grew, its size then)
         for c in servers:
             heard.setdefault(c.label, (time.monotonic(), log_size(c)))
         while True:
@@ -191,9 +212,12 @@ class Launcher:
                 if size != heard[c.label][1]:
                     heard[c.label] = (now, size)
                 elif now - heard[c.label][0] > timeout:
-                    print(f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting "
-                          f"connections on {self.plan.endpoints[c.label]}, and its log has "
-                          f"not grown for {timeout:g} s (runtime.timeout_s)", file=sys.stderr)
+                    print(
+                        f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting "
+                        f"connections on {self.plan.endpoints[c.label]}, and its log has "
+                        f"not grown for {timeout:g} s (runtime.timeout_s)",
+                        file=sys.stderr,
+                    )
                     self._print_tail(c)
                     self.stop_all()
                     return [], 1
@@ -227,7 +251,7 @@ class Launcher:
         """Poll the children until training ends (0), something fails that cannot be
         restarted (1), or we are interrupted (130), showing their notices. Blocks; returns
         with every child stopped."""
-        ended_at = None     # when the PS (and every tree node) finished training
+        ended_at = None  # when the PS (and every tree node) finished training
         while True:
             self.echo_notices()
             if self.interrupted:
@@ -241,8 +265,7 @@ class Launcher:
                 # end of training, which may be a little before the PS itself exits; so is
                 # a learner's after STOP, or anything's but the stats server's once training
                 # ended (a failed stats server still owes the final weights' evaluation).
-                if (rc == 0 and c.role != "data") or (ended_at is not None
-                                                      and c.role != "stats"):
+                if (rc == 0 and c.role != "data") or (ended_at is not None and c.role != "stats"):
                     continue
                 outcome = self._failed(c)
                 if outcome is not None:
@@ -250,8 +273,10 @@ class Launcher:
             live = [c for c in self.children if not c.ended]
             if ended_at is None and not any(c.role in ("ps", "node") for c in live):
                 ended_at = time.monotonic()
-            if ended_at is not None and (not any(c.role == "learner" for c in live)
-                                         or time.monotonic() - ended_at > LEARNER_EXIT_S):
+            if ended_at is not None and (
+                not any(c.role == "learner" for c in live)
+                or time.monotonic() - ended_at > LEARNER_EXIT_S
+            ):
                 return self.finish()
             time.sleep(POLL_S)
 
@@ -261,11 +286,11 @@ class Launcher:
         ``restarts.on_failure`` says. Blocks only for the fork/exec."""
         self._report(c, early=(c.role == "data" and c.proc.returncode == 0))
         # others still training, or one that finished (it was told STOP): the run goes on
-        others = any(x.role == "learner" and (not x.ended or x.proc.returncode == 0)
-                     for x in self._current())
+        others = any(
+            x.role == "learner" and (not x.ended or x.proc.returncode == 0) for x in self._current()
+        )
         n = self.restarts.get(c.label, 0)
-        verdict = on_failure(self.plan.cfg, c.label, c.role, c.args, n, others,
-                             self.plan.run_dir)
+        verdict = on_failure(self.plan.cfg, c.label, c.role, c.args, n, others, self.plan.run_dir)
         if verdict.message:
             print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)
         if verdict.action == "leave_out":
@@ -293,11 +318,10 @@ class Launcher:
                 c.proc.send_signal(signal.SIGTERM)
         stats = [c for c in self._current() if c.role == "stats"]
         deadline = time.monotonic() + STATS_EXIT_TIMEOUT_S
-        while any(c.proc.poll() is None or (c.proc.returncode != 0 and not c.ended)
-                  for c in stats):
+        while any(c.proc.poll() is None or (c.proc.returncode != 0 and not c.ended) for c in stats):
             if self.interrupted:
                 return self.interrupt()
-            for c in stats:   # killed now: restarted, it evaluates the final weights' file
+            for c in stats:  # killed now: restarted, it evaluates the final weights' file
                 if c.proc.poll() not in (None, 0) and not c.ended:
                     c.ended = True
                     outcome = self._failed(c)
@@ -308,9 +332,12 @@ class Launcher:
             if time.monotonic() > deadline:
                 # Training itself succeeded and the weights are saved; only the records
                 # (summary.csv, plots) may be incomplete, so this is a warning, not a failure.
-                print(f"rudra-zmq: warning: the stats server did not finish within "
-                      f"{STATS_EXIT_TIMEOUT_S:g} s after training ended; stopping it (its "
-                      f"summary may be incomplete, see {stats[0].log})", file=sys.stderr)
+                print(
+                    f"rudra-zmq: warning: the stats server did not finish within "
+                    f"{STATS_EXIT_TIMEOUT_S:g} s after training ended; stopping it (its "
+                    f"summary may be incomplete, see {stats[0].log})",
+                    file=sys.stderr,
+                )
                 break
             time.sleep(POLL_S)
         for c in stats:
@@ -347,8 +374,11 @@ class Launcher:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + TERM_GRACE_S
-        while any(c.proc.poll() is None for c in live) and time.monotonic() < deadline \
-                and not self.hurry:
+        while (
+            any(c.proc.poll() is None for c in live)
+            and time.monotonic() < deadline
+            and not self.hurry
+        ):
             time.sleep(0.05)
         self.cleanup()
 
@@ -384,14 +414,15 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     decodes image data once for every role), run directory or endpoint."""
     if resume is not None:
         from ..resume import finished_note, resume_config
+
         cfg = resume_config(resume, config_path, list(overrides))
         note = finished_note(resume, cfg)
-        if note is not None:   # a finished run with nothing to do: start nothing
+        if note is not None:  # a finished run with nothing to do: start nothing
             print(note, flush=True)
             return 0
     else:
         cfg = config_mod.load_config(config_path, list(overrides))
-    preflight.run(cfg)   # the data and extras checked, images decoded: before anything exists
+    preflight.run(cfg)  # the data and extras checked, images decoded: before anything exists
     plan = make_plan(cfg, resume, resume=True) if resume is not None else make_plan(cfg, run_dir)
     print(summary(plan), flush=True)
     if resume is not None:

@@ -18,6 +18,7 @@ call before they create the run directory. ``rudra-zmq launch`` calls it when th
 on this host (``check(cfg, local=False)`` otherwise: the data are on another host), and
 ``rudra-zmq worker`` may on the servers' rank. Everything blocks; nothing here starts a role.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,9 +31,11 @@ from ..data import dataset_cache, datasets, images
 from ..user_code import is_import_path
 from .run_plan import usable_cores
 
-TENSORBOARD_MISSING = ("logging.tensorboard: true needs the tensorboard package, which is not "
-                       "installed: pip install 'rudra_zmq[tensorboard]' (or set "
-                       "logging.tensorboard: false)")
+TENSORBOARD_MISSING = (
+    "logging.tensorboard: true needs the tensorboard package, which is not "
+    "installed: pip install 'rudra_zmq[tensorboard]' (or set "
+    "logging.tensorboard: false)"
+)
 
 # The data keys each dataset reads; a key outside its set that differs from its default is
 # ignored, which deserves a warning (num_classes, augment and prefetch apply to all).
@@ -43,13 +46,22 @@ _READS = {
     "imagefolder": {"root", "image_size", "limit_per_class"},
     "user": {"root", "limit_per_class"},
 }
-_ALL = {"root", "download", "image_size", "synthetic_shape", "synthetic_train",
-        "synthetic_test", "limit_per_class"}
-_WHY = {"digits": "it reads scikit-learn's bundled digits",
-        "synthetic": "it makes random images",
-        "cifar10": "it reads 32x32 images from data.root or its download",
-        "imagefolder": "it reads the image files at data.root",
-        "user": "your function returns the arrays"}
+_ALL = {
+    "root",
+    "download",
+    "image_size",
+    "synthetic_shape",
+    "synthetic_train",
+    "synthetic_test",
+    "limit_per_class",
+}
+_WHY = {
+    "digits": "it reads scikit-learn's bundled digits",
+    "synthetic": "it makes random images",
+    "cifar10": "it reads 32x32 images from data.root or its download",
+    "imagefolder": "it reads the image files at data.root",
+    "user": "your function returns the arrays",
+}
 
 
 def check(cfg, local: bool = True) -> list[str]:
@@ -74,8 +86,10 @@ def ignored_keys(d: DataConfig) -> list[str]:
     for key in sorted(_ALL - _READS[kind]):
         value = getattr(d, key)
         if value != getattr(defaults, key):
-            out.append(f"data.{key}={value!r} is ignored by data.dataset={d.dataset} "
-                       f"({_WHY[kind]}); remove it from the config")
+            out.append(
+                f"data.{key}={value!r} is ignored by data.dataset={d.dataset} "
+                f"({_WHY[kind]}); remove it from the config"
+            )
     return out
 
 
@@ -84,32 +98,41 @@ def check_data(d: DataConfig) -> None:
     exist, a file that is no tarball of images, a folder without the dataset's layout."""
     if d.dataset == "cifar10":
         if d.image_size not in (None, 32):
-            raise ConfigError(f"data.image_size={d.image_size}: cifar10 images are 32x32; "
-                              "remove it, or use data.dataset=imagefolder to resize images")
+            raise ConfigError(
+                f"data.image_size={d.image_size}: cifar10 images are 32x32; "
+                "remove it, or use data.dataset=imagefolder to resize images"
+            )
         given = d.root is not None
-        root = (Path(d.root).expanduser() if given
-                else datasets.default_cache_dir() / "cifar10")
+        root = Path(d.root).expanduser() if given else datasets.default_cache_dir() / "cifar10"
         _check_root_file(root)
         if datasets.cifar10_source(root) is None and not d.download:
             raise ConfigError(datasets.cifar10_missing(root, given))
     elif d.dataset == "imagefolder":
         if d.root is None:
-            raise ConfigError("data.dataset=imagefolder needs data.root: a folder with "
-                              "train/<class>/* and test/<class>/* (or val/), or a .tar.gz of one")
+            raise ConfigError(
+                "data.dataset=imagefolder needs data.root: a folder with "
+                "train/<class>/* and test/<class>/* (or val/), or a .tar.gz of one"
+            )
         root = Path(d.root).expanduser()
         if not root.exists():
-            raise ConfigError(f"data.root {str(root)!r} does not exist; point it at a folder "
-                              "with train/<class>/* and test/<class>/* (or val/), or a .tar.gz "
-                              "of one")
+            raise ConfigError(
+                f"data.root {str(root)!r} does not exist; point it at a folder "
+                "with train/<class>/* and test/<class>/* (or val/), or a .tar.gz "
+                "of one"
+            )
         _check_root_file(root)
         if root.is_dir() and not (root / "train").is_dir():
-            raise ConfigError(f"data.root {str(root)!r} has no train/ folder; imagefolder reads "
-                              "train/<class>/* and test/<class>/* (or val/), or a .tar.gz of "
-                              "such a tree")
+            raise ConfigError(
+                f"data.root {str(root)!r} has no train/ folder; imagefolder reads "
+                "train/<class>/* and test/<class>/* (or val/), or a .tar.gz of "
+                "such a tree"
+            )
     if root_dir := _tree_root(d):
         if not any(p.is_dir() for p in (root_dir / "test", root_dir / "val")):
-            raise ConfigError(f"data.root {str(root_dir)!r} has train/ but no test/ (or val/) "
-                              "folder; the statistics server evaluates on it: add one")
+            raise ConfigError(
+                f"data.root {str(root_dir)!r} has train/ but no test/ (or val/) "
+                "folder; the statistics server evaluates on it: add one"
+            )
 
 
 def _check_root_file(root: Path) -> None:
@@ -117,9 +140,11 @@ def _check_root_file(root: Path) -> None:
     if not root.is_file():
         return
     if not images.is_tarball(root):
-        raise ConfigError(f"data.root {str(root)!r} is a file but not a .tar.gz, .tgz or .tar; "
-                          "give a tarball of train/<class>/* and test/<class>/* images, or the "
-                          "folder of such a tree")
+        raise ConfigError(
+            f"data.root {str(root)!r} is a file but not a .tar.gz, .tgz or .tar; "
+            "give a tarball of train/<class>/* and test/<class>/* images, or the "
+            "folder of such a tree"
+        )
     try:
         images.check_tarball(root)
     except ValueError as exc:
@@ -158,24 +183,38 @@ def prepare(cfg, out=None, workers: int | None = None) -> None:
     if path.is_file():
         _check_classes(d, dataset_cache.cached_classes(path))
         return
-    print(f"data: decoding {root} once into {path.parent} (the roles read it from there)",
-          file=out, flush=True)
+    print(
+        f"data: decoding {root} once into {path.parent} (the roles read it from there)",
+        file=out,
+        flush=True,
+    )
     began = time.monotonic()
     try:
-        ds = datasets.load_dataset(d.dataset, root=root, image_size=d.image_size,
-                                   limit_per_class=d.limit_per_class,
-                                   workers=workers or usable_cores())
+        ds = datasets.load_dataset(
+            d.dataset,
+            root=root,
+            image_size=d.image_size,
+            limit_per_class=d.limit_per_class,
+            workers=workers or usable_cores(),
+        )
     except (ValueError, OSError) as exc:
         msg = " ".join(str(exc).split())
         raise ConfigError(msg if str(root) in msg else f"data.root {str(root)!r}: {msg}") from None
-    print(f"data: {len(ds.y_train) + len(ds.y_test):,} images decoded in "
-          f"{time.monotonic() - began:.1f} s", file=out, flush=True)
+    print(
+        f"data: {len(ds.y_train) + len(ds.y_test):,} images decoded in "
+        f"{time.monotonic() - began:.1f} s",
+        file=out,
+        flush=True,
+    )
     _check_classes(d, ds.num_classes)
 
 
 def _download(d: DataConfig, out) -> None:
-    root = Path(d.root).expanduser() if d.root is not None \
+    root = (
+        Path(d.root).expanduser()
+        if d.root is not None
         else datasets.default_cache_dir() / "cifar10"
+    )
     if datasets.cifar10_source(root) is not None:
         return
     print(f"data: downloading CIFAR-10 into {root}", file=out, flush=True)
@@ -187,8 +226,10 @@ def _download(d: DataConfig, out) -> None:
 
 def _check_classes(d: DataConfig, classes: int | None) -> None:
     if classes is not None and classes > d.num_classes:
-        raise ConfigError(f"data.num_classes is {d.num_classes} but data.root {d.root!r} holds "
-                          f"{classes} classes; set data.num_classes={classes}")
+        raise ConfigError(
+            f"data.num_classes is {d.num_classes} but data.root {d.root!r} holds "
+            f"{classes} classes; set data.num_classes={classes}"
+        )
 
 
 def run(cfg, local: bool = True, decode: bool = True) -> None:
@@ -201,5 +242,12 @@ def run(cfg, local: bool = True, decode: bool = True) -> None:
         prepare(cfg)
 
 
-__all__ = ["check", "check_data", "check_extras", "ignored_keys", "prepare", "run",
-           "TENSORBOARD_MISSING"]
+__all__ = [
+    "check",
+    "check_data",
+    "check_extras",
+    "ignored_keys",
+    "prepare",
+    "run",
+    "TENSORBOARD_MISSING",
+]

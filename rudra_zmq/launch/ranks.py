@@ -29,6 +29,7 @@ variable, its value and what was expected.
 Pure: reads only the mapping it is given (``os.environ`` by default), no side effects, no
 sockets; thread-safe. Nothing blocks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,7 +44,7 @@ from dataclasses import dataclass, fields
 ROLES = ("servers", "learner")
 DMLC_ROLES = {"server": "servers", "scheduler": "servers", "worker": "learner"}
 CLI_KEYS = ("role", "rank", "world_size", "local_rank", "master_addr", "master_port")
-MAX_HOSTS = 1_000_000        # a nodelist that expands past this is a typo, not a cluster
+MAX_HOSTS = 1_000_000  # a nodelist that expands past this is a typo, not a cluster
 NODELIST_EXAMPLE = "'node[01-03,07],gpu5'"
 
 
@@ -58,6 +59,7 @@ class _Bad(Exception):
 @dataclass(frozen=True)
 class Found:
     """One resolved fact and where it came from (``"--rank"``, ``"SLURM_PROCID"``, ...)."""
+
     value: object
     source: str
 
@@ -68,6 +70,7 @@ class Ranks:
 
     ``role`` None means the caller derives it from the rank.
     """
+
     role: Found | None = None
     rank: Found | None = None
     world_size: Found | None = None
@@ -93,8 +96,13 @@ _FIELDS = tuple(f.name for f in fields(Ranks))
 
 # ---- value parsers: raw text (or an int from the command line) -> value, or _Bad ----
 
-def _int(raw, low: int = 0, high: int | None = None,
-         expected: str = "a non-negative integer (0, 1, 2, ...)") -> int:
+
+def _int(
+    raw,
+    low: int = 0,
+    high: int | None = None,
+    expected: str = "a non-negative integer (0, 1, 2, ...)",
+) -> int:
     text = str(raw).strip()
     if not re.fullmatch(r"\d+", text) or int(text) < low or high is not None and int(text) > high:
         raise _Bad(f"expected {expected}")
@@ -103,8 +111,9 @@ def _int(raw, low: int = 0, high: int | None = None,
 
 _index = _int
 _count = functools.partial(_int, low=1, expected="a positive integer (1, 2, ...)")
-_port = functools.partial(_int, low=1, high=65535,
-                          expected="a TCP port, an integer from 1 to 65535")
+_port = functools.partial(
+    _int, low=1, high=65535, expected="a TCP port, an integer from 1 to 65535"
+)
 
 
 def _addr(raw) -> str:
@@ -114,35 +123,61 @@ def _addr(raw) -> str:
     return text
 
 
-def _role(raw, table: Mapping[str, str] = {r: r for r in ROLES},  # noqa: B006 (read only)
-          expected: str = "'servers' or 'learner'") -> str:
+def _role(
+    raw,
+    table: Mapping[str, str] = {r: r for r in ROLES},  # noqa: B006 (read only)
+    expected: str = "'servers' or 'learner'",
+) -> str:
     text = str(raw).strip()
     if text not in table:
         raise _Bad(f"expected {expected}")
     return table[text]
 
 
-_dmlc_role = functools.partial(_role, table=DMLC_ROLES,
-                               expected="one of 'server', 'scheduler', 'worker'")
+_dmlc_role = functools.partial(
+    _role, table=DMLC_ROLES, expected="one of 'server', 'scheduler', 'worker'"
+)
 
 
 _PARSE: dict[str, Callable] = {
-    "role": _role, "rank": _index, "world_size": _count, "local_rank": _index,
-    "local_world_size": _count, "master_addr": _addr, "master_port": _port,
-    "learner_id": _index, "num_learners": _count, "node_rank": _index,
-    "hosts": lambda raw: _nodelist(str(raw))}
+    "role": _role,
+    "rank": _index,
+    "world_size": _count,
+    "local_rank": _index,
+    "local_world_size": _count,
+    "master_addr": _addr,
+    "master_port": _port,
+    "learner_id": _index,
+    "num_learners": _count,
+    "node_rank": _index,
+    "hosts": lambda raw: _nodelist(str(raw)),
+}
 
 # Environment variables per field, in precedence order (the command line comes first).
 _ENV: dict[str, tuple[str, ...]] = {
     "role": ("RUDRA_ROLE", "DMLC_ROLE"),
-    "rank": ("RUDRA_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
-             "SLURM_PROCID"),
-    "world_size": ("RUDRA_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                   "SLURM_NTASKS", "SLURM_NPROCS"),
-    "local_rank": ("RUDRA_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
-                   "MPI_LOCALRANKID", "SLURM_LOCALID"),
-    "local_world_size": ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                         "SLURM_NTASKS_PER_NODE"),          # then SLURM_TASKS_PER_NODE
+    "rank": ("RUDRA_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"),
+    "world_size": (
+        "RUDRA_WORLD_SIZE",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "SLURM_NTASKS",
+        "SLURM_NPROCS",
+    ),
+    "local_rank": (
+        "RUDRA_LOCAL_RANK",
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+    ),
+    "local_world_size": (
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+    ),  # then SLURM_TASKS_PER_NODE
     "master_addr": ("RUDRA_MASTER_ADDR", "DMLC_PS_ROOT_URI", "MASTER_ADDR"),  # then nodelist
     "master_port": ("RUDRA_MASTER_PORT", "DMLC_PS_ROOT_PORT", "MASTER_PORT"),
     "learner_id": ("DMLC_WORKER_ID",),
@@ -175,6 +210,7 @@ def _first(environ: Mapping[str, str], names, default_parse: Callable) -> Found 
 
 # ---- SLURM syntaxes ----
 
+
 def _nodelist(text: str) -> list[str]:
     try:
         return _expand(text.strip())
@@ -183,7 +219,7 @@ def _nodelist(text: str) -> list[str]:
 
 
 def _expand(text: str) -> list[str]:
-    items, depth, start = [], 0, 0          # split at commas outside brackets
+    items, depth, start = [], 0, 0  # split at commas outside brackets
     for i, c in enumerate(text):
         if c == "[":
             if depth:
@@ -204,7 +240,7 @@ def _expand(text: str) -> list[str]:
         item = item.strip()
         if not item or any(c.isspace() for c in item):
             raise _Bad("an empty name or a space")
-        parts = re.split(r"\[([^\]]*)\]", item)      # literal, group, literal, group, ...
+        parts = re.split(r"\[([^\]]*)\]", item)  # literal, group, literal, group, ...
         choices = [[p] if k % 2 == 0 else _group(p) for k, p in enumerate(parts)]
         if len(hosts) + math.prod(map(len, choices)) > MAX_HOSTS:
             raise _Bad(f"more than {MAX_HOSTS:,} hosts")
@@ -261,8 +297,10 @@ def parse_tasks_per_node(text: str) -> list[int]:
 
 # ---- resolve ----
 
-def resolve(cli: Mapping[str, object] | None = None,
-            environ: Mapping[str, str] | None = None) -> Ranks:
+
+def resolve(
+    cli: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None
+) -> Ranks:
     """Find each field by the precedence in the module docstring and check them together.
 
     ``cli`` maps :data:`CLI_KEYS` to flag values (None or blank = not given); ``environ``
@@ -302,10 +340,12 @@ def _slurm_tasks_here(environ: Mapping[str, str]) -> Found | None:
     counts = _parse(var, raw, _tasks)
     node = _first(environ, ("SLURM_NODEID",), _index)
     if node is None and len(set(counts)) != 1:
-        return None                  # nodes differ and we do not know which one we are on
+        return None  # nodes differ and we do not know which one we are on
     if node is not None and node.value >= len(counts):
-        raise RanksError(f"SLURM_NODEID={environ['SLURM_NODEID']!r} is past the end of "
-                         f"{var}={raw!r}: expected a node index below {len(counts)}")
+        raise RanksError(
+            f"SLURM_NODEID={environ['SLURM_NODEID']!r} is past the end of "
+            f"{var}={raw!r}: expected a node index below {len(counts)}"
+        )
     here = counts[0 if node is None else node.value]
     if here < 1:
         raise RanksError(f"{var}={raw!r} gives this node {here} tasks: expected at least 1")
@@ -315,11 +355,14 @@ def _slurm_tasks_here(environ: Mapping[str, str]) -> Found | None:
 def _check_below(r: Ranks, low: str, high: str) -> None:
     a, b = getattr(r, low), getattr(r, high)
     if a is not None and b is not None and a.value >= b.value:
-        raise RanksError(f"{low} {a.value} (from {a.source}={a.value}) is not below {high} "
-                         f"{b.value} (from {b.source}={b.value}): expected 0 <= {low} < {high}")
+        raise RanksError(
+            f"{low} {a.value} (from {a.source}={a.value}) is not below {high} "
+            f"{b.value} (from {b.source}={b.value}): expected 0 <= {low} < {high}"
+        )
 
 
 # ---- describe and ``rudra-zmq env`` ----
+
 
 def _show(found: Found | None) -> str:
     if found is None:
@@ -358,9 +401,12 @@ def cmd_env(args, environ: Mapping[str, str] | None = None) -> int:
 
 def add_parser(sub, environ: Mapping[str, str] | None = None) -> None:
     """Register ``rudra-zmq env [--rank N] ...`` on the CLI's subparsers (``environ``: tests)."""
-    p = sub.add_parser("env", help="show the rank and cluster facts found in the environment",
-                       description="show what srun, mpirun, torchrun or DMLC_* variables say "
-                                   "about this process, and where each fact came from")
+    p = sub.add_parser(
+        "env",
+        help="show the rank and cluster facts found in the environment",
+        description="show what srun, mpirun, torchrun or DMLC_* variables say "
+        "about this process, and where each fact came from",
+    )
     p.add_argument("--role", metavar="servers|learner", help="this process's role")
     p.add_argument("--rank", metavar="N", help="global rank (0-based)")
     p.add_argument("--world-size", metavar="N", help="number of processes")

@@ -6,6 +6,7 @@ A host that is this machine (:func:`rudra_zmq.launch.hostfile.is_local`) runs a 
 nothing; what ``--dry-run`` prints and what :class:`rudra_zmq.launch.cluster_launch.ClusterLauncher`
 starts. Thread-safe.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -15,16 +16,29 @@ from pathlib import Path
 from ..run_files import env_path
 from . import hostfile
 
-SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
-               "-o", "ServerAliveCountMax=3", "-o", "ConnectTimeout=10"]
+SSH_OPTIONS = [
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+    "-o",
+    "ConnectTimeout=10",
+]
 
 
 class Commands:
     """The command lines of one launch: how a host is reached (ssh or pdsh, with the user's
     options) and how a role starts there. Pure; what ``--dry-run`` prints."""
 
-    def __init__(self, run_dir: Path, via: str = "ssh", ssh_options: list[str] = (),
-                 python: str | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        via: str = "ssh",
+        ssh_options: list[str] = (),
+        python: str | None = None,
+    ):
         self.run_dir, self.via, self.ssh_options = run_dir, via, list(ssh_options)
         self.python = python or sys.executable
 

@@ -9,19 +9,23 @@ trains (or finished: it was told STOP), and any other failure stops the run.
 
 Pure: :func:`on_failure` says what to do and what to print; the launcher does it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-RESTARTABLE = {"base": ("stats", "data", "ps", "learner"),
-               "adv": ("stats", "data", "ps", "node", "learner"),
-               "advstar": ("stats", "data")}   # the broadcast chain is not rebuilt (yet)
+RESTARTABLE = {
+    "base": ("stats", "data", "ps", "learner"),
+    "adv": ("stats", "data", "ps", "node", "learner"),
+    "advstar": ("stats", "data"),
+}  # the broadcast chain is not rebuilt (yet)
 
 
 @dataclass(frozen=True)
 class Verdict:
     """``action``: "restart" (with ``args``), "leave_out" or "stop"; ``message``: the line
     the launcher prints after ``rudra-zmq: `` (None: nothing more to say)."""
+
     action: str
     message: str | None
     args: tuple[str, ...] = ()
@@ -39,26 +43,39 @@ def restart_args(role: str, args) -> tuple[str, ...]:
     return tuple(args)
 
 
-def on_failure(cfg, label: str, role: str, args, restarts: int, others_going: bool,
-               run_dir) -> Verdict:
+def on_failure(
+    cfg, label: str, role: str, args, restarts: int, others_going: bool, run_dir
+) -> Verdict:
     """What to do about the role ``label`` (``role``, started with ``args``) of the run of
     ``cfg`` in ``run_dir``, which failed after ``restarts`` restarts. ``others_going``:
     another learner is still training or finished well. Pure."""
     runtime, kind = cfg.runtime, cfg.architecture.kind
     if runtime.restart and role in RESTARTABLE[kind]:
         if restarts >= runtime.max_restarts:
-            return Verdict("stop", f"{label} failed {restarts + 1} times (runtime.max_restarts="
-                                   f"{runtime.max_restarts}); stopping the run")
+            return Verdict(
+                "stop",
+                f"{label} failed {restarts + 1} times (runtime.max_restarts="
+                f"{runtime.max_restarts}); stopping the run",
+            )
         how = " from its newest checkpoint" if role == "ps" else ""
-        return Verdict("restart", f"restarting {label}{how} ({restarts + 1} of at most "
-                                  f"{runtime.max_restarts})", restart_args(role, args))
+        return Verdict(
+            "restart",
+            f"restarting {label}{how} ({restarts + 1} of at most {runtime.max_restarts})",
+            restart_args(role, args),
+        )
     if role == "learner" and not runtime.restart:
         if others_going:
-            return Verdict("leave_out", f"{label} is left out (runtime.restart is off); the "
-                                        "run goes on with the other learners")
+            return Verdict(
+                "leave_out",
+                f"{label} is left out (runtime.restart is off); the "
+                "run goes on with the other learners",
+            )
         return Verdict("stop", "every learner has failed; stopping the run")
     if runtime.restart:
-        return Verdict("stop", f"{label} cannot be restarted with architecture.kind={kind}; "
-                               f"stopping the run (continue it with `rudra-zmq run --resume "
-                               f"{run_dir}`)")
+        return Verdict(
+            "stop",
+            f"{label} cannot be restarted with architecture.kind={kind}; "
+            f"stopping the run (continue it with `rudra-zmq run --resume "
+            f"{run_dir}`)",
+        )
     return Verdict("stop", None)

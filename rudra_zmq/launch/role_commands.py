@@ -7,6 +7,7 @@ Each role's module (and torch) is imported inside its command only, by
 blocks while its role runs and returns its exit code; config problems raise ``UsageError``
 (``rudra-zmq: error: MESSAGE``, exit 2).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,8 @@ def config_of(args):
         cfg = load_config(args.config, args.set)
     except (ConfigError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
-    transport.set_heartbeat(cfg.runtime.heartbeat_s)   # every socket this role makes
-    if hasattr(args, "keys") and cfg.security.curve:     # a role: CURVE on every socket
+    transport.set_heartbeat(cfg.runtime.heartbeat_s)  # every socket this role makes
+    if hasattr(args, "keys") and cfg.security.curve:  # a role: CURVE on every socket
         from .. import security
 
         try:
@@ -58,15 +59,20 @@ def cmd_ps(args) -> int:
     if args.resume and not args.run_dir:
         raise UsageError("--resume continues from the checkpoints in --run-dir DIR; give it")
     if (cfg.architecture.kind == "advstar") != bool(args.bcast_bind):
-        raise UsageError("--bcast-bind (the endpoint the broadcast root binds) is needed with "
-                         "architecture.kind=advstar, and only then (the config says "
-                         f"{cfg.architecture.kind!r})")
+        raise UsageError(
+            "--bcast-bind (the endpoint the broadcast root binds) is needed with "
+            "architecture.kind=advstar, and only then (the config says "
+            f"{cfg.architecture.kind!r})"
+        )
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
     # torch is imported later, after the PS binds (``ParameterServer``), for its initial
     # weights only: its thread count does not matter, and learners start meanwhile
-    return role_process.serve("ps", ps_threads(cfg), False,
-                              lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir,
-                                                resume=args.resume, **extra))
+    return role_process.serve(
+        "ps",
+        ps_threads(cfg),
+        False,
+        lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir, resume=args.resume, **extra),
+    )
 
 
 def _bcast_args(cfg, args) -> tuple[list | None, list | None]:
@@ -76,21 +82,27 @@ def _bcast_args(cfg, args) -> tuple[list | None, list | None]:
 
     if cfg.architecture.kind != "advstar":
         if args.bcast_upstream or args.bcast_bind:
-            raise UsageError("--bcast-upstream/--bcast-bind are for architecture.kind=advstar "
-                             f"(the config says {cfg.architecture.kind!r})")
+            raise UsageError(
+                "--bcast-upstream/--bcast-bind are for architecture.kind=advstar "
+                f"(the config says {cfg.architecture.kind!r})"
+            )
         return None, None
     ups = args.bcast_upstream.split(",") if args.bcast_upstream else []
     binds = args.bcast_bind.split(",") if args.bcast_bind else ["none"] * len(args.id)
     if len(ups) != len(args.id) or len(binds) != len(args.id):
-        raise UsageError(f"architecture.kind=advstar: give one --bcast-upstream and one "
-                         f"--bcast-bind endpoint per learner id ({len(args.id)}), separated by "
-                         f"commas; got {len(ups)} and {len(binds)}")
+        raise UsageError(
+            f"architecture.kind=advstar: give one --bcast-upstream and one "
+            f"--bcast-bind endpoint per learner id ({len(args.id)}), separated by "
+            f"commas; got {len(ups)} and {len(binds)}"
+        )
     binds = [None if b.lower() == "none" else b for b in binds]
     for i, b in zip(args.id, binds):
         kids = broadcast_children(cfg, i)
         if kids and b is None:
-            raise UsageError(f"learner {i} forwards the broadcast to learners "
-                             f"{','.join(map(str, kids))}: give it a --bcast-bind endpoint")
+            raise UsageError(
+                f"learner {i} forwards the broadcast to learners "
+                f"{','.join(map(str, kids))}: give it a --bcast-bind endpoint"
+            )
     return ups, binds
 
 
@@ -98,31 +110,39 @@ def cmd_learner(args) -> int:
     cfg = config_of(args)
     bad = [i for i in args.id if i >= cfg.sync.learners]
     if bad:
-        raise UsageError(f"--id {','.join(map(str, bad))}: learner ids run from 0 to "
-                         f"sync.learners-1 = {cfg.sync.learners - 1}")
+        raise UsageError(
+            f"--id {','.join(map(str, bad))}: learner ids run from 0 to "
+            f"sync.learners-1 = {cfg.sync.learners - 1}"
+        )
     ups, binds = _bcast_args(cfg, args)
     extra = {} if ups is None else {"bcast_upstream": ups, "bcast_bind": binds}
     # threads: the usable cores over the learners on this host (as the launcher said, else
     # this process's own learners)
     threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
-    return role_process.serve("learner", threads, True,
-                              lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats,
-                                                **extra))
+    return role_process.serve(
+        "learner",
+        threads,
+        True,
+        lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats, **extra),
+    )
 
 
 def cmd_node(args) -> int:
     cfg = config_of(args)
     if cfg.architecture.kind not in ("adv", "advstar"):
-        raise UsageError("rudra-zmq node runs a node of a PS tree: set architecture.kind=adv "
-                         f"or advstar (the config says {cfg.architecture.kind!r})")
+        raise UsageError(
+            "rudra-zmq node runs a node of a PS tree: set architecture.kind=adv "
+            f"or advstar (the config says {cfg.architecture.kind!r})"
+        )
     from ..topology import plan
 
     try:
         plan(cfg).node(args.id)
     except ValueError as exc:
         raise UsageError(f"--id {args.id}: {exc}") from None
-    return role_process.serve("tree_node", 1, False,
-                              lambda m: m.serve(cfg, args.id, args.bind, args.parent))
+    return role_process.serve(
+        "tree_node", 1, False, lambda m: m.serve(cfg, args.id, args.bind, args.parent)
+    )
 
 
 def cmd_data(args) -> int:
@@ -132,8 +152,12 @@ def cmd_data(args) -> int:
 
 def cmd_stats(args) -> int:
     cfg = config_of(args)
-    return role_process.serve("stats_server", 1, False,
-                              lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume))
+    return role_process.serve(
+        "stats_server",
+        1,
+        False,
+        lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume),
+    )
 
 
 # ----------------------------------------------------------------------------- parsers
@@ -142,60 +166,107 @@ def config_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
         p.add_argument("config", metavar="CONFIG", nargs="?", help="YAML config file")
     else:
         p.add_argument("--config", required=True, metavar="C", help="YAML config file")
-        p.add_argument("--keys", metavar="DIR", help="security.curve: the key directory "
-                       "(`rudra-zmq keys init DIR`; default: security.keys)")
-        p.add_argument("--key", metavar="NAME", help="security.curve: the client key to use "
-                       "(default: learner-N, node-N or ps, by role)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set sync.learners=8 (repeatable)")
+        p.add_argument(
+            "--keys",
+            metavar="DIR",
+            help="security.curve: the key directory "
+            "(`rudra-zmq keys init DIR`; default: security.keys)",
+        )
+        p.add_argument(
+            "--key",
+            metavar="NAME",
+            help="security.curve: the client key to use "
+            "(default: learner-N, node-N or ps, by role)",
+        )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set sync.learners=8 (repeatable)",
+    )
 
 
 def add_ps(sub) -> None:
     p = sub.add_parser("ps", help="run the parameter server")
     config_args(p)
-    p.add_argument("--bind", required=True, metavar="ENDPOINT",
-                   help="endpoint to bind, e.g. tcp://0.0.0.0:5555")
+    p.add_argument(
+        "--bind",
+        required=True,
+        metavar="ENDPOINT",
+        help="endpoint to bind, e.g. tcp://0.0.0.0:5555",
+    )
     p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
-    p.add_argument("--run-dir", metavar="DIR",
-                   help="where to write the weights and checkpoints (DIR/checkpoints)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the newest valid checkpoint in --run-dir, as a new "
-                        "incarnation (learners rejoin by themselves)")
-    p.add_argument("--bcast-bind", metavar="ENDPOINT",
-                   help="advstar: endpoint the broadcast root binds (its first members "
-                        "connect there)")
+    p.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="where to write the weights and checkpoints (DIR/checkpoints)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest valid checkpoint in --run-dir, as a new "
+        "incarnation (learners rejoin by themselves)",
+    )
+    p.add_argument(
+        "--bcast-bind",
+        metavar="ENDPOINT",
+        help="advstar: endpoint the broadcast root binds (its first members connect there)",
+    )
     p.set_defaults(func=cmd_ps)
 
 
 def add_learner(sub) -> None:
     p = sub.add_parser("learner", help="run one or more learners in this process")
     config_args(p)
-    p.add_argument("--id", required=True, type=parse_ids, metavar="I[,J,...]",
-                   help="learner id(s), 0 .. sync.learners-1")
+    p.add_argument(
+        "--id",
+        required=True,
+        type=parse_ids,
+        metavar="I[,J,...]",
+        help="learner id(s), 0 .. sync.learners-1",
+    )
     p.add_argument("--ps", required=True, metavar="ENDPOINT", help="parameter server")
     p.add_argument("--data", required=True, metavar="ENDPOINT", help="data server")
     p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
-    p.add_argument("--bcast-upstream", metavar="EP[,EP...]",
-                   help="advstar: per --id, the broadcast upstream (the PS's --bcast-bind or "
-                        "its upstream learner's --bcast-bind)")
-    p.add_argument("--bcast-bind", metavar="EP[,EP...]",
-                   help="advstar: per --id, the endpoint it binds for its broadcast children, "
-                        "or none (default: none for all)")
+    p.add_argument(
+        "--bcast-upstream",
+        metavar="EP[,EP...]",
+        help="advstar: per --id, the broadcast upstream (the PS's --bcast-bind or "
+        "its upstream learner's --bcast-bind)",
+    )
+    p.add_argument(
+        "--bcast-bind",
+        metavar="EP[,EP...]",
+        help="advstar: per --id, the endpoint it binds for its broadcast children, "
+        "or none (default: none for all)",
+    )
     p.set_defaults(func=cmd_learner)
 
 
 def add_node(sub) -> None:
-    p = sub.add_parser("node", help="run one node of a PS tree (architecture.kind=adv)",
-                       description="A Rudra-adv tree node: sums the gradients of its children "
-                                   "(learners, or tree nodes) and relays them to its parent "
-                                   "(a tree node or the parameter server). Node ids: leaves "
-                                   "first, then each level above (see `rudra-zmq run`'s plan).")
+    p = sub.add_parser(
+        "node",
+        help="run one node of a PS tree (architecture.kind=adv)",
+        description="A Rudra-adv tree node: sums the gradients of its children "
+        "(learners, or tree nodes) and relays them to its parent "
+        "(a tree node or the parameter server). Node ids: leaves "
+        "first, then each level above (see `rudra-zmq run`'s plan).",
+    )
     config_args(p)
     p.add_argument("--id", required=True, type=int, metavar="K", help="tree node id")
-    p.add_argument("--bind", required=True, metavar="ENDPOINT",
-                   help="endpoint its children connect to, e.g. ipc:///tmp/rudra-node0.sock")
-    p.add_argument("--parent", required=True, metavar="ENDPOINT",
-                   help="its parent: the parameter server or a tree node")
+    p.add_argument(
+        "--bind",
+        required=True,
+        metavar="ENDPOINT",
+        help="endpoint its children connect to, e.g. ipc:///tmp/rudra-node0.sock",
+    )
+    p.add_argument(
+        "--parent",
+        required=True,
+        metavar="ENDPOINT",
+        help="its parent: the parameter server or a tree node",
+    )
     p.set_defaults(func=cmd_node)
 
 
@@ -210,14 +281,25 @@ def add_stats(sub) -> None:
     p = sub.add_parser("stats", help="run the statistics server (until training ends)")
     config_args(p)
     p.add_argument("--bind", required=True, metavar="ENDPOINT", help="endpoint to bind")
-    p.add_argument("--run-dir", required=True, metavar="DIR",
-                   help="run directory for metrics, summary and plots")
-    p.add_argument("--resume", action="store_true",
-                   help="the run is resumed: mark it in metrics.jsonl (which is always "
-                        "appended to)")
+    p.add_argument(
+        "--run-dir",
+        required=True,
+        metavar="DIR",
+        help="run directory for metrics, summary and plots",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="the run is resumed: mark it in metrics.jsonl (which is always appended to)",
+    )
     p.set_defaults(func=cmd_stats)
 
 
 # command -> the function that adds its parser, in the order --help lists them
-PARSERS = {"ps": add_ps, "learner": add_learner, "node": add_node, "data": add_data,
-           "stats": add_stats}
+PARSERS = {
+    "ps": add_ps,
+    "learner": add_learner,
+    "node": add_node,
+    "data": add_data,
+    "stats": add_stats,
+}

@@ -11,6 +11,7 @@ kernel's parent-death signal, and a watchdog thread that ends a role whose clean
 
 Called on a process's main thread (``signal.signal`` requires it), once per process.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -42,7 +43,7 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
-ORPHAN_GRACE_S = 15.0   # a role's clean exit after its launcher died, before a hard exit
+ORPHAN_GRACE_S = 15.0  # a role's clean exit after its launcher died, before a hard exit
 
 
 def follow_launcher(grace_s: float = ORPHAN_GRACE_S) -> None:
@@ -69,9 +70,10 @@ def follow_launcher(grace_s: float = ORPHAN_GRACE_S) -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
         pass
-    threading.Thread(target=_exit_when_orphaned, args=(launcher, grace_s), daemon=True,
-                     name="launcher-watch").start()
-    if os.getppid() != launcher:       # the launcher died before prctl took effect
+    threading.Thread(
+        target=_exit_when_orphaned, args=(launcher, grace_s), daemon=True, name="launcher-watch"
+    ).start()
+    if os.getppid() != launcher:  # the launcher died before prctl took effect
         raise KeyboardInterrupt(signal.SIGTERM)
 
 
@@ -97,8 +99,11 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
     from .. import transport
 
     transport.tune_malloc()
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+    )
     module = importlib.import_module(f"rudra_zmq.roles.{role_module}")
     set_threads(threads, torch_too=torch_too)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

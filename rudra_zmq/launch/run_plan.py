@@ -3,6 +3,7 @@ processes and each role's environment (thread counts, malloc tuning). Pure plann
 creates the run directory and probes for free ports, and starts nothing
 (:mod:`rudra_zmq.launch.launcher` does). Functions do not block beyond that; thread-safe.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -21,19 +22,23 @@ from ..sync import protocol_label
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
 # message, measured with pyzmq 27 / libzmq 4.3.5); these make it reuse heap memory instead, from
 # process start.
-MALLOC_ENV = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_MAX_": "0",
-              "MALLOC_TRIM_THRESHOLD_": "2147483647"}
+MALLOC_ENV = {
+    "MALLOC_ARENA_MAX": "2",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": "2147483647",
+}
 
-_IPC_PATH_MAX = 107          # sun_path is 108 bytes on Linux, including the NUL
+_IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, including the NUL
 
 
 @dataclass
 class Plan:
     """What :func:`rudra_zmq.launch.launcher.run` will start: the config, the run directory, the endpoints of the
     servers (ps, data, stats) and the learner ids of each learner process."""
+
     cfg: config_mod.Config
     run_dir: Path
-    endpoints: dict[str, str]        # by label: ps, data, stats, node0, node1, ...
+    endpoints: dict[str, str]  # by label: ps, data, stats, node0, node1, ...
     learner_groups: list[list[int]]
     tree: topology.Tree | None = None  # architecture.kind adv
     binds: dict[str, str] | None = None  # by label, where a server binds when that is not
@@ -52,9 +57,11 @@ def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
         if run_dir is not None:
             path = Path(run_dir).absolute()
             if config_path(path).exists() and not resume:
-                raise ConfigError(f"{path} already holds a run (its {CONFIG_FILE} is there); "
-                                  f"continue it with `rudra-zmq run --resume {path}` or give "
-                                  "another --run-dir")
+                raise ConfigError(
+                    f"{path} already holds a run (its {CONFIG_FILE} is there); "
+                    f"continue it with `rudra-zmq run --resume {path}` or give "
+                    "another --run-dir"
+                )
             path.mkdir(parents=True, exist_ok=True)
         else:
             parent = Path(cfg.runtime.run_dir).absolute()
@@ -69,12 +76,13 @@ def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
                 except FileExistsError:
                     continue
             else:
-                raise ConfigError(f"could not find a free run directory name {base}-N in "
-                                  f"{parent}")
+                raise ConfigError(f"could not find a free run directory name {base}-N in {parent}")
         log_dir(path).mkdir(exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"cannot create the run directory ({exc}); set runtime.run_dir "
-                          "or --run-dir to a writable folder") from None
+        raise ConfigError(
+            f"cannot create the run directory ({exc}); set runtime.run_dir "
+            "or --run-dir to a writable folder"
+        ) from None
     return path
 
 
@@ -85,16 +93,21 @@ def endpoints(cfg, run_dir: Path) -> dict[str, str]:
         eps = {role: f"ipc://{run_dir}/{role}.sock" for role in ("ps", "data", "stats")}
         longest = max(eps.values(), key=len)
         if len(longest) - len("ipc://") > _IPC_PATH_MAX:
-            raise ConfigError(f"the ipc socket path {longest[6:]!r} is longer than "
-                              f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
-                              "shorter runtime.run_dir or --run-dir, or runtime.transport=tcp")
+            raise ConfigError(
+                f"the ipc socket path {longest[6:]!r} is longer than "
+                f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
+                "shorter runtime.run_dir or --run-dir, or runtime.transport=tcp"
+            )
         return eps
     try:
-        return {role: transport.free_tcp_endpoint(cfg.runtime.host)
-                for role in ("ps", "data", "stats")}
+        return {
+            role: transport.free_tcp_endpoint(cfg.runtime.host) for role in ("ps", "data", "stats")
+        }
     except OSError as exc:
-        raise ConfigError(f"runtime.host {cfg.runtime.host!r}: cannot bind a port there "
-                          f"({exc}); use an address of this machine") from None
+        raise ConfigError(
+            f"runtime.host {cfg.runtime.host!r}: cannot bind a port there "
+            f"({exc}); use an address of this machine"
+        ) from None
 
 
 def learner_groups(cfg) -> list[list[int]]:
@@ -103,7 +116,7 @@ def learner_groups(cfg) -> list[list[int]]:
     return [list(range(i * k, min((i + 1) * k, n))) for i in range(math.ceil(n / k))]
 
 
-HOST_LEARNERS_ENV = "RUDRA_ZMQ_HOST_LEARNERS"   # learners the launcher placed on this host
+HOST_LEARNERS_ENV = "RUDRA_ZMQ_HOST_LEARNERS"  # learners the launcher placed on this host
 
 
 def usable_cores() -> int:
@@ -137,12 +150,14 @@ def ps_threads(cfg) -> int:
     """OpenMP threads for the parameter server's kernels: runtime.ps_threads, else what the
     launcher chose for a PS sharing its machine with learners (RUDRA_ZMQ_PS_THREADS), else all
     usable cores (a PS started by hand on its own host)."""
-    return (cfg.runtime.ps_threads or int(os.environ.get("RUDRA_ZMQ_PS_THREADS", 0))
-            or usable_cores())
+    return (
+        cfg.runtime.ps_threads or int(os.environ.get("RUDRA_ZMQ_PS_THREADS", 0)) or usable_cores()
+    )
 
 
-def role_env(cfg, role: str, learners_here: int | None = None,
-             base: dict | None = None) -> dict[str, str]:
+def role_env(
+    cfg, role: str, learners_here: int | None = None, base: dict | None = None
+) -> dict[str, str]:
     """The child environment: thread counts per role, unbuffered output, malloc tuning.
     ``learners_here``: learners on the role's host (default λ: all on this one); ``base``:
     the environment to extend (default ``os.environ``)."""
@@ -156,11 +171,15 @@ def role_env(cfg, role: str, learners_here: int | None = None,
     ps = cfg.runtime.ps_threads or max(1, min(4, cores - busy))
     threads = {"learner": learner_threads(cfg, max(here, 1)), "ps": ps}.get(role, 1)
     env = dict(os.environ if base is None else base)
-    env.update(MALLOC_ENV, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads),
-               # each role asks to be sent SIGTERM if this launcher dies
-               # (role_process.follow_launcher)
-               RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()))
+    env.update(
+        MALLOC_ENV,
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        # each role asks to be sent SIGTERM if this launcher dies
+        # (role_process.follow_launcher)
+        RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()),
+    )
     env[HOST_LEARNERS_ENV] = str(max(here, 1))
     if busy + ps > cores:
         # Oversubscribed: OpenMP threads that spin while waiting steal the cores other
@@ -184,8 +203,9 @@ def make_plan(cfg, run_dir=None, resume: bool = False) -> Plan:
     if tree is None:
         return Plan(cfg, path, eps, learner_groups(cfg))
     eps.update(topology.node_endpoints(cfg, tree, path))
-    return Plan(cfg, path, eps, topology.learner_groups(tree, cfg.runtime.learners_per_process),
-                tree)
+    return Plan(
+        cfg, path, eps, topology.learner_groups(tree, cfg.runtime.learners_per_process), tree
+    )
 
 
 def learner_endpoints(plan: Plan, learner: int) -> dict:
@@ -197,8 +217,10 @@ def learner_endpoints(plan: Plan, learner: int) -> dict:
     if cfg.architecture.kind == "advstar":
         up = topology.broadcast_upstream(cfg, learner)
         mine = f"bcast{learner}"
-        out["bcast"] = (ep["bcast" if up is None else f"bcast{up}"],
-                        plan.bind(mine) if mine in ep else None)
+        out["bcast"] = (
+            ep["bcast" if up is None else f"bcast{up}"],
+            plan.bind(mine) if mine in ep else None,
+        )
     return out
 
 
@@ -208,13 +230,14 @@ def learner_label(ids: list[int]) -> str:
         return f"learner{ids[0]}"
     if ids == list(range(ids[0], ids[0] + len(ids))):
         return f"learner{ids[0]}-{ids[-1]}"
-    return "learner" + "+".join(map(str, ids))   # a leaf of architecture.leaves
+    return "learner" + "+".join(map(str, ids))  # a leaf of architecture.leaves
 
 
 class Start(NamedTuple):
     """One role to start: ``label`` (ps, learner0-3, ...), ``role`` (its subcommand),
     ``args`` (its command-line arguments without ``--config``) and ``after``: the servers
     (labels) that must accept connections before it starts, those it sends to."""
+
     label: str
     role: str
     args: list[str]
@@ -229,30 +252,59 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
     ep, bind = plan.endpoints, plan.bind
     again = ["--resume"] if resume else []
     starts = [
-        Start("stats", "stats", ["--bind", bind("stats"), "--run-dir", str(plan.run_dir),
-                                 *again], ()),
+        Start(
+            "stats", "stats", ["--bind", bind("stats"), "--run-dir", str(plan.run_dir), *again], ()
+        ),
         Start("data", "data", ["--bind", bind("data")], ()),
-        Start("ps", "ps", ["--bind", bind("ps"), "--stats", ep["stats"],
-                           "--run-dir", str(plan.run_dir), *again,
-                           *(["--bcast-bind", bind("bcast")] if "bcast" in ep else [])],
-              ("stats",)),
+        Start(
+            "ps",
+            "ps",
+            [
+                "--bind",
+                bind("ps"),
+                "--stats",
+                ep["stats"],
+                "--run-dir",
+                str(plan.run_dir),
+                *again,
+                *(["--bcast-bind", bind("bcast")] if "bcast" in ep else []),
+            ],
+            ("stats",),
+        ),
     ]
     tree = plan.tree
     for level in range(max((n.level for n in tree.nodes), default=0) if tree else 0, 0, -1):
         for n in tree.nodes:
             if n.level == level:
                 parent = "ps" if n.parent is None else f"node{n.parent}"
-                starts.append(Start(f"node{n.id}", "node", [
-                    "--id", str(n.id), "--bind", bind(f"node{n.id}"), "--parent", ep[parent]],
-                    (parent,)))
+                starts.append(
+                    Start(
+                        f"node{n.id}",
+                        "node",
+                        ["--id", str(n.id), "--bind", bind(f"node{n.id}"), "--parent", ep[parent]],
+                        (parent,),
+                    )
+                )
     for ids in plan.learner_groups:
         mine = learner_endpoints(plan, ids[0])
-        args = ["--id", ",".join(map(str, ids)), "--ps", mine["ps"], "--data", ep["data"],
-                "--stats", ep["stats"]]
+        args = [
+            "--id",
+            ",".join(map(str, ids)),
+            "--ps",
+            mine["ps"],
+            "--data",
+            ep["data"],
+            "--stats",
+            ep["stats"],
+        ]
         if plan.cfg.architecture.kind == "advstar":
             eps = [learner_endpoints(plan, i)["bcast"] for i in ids]
-            args += ["--bcast-upstream", ",".join(up for up, _ in eps),
-                     "--bcast-bind", ",".join(b or "none" for _, b in eps)]
+            args += [
+                "--bcast-upstream",
+                ",".join(up for up, _ in eps),
+                "--bcast-bind",
+                ",".join(b or "none" for _, b in eps),
+            ]
         parent = "ps" if plan.tree is None else f"node{plan.tree.leaf_of(ids[0]).id}"
         starts.append(Start(learner_label(ids), "learner", args, (parent, "data", "stats")))
     return starts
@@ -267,12 +319,16 @@ def summary(plan: Plan) -> str:
         f"({len(plan.learner_groups)} processes), mu={s.batch_size} per learner",
         f"  model {cfg.model.name}, dataset {cfg.data.dataset}, {cfg.train.epochs:g} epochs",
         f"  run directory {plan.run_dir}",
-        "  endpoints " + ", ".join(f"{r} {ep}" for r, ep in plan.endpoints.items()
-                                   if r in ("ps", "data", "stats")),
+        "  endpoints "
+        + ", ".join(
+            f"{r} {ep}" for r, ep in plan.endpoints.items() if r in ("ps", "data", "stats")
+        ),
     ]
     if plan.tree is not None:
-        lines += [f"  {line}, {plan.endpoints[f'node{n.id}']}"
-                  for n, line in zip(plan.tree.nodes, plan.tree.describe())]
+        lines += [
+            f"  {line}, {plan.endpoints[f'node{n.id}']}"
+            for n, line in zip(plan.tree.nodes, plan.tree.describe())
+        ]
     if cfg.architecture.kind == "advstar":
         lines += [f"  {line}" for line in topology.describe_broadcast(cfg)]
     return "\n".join(lines)

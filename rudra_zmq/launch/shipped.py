@@ -7,6 +7,7 @@ quickstart``, ``rudra-zmq sweep table2`` and ``rudra-zmq examples slurm.sbatch``
 folder, and so do the repository paths the docs use (``configs/grids/table2.yaml``) where no
 such file exists in the current folder. Reads files only; never blocks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent   # the package
+HERE = Path(__file__).resolve().parent.parent  # the package
 # kind -> its folder's parts below the package (a wheel) or the source tree's root
 KINDS = {"config": ("configs",), "grid": ("configs", "grids"), "example": ("examples",)}
 _YAML = (".yaml", ".yml")
@@ -79,21 +80,30 @@ def unknown(kind: str, text: str) -> str:
     """The message for a ``text`` that is neither a file nor a shipped ``kind``."""
     if kind == "example":
         return f"no example {text!r}; the examples are: {', '.join(names(kind))}"
-    return (f"{kind} {text!r} is not a file and not a built-in {kind}; give a YAML file "
-            "or one of: "
-            f"{', '.join(names(kind)) or '(none found)'}")
+    return (
+        f"{kind} {text!r} is not a file and not a built-in {kind}; give a YAML file "
+        "or one of: "
+        f"{', '.join(names(kind)) or '(none found)'}"
+    )
 
 
 # ----------------------------------------------------------------------------- CLI
 def add_parser(sub) -> None:
     """Register ``rudra-zmq examples`` on the CLI's subparsers."""
-    p = sub.add_parser("examples", help="list the shipped examples, print one or copy them",
-                       description="The example scripts shipped with rudra_zmq (a Slurm batch "
-                                   "script, an mpirun MPMD line, a hostfile, a user model). "
-                                   "Without arguments: list them with their paths.")
+    p = sub.add_parser(
+        "examples",
+        help="list the shipped examples, print one or copy them",
+        description="The example scripts shipped with rudra_zmq (a Slurm batch "
+        "script, an mpirun MPMD line, a hostfile, a user model). "
+        "Without arguments: list them with their paths.",
+    )
     p.add_argument("name", nargs="?", metavar="NAME", help="print this example to stdout")
-    p.add_argument("--copy", metavar="DIR", help="copy every example into DIR (made if absent;"
-                   " files already there are left as they are and named)")
+    p.add_argument(
+        "--copy",
+        metavar="DIR",
+        help="copy every example into DIR (made if absent;"
+        " files already there are left as they are and named)",
+    )
     p.set_defaults(func=main)
 
 
@@ -119,6 +129,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     for name in known:
         print(f"{name:20s} {where / name}")
-    print("print one with `rudra-zmq examples NAME`, copy them all with "
-          "`rudra-zmq examples --copy DIR`")
+    print(
+        "print one with `rudra-zmq examples NAME`, copy them all with "
+        "`rudra-zmq examples --copy DIR`"
+    )
     return 0

@@ -21,6 +21,7 @@ done with other settings, ``runtime.*`` aside, is refused); any other point dire
 failed, interrupted or crashed run) is removed and run again. One
 line per point is printed as it finishes; ``rudra-zmq report PARENT`` tabulates the result.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -45,8 +46,15 @@ from . import shipped
 
 GRID_KEYS = ("base", "budget", "set", "points", "grid", "name")
 # Short names for the usual keys in generated point names ("softsync-n30-mu4-l30-staleness").
-_SHORT = {"sync.protocol": "", "sync.n": "n", "sync.batch_size": "mu", "sync.learners": "l",
-          "optimizer.lr_policy": "", "optimizer.lr": "lr", "architecture.kind": ""}
+_SHORT = {
+    "sync.protocol": "",
+    "sync.n": "n",
+    "sync.batch_size": "mu",
+    "sync.learners": "l",
+    "optimizer.lr_policy": "",
+    "optimizer.lr": "lr",
+    "architecture.kind": "",
+}
 
 
 @dataclass(frozen=True)
@@ -64,13 +72,13 @@ class Grid:
     name: str
     base: Path
     budget: float | None
-    points: list[Point]           # the points to run (``select`` narrows them)
-    order: list[str]              # every point's name, in the grid's order
-    schedule_scale: float = 1.0   # each point's epochs and lr steps scaled by this
+    points: list[Point]  # the points to run (``select`` narrows them)
+    order: list[str]  # every point's name, in the grid's order
+    schedule_scale: float = 1.0  # each point's epochs and lr steps scaled by this
 
 
 def _override(key: str, value) -> str:
-    return f"{key}={json.dumps(value)}"   # JSON is YAML: the config parses it back exactly
+    return f"{key}={json.dumps(value)}"  # JSON is YAML: the config parses it back exactly
 
 
 def _point_name(values: dict) -> str:
@@ -96,14 +104,16 @@ def load_grid(path, budget: float | None = None, extra=(), schedule_scale: float
     data = read_mapping(path, "grid file", "configs/grids/")
     unknown = sorted(set(data) - set(GRID_KEYS))
     if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {', '.join(unknown)}; valid keys: "
-                          f"{', '.join(GRID_KEYS)}")
+        raise ConfigError(
+            f"{path}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(GRID_KEYS)}"
+        )
     if "base" not in data:
         raise ConfigError(f"{path}: needs `base:`, the config file every point starts from")
     base = (path.parent / str(data["base"])).resolve()
     budget = budget if budget is not None else data.get("budget")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                               or budget <= 0):
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0
+    ):
         raise ConfigError(f"{path}: budget must be a positive number of epochs, got {budget!r}")
     common = data.get("set") or {}
     points = data.get("points") or [{}]
@@ -122,7 +132,7 @@ def load_grid(path, budget: float | None = None, extra=(), schedule_scale: float
         given = spec.pop("name", None)
         values = {**spec, **dict(zip(grid, combo))}
         name = _point_name(values) if given is None else str(given)
-        if given is not None and len(combos) > 1:   # a named point crossed with the grid
+        if given is not None and len(combos) > 1:  # a named point crossed with the grid
             name = f"{given}-{_point_name(dict(zip(grid, combo)))}"
         if name in names:
             raise ConfigError(f"{path}: two points are both named {name!r}; give them names")
@@ -139,8 +149,9 @@ def load_grid(path, budget: float | None = None, extra=(), schedule_scale: float
         except (ConfigError, FileNotFoundError) as exc:
             raise ConfigError(f"{path}: point {name!r}: {exc}") from None
         out.append(Point(name, tuple(overrides)))
-    return Grid(str(data.get("name") or path.stem), base, budget, out, [p.name for p in out],
-                schedule_scale)
+    return Grid(
+        str(data.get("name") or path.stem), base, budget, out, [p.name for p in out], schedule_scale
+    )
 
 
 def select(points: list[Point], patterns) -> list[Point]:
@@ -148,8 +159,10 @@ def select(points: list[Point], patterns) -> list[Point]:
     pattern that matches none. Pure."""
     for pat in patterns:
         if not any(fnmatch.fnmatchcase(p.name, pat) for p in points):
-            raise ConfigError(f"--only {pat!r} matches no point; the points are: "
-                              f"{', '.join(p.name for p in points)}")
+            raise ConfigError(
+                f"--only {pat!r} matches no point; the points are: "
+                f"{', '.join(p.name for p in points)}"
+            )
     return [p for p in points if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
 
 
@@ -167,8 +180,15 @@ def _experiment(overrides) -> list[str]:
 
 
 def _command(grid: Grid, point: Point, run_dir: Path, simulate: bool, jitter: float) -> list:
-    cmd = [sys.executable, "-m", "rudra_zmq", "simulate" if simulate else "run", str(grid.base),
-           "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "simulate" if simulate else "run",
+        str(grid.base),
+        "--run-dir",
+        str(run_dir),
+    ]
     if simulate:
         cmd += ["--train", "--jitter", str(jitter)]
     for o in point.overrides:
@@ -186,8 +206,10 @@ def _line(i: int, total: int, point: Point, status: dict) -> str:
     best = "-" if r["best_error"] is None else f"{100 * r['best_error']:.2f}%"
     sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
     epochs = "-" if r["epochs"] is None else f"{r['epochs']:.2f}"
-    return (f"{head}  test error {err} (best {best}) at epoch {epochs}  <σ> {sigma}  "
-            f"{status['wall_s']:.0f} s")
+    return (
+        f"{head}  test error {err} (best {best}) at epoch {epochs}  <σ> {sigma}  "
+        f"{status['wall_s']:.0f} s"
+    )
 
 
 def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: float) -> dict:
@@ -195,50 +217,68 @@ def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: fl
     A KeyboardInterrupt stops the child and leaves the point unfinished (re-run next time)."""
     run_dir = parent / point.name
     if run_dir.exists():
-        shutil.rmtree(run_dir)   # a broken or interrupted attempt: start the point afresh
+        shutil.rmtree(run_dir)  # a broken or interrupted attempt: start the point afresh
     run_dir.mkdir(parents=True)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.time()
     with open(run_dir / SWEEP_LOG, "w") as log:
-        child = subprocess.Popen(_command(grid, point, run_dir, simulate, jitter),
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        child = subprocess.Popen(
+            _command(grid, point, run_dir, simulate, jitter),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             code = child.wait()
         except BaseException:
-            child.send_signal(signal.SIGINT)   # the launcher stops its roles on SIGINT
+            child.send_signal(signal.SIGINT)  # the launcher stops its roles on SIGINT
             try:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
             raise
-    status = {"point": point.name, "overrides": list(point.overrides),
-              "mode": "simulate" if simulate else "run",
-              "status": "done" if code == 0 else "failed", "exit_code": code,
-              "wall_s": round(time.time() - t0, 2), "started": started,
-              "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-              "run_dir": str(run_dir)}
+    status = {
+        "point": point.name,
+        "overrides": list(point.overrides),
+        "mode": "simulate" if simulate else "run",
+        "status": "done" if code == 0 else "failed",
+        "exit_code": code,
+        "wall_s": round(time.time() - t0, 2),
+        "started": started,
+        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+        "run_dir": str(run_dir),
+    }
     tmp = run_dir / (POINT_FILE + ".tmp")
     tmp.write_text(json.dumps(status, indent=1) + "\n")
-    tmp.replace(run_dir / POINT_FILE)   # atomic: a point is done only once this exists
+    tmp.replace(run_dir / POINT_FILE)  # atomic: a point is done only once this exists
     return status
 
 
-def sweep(grid: Grid, parent, *, simulate: bool = False, jitter: float = 0.0,
-          out=sys.stdout) -> int:
+def sweep(
+    grid: Grid, parent, *, simulate: bool = False, jitter: float = 0.0, out=sys.stdout
+) -> int:
     """Run every unfinished point of ``grid`` under ``parent``, one at a time; blocks.
     Returns 0 when every point is done, 1 if any failed (the others still run)."""
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
     mode = "simulate" if simulate else "run"
     # every point of the grid, in its order (report lists them so), whichever this run does
-    meta = {"name": grid.name, "base": str(grid.base), "budget": grid.budget, "mode": mode,
-            "schedule_scale": grid.schedule_scale, "points": [{"name": name} for name in grid.order]}
+    meta = {
+        "name": grid.name,
+        "base": str(grid.base),
+        "budget": grid.budget,
+        "mode": mode,
+        "schedule_scale": grid.schedule_scale,
+        "points": [{"name": name} for name in grid.order],
+    }
     old = parent / SWEEP_FILE
     if old.is_file():
         prev = yaml.safe_load(old.read_text()) or {}
         if prev.get("mode") not in (None, mode):
-            raise ConfigError(f"{parent} holds a {prev.get('mode')} sweep; give this "
-                              f"{mode} sweep another parent directory (--parent)")
+            raise ConfigError(
+                f"{parent} holds a {prev.get('mode')} sweep; give this "
+                f"{mode} sweep another parent directory (--parent)"
+            )
     old.write_text(yaml.safe_dump(meta, sort_keys=False, allow_unicode=True))
     failed, total = 0, len(grid.points)
     for i, point in enumerate(grid.points, 1):
@@ -247,44 +287,85 @@ def sweep(grid: Grid, parent, *, simulate: bool = False, jitter: float = 0.0,
             if _experiment(status.get("overrides") or []) != _experiment(point.overrides):
                 raise ConfigError(
                     f"{parent / point.name} was run with other settings "
-                    f"({status.get('overrides')}); remove it, or use another --parent")
+                    f"({status.get('overrides')}); remove it, or use another --parent"
+                )
             print(f"[{i}/{total}] {point.name}: done before, skipped", file=out, flush=True)
             continue
-        print(f"[{i}/{total}] {point.name}: {'simulating' if simulate else 'running'} ...",
-              file=out, flush=True)
+        print(
+            f"[{i}/{total}] {point.name}: {'simulating' if simulate else 'running'} ...",
+            file=out,
+            flush=True,
+        )
         status = run_point(grid, point, parent, simulate, jitter)
         failed += status["status"] != "done"
         print(_line(i, total, point, status), file=out, flush=True)
         if status["status"] != "done":
             print(f"    see {parent / point.name / 'sweep.log'}", file=out, flush=True)
-    print(f"sweep {grid.name}: {total - failed}/{total} points done in {parent}; "
-          f"`rudra-zmq report {parent}` tabulates them", file=out, flush=True)
+    print(
+        f"sweep {grid.name}: {total - failed}/{total} points done in {parent}; "
+        f"`rudra-zmq report {parent}` tabulates them",
+        file=out,
+        flush=True,
+    )
     return 1 if failed else 0
 
 
 def add_parser(sub) -> None:
     """Register ``rudra-zmq sweep`` on the CLI's subparsers."""
-    p = sub.add_parser("sweep", help="run a grid of configs, one run directory per point",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("grid", metavar="GRID", help="grid file, or a built-in grid's name (table2, "
-                   "figure3, hardsync; see configs/grids/)")
-    p.add_argument("--parent", metavar="DIR",
-                   help="parent of the point directories (default runs/NAME, the grid's name, "
-                        "runs/NAME-sim with --simulate)")
-    p.add_argument("--simulate", action="store_true",
-                   help="simulate each point in one process (real gradients, simulated time)")
-    p.add_argument("--jitter", type=float, default=0.0,
-                   help="--simulate: relative std of each gradient's compute time")
-    p.add_argument("--budget", type=float, metavar="EPOCHS",
-                   help="epochs for every point (overrides the grid's budget)")
-    p.add_argument("--schedule-scale", type=float, default=1.0, metavar="S",
-                   help="scale every point's schedule: epochs (the budget) and lr steps "
-                        "times S in (0, 1], e.g. 0.1: 14 epochs, ÷10 at 12 and 13 for the "
-                        "paper's 140 (recorded; report marks it as not the paper's budget)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key in every point, e.g. --set data.root=PATH")
-    p.add_argument("--only", metavar="NAME[,NAME...]",
-                   help="run only these points (shell patterns, e.g. 's30-*')")
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of configs, one run directory per point",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "grid",
+        metavar="GRID",
+        help="grid file, or a built-in grid's name (table2, figure3, hardsync; see configs/grids/)",
+    )
+    p.add_argument(
+        "--parent",
+        metavar="DIR",
+        help="parent of the point directories (default runs/NAME, the grid's name, "
+        "runs/NAME-sim with --simulate)",
+    )
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="simulate each point in one process (real gradients, simulated time)",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        help="--simulate: relative std of each gradient's compute time",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        metavar="EPOCHS",
+        help="epochs for every point (overrides the grid's budget)",
+    )
+    p.add_argument(
+        "--schedule-scale",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="scale every point's schedule: epochs (the budget) and lr steps "
+        "times S in (0, 1], e.g. 0.1: 14 epochs, ÷10 at 12 and 13 for the "
+        "paper's 140 (recorded; report marks it as not the paper's budget)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key in every point, e.g. --set data.root=PATH",
+    )
+    p.add_argument(
+        "--only",
+        metavar="NAME[,NAME...]",
+        help="run only these points (shell patterns, e.g. 's30-*')",
+    )
     p.add_argument("--list", action="store_true", help="print the points and exit")
     p.set_defaults(func=main)
 

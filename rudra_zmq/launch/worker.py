@@ -22,6 +22,7 @@ waits up to ``runtime.timeout_s`` for the servers and then names the one that di
 Rudra-adv\\* is not planned here (its broadcast needs every learner's host): use
 ``rudra-zmq launch``. Blocks until the rank's part is done.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,9 +48,11 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
     """``("servers", None)`` or ``("learner", index of the learner process)`` for ranks
     ``r``. Raises ConfigError when the ranks do not fit the config."""
     if cfg.architecture.kind == "advstar":
-        raise ConfigError("rudra-zmq worker plans Rudra-base and Rudra-adv; Rudra-adv* "
-                          "(architecture.kind=advstar) needs every learner's host: start it "
-                          "with `rudra-zmq launch CONFIG --hostfile F`")
+        raise ConfigError(
+            "rudra-zmq worker plans Rudra-base and Rudra-adv; Rudra-adv* "
+            "(architecture.kind=advstar) needs every learner's host: start it "
+            "with `rudra-zmq launch CONFIG --hostfile F`"
+        )
     tree = topology.tree_of(cfg)
     n = len(_groups(cfg, tree))
     world, rank = r.value("world_size"), r.value("rank")
@@ -57,16 +60,21 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
         raise ConfigError(
             f"{world} ranks (from {r.world_size.source}) for a config with {n} learner "
             f"processes: start {n + 1} ranks (rank 0 runs the servers), or change "
-            "sync.learners / runtime.learners_per_process")
+            "sync.learners / runtime.learners_per_process"
+        )
     num = r.value("num_learners")
     if num is not None and num != n:
-        raise ConfigError(f"{num} learners (from {r.num_learners.source}) but the config plans "
-                          f"{n} learner processes")
+        raise ConfigError(
+            f"{num} learners (from {r.num_learners.source}) but the config plans "
+            f"{n} learner processes"
+        )
     role = r.value("role")
     if role is None:
         if rank is None:
-            raise ConfigError("no rank found: run under srun, mpirun or torchrun, or set "
-                              "RUDRA_RANK (see `rudra-zmq env`)")
+            raise ConfigError(
+                "no rank found: run under srun, mpirun or torchrun, or set "
+                "RUDRA_RANK (see `rudra-zmq env`)"
+            )
         role = "servers" if rank == 0 else "learner"
     if role == "servers":
         return "servers", None
@@ -85,19 +93,20 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
     tree; ``create``: make the run directory and save the config (rank 0)."""
     master = r.value("master_addr")
     if master is None:
-        raise ConfigError("no master address: set MASTER_ADDR, RUDRA_MASTER_ADDR or "
-                          "DMLC_PS_ROOT_URI, or run under srun (see `rudra-zmq env`)")
+        raise ConfigError(
+            "no master address: set MASTER_ADDR, RUDRA_MASTER_ADDR or "
+            "DMLC_PS_ROOT_URI, or run under srun (see `rudra-zmq env`)"
+        )
     port = r.value("master_port")
     if port is None:
         port = DEFAULT_PORT
     elif r.master_port.source == "MASTER_PORT":
-        port += 1        # torchrun's rendezvous store may listen on MASTER_PORT itself
+        port += 1  # torchrun's rendezvous store may listen on MASTER_PORT itself
     tree = topology.tree_of(cfg)
     labels = ["ps", "data", "stats"] + ([f"node{n.id}" for n in tree.nodes] if tree else [])
     host = f"[{master}]" if ":" in master else master
     endpoints = {label: f"tcp://{host}:{port + i}" for i, label in enumerate(labels)}
-    binds = {label: f"tcp://{bind_address(master)}:{port + i}"
-             for i, label in enumerate(labels)}
+    binds = {label: f"tcp://{bind_address(master)}:{port + i}" for i, label in enumerate(labels)}
     path = None
     if create:
         path = make_run_dir(cfg, run_dir)
@@ -114,17 +123,22 @@ def security_of(cfg, master: str):
     across = not is_loopback_host(master)
     on = (across and bool(keys_dir)) if given is None else given
     if on and not keys_dir:
-        raise ConfigError("security.curve under `rudra-zmq worker` needs security.keys: a key "
-                          "directory every rank can read (rudra-zmq keys init DIR; keys add DIR "
-                          "learner-0 ... ps; copy it to each host; docs/security.md)")
+        raise ConfigError(
+            "security.curve under `rudra-zmq worker` needs security.keys: a key "
+            "directory every rank can read (rudra-zmq keys init DIR; keys add DIR "
+            "learner-0 ... ps; copy it to each host; docs/security.md)"
+        )
     line = None
     if across and not on:
-        why = ("security.curve is false" if given is False else
-               "security.keys names no key directory")
-        line = (f"rudra-zmq worker: warning: {why}, so the roles talk in PLAINTEXT across "
-                f"hosts: anyone who can reach {master} can read the weights and the training "
-                "data and push gradients; set security.keys to a key directory on every host "
-                "to encrypt (docs/security.md)")
+        why = (
+            "security.curve is false" if given is False else "security.keys names no key directory"
+        )
+        line = (
+            f"rudra-zmq worker: warning: {why}, so the roles talk in PLAINTEXT across "
+            f"hosts: anyone who can reach {master} can read the weights and the training "
+            "data and push gradients; set security.keys to a key directory on every host "
+            "to encrypt (docs/security.md)"
+        )
     return dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on)), line
 
 
@@ -137,17 +151,20 @@ def run(args, environ=None) -> int:
     r = ranks.resolve({k: getattr(args, k, None) for k in ranks.CLI_KEYS}, environ)
     cfg = config_mod.load_config(args.config, list(args.set))
     what, index = part(cfg, r)
-    p = plan(cfg, r)          # checks the master address before anything is made
+    p = plan(cfg, r)  # checks the master address before anything is made
     cfg, line = security_of(cfg, r.value("master_addr"))
     how = "CurveZMQ" if cfg.security.curve else "plaintext"
     if what == "servers":
-        preflight.run(cfg)   # the data checked and decoded here, before anything is made
+        preflight.run(cfg)  # the data checked and decoded here, before anything is made
         p = plan(cfg, r, args.run_dir, create=True)
-        print(f"rudra-zmq worker: rank {r.value('rank')}: the servers of {cfg.name!r} on "
-              f"{r.value('master_addr')} ({how}), run directory {p.run_dir}", flush=True)
+        print(
+            f"rudra-zmq worker: rank {r.value('rank')}: the servers of {cfg.name!r} on "
+            f"{r.value('master_addr')} ({how}), run directory {p.run_dir}",
+            flush=True,
+        )
         if line:
             print(line, file=sys.stderr, flush=True)
-        servers = Plan(p.cfg, p.run_dir, p.endpoints, [], p.tree, p.binds)   # no learners here
+        servers = Plan(p.cfg, p.run_dir, p.endpoints, [], p.tree, p.binds)  # no learners here
         keys_dir = str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
         launcher = Launcher(servers, keys_dir=keys_dir)
         local = r.value("local_world_size")
@@ -156,38 +173,70 @@ def run(args, environ=None) -> int:
     ids = p.learner_groups[index]
     eps = learner_endpoints(p, ids[0])
     local = r.value("local_world_size")
-    if local:   # the ranks on this host share its cores
+    if local:  # the ranks on this host share its cores
         os.environ[HOST_LEARNERS_ENV] = str(local * len(ids))
-    print(f"rudra-zmq worker: rank {r.value('rank')}: learners {','.join(map(str, ids))} "
-          f"-> {eps['ps']} ({how})", file=sys.stderr, flush=True)
-    sets = [x for s in [*args.set, f"security.curve={str(cfg.security.curve).lower()}"]
-            for x in ("--set", s)]
-    argv = [sys.executable, "-m", "rudra_zmq", "learner", "--config", args.config, *sets,
-            "--id", ",".join(map(str, ids)), "--ps", eps["ps"], "--data", eps["data"],
-            "--stats", eps["stats"]]
+    print(
+        f"rudra-zmq worker: rank {r.value('rank')}: learners {','.join(map(str, ids))} "
+        f"-> {eps['ps']} ({how})",
+        file=sys.stderr,
+        flush=True,
+    )
+    sets = [
+        x
+        for s in [*args.set, f"security.curve={str(cfg.security.curve).lower()}"]
+        for x in ("--set", s)
+    ]
+    argv = [
+        sys.executable,
+        "-m",
+        "rudra_zmq",
+        "learner",
+        "--config",
+        args.config,
+        *sets,
+        "--id",
+        ",".join(map(str, ids)),
+        "--ps",
+        eps["ps"],
+        "--data",
+        eps["data"],
+        "--stats",
+        eps["stats"],
+    ]
     sys.stdout.flush()
-    os.execv(sys.executable, argv)   # this rank becomes the learner process (same pid)
+    os.execv(sys.executable, argv)  # this rank becomes the learner process (same pid)
 
 
 def add_parser(sub) -> None:
     """Register ``rudra-zmq worker``."""
     p = sub.add_parser(
-        "worker", help="run this rank's part of a run (under srun, mpirun, torchrun)",
+        "worker",
+        help="run this rank's part of a run (under srun, mpirun, torchrun)",
         description="Start the same command once per rank: rank 0 runs the servers (stats, "
-                    "data, PS, tree nodes), rank r >= 1 runs learner process r-1. The rank "
-                    "and the master address come from the command line or the launcher's "
-                    "variables (`rudra-zmq env` shows what was found and where).")
+        "data, PS, tree nodes), rank r >= 1 runs learner process r-1. The rank "
+        "and the master address come from the command line or the launcher's "
+        "variables (`rudra-zmq env` shows what was found and where).",
+    )
     p.add_argument("config", metavar="CONFIG", help="YAML config file (the same on every rank)")
     p.add_argument("--rank", type=int, help="this process's rank")
     p.add_argument("--world-size", type=int, help="how many ranks")
     p.add_argument("--local-rank", type=int, help="rank among this host's ranks")
     p.add_argument("--role", help="servers or learner (default: from the rank)")
     p.add_argument("--master-addr", metavar="HOST", help="the servers' host")
-    p.add_argument("--master-port", type=int, metavar="PORT",
-                   help=f"first server port (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--master-port",
+        type=int,
+        metavar="PORT",
+        help=f"first server port (default {DEFAULT_PORT})",
+    )
     p.add_argument("--run-dir", metavar="DIR", help="rank 0's run directory")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (repeatable; the same on every rank)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (repeatable; the same on every rank)",
+    )
     p.set_defaults(func=_cmd_worker)
 
 

@@ -11,6 +11,7 @@ stopped and crashed runs alike; nothing is imported from torch. A parent directo
 sweep's) stands for the runs inside it (``expand_run_dirs``, which ``rudra-zmq report`` uses
 too).
 """
+
 from __future__ import annotations
 
 import csv
@@ -25,8 +26,21 @@ from ..run_files import CONFIG_FILE, METRICS_FILE, PS_FINAL_FILE, SWEEP_FILE
 from ..sync import protocol_label
 from . import plots
 
-COLUMNS = ("run", "protocol", "learners", "batch", "lr_policy", "lr", "epochs", "final_error",
-           "best_error", "mean_sigma", "startup_s", "wall_s", "s_per_epoch")
+COLUMNS = (
+    "run",
+    "protocol",
+    "learners",
+    "batch",
+    "lr_policy",
+    "lr",
+    "epochs",
+    "final_error",
+    "best_error",
+    "mean_sigma",
+    "startup_s",
+    "wall_s",
+    "s_per_epoch",
+)
 log = logging.getLogger(__name__)
 
 
@@ -61,8 +75,10 @@ def protocol_name(cfg: dict, paper: bool = False) -> str:
 def _checked(run_dir) -> Path:
     run_dir = Path(run_dir)
     if not (run_dir / METRICS_FILE).is_file():
-        raise CompareError(f"{run_dir}: no {METRICS_FILE} here; give the run directories that "
-                           "`rudra-zmq run` or `simulate` printed")
+        raise CompareError(
+            f"{run_dir}: no {METRICS_FILE} here; give the run directories that "
+            "`rudra-zmq run` or `simulate` printed"
+        )
     return run_dir
 
 
@@ -83,8 +99,11 @@ def _sweep_order(parent: Path, names) -> list[str]:
         log.warning("%s: not valid YAML (%s); runs in name order", parent / SWEEP_FILE, exc)
         grid = None
     points = grid.get("points") if isinstance(grid, dict) else None
-    listed = [p["name"] for p in points if isinstance(p, dict) and "name" in p] \
-        if isinstance(points, list) else []
+    listed = (
+        [p["name"] for p in points if isinstance(p, dict) and "name" in p]
+        if isinstance(points, list)
+        else []
+    )
     rank = {str(name): i for i, name in reversed(list(enumerate(listed)))}
     return sorted(names, key=lambda n: (rank.get(n, math.inf), n))
 
@@ -100,21 +119,30 @@ def expand_run_dirs(paths, markers=(METRICS_FILE,)) -> list[Path]:
         if is_run_dir(path, markers):
             out.append(path)
             continue
-        runs = {d.name: d for d in (path.iterdir() if path.is_dir() else ())
-                if d.is_dir() and is_run_dir(d, markers)}
+        runs = {
+            d.name: d
+            for d in (path.iterdir() if path.is_dir() else ())
+            if d.is_dir() and is_run_dir(d, markers)
+        }
         if not runs:
             what = " or ".join(markers)
-            raise CompareError(f"{path}: no {what} here, nor in any subdirectory; give run "
-                               "directories that `rudra-zmq run` or `simulate` printed, or "
-                               "the parent directory that holds them (a sweep's)")
+            raise CompareError(
+                f"{path}: no {what} here, nor in any subdirectory; give run "
+                "directories that `rudra-zmq run` or `simulate` printed, or "
+                "the parent directory that holds them (a sweep's)"
+            )
         out += [runs[name] for name in _sweep_order(path, runs)]
     return out
 
 
 def add_run_dirs_argument(parser, dest: str, metavar: str) -> None:
     """The positional argument of run paths that ``expand_run_dirs`` reads (compare, report)."""
-    parser.add_argument(dest, nargs="+", metavar=metavar,
-                        help="run directories, or a parent directory of runs (a sweep's)")
+    parser.add_argument(
+        dest,
+        nargs="+",
+        metavar=metavar,
+        help="run directories, or a parent directory of runs (a sweep's)",
+    )
 
 
 def mean_sigma(metrics) -> float | None:
@@ -137,15 +165,24 @@ def ps_final(run_dir, metrics) -> dict | None:
         final = json.loads(path.read_text())
         ts, epoch = final["timestamp"], final["epoch"]
     else:
-        done = [r for r in metrics.get("done", []) if isinstance(r.get("ts"), int)
-                and plots._num(r.get("epoch")) is not None]
+        done = [
+            r
+            for r in metrics.get("done", [])
+            if isinstance(r.get("ts"), int) and plots._num(r.get("epoch")) is not None
+        ]
         if not done:
             return None
         ts, epoch = done[-1]["ts"], done[-1]["epoch"]
-    at_end = [r for r in metrics["eval"] if r.get("ts") == ts
-              and plots._num(r.get("test_error")) is not None]
-    return {"epoch": float(epoch), "ts": ts,
-            "test_error": at_end[-1]["test_error"] if at_end else None}
+    at_end = [
+        r
+        for r in metrics["eval"]
+        if r.get("ts") == ts and plots._num(r.get("test_error")) is not None
+    ]
+    return {
+        "epoch": float(epoch),
+        "ts": ts,
+        "test_error": at_end[-1]["test_error"] if at_end else None,
+    }
 
 
 def run_summary(run_dir, label: str | None = None) -> dict:
@@ -163,27 +200,32 @@ def run_summary(run_dir, label: str | None = None) -> dict:
     cfg = read_config(run_dir)
     rows = [r for r in plots.summary_rows(metrics) if r["test_error"] is not None]
     final = ps_final(run_dir, metrics)
-    if final is not None:   # only what the PS itself says happened: nothing past its end
+    if final is not None:  # only what the PS itself says happened: nothing past its end
         rows = [r for r in rows if isinstance(r.get("ts"), int) and r["ts"] <= final["ts"]]
     last = rows[-1] if rows else {}
     epochs, wall, error = last.get("epoch"), last.get("wall_s"), last.get("test_error")
     clock = plots.TrainingClock(metrics)
-    if final is not None:   # where the PS itself says training ended, and that evaluation
+    if final is not None:  # where the PS itself says training ended, and that evaluation
         epochs, error, wall = final["epoch"], final["test_error"], clock.trained_s
-    return {"run": label or plots.run_label(run_dir), "protocol": protocol_name(cfg),
-            "learners": config_value(cfg, "sync", "learners"),
-            "batch": config_value(cfg, "sync", "batch_size"),
-            "lr_policy": config_value(cfg, "optimizer", "lr_policy"),
-            "lr": config_value(cfg, "optimizer", "lr"),
-            "epochs": epochs,
-            "final_error": error,
-            "best_error": min(r["test_error"] for r in rows) if rows else None,
-            "mean_sigma": mean_sigma(metrics), "startup_s": plots.startup_s(metrics),
-            "wall_s": wall,
-            "s_per_epoch": wall / epochs if wall and epochs else None,
-            "last_error": last.get("test_error"), "last_epoch": last.get("epoch"),
-            "resumes": len(clock.periods) - 1,
-            "between_runs_s": sum(idle for _, idle, _ in clock.breaks)}
+    return {
+        "run": label or plots.run_label(run_dir),
+        "protocol": protocol_name(cfg),
+        "learners": config_value(cfg, "sync", "learners"),
+        "batch": config_value(cfg, "sync", "batch_size"),
+        "lr_policy": config_value(cfg, "optimizer", "lr_policy"),
+        "lr": config_value(cfg, "optimizer", "lr"),
+        "epochs": epochs,
+        "final_error": error,
+        "best_error": min(r["test_error"] for r in rows) if rows else None,
+        "mean_sigma": mean_sigma(metrics),
+        "startup_s": plots.startup_s(metrics),
+        "wall_s": wall,
+        "s_per_epoch": wall / epochs if wall and epochs else None,
+        "last_error": last.get("test_error"),
+        "last_epoch": last.get("epoch"),
+        "resumes": len(clock.periods) - 1,
+        "between_runs_s": sum(idle for _, idle, _ in clock.breaks),
+    }
 
 
 def result_line(run_dir) -> str | None:
@@ -199,18 +241,24 @@ def result_line(run_dir) -> str | None:
         return "result: no test error was measured (see logs/stats.log)"
     sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
     startup = "" if r.get("startup_s") is None else f" (after {r['startup_s']:.1f} s of start-up)"
-    if r["resumes"] and r.get("startup_s") is not None:   # a resumed run: its gap is no training
-        startup = (f" (after {r['startup_s']:.1f} s of start-up in {r['resumes'] + 1} runs; "
-                   f"{r['between_runs_s']:.1f} s between them left out)")
+    if r["resumes"] and r.get("startup_s") is not None:  # a resumed run: its gap is no training
+        startup = (
+            f" (after {r['startup_s']:.1f} s of start-up in {r['resumes'] + 1} runs; "
+            f"{r['between_runs_s']:.1f} s between them left out)"
+        )
     if r["final_error"] is not None:
         error = f"test error {100 * r['final_error']:.2f}%"
     else:
-        error = (f"the final weights were not evaluated (see logs/stats.log); the last test "
-                 f"error measured was {100 * r['last_error']:.2f}% at epoch "
-                 f"{r['last_epoch']:.2f}")
-    return (f"result: {error} (best {100 * r['best_error']:.2f}%) after {r['epochs']:.2f} "
-            f"epochs in {r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
-            "`rudra-zmq compare` puts runs side by side")
+        error = (
+            f"the final weights were not evaluated (see logs/stats.log); the last test "
+            f"error measured was {100 * r['last_error']:.2f}% at epoch "
+            f"{r['last_epoch']:.2f}"
+        )
+    return (
+        f"result: {error} (best {100 * r['best_error']:.2f}%) after {r['epochs']:.2f} "
+        f"epochs in {r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
+        "`rudra-zmq compare` puts runs side by side"
+    )
 
 
 def compare_runs(run_dirs, out_png) -> Path | None:
@@ -233,8 +281,9 @@ def compare_runs(run_dirs, out_png) -> Path | None:
             continue
         startup = plots.startup_s(m)
         plots._plot_error(ax[0, 0], xe, ye, label)
-        plots._plot_error(ax[0, 1], xt, yt, label if startup is None else
-                          f"{label} (start-up {startup:.1f} s)")
+        plots._plot_error(
+            ax[0, 1], xt, yt, label if startup is None else f"{label} (start-up {startup:.1f} s)"
+        )
         plotted += 1
     if not plotted:
         return None
@@ -263,8 +312,12 @@ def format_table(rows: list[dict]) -> str:
     """The rows as aligned text, one line per run under a header."""
     cells = [list(COLUMNS)] + [[_fmt(k, r[k]) for k in COLUMNS] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c[i].ljust(widths[i]) if i < 2 else c[i].rjust(widths[i])
-                               for i in range(len(COLUMNS))).rstrip() for c in cells)
+    return "\n".join(
+        "  ".join(
+            c[i].ljust(widths[i]) if i < 2 else c[i].rjust(widths[i]) for i in range(len(COLUMNS))
+        ).rstrip()
+        for c in cells
+    )
 
 
 def cmd_compare(args) -> int:
@@ -273,7 +326,7 @@ def cmd_compare(args) -> int:
     import sys
 
     try:
-        run_dirs = expand_run_dirs(args.run_dirs)   # every path checked before any is read
+        run_dirs = expand_run_dirs(args.run_dirs)  # every path checked before any is read
         rows = [run_summary(d, lab) for d, lab in zip(run_dirs, plots.run_labels(run_dirs))]
     except CompareError as exc:
         print(f"rudra-zmq compare: error: {exc}", file=sys.stderr)
@@ -281,9 +334,11 @@ def cmd_compare(args) -> int:
     print(format_table(rows))
     for r in rows:
         if r["final_error"] is None and r["last_error"] is not None:
-            print(f"{r['run']}: final_error -: its final weights were never evaluated (the "
-                  f"last evaluation, {100 * r['last_error']:.2f}% at epoch "
-                  f"{r['last_epoch']:.2f}, is not of them)")
+            print(
+                f"{r['run']}: final_error -: its final weights were never evaluated (the "
+                f"last evaluation, {100 * r['last_error']:.2f}% at epoch "
+                f"{r['last_epoch']:.2f}, is not of them)"
+            )
     if args.csv:
         Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         with open(args.csv, "w", newline="") as f:
@@ -300,14 +355,21 @@ def cmd_compare(args) -> int:
 
 def add_parser(sub) -> None:
     """Register ``rudra-zmq compare`` on the CLI's subparsers."""
-    p = sub.add_parser("compare", help="compare runs: accuracy, staleness, runtime (+ a plot)",
-                       description="Runs side by side: protocol, λ, µ, learning rate, final "
-                                   "and best test error, mean staleness, start-up, wall time "
-                                   "since training started; and one PNG of their test error "
-                                   "against epoch and time since training started.")
+    p = sub.add_parser(
+        "compare",
+        help="compare runs: accuracy, staleness, runtime (+ a plot)",
+        description="Runs side by side: protocol, λ, µ, learning rate, final "
+        "and best test error, mean staleness, start-up, wall time "
+        "since training started; and one PNG of their test error "
+        "against epoch and time since training started.",
+    )
     add_run_dirs_argument(p, "run_dirs", "RUN_DIR")
-    p.add_argument("-o", "--output", default="compare.png",
-                   help="the PNG of test error vs epoch and vs time since training started "
-                        "(default compare.png)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="compare.png",
+        help="the PNG of test error vs epoch and vs time since training started "
+        "(default compare.png)",
+    )
     p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
     p.set_defaults(func=cmd_compare)

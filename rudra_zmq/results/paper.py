@@ -8,6 +8,7 @@ compare with this machine's; its errors and their orderings do. The text extract
 paper is ragged around the first µ·λ ≈ 128 rows: pairing 18.92 % with (σ, µ, λ) = (18, 8, 18)
 is the most likely reading. The µ = 128, λ = 1 baseline is not a row of Table 2.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,39 +19,42 @@ MU_LAMBDA_GROUPS = (128, 256, 512, 1024)
 
 
 class Table2Row(NamedTuple):
-    mu_lambda: int          # the µ·λ group the paper puts the row in (≈ 128 ... ≈ 1024)
-    sigma: int              # σ = n of n-softsync
-    mu: int                 # µ, minibatch per learner
-    lam: int                # λ, learners
-    test_error_pct: float   # test error after 140 epochs, %
-    train_time_s: int       # training time on the paper's cluster, s
+    mu_lambda: int  # the µ·λ group the paper puts the row in (≈ 128 ... ≈ 1024)
+    sigma: int  # σ = n of n-softsync
+    mu: int  # µ, minibatch per learner
+    lam: int  # λ, learners
+    test_error_pct: float  # test error after 140 epochs, %
+    train_time_s: int  # training time on the paper's cluster, s
 
 
-TABLE2 = tuple(Table2Row(*row) for row in (
-    (128, 1, 4, 30, 18.09, 1573),
-    (128, 30, 4, 30, 18.41, 2073),
-    (128, 18, 8, 18, 18.92, 2488),
-    (128, 10, 16, 10, 18.79, 3396),
-    (128, 4, 32, 4, 18.82, 7776),
-    (128, 2, 64, 2, 17.96, 13449),
-    (256, 1, 8, 30, 20.04, 1478),
-    (256, 30, 8, 30, 19.65, 1509),
-    (256, 18, 16, 18, 20.33, 2938),
-    (256, 10, 32, 10, 20.82, 3518),
-    (256, 4, 64, 4, 20.70, 6631),
-    (256, 2, 128, 2, 19.52, 11797),
-    (256, 1, 128, 2, 19.59, 11924),
-    (512, 1, 16, 30, 23.25, 1469),
-    (512, 30, 16, 30, 22.14, 1502),
-    (512, 18, 32, 18, 23.63, 2255),
-    (512, 10, 64, 10, 24.08, 2683),
-    (512, 4, 128, 4, 23.01, 7089),
-    (1024, 1, 32, 30, 27.16, 1299),
-    (1024, 30, 32, 30, 27.27, 1420),
-    (1024, 18, 64, 18, 28.31, 1713),
-    (1024, 1, 128, 10, 29.83, 2551),
-    (1024, 10, 128, 10, 29.90, 2626),
-))
+TABLE2 = tuple(
+    Table2Row(*row)
+    for row in (
+        (128, 1, 4, 30, 18.09, 1573),
+        (128, 30, 4, 30, 18.41, 2073),
+        (128, 18, 8, 18, 18.92, 2488),
+        (128, 10, 16, 10, 18.79, 3396),
+        (128, 4, 32, 4, 18.82, 7776),
+        (128, 2, 64, 2, 17.96, 13449),
+        (256, 1, 8, 30, 20.04, 1478),
+        (256, 30, 8, 30, 19.65, 1509),
+        (256, 18, 16, 18, 20.33, 2938),
+        (256, 10, 32, 10, 20.82, 3518),
+        (256, 4, 64, 4, 20.70, 6631),
+        (256, 2, 128, 2, 19.52, 11797),
+        (256, 1, 128, 2, 19.59, 11924),
+        (512, 1, 16, 30, 23.25, 1469),
+        (512, 30, 16, 30, 22.14, 1502),
+        (512, 18, 32, 18, 23.63, 2255),
+        (512, 10, 64, 10, 24.08, 2683),
+        (512, 4, 128, 4, 23.01, 7089),
+        (1024, 1, 32, 30, 27.16, 1299),
+        (1024, 30, 32, 30, 27.27, 1420),
+        (1024, 18, 64, 18, 28.31, 1713),
+        (1024, 1, 128, 10, 29.83, 2551),
+        (1024, 10, 128, 10, 29.90, 2626),
+    )
+)
 
 
 def mu_lambda_group(mu_lambda) -> int | None:
@@ -67,5 +71,6 @@ def table2_row(mu, lam, sigma) -> Table2Row | None:
     if mu is None or lam is None:
         return None
     group = mu_lambda_group(mu * lam)
-    return next((r for r in TABLE2 if (r.mu_lambda, r.sigma, r.mu, r.lam) ==
-                 (group, sigma, mu, lam)), None)
+    return next(
+        (r for r in TABLE2 if (r.mu_lambda, r.sigma, r.mu, r.lam) == (group, sigma, mu, lam)), None
+    )

@@ -32,6 +32,7 @@ Plots use matplotlib's object API (``Figure`` + ``FigureCanvasAgg``), never pypl
 global (backend, current figure) changes for other users in the process, and it is safe to call
 from a background thread. Every function here blocks on file I/O only.
 """
+
 from __future__ import annotations
 
 import csv
@@ -57,8 +58,7 @@ from .records import num as _num
 log = logging.getLogger(__name__)
 
 TIME_LABEL = "time since training started (s)"
-SUMMARY_FIELDS = ("epoch", "wall_s", "ts", "test_error", "test_loss", "mean_sigma",
-                  "updates_per_s")
+SUMMARY_FIELDS = ("epoch", "wall_s", "ts", "test_error", "test_loss", "mean_sigma", "updates_per_s")
 
 
 def eval_series(metrics, xkey: str):
@@ -100,10 +100,14 @@ def summary_rows(metrics) -> list[dict]:
     training started for the first eval).
     """
     clock = TrainingClock(metrics)
-    evals = sorted((e for e in metrics.get("eval", []) if _num(e.get("ts")) is not None),
-                   key=lambda e: (e["ts"], _num(e.get("t")) or 0.0))
-    updates = sorted((u for u in metrics.get("update", []) if _num(u.get("ts")) is not None),
-                     key=lambda u: u["ts"])
+    evals = sorted(
+        (e for e in metrics.get("eval", []) if _num(e.get("ts")) is not None),
+        key=lambda e: (e["ts"], _num(e.get("t")) or 0.0),
+    )
+    updates = sorted(
+        (u for u in metrics.get("update", []) if _num(u.get("ts")) is not None),
+        key=lambda u: u["ts"],
+    )
     rows, j = [], 0
     prev_ts, prev_t = 0, 0.0
     for e in evals:
@@ -116,10 +120,17 @@ def summary_rows(metrics) -> list[dict]:
         rate = None
         if wall is not None and wall - prev_t > 0:
             rate = (e["ts"] - prev_ts) / (wall - prev_t)
-        rows.append({"epoch": _num(e.get("epoch")), "wall_s": wall, "ts": int(e["ts"]),
-                     "test_error": _num(e.get("test_error")),
-                     "test_loss": _num(e.get("test_loss")),
-                     "mean_sigma": total / count if count else None, "updates_per_s": rate})
+        rows.append(
+            {
+                "epoch": _num(e.get("epoch")),
+                "wall_s": wall,
+                "ts": int(e["ts"]),
+                "test_error": _num(e.get("test_error")),
+                "test_loss": _num(e.get("test_loss")),
+                "mean_sigma": total / count if count else None,
+                "updates_per_s": rate,
+            }
+        )
         prev_ts = e["ts"]
         prev_t = wall if wall is not None else prev_t
     return rows
@@ -133,8 +144,12 @@ def write_summary_csv(metrics, path) -> Path:
         w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
         w.writeheader()
         for row in summary_rows(metrics):
-            w.writerow({k: ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
-                        for k, v in row.items()})
+            w.writerow(
+                {
+                    k: ("" if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+                    for k, v in row.items()
+                }
+            )
     return path
 
 
@@ -171,9 +186,11 @@ def _mark_events(ax, m, xkey: str, clock: TrainingClock | None = None) -> None:
     of seconds of training by ``clock``, where a resume is drawn with the seconds of idle time
     and start-up left out there."""
     seen = set()
-    for kind, style in (("members", dict(color="tab:orange", linestyle=":")),
-                        ("restart", dict(color="tab:red", linestyle="--")),
-                        ("resume", dict(color="tab:purple", linestyle="-."))):
+    for kind, style in (
+        ("members", dict(color="tab:orange", linestyle=":")),
+        ("restart", dict(color="tab:red", linestyle="--")),
+        ("resume", dict(color="tab:purple", linestyle="-.")),
+    ):
         points = [(_num(r.get(xkey)), r) for r in m[kind]]
         if kind == "resume" and clock is not None:
             points = [(at, {"idle": idle, "up": up or 0.0}) for at, idle, up in clock.breaks]
@@ -187,10 +204,14 @@ def _mark_events(ax, m, xkey: str, clock: TrainingClock | None = None) -> None:
             elif kind == "restart":
                 label = "PS restarted"
             else:
-                label = "run resumed" if "idle" not in r else (
-                    f"run resumed ({r['idle']:.1f} s idle + {r['up']:.1f} s start-up left out)")
-            ax.axvline(x, linewidth=1, alpha=0.8, label=None if label in seen else label,
-                       **style)
+                label = (
+                    "run resumed"
+                    if "idle" not in r
+                    else (
+                        f"run resumed ({r['idle']:.1f} s idle + {r['up']:.1f} s start-up left out)"
+                    )
+                )
+            ax.axvline(x, linewidth=1, alpha=0.8, label=None if label in seen else label, **style)
             seen.add(label)
     if seen:
         ax.legend(fontsize="small")
@@ -211,21 +232,30 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
     clock = TrainingClock(m)
     written = []
 
-    for xkey, xlabel, fname in (("epoch", "epoch", "test_error_vs_epoch.png"),
-                                ("t", TIME_LABEL, "test_error_vs_time.png")):
+    for xkey, xlabel, fname in (
+        ("epoch", "epoch", "test_error_vs_epoch.png"),
+        ("t", TIME_LABEL, "test_error_vs_time.png"),
+    ):
         x, y = eval_series(m, xkey)
         if len(x):
             fig, ax = _figure()
             _plot_error(ax[0, 0], x, y)
             _mark_events(ax[0, 0], m, xkey, clock if xkey == "t" else None)
             ax[0, 0].set_xlabel(xlabel)
-            ax[0, 0].set_title(f"{name}: test error vs {xkey if xkey == 'epoch' else 'time'} "
-                               f"(last {100 * y[-1]:.2f} %"
-                               f"{_startup_note(m) if xkey == 't' else ''})")
+            ax[0, 0].set_title(
+                f"{name}: test error vs {xkey if xkey == 'epoch' else 'time'} "
+                f"(last {100 * y[-1]:.2f} %"
+                f"{_startup_note(m) if xkey == 't' else ''})"
+            )
             written.append(_save(fig, out_dir / fname))
 
-    sigmas = [s for u in m["update"] if isinstance(u.get("sigmas"), list)
-              for s in map(_num, u["sigmas"]) if s is not None]
+    sigmas = [
+        s
+        for u in m["update"]
+        if isinstance(u.get("sigmas"), list)
+        for s in map(_num, u["sigmas"])
+        if s is not None
+    ]
     if sigmas:
         sig = np.array(sigmas)
         mean = float(sig.mean())
@@ -263,13 +293,15 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
             row += 1
         if m["ps"]:
             a = ax[row, 0]
-            for key, label in (("updates_per_s", "PS updates / s"),
-                               ("gradients_per_s", "PS gradients / s")):
+            for key, label in (
+                ("updates_per_s", "PS updates / s"),
+                ("gradients_per_s", "PS gradients / s"),
+            ):
                 x, y = _series(m["ps"], "t", key, clock, during=True)
                 if len(x):
                     a.plot(x, y, linewidth=1.5, label=label)
             a.set_ylabel("per second")
-            if a.lines:   # none when the PS reported during start-up only
+            if a.lines:  # none when the PS reported during start-up only
                 a.legend(fontsize="small")
             a.grid(True, alpha=0.3)
             if not m["learner"]:
@@ -277,7 +309,7 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
         for a in ax[:, 0]:
             _mark_events(a, m, "t", clock)
         ax[-1, 0].set_xlabel(TIME_LABEL)
-        ax[-1, 0].set_xlim(left=0)   # the start of training, though the first report is later
+        ax[-1, 0].set_xlim(left=0)  # the start of training, though the first report is later
         written.append(_save(fig, out_dir / "throughput.png"))
     return written
 
@@ -286,8 +318,14 @@ def _total_rate(records, clock: TrainingClock):
     """Sum over learners of each one's latest samples/s, at every report time in training
     (step-hold; x in seconds of training)."""
     latest, xs, ys = {}, [], []
-    pts = sorted(((t, r) for r in records if (t := _num(r.get("t"))) is not None
-                  and _num(r.get("samples_per_s")) is not None), key=lambda p: p[0])
+    pts = sorted(
+        (
+            (t, r)
+            for r in records
+            if (t := _num(r.get("t"))) is not None and _num(r.get("samples_per_s")) is not None
+        ),
+        key=lambda p: p[0],
+    )
     for t, r in pts:
         latest[r.get("learner")] = r["samples_per_s"]
         x = clock.at(t, during=True)
@@ -318,10 +356,25 @@ def run_labels(run_dirs) -> list[str]:
     """``run_label`` of each run, with its folder name added where two runs share a label."""
     labels = [run_label(d) for d in run_dirs]
     dup = {lab for lab in labels if labels.count(lab) > 1}
-    return [f"{lab} ({Path(d).resolve().name})" if lab in dup else lab
-            for lab, d in zip(labels, run_dirs)]
+    return [
+        f"{lab} ({Path(d).resolve().name})" if lab in dup else lab
+        for lab, d in zip(labels, run_dirs)
+    ]
 
 
-__all__ = ["read_metrics", "summary_rows", "write_summary_csv", "plot_run", "run_label",
-           "run_labels", "Metrics", "startup_s", "time_origin", "eval_series", "TIME_LABEL",
-           "sigma_sum", "TrainingClock", "KNOWN_TYPES"]
+__all__ = [
+    "read_metrics",
+    "summary_rows",
+    "write_summary_csv",
+    "plot_run",
+    "run_label",
+    "run_labels",
+    "Metrics",
+    "startup_s",
+    "time_origin",
+    "eval_series",
+    "TIME_LABEL",
+    "sigma_sum",
+    "TrainingClock",
+    "KNOWN_TYPES",
+]

@@ -15,6 +15,7 @@ writes update and eval records only, has no start-up: its clock starts with trai
 
 Pure: no clocks, no sockets; ``read_metrics`` reads one file.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -28,8 +29,8 @@ log = logging.getLogger(__name__)
 
 KNOWN_TYPES = ("update", "eval", "learner", "ps", "members", "restart", "resume")
 _ABSOLUTE_T = 1e9  # t values beyond this are Unix times (after 2001), not seconds since start
-REAL_RUN_TYPES = ("start", "ps", "learner", "done")   # a simulation writes update and eval only
-END_TYPES = ("update", "eval")   # the last of these ends a period of training
+REAL_RUN_TYPES = ("start", "ps", "learner", "done")  # a simulation writes update and eval only
+END_TYPES = ("update", "eval")  # the last of these ends a period of training
 
 
 class Metrics(dict):
@@ -66,8 +67,11 @@ def read_metrics(path) -> Metrics:
             rec = json.loads(raw)
         except (UnicodeDecodeError, ValueError):
             rec = None
-        if isinstance(rec, dict) and rec.get("type") == "batch" and \
-                isinstance(rec.get("items"), list):
+        if (
+            isinstance(rec, dict)
+            and rec.get("type") == "batch"
+            and isinstance(rec.get("items"), list)
+        ):
             records = rec["items"]
         else:
             records = [rec]
@@ -77,8 +81,7 @@ def read_metrics(path) -> Metrics:
                 if i == len(lines) - 1:  # no newline after it: the writer died mid-line
                     out.truncated = True
                 elif out.malformed <= 5:
-                    log.warning("%s:%d: skipping a malformed metrics line: %.80r",
-                                path, i + 1, raw)
+                    log.warning("%s:%d: skipping a malformed metrics line: %.80r", path, i + 1, raw)
                 continue
             out.setdefault(r["type"], []).append(r)
     if out.truncated:
@@ -148,18 +151,21 @@ class TrainingClock:
             if p.start is None:
                 p.end = None
             elif not real and p is self.periods[0]:
-                p.start = 0.0           # a simulation's clock starts with training
+                p.start = 0.0  # a simulation's clock starts with training
         trained = [p for p in self.periods if p.start is not None]
         self.startup_s = sum(p.start - p.begin for p in trained) if real and trained else None
         self.breaks = []
         done = 0.0
         for prev, p in zip(self.periods, self.periods[1:]):
             done += prev.trained_s
-            last_end = max((q.end for q in self.periods if q.end is not None and
-                            q.end <= p.begin), default=None)
+            last_end = max(
+                (q.end for q in self.periods if q.end is not None and q.end <= p.begin),
+                default=None,
+            )
             if last_end is not None:
-                self.breaks.append((done, p.begin - last_end,
-                                    None if p.start is None else p.start - p.begin))
+                self.breaks.append(
+                    (done, p.begin - last_end, None if p.start is None else p.start - p.begin)
+                )
 
     def _t(self, r) -> float | None:
         t = num(r.get("t"))
@@ -182,7 +188,7 @@ class TrainingClock:
         before = sum(p.trained_s for p in self.periods[:i])
         p = self.periods[i]
         if not any(q.start is not None for q in self.periods):
-            return None if during else t    # it never trained: the run's clock as it is
+            return None if during else t  # it never trained: the run's clock as it is
         if p.start is None or t < p.start or t > p.end:
             if during:
                 return None

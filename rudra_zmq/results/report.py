@@ -8,6 +8,7 @@ Reads only what runs wrote (``config.yaml``, ``metrics.jsonl``, a sweep's ``poin
 a real run's ``processes.json``), so failed and unfinished runs are listed too; every
 function here blocks on file I/O only, and nothing is imported from torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,18 +36,31 @@ from .compare import (
 
 log = logging.getLogger(__name__)
 
-RUN_MARKERS = (METRICS_FILE, POINT_FILE)   # a failed point may have no metrics at all
-COLUMNS = (("run", "run"), ("mode", "mode"), ("status", "status"), ("protocol", "protocol"),
-           ("sigma", "σ"), ("batch", "µ"), ("learners", "λ"), ("mu_lambda", "µ·λ"),
-           ("lr_policy", "lr policy"), ("lr", "α0"), ("epochs", "epochs"),
-           ("budget", "budget"), ("schedule", "schedule⁴"),
-           ("error_at_budget", "error at budget"),
-           ("best_error", "best error¹"), ("time", "time²"), ("mean_sigma", "⟨σ⟩"),
-           ("paper_error", "paper³"))
+RUN_MARKERS = (METRICS_FILE, POINT_FILE)  # a failed point may have no metrics at all
+COLUMNS = (
+    ("run", "run"),
+    ("mode", "mode"),
+    ("status", "status"),
+    ("protocol", "protocol"),
+    ("sigma", "σ"),
+    ("batch", "µ"),
+    ("learners", "λ"),
+    ("mu_lambda", "µ·λ"),
+    ("lr_policy", "lr policy"),
+    ("lr", "α0"),
+    ("epochs", "epochs"),
+    ("budget", "budget"),
+    ("schedule", "schedule⁴"),
+    ("error_at_budget", "error at budget"),
+    ("best_error", "best error¹"),
+    ("time", "time²"),
+    ("mean_sigma", "⟨σ⟩"),
+    ("paper_error", "paper³"),
+)
 CSV_FIELDS = tuple(k for k, _ in COLUMNS) + ("time_unit",)
 POLICY = {"constant": "α0", "staleness": "α0/⟨σ⟩", "per_gradient": "α0/σ per gradient"}
 LINESTYLE = {"staleness": "-", "constant": "--", "per_gradient": "-."}
-ERRORS = {"error_at_budget", "best_error", "paper_error"}   # fractions, shown in %
+ERRORS = {"error_at_budget", "best_error", "paper_error"}  # fractions, shown in %
 TIME_UNIT = {"real": "s", "simulated": "sim"}
 TIME_AXIS = {"real": plots.TIME_LABEL, "simulated": "simulated time"}
 FOOTNOTES = (
@@ -62,17 +76,19 @@ FOOTNOTES = (
     "has none.",
     "⁴ the schedule's scale: ×0.1 is a compressed schedule (epochs and ÷10 steps at a tenth "
     "of the config's, `--schedule-scale 0.1`), not the paper's budget; blank: the config's "
-    "own schedule.")
+    "own schedule.",
+)
 
 
 @dataclass
 class Run:
     """What one run directory holds, read once: its config, sweep point record and metrics."""
+
     path: Path
     label: str
     cfg: dict
     point: dict
-    mode: str            # "real" | "simulated"
+    mode: str  # "real" | "simulated"
     metrics: plots.Metrics
 
 
@@ -103,12 +119,21 @@ def load_runs(run_dirs) -> list[Run]:
     points = [read_point(d) for d in dirs]
     labels = [str(p.get("point") or lab) for p, lab in zip(points, plots.run_labels(dirs))]
     dup = {lab for lab in labels if labels.count(lab) > 1}
-    labels = [f"{lab} ({d.resolve().parent.name})" if lab in dup else lab
-              for lab, d in zip(labels, dirs)]
+    labels = [
+        f"{lab} ({d.resolve().parent.name})" if lab in dup else lab for lab, d in zip(labels, dirs)
+    ]
     empty = plots.Metrics({k: [] for k in plots.KNOWN_TYPES})
-    return [Run(d, lab, read_config(d), p, run_mode(d, p),
-                plots.read_metrics(d) if is_run_dir(d) else empty)
-            for d, lab, p in zip(dirs, labels, points)]
+    return [
+        Run(
+            d,
+            lab,
+            read_config(d),
+            p,
+            run_mode(d, p),
+            plots.read_metrics(d) if is_run_dir(d) else empty,
+        )
+        for d, lab, p in zip(dirs, labels, points)
+    ]
 
 
 def sigma_column(cfg: dict):
@@ -116,26 +141,34 @@ def sigma_column(cfg: dict):
     protocol = config_value(cfg, "sync", "protocol")
     if protocol not in PROTOCOLS:
         return None
-    return nominal_staleness(protocol, config_value(cfg, "sync", "n"),
-                             config_value(cfg, "sync", "learners"))
+    return nominal_staleness(
+        protocol, config_value(cfg, "sync", "n"), config_value(cfg, "sync", "learners")
+    )
 
 
 def _at_budget(metrics, budget) -> tuple[dict | None, dict | None]:
     """(the last eval at or before ``budget`` epochs, the best of those) as ``summary_rows``
     rows; (None, None) without one. ``budget`` None: all evals count."""
-    evals = [r for r in plots.summary_rows(metrics)
-             if r["test_error"] is not None and r["epoch"] is not None]
+    evals = [
+        r
+        for r in plots.summary_rows(metrics)
+        if r["test_error"] is not None and r["epoch"] is not None
+    ]
     if budget is not None:
         # A run stops at the update that reaches its epochs, a little past them: the eval
         # of that update is the one at the budget, so it counts.
-        reached = [u["ts"] for u in metrics["update"] if isinstance(u.get("ts"), int)
-                   and isinstance(u.get("epoch"), (int, float)) and u["epoch"] >= budget]
+        reached = [
+            u["ts"]
+            for u in metrics["update"]
+            if isinstance(u.get("ts"), int)
+            and isinstance(u.get("epoch"), (int, float))
+            and u["epoch"] >= budget
+        ]
         last_ts = min(reached, default=-1)
         evals = [r for r in evals if r["epoch"] <= budget or r["ts"] <= last_ts]
     if not evals:
         return None, None
-    return (sorted(evals, key=lambda r: r["epoch"])[-1],
-            min(evals, key=lambda r: r["test_error"]))
+    return (sorted(evals, key=lambda r: r["epoch"])[-1], min(evals, key=lambda r: r["test_error"]))
 
 
 def table_row(run: Run, budget: float | None = None) -> dict:
@@ -155,17 +188,27 @@ def table_row(run: Run, budget: float | None = None) -> dict:
     elif not m["eval"]:
         status.append("no eval")
     ref = paper.table2_row(mu, lam, sigma)
-    return {"run": run.label, "mode": run.mode, "status": ", ".join(status),
-            "protocol": protocol_name(cfg, paper=True) if cfg else None, "sigma": sigma,
-            "batch": mu, "learners": lam, "mu_lambda": mu * lam if mu and lam else None,
-            "lr_policy": config_value(cfg, "optimizer", "lr_policy"),
-            "lr": config_value(cfg, "optimizer", "lr"), "epochs": max(epochs, default=None),
-            "budget": budget, "schedule": schedule_scale(cfg),
-            "error_at_budget": at and at["test_error"],
-            "best_error": best and best["test_error"], "time": at and at["wall_s"],
-            "mean_sigma": mean_sigma(m),
-            "paper_error": round(ref.test_error_pct / 100, 6) if ref else None,
-            "time_unit": TIME_UNIT[run.mode]}
+    return {
+        "run": run.label,
+        "mode": run.mode,
+        "status": ", ".join(status),
+        "protocol": protocol_name(cfg, paper=True) if cfg else None,
+        "sigma": sigma,
+        "batch": mu,
+        "learners": lam,
+        "mu_lambda": mu * lam if mu and lam else None,
+        "lr_policy": config_value(cfg, "optimizer", "lr_policy"),
+        "lr": config_value(cfg, "optimizer", "lr"),
+        "epochs": max(epochs, default=None),
+        "budget": budget,
+        "schedule": schedule_scale(cfg),
+        "error_at_budget": at and at["test_error"],
+        "best_error": best and best["test_error"],
+        "time": at and at["wall_s"],
+        "mean_sigma": mean_sigma(m),
+        "paper_error": round(ref.test_error_pct / 100, 6) if ref else None,
+        "time_unit": TIME_UNIT[run.mode],
+    }
 
 
 def _cell(key: str, row: dict) -> str:
@@ -199,23 +242,38 @@ def schedule_header(rows: list[dict]) -> str:
     if not scales:
         return ""
     which = "every run" if all(r["schedule"] is not None for r in rows) else "some runs"
-    return (f"**Schedule scaled ×{', ×'.join(f'{s:g}' for s in scales)} in {which} — not the "
-            f"paper's budget** ({paper.TABLE2_EPOCHS} epochs, ÷10 at 120 and 130): epochs "
-            "and ÷10 steps are that fraction of the config's; the paper column is its "
-            f"{paper.TABLE2_EPOCHS}-epoch error.\n\n")
+    return (
+        f"**Schedule scaled ×{', ×'.join(f'{s:g}' for s in scales)} in {which} — not the "
+        f"paper's budget** ({paper.TABLE2_EPOCHS} epochs, ÷10 at 120 and 130): epochs "
+        "and ÷10 steps are that fraction of the config's; the paper column is its "
+        f"{paper.TABLE2_EPOCHS}-epoch error.\n\n"
+    )
 
 
 def format_markdown(rows: list[dict]) -> str:
     """The rows as a markdown table in Table 2's layout, with its footnotes (and, above it,
     a line saying so when any run's schedule was scaled)."""
-    right = {"sigma", "batch", "learners", "mu_lambda", "lr", "epochs", "budget", "time",
-             "mean_sigma"} | ERRORS
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |",
-             "|" + "|".join("---:" if k in right else "---"
-                            for k, _ in COLUMNS) + "|"]
+    right = {
+        "sigma",
+        "batch",
+        "learners",
+        "mu_lambda",
+        "lr",
+        "epochs",
+        "budget",
+        "time",
+        "mean_sigma",
+    } | ERRORS
+    lines = [
+        "| " + " | ".join(h for _, h in COLUMNS) + " |",
+        "|" + "|".join("---:" if k in right else "---" for k, _ in COLUMNS) + "|",
+    ]
     lines += ["| " + " | ".join(_cell(k, r) for k, _ in COLUMNS) + " |" for r in rows]
-    return schedule_header(rows) + \
-        "\n".join(lines + [""] + [f"{note}  " for note in FOOTNOTES]).rstrip() + "\n"
+    return (
+        schedule_header(rows)
+        + "\n".join(lines + [""] + [f"{note}  " for note in FOOTNOTES]).rstrip()
+        + "\n"
+    )
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:
@@ -231,19 +289,26 @@ def line_styles(runs: list[Run], rows: list[dict]) -> list[dict]:
     """Figure 3's style of each run: runs that differ only in the learning-rate policy share
     a colour; solid for α0/⟨σ⟩, dashed for constant α0; the label names protocol, µ, λ and
     policy (and the run where that is not enough to tell two apart)."""
+
     def same_but_policy(run):
         # runtime.* (paths, threads, device) does not change what is learned
         cfg = {k: v for k, v in run.cfg.items() if k not in ("name", "runtime")}
-        cfg["optimizer"] = {k: v for k, v in (cfg.get("optimizer") or {}).items()
-                            if k != "lr_policy"}
+        cfg["optimizer"] = {
+            k: v for k, v in (cfg.get("optimizer") or {}).items() if k != "lr_policy"
+        }
         return run.mode, json.dumps(cfg, sort_keys=True, default=str) if run.cfg else run.label
 
     colours, styles = {}, []
     for run, row in zip(runs, rows):
         colour = colours.setdefault(same_but_policy(run), f"C{len(colours) % 10}")
-        styles.append({"label": f"{row['protocol']}, µ={row['batch']}, λ={row['learners']}, "
-                                f"{_cell('lr_policy', row)}",
-                       "color": colour, "linestyle": LINESTYLE.get(row["lr_policy"], ":")})
+        styles.append(
+            {
+                "label": f"{row['protocol']}, µ={row['batch']}, λ={row['learners']}, "
+                f"{_cell('lr_policy', row)}",
+                "color": colour,
+                "linestyle": LINESTYLE.get(row["lr_policy"], ":"),
+            }
+        )
     labels = [s["label"] for s in styles]
     for s, run in zip(styles, runs):
         if labels.count(s["label"]) > 1:
@@ -271,8 +336,7 @@ def write_figures(runs: list[Run], rows: list[dict], out_dir: Path) -> list[Path
     kinds = [k for k in TIME_AXIS if any(run.mode == k for run, _, _ in shown)]
     fig, ax = plots._figure(ncols=len(kinds), size=(8.0, 5.0))
     for run, _, st in shown:
-        plots._plot_error(ax[0, kinds.index(run.mode)], *plots.eval_series(run.metrics, "t"),
-                          **st)
+        plots._plot_error(ax[0, kinds.index(run.mode)], *plots.eval_series(run.metrics, "t"), **st)
     for a, kind in zip(ax[0], kinds):
         a.set_xlabel(TIME_AXIS[kind])
         a.set_title(f"test error vs {TIME_AXIS[kind].split(' (')[0]} ({kind} runs)")
@@ -285,7 +349,7 @@ def cmd_report(args) -> int:
     """Print the table; write report.md, report.csv and the figures into --out. Returns 0,
     or 2 on a path that is neither a run nor a parent of runs (named in the message)."""
     try:
-        run_dirs = expand_run_dirs(args.paths, RUN_MARKERS)   # all checked before any is read
+        run_dirs = expand_run_dirs(args.paths, RUN_MARKERS)  # all checked before any is read
     except CompareError as exc:
         print(f"rudra-zmq report: error: {exc}", file=sys.stderr)
         return 2
@@ -317,15 +381,24 @@ def _epochs(text: str) -> float:
 
 def add_parser(sub) -> None:
     """Register ``rudra-zmq report`` on the CLI's subparsers."""
-    p = sub.add_parser("report", help="runs or a sweep as the paper's Table 2 and Figures 3-4",
-                       description="A table of runs in the layout of the paper's Table 2 "
-                                   "(markdown and CSV, beside the paper's own errors) and "
-                                   "figures of their test error against epoch and time.")
+    p = sub.add_parser(
+        "report",
+        help="runs or a sweep as the paper's Table 2 and Figures 3-4",
+        description="A table of runs in the layout of the paper's Table 2 "
+        "(markdown and CSV, beside the paper's own errors) and "
+        "figures of their test error against epoch and time.",
+    )
     add_run_dirs_argument(p, "paths", "PARENT|RUN")
-    p.add_argument("--out", metavar="DIR",
-                   help="where to write report.md, report.csv and the PNGs (default: the "
-                        "parent directory when it is the only path given, else .)")
-    p.add_argument("--budget", type=_epochs, metavar="EPOCHS",
-                   help="epochs at which to read each run's test error (default: each run's "
-                        "train.epochs)")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="where to write report.md, report.csv and the PNGs (default: the "
+        "parent directory when it is the only path given, else .)",
+    )
+    p.add_argument(
+        "--budget",
+        type=_epochs,
+        metavar="EPOCHS",
+        help="epochs at which to read each run's test error (default: each run's train.epochs)",
+    )
     p.set_defaults(func=cmd_report)

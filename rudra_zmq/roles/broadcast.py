@@ -19,6 +19,7 @@ The sending side of each hop is ``broadcast_link.Fanout``. Threads: :class:`Broa
 owner talks to it over an inproc PAIR pipe (``publish``, ``close``). No torch here. Windows and
 validation: ``docs/architecture.md``; the messages: ``docs/wire.md``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -34,7 +35,7 @@ from .broadcast_link import Fanout, IOThread, Version, default_window, drain, pi
 
 log = logging.getLogger("rudra_zmq.broadcast")
 
-MAX_CHUNKS = 1 << 16        # chunks in one version
+MAX_CHUNKS = 1 << 16  # chunks in one version
 _POLL_MS = 100
 # a member closed once STOP went down waits this long for planned children that have not
 # connected yet (a learner that started after training ended), to tell them STOP too
@@ -48,24 +49,38 @@ class BroadcastRoot(IOThread):
     child may grant. ``publish`` and ``close`` are for one owner thread (the PS's).
     """
 
-    def __init__(self, ctx: zmq.Context, bind: str, numel: int, *, children=None,
-                 chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, window: int | None = None):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        bind: str,
+        numel: int,
+        *,
+        children=None,
+        chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+        window: int | None = None,
+    ):
         self.numel, self.chunk_bytes = numel, chunk_bytes
         self.window = window or default_window(numel, chunk_bytes)
         self._down, self.endpoint = router(ctx, bind, 2 * self.window + 8)
         self._fan = Fanout(self._down, children, "the broadcast root", 2 * self.window)
         self._ctl, self._ctl_io = pipe(ctx, "bcast-root")
         self._name = "bcast-root"
-        self._slot: tuple[int, np.ndarray] | None = None   # newest published (ts, snapshot)
-        self.current: Version | None = None                # newest the I/O thread sends
+        self._slot: tuple[int, np.ndarray] | None = None  # newest published (ts, snapshot)
+        self.current: Version | None = None  # newest the I/O thread sends
         self.published = 0
         self._seq = itertools.count(1)
 
     def _sockets(self):
         return (self._down, self._ctl_io)
 
-    def publish(self, ts: int, weights: np.ndarray, done: bool = False,
-                reason: str = "training finished", copy: bool = True) -> None:
+    def publish(
+        self,
+        ts: int,
+        weights: np.ndarray,
+        done: bool = False,
+        reason: str = "training finished",
+        copy: bool = True,
+    ) -> None:
         """Broadcast version ``ts`` of ``weights``: copied first (one pass, kernels.copy_into;
         the caller may then write ``weights``), or with ``copy=False`` sent as it is, for a
         caller that never writes that array again while anyone refers to it (the parameter
@@ -77,7 +92,7 @@ class BroadcastRoot(IOThread):
             kernels.copy_into(snap, weights)
         else:
             snap = weights
-        self._slot = (ts, snap)      # one reference assignment: the I/O thread takes the newest
+        self._slot = (ts, snap)  # one reference assignment: the I/O thread takes the newest
         self.published += 1
         try:
             self._ctl.send(b"new", zmq.NOBLOCK)
@@ -95,15 +110,16 @@ class BroadcastRoot(IOThread):
             if self._ctl_io in events:
                 drain(self._ctl_io, self._command)
             if self._down in events:
-                drain(self._down, self._fan.on_message, copy=False)   # User-Id (CURVE)
+                drain(self._down, self._fan.on_message, copy=False)  # User-Id (CURVE)
                 self._fan.catch_up(self.current)
 
     def _command(self, cmd) -> None:
         if cmd[0] == b"close":
             self._closing = True
         elif cmd[0] == b"stop":
-            self._fan.stop(wire.encode(Kind.STOP, wire.SENDER_PS, next(self._seq),
-                                       reason=cmd[1].decode()))
+            self._fan.stop(
+                wire.encode(Kind.STOP, wire.SENDER_PS, next(self._seq), reason=cmd[1].decode())
+            )
         else:
             self._take()
 
@@ -114,10 +130,21 @@ class BroadcastRoot(IOThread):
         ts, snap = slot
         chunks = tuple(wire.chunk(snap, self.chunk_bytes))
         offs = np.cumsum([0] + [c.shape[0] for c in chunks])
-        frames = tuple(tuple(wire.encode(Kind.BCAST, wire.SENDER_PS, next(self._seq), ts,
-                                         payloads=[c], chunk=i, offset=int(offs[i]),
-                                         total=len(chunks)))
-                       for i, c in enumerate(chunks))
+        frames = tuple(
+            tuple(
+                wire.encode(
+                    Kind.BCAST,
+                    wire.SENDER_PS,
+                    next(self._seq),
+                    ts,
+                    payloads=[c],
+                    chunk=i,
+                    offset=int(offs[i]),
+                    total=len(chunks),
+                )
+            )
+            for i, c in enumerate(chunks)
+        )
         self.current = Version(ts, len(chunks), chunks, frames)
         self._fan.catch_up(self.current)
 
@@ -144,16 +171,31 @@ class BroadcastMember(IOThread):
     for the owner.
     """
 
-    def __init__(self, ctx: zmq.Context, bind: str | None, upstream: str, numel: int, *,
-                 member: int = 0, children=None, window: int | None = None,
-                 chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, timeout_s: float = 120.0,
-                 upstream_name: str = "its upstream", on_version=None):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        bind: str | None,
+        upstream: str,
+        numel: int,
+        *,
+        member: int = 0,
+        children=None,
+        window: int | None = None,
+        chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+        timeout_s: float = 120.0,
+        upstream_name: str = "its upstream",
+        on_version=None,
+    ):
         self.numel, self.id, self.timeout_s = numel, member, timeout_s
         self.upstream, self.upstream_name, self.on_version = upstream, upstream_name, on_version
         self.window = window or default_window(numel, chunk_bytes)
-        self._up = transport.make_socket(ctx, zmq.DEALER, hwm=self.window + 8,
-                                         identity=transport.new_routing_id(),
-                                         max_bytes=transport.frame_limit(chunk_bytes))
+        self._up = transport.make_socket(
+            ctx,
+            zmq.DEALER,
+            hwm=self.window + 8,
+            identity=transport.new_routing_id(),
+            max_bytes=transport.frame_limit(chunk_bytes),
+        )
         transport.connect(self._up, upstream, member)
         self._down, self._fan, self.endpoint = None, None, None
         if bind:
@@ -161,10 +203,10 @@ class BroadcastMember(IOThread):
             self._fan = Fanout(self._down, children, f"learner {member}", 2 * self.window)
         self._ctl, self._ctl_io = pipe(ctx, f"bcast-member{member}")
         self._name = f"bcast-member-{member}"
-        self._ready: Version | None = None     # newest complete version (swapped whole)
-        self._partial: list | None = None      # [ts, total, chunks, frames, next offset]
+        self._ready: Version | None = None  # newest complete version (swapped whole)
+        self._partial: list | None = None  # [ts, total, chunks, frames, next offset]
         self.stop_reason: str | None = None
-        self._linger_until: float | None = None    # closed after STOP: serving late children
+        self._linger_until: float | None = None  # closed after STOP: serving late children
         self.received = self.versions = self.refused = self.aborted = 0
         self._seq = itertools.count(1)
         self._warned: set = set()
@@ -191,7 +233,7 @@ class BroadcastMember(IOThread):
             return newer_than
         off = 0
         for part in v.chunks:
-            kernels.copy_into(dst[off:off + part.shape[0]], part)
+            kernels.copy_into(dst[off : off + part.shape[0]], part)
             off += part.shape[0]
         return v.ts
 
@@ -217,46 +259,56 @@ class BroadcastMember(IOThread):
             if self._ctl_io in events:
                 drain(self._ctl_io, self._command)
             if self._down is not None and self._down in events:
-                drain(self._down, self._fan.on_message, copy=False)   # User-Id (CURVE)
+                drain(self._down, self._fan.on_message, copy=False)  # User-Id (CURVE)
                 self._fan.catch_up(self._ready)
             if self._up in events:
-                self._owed = 0                      # credit to return upstream
+                self._owed = 0  # credit to return upstream
                 drain(self._up, self._from_upstream, copy=False)
                 if self._owed:
                     self._credit(self._owed)
                 last = time.monotonic()
-            elif self.stop_reason is None and self._linger_until is None \
-                    and time.monotonic() - last > self.timeout_s:
+            elif (
+                self.stop_reason is None
+                and self._linger_until is None
+                and time.monotonic() - last > self.timeout_s
+            ):
                 raise TimeoutError(
                     f"broadcast member learner {self.id}: no weights from {self.upstream_name} "
                     f"at {self.upstream} for {self.timeout_s:g} s (runtime.timeout_s) while "
-                    f"training is not finished; is {self.upstream_name} running?")
-            if self._linger_until is not None and (time.monotonic() > self._linger_until
-                                                   or self._fan.all_told()):
+                    f"training is not finished; is {self.upstream_name} running?"
+                )
+            if self._linger_until is not None and (
+                time.monotonic() > self._linger_until or self._fan.all_told()
+            ):
                 self._closing = True
 
     def _command(self, cmd) -> None:
         """``close`` [reason]: with a reason, tell the children STOP first. Once STOP went
         down, close when every planned child was told, or after STOP_LINGER_S."""
         if len(cmd) > 1 and self._fan is not None and self.stop_reason is None:
-            self._fan.stop(wire.encode(Kind.STOP, wire.SENDER_PS, 0,
-                                       reason=cmd[1].decode(errors="replace")))
-        if self._fan is not None and self._fan.stop_frames is not None \
-                and not self._fan.all_told():
+            self._fan.stop(
+                wire.encode(Kind.STOP, wire.SENDER_PS, 0, reason=cmd[1].decode(errors="replace"))
+            )
+        if self._fan is not None and self._fan.stop_frames is not None and not self._fan.all_told():
             self._linger_until = time.monotonic() + STOP_LINGER_S
         else:
             self._closing = True
 
     def _credit(self, k: int, reset: bool = False) -> None:
-        self._up.send_multipart(wire.encode(Kind.CREDIT, self.id, next(self._seq), credit=k,
-                                            reset=reset), zmq.NOBLOCK)
+        self._up.send_multipart(
+            wire.encode(Kind.CREDIT, self.id, next(self._seq), credit=k, reset=reset), zmq.NOBLOCK
+        )
 
     def _refuse(self, code: str, message: str) -> None:
         self.refused += 1
         if code not in self._warned:
             self._warned.add(code)
-            log.warning("broadcast member learner %d refused a message from %s: %s", self.id,
-                        self.upstream_name, message)
+            log.warning(
+                "broadcast member learner %d refused a message from %s: %s",
+                self.id,
+                self.upstream_name,
+                message,
+            )
 
     def _from_upstream(self, frames) -> None:
         """Handle one message from upstream; every message but a STOP used one credit."""
@@ -291,10 +343,10 @@ class BroadcastMember(IOThread):
         if len(p[2]) == p[1]:
             self._partial = None
             v = Version(p[0], p[1], tuple(p[2]), tuple(p[3]))
-            if self.on_version is not None:   # before the swap: latest() never runs ahead
+            if self.on_version is not None:  # before the swap: latest() never runs ahead
                 self.on_version(v.ts, v.chunks)
             self.versions += 1
-            self._ready = v          # the swap: readers see the old or the new, never a part
+            self._ready = v  # the swap: readers see the old or the new, never a part
             if self._fan is not None:
                 self._fan.passed(v.ts)
                 self._fan.catch_up(v)
@@ -305,23 +357,34 @@ class BroadcastMember(IOThread):
         i, off, total = f["chunk"], f["offset"], f["total"]
         newest = -1 if self._ready is None else self._ready.ts
         if msg.sender != wire.SENDER_PS:
-            raise wire.WireError("bad_sender", f"BCAST from {wire.sender_name(msg.sender)}; "
-                                 "versions originate at the parameter server")
+            raise wire.WireError(
+                "bad_sender",
+                f"BCAST from {wire.sender_name(msg.sender)}; "
+                "versions originate at the parameter server",
+            )
         if not (1 <= total <= MAX_CHUNKS and 0 <= i < total):
             raise wire.WireError("bad_chunk", f"BCAST chunk {i} of {total} (1..{MAX_CHUNKS})")
         if n < 1 or off < 0 or off + n > self.numel or (i == total - 1) != (off + n == self.numel):
-            raise wire.WireError("bad_length", f"BCAST chunk {i}/{total} covers [{off}, "
-                                 f"{off + n}) of a model of {self.numel:,} floats (is the "
-                                 "root running another model config?)")
+            raise wire.WireError(
+                "bad_length",
+                f"BCAST chunk {i}/{total} covers [{off}, "
+                f"{off + n}) of a model of {self.numel:,} floats (is the "
+                "root running another model config?)",
+            )
         if msg.ts <= newest:
-            raise wire.WireError("stale", f"BCAST version {msg.ts} is not newer than the "
-                                 f"newest complete version {newest}")
+            raise wire.WireError(
+                "stale",
+                f"BCAST version {msg.ts} is not newer than the newest complete version {newest}",
+            )
         p = self._partial
         if i == 0:
             if off != 0:
                 raise wire.WireError("bad_chunk", f"BCAST chunk 0 at offset {off}, not 0")
         elif p is None or (p[0], p[1], len(p[2]), p[4]) != (msg.ts, total, i, off):
             have = "none" if p is None else f"version {p[0]} chunk {len(p[2])}/{p[1]} at {p[4]}"
-            raise wire.WireError("out_of_order", f"BCAST version {msg.ts} chunk {i}/{total} "
-                                 f"at offset {off} does not continue the version in progress "
-                                 f"(expected: {have})")
+            raise wire.WireError(
+                "out_of_order",
+                f"BCAST version {msg.ts} chunk {i}/{total} "
+                f"at offset {off} does not continue the version in progress "
+                f"(expected: {have})",
+            )

@@ -16,6 +16,7 @@ Also the small pieces both roles share: the I/O thread base class with its inpro
 pipe (:class:`IOThread`), and socket helpers. Everything here is used by one I/O thread only,
 except :class:`Version` (immutable, readable from any thread).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,7 +32,7 @@ from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.broadcast")
 
-_DRAIN = 256                # messages handled per socket before looking at the others
+_DRAIN = 256  # messages handled per socket before looking at the others
 
 
 def default_window(numel: int, chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES) -> int:
@@ -44,6 +45,7 @@ class Version:
     """One complete weight version: ``chunks`` are read-only float32 views in model order
     (the received frames, or the root's snapshot), ``frames`` the messages that carried
     them. Never written: safe to read from any thread."""
+
     ts: int
     total: int
     chunks: tuple
@@ -59,7 +61,7 @@ class _Child:
     member: int
     credit: int
     window: int
-    sent: int = -1              # newest version it got whole
+    sent: int = -1  # newest version it got whole
     passing: int | None = None  # the version it is getting chunk by chunk
     told_stop: bool = False
 
@@ -76,7 +78,7 @@ class Fanout:
         self.kids: dict[bytes, _Child] = {}
         self.max_kids = 64 if children is None else 2 * len(self.allowed)
         self.sent_chunks = self.invalid = self.dropped = 0
-        self.stop_frames = None     # once STOP went down: children that join later get it too
+        self.stop_frames = None  # once STOP went down: children that join later get it too
         self._warned: set = set()
 
     def on_message(self, frames) -> None:
@@ -86,19 +88,27 @@ class Fanout:
             msg = wire.decode(frames[1:], kinds={Kind.CREDIT})
             k = msg.fields["credit"]
             if self.allowed is not None and msg.sender not in self.allowed:
-                raise wire.WireError("not_child", f"learner {msg.sender} is not a child of "
-                                     f"{self.name} in the broadcast (its children: learners "
-                                     f"{sorted(self.allowed)}); another config?")
+                raise wire.WireError(
+                    "not_child",
+                    f"learner {msg.sender} is not a child of "
+                    f"{self.name} in the broadcast (its children: learners "
+                    f"{sorted(self.allowed)}); another config?",
+                )
             if msg.sender < 0 or not 1 <= k <= self.max_window:
-                raise wire.WireError("bad_credit", f"CREDIT {k} from sender {msg.sender}: "
-                                     f"credit must be 1..{self.max_window}, sender >= 0")
+                raise wire.WireError(
+                    "bad_credit",
+                    f"CREDIT {k} from sender {msg.sender}: "
+                    f"credit must be 1..{self.max_window}, sender >= 0",
+                )
             sec = transport.security()
             if sec is not None and not sec.may_speak(frames[1], msg.sender):
-                raise wire.WireError("forbidden", f"a key that may not speak as learner "
-                                     f"{msg.sender} sent its CREDIT")
+                raise wire.WireError(
+                    "forbidden", f"a key that may not speak as learner {msg.sender} sent its CREDIT"
+                )
             if ident not in self.kids and len(self.kids) >= self.max_kids:
-                raise wire.WireError("too_many", f"{self.name} already feeds "
-                                     f"{len(self.kids)} connections")
+                raise wire.WireError(
+                    "too_many", f"{self.name} already feeds {len(self.kids)} connections"
+                )
         except wire.WireError as exc:
             self.invalid += 1
             if (ident, exc.code) not in self._warned:
@@ -115,8 +125,9 @@ class Fanout:
         try:
             self.sock.send_multipart([c.ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # gone (ROUTER_MANDATORY) or over its HWM: forget it
-            (log.debug if quiet else log.warning)("%s: dropped broadcast child learner %d: %s",
-                                                  self.name, c.member, exc)
+            (log.debug if quiet else log.warning)(
+                "%s: dropped broadcast child learner %d: %s", self.name, c.member, exc
+            )
             self.kids.pop(c.ident, None)
             self.dropped += 1
             return False
@@ -156,7 +167,8 @@ class Fanout:
     def all_told(self) -> bool:
         """Whether every planned child was told STOP (True when any child may connect)."""
         return self.allowed is None or self.allowed <= {
-            c.member for c in self.kids.values() if c.told_stop}
+            c.member for c in self.kids.values() if c.told_stop
+        }
 
     def stop(self, frames) -> None:
         self.stop_frames = frames
@@ -212,7 +224,7 @@ class IOThread:
                 s.close(linger=transport.LINGER_MS)
             if (self.endpoint or "").startswith("ipc://"):  # libzmq leaves the file behind
                 try:
-                    os.unlink(self.endpoint[len("ipc://"):])
+                    os.unlink(self.endpoint[len("ipc://") :])
                 except OSError:
                     pass
 
@@ -225,7 +237,7 @@ class IOThread:
         """Stop the I/O thread and close the sockets. Blocks up to ~5 s. Idempotent."""
         if self._ctl.closed:
             return
-        if self._thread is None:       # never started: the sockets are still ours
+        if self._thread is None:  # never started: the sockets are still ours
             for s in self._sockets():
                 s.close(linger=0)
         elif self._thread.is_alive():

@@ -19,6 +19,7 @@ it zero-copy; a fresh array, not a reused one, because ZeroMQ may still be sendi
 reply. The client copies each batch once out of ZeroMQ's read-only receive buffer (see
 ``DataClient.next_batch``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,8 @@ from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.data")
 
-POLL_MS = 100          # how often serve_forever looks at its stop event
-DRAIN_MAX = 256        # requests handled per wake-up before looking at the stop event again
+POLL_MS = 100  # how often serve_forever looks at its stop event
+DRAIN_MAX = 256  # requests handled per wake-up before looking at the stop event again
 
 
 class DataServer:
@@ -70,13 +71,16 @@ class DataServer:
         self.samples_served = self.batches_served = self.invalid = self.undelivered = 0
         self._warned: set = set()
         self._seq = 0
-        self.security = transport.security()    # CURVE: who may ask for whose minibatches
+        self.security = transport.security()  # CURVE: who may ask for whose minibatches
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
         # Each learner keeps data.prefetch requests in flight; the HWM only bounds misbehaviour.
-        self.sock = transport.make_socket(self.ctx, zmq.ROUTER,   # requests are headers only
-                                          hwm=max(16, 4 * cfg.data.prefetch),
-                                          max_bytes=transport.frame_limit(0))
+        self.sock = transport.make_socket(
+            self.ctx,
+            zmq.ROUTER,  # requests are headers only
+            hwm=max(16, 4 * cfg.data.prefetch),
+            max_bytes=transport.frame_limit(0),
+        )
         try:
             self.endpoint = transport.bind(self.sock, bind)
         except BaseException:  # e.g. address in use: leave no socket or context behind
@@ -107,19 +111,31 @@ class DataServer:
         learner, step = msg.sender, msg.fields["step"]
         # With CURVE a key gets only its own learners' minibatches (the PS's rule, security.py)
         if self.security is not None and not self.security.may_speak(frames[1], learner):
-            self._refuse(ident, f"learner {learner}", "forbidden",
-                         f"this connection's key may not ask for {wire.sender_name(learner)}'s "
-                         "minibatches (is the learner using another learner's key?)")
+            self._refuse(
+                ident,
+                f"learner {learner}",
+                "forbidden",
+                f"this connection's key may not ask for {wire.sender_name(learner)}'s "
+                "minibatches (is the learner using another learner's key?)",
+            )
             return
         if not 0 <= learner < self.learners:
-            self._refuse(ident, f"learner {learner}", "bad_learner",
-                         f"learner id {learner} is out of range 0..{self.learners - 1} "
-                         f"(sync.learners = {self.learners}); is that learner running another "
-                         "config?")
+            self._refuse(
+                ident,
+                f"learner {learner}",
+                "bad_learner",
+                f"learner id {learner} is out of range 0..{self.learners - 1} "
+                f"(sync.learners = {self.learners}); is that learner running another "
+                "config?",
+            )
             return
         if step < 0:
-            self._refuse(ident, f"learner {learner}", "bad_step",
-                         f"learner {learner} asked for step {step}; steps count from 0")
+            self._refuse(
+                ident,
+                f"learner {learner}",
+                "bad_step",
+                f"learner {learner} asked for step {step}; steps count from 0",
+            )
             return
         self._reply_batch(ident, learner, step)
 
@@ -130,10 +146,17 @@ class DataServer:
         images = np.take(self.x, idx, axis=0)
         labels = np.take(self.y, idx)
         self._seq += 1
-        frames = wire.encode(Kind.BATCH, wire.SENDER_DATA, self._seq,
-                             payloads=[images.reshape(-1), labels],
-                             shape=[self.batch_size, *self.image_shape], epoch=start / self.n,
-                             step=step, mean=self.mean, std=self.std)
+        frames = wire.encode(
+            Kind.BATCH,
+            wire.SENDER_DATA,
+            self._seq,
+            payloads=[images.reshape(-1), labels],
+            shape=[self.batch_size, *self.image_shape],
+            epoch=start / self.n,
+            step=step,
+            mean=self.mean,
+            std=self.std,
+        )
         # Count before sending, so a peer that has its reply never sees a stale count.
         self.samples_served += self.batch_size
         self.batches_served += 1
@@ -159,8 +182,11 @@ class DataServer:
     def _refuse(self, ident: bytes, who: str, code: str, message: str) -> None:
         self._count_invalid((who, code), f"refused a request from {who}: {message}")
         self._seq += 1
-        self._send(ident, wire.encode(Kind.ERROR, wire.SENDER_DATA, self._seq, code=code,
-                                      error=message), who)
+        self._send(
+            ident,
+            wire.encode(Kind.ERROR, wire.SENDER_DATA, self._seq, code=code, error=message),
+            who,
+        )
 
     def _count_invalid(self, key, text: str) -> None:
         self.invalid += 1
@@ -198,9 +224,18 @@ class DataClient:
     sent (for ``datasets.to_float``). Not thread-safe (owns one socket).
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, learner_id: int, prefetch: int = 2,
-                 timeout_ms: int = 60_000, *, start_step: int = 0, retry_ms: int = 5_000,
-                 max_bytes: int = -1):
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        learner_id: int,
+        prefetch: int = 2,
+        timeout_ms: int = 60_000,
+        *,
+        start_step: int = 0,
+        retry_ms: int = 5_000,
+        max_bytes: int = -1,
+    ):
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.endpoint = endpoint
@@ -211,8 +246,9 @@ class DataClient:
         self.std: tuple[float, ...] | None = None
         # No routing id of our own: ZeroMQ picks a unique one, so a restarted learner is never
         # refused as a duplicate. The server answers by routing id; our id is in the header.
-        self.sock = transport.make_socket(ctx, zmq.DEALER, hwm=max(16, prefetch + 1),
-                                          max_bytes=max_bytes)
+        self.sock = transport.make_socket(
+            ctx, zmq.DEALER, hwm=max(16, prefetch + 1), max_bytes=max_bytes
+        )
         transport.connect(self.sock, endpoint, learner_id)
         self._seq = 0
         self._next_request = self._expected = start_step
@@ -230,17 +266,20 @@ class DataClient:
         for step in range(self._expected, self._next_request):
             self._seq += 1
             try:
-                self.sock.send_multipart(wire.encode(Kind.BATCH_REQ, self.learner_id,
-                                                     self._seq, step=step), flags=zmq.NOBLOCK)
-            except zmq.Again:   # not connected (yet): the next resend tries again
+                self.sock.send_multipart(
+                    wire.encode(Kind.BATCH_REQ, self.learner_id, self._seq, step=step),
+                    flags=zmq.NOBLOCK,
+                )
+            except zmq.Again:  # not connected (yet): the next resend tries again
                 return
         self.resent += 1
 
     def _fill(self) -> None:
         while self._next_request - self._expected < self.prefetch:
             self._seq += 1
-            frames = wire.encode(Kind.BATCH_REQ, self.learner_id, self._seq,
-                                 step=self._next_request)
+            frames = wire.encode(
+                Kind.BATCH_REQ, self.learner_id, self._seq, step=self._next_request
+            )
             # Cannot block: at most `prefetch` requests are outstanding and the HWM is larger.
             self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
             self._next_request += 1
@@ -260,17 +299,30 @@ class DataClient:
         msg = self._receive_expected()
         step, shape = msg.fields["step"], msg.fields["shape"]
         images, labels = msg.payloads
-        if (len(shape) != 4 or not all(type(d) is int and d > 0 for d in shape)
-                or math.prod(shape) != images.shape[0] or labels.shape[0] != shape[0]):
-            raise wire.WireError("bad_shape", f"BATCH shape {shape} does not match its payloads "
-                                              f"({images.shape[0]:,} pixels, "
-                                              f"{labels.shape[0]:,} labels)")
+        if (
+            len(shape) != 4
+            or not all(type(d) is int and d > 0 for d in shape)
+            or math.prod(shape) != images.shape[0]
+            or labels.shape[0] != shape[0]
+        ):
+            raise wire.WireError(
+                "bad_shape",
+                f"BATCH shape {shape} does not match its payloads "
+                f"({images.shape[0]:,} pixels, "
+                f"{labels.shape[0]:,} labels)",
+            )
         norm = [msg.fields.get(k) for k in ("mean", "std")]
         if norm != [None, None]:
-            if not all(isinstance(v, list) and len(v) == shape[1] and all(
-                    type(f) in (int, float) for f in v) for v in norm):
-                raise wire.WireError("bad_field", f"BATCH mean/std must be {shape[1]} numbers "
-                                                  f"each (one per channel), got {norm}")
+            if not all(
+                isinstance(v, list)
+                and len(v) == shape[1]
+                and all(type(f) in (int, float) for f in v)
+                for v in norm
+            ):
+                raise wire.WireError(
+                    "bad_field",
+                    f"BATCH mean/std must be {shape[1]} numbers each (one per channel), got {norm}",
+                )
             self.mean, self.std = tuple(norm[0]), tuple(norm[1])
         self._expected += 1
         self._fill()  # keep `prefetch` requests in flight while the learner computes
@@ -293,22 +345,28 @@ class DataClient:
                 raise TimeoutError(
                     f"learner {self.learner_id}: no minibatch from the data server at "
                     f"{self.endpoint} within {self.timeout_ms / 1000:g} s (is `rudra-zmq data` "
-                    "running and reachable there?)")
+                    "running and reachable there?)"
+                )
             if not transport.wait_readable(self.sock, int(1000 * min(left, self.retry_ms / 1000))):
                 self._resend()
                 continue
             msg = wire.decode(self.sock.recv_multipart(copy=False), kinds={Kind.BATCH, Kind.ERROR})
             if msg.kind == Kind.ERROR:
                 raise transport.ServerError(
-                    msg.fields["code"], f"the data server at {self.endpoint} refused learner "
-                                        f"{self.learner_id}'s request: {msg.fields['error']}")
+                    msg.fields["code"],
+                    f"the data server at {self.endpoint} refused learner "
+                    f"{self.learner_id}'s request: {msg.fields['error']}",
+                )
             step = msg.fields["step"]
             if step == self._expected:
                 return msg
             if step >= self._next_request:
-                raise wire.WireError("out_of_order", f"the data server at {self.endpoint} "
-                                     f"answered step {step}, never asked for; learner "
-                                     f"{self.learner_id} expected step {self._expected}")
+                raise wire.WireError(
+                    "out_of_order",
+                    f"the data server at {self.endpoint} "
+                    f"answered step {step}, never asked for; learner "
+                    f"{self.learner_id} expected step {self._expected}",
+                )
             # a late duplicate of a step already taken, or one after a lost step: the
             # resend brings them again, in order
 
@@ -330,15 +388,20 @@ def serve(cfg, bind: str) -> int:
     try:
         print(f"data server listening on {server.endpoint}", flush=True)
         c, h, w = server.image_shape
-        print(f"data server: {server.dataset_name}, {server.n:,} training images {c}x{h}x{w}; "
-              f"{server.learners} learners x {server.batch_size} samples per batch", flush=True)
+        print(
+            f"data server: {server.dataset_name}, {server.n:,} training images {c}x{h}x{w}; "
+            f"{server.learners} learners x {server.batch_size} samples per batch",
+            flush=True,
+        )
         server.serve_forever(stop)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"data server: served {server.samples_served:,} samples ({server.epochs_served:.2f} "
-          f"epochs) in {server.batches_served:,} batches; {server.invalid} invalid requests",
-          flush=True)
+    print(
+        f"data server: served {server.samples_served:,} samples ({server.epochs_served:.2f} "
+        f"epochs) in {server.batches_served:,} batches; {server.invalid} invalid requests",
+        flush=True,
+    )
     return 0
 
 

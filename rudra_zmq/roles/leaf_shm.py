@@ -12,6 +12,7 @@ ZeroMQ payloads; the board's name is unlinked once every learner below has pushe
 
 Not thread-safe: owned by the tree node's thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,7 +35,7 @@ class NoShm:
     """Children on ZeroMQ payloads only: no slot is mapped, no board is made. The wire refuses
     a push from a slot (``takes_slots`` False); a HELLO x{shm} is welcomed without x{shm}."""
 
-    takes_slots = False   # wire.decode: no x{slot} pushes
+    takes_slots = False  # wire.decode: no x{slot} pushes
 
     def hello(self, msg: wire.Message, numel: int, weights, ts: int) -> None:
         """Nothing to map."""
@@ -64,15 +65,15 @@ class NoShm:
 class LeafShm:
     """Node ``node_id``'s mapped slots and its board, for ``subtree`` (its learners)."""
 
-    takes_slots = True   # wire.decode: a push may come from a slot (x{slot}, no payload)
+    takes_slots = True  # wire.decode: a push may come from a slot (x{slot}, no payload)
 
     def __init__(self, node_id: int, subtree: frozenset, advstar: bool):
         self.id, self.subtree, self.advstar = node_id, subtree, advstar
-        self.board: shm.WeightBoard | None = None        # made at the first shm HELLO
-        self.slots: dict[int, shm.GradientSlots] = {}    # learner -> its mapped slots
-        self.by_board: set[bytes] = set()                # children whose last push was by slot
-        self._pushed: set[int] = set()                   # learners that pushed (board unlink)
-        self._no_shm: str | None = None                  # why the board could not be made
+        self.board: shm.WeightBoard | None = None  # made at the first shm HELLO
+        self.slots: dict[int, shm.GradientSlots] = {}  # learner -> its mapped slots
+        self.by_board: set[bytes] = set()  # children whose last push was by slot
+        self._pushed: set[int] = set()  # learners that pushed (board unlink)
+        self._no_shm: str | None = None  # why the board could not be made
 
     def hello(self, msg: wire.Message, numel: int, weights, ts: int) -> None:
         """A registered child's HELLO: map its slots if it offers them (x{shm}); ``weights``
@@ -83,7 +84,7 @@ class LeafShm:
     def map_slots(self, learner: int, token: str, numel: int, weights=None, ts: int = -1):
         """Map ``learner``'s slots (making the board first, once, with ``weights`` of ``ts``
         if the parent has answered). Any failure leaves that learner on payloads."""
-        old = self.slots.pop(learner, None)   # a learner saying HELLO again
+        old = self.slots.pop(learner, None)  # a learner saying HELLO again
         if old is not None:
             old.close()
         try:
@@ -100,8 +101,9 @@ class LeafShm:
             self.slots[learner] = shm.GradientSlots.attach(token, self.id, learner, numel)
             log.info("tree node %d: learner %d trades through shared memory", self.id, learner)
         except (shm.ShmUnavailable, OSError, ValueError) as exc:
-            log.warning("tree node %d: learner %d stays on ZeroMQ payloads: %s", self.id,
-                        learner, exc)
+            log.warning(
+                "tree node %d: learner %d stays on ZeroMQ payloads: %s", self.id, learner, exc
+            )
 
     def welcome_fields(self, learner: int) -> dict:
         """WELCOME x{shm} for a learner whose slots are mapped (else nothing: declined)."""
@@ -115,9 +117,11 @@ class LeafShm:
         if not msg.in_shm:
             return msg.payloads
         if msg.sender not in self.slots:
-            raise ProtocolViolation(f"{wire.sender_name(msg.sender)} pushed from a shared-"
-                                    f"memory slot, but tree node {self.id} did not map its "
-                                    "slots (no usable HELLO x{shm}); send the payload")
+            raise ProtocolViolation(
+                f"{wire.sender_name(msg.sender)} pushed from a shared-"
+                f"memory slot, but tree node {self.id} did not map its "
+                "slots (no usable HELLO x{shm}); send the payload"
+            )
         return [self.slots[msg.sender].slot(msg.fields["slot"])]
 
     def pushed(self, ident: bytes, msg: wire.Message) -> None:

@@ -19,6 +19,7 @@ each minibatch goes there after augmentation, the flat gradient comes back to a 
 buffer in one transfer after backward (that buffer is what is pushed), and received weights
 go to the GPU in one transfer once the reply is complete.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,11 +44,11 @@ def augment(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.
     xp = torch.nn.functional.pad(x, (pad, pad, pad, pad))
     oy = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
     ox = torch.randint(0, 2 * pad + 1, (b,), generator=generator)
-    rows = (oy[:, None] + torch.arange(h))[:, :, None]           # (b, h, 1)
-    cols = (ox[:, None] + torch.arange(w))[:, None, :]           # (b, 1, w)
+    rows = (oy[:, None] + torch.arange(h))[:, :, None]  # (b, h, 1)
+    cols = (ox[:, None] + torch.arange(w))[:, None, :]  # (b, 1, w)
     flip = torch.rand(b, generator=generator) < 0.5
     cols = torch.where(flip[:, None, None], cols.flip(-1), cols)
-    out = xp[torch.arange(b)[:, None, None], :, rows, cols]      # (b, h, w, c)
+    out = xp[torch.arange(b)[:, None, None], :, rows, cols]  # (b, h, w, c)
     return out.permute(0, 3, 1, 2).contiguous()
 
 
@@ -59,8 +60,16 @@ class Learner:
     owns a broadcast member, whose I/O thread runs from construction until ``close()``.
     """
 
-    def __init__(self, cfg, learner_id: int, ps: str, data: str, stats: str | None = None,
-                 ctx: zmq.Context | None = None, bcast: tuple[str, str | None] | None = None):
+    def __init__(
+        self,
+        cfg,
+        learner_id: int,
+        ps: str,
+        data: str,
+        stats: str | None = None,
+        ctx: zmq.Context | None = None,
+        bcast: tuple[str, str | None] | None = None,
+    ):
         """``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
         children or None)."""
         from ..data.datasets import dataset_shape
@@ -80,26 +89,35 @@ class Learner:
         self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
-        self.ps = transport.Channel(self.ctx, ps, learner_id, name="parameter server",
-                                    timeout_ms=timeout_ms, hwm=4,
-                                    retry_ms=int(cfg.runtime.retry_s * 1000),
-                                    max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
+        self.ps = transport.Channel(
+            self.ctx,
+            ps,
+            learner_id,
+            name="parameter server",
+            timeout_ms=timeout_ms,
+            hwm=4,
+            retry_ms=int(cfg.runtime.retry_s * 1000),
+            max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
+        )
         self._data_args = (self.ctx, data, learner_id)
-        self._data_kw = dict(prefetch=cfg.data.prefetch, timeout_ms=timeout_ms,
-                             retry_ms=int(cfg.runtime.retry_s * 1000),   # float32 at most
-                             max_bytes=transport.frame_limit(
-                                 4 * cfg.sync.batch_size * math.prod(shape)))
+        self._data_kw = dict(
+            prefetch=cfg.data.prefetch,
+            timeout_ms=timeout_ms,
+            retry_ms=int(cfg.runtime.retry_s * 1000),  # float32 at most
+            max_bytes=transport.frame_limit(4 * cfg.sync.batch_size * math.prod(shape)),
+        )
         self.data = DataClient(*self._data_args, **self._data_kw)
         self.stats = None
         if stats:
             from .stats_client import StatsClient
+
             self.stats = StatsClient(self.ctx, stats, learner_id)
         # augmentation is seeded per (seed, learner, step): a learner that resumes at a step
         # draws what it would have drawn there
         self.generator = torch.Generator()
         self._aug_seed = (cfg.train.seed * 1_000_003 + learner_id) * 1_000_000_007
         self.steps = 0
-        self.finished = False     # the PS said STOP
+        self.finished = False  # the PS said STOP
         self._loss_sum = 0.0
         self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
         self.exchange.on_welcome = self._start_data_at
@@ -109,6 +127,7 @@ class Learner:
         continues where the run is (after a restart or a resume), not from 0."""
         if step is not None and step != self.data.expected:
             from .data_server import DataClient
+
             self.data.close()
             self.data = DataClient(*self._data_args, start_step=step, **self._data_kw)
 
@@ -153,10 +172,17 @@ class Learner:
                 now = time.time()
                 if self.stats and now - t_last >= _METRIC_EVERY_S:
                     n = self.steps - steps_last
-                    self.stats.metric({"type": "learner", "learner": self.id, "t": now,
-                                       "step": self.steps, "ts": self.ts,
-                                       "samples_per_s": n * mu / (now - t_last),
-                                       "loss": self._loss_sum / max(n, 1)})
+                    self.stats.metric(
+                        {
+                            "type": "learner",
+                            "learner": self.id,
+                            "t": now,
+                            "step": self.steps,
+                            "ts": self.ts,
+                            "samples_per_s": n * mu / (now - t_last),
+                            "loss": self._loss_sum / max(n, 1),
+                        }
+                    )
                     self._loss_sum, t_last, steps_last = 0.0, now, self.steps
             return 0
         finally:
@@ -174,8 +200,15 @@ class Learner:
             transport.term(self.ctx)
 
 
-def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = None,
-          bcast_upstream: list[str] | None = None, bcast_bind: list | None = None) -> int:
+def serve(
+    cfg,
+    learner_ids: list[int],
+    ps: str,
+    data: str,
+    stats: str | None = None,
+    bcast_upstream: list[str] | None = None,
+    bcast_bind: list | None = None,
+) -> int:
     """Entry point of ``rudra-zmq learner``: run these learners (one thread each) to the end.
 
     ``bcast_upstream``/``bcast_bind`` (advstar): per learner id, its broadcast upstream and
@@ -187,9 +220,12 @@ def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = N
     import socket
 
     ids = ",".join(map(str, learner_ids))
-    print(f"learner{'s' if len(learner_ids) > 1 else ''} {ids} on {socket.gethostname()}: "
-          f"{torch.get_num_threads()} torch threads, device {cfg.runtime.device}; "
-          f"parameter server {ps}", flush=True)
+    print(
+        f"learner{'s' if len(learner_ids) > 1 else ''} {ids} on {socket.gethostname()}: "
+        f"{torch.get_num_threads()} torch threads, device {cfg.runtime.device}; "
+        f"parameter server {ps}",
+        flush=True,
+    )
     ctx = zmq.Context()
     try:
         return _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind)
@@ -205,8 +241,7 @@ def serve(cfg, learner_ids: list[int], ps: str, data: str, stats: str | None = N
 def _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind) -> int:
     bcast = dict(zip(learner_ids, zip(bcast_upstream or [], bcast_bind or [])))
     if len(learner_ids) == 1:
-        return Learner(cfg, learner_ids[0], ps, data, stats, ctx,
-                       bcast.get(learner_ids[0])).run()
+        return Learner(cfg, learner_ids[0], ps, data, stats, ctx, bcast.get(learner_ids[0])).run()
     errors: list[BaseException] = []
     failed = threading.Event()
 
@@ -218,8 +253,10 @@ def _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind
             errors.append(exc)
             failed.set()
 
-    threads = [threading.Thread(target=work, args=(i,), name=f"learner-{i}", daemon=True)
-               for i in learner_ids]
+    threads = [
+        threading.Thread(target=work, args=(i,), name=f"learner-{i}", daemon=True)
+        for i in learner_ids
+    ]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):

@@ -27,6 +27,7 @@ gradient it refused is dropped (at most once), and the WELCOME's weights and dat
 
 Not thread-safe: one learner thread owns its exchange.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,8 +48,9 @@ class Frames:
 
     hello_fields: dict = {}
 
-    def __init__(self, numel: int, chunk_bytes: int, own_buffer: bool = False,
-                 wire_codec=codec.FLOAT32):
+    def __init__(
+        self, numel: int, chunk_bytes: int, own_buffer: bool = False, wire_codec=codec.FLOAT32
+    ):
         self.chunk_bytes, self.codec = chunk_bytes, wire_codec
         self._sendbuf = np.empty(numel, np.float32) if own_buffer else None
 
@@ -78,7 +80,7 @@ class SharedSlots:
     def __init__(self, cfg, learner_id: int, numel: int, frames: Frames):
         """``frames``: the carrier to fall back to (and to load frame replies with)."""
         self.id, self.numel, self.timeout_s = learner_id, numel, cfg.runtime.timeout_s
-        self.advstar = cfg.architecture.kind == "advstar"   # no board: weights by broadcast
+        self.advstar = cfg.architecture.kind == "advstar"  # no board: weights by broadcast
         self.leaf = topology.plan(cfg).leaf_of(learner_id).id
         self.frames = frames
         self.slots = shm.GradientSlots.create(shm.new_token(), self.leaf, learner_id, numel)
@@ -89,7 +91,7 @@ class SharedSlots:
     def welcomed(self, welcome: wire.Message):
         """Keep the slots (and map the leaf's board) if the leaf accepted them; else close
         them and return the frames carrier."""
-        self.slots.unlink()       # the leaf has mapped them, or never will: no name to leak
+        self.slots.unlink()  # the leaf has mapped them, or never will: no name to leak
         token = welcome.fields.get("shm")
         try:
             if token is None:
@@ -115,12 +117,16 @@ class SharedSlots:
         if not msg.in_shm:
             return self.frames.load(msg, weights)
         if self.board is None:
-            raise RuntimeError(f"learner {self.id}: tree node {self.leaf} said to read its "
-                               "weight board, but it never offered one in its WELCOME")
+            raise RuntimeError(
+                f"learner {self.id}: tree node {self.leaf} said to read its "
+                "weight board, but it never offered one in its WELCOME"
+            )
         ts = self.board.read_into(weights, timeout_s=self.timeout_s)
         if ts < msg.ts:
-            raise RuntimeError(f"learner {self.id}: the weight board holds version {ts}, "
-                               f"older than the {msg.ts} tree node {self.leaf} announced")
+            raise RuntimeError(
+                f"learner {self.id}: the weight board holds version {ts}, "
+                f"older than the {msg.ts} tree node {self.leaf} announced"
+            )
         return ts
 
     def close(self) -> None:
@@ -133,14 +139,21 @@ class SharedSlots:
 def make_carrier(cfg, learner_id: int, numel: int):
     """Frames, or shared slots where ``architecture.leaf_shm`` asks and /dev/shm allows."""
     # advstar pushes without waiting: the gradient must leave the model's buffer first
-    frames = Frames(numel, cfg.runtime.chunk_mib << 20,
-                    own_buffer=cfg.architecture.kind == "advstar", wire_codec=codec.of(cfg))
+    frames = Frames(
+        numel,
+        cfg.runtime.chunk_mib << 20,
+        own_buffer=cfg.architecture.kind == "advstar",
+        wire_codec=codec.of(cfg),
+    )
     if cfg.architecture.leaf_shm:
         try:
             return SharedSlots(cfg, learner_id, numel, frames)
         except (shm.ShmUnavailable, OSError) as exc:
-            log.warning("learner %d: no shared memory with its leaf, pushing ZeroMQ payloads: "
-                        "%s", learner_id, exc)
+            log.warning(
+                "learner %d: no shared memory with its leaf, pushing ZeroMQ payloads: %s",
+                learner_id,
+                exc,
+            )
     return frames
 
 
@@ -151,12 +164,17 @@ class PushPull:
         self.id, self.flat, self.ps, self.carrier = learner_id, flat, channel, carrier
         self.ts = -1
         self.rejoins = 0
-        self.on_welcome = lambda step: None   # the learner repositions its data here
+        self.on_welcome = lambda step: None  # the learner repositions its data here
 
     def start(self) -> bool:
         """Say HELLO and load the WELCOME's weights. Blocks; False if the run already ended."""
-        self.ps.send(Kind.HELLO, model=self.flat.signature, numel=self.flat.numel,
-                     **({"had": self.ts} if self.ts >= 0 else {}), **self.carrier.hello_fields)
+        self.ps.send(
+            Kind.HELLO,
+            model=self.flat.signature,
+            numel=self.flat.numel,
+            **({"had": self.ts} if self.ts >= 0 else {}),
+            **self.carrier.hello_fields,
+        )
         welcome = self.ps.recv({Kind.WELCOME}, numel=self.flat.numel)
         if welcome.kind == Kind.STOP:
             return False
@@ -181,8 +199,14 @@ class PushPull:
         backward()
         payloads, fields = self.carrier.gradient(self.flat.grads)
         try:
-            reply = self.ps.request(Kind.PUSHPULL, self.ts, payloads, numel=self.flat.numel,
-                                    reply_kinds={Kind.WEIGHTS, Kind.UPTODATE}, **fields)
+            reply = self.ps.request(
+                Kind.PUSHPULL,
+                self.ts,
+                payloads,
+                numel=self.flat.numel,
+                reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
+                **fields,
+            )
         except transport.ServerError as exc:
             if exc.code != "rejoin":
                 raise
@@ -206,18 +230,28 @@ class BroadcastPush(PushPull):
         from .broadcast import BroadcastMember
 
         if not bcast or not bcast[0]:
-            raise ValueError(f"learner {learner_id}: architecture.kind=advstar needs its "
-                             "broadcast upstream (rudra-zmq learner --bcast-upstream EP)")
+            raise ValueError(
+                f"learner {learner_id}: architecture.kind=advstar needs its "
+                "broadcast upstream (rudra-zmq learner --bcast-upstream EP)"
+            )
         up = topology.broadcast_upstream(cfg, learner_id)
         kids = topology.broadcast_children(cfg, learner_id)
         if kids and not bcast[1]:
-            raise ValueError(f"learner {learner_id} forwards the broadcast to learners {kids}: "
-                             "give it an endpoint to bind (--bcast-bind EP)")
+            raise ValueError(
+                f"learner {learner_id} forwards the broadcast to learners {kids}: "
+                "give it an endpoint to bind (--bcast-bind EP)"
+            )
         self.member = BroadcastMember(
-            ctx, bcast[1] if kids else None, bcast[0], flat.numel, member=learner_id,
-            children=kids, chunk_bytes=cfg.runtime.chunk_mib << 20,
+            ctx,
+            bcast[1] if kids else None,
+            bcast[0],
+            flat.numel,
+            member=learner_id,
+            children=kids,
+            chunk_bytes=cfg.runtime.chunk_mib << 20,
             timeout_s=cfg.runtime.timeout_s,
-            upstream_name="the root" if up is None else f"learner {up}").start()
+            upstream_name="the root" if up is None else f"learner {up}",
+        ).start()
         self._in_flight = False
 
     def start(self) -> bool:
@@ -233,7 +267,7 @@ class BroadcastPush(PushPull):
     def step(self, backward) -> bool:
         """Adopt the newest broadcast version, compute, collect the previous push's ACK and
         PUSH this gradient without waiting. Blocks only for that ACK; False after STOP."""
-        self.member.check()       # the broadcast I/O thread failed: a silent upstream
+        self.member.check()  # the broadcast I/O thread failed: a silent upstream
         ts, self.ts = self.ts, self.member.copy_latest_into(self.flat.weights, self.ts)
         if self.ts != ts:
             self.flat.weights_to_device()

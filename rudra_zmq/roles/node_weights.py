@@ -10,6 +10,7 @@
 Both send through the node's ``send(ident, kind, payloads=(), **fields)`` and read its
 ``NodeState``. Not thread-safe: owned by the tree node's thread.
 """
+
 from __future__ import annotations
 
 from .. import wire
@@ -41,7 +42,7 @@ class ChildWeights:
         if kind == Kind.PUSH:
             self.send(ident, Kind.ACK, re=re)
         elif st.ts > child_ts and self.shared.on_board(ident):
-            self.send(ident, Kind.WEIGHTS, board=True, re=re)   # published with the weights
+            self.send(ident, Kind.WEIGHTS, board=True, re=re)  # published with the weights
         elif st.ts > child_ts:
             self.send(ident, Kind.WEIGHTS, st.weights, re=re)
         else:
@@ -59,7 +60,8 @@ class ChildAcks:
         raise ProtocolViolation(
             f"{wire.sender_name(msg.sender)} sent {msg.kind.name}, but with "
             f"architecture.kind=advstar tree node {self.state.id} serves no weights: they "
-            "come by the learners' broadcast; push gradients with PUSH")
+            "come by the learners' broadcast; push gradients with PUSH"
+        )
 
     def answer(self, ident: bytes, kind: Kind, child_ts: int, re: int) -> None:
         """ACK."""

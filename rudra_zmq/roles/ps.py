@@ -28,6 +28,7 @@ from the newest valid checkpoint as a new incarnation.
 Weights are never copied: replies send the current version zero-copy, and the update writes
 the next version into another buffer (``versions.WeightVersions``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,10 +51,10 @@ from .serving import Serving
 
 log = logging.getLogger("rudra_zmq.ps")
 
-WAIT_MS = 100   # the longest the serving loop waits in libzmq before looking at its clocks
-EVICT_CHECK_S = 0.1   # how often the loop looks for silent learners (not per message)
-WAIT_NOTE_S = 3.0     # training done this long with learners not yet told: say so
-OVER_STATS_WAIT_MS = 3000   # restarted after training ended: the stats server may be gone
+WAIT_MS = 100  # the longest the serving loop waits in libzmq before looking at its clocks
+EVICT_CHECK_S = 0.1  # how often the loop looks for silent learners (not per message)
+WAIT_NOTE_S = 3.0  # training done this long with learners not yet told: say so
+OVER_STATS_WAIT_MS = 3000  # restarted after training ended: the stats server may be gone
 
 
 def initial_model(cfg):
@@ -69,8 +70,7 @@ def initial_model(cfg):
     from ..flat import FlatModel
     from ..models import build_model
 
-    flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, shape,
-                                 seed=cfg.model.seed))
+    flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, shape, seed=cfg.model.seed))
     segments = flat.segments() if cfg.optimizer.param_multipliers else [(0, flat.numel, 1.0, 1.0)]
     initial_weights.write(cfg, shape, flat.weights, segments, flat.signature)
     return flat.weights.copy(), segments, flat.signature, shape
@@ -92,9 +92,17 @@ class ParameterServer:
     Not thread-safe: construct and serve from one thread.
     """
 
-    def __init__(self, cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
-                 ctx: zmq.Context | None = None, model=None, broadcast: str | None = None,
-                 resume: bool = False):
+    def __init__(
+        self,
+        cfg,
+        bind: str,
+        stats: str | None = None,
+        run_dir: str | None = None,
+        ctx: zmq.Context | None = None,
+        model=None,
+        broadcast: str | None = None,
+        resume: bool = False,
+    ):
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
         self._own_ctx = ctx is None
@@ -108,17 +116,20 @@ class ParameterServer:
         # comes back on a new connection (a new routing id) and says HELLO; no one else can
         # take over a live learner's name.
         self.sock = transport.make_socket(
-            self.ctx, zmq.ROUTER, hwm=max(64, 4 * cfg.sync.learners),
-            max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
+            self.ctx,
+            zmq.ROUTER,
+            hwm=max(64, 4 * cfg.sync.learners),
+            max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
+        )
         try:
             if not resume:
                 self.endpoint = transport.bind(self.sock, bind)
             self._build(cfg, model, resume, stats, broadcast)
             if resume:
                 self.endpoint = transport.bind(self.sock, bind)
-        except BaseException:   # e.g. no data, a bad checkpoint: free the port at once
+        except BaseException:  # e.g. no data, a bad checkpoint: free the port at once
             self.sock.close(linger=0)
-            if self._own_ctx and getattr(self, "stats", None) is None:   # nothing else open
+            if self._own_ctx and getattr(self, "stats", None) is None:  # nothing else open
                 transport.term(self.ctx)
             raise
 
@@ -133,42 +144,63 @@ class ParameterServer:
         self.told = ToldRecord(checkpoint_dir(self.run_dir)) if self.run_dir else None
         if resume and self.run_dir is not None:
             self.resumed_from = restore_latest(self.state, checkpoint_dir(self.run_dir))
-            if self.resumed_from is None:   # it died before its first checkpoint
-                notice(log, "no checkpoint in %s: starting from the initial weights",
-                       checkpoint_dir(self.run_dir))
+            if self.resumed_from is None:  # it died before its first checkpoint
+                notice(
+                    log,
+                    "no checkpoint in %s: starting from the initial weights",
+                    checkpoint_dir(self.run_dir),
+                )
                 self.state.restored_ts = 0  # what learners saw is all lost (and reported)
             elif told := self.told.restore(self.state):
-                log.info("training was over; learners %s were told STOP already (%s)",
-                         sorted(told), self.told.path)
+                log.info(
+                    "training was over; learners %s were told STOP already (%s)",
+                    sorted(told),
+                    self.told.path,
+                )
         # restarted after training ended: the statistics server may have finished already
         self.over_at_start = self.state.done
         t = cfg.train
         self.checkpoints = None
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
-            self.checkpoints = CheckpointSchedule(t, checkpoint_dir(self.run_dir),
-                                                  self.state.engine.timestamp)
+            self.checkpoints = CheckpointSchedule(
+                t, checkpoint_dir(self.run_dir), self.state.engine.timestamp
+            )
         self.stats = None
         if stats:
             from .stats_client import StatsClient
-            self.stats = StatsClient(self.ctx, stats, wire.SENDER_PS,
-                                     **({"done_wait_ms": OVER_STATS_WAIT_MS}
-                                        if self.over_at_start else {}))
+
+            self.stats = StatsClient(
+                self.ctx,
+                stats,
+                wire.SENDER_PS,
+                **({"done_wait_ms": OVER_STATS_WAIT_MS} if self.over_at_start else {}),
+            )
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats)
         self.warn = ThrottledLog(log)
         self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
-        while self._next_eval_epoch <= self.state.engine.epoch:   # resumed: the next one due
+        while self._next_eval_epoch <= self.state.engine.epoch:  # resumed: the next one due
             self._next_eval_epoch += cfg.train.eval_every_epochs
         self._learner_timeout = cfg.runtime.learner_timeout_s
-        self._done_at: float | None = None   # when training ended (for the waiting note)
+        self._done_at: float | None = None  # when training ended (for the waiting note)
         self._noted_waiting = False
         self.serving = Serving(
-            self.sock, wire.SENDER_PS, self.state,
-            {Kind.HELLO: self.on_hello, Kind.PUSH: self.on_gradient,
-             Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient,
-             Kind.PULL: self.weights_out.pull},   # weights if newer, else UPTODATE or held
-            send=self.send, stop=self._stop, learners=self.state.learners, log=log,
-            heard=self.state.heard)
+            self.sock,
+            wire.SENDER_PS,
+            self.state,
+            {
+                Kind.HELLO: self.on_hello,
+                Kind.PUSH: self.on_gradient,
+                Kind.PUSHPULL: self.on_gradient,
+                Kind.RELAY: self.on_gradient,
+                Kind.PULL: self.weights_out.pull,
+            },  # weights if newer, else UPTODATE or held
+            send=self.send,
+            stop=self._stop,
+            learners=self.state.learners,
+            log=log,
+            heard=self.state.heard,
+        )
 
     # ------------------------------------------------------------------ sending
     def send(self, ident: bytes, kind: Kind, payloads=(), **fields) -> None:
@@ -177,21 +209,33 @@ class ParameterServer:
         and the reply is dropped (and counted) rather than stalling the server."""
         st = self.state
         st.counters.sent += 1
-        frames = wire.encode(kind, wire.SENDER_PS, st.counters.sent, st.engine.timestamp,
-                             st.incarnation, payloads, **fields)
+        frames = wire.encode(
+            kind,
+            wire.SENDER_PS,
+            st.counters.sent,
+            st.engine.timestamp,
+            st.incarnation,
+            payloads,
+            **fields,
+        )
         try:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
             st.counters.undelivered += 1
-            self.warn.warning(("undelivered", ident), "could not reply %s to %r: %s",
-                             kind.name, ident, exc)
+            self.warn.warning(
+                ("undelivered", ident), "could not reply %s to %r: %s", kind.name, ident, exc
+            )
 
     def _stop(self, ident: bytes, sender: int, seq: int) -> None:
         self.state.mark_stopped(sender)
         if self.told is not None:
-            self.told.save(self.state)   # before the STOP (see ToldRecord)
-        self.send(ident, Kind.STOP, re=seq,
-                  reason=f"training finished at epoch {self.state.engine.epoch:.2f}")
+            self.told.save(self.state)  # before the STOP (see ToldRecord)
+        self.send(
+            ident,
+            Kind.STOP,
+            re=seq,
+            reason=f"training finished at epoch {self.state.engine.epoch:.2f}",
+        )
 
     # ------------------------------------------------------------------ handlers
     def handle(self, frames) -> None:
@@ -209,32 +253,44 @@ class ParameterServer:
         st.register(ident, msg)
         if st.counters.lost_updates > lost:
             had = msg.fields["had"]
-            notice(log, "%s had seen timestamp %d, the checkpoint this server restarted from "
-                   "holds %d: %d updates lost in the restart", wire.sender_name(msg.sender),
-                   had, st.restored_ts, had - st.restored_ts)
-        if st.done:   # after training: a planned sender with this model is told STOP
+            notice(
+                log,
+                "%s had seen timestamp %d, the checkpoint this server restarted from "
+                "holds %d: %d updates lost in the restart",
+                wire.sender_name(msg.sender),
+                had,
+                st.restored_ts,
+                had - st.restored_ts,
+            )
+        if st.done:  # after training: a planned sender with this model is told STOP
             self._stop(ident, msg.sender, msg.seq)
             return
         if st.join(msg.sender, time.time()):
             self._members_changed(msg.sender, "joined")
-        if st.admit(ident, msg.sender, msg.seq):   # else held until the engine says
+        if st.admit(ident, msg.sender, msg.seq):  # else held until the engine says
             self._welcome(ident, msg.sender, msg.seq)
 
     def _welcome(self, ident: bytes, sender: int, seq: int) -> None:
         """WELCOME with the weights and where the data stream of the sender (a learner) or
         of each learner below it (a tree node) goes on."""
-        self.send(ident, Kind.WELCOME, self.state.weight_frames(), re=seq,
-                  learners=self.cfg.sync.learners, protocol=self.cfg.sync.protocol,
-                  **self.state.where(sender))
+        self.send(
+            ident,
+            Kind.WELCOME,
+            self.state.weight_frames(),
+            re=seq,
+            learners=self.cfg.sync.learners,
+            protocol=self.cfg.sync.protocol,
+            **self.state.where(sender),
+        )
 
     def on_gradient(self, ident: bytes, msg: wire.Message) -> None:
         """PUSH, PUSHPULL or RELAY: account, maybe update, answer. A gradient sent again
         (the same sequence number) is answered as before and not applied again."""
         if msg.kind == Kind.PUSHPULL:
-            self.weights_out.check_pull(msg)    # advstar refuses it before any state changes
+            self.weights_out.check_pull(msg)  # advstar refuses it before any state changes
         if self.state.is_duplicate(msg):
             if msg.sender in self.weights_out.waiting:
-                self.weights_out.readdress(msg.sender, ident)   # its reply is still owed
+                self.weights_out.readdress(msg.sender, ident)  # its reply is still owed
             else:
                 self.weights_out.answer(ident, msg, self.state.applied[msg.sender][1])
             return
@@ -243,7 +299,7 @@ class ParameterServer:
         if arrival.update is not None:
             self._after_update(arrival.update)
         else:
-            self._release()     # the engine may free a held reply between updates
+            self._release()  # the engine may free a held reply between updates
         if self.state.done:  # this gradient completed training
             self._stop(ident, msg.sender, msg.seq)
         else:
@@ -255,7 +311,7 @@ class ParameterServer:
         held = self.weights_out.waiting
         self.weights_out.release(self._stop)
         now = time.time()
-        for sender in held - self.weights_out.waiting:   # answered: its silence starts here
+        for sender in held - self.weights_out.waiting:  # answered: its silence starts here
             self.state.heard(sender, now)
         for ident, sender, seq in self.state.welcomes_due():
             (self._stop if self.state.done else self._welcome)(ident, sender, seq)
@@ -263,14 +319,17 @@ class ParameterServer:
     def _after_update(self, update) -> None:
         self.metrics.update(update)
         if self.state.done and self.checkpoints is not None:
-            self.checkpoints.save(self.state)   # training is over: durable before any STOP
+            self.checkpoints.save(self.state)  # training is over: durable before any STOP
         self.weights_out.updated(update)
         self._release()
         if self.checkpoints is not None and not self.state.done:
             self.checkpoints.after_update(self.state)
         t = self.cfg.train
-        if (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0) or \
-                update.epoch >= self._next_eval_epoch or self.state.done:
+        if (
+            (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0)
+            or update.epoch >= self._next_eval_epoch
+            or self.state.done
+        ):
             while update.epoch >= self._next_eval_epoch:
                 self._next_eval_epoch += t.eval_every_epochs
             self._eval()
@@ -278,8 +337,13 @@ class ParameterServer:
     def _eval(self) -> None:
         if self.stats:
             # the final weights' EVAL waits for room (a stats server being restarted)
-            self.stats.eval_weights(self.state.engine.timestamp, self.state.engine.epoch,
-                                    self.state.w, self.state.chunk_bytes, final=self.state.done)
+            self.stats.eval_weights(
+                self.state.engine.timestamp,
+                self.state.engine.epoch,
+                self.state.w,
+                self.state.chunk_bytes,
+                final=self.state.done,
+            )
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
@@ -299,8 +363,9 @@ class ParameterServer:
         # WAIT_MS): no Poller and no zmq.Again per message.
         self.sock.setsockopt(zmq.RCVTIMEO, WAIT_MS)
         try:
-            while not (stop_event is not None and stop_event.is_set()) and \
-                    not (st.all_stopped and time.time() >= linger):
+            while not (stop_event is not None and stop_event.is_set()) and not (
+                st.all_stopped and time.time() >= linger
+            ):
                 try:
                     self.handle(self.sock.recv_multipart(copy=False))
                     last_msg = time.time()
@@ -324,17 +389,22 @@ class ParameterServer:
         st = self.state
         # a learner that never said HELLO gets runtime.timeout_s from the server's start
         never_by = self._started + self.cfg.runtime.timeout_s if self.state.tree is None else None
-        for learner in st.silent(time.time(), self._learner_timeout, self.weights_out.waiting,
-                                 never_by):
-            notice(log, "learner %d sent nothing for %g s (runtime.learner_timeout_s; never: "
-                   "runtime.timeout_s from the start): evicted; it rejoins with a HELLO",
-                   learner, self._learner_timeout)
+        for learner in st.silent(
+            time.time(), self._learner_timeout, self.weights_out.waiting, never_by
+        ):
+            notice(
+                log,
+                "learner %d sent nothing for %g s (runtime.learner_timeout_s; never: "
+                "runtime.timeout_s from the start): evicted; it rejoins with a HELLO",
+                learner,
+                self._learner_timeout,
+            )
             update = st.evict(learner)
             self._members_changed(learner, "evicted")
             if update is not None:
                 self._after_update(update)
             else:
-                self._release()   # a rule waiting for that learner no longer does
+                self._release()  # a rule waiting for that learner no longer does
 
     def _note_waiting(self) -> None:
         """Say once, WAIT_NOTE_S after training ended, which learners the server still waits
@@ -346,34 +416,46 @@ class ParameterServer:
             self._done_at = time.time()
         elif time.time() - self._done_at >= WAIT_NOTE_S:
             self._noted_waiting = True
-            log.info("training is done; waiting to tell learners %s to stop (each is evicted "
-                     "after runtime.learner_timeout_s=%g s of silence, or runtime.timeout_s=%g s "
-                     "from the start if never heard from)", sorted(st.untold),
-                     self._learner_timeout, self.cfg.runtime.timeout_s)
+            log.info(
+                "training is done; waiting to tell learners %s to stop (each is evicted "
+                "after runtime.learner_timeout_s=%g s of silence, or runtime.timeout_s=%g s "
+                "from the start if never heard from)",
+                sorted(st.untold),
+                self._learner_timeout,
+                self.cfg.runtime.timeout_s,
+            )
 
     def _members_changed(self, learner: int, why: str) -> None:
         eng = self.state.engine
-        log.info("learner %d %s: λ=%d alive, c=%d", learner, why, len(eng.members),
-                 eng.gradients_per_update)
+        log.info(
+            "learner %d %s: λ=%d alive, c=%d",
+            learner,
+            why,
+            len(eng.members),
+            eng.gradients_per_update,
+        )
         self.metrics.members(learner, why, eng)
 
     def _timed_out(self, timeout: float) -> bool:
         """No message for ``timeout``: True (stop serving) if training is done, else raise."""
         st = self.state
         if st.done:
-            log.warning("training is done but learners %s never came back; exiting",
-                        sorted(set(range(st.learners)) - st.stopped))
+            log.warning(
+                "training is done but learners %s never came back; exiting",
+                sorted(set(range(st.learners)) - st.stopped),
+            )
             return True
         raise TimeoutError(
             f"parameter server: no message from any learner for {timeout:.0f} s at timestamp "
             f"{st.engine.timestamp} (learners registered: "
             f"{sorted(i for i in st.identities if i >= 0)}, tree nodes: "
-            f"{sorted(wire.node_id(s) for s in st.subtrees)}); is a learner or tree node dead?")
+            f"{sorted(wire.node_id(s) for s in st.subtrees)}); is a learner or tree node dead?"
+        )
 
     def _finish(self) -> None:
         ck, st = self.checkpoints, self.state
         if ck is not None and not (st.done and ck.last_ts == st.engine.timestamp):
-            self.checkpoints.save(self.state)   # (the end of training was saved already)
+            self.checkpoints.save(self.state)  # (the end of training was saved already)
         self.metrics.tick(self, force=True)
         if self.state.done:
             self.metrics.done(self)
@@ -388,8 +470,14 @@ class ParameterServer:
             transport.term(self.ctx)
 
 
-def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
-          broadcast: str | None = None, resume: bool = False) -> int:
+def serve(
+    cfg,
+    bind: str,
+    stats: str | None = None,
+    run_dir: str | None = None,
+    broadcast: str | None = None,
+    resume: bool = False,
+) -> int:
     """Entry point of ``rudra-zmq ps``: run one parameter server until training ends
     (``resume``: from the newest valid checkpoint in ``run_dir``)."""
     threads = cfg.runtime.ps_threads or kernels.get_num_threads()
@@ -397,12 +485,18 @@ def serve(cfg, bind: str, stats: str | None = None, run_dir: str | None = None,
     ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast, resume=resume)
     if ps.resumed_from is not None:
         st = ps.state
-        print(f"parameter server: resumed from {ps.resumed_from} at timestamp "
-              f"{st.engine.timestamp}, epoch {st.engine.epoch:.2f} (incarnation "
-              f"{len(st.incarnations)})", flush=True)
+        print(
+            f"parameter server: resumed from {ps.resumed_from} at timestamp "
+            f"{st.engine.timestamp}, epoch {st.engine.epoch:.2f} (incarnation "
+            f"{len(st.incarnations)})",
+            flush=True,
+        )
         ps.metrics.restart(ps)
     if ps.weights_out.endpoint is not None:
         print(f"broadcast root listening on {ps.weights_out.endpoint}", flush=True)
-    print(f"parameter server listening on {ps.endpoint} ({ps.state.numel:,} parameters, "
-          f"{cfg.sync.protocol}, λ={cfg.sync.learners}, {threads} kernel threads)", flush=True)
+    print(
+        f"parameter server listening on {ps.endpoint} ({ps.state.numel:,} parameters, "
+        f"{cfg.sync.protocol}, λ={cfg.sync.learners}, {threads} kernel threads)",
+        flush=True,
+    )
     return ps.serve_forever()

@@ -18,6 +18,7 @@ another range's refuses to start afresh (``restore_latest``).
 
 Not thread-safe: owned by the parameter server's thread.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,8 +51,11 @@ def saved_ranges(root: Path) -> list[tuple[int, int] | None]:
     the whole vector (checkpoints in ``root`` itself). Blocks (lists directories)."""
     found = [None] if checkpoint.list_checkpoints(root) else []
     if root.is_dir():
-        found += sorted((int(m[1]), int(m[2])) for p in root.iterdir()
-                        if (m := _RANGE_DIR.fullmatch(p.name)) and checkpoint.list_checkpoints(p))
+        found += sorted(
+            (int(m[1]), int(m[2]))
+            for p in root.iterdir()
+            if (m := _RANGE_DIR.fullmatch(p.name)) and checkpoint.list_checkpoints(p)
+        )
     return found
 
 
@@ -66,7 +70,7 @@ class CheckpointSchedule:
         self._last_t = time.monotonic()
         self.last_ts = timestamp
         self.written = 0
-        self.seconds = 0.0      # time spent writing (for the PS's report)
+        self.seconds = 0.0  # time spent writing (for the PS's report)
 
     def after_update(self, state) -> None:
         """Write a checkpoint if one is due. Blocks while writing."""
@@ -84,8 +88,12 @@ class CheckpointSchedule:
         self._last_t, self.last_ts = time.monotonic(), state.engine.timestamp
         self.written += 1
         self.seconds += self._last_t - t0
-        log.info("checkpoint %s at timestamp %d (%.0f ms)", path.name, state.engine.timestamp,
-                 1000 * (self._last_t - t0))
+        log.info(
+            "checkpoint %s at timestamp %d (%.0f ms)",
+            path.name,
+            state.engine.timestamp,
+            1000 * (self._last_t - t0),
+        )
         return path
 
 
@@ -102,11 +110,14 @@ def restore_latest(state, directory: Path) -> Path | None:
     root = directory if state.span.is_whole else directory.parent
     others = saved_ranges(root)
     if others:
-        names = ", ".join("the whole vector" if r is None else f"[{r[0]:,}, {r[1]:,})"
-                          for r in others)
-        raise ValueError(f"{root} holds checkpoints of range {names} but none of range "
-                         f"{state.span} that this server serves: restore each server from its "
-                         "own range's checkpoints (was the number of servers changed?)")
+        names = ", ".join(
+            "the whole vector" if r is None else f"[{r[0]:,}, {r[1]:,})" for r in others
+        )
+        raise ValueError(
+            f"{root} holds checkpoints of range {names} but none of range "
+            f"{state.span} that this server serves: restore each server from its "
+            "own range's checkpoints (was the number of servers changed?)"
+        )
     return None
 
 
@@ -140,8 +151,11 @@ class ToldRecord:
         survive the process, not the machine)."""
         if self.session is None or state.stopped <= self._saved:
             return
-        record = {"session": self.session, "timestamp": state.engine.timestamp,
-                  "told": sorted(state.stopped)}
+        record = {
+            "session": self.session,
+            "timestamp": state.engine.timestamp,
+            "told": sorted(state.stopped),
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(TOLD_FILE + ".tmp")
         tmp.write_text(json.dumps(record) + "\n")
@@ -159,13 +173,17 @@ class ToldRecord:
         except FileNotFoundError:
             return set()
         except (OSError, ValueError) as exc:
-            log.warning("ignoring %s (%s): learners not yet heard from are waited for", self.path,
-                        exc)
+            log.warning(
+                "ignoring %s (%s): learners not yet heard from are waited for", self.path, exc
+            )
             return set()
         told = record.get("told") if isinstance(record, dict) else None
-        if (record.get("session") if isinstance(record, dict) else None) != self.session or \
-                record.get("timestamp") != state.engine.timestamp or not isinstance(told, list):
-            return set()   # another launch's, or another end of training
+        if (
+            (record.get("session") if isinstance(record, dict) else None) != self.session
+            or record.get("timestamp") != state.engine.timestamp
+            or not isinstance(told, list)
+        ):
+            return set()  # another launch's, or another end of training
         told = {i for i in told if isinstance(i, int) and 0 <= i < state.learners}
         state.stopped |= told
         self._saved = frozenset(state.stopped)

@@ -13,6 +13,7 @@ and, in the run directory, ``ps_final.json`` (``write_final``).
 Sends go through ``StatsClient``, which never blocks (a full queue drops and counts). Not
 thread-safe: owned by the parameter server's thread.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,9 @@ from pathlib import Path
 
 from ..run_files import PS_FINAL_FILE
 
-FLUSH_S = 0.5          # update records are batched this long
-RATE_EVERY_S = 1.0     # a "ps" record this often
-BATCH_ITEMS = 200      # update records per message
+FLUSH_S = 0.5  # update records are batched this long
+RATE_EVERY_S = 1.0  # a "ps" record this often
+BATCH_ITEMS = 200  # update records per message
 
 
 class PSReport:
@@ -40,10 +41,18 @@ class PSReport:
         """Record one update (sync.Update); sent with the next flush."""
         if self.stats is None:
             return
-        self._pending.append({
-            "type": "update", "ts": update.timestamp, "t": time.time(), "epoch": update.epoch,
-            "mean_sigma": update.mean_sigma, "sigmas": list(update.sigmas), "lr": update.lr,
-            "n_grads": len(update.sigmas)})
+        self._pending.append(
+            {
+                "type": "update",
+                "ts": update.timestamp,
+                "t": time.time(),
+                "epoch": update.epoch,
+                "mean_sigma": update.mean_sigma,
+                "sigmas": list(update.sigmas),
+                "lr": update.lr,
+                "n_grads": len(update.sigmas),
+            }
+        )
 
     def tick(self, ps, force: bool = False) -> None:
         """Send what is due (everything with ``force``); ``ps`` is the ParameterServer whose
@@ -54,41 +63,68 @@ class PSReport:
         if self._pending and (force or now - self._last_flush >= FLUSH_S):
             items, self._pending = self._pending, []
             for i in range(0, len(items), BATCH_ITEMS):
-                self.stats.metric({"type": "batch", "items": items[i:i + BATCH_ITEMS]})
+                self.stats.metric({"type": "batch", "items": items[i : i + BATCH_ITEMS]})
             self._last_flush = now
         if force or now - self._last_rate >= RATE_EVERY_S:
             dt = max(now - self._last_rate, 1e-9)
             eng = ps.state.engine
             upd, grads = eng.updates, eng.gradients_received
-            self.stats.metric({
-                "type": "ps", "t": now, "ts": eng.timestamp,
-                "updates_per_s": (upd - self._counts[0]) / dt,
-                "gradients_per_s": (grads - self._counts[1]) / dt,
-                **_counters(ps)})
+            self.stats.metric(
+                {
+                    "type": "ps",
+                    "t": now,
+                    "ts": eng.timestamp,
+                    "updates_per_s": (upd - self._counts[0]) / dt,
+                    "gradients_per_s": (grads - self._counts[1]) / dt,
+                    **_counters(ps),
+                }
+            )
             self._counts = (upd, grads)
             self._last_rate = now
 
     def done(self, ps) -> None:
         """The end-of-training record."""
         if self.stats is not None:
-            self.stats.metric({"type": "done", "t": time.time(), "ts": ps.state.engine.timestamp,
-                               "epoch": ps.state.engine.epoch, **_counters(ps)})
+            self.stats.metric(
+                {
+                    "type": "done",
+                    "t": time.time(),
+                    "ts": ps.state.engine.timestamp,
+                    "epoch": ps.state.engine.epoch,
+                    **_counters(ps),
+                }
+            )
 
     def members(self, learner: int, event: str, engine) -> None:
         """λ changed: ``learner`` was ``event`` (evicted | joined); sent at once."""
         if self.stats is not None:
-            self.stats.metric({"type": "members", "t": time.time(), "ts": engine.timestamp,
-                               "epoch": engine.epoch, "learner": learner, "event": event,
-                               "learners": len(engine.members),
-                               "c": engine.gradients_per_update})
+            self.stats.metric(
+                {
+                    "type": "members",
+                    "t": time.time(),
+                    "ts": engine.timestamp,
+                    "epoch": engine.epoch,
+                    "learner": learner,
+                    "event": event,
+                    "learners": len(engine.members),
+                    "c": engine.gradients_per_update,
+                }
+            )
 
     def restart(self, ps) -> None:
         """This server resumed from a checkpoint; sent at once."""
         if self.stats is not None:
             st = ps.state
-            self.stats.metric({"type": "restart", "t": time.time(), "ts": st.engine.timestamp,
-                               "epoch": st.engine.epoch, "incarnation": len(st.incarnations),
-                               "checkpoint": str(ps.resumed_from)})
+            self.stats.metric(
+                {
+                    "type": "restart",
+                    "t": time.time(),
+                    "ts": st.engine.timestamp,
+                    "epoch": st.engine.epoch,
+                    "incarnation": len(st.incarnations),
+                    "checkpoint": str(ps.resumed_from),
+                }
+            )
 
 
 def write_final(run_dir: Path, state) -> None:
@@ -96,8 +132,13 @@ def write_final(run_dir: Path, state) -> None:
     launcher's result line reads it, not what the statistics server was told). Atomic;
     blocks for a small write."""
     eng = state.engine
-    final = {"timestamp": eng.timestamp, "epoch": eng.epoch, "updates": eng.updates,
-             "done": state.done, "incarnation": len(state.incarnations)}
+    final = {
+        "timestamp": eng.timestamp,
+        "epoch": eng.epoch,
+        "updates": eng.updates,
+        "done": state.done,
+        "incarnation": len(state.incarnations),
+    }
     tmp = Path(run_dir) / (PS_FINAL_FILE + ".tmp")
     tmp.write_text(json.dumps(final) + "\n")
     os.replace(tmp, Path(run_dir) / PS_FINAL_FILE)
@@ -114,13 +155,21 @@ def read_final(run_dir) -> dict | None:
     if not isinstance(final, dict) or final.get("done") is not True:
         return None
     ts, epoch = final.get("timestamp"), final.get("epoch")
-    if not isinstance(ts, int) or isinstance(ts, bool) or isinstance(epoch, bool) \
-            or not isinstance(epoch, (int, float)):
+    if (
+        not isinstance(ts, int)
+        or isinstance(ts, bool)
+        or isinstance(epoch, bool)
+        or not isinstance(epoch, (int, float))
+    ):
         return None
     return final
 
 
 def _counters(ps) -> dict:
     c = ps.state.counters
-    return {"invalid": c.invalid, "duplicates": c.duplicates, "evictions": c.evictions,
-            "lost_updates": c.lost_updates}
+    return {
+        "invalid": c.invalid,
+        "duplicates": c.duplicates,
+        "evictions": c.evictions,
+        "lost_updates": c.lost_updates,
+    }

@@ -10,6 +10,7 @@
 Both send through the server's ``send(ident, kind, payloads=(), **fields)`` and read its
 ``ServerState``. Not thread-safe: owned by the parameter server's thread.
 """
+
 from __future__ import annotations
 
 from .. import topology, wire
@@ -21,17 +22,18 @@ def make_weights_out(cfg, state, send, ctx, broadcast: str | None):
     """The way this run's PS hands out weights (``architecture.kind``)."""
     if cfg.architecture.kind == "advstar":
         if not broadcast:
-            raise ValueError("architecture.kind=advstar: the parameter server needs a "
-                             "broadcast endpoint to bind (rudra-zmq ps --bcast-bind EP)")
-        return BroadcastWeights(state, send, ctx, broadcast,
-                                topology.broadcast_children(cfg, None))
+            raise ValueError(
+                "architecture.kind=advstar: the parameter server needs a "
+                "broadcast endpoint to bind (rudra-zmq ps --bcast-bind EP)"
+            )
+        return BroadcastWeights(state, send, ctx, broadcast, topology.broadcast_children(cfg, None))
     return ReplyWeights(state, send)
 
 
 class ReplyWeights:
     """Weights in replies to PUSHPULL, RELAY and PULL (Rudra-base and Rudra-adv)."""
 
-    endpoint = None   # no broadcast
+    endpoint = None  # no broadcast
 
     def __init__(self, state, send):
         self.state, self.send = state, send
@@ -47,8 +49,9 @@ class ReplyWeights:
         """``sender`` asked again on connection ``ident``: its parked reply goes there."""
         self.parked = [(ident, *p[1:]) if p[1] == sender else p for p in self.parked]
 
-    def answer(self, ident: bytes, msg: wire.Message, sigma: int,
-               reply: Reply | None = None) -> None:
+    def answer(
+        self, ident: bytes, msg: wire.Message, sigma: int, reply: Reply | None = None
+    ) -> None:
         """Answer a gradient that did not end training: ACK a PUSH, else as a pull, when
         ``reply`` (the arrival's; None: ask the engine now) says."""
         if msg.kind == Kind.PUSH:
@@ -59,8 +62,9 @@ class ReplyWeights:
     def check_pull(self, msg: wire.Message) -> None:
         """Pulls are served."""
 
-    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None,
-             reply: Reply | None = None) -> None:
+    def pull(
+        self, ident: bytes, msg: wire.Message, sigma: int | None = None, reply: Reply | None = None
+    ) -> None:
         """Park the reply if the engine holds it (``reply``, or the engine's word for the
         sender now); else WEIGHTS if the server is newer than ``msg.ts``, or UPTODATE."""
         reply = self.state.reply(msg.sender) if reply is None else reply
@@ -102,26 +106,29 @@ class BroadcastWeights:
         from .broadcast import BroadcastRoot
 
         self.state, self.send = state, send
-        self.root = BroadcastRoot(ctx, bind, state.numel, chunk_bytes=state.chunk_bytes,
-                                  children=children).start()
+        self.root = BroadcastRoot(
+            ctx, bind, state.numel, chunk_bytes=state.chunk_bytes, children=children
+        ).start()
         self.endpoint = self.root.endpoint
         # v0: the chain is up. No copy: a weight version is never written again while
         # anything refers to it (WeightVersions), the broadcast's frames included.
         self.root.publish(state.engine.timestamp, state.w, copy=False)
 
-    waiting: set = frozenset()   # nothing is ever parked
+    waiting: set = frozenset()  # nothing is ever parked
 
     def readdress(self, sender: int, ident: bytes) -> None:
         """Nothing is parked."""
 
-    def answer(self, ident: bytes, msg: wire.Message, sigma: int,
-               reply: Reply | None = None) -> None:
+    def answer(
+        self, ident: bytes, msg: wire.Message, sigma: int, reply: Reply | None = None
+    ) -> None:
         """ACK every gradient at once: no weights in replies (a protocol that holds replies
         is refused under advstar by ``sync.check_protocol``)."""
         self.send(ident, Kind.ACK, sigma=sigma, re=msg.seq)
 
-    def pull(self, ident: bytes, msg: wire.Message, sigma: int | None = None,
-             reply: Reply | None = None) -> None:
+    def pull(
+        self, ident: bytes, msg: wire.Message, sigma: int | None = None, reply: Reply | None = None
+    ) -> None:
         """Refused (see ``check_pull``)."""
         self.check_pull(msg)
 
@@ -130,15 +137,21 @@ class BroadcastWeights:
         raise ProtocolViolation(
             f"{wire.sender_name(msg.sender)} sent {msg.kind.name}, but with architecture."
             "kind=advstar the parameter server serves no weights: they come by the learners' "
-            "broadcast; push gradients with PUSH")
+            "broadcast; push gradients with PUSH"
+        )
 
     def release(self, stop) -> None:
         """Nothing is parked."""
 
     def updated(self, update) -> None:
         """Publish the new version (and, at the end, STOP down the broadcast)."""
-        self.root.publish(update.timestamp, self.state.w, done=self.state.done, copy=False,
-                          reason=f"training finished at epoch {update.epoch:.2f}")
+        self.root.publish(
+            update.timestamp,
+            self.state.w,
+            done=self.state.done,
+            copy=False,
+            reason=f"training finished at epoch {update.epoch:.2f}",
+        )
 
     def close(self) -> None:
         """Stop the broadcast's I/O thread."""

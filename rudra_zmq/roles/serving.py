@@ -17,6 +17,7 @@ The state gives ``numel``, ``identities``, ``done``, ``check_sender(ident, msg)`
 ``mark_stopped(sender)`` and ``refused()``; the server gives ``send(ident, kind, payloads=(),
 **fields)`` and ``stop(ident, sender, seq)``. Not thread-safe: owned by the server's thread.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,8 +46,20 @@ class Serving:
         slots: accept gradients in shared-memory slots (a leaf with ``architecture.leaf_shm``).
     """
 
-    def __init__(self, sock, me: int, state, handlers: dict, *, send, stop, learners: int,
-                 log, heard=None, slots: bool = False):
+    def __init__(
+        self,
+        sock,
+        me: int,
+        state,
+        handlers: dict,
+        *,
+        send,
+        stop,
+        learners: int,
+        log,
+        heard=None,
+        slots: bool = False,
+    ):
         self.sock, self.me, self.state = sock, me, state
         self.handlers = {**handlers, Kind.BYE: self.bye}
         self.send, self.stop, self.heard = send, stop, heard
@@ -58,24 +71,39 @@ class Serving:
         """Take one ROUTER message (routing id first) down the request path. Never raises for
         bad input; does not block beyond the handler."""
         if len(frames) < 2:
-            return   # no routing id + header: nothing to answer
+            return  # no routing id + header: nothing to answer
         ident = bytes(frames[0])
         try:
-            msg = wire.decode(frames[1:], kinds=REQUESTS, numel=self.state.numel,
-                              learners=self.learners, slots=self.slots)
+            msg = wire.decode(
+                frames[1:],
+                kinds=REQUESTS,
+                numel=self.state.numel,
+                learners=self.learners,
+                slots=self.slots,
+            )
         except wire.WireError as exc:
             self.refuse(ident, "unknown sender", exc.code, str(exc))
             return
         if self.security is not None and not self.security.may_speak(frames[1], msg.sender):
-            self.refuse(ident, msg.sender, "forbidden", "this connection's key may not speak "
-                        f"as {wire.sender_name(msg.sender)}", re=msg.seq)
+            self.refuse(
+                ident,
+                msg.sender,
+                "forbidden",
+                f"this connection's key may not speak as {wire.sender_name(msg.sender)}",
+                re=msg.seq,
+            )
             return
         try:
-            if msg.kind == Kind.HELLO:   # checked by its handler (a HELLO counts once accepted)
+            if msg.kind == Kind.HELLO:  # checked by its handler (a HELLO counts once accepted)
                 if self._in_use(ident, msg.sender):
-                    self.refuse(ident, msg.sender, "in_use", f"{wire.sender_name(msg.sender)} "
-                                "is connected already (is a second one running with this id?)",
-                                re=msg.seq)
+                    self.refuse(
+                        ident,
+                        msg.sender,
+                        "in_use",
+                        f"{wire.sender_name(msg.sender)} "
+                        "is connected already (is a second one running with this id?)",
+                        re=msg.seq,
+                    )
                     return
             else:
                 self.state.check_sender(ident, msg)
@@ -93,17 +121,18 @@ class Serving:
         """Whether another connection that is still up holds ``sender`` (one evicted or gone
         is taken over by the new HELLO)."""
         old = self.state.identities.get(sender)
-        return old is not None and old != ident and transport.peer_connected(self.sock, old,
-                                                                             self.me)
+        return (
+            old is not None and old != ident and transport.peer_connected(self.sock, old, self.me)
+        )
 
     def refuse(self, ident: bytes, sender, code: str, message: str, re=None) -> None:
         """Answer ERROR x{code, error} (x{re} when the request's seq is known); count and log
         it. Nothing else changes."""
         self.state.refused()
-        self.warn.warning((ident, code), "refused a message from %s (%r): %s", sender, ident,
-                          message)
-        self.send(ident, Kind.ERROR, code=code, error=message,
-                  **({} if re is None else {"re": re}))
+        self.warn.warning(
+            (ident, code), "refused a message from %s (%r): %s", sender, ident, message
+        )
+        self.send(ident, Kind.ERROR, code=code, error=message, **({} if re is None else {"re": re}))
 
     def bye(self, ident: bytes, msg: wire.Message) -> None:
         """BYE: the sender leaves cleanly (a tree node's BYE covers the learners below it)."""

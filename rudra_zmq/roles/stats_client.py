@@ -7,6 +7,7 @@ with a small high-water mark; what does not fit is dropped and counted, never wa
 ``done_wait_ms``, by default ``DONE_SEND_WAIT_MS``: a statistics server being restarted must
 still get them).
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,11 +20,11 @@ from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.stats")
 
-METRIC_HWM = 100       # metric messages a client queues before it drops new ones
-EVAL_HWM = 2           # weight snapshots a client queues (model-sized: keep it tiny)
+METRIC_HWM = 100  # metric messages a client queues before it drops new ones
+EVAL_HWM = 2  # weight snapshots a client queues (model-sized: keep it tiny)
 DONE_SEND_WAIT_MS = 15_000  # the final "done" record waits this long for room (a stats
 #                            server being restarted), no longer
-CLOSE_LINGER_MS = 1000    # time ZeroMQ gets at close to deliver what is queued
+CLOSE_LINGER_MS = 1000  # time ZeroMQ gets at close to deliver what is queued
 
 
 def _plain(obj):
@@ -46,10 +47,11 @@ class StatsClient:
     ``evals_dropped``; ``evals_sent`` counts EVALs handed to ZeroMQ. Not thread-safe.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, sender: int,
-                 done_wait_ms: int = DONE_SEND_WAIT_MS):
+    def __init__(
+        self, ctx: zmq.Context, endpoint: str, sender: int, done_wait_ms: int = DONE_SEND_WAIT_MS
+    ):
         self.endpoint = endpoint
-        self.done_wait_ms = done_wait_ms   # shorter for a PS restarted after training ended
+        self.done_wait_ms = done_wait_ms  # shorter for a PS restarted after training ended
         self.sender = sender
         self.dropped = self.evals_sent = self.evals_dropped = 0
         self._done_sent = False
@@ -84,8 +86,11 @@ class StatsClient:
                 half = len(items) // 2  # too big for one header: send it in two halves
                 first = self.metric({**record, "items": items[:half]})
                 return self.metric({**record, "items": items[half:]}) and first
-            return self._drop("size", f"a {record.get('type')!r} record of {len(frames[0]):,} "
-                                      f"bytes (the limit is {wire.MAX_HEADER_BYTES:,})")
+            return self._drop(
+                "size",
+                f"a {record.get('type')!r} record of {len(frames[0]):,} "
+                f"bytes (the limit is {wire.MAX_HEADER_BYTES:,})",
+            )
         try:
             self._metrics.send_multipart(frames, flags=zmq.NOBLOCK)
             return True
@@ -103,8 +108,14 @@ class StatsClient:
             log.warning("statistics client %d: dropped %s", self.sender, text)
         return False
 
-    def eval_weights(self, ts: int, epoch: float, weights: np.ndarray,
-                     chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES, final: bool = False) -> bool:
+    def eval_weights(
+        self,
+        ts: int,
+        epoch: float,
+        weights: np.ndarray,
+        chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
+        final: bool = False,
+    ) -> bool:
         """Queue ``weights`` (1-D float32) for evaluation, zero-copy, in frames of at most
         ``chunk_bytes``. Returns False if dropped (EVAL_HWM snapshots already queued).
 
@@ -118,9 +129,15 @@ class StatsClient:
             self.evals_dropped += 1
             return False
         self._seq += 1
-        frames = wire.encode(Kind.EVAL, self.sender, self._seq, ts=ts,
-                             payloads=wire.chunk(weights, chunk_bytes), epoch=float(epoch),
-                             **self._token)
+        frames = wire.encode(
+            Kind.EVAL,
+            self.sender,
+            self._seq,
+            ts=ts,
+            payloads=wire.chunk(weights, chunk_bytes),
+            epoch=float(epoch),
+            **self._token,
+        )
         try:
             self._evals.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:

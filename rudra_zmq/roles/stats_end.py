@@ -9,6 +9,7 @@ evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or after ``DONE_WAI
 ``done`` without a ts waits for the EVALs it announced instead. Not thread-safe: the
 statistics server's thread owns it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,9 +22,9 @@ from .stats_progress import is_number
 
 log = logging.getLogger("rudra_zmq.stats")
 
-DONE_QUIET_S = 0.2     # after "done", keep reading this long for stragglers (learner records)
-DONE_WAIT_S = 10.0     # ... and at most this long for the final weights (EVAL or file)
-FINAL_FILE_EVERY_S = 1.0   # without a "done": how often ps_final.json is looked at
+DONE_QUIET_S = 0.2  # after "done", keep reading this long for stragglers (learner records)
+DONE_WAIT_S = 10.0  # ... and at most this long for the final weights (EVAL or file)
+FINAL_FILE_EVERY_S = 1.0  # without a "done": how often ps_final.json is looked at
 
 
 class RunEnd:
@@ -35,7 +36,7 @@ class RunEnd:
         self.run_dir, self.epochs = Path(run_dir), epochs
         self.done: dict | None = None
         self.evals: dict[int, int] = {}
-        self._looked = 0.0     # when ps_final.json was last looked at (no "done" yet)
+        self._looked = 0.0  # when ps_final.json was last looked at (no "done" yet)
 
     def eval_received(self, sender: int) -> None:
         self.evals[sender] = self.evals.get(sender, 0) + 1
@@ -57,11 +58,18 @@ class RunEnd:
         done = final_done(self.run_dir, self.epochs)
         if done is None:
             return False
-        log.info("statistics server: %s says training ended at ts %d and no 'done' has "
-                 "come (sent to a server that is gone); taking it for the 'done'",
-                 self.run_dir / PS_FINAL_FILE, done["ts"])
-        self.done = {**done, "t": round(done["t"] - t0, 6), "arrived": now,
-                     "sender": wire.SENDER_PS}
+        log.info(
+            "statistics server: %s says training ended at ts %d and no 'done' has "
+            "come (sent to a server that is gone); taking it for the 'done'",
+            self.run_dir / PS_FINAL_FILE,
+            done["ts"],
+        )
+        self.done = {
+            **done,
+            "t": round(done["t"] - t0, 6),
+            "arrived": now,
+            "sender": wire.SENDER_PS,
+        }
         return True
 
     def verdict(self, now: float, evaluated) -> str:

@@ -7,6 +7,7 @@ split in batches of ``EVAL_BATCH``, calling ``between()`` after each (the server
 socket there, so a long evaluation never stalls the metrics). Blocks; torch releases the GIL
 while it computes. Not thread-safe: the statistics server's thread owns it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,13 +31,13 @@ class Evaluator:
         ds = dataset if dataset is not None else load_data(cfg)
         self.x_test, self.y_test = ds.x_test, ds.y_test
         self.mean, self.std = tuple(ds.mean), tuple(ds.std)
-        self.model = build_model(cfg.model.name, cfg.data.num_classes, ds.shape,
-                                 seed=cfg.model.seed)
+        self.model = build_model(
+            cfg.model.name, cfg.data.num_classes, ds.shape, seed=cfg.model.seed
+        )
         self.prep = input_transform(cfg.model.name)
         self.flat = FlatModel(self.model)
 
-    def evaluate(self, weights_parts, between=None,
-                 stop_event=None) -> tuple[float, float] | None:
+    def evaluate(self, weights_parts, between=None, stop_event=None) -> tuple[float, float] | None:
         """Load the weights (one float32 array, or a list of the chunks of an EVAL) and return
         (test error 0..1, mean test loss) over the whole test split, or None if ``stop_event``
         was set meanwhile. ``between()`` is called after every test batch. Raises ValueError
@@ -49,7 +50,7 @@ class Evaluator:
         off = 0
         for part in weights_parts:
             n = part.shape[0]
-            kernels.copy_into(self.flat.weights[off:off + n], part)
+            kernels.copy_into(self.flat.weights[off : off + n], part)
             off += n
         if off != self.flat.numel:
             raise ValueError(f"evaluate got {off:,} floats; the model has {self.flat.numel:,}")
@@ -57,8 +58,8 @@ class Evaluator:
         wrong, loss_sum, total = 0, 0.0, self.y_test.shape[0]
         with torch.no_grad():
             for i in range(0, total, EVAL_BATCH):
-                x = self.prep(self.x_test[i:i + EVAL_BATCH], self.mean, self.std)
-                y = torch.from_numpy(self.y_test[i:i + EVAL_BATCH])
+                x = self.prep(self.x_test[i : i + EVAL_BATCH], self.mean, self.std)
+                y = torch.from_numpy(self.y_test[i : i + EVAL_BATCH])
                 out = self.model(x)
                 loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
                 wrong += int((out.argmax(1) != y).sum())

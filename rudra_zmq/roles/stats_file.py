@@ -4,6 +4,7 @@ flushed at least every ``FLUSH_S``. A ``start`` record opens the file with the r
 back, with where the run's training time stands (``records.TrainingClock``), and goes on with
 them. The record types are listed in ``rudra_zmq.results.plots``.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from pathlib import Path
 from ..results.records import TrainingClock, read_metrics
 from .stats_progress import is_number
 
-FLUSH_S = 0.5          # metrics.jsonl is flushed at least this often
+FLUSH_S = 0.5  # metrics.jsonl is flushed at least this often
 
 
 class MetricsFile:
@@ -28,12 +29,20 @@ class MetricsFile:
     Not thread-safe; ``close()`` when done.
     """
 
-    def __init__(self, path, t0: float | None = None, *, now: float | None = None,
-                 resume: bool = False):
+    def __init__(
+        self, path, t0: float | None = None, *, now: float | None = None, resume: bool = False
+    ):
         self.path = Path(path)
         start, clock = run_clock(self.path)
-        self.t0 = float(t0) if t0 is not None else start if start is not None else \
-            time.time() if now is None else now
+        self.t0 = (
+            float(t0)
+            if t0 is not None
+            else start
+            if start is not None
+            else time.time()
+            if now is None
+            else now
+        )
         self.begun, self.started, self.trained_s = 0.0, None, 0.0
         if clock is not None:
             last = clock.periods[-1]
@@ -41,10 +50,10 @@ class MetricsFile:
             self.trained_s = clock.trained_s - last.trained_s
         self._f = open(self.path, "a")
         if self._f.tell() and not _ends_with_newline(self.path):
-            self._f.write("\n")   # a server killed mid-line: its half line stays apart
-        if start is None:   # the run's clock, for a restarted stats server to go on with
+            self._f.write("\n")  # a server killed mid-line: its half line stays apart
+        if start is None:  # the run's clock, for a restarted stats server to go on with
             self.write(json_line({"type": "start", "t": 0.0, "unix": self.t0}))
-        if resume:   # a new period of the run begins
+        if resume:  # a new period of the run begins
             self.begun = round(time.time() - self.t0, 6)
             self.started, self.trained_s = None, clock.trained_s if clock is not None else 0.0
             self.write(json_line({"type": "resume", "t": self.begun}))
@@ -74,8 +83,9 @@ def run_clock(path: Path) -> tuple[float | None, TrainingClock | None]:
             first = json.loads(f.readline() or "null")
     except (OSError, ValueError):
         return None, None
-    if not (isinstance(first, dict) and first.get("type") == "start" and
-            is_number(first.get("unix"))):
+    if not (
+        isinstance(first, dict) and first.get("type") == "start" and is_number(first.get("unix"))
+    ):
         return None, None
     return float(first["unix"]), TrainingClock(read_metrics(path))
 

@@ -5,6 +5,7 @@ restarted near the end of training, or dropped by a full queue).
 The PS writes ``RUN/weights.npy`` and then ``RUN/ps_final.json`` (``roles/ps.py``), so once
 the latter names a timestamp, the former holds the weights at it. Reads files only.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,10 @@ def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
     except (OSError, ValueError, EOFError):
         return None
     if w.dtype != np.float32 or w.shape != (numel,):
-        raise ValueError(f"{run_dir / WEIGHTS_FILE} holds {w.dtype} {w.shape}, not the model's "
-                         f"{numel:,} float32 values (is it another run's?)")
+        raise ValueError(
+            f"{run_dir / WEIGHTS_FILE} holds {w.dtype} {w.shape}, not the model's "
+            f"{numel:,} float32 values (is it another run's?)"
+        )
     return w
 
 

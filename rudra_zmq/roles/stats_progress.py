@@ -21,6 +21,7 @@ estimate divides the epochs left by the epoch rate since the first update this s
 Pure: no clocks, no I/O; ``t`` values are the records' on the run's clock (seconds since the
 run started). Not thread-safe: the statistics server's thread owns it.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,18 +51,25 @@ class Progress:
     None); ``trained_s``: seconds of training in the run's earlier periods.
     """
 
-    def __init__(self, epochs: float, batch_size: int = 1, started: float | None = None, *,
-                 begun: float = 0.0, trained_s: float = 0.0):
+    def __init__(
+        self,
+        epochs: float,
+        batch_size: int = 1,
+        started: float | None = None,
+        *,
+        begun: float = 0.0,
+        trained_s: float = 0.0,
+    ):
         self.epochs = epochs
         self.batch_size = batch_size
         self.started = started
         self.begun = begun
         self.trained_s = trained_s
-        self._updates: list[tuple] = []   # (ts, t, Σσ, gradients) not yet on a line
-        self._anchor = None               # (ts, t) of the last update on a printed line
-        self._upto = -1                   # ts of the newest update record
-        self._waiting: list[tuple] = []   # evaluations whose line waits for update records
-        self._first = self._newest = None   # (t, epoch) of updates seen by this server
+        self._updates: list[tuple] = []  # (ts, t, Σσ, gradients) not yet on a line
+        self._anchor = None  # (ts, t) of the last update on a printed line
+        self._upto = -1  # ts of the newest update record
+        self._waiting: list[tuple] = []  # evaluations whose line waits for update records
+        self._first = self._newest = None  # (t, epoch) of updates seen by this server
 
     def update(self, r: dict) -> list[str]:
         """Take one ``update`` record; returns the lines to print now (that training started,
@@ -76,8 +84,10 @@ class Progress:
         lines = []
         if self.started is None:
             self.started = t
-            lines.append(f"training started: the parameter server applied its first update "
-                         f"after {t - self.begun:.1f} s of start-up")
+            lines.append(
+                f"training started: the parameter server applied its first update "
+                f"after {t - self.begun:.1f} s of start-up"
+            )
         return lines + self._due()
 
     def restart(self, ts) -> None:
@@ -113,8 +123,11 @@ class Progress:
 
     def train_s(self, t: float) -> float:
         """Seconds of training at ``t`` (a time before training started counts as its start)."""
-        return self.trained_s + max(t - self.started, 0.0) if self.started is not None \
+        return (
+            self.trained_s + max(t - self.started, 0.0)
+            if self.started is not None
             else self.trained_s
+        )
 
     def eta_s(self) -> float | None:
         """Seconds left at the epoch rate seen so far (None until there is one)."""
@@ -133,16 +146,18 @@ class Progress:
         sigma = f"{sum(u[2] for u in mine) / count:.2f}" if count else "-"
         rate = "-"
         if mine:
-            anchor = self._anchor or mine[0][:2]   # the first interval: from the first update
+            anchor = self._anchor or mine[0][:2]  # the first interval: from the first update
             grads = sum(u[3] for u in mine if u[0] > anchor[0])
             last = max(mine, key=lambda u: u[1])
             if last[1] > anchor[1]:
                 rate = f"{grads * self.batch_size / (last[1] - anchor[1]):.0f}"
             self._anchor = last[:2]
         elapsed = "-" if self.started is None else duration(self.train_s(t))
-        if self._first is not None:   # the EVAL left the PS with the update that reached epoch
+        if self._first is not None:  # the EVAL left the PS with the update that reached epoch
             self._at(t, epoch)
         eta = self.eta_s()
-        return (f"epoch {epoch:6.2f}  ts {ts:6d}  test error {100 * error:5.2f}%  loss "
-                f"{loss:.4f}  <σ> {sigma}  samples/s {rate}  elapsed {elapsed}  "
-                f"ETA {'-' if eta is None else duration(eta)}")
+        return (
+            f"epoch {epoch:6.2f}  ts {ts:6d}  test error {100 * error:5.2f}%  loss "
+            f"{loss:.4f}  <σ> {sigma}  samples/s {rate}  elapsed {elapsed}  "
+            f"ETA {'-' if eta is None else duration(eta)}"
+        )

@@ -29,6 +29,7 @@ NOBLOCK and small high-water marks and drops (and counts) what does not fit. The
 validates everything with ``wire.decode``; a bad message is counted and logged once per sender
 and reason, never fatal.
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,11 +55,11 @@ from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
 log = logging.getLogger("rudra_zmq.stats")
 
-RECV_HWM = 2           # per connection on the server; adds to the sender's queue
+RECV_HWM = 2  # per connection on the server; adds to the sender's queue
 POLL_MS = 100
-DRAIN_MAX = 1000       # messages taken per wake-up before the loop looks at clocks again
-OWN_RECORDS = {"eval", "start", "resume"}      # written by this server only
-PS_RECORDS = {"done", "update", "ps", "members", "restart"}   # by the parameter server only
+DRAIN_MAX = 1000  # messages taken per wake-up before the loop looks at clocks again
+OWN_RECORDS = {"eval", "start", "resume"}  # written by this server only
+PS_RECORDS = {"done", "update", "ps", "members", "restart"}  # by the parameter server only
 
 
 class StatsServer:
@@ -79,22 +80,32 @@ class StatsServer:
     Counters: ``records``, ``invalid``, ``evals_done``, ``evals_skipped``.
     """
 
-    def __init__(self, cfg, bind: str, run_dir, ctx: zmq.Context | None = None, *,
-                 t0: float | None = None, dataset=None, out=None, resume: bool = False,
-                 announce: bool = False):
+    def __init__(
+        self,
+        cfg,
+        bind: str,
+        run_dir,
+        ctx: zmq.Context | None = None,
+        *,
+        t0: float | None = None,
+        dataset=None,
+        out=None,
+        resume: bool = False,
+        announce: bool = False,
+    ):
         now = time.time()
         if cfg.logging.tensorboard:
-            check_tensorboard()   # before anything: the run fails before training starts
+            check_tensorboard()  # before anything: the run fails before training starts
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.out = out if out is not None else sys.stdout
         self.records = self.invalid = self.evals_done = self.evals_skipped = 0
         self._warned: set = set()
-        self._pending: tuple[wire.Message, float] | None = None   # newest EVAL, arrival time
-        self.end = RunEnd(self.run_dir, cfg.train.epochs)   # the "done" and the EVALs seen
+        self._pending: tuple[wire.Message, float] | None = None  # newest EVAL, arrival time
+        self.end = RunEnd(self.run_dir, cfg.train.epochs)  # the "done" and the EVALs seen
         self._evaluated: set[int] = set()  # timestamps whose evaluation this server wrote
-        self._last_update: tuple = (None, None)   # (ts, t) of the newest update record
+        self._last_update: tuple = (None, None)  # (ts, t) of the newest update record
         self._tb: TensorBoardLog | None = None
         self._file: MetricsFile | None = None
         self.security, self._token = transport.security(), security.run_token()
@@ -111,17 +122,25 @@ class StatsServer:
                 self._load(cfg, dataset)
             self.endpoint = transport.bind(self.sock, bind)
             self._file = MetricsFile(self.metrics_path, t0, now=now, resume=resume)
-            self.t0 = self._file.t0    # a restart goes on with the run's clock
+            self.t0 = self._file.t0  # a restart goes on with the run's clock
             f = self._file
-            self.progress = Progress(cfg.train.epochs, cfg.sync.batch_size, f.started,
-                                     begun=f.begun, trained_s=f.trained_s)
+            self.progress = Progress(
+                cfg.train.epochs,
+                cfg.sync.batch_size,
+                f.started,
+                begun=f.begun,
+                trained_s=f.trained_s,
+            )
             if cfg.logging.tensorboard:
-                self._tb = TensorBoardLog(self.run_dir, self.t0, cfg.sync.learners,
-                                          self._file.started)
-            if announce:   # when it is so: before a new server's data and model load
-                self._print(f"statistics server listening on {self.endpoint} (waiting for the "
-                            f"parameter server and {cfg.sync.learners} learners)")
-            if not restarted:   # what the PS and learners send meanwhile waits here
+                self._tb = TensorBoardLog(
+                    self.run_dir, self.t0, cfg.sync.learners, self._file.started
+                )
+            if announce:  # when it is so: before a new server's data and model load
+                self._print(
+                    f"statistics server listening on {self.endpoint} (waiting for the "
+                    f"parameter server and {cfg.sync.learners} learners)"
+                )
+            if not restarted:  # what the PS and learners send meanwhile waits here
                 self._load(cfg, dataset)
         except BaseException:
             if self._file is not None:
@@ -165,14 +184,21 @@ class StatsServer:
         rec = msg.fields["metric"]
         items = rec.get("items") if rec.get("type") == "batch" else [rec]
         if not isinstance(items, list):
-            self._refuse(f"sender {msg.sender}", "bad_metric", "a 'batch' record without a "
-                                                               "list of 'items'")
+            self._refuse(
+                f"sender {msg.sender}", "bad_metric", "a 'batch' record without a list of 'items'"
+            )
             return
         for r in items:
-            if not isinstance(r, dict) or not isinstance(r.get("type"), str) or \
-                    r["type"] == "batch":
-                self._refuse(f"sender {msg.sender}", "bad_metric",
-                             f"a record that is not a map with a string 'type': {r!r:.80}")
+            if (
+                not isinstance(r, dict)
+                or not isinstance(r.get("type"), str)
+                or r["type"] == "batch"
+            ):
+                self._refuse(
+                    f"sender {msg.sender}",
+                    "bad_metric",
+                    f"a record that is not a map with a string 'type': {r!r:.80}",
+                )
                 continue
             self._record(r, now, msg.sender)
 
@@ -183,8 +209,7 @@ class StatsServer:
         if self.security is not None:
             if not self.security.may_speak(frames[0], msg.sender):
                 return f"its key may not speak as {wire.sender_name(msg.sender)}"
-        elif self._token is not None and (msg.sender == wire.SENDER_PS or
-                                          msg.kind == Kind.EVAL):
+        elif self._token is not None and (msg.sender == wire.SENDER_PS or msg.kind == Kind.EVAL):
             if not security.token_matches(msg.fields.get("token"), self._token):
                 return "it claims to be the parameter server without the run's token"
         if msg.kind == Kind.EVAL and msg.sender != wire.SENDER_PS:
@@ -194,9 +219,13 @@ class StatsServer:
     def _record(self, r: dict, now: float, sender: int) -> None:
         kind = r["type"]
         if kind in OWN_RECORDS or (kind in PS_RECORDS and sender != wire.SENDER_PS):
-            self._refuse(f"sender {sender}", "forged", f"a {kind!r} record from "
-                         f"{wire.sender_name(sender)}: only "
-                         f"{'this server' if kind in OWN_RECORDS else 'the PS'} writes those")
+            self._refuse(
+                f"sender {sender}",
+                "forged",
+                f"a {kind!r} record from "
+                f"{wire.sender_name(sender)}: only "
+                f"{'this server' if kind in OWN_RECORDS else 'the PS'} writes those",
+            )
             return
         t = r.get("t")
         rel = (t if is_number(t) else now) - self.t0
@@ -210,12 +239,16 @@ class StatsServer:
             self._last_update = (r.get("ts"), r["t"])
             self._print(*self.progress.update(r))
         elif kind == "members":
-            self._print(f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
-                        f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}")
+            self._print(
+                f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
+                f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}"
+            )
         elif kind == "restart":
             self.progress.restart(r.get("ts"))
-            self._print(f"parameter server restarted (incarnation {r.get('incarnation')}) at "
-                        f"ts {r.get('ts')} from {r.get('checkpoint')}")
+            self._print(
+                f"parameter server restarted (incarnation {r.get('incarnation')}) at "
+                f"ts {r.get('ts')} from {r.get('checkpoint')}"
+            )
         elif kind == "done":
             self.end.done_received(r, now, sender)
         self._write(r, line)
@@ -263,9 +296,11 @@ class StatsServer:
         self._print(*self.progress.evaluated(rec["t"], rec["ts"], rec["epoch"], error, loss))
         if not math.isfinite(loss) and "diverged" not in self._warned:  # say it once
             self._warned.add("diverged")
-            self._print(f"warning: the test loss is {loss} at epoch {rec['epoch']:.2f}: training "
-                        "has diverged and will not recover; lower optimizer.lr (with a stale "
-                        "protocol, optimizer.lr_policy=staleness)")
+            self._print(
+                f"warning: the test loss is {loss} at epoch {rec['epoch']:.2f}: training "
+                "has diverged and will not recover; lower optimizer.lr (with a stale "
+                "protocol, optimizer.lr_policy=staleness)"
+            )
 
     def _evaluate_final_file(self, stop_event) -> bool:
         """Evaluate the final weights from ``weights.npy`` when they are there
@@ -282,8 +317,12 @@ class StatsServer:
         result = self.evaluate(w, stop_event)
         if result is None:
             return False
-        log.info("statistics server: the final weights' EVAL (ts %d) did not arrive; "
-                 "evaluated %s instead", self.end.done["ts"], self.run_dir / WEIGHTS_FILE)
+        log.info(
+            "statistics server: the final weights' EVAL (ts %d) did not arrive; "
+            "evaluated %s instead",
+            self.end.done["ts"],
+            self.run_dir / WEIGHTS_FILE,
+        )
         self._record_eval(final_record(self.end.done, *self._last_update), result)
         return True
 
@@ -295,8 +334,9 @@ class StatsServer:
                 try:
                     print(line, file=self.out, flush=True)
                 except UnicodeEncodeError:  # a terminal without UTF-8
-                    print(line.replace("σ", "sigma").replace("λ", "lambda"), file=self.out,
-                          flush=True)
+                    print(
+                        line.replace("σ", "sigma").replace("λ", "lambda"), file=self.out, flush=True
+                    )
         except BrokenPipeError:
             # the reader (the launcher, which echoes these lines) is gone: everything is in
             # the run directory, so go on without progress lines rather than fail
@@ -341,9 +381,12 @@ class StatsServer:
         if self._evaluate_final_file(stop_event):
             return True
         if self.end.waited_out(now):
-            log.warning("statistics server: the final weights (ts %d) were not evaluated: "
-                        "their EVAL did not arrive and %s does not hold them",
-                        self.end.done["ts"], self.run_dir / WEIGHTS_FILE)
+            log.warning(
+                "statistics server: the final weights (ts %d) were not evaluated: "
+                "their EVAL did not arrive and %s does not hold them",
+                self.end.done["ts"],
+                self.run_dir / WEIGHTS_FILE,
+            )
             return True
         return False
 
@@ -359,8 +402,11 @@ class StatsServer:
         except Exception:  # the metrics are safe on disk; plots can be redrawn from them
             log.exception("statistics server: could not write summary.csv or the plots")
         if self.invalid or self.evals_skipped:
-            log.info("statistics server: %d invalid messages ignored, %d evaluations skipped",
-                     self.invalid, self.evals_skipped)
+            log.info(
+                "statistics server: %d invalid messages ignored, %d evaluations skipped",
+                self.invalid,
+                self.evals_skipped,
+            )
         self._print(f"run directory: {self.run_dir}")
         if not self.sock.closed:
             self.sock.close(linger=0)
@@ -374,8 +420,9 @@ def receiver(ctx: zmq.Context, cfg) -> zmq.Socket:
     stream_engine_base.cpp) when one is due on a connection whose peer left while this server
     was not reading it (its queue full: loading the data, evaluating), and a server that only
     receives needs no news of dead senders."""
-    sock = transport.make_socket(ctx, zmq.PULL, hwm=RECV_HWM,
-                                 max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20))
+    sock = transport.make_socket(
+        ctx, zmq.PULL, hwm=RECV_HWM, max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20)
+    )
     sock.setsockopt(zmq.HEARTBEAT_IVL, 0)
     return sock
 

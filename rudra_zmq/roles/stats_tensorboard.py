@@ -20,6 +20,7 @@ training (``plots.startup_s``).
 TensorBoard is an optional extra (``pip install 'rudra_zmq[tensorboard]'``): ``check_tensorboard``
 says so before a run starts without it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,10 +29,9 @@ from ..config import ConfigError
 from ..run_files import TB_DIR
 from .stats_progress import is_number
 
-FLUSH_S = 5                # events reach the disk at least this often
-MAX_QUEUE = 1000           # ... or when this many wait
-MISSING = ("logging.tensorboard needs the tensorboard package: "
-           "pip install 'rudra_zmq[tensorboard]'")
+FLUSH_S = 5  # events reach the disk at least this often
+MAX_QUEUE = 1000  # ... or when this many wait
+MISSING = "logging.tensorboard needs the tensorboard package: pip install 'rudra_zmq[tensorboard]'"
 
 
 def check_tensorboard() -> None:
@@ -61,14 +61,15 @@ class TensorBoardLog:
         check_tensorboard()
         from torch.utils.tensorboard import SummaryWriter  # an optional dependency
 
-        self.writer = SummaryWriter(str(Path(run_dir) / TB_DIR), max_queue=MAX_QUEUE,
-                                    flush_secs=FLUSH_S)
+        self.writer = SummaryWriter(
+            str(Path(run_dir) / TB_DIR), max_queue=MAX_QUEUE, flush_secs=FLUSH_S
+        )
         self.t0, self.started = t0, started
-        self._early: dict = {}               # tag -> (value, step, t): the newest before
+        self._early: dict = {}  # tag -> (value, step, t): the newest before
         #                                       training started (the PS reports every second)
         self._rates: dict = {}
-        self._ts = 0                          # the newest PS timestamp seen
-        if started is None:                   # λ from the start (a restart may not know it)
+        self._ts = 0  # the newest PS timestamp seen
+        if started is None:  # λ from the start (a restart may not know it)
             self._scalar("sync/learners", learners, 0, 0.0)
 
     def record(self, r: dict) -> None:
@@ -112,7 +113,7 @@ class TensorBoardLog:
         """Write what is left (at its own times if training never started) and close.
         Blocks until the events are on disk."""
         if self._early:
-            self.started = min(t for *_, t in self._early.values())   # so they are written
+            self.started = min(t for *_, t in self._early.values())  # so they are written
             early, self._early = self._early, {}
             for tag, (value, step, t) in early.items():
                 self._scalar(tag, value, step, t)

@@ -22,6 +22,7 @@ written again only after the parent answers. Never hangs: a parent silent for
 children: ``node_weights.py``; shared memory or payloads: ``leaf_shm.py`` (one strategy, chosen
 at start); relay rules: ``docs/architecture.md``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,32 +56,52 @@ class TreeNode:
         self.sender = wire.node_sender(node_id)
         self.lam = cfg.sync.learners
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        self.codec = codec.of(cfg)           # how the relayed sums are encoded
+        self.codec = codec.of(cfg)  # how the relayed sums are encoded
         self.timeout = cfg.runtime.timeout_s
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
-        self.sock = transport.make_socket(self.ctx, zmq.ROUTER,
-                                          hwm=max(64, 4 * len(self.spec.subtree)),
-                                          max_bytes=transport.frame_limit(self.chunk_bytes))
+        self.sock = transport.make_socket(
+            self.ctx,
+            zmq.ROUTER,
+            hwm=max(64, 4 * len(self.spec.subtree)),
+            max_bytes=transport.frame_limit(self.chunk_bytes),
+        )
         self.endpoint = transport.bind(self.sock, bind)
         up = "the root" if self.spec.parent is None else f"tree node {self.spec.parent}"
-        self.parent = transport.Channel(self.ctx, parent, self.sender, name=f"parent ({up})",
-                                        timeout_ms=int(self.timeout * 1000), hwm=4,
-                                        max_bytes=transport.frame_limit(self.chunk_bytes))
+        self.parent = transport.Channel(
+            self.ctx,
+            parent,
+            self.sender,
+            name=f"parent ({up})",
+            timeout_ms=int(self.timeout * 1000),
+            hwm=4,
+            max_bytes=transport.frame_limit(self.chunk_bytes),
+        )
         # chosen once: slots and board (a leaf with architecture.leaf_shm) or payloads only
         self.shared = make_shared(cfg, self.spec, self.state.advstar)
         self.children_out = make_children_out(self.state, self._send, self.shared)
-        self._asked: float | None = None     # when the request to the parent in flight was sent
-        self._resent = 0.0                   # when it was last sent (again)
+        self._asked: float | None = None  # when the request to the parent in flight was sent
+        self._resent = 0.0  # when it was last sent (again)
         self.retry_s = cfg.runtime.retry_s
         self._seq = 0
         self.warn = ThrottledLog(log)
         self.serving = Serving(
-            self.sock, self.sender, self.state,
-            {Kind.HELLO: self.on_hello, Kind.PULL: self.on_pull, Kind.PUSH: self.on_gradient,
-             Kind.PUSHPULL: self.on_gradient, Kind.RELAY: self.on_gradient},
-            send=self._send, stop=self._stop, learners=self.lam, log=log,
-            slots=self.shared.takes_slots)
+            self.sock,
+            self.sender,
+            self.state,
+            {
+                Kind.HELLO: self.on_hello,
+                Kind.PULL: self.on_pull,
+                Kind.PUSH: self.on_gradient,
+                Kind.PUSHPULL: self.on_gradient,
+                Kind.RELAY: self.on_gradient,
+            },
+            send=self._send,
+            stop=self._stop,
+            learners=self.lam,
+            log=log,
+            slots=self.shared.takes_slots,
+        )
 
     @property
     def ts(self) -> int:
@@ -89,13 +110,21 @@ class TreeNode:
     # ------------------------------------------------------------------ children
     def _send(self, ident: bytes, kind: Kind, payloads=(), **fields) -> None:
         self._seq += 1
-        frames = wire.encode(kind, self.sender, self._seq, max(self.ts, 0),
-                             self.state.incarnation, payloads, **fields)
+        frames = wire.encode(
+            kind,
+            self.sender,
+            self._seq,
+            max(self.ts, 0),
+            self.state.incarnation,
+            payloads,
+            **fields,
+        )
         try:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
-            self.warn.warning(("undelivered", ident), "could not send %s to %r: %s",
-                             kind.name, ident, exc)
+            self.warn.warning(
+                ("undelivered", ident), "could not send %s to %r: %s", kind.name, ident, exc
+            )
 
     def _stop(self, ident: bytes, sender: int, re: int) -> None:
         self.state.mark_stopped(sender)
@@ -111,22 +140,33 @@ class TreeNode:
         once the parent's WELCOME is here."""
         st = self.state
         first = st.register(ident, msg)
-        if st.done:   # after training: a planned child is told STOP
+        if st.done:  # after training: a planned child is told STOP
             self._stop(ident, msg.sender, msg.seq)
             return
-        if first:   # x{had}: what its first child saw (a restarted root)
+        if first:  # x{had}: what its first child saw (a restarted root)
             had = {"had": msg.fields["had"]} if "had" in msg.fields else {}
-            self.parent.send(Kind.HELLO, model=st.signature, numel=st.numel,
-                             subtree=sorted(self.spec.subtree), **had)
+            self.parent.send(
+                Kind.HELLO,
+                model=st.signature,
+                numel=st.numel,
+                subtree=sorted(self.spec.subtree),
+                **had,
+            )
             self._asked = self._resent = time.time()
         self.shared.hello(msg, st.numel, st.weights if st.welcome is not None else None, st.ts)
-        if st.admit(ident, msg.sender, msg.seq):   # else after the parent's WELCOME, or a
-            self._welcome(ident, msg.sender, msg.seq)   # restarted one's held gradient's answer
+        if st.admit(ident, msg.sender, msg.seq):  # else after the parent's WELCOME, or a
+            self._welcome(ident, msg.sender, msg.seq)  # restarted one's held gradient's answer
 
     def _welcome(self, ident: bytes, sender: int, re: int) -> None:
-        self._send(ident, Kind.WELCOME, self.state.weights, **self.state.welcome,
-                   **self.shared.welcome_fields(sender),
-                   **self.state.where(sender), re=re)
+        self._send(
+            ident,
+            Kind.WELCOME,
+            self.state.weights,
+            **self.state.welcome,
+            **self.shared.welcome_fields(sender),
+            **self.state.where(sender),
+            re=re,
+        )
 
     def on_pull(self, ident: bytes, msg: wire.Message) -> None:
         """Answered from the cached weights when the clock says (at once, or parked until
@@ -143,12 +183,12 @@ class TreeNode:
         if msg.kind == Kind.PUSHPULL:
             self.children_out.check_pull(msg)
         st = self.state
-        if st.is_duplicate(ident, msg):   # a resend: held (answered later) or answered again
+        if st.is_duplicate(ident, msg):  # a resend: held (answered later) or answered again
             if not st.held(msg.sender):
                 self.children_out.answer(ident, msg.kind, msg.ts, msg.seq)
             return
         entries = st.entries(msg)
-        st.add(ident, msg, entries, self.shared.pieces(msg))   # raises before the sum changes
+        st.add(ident, msg, entries, self.shared.pieces(msg))  # raises before the sum changes
         self.shared.pushed(ident, msg)
 
     # ------------------------------------------------------------------ parent
@@ -158,17 +198,26 @@ class TreeNode:
         relay = self.state.take_relay()
         if relay is not None:
             buf, clock = relay
-            self.parent.send(Kind.RELAY, self.ts, self.codec.encode(buf, self.chunk_bytes),
-                             clock=[list(e) for e in clock])
+            self.parent.send(
+                Kind.RELAY,
+                self.ts,
+                self.codec.encode(buf, self.chunk_bytes),
+                clock=[list(e) for e in clock],
+            )
             self._asked = self._resent = time.time()
 
     def _from_parent(self) -> None:
-        if self._asked is None:   # nothing in flight: late answers to a request sent twice
+        if self._asked is None:  # nothing in flight: late answers to a request sent twice
             self.parent.drop_late()
             return
         st = self.state
-        kinds = ({Kind.WELCOME} if st.welcome is None else
-                 {Kind.ACK} if st.advstar else {Kind.WEIGHTS, Kind.UPTODATE})
+        kinds = (
+            {Kind.WELCOME}
+            if st.welcome is None
+            else {Kind.ACK}
+            if st.advstar
+            else {Kind.WEIGHTS, Kind.UPTODATE}
+        )
         try:
             msg = self.parent.recv(kinds, numel=st.numel)
         except transport.ServerError as exc:
@@ -194,7 +243,7 @@ class TreeNode:
         st = self.state
         weights = msg.payloads if msg.kind == Kind.WEIGHTS else None
         if weights is not None and msg.ts > st.ts:
-            self.shared.publish(msg.ts, weights)   # before any child is told to read it
+            self.shared.publish(msg.ts, weights)  # before any child is told to read it
         ts = msg.ts if msg.kind in (Kind.WEIGHTS, Kind.ACK) else st.ts
         for ident, _sender, kind, child_ts, seq in st.answered(ts, weights):
             self.children_out.answer(ident, kind, child_ts, seq)
@@ -224,30 +273,39 @@ class TreeNode:
                 self._maybe_relay()
                 self._check_time(last_child)
                 if st.stop_reason is not None and time.time() - last_child > self.timeout:
-                    log.warning("training is done but learners %s never came back; exiting",
-                                sorted(self.spec.subtree - st.stopped))
+                    log.warning(
+                        "training is done but learners %s never came back; exiting",
+                        sorted(self.spec.subtree - st.stopped),
+                    )
                     break
         finally:
             self.close()
-        log.info("tree node %d: %d relays carrying %d gradients, %d refused messages",
-                 self.id, st.relays, st.gradients, st.invalid)
+        log.info(
+            "tree node %d: %d relays carrying %d gradients, %d refused messages",
+            self.id,
+            st.relays,
+            st.gradients,
+            st.invalid,
+        )
         return 0
 
     def _check_time(self, last_child: float) -> None:
         now, st = time.time(), self.state
         if self._asked is not None and now - self._resent > self.retry_s:
-            self.parent.resend()       # the parent may have restarted and lost it
+            self.parent.resend()  # the parent may have restarted and lost it
             self._resent = now
         if self._asked is not None and now - self._asked > self.timeout:
             raise TimeoutError(
                 f"tree node {self.id}: no reply from its {self.parent.name} at "
                 f"{self.parent.endpoint} within {self.timeout:.0f} s (runtime.timeout_s); is "
-                "the parent running?")
+                "the parent running?"
+            )
         if self._asked is None and st.stop_reason is None and now - last_child > self.timeout:
             raise TimeoutError(
                 f"tree node {self.id}: no message from any child for {self.timeout:.0f} s at "
                 f"timestamp {self.ts} (children registered: "
-                f"{[wire.sender_name(s) for s in sorted(st.identities)]}); is a child dead?")
+                f"{[wire.sender_name(s) for s in sorted(st.identities)]}); is a child dead?"
+            )
 
     def close(self) -> None:
         """Close the sockets and unmap shared memory."""
@@ -256,7 +314,7 @@ class TreeNode:
         self.sock.close(linger=transport.LINGER_MS)
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
             try:
-                os.unlink(self.endpoint[len("ipc://"):])
+                os.unlink(self.endpoint[len("ipc://") :])
             except OSError:
                 pass
         if self._own_ctx:

@@ -18,6 +18,7 @@ dropped once no learner holds them and no batch still needs them.
 
 Not thread-safe: one simulator drives it; its worker threads only compute.
 """
+
 from __future__ import annotations
 
 from collections import Counter, deque
@@ -27,8 +28,13 @@ import numpy as np
 
 # Modules whose output for a sample depends on the other samples of the batch or on a random
 # draw: a batched forward is then not the per-gradient path's computation.
-_BATCH_DEPENDENT = ("_BatchNorm", "_DropoutNd", "SyncBatchNorm", "AlphaDropout",
-                    "FeatureAlphaDropout")
+_BATCH_DEPENDENT = (
+    "_BatchNorm",
+    "_DropoutNd",
+    "SyncBatchNorm",
+    "AlphaDropout",
+    "FeatureAlphaDropout",
+)
 
 
 def exact_for(module, builtin: bool) -> bool:
@@ -74,11 +80,11 @@ class BatchedGradients:
         self.trainer = trainer
         self.pool = ThreadPoolExecutor(workers, "sim-batch") if workers > 1 else None
         self.lookahead = max(1, lookahead)
-        self.store: dict[int, np.ndarray] = {}   # weights versions still needed
-        self.held = Counter()       # version -> learners holding it at the events' frontier
-        self.refs = Counter()       # version -> batches on it not applied yet
-        self.unready: dict[int, list] = {}   # version -> batches waiting for it to exist
-        self.applied = 0            # the newest version the training has produced
+        self.store: dict[int, np.ndarray] = {}  # weights versions still needed
+        self.held = Counter()  # version -> learners holding it at the events' frontier
+        self.refs = Counter()  # version -> batches on it not applied yet
+        self.unready: dict[int, list] = {}  # version -> batches waiting for it to exist
+        self.applied = 0  # the newest version the training has produced
 
     def run(self, events, updater, result, evals) -> None:
         """Consume the simulator's events, applying each update with ``updater`` and recording
@@ -86,15 +92,17 @@ class BatchedGradients:
         lam = self.trainer.cfg.sync.learners
         self.held[0] = lam
         self.store[0] = updater.w.copy()
-        pending: deque = deque()    # (t, update, groups) decided by the events, not applied
+        pending: deque = deque()  # (t, update, groups) decided by the events, not applied
         forming: dict[int, _Group] = {}
         for t, i, step, version, arrival, resumed in events:
             g = forming.get(version)
             if g is None:
                 g = forming[version] = _Group(version, arrival.scale)
-            elif g.scale != arrival.scale:   # same version, same update: same σ
-                raise RuntimeError(f"gradients of version {version} in one update got scales "
-                                   f"{g.scale} and {arrival.scale}")
+            elif g.scale != arrival.scale:  # same version, same update: same σ
+                raise RuntimeError(
+                    f"gradients of version {version} in one update got scales "
+                    f"{g.scale} and {arrival.scale}"
+                )
             g.members.append((i, step))
             self.held[version] -= 1
             for _, _, v in resumed:
@@ -118,15 +126,17 @@ class BatchedGradients:
 
     def _submit(self, g: _Group) -> None:
         if self.pool:
-            g.job = self.pool.submit(self.trainer.group_gradient, self.store[g.version],
-                                     g.members)
+            g.job = self.pool.submit(self.trainer.group_gradient, self.store[g.version], g.members)
 
     def _apply(self, t, update, groups, updater, evals) -> None:
         last = len(groups) - 1
         for n, g in enumerate(groups):
-            grad = (g.job.result() if g.job is not None
-                    else self.trainer.group_gradient(self.store[g.version], g.members))
-            k = len(g.members)   # grad is the mean over k gradients' samples: sum = k * grad
+            grad = (
+                g.job.result()
+                if g.job is not None
+                else self.trainer.group_gradient(self.store[g.version], g.members)
+            )
+            k = len(g.members)  # grad is the mean over k gradients' samples: sum = k * grad
             if n < last:
                 updater.add([grad], g.scale * k)
             else:

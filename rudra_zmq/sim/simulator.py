@@ -16,6 +16,7 @@ update, softsync/async learners at once.
 Results go to a run directory in the statistics server's ``metrics.jsonl`` schema (``t`` is
 simulated seconds), so ``plots.plot_run`` draws them like a real run.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -50,10 +51,18 @@ class SimResult:
 
     def add_update(self, update, t: float) -> None:
         """Record ``update`` (a ``sync.Update``) made at simulated time ``t``."""
-        self.updates.append({"type": "update", "ts": update.timestamp, "t": t,
-                             "epoch": update.epoch, "mean_sigma": update.mean_sigma,
-                             "sigmas": list(update.sigmas), "lr": update.lr,
-                             "n_grads": len(update.sigmas)})
+        self.updates.append(
+            {
+                "type": "update",
+                "ts": update.timestamp,
+                "t": t,
+                "epoch": update.epoch,
+                "mean_sigma": update.mean_sigma,
+                "sigmas": list(update.sigmas),
+                "lr": update.lr,
+                "n_grads": len(update.sigmas),
+            }
+        )
 
     @property
     def mean_staleness(self) -> float:
@@ -80,30 +89,34 @@ class _Trainer:
         self.torch, self.prep = torch, input_transform(cfg.model.name)
         self.device = learner_device(cfg.runtime.device, 0)
         self.ds = load_data(cfg)  # the same data, split and order as the data server's
-        self._new_flat = lambda: FlatModel(build_model(
-            cfg.model.name, cfg.data.num_classes, self.ds.shape, seed=cfg.model.seed),
-            device=self.device)
+        self._new_flat = lambda: FlatModel(
+            build_model(cfg.model.name, cfg.data.num_classes, self.ds.shape, seed=cfg.model.seed),
+            device=self.device,
+        )
         self.flat = self._new_flat()
-        self.exact_batches = sim_batched.exact_for(self.flat.module,
-                                                   not is_import_path(cfg.model.name))
-        self._local = threading.local()   # each worker thread computes on its own model
+        self.exact_batches = sim_batched.exact_for(
+            self.flat.module, not is_import_path(cfg.model.name)
+        )
+        self._local = threading.local()  # each worker thread computes on its own model
         self._local.flat = self.flat
         self.loss = torch.nn.CrossEntropyLoss()
         self.cfg = cfg
         self.n = len(self.ds.y_train)
         self.stream = SampleStream(self.n, cfg.train.seed)
-        self._order_lock = threading.Lock()   # SampleStream's permutation cache
+        self._order_lock = threading.Lock()  # SampleStream's permutation cache
         self._build_lock = threading.Lock()
         self._on_device = None
-        if self.device.type != "cpu":   # x and y of train and test, preprocessed, on the GPU
-            self._on_device = [self._upload(x, y) for x, y in (
-                (self.ds.x_train, self.ds.y_train), (self.ds.x_test, self.ds.y_test))]
+        if self.device.type != "cpu":  # x and y of train and test, preprocessed, on the GPU
+            self._on_device = [
+                self._upload(x, y)
+                for x, y in ((self.ds.x_train, self.ds.y_train), (self.ds.x_test, self.ds.y_test))
+            ]
 
     def _upload(self, x, y, chunk: int = 4096):
         t = self.torch
         out = t.empty((len(y), *self.ds.shape), dtype=t.float32, device=self.device)
         for i in range(0, len(y), chunk):
-            out[i:i + chunk].copy_(self.prep(x[i:i + chunk], self.ds.mean, self.ds.std))
+            out[i : i + chunk].copy_(self.prep(x[i : i + chunk], self.ds.mean, self.ds.std))
         return out, t.from_numpy(y).to(self.device)
 
     def _batch(self, idx, train: bool = True):
@@ -125,8 +138,9 @@ class _Trainer:
                 flat = self._local.flat = self._new_flat()
         return flat
 
-    def gradient(self, weights: np.ndarray, learner: int, step: int,
-                 out: np.ndarray | None = None) -> np.ndarray:
+    def gradient(
+        self, weights: np.ndarray, learner: int, step: int, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """The gradient of ``learner``'s minibatch at ``step`` on ``weights``, copied into
         ``out``, or (None) a view of this thread's flat gradient buffer, valid until its next
         call. Blocks (computes); thread-safe (each thread has its own model)."""
@@ -146,8 +160,9 @@ class _Trainer:
         flat = self._flat()
         s = self.cfg.sync
         with self._order_lock:
-            idx = np.concatenate([self.stream.batch(i, k, s.learners, s.batch_size)
-                                  for i, k in members])
+            idx = np.concatenate(
+                [self.stream.batch(i, k, s.learners, s.batch_size) for i, k in members]
+            )
         x, y = self._batch(idx)
         flat.load_weights(weights)
         flat.zero_grad()
@@ -181,15 +196,18 @@ class _Gradients:
     def __init__(self, trainer: _Trainer, learners: int, workers: int):
         self.trainer = trainer
         self.pool = ThreadPoolExecutor(workers, "sim-gradient") if workers > 1 else None
-        self.out = [np.empty_like(trainer.flat.grads) for _ in range(learners)] \
-            if self.pool else None
+        self.out = (
+            [np.empty_like(trainer.flat.grads) for _ in range(learners)] if self.pool else None
+        )
         self.pending: dict = {}
 
     def start(self, learner: int, weights: np.ndarray, step: int) -> None:
         """``learner`` starts its gradient on ``weights`` (left unchanged until ``take``)."""
-        self.pending[learner] = (self.pool.submit(self.trainer.gradient, weights, learner, step,
-                                                  self.out[learner])
-                                 if self.pool else (weights, step))
+        self.pending[learner] = (
+            self.pool.submit(self.trainer.gradient, weights, learner, step, self.out[learner])
+            if self.pool
+            else (weights, step)
+        )
 
     def take(self, learner: int) -> np.ndarray:
         """``learner``'s gradient (blocks until computed); valid until its next ``start``."""
@@ -204,9 +222,18 @@ class _Gradients:
 GRADIENT_PATHS = ("auto", "batched", "per-gradient")
 
 
-def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: bool = False,
-             max_updates: int | None = None, progress=None,
-             workers: int | None = None, gradients: str = "auto") -> SimResult:
+def simulate(
+    cfg,
+    *,
+    speeds=None,
+    jitter: float = 0.0,
+    seed: int = 0,
+    train: bool = False,
+    max_updates: int | None = None,
+    progress=None,
+    workers: int | None = None,
+    gradients: str = "auto",
+) -> SimResult:
     """Simulate a run of ``cfg`` (Rudra-base) and return its records. Blocks.
 
     Args:
@@ -227,35 +254,41 @@ def simulate(cfg, *, speeds=None, jitter: float = 0.0, seed: int = 0, train: boo
     lam = cfg.sync.learners
     speeds = list(speeds) if speeds is not None else [1.0] * lam
     if len(speeds) != lam or min(speeds) <= 0:
-        raise ValueError(f"speeds must give a positive compute time for each of the {lam} "
-                         f"learners, got {speeds}")
+        raise ValueError(
+            f"speeds must give a positive compute time for each of the {lam} learners, got {speeds}"
+        )
     if jitter < 0:
         raise ValueError(f"jitter must be >= 0, got {jitter}")
     if gradients not in GRADIENT_PATHS:
-        raise ValueError(f"gradients is {gradients!r}; expected one of "
-                         f"{', '.join(GRADIENT_PATHS)}")
+        raise ValueError(f"gradients is {gradients!r}; expected one of {', '.join(GRADIENT_PATHS)}")
     if not train:
         return _simulate(cfg, lam, speeds, jitter, seed, None, None, max_updates, progress)
     import torch
 
     trainer = _Trainer(cfg)
-    if gradients == "batched" and not trainer.exact_batches \
-            and not sim_batched.exact_for(trainer.flat.module, True):
-        raise ValueError(f"model {cfg.model.name} has batch normalization or dropout: batched "
-                         "gradients would not be the per-gradient ones; use --gradients "
-                         "per-gradient")
+    if (
+        gradients == "batched"
+        and not trainer.exact_batches
+        and not sim_batched.exact_for(trainer.flat.module, True)
+    ):
+        raise ValueError(
+            f"model {cfg.model.name} has batch normalization or dropout: batched "
+            "gradients would not be the per-gradient ones; use --gradients "
+            "per-gradient"
+        )
     c = SyncEngine.of(cfg).gradients_per_update
     # c = 1: every update is one gradient, nothing shares a batch (per-gradient was as fast)
-    batched = gradients == "batched" or (gradients == "auto" and trainer.exact_batches
-                                         and c > 1)
+    batched = gradients == "batched" or (gradients == "auto" and trainer.exact_batches and c > 1)
     threads = torch.get_num_threads()
     if workers is None:
-        workers = (sim_batched.default_workers(threads, lam, c) if batched
-                   else min(threads, lam))
+        workers = sim_batched.default_workers(threads, lam, c) if batched else min(threads, lam)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    grads = (sim_batched.BatchedGradients(trainer, workers, lookahead=lam) if batched
-             else _Gradients(trainer, lam, workers))
+    grads = (
+        sim_batched.BatchedGradients(trainer, workers, lookahead=lam)
+        if batched
+        else _Gradients(trainer, lam, workers)
+    )
     torch.set_num_threads(max(1, threads // workers))
     try:
         return _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress)
@@ -277,7 +310,7 @@ def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progr
         return result
     w0 = trainer.flat.weights
     segments = trainer.flat.segments() if o.param_multipliers else [(0, w0.size, 1.0, 1.0)]
-    updater = Updater(w0, segments, o)   # the PS's optimizer state
+    updater = Updater(w0, segments, o)  # the PS's optimizer state
     evals = _Evals(cfg, trainer, result, progress)
     evals.record(updater.w, 0, 0.0, 0.0)
     if isinstance(grads, sim_batched.BatchedGradients):
@@ -298,7 +331,7 @@ def _per_gradient(events, updater, grads, lam, result, evals) -> None:
         if arrival.update is not None:
             result.add_update(arrival.update, t)
             evals.after(updater.w, arrival.update, t)
-        for j, step, _ in resumed:   # pull the newest weights, start the next gradient
+        for j, step, _ in resumed:  # pull the newest weights, start the next gradient
             kernels.copy_into(have[j], updater.w)
             grads.start(j, have[j], step)
         result.sim_time = t
@@ -313,7 +346,7 @@ def _events(cfg, engine, lam, speeds, jitter, rng, max_updates):
     now says is due, in arrival order. Ends after the last update of the run."""
     have_ts = [0] * lam
     steps = [0] * lam
-    held: list = []   # (learner, sync.Reply) of the gradients not answered yet
+    held: list = []  # (learner, sync.Reply) of the gradients not answered yet
     events = [(_duration(speeds[i], jitter, rng), i) for i in range(lam)]
     heapq.heapify(events)
     limit = max_updates if max_updates is not None else math.inf
@@ -353,11 +386,13 @@ class _Evals:
 
     def record(self, w, ts, epoch, t) -> None:
         err, loss = self.trainer.evaluate(w)
-        self.result.evals.append({"type": "eval", "ts": ts, "t": t, "epoch": epoch,
-                                  "test_error": err, "test_loss": loss})
+        self.result.evals.append(
+            {"type": "eval", "ts": ts, "t": t, "epoch": epoch, "test_error": err, "test_loss": loss}
+        )
         if self.progress:
-            self.progress(f"epoch {epoch:7.2f}  ts {ts:6d}  "
-                          f"test error {100 * err:6.2f}%  loss {loss:.4f}")
+            self.progress(
+                f"epoch {epoch:7.2f}  ts {ts:6d}  test error {100 * err:6.2f}%  loss {loss:.4f}"
+            )
 
 
 def _duration(speed: float, jitter: float, rng) -> float:
@@ -384,16 +419,27 @@ def main_simulate(cfg, run_dir, *, jitter, speeds, seed, train, gradients="auto"
     """Entry point of ``rudra-zmq simulate``: simulate, print a summary, write the run dir."""
     t0 = time.time()
     if cfg.train.schedule_scale != 1:
-        print(f"schedule scaled x{cfg.train.schedule_scale:g}: {cfg.train.epochs:g} epochs, lr "
-              f"steps at {list(cfg.optimizer.lr_steps)} (not the config's own budget)")
-    res = simulate(cfg, speeds=speeds, jitter=jitter, seed=seed, train=train,
-                   gradients=gradients, progress=lambda line: print(line, flush=True))
+        print(
+            f"schedule scaled x{cfg.train.schedule_scale:g}: {cfg.train.epochs:g} epochs, lr "
+            f"steps at {list(cfg.optimizer.lr_steps)} (not the config's own budget)"
+        )
+    res = simulate(
+        cfg,
+        speeds=speeds,
+        jitter=jitter,
+        seed=seed,
+        train=train,
+        gradients=gradients,
+        progress=lambda line: print(line, flush=True),
+    )
     s = cfg.sync
-    print(f"simulated {protocol_label(s.protocol, s.n)}, "
-          f"λ={s.learners}, µ={s.batch_size}: {len(res.updates)} updates, "
-          f"<σ> = {res.mean_staleness:.2f}"
-          + (f", final test error {100 * res.evals[-1]['test_error']:.2f}%" if res.evals else "")
-          + f" ({time.time() - t0:.1f} s)")
+    print(
+        f"simulated {protocol_label(s.protocol, s.n)}, "
+        f"λ={s.learners}, µ={s.batch_size}: {len(res.updates)} updates, "
+        f"<σ> = {res.mean_staleness:.2f}"
+        + (f", final test error {100 * res.evals[-1]['test_error']:.2f}%" if res.evals else "")
+        + f" ({time.time() - t0:.1f} s)"
+    )
     out = write_run(cfg, res, run_dir)
     print(f"run directory: {out}")
     return 0
