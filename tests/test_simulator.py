@@ -159,12 +159,12 @@ def test_batched_gradients_give_the_per_gradient_weights(overrides):
 
 
 def test_batched_gradients_share_one_batch_per_version_in_an_update(monkeypatch):
-    from rudra_zmq.sim import simulator
+    from rudra_zmq.sim.sim_trainer import Trainer
 
     calls = []
-    real = simulator._Trainer.group_gradient
+    real = Trainer.group_gradient
     monkeypatch.setattr(
-        simulator._Trainer,
+        Trainer,
         "group_gradient",
         lambda self, w, members: calls.append(len(members)) or real(self, w, members),
     )

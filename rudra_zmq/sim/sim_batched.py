@@ -71,7 +71,7 @@ class BatchedGradients:
     """Computes the updates' gradient sums by weights version; see the module docstring.
 
     Args:
-        trainer: the simulator's ``_Trainer`` (``group_gradient``, ``flat``).
+        trainer: the simulator's ``sim_trainer.Trainer`` (``group_gradient``, ``flat``).
         workers: threads computing batches ahead (1: each batch when its update is applied).
         lookahead: updates the event stream may run ahead of the training.
     """
