@@ -1,0 +1,160 @@
+"""The torch-free learner of the Rudra-adv / adv* benchmarks (``synthetic_roles learners``):
+HELLO, then "compute" by sleeping, PUSHPULL (or, advstar, PUSH plus a broadcast member) of a
+fixed gradient and a copy of the new weights, until STOP, counting what it sent and received."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import zmq
+
+from .. import kernels, transport, wire
+from ..wire import Kind
+
+SIGNATURE = "bench-synthetic"  # the synthetic model's name, on the PS's side too
+
+
+class SyntheticLearner:
+    """One learner without a model: sleeps ``compute_s`` (±10 %), pushes a fixed gradient of
+    ``numel`` float32 and copies any new weights into its own buffer, until STOP.
+
+    ``run()`` blocks; owns its socket (not thread-safe), shares the thread-safe ``ctx``.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        cfg,
+        learner_id: int,
+        endpoint: str,
+        numel: int,
+        compute_s: float,
+        bcast: tuple[str, str | None] | None = None,
+    ):
+        self.id, self.numel, self.compute_s = learner_id, numel, compute_s
+        self.ch = transport.Channel(
+            ctx,
+            endpoint,
+            learner_id,
+            name="parameter server",
+            timeout_ms=int(cfg.runtime.timeout_s * 1000),
+            hwm=4,
+        )
+        self.grad = np.full(numel, 1e-3, np.float32)  # sent zero-copy, never written
+        self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        self.parts = wire.chunk(self.grad, self.chunk_bytes)
+        self.w = np.zeros(numel, np.float32)
+        self.rng = random.Random(learner_id)
+        self.ts = 0
+        self.stats = {
+            "learner": learner_id,
+            "steps": 0,
+            "weights": 0,
+            "up_bytes": 0,
+            "down_bytes": 0,
+            "comm_s": 0.0,
+            "compute_s": 0.0,
+        }
+        self.member = None
+        if cfg.architecture.kind == "advstar":  # Rudra-adv*: as roles/learner.py
+            from .. import topology
+            from ..roles.broadcast import BroadcastMember
+
+            kids = topology.broadcast_children(cfg, learner_id)
+            up = topology.broadcast_upstream(cfg, learner_id)
+            self.member = BroadcastMember(
+                ctx,
+                bcast[1] if kids else None,
+                bcast[0],
+                numel,
+                member=learner_id,
+                children=kids,
+                chunk_bytes=cfg.runtime.chunk_mib << 20,
+                timeout_s=cfg.runtime.timeout_s,
+                upstream_name="the root" if up is None else f"learner {up}",
+            ).start()
+            self._sendbuf = np.empty_like(self.grad)
+
+    def _load(self, msg: wire.Message) -> None:
+        off = 0
+        for part in msg.payloads:
+            kernels.copy_into(self.w[off : off + part.shape[0]], part)
+            off += part.shape[0]
+        self.ts = msg.ts
+        self.stats["weights"] += 1
+        self.stats["down_bytes"] += off * 4
+
+    def hello(self) -> None:
+        """Say HELLO and wait for WELCOME (the first weights). Blocks."""
+        self.ch.send(Kind.HELLO, model=SIGNATURE, numel=self.numel)
+        self._welcome = self.ch.recv({Kind.WELCOME}, numel=self.numel)
+
+    def run(self) -> dict:
+        """Train until STOP (after ``hello``); returns the learner's counters. Blocks."""
+        s, msg = self.stats, self._welcome
+        self._welcome = None
+        s["t_start"] = time.time()
+        if self.member is not None:
+            return self._run_advstar(msg)
+        while msg.kind != Kind.STOP:
+            if msg.kind in (Kind.WELCOME, Kind.WEIGHTS):
+                self._load(msg)
+            t0 = time.perf_counter()
+            if self.compute_s > 0:
+                time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
+            t1 = time.perf_counter()
+            msg = None  # release the previous reply's frames before the next round trip
+            msg = self.ch.request(
+                Kind.PUSHPULL,
+                self.ts,
+                self.parts,
+                numel=self.numel,
+                reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
+            )
+            s["compute_s"] += t1 - t0
+            s["comm_s"] += time.perf_counter() - t1
+            s["steps"] += 1
+            s["up_bytes"] += self.grad.nbytes
+        s["t_end"] = time.time()
+        self.ch.close()
+        return s
+
+    def _run_advstar(self, welcome) -> dict:
+        """Rudra-adv*, as ``roles/learner.py``: adopt the newest broadcast version, compute,
+        collect the previous PUSH's ACK, PUSH the gradient without waiting for the reply."""
+        s, in_flight, finished = self.stats, False, False
+        self._load(welcome)
+        try:
+            while True:
+                self.member.check()
+                ts = self.member.copy_latest_into(self.w, self.ts)
+                if ts != self.ts:
+                    self.ts = ts
+                    s["weights"] += 1
+                    s["down_bytes"] += self.w.nbytes
+                grad_ts = self.ts
+                t0 = time.perf_counter()
+                if self.compute_s > 0:
+                    time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
+                t1 = time.perf_counter()
+                if in_flight:
+                    reply = self.ch.recv({Kind.ACK})
+                    in_flight = False
+                    if reply.kind == Kind.STOP:
+                        finished = True
+                        break
+                kernels.copy_into(self._sendbuf, self.grad)  # as the learner's send buffer
+                self.ch.send(Kind.PUSH, grad_ts, wire.chunk(self._sendbuf, self.chunk_bytes))
+                in_flight = True
+                s["compute_s"] += t1 - t0
+                s["comm_s"] += time.perf_counter() - t1
+                s["steps"] += 1
+                s["up_bytes"] += self.grad.nbytes
+        finally:
+            self.member.close(stop_reason="training finished" if finished else None)
+        s["t_end"] = time.time()
+        s["bcast_versions"] = self.member.versions
+        self.ch.close()
+        return s
