@@ -18,18 +18,26 @@ after their length and dtype were checked.
 :func:`decode` validates a message completely before any role may act on it and raises
 :class:`WireError` otherwise.
 
-Every kind and its fields, and the tree (RELAY), broadcast (BCAST, CREDIT) and shared-memory
-variants: ``docs/wire.md``.
+The kinds, their fields and payload frame counts, and the sender ids are tables in
+``wire_kinds.py`` (re-exported here: callers write ``wire.Kind``); this module builds and
+parses the frames and checks every message against those tables. Every kind and its fields,
+and the tree (RELAY), broadcast (BCAST, CREDIT) and shared-memory variants: ``docs/wire.md``.
 """
 
 from __future__ import annotations
 
-import enum
 import reprlib
 from dataclasses import dataclass
 
 import msgpack
 import numpy as np
+
+from .wire_kinds import KIND_FIELDS, MODEL_SIZED, PAYLOAD_FRAMES, RUN_DTYPE_KINDS, Kind
+from .wire_kinds import SENDER_DATA as SENDER_DATA
+from .wire_kinds import SENDER_PS as SENDER_PS
+from .wire_kinds import node_id as node_id
+from .wire_kinds import node_sender as node_sender
+from .wire_kinds import sender_name as sender_name
 
 PROTOCOL_VERSION = 5  # 5: no x{wait} (the server's engine decides when a reply goes);
 #                               4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
@@ -47,110 +55,7 @@ PAYLOAD_DTYPES = {
 MODEL_DTYPES = ("f4", "f2", "bf16")  # what a run's model-sized payloads may travel as
 _DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
 
-SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
-SENDER_NODE0 = -100  # tree node k sends as SENDER_NODE0 - k
 MAX_CLOCK = 16384  # entries in one RELAY's clock (the header must stay < 64 KiB)
-MAX_FRAMES = 4096  # payload frames of one model-sized message
-
-
-def node_sender(node: int) -> int:
-    """The sender id of tree node ``node`` (>= 0)."""
-    return SENDER_NODE0 - node
-
-
-def node_id(sender: int) -> int | None:
-    """The tree node id behind ``sender``, or None if it is not a tree node."""
-    return SENDER_NODE0 - sender if sender <= SENDER_NODE0 else None
-
-
-def sender_name(sender: int) -> str:
-    """``"learner 3"``, ``"tree node 0"``, ``"parameter server"``... for messages."""
-    if sender >= 0:
-        return f"learner {sender}"
-    if node_id(sender) is not None:
-        return f"tree node {node_id(sender)}"
-    return {
-        SENDER_PS: "parameter server",
-        SENDER_DATA: "data server",
-        SENDER_STATS: "statistics server",
-    }.get(sender, f"sender {sender}")
-
-
-class Kind(enum.IntEnum):
-    """Message kinds. Requests get exactly one reply from the server they were sent to."""
-
-    HELLO = 1  # learner/node -> PS: x{model, numel, subtree?, had?}; WELCOME or ERROR
-    WELCOME = 2  # PS -> learner: weights payload; x{learners, protocol, step?}; to a tree
-    #                  node x{steps?}: [learner, step] for each learner below it
-    # Replies (WELCOME, ACK, WEIGHTS, UPTODATE, STOP, ERROR) may carry x{re}: the seq of the
-    # request they answer, so a client drops a late answer to a request it sent again.
-    PUSH = 3  # learner -> PS: gradient payload, ts = weights it was computed on; ACK
-    ACK = 4  # PS -> learner: x{sigma}
-    PULL = 5  # learner -> PS: ts = weights it has; WEIGHTS or UPTODATE, when the sync
-    #                  engine says (hardsync: after the update the learner's gradient is in)
-    PUSHPULL = 6  # PUSH and PULL in one round trip; reply WEIGHTS or UPTODATE with x{sigma}
-    WEIGHTS = 7  # PS -> learner: weights payload at ts
-    UPTODATE = 8  # PS -> learner: no newer weights than the pull's ts
-    STOP = 9  # any server -> client: training is over; x{reason}
-    ERROR = 10  # reply to a refused request: x{code, error}
-    BATCH_REQ = 11  # learner -> data server: x{step}; reply BATCH
-    BATCH = 12  # data server -> learner: [images u1, labels i8]; x{shape, epoch, step, mean?, std?}
-    METRIC = 13  # any -> stats server (one-way): x{metric: map}
-    EVAL = 14  # PS -> stats server (one-way): weights payload at ts; x{epoch}
-    BYE = 15  # learner -> PS: leaving cleanly; reply ACK
-    RELAY = 16  # tree node -> parent: sum of gradients, x{clock}; like PUSHPULL
-    BCAST = 17  # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
-    CREDIT = 18  # broadcast member -> upstream: may send k more chunks; x{credit, reset}
-
-
-# Kind-specific fields: name -> allowed Python types, and whether it is required.
-_INT, _FLOAT, _STR, _BOOL, _LIST, _MAP = (int,), (int, float), (str,), (bool,), (list,), (dict,)
-KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
-    Kind.HELLO: {
-        "model": (_STR, True),
-        "numel": (_INT, True),
-        "subtree": (_LIST, False),
-        "shm": (_STR, False),
-        "had": (_INT, False),
-    },
-    Kind.WELCOME: {
-        "learners": (_INT, True),
-        "protocol": (_STR, True),
-        "shm": (_STR, False),
-        "step": (_INT, False),
-        "steps": (_LIST, False),
-        "re": (_INT, False),
-    },
-    Kind.PUSH: {"slot": (_INT, False)},
-    Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
-    Kind.PULL: {},
-    Kind.PUSHPULL: {"slot": (_INT, False)},
-    Kind.WEIGHTS: {"sigma": (_INT, False), "board": (_BOOL, False), "re": (_INT, False)},
-    Kind.UPTODATE: {"sigma": (_INT, False), "re": (_INT, False)},
-    Kind.STOP: {"reason": (_STR, True), "re": (_INT, False)},
-    Kind.ERROR: {"code": (_STR, True), "error": (_STR, True), "re": (_INT, False)},
-    Kind.BATCH_REQ: {"step": (_INT, True)},
-    Kind.BATCH: {
-        "shape": (_LIST, True),
-        "epoch": (_FLOAT, True),
-        "step": (_INT, True),
-        "mean": (_LIST, False),
-        "std": (_LIST, False),
-    },  # per-channel, 0..1 scale
-    Kind.METRIC: {"metric": (_MAP, True), "token": (_STR, False)},  # token: from the PS
-    Kind.EVAL: {"epoch": (_FLOAT, True), "token": (_STR, False)},
-    Kind.BYE: {},
-    Kind.RELAY: {"clock": (_LIST, True)},
-    Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
-    Kind.CREDIT: {"credit": (_INT, True), "reset": (_BOOL, True)},
-}
-# How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
-_MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL, Kind.RELAY}
-_PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
-_PAYLOAD_FRAMES.update({k: (1, MAX_FRAMES) for k in _MODEL_SIZED})
-_PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
-_PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
-_RUN_DTYPE = _MODEL_SIZED | {Kind.BCAST}  # payloads in the run's model dtype
 
 _UNPACK_LIMITS = dict(
     max_str_len=16 * 1024, max_bin_len=0, max_array_len=64 * 1024, max_map_len=256, max_ext_len=0
@@ -407,7 +312,7 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
     in_shm = _in_shm(kind, fields)
     if in_shm and fields.get("slot", 0) not in (0, 1):
         raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1, got {_show(fields)}")
-    lo, hi = (0, 0) if in_shm else _PAYLOAD_FRAMES[kind]
+    lo, hi = (0, 0) if in_shm else PAYLOAD_FRAMES[kind]
     if not isinstance(descr, list) or len(descr) != len(frames):
         raise WireError(
             "bad_payload",
@@ -442,7 +347,7 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
                 "bad_length",
                 f"{kind.name}: payload {i} has {nbytes:,} bytes, its header says {d[1]:,} x {d[0]}",
             )
-        if kind in _RUN_DTYPE and d[0] != model_dtype:
+        if kind in RUN_DTYPE_KINDS and d[0] != model_dtype:
             raise WireError(
                 "bad_dtype",
                 f"{kind.name}: model payloads are {model_dtype} in "
@@ -450,7 +355,7 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
                 "running another wire dtype?)",
             )
         out.append(np.frombuffer(buf, dtype=dtype))
-    if numel is not None and kind in _MODEL_SIZED and not in_shm:
+    if numel is not None and kind in MODEL_SIZED and not in_shm:
         _check_numel(kind, sum(d[1] for d in descr), numel)
     return out
 

@@ -1,0 +1,114 @@
+"""The wire protocol's vocabulary: every message kind (:class:`Kind`), the fields and payload
+frames each carries (KIND_FIELDS, PAYLOAD_FRAMES), and the sender ids of the header's ``s``.
+
+Tables only: ``wire.py``, which re-exports these names (callers write ``wire.Kind``), builds
+and parses the frames and checks a message against them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
+SENDER_NODE0 = -100  # tree node k sends as SENDER_NODE0 - k
+
+
+def node_sender(node: int) -> int:
+    """The sender id of tree node ``node`` (>= 0)."""
+    return SENDER_NODE0 - node
+
+
+def node_id(sender: int) -> int | None:
+    """The tree node id behind ``sender``, or None if it is not a tree node."""
+    return SENDER_NODE0 - sender if sender <= SENDER_NODE0 else None
+
+
+def sender_name(sender: int) -> str:
+    """``"learner 3"``, ``"tree node 0"``, ``"parameter server"``... for messages."""
+    if sender >= 0:
+        return f"learner {sender}"
+    if node_id(sender) is not None:
+        return f"tree node {node_id(sender)}"
+    return {
+        SENDER_PS: "parameter server",
+        SENDER_DATA: "data server",
+        SENDER_STATS: "statistics server",
+    }.get(sender, f"sender {sender}")
+
+
+class Kind(enum.IntEnum):
+    """Message kinds. Requests get exactly one reply from the server they were sent to."""
+
+    HELLO = 1  # learner/node -> PS: x{model, numel, subtree?, had?}; WELCOME or ERROR
+    WELCOME = 2  # PS -> learner: weights payload; x{learners, protocol, step?}; to a tree
+    #                  node x{steps?}: [learner, step] for each learner below it
+    # Replies (WELCOME, ACK, WEIGHTS, UPTODATE, STOP, ERROR) may carry x{re}: the seq of the
+    # request they answer, so a client drops a late answer to a request it sent again.
+    PUSH = 3  # learner -> PS: gradient payload, ts = weights it was computed on; ACK
+    ACK = 4  # PS -> learner: x{sigma}
+    PULL = 5  # learner -> PS: ts = weights it has; WEIGHTS or UPTODATE, when the sync
+    #                  engine says (hardsync: after the update the learner's gradient is in)
+    PUSHPULL = 6  # PUSH and PULL in one round trip; reply WEIGHTS or UPTODATE with x{sigma}
+    WEIGHTS = 7  # PS -> learner: weights payload at ts
+    UPTODATE = 8  # PS -> learner: no newer weights than the pull's ts
+    STOP = 9  # any server -> client: training is over; x{reason}
+    ERROR = 10  # reply to a refused request: x{code, error}
+    BATCH_REQ = 11  # learner -> data server: x{step}; reply BATCH
+    BATCH = 12  # data server -> learner: [images u1, labels i8]; x{shape, epoch, step, mean?, std?}
+    METRIC = 13  # any -> stats server (one-way): x{metric: map}
+    EVAL = 14  # PS -> stats server (one-way): weights payload at ts; x{epoch}
+    BYE = 15  # learner -> PS: leaving cleanly; reply ACK
+    RELAY = 16  # tree node -> parent: sum of gradients, x{clock}; like PUSHPULL
+    BCAST = 17  # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
+    CREDIT = 18  # broadcast member -> upstream: may send k more chunks; x{credit, reset}
+
+
+# Kind-specific fields: name -> allowed Python types, and whether it is required.
+_INT, _FLOAT, _STR, _BOOL, _LIST, _MAP = (int,), (int, float), (str,), (bool,), (list,), (dict,)
+KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
+    Kind.HELLO: {
+        "model": (_STR, True),
+        "numel": (_INT, True),
+        "subtree": (_LIST, False),
+        "shm": (_STR, False),
+        "had": (_INT, False),
+    },
+    Kind.WELCOME: {
+        "learners": (_INT, True),
+        "protocol": (_STR, True),
+        "shm": (_STR, False),
+        "step": (_INT, False),
+        "steps": (_LIST, False),
+        "re": (_INT, False),
+    },
+    Kind.PUSH: {"slot": (_INT, False)},
+    Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
+    Kind.PULL: {},
+    Kind.PUSHPULL: {"slot": (_INT, False)},
+    Kind.WEIGHTS: {"sigma": (_INT, False), "board": (_BOOL, False), "re": (_INT, False)},
+    Kind.UPTODATE: {"sigma": (_INT, False), "re": (_INT, False)},
+    Kind.STOP: {"reason": (_STR, True), "re": (_INT, False)},
+    Kind.ERROR: {"code": (_STR, True), "error": (_STR, True), "re": (_INT, False)},
+    Kind.BATCH_REQ: {"step": (_INT, True)},
+    Kind.BATCH: {
+        "shape": (_LIST, True),
+        "epoch": (_FLOAT, True),
+        "step": (_INT, True),
+        "mean": (_LIST, False),
+        "std": (_LIST, False),
+    },  # per-channel, 0..1 scale
+    Kind.METRIC: {"metric": (_MAP, True), "token": (_STR, False)},  # token: from the PS
+    Kind.EVAL: {"epoch": (_FLOAT, True), "token": (_STR, False)},
+    Kind.BYE: {},
+    Kind.RELAY: {"clock": (_LIST, True)},
+    Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
+    Kind.CREDIT: {"credit": (_INT, True), "reset": (_BOOL, True)},
+}
+# How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
+MAX_FRAMES = 4096  # payload frames of one model-sized message
+MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL, Kind.RELAY}
+PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
+PAYLOAD_FRAMES.update({k: (1, MAX_FRAMES) for k in MODEL_SIZED})
+PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
+PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
+RUN_DTYPE_KINDS = MODEL_SIZED | {Kind.BCAST}  # payloads in the run's model dtype
