@@ -26,6 +26,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rudra_zmq import transport, wire  # noqa: E402
+from rudra_zmq.channel import Channel  # noqa: E402
 from rudra_zmq.wire import Kind  # noqa: E402
 
 NUMEL = 50 << 20  # 200 MiB of float32, ImageNet-sized
@@ -37,7 +38,7 @@ def round_(ctx, grad, mode: str) -> None:
     """One push left half-sent, then the end of its connection (see the module docstring)."""
     ps = transport.make_socket(ctx, zmq.ROUTER, hwm=1, max_bytes=transport.frame_limit(4 * NUMEL))
     endpoint = transport.bind(ps, "tcp://127.0.0.1:0")
-    ch = transport.Channel(
+    ch = Channel(
         ctx,
         endpoint,
         0,

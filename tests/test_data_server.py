@@ -12,6 +12,7 @@ import torch
 import zmq
 
 from rudra_zmq import transport, wire
+from rudra_zmq.channel import ServerError
 from rudra_zmq.config import load_config
 from rudra_zmq.data.data_order import SampleStream, load_data
 from rudra_zmq.roles.data_server import DataClient, DataServer
@@ -192,7 +193,7 @@ def test_a_refused_learner_gets_a_server_error_naming_its_id(dataset):
         running_server(make_cfg(2, 4), dataset) as (server, ctx),
         clients(ctx, server.endpoint, [7]) as (c,),
     ):
-        with pytest.raises(transport.ServerError, match="learner id 7 is out of range 0..1"):
+        with pytest.raises(ServerError, match="learner id 7 is out of range 0..1"):
             c.next_batch()
 
 

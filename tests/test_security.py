@@ -35,6 +35,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from cluster import running, small_config
 from rudra_zmq import keys, security, transport, wire
+from rudra_zmq.channel import Channel
 from rudra_zmq.data.data_order import load_data
 from rudra_zmq.results import compare
 from rudra_zmq.results.compare import result_line
@@ -183,9 +184,9 @@ def test_with_curve_the_data_server_gives_a_key_only_its_own_learners_minibatche
 def test_a_live_learner_keeps_its_id_until_its_connection_is_gone(ctx):
     ps = make_ps(ctx)
     with running(ps) as errors:
-        live = transport.Channel(ctx, ps.endpoint, 0, timeout_ms=5000)
+        live = Channel(ctx, ps.endpoint, 0, timeout_ms=5000)
         rid = live.sock.getsockopt(zmq.ROUTING_ID)
-        other = transport.Channel(ctx, ps.endpoint, 1, timeout_ms=5000)
+        other = Channel(ctx, ps.endpoint, 1, timeout_ms=5000)
         assert len(rid) == 16 and rid[:1] == b"r" and rid != other.sock.getsockopt(zmq.ROUTING_ID)
         other.close()
         live.send(Kind.HELLO, model=SIG, numel=N)  # request(numel=) is the reply's size

@@ -1,4 +1,4 @@
-"""transport.Channel: a silent server is a TimeoutError naming it, never a hang."""
+"""channel.Channel: a silent server is a TimeoutError naming it, never a hang."""
 
 import subprocess
 import sys
@@ -9,6 +9,7 @@ import pytest
 import zmq
 
 from rudra_zmq import transport, wire
+from rudra_zmq.channel import Channel, ServerError
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(30)
@@ -20,7 +21,7 @@ def server_and_channel(ctx, sender, timeout_ms, **kw):
     port = server.bind_to_random_port("tcp://127.0.0.1")
     return (
         server,
-        transport.Channel(ctx, f"tcp://127.0.0.1:{port}", sender, timeout_ms=timeout_ms, **kw),
+        Channel(ctx, f"tcp://127.0.0.1:{port}", sender, timeout_ms=timeout_ms, **kw),
         port,
     )
 
@@ -49,7 +50,7 @@ def test_a_reply_is_validated_and_an_error_reply_raises_server_error(ctx):
     server.send_multipart(
         [ident, *wire.encode(Kind.ERROR, wire.SENDER_PS, 2, 0, 77, code="protocol", error="nope")]
     )
-    with pytest.raises(transport.ServerError, match="refused the request: nope"):
+    with pytest.raises(ServerError, match="refused the request: nope"):
         ch.recv({Kind.UPTODATE})
     ch.close()
 
@@ -134,7 +135,7 @@ def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx
     server.send_multipart([ident, *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 7)])
     assert ch.recv({Kind.UPTODATE}).kind == Kind.UPTODATE
     ch.close()
-    ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 4, timeout_ms=3 * transport.WAKE_MS)
+    ch = Channel(ctx, f"tcp://127.0.0.1:{port}", 4, timeout_ms=3 * transport.WAKE_MS)
     t = time.monotonic()
     with pytest.raises(TimeoutError):
         ch.request(Kind.PULL, 0)
@@ -144,7 +145,7 @@ def test_a_wait_longer_than_the_wake_slice_still_gets_its_reply_or_times_out(ctx
 
 _SIGNAL_ON_ANOTHER_THREAD = """
 import signal, threading, time, zmq
-from rudra_zmq import transport
+from rudra_zmq.channel import Channel
 from rudra_zmq.wire import Kind
 
 def stop(*_):
@@ -157,7 +158,7 @@ signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 ctx = zmq.Context()
 server = ctx.socket(zmq.ROUTER)
 port = server.bind_to_random_port("tcp://127.0.0.1")
-ch = transport.Channel(ctx, f"tcp://127.0.0.1:{port}", 0, timeout_ms=120_000)
+ch = Channel(ctx, f"tcp://127.0.0.1:{port}", 0, timeout_ms=120_000)
 print("ready", flush=True)
 try:
     ch.request(Kind.PULL, 0)

@@ -97,10 +97,11 @@ def save_ms(numel: int, saves: int, directory: Path) -> list[float]:
 
 
 def _learner(ctx, endpoint, i, numel, until, counts):
-    from .. import transport, wire
+    from .. import wire
+    from ..channel import Channel
     from ..wire import Kind
 
-    ch = transport.Channel(ctx, endpoint, i, name="parameter server", timeout_ms=60_000)
+    ch = Channel(ctx, endpoint, i, name="parameter server", timeout_ms=60_000)
     ch.send(Kind.HELLO, model=SIGNATURE, numel=numel)
     ch.recv({Kind.WELCOME}, numel=numel)
     grad = wire.chunk(np.full(numel, 1e-4, np.float32))

@@ -1,7 +1,7 @@
 """The measuring processes of ``rudra-zmq bench pushpull``: λ clients, driven over pipes.
 
 A client speaks to the parameter server exactly as ``roles/learner.py`` does (a
-``transport.Channel``: HELLO, then PUSHPULL / PUSH / PULL, the gradient sent zero-copy in
+``channel.Channel``: HELLO, then PUSHPULL / PUSH / PULL, the gradient sent zero-copy in
 ``chunk_bytes`` frames (``wire.chunk``, ``Channel.send``), replies received ``copy=False`` and
 validated by ``wire.decode``, the reply's frames held until the next operation), minus the
 model: the learner's copy of new weights into its parameters is not timed. It does the same
@@ -26,6 +26,7 @@ import numpy as np
 import zmq
 
 from .. import transport, wire
+from ..channel import Channel
 from ..wire import Kind
 from . import sides
 from .pushpull_server import RAW_HDR, SIGNATURE
@@ -52,9 +53,7 @@ class _Client:
         self.grad = np.full(n, 1e-3, np.float32)
         self.chans, self.ts = {}, {}
         for target, ep in (("ps", ps[learner]), ("echo", echo)):
-            ch = transport.Channel(
-                ctx, ep, learner, name=f"{target} server", timeout_ms=TIMEOUT_MS, hwm=4
-            )
+            ch = Channel(ctx, ep, learner, name=f"{target} server", timeout_ms=TIMEOUT_MS, hwm=4)
             ch.send(Kind.HELLO, model=SIGNATURE, numel=n)
             self.ts[target] = ch.recv({Kind.WELCOME}, numel=n).ts
             self.chans[target] = ch

@@ -10,7 +10,8 @@ import time
 import numpy as np
 import zmq
 
-from .. import kernels, transport, wire
+from .. import kernels, wire
+from ..channel import Channel
 from ..wire import Kind
 
 SIGNATURE = "bench-synthetic"  # the synthetic model's name, on the PS's side too
@@ -34,7 +35,7 @@ class SyntheticLearner:
         bcast: tuple[str, str | None] | None = None,
     ):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
-        self.ch = transport.Channel(
+        self.ch = Channel(
             ctx,
             endpoint,
             learner_id,

@@ -32,6 +32,7 @@ import numpy as np
 import zmq
 
 from .. import transport, wire
+from ..channel import ServerError
 from ..data.data_order import SampleStream, load_data
 from ..wire import Kind
 
@@ -290,7 +291,7 @@ class DataClient:
         ``x`` is a writable torch.uint8 tensor (µ, C, H, W), ``y`` torch.int64 (µ,), ``epoch``
         the stream position of the batch start in epochs, ``step`` this learner's step. Blocks.
         Raises TimeoutError naming the endpoint if nothing arrives within ``timeout_ms``,
-        transport.ServerError if the data server refused the request (fatal for this client),
+        channel.ServerError if the data server refused the request (fatal for this client),
         wire.WireError for a malformed or out-of-order reply.
         """
         import torch  # here, not at module level: the data server process never needs torch
@@ -352,7 +353,7 @@ class DataClient:
                 continue
             msg = wire.decode(self.sock.recv_multipart(copy=False), kinds={Kind.BATCH, Kind.ERROR})
             if msg.kind == Kind.ERROR:
-                raise transport.ServerError(
+                raise ServerError(
                     msg.fields["code"],
                     f"the data server at {self.endpoint} refused learner "
                     f"{self.learner_id}'s request: {msg.fields['error']}",

@@ -31,6 +31,7 @@ import torch
 import zmq
 
 from .. import transport
+from ..channel import Channel
 from .learner_exchange import make_exchange
 
 log = logging.getLogger("rudra_zmq.learner")
@@ -89,7 +90,7 @@ class Learner:
         self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
-        self.ps = transport.Channel(
+        self.ps = Channel(
             self.ctx,
             ps,
             learner_id,

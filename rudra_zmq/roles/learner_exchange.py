@@ -35,7 +35,8 @@ import time
 
 import numpy as np
 
-from .. import codec, kernels, shm, topology, transport, wire
+from .. import codec, kernels, shm, topology, wire
+from ..channel import Channel, ServerError
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.learner")
@@ -160,7 +161,7 @@ def make_carrier(cfg, learner_id: int, numel: int):
 class PushPull:
     """One PUSHPULL round trip per step to the PS or the leaf tree node (base, adv)."""
 
-    def __init__(self, cfg, learner_id: int, flat, channel: transport.Channel, carrier):
+    def __init__(self, cfg, learner_id: int, flat, channel: Channel, carrier):
         self.id, self.flat, self.ps, self.carrier = learner_id, flat, channel, carrier
         self.ts = -1
         self.rejoins = 0
@@ -207,7 +208,7 @@ class PushPull:
                 reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
                 **fields,
             )
-        except transport.ServerError as exc:
+        except ServerError as exc:
             if exc.code != "rejoin":
                 raise
             return self.rejoin(exc)
@@ -278,7 +279,7 @@ class BroadcastPush(PushPull):
             try:
                 if self.ps.recv({Kind.ACK}).kind == Kind.STOP:
                     return False
-            except transport.ServerError as exc:
+            except ServerError as exc:
                 if exc.code != "rejoin":
                     raise
                 return self.rejoin(exc)

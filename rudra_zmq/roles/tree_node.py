@@ -32,6 +32,7 @@ import time
 import zmq
 
 from .. import codec, transport, wire
+from ..channel import Channel, ServerError
 from ..node_state import NodeState
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
@@ -68,7 +69,7 @@ class TreeNode:
         )
         self.endpoint = transport.bind(self.sock, bind)
         up = "the root" if self.spec.parent is None else f"tree node {self.spec.parent}"
-        self.parent = transport.Channel(
+        self.parent = Channel(
             self.ctx,
             parent,
             self.sender,
@@ -220,7 +221,7 @@ class TreeNode:
         )
         try:
             msg = self.parent.recv(kinds, numel=st.numel)
-        except transport.ServerError as exc:
+        except ServerError as exc:
             for ident, _sender, seq in st.hellos:  # the parent refused our HELLO: say why
                 self._send(ident, Kind.ERROR, code=exc.code, error=str(exc), re=seq)
             # "rejoin": the parent restarted; so does this node (the launcher restarts it)
