@@ -10,8 +10,8 @@
   line with ``--json``), and writes ``--csv`` (one row per case) and ``--png`` (bandwidth and
   latency against size, log-log, one series per case label).
 
-- **Sweeps**: ``thr`` and ``lat`` share their options and ``run()``
-  (``add_transport_sweep_args``, ``run_transport_sweep``).
+- **Sweeps**: ``thr`` and ``lat`` share their options and ``run()`` in
+  :mod:`.transport_sweep`.
 
 The two sides of a command (``--bind``/``--connect``) are in :mod:`.sides`.
 """
@@ -29,14 +29,9 @@ import time
 import numpy as np
 import zmq
 
-from .. import transport
-from . import sides
-
 DEFAULT_SECONDS = 1.0  # timed seconds per case and repeat
 DEFAULT_WARMUP_S = 0.2  # untimed seconds per case
 DEFAULT_REPEAT = 3  # timed repeats per case (min / median / max)
-TRANSPORTS = ["tcp", "ipc", "inproc"]  # what ``thr`` and ``lat`` sweep
-MODES = ["copy", "zerocopy"]
 ENV_KEYS = (
     "OMP_NUM_THREADS",
     "OMP_WAIT_POLICY",
@@ -302,79 +297,6 @@ class Report:
             write_csv(self.args.csv, self.rows)
         if self.args.png and self.plot:
             write_png(self.args.png, self.rows, *self.plot, title=f"rudra_zmq {self.title}")
-
-
-# ----------------------------------------------------------------------------- thr and lat
-def add_transport_sweep_args(p, bind_help: str) -> None:
-    """The options of a ``thr``/``lat``-style command: sides, sizes, transports, modes,
-    timing and output."""
-    sides.add_side_args(p, bind_help)
-    add_size_args(p, "64", "4Mi", 16, "message size in bytes")
-    p.add_argument(
-        "--transports",
-        nargs="+",
-        default=None,
-        choices=TRANSPORTS,
-        help="default: tcp ipc inproc (tcp only with --connect)",
-    )
-    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
-    add_timing_args(p)
-    p.add_argument(
-        "--count",
-        type=int,
-        default=0,
-        metavar="N",
-        help="messages per repeat, fixed (as libzmq's local_thr/local_lat take "
-        "them); default 0: as many as fill --seconds",
-    )
-    add_output_args(p)
-
-
-def op_count(args, per_op_s: float) -> int:
-    """``--count`` if given, else the operations that fill ``--seconds`` at ``per_op_s``."""
-    return args.count if args.count > 0 else calibrate(per_op_s, args.seconds, lo=10)
-
-
-def run_transport_sweep(
-    args, command: str, handlers, title: str, note: str, plot, cases, line
-) -> int:
-    """``run()`` of a ``thr``/``lat``-style command; blocks until done, returns the exit code.
-
-    With ``--bind``: serve ``handlers`` as the passive side. Otherwise choose the transports,
-    print the header (``note`` and where the other side is), start or reach the other side,
-    and report (text: ``line(record)``) every record that ``cases(control, ctx, transport,
-    mode, sizes)`` yields, transport by transport and mode by mode. Every socket and the
-    context are closed on any exit (linger 0: never hangs).
-    """
-    if args.bind:
-        return sides.serve_agent(
-            f"{command} server", args.bind, handlers, args.idle_timeout, args.exit_with_parent
-        )
-    if args.count < 0:
-        raise ValueError(f"--count must be >= 0 (0: fill --seconds), got {args.count}")
-    kinds = args.transports or (["tcp"] if args.connect else TRANSPORTS)
-    if args.connect and "inproc" in kinds:
-        raise ValueError("inproc needs both sides in one process: drop --connect")
-    sizes = sizes_from_args(args)
-    transport.tune_malloc()
-    report = Report(
-        args,
-        title,
-        notes=[note, f"other side: {args.connect or 'spawned on this machine (inproc: a thread)'}"],
-        plot=plot,
-    )
-    ctx = zmq.Context()
-    peers = sides.Sides(ctx, command, args.connect, handlers)
-    try:
-        for kind in kinds:
-            for mode in args.modes:
-                for r in cases(peers.control(kind), ctx, kind, mode, sizes):
-                    report.case(r, line(r))
-    finally:
-        peers.close()
-        ctx.destroy(linger=0)  # closes what an error left open, never hangs
-    report.close()
-    return 0
 
 
 def write_csv(path: str, rows: list[dict]) -> None:

@@ -26,9 +26,9 @@ import numpy as np
 import zmq
 
 from .. import transport
-from . import common, sides
+from . import common, sides, transport_sweep
 
-TRANSPORTS, MODES = common.TRANSPORTS, common.MODES
+TRANSPORTS, MODES = transport_sweep.TRANSPORTS, transport_sweep.MODES
 ECHO_IDLE_MS = 10_000  # an echo loop with no message this long: the measuring side left
 RESEND_MS = 1000  # a round trip unanswered this long is sent again (and counted)
 GIVE_UP_S = 30.0  # ... and one unanswered this long is an error
@@ -109,7 +109,7 @@ def run_mode(ctl: sides.Control, ctx, kind: str, mode: str, sizes, args):
                 warm_lost[0] += trips(req, buf, copy, 10)[1]
 
             per = common.warm_up(warm, args.warmup) / 10
-            count = common.op_count(args, per)
+            count = transport_sweep.op_count(args, per)
             samples, averages, lost = [], [], warm_lost[0]
             for _ in range(args.repeat):
                 seconds, k = trips(req, buf, copy, count, samples)
@@ -159,14 +159,14 @@ def line(r: dict) -> str:
 
 
 def add_arguments(p) -> None:
-    common.add_transport_sweep_args(p, "binds a REP socket and echoes")
+    transport_sweep.add_transport_sweep_args(p, "binds a REP socket and echoes")
 
 
 def run(args) -> int:
     def cases(ctl, ctx, kind, mode, sizes):
         return run_mode(ctl, ctx, kind, mode, sizes, args)
 
-    return common.run_transport_sweep(
+    return transport_sweep.run_transport_sweep(
         args,
         "lat",
         handlers,

@@ -30,9 +30,9 @@ import numpy as np
 import zmq
 
 from .. import transport
-from . import common, sides
+from . import common, sides, transport_sweep
 
-TRANSPORTS, MODES = common.TRANSPORTS, common.MODES
+TRANSPORTS, MODES = transport_sweep.TRANSPORTS, transport_sweep.MODES
 QUEUE_BYTES = 256 << 20  # cap on queued bytes per socket (HWM = this / size, at most 1000)
 MAX_HWM = 1000  # libzmq's default
 
@@ -91,7 +91,7 @@ def run_case(ctl: sides.Control, ctx, kind: str, mode: str, size: int, args) -> 
         r = burst(int(min(1000, max(10, (1 << 20) // size))))  # probe (includes connecting)
         per = r["elapsed_s"] / r["count"]
         r = burst(common.calibrate(per, args.warmup, lo=10))
-        count = common.op_count(args, r["elapsed_s"] / r["count"])
+        count = transport_sweep.op_count(args, r["elapsed_s"] / r["count"])
         runs = [burst(count) for _ in range(args.repeat)]
     finally:
         push.close(linger=0)
@@ -127,14 +127,16 @@ def line(r: dict) -> str:
 
 
 def add_arguments(p) -> None:
-    common.add_transport_sweep_args(p, "binds a PULL socket per case and times what arrives")
+    transport_sweep.add_transport_sweep_args(
+        p, "binds a PULL socket per case and times what arrives"
+    )
 
 
 def run(args) -> int:
     def cases(ctl, ctx, kind, mode, sizes):
         return (run_case(ctl, ctx, kind, mode, size, args) for size in sizes)
 
-    return common.run_transport_sweep(
+    return transport_sweep.run_transport_sweep(
         args,
         "thr",
         handlers,
