@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rudra_zmq.data import datasets
+from rudra_zmq.data import dataset_loaders
 from rudra_zmq.data.datasets import (
     DATASET_NAMES,
     dataset_shape,
@@ -181,7 +181,7 @@ def test_an_imagefolder_tree_is_resized_center_cropped_and_cached(tmp_path, monk
     def no_decoding(*args, **kwargs):
         raise AssertionError("the second load should come from the npz cache")
 
-    monkeypatch.setattr(datasets, "_decode_all", no_decoding)
+    monkeypatch.setattr(dataset_loaders, "decode_all", no_decoding)
     again = load_dataset("imagefolder", root=root, image_size=8)
     np.testing.assert_array_equal(again.x_train, ds.x_train)
     assert again.classes == ds.classes and again.mean == ds.mean

@@ -295,12 +295,12 @@ def test_too_few_classes_for_the_data_is_caught_before_the_roles(tmp_path, capsy
 
 WAITER = """
 import sys
-from rudra_zmq.data import datasets
+from rudra_zmq.data import dataset_loaders, datasets
 def decode(*args, **kwargs):
     print("DECODED", flush=True)
     raise SystemExit(3)
 if sys.argv[2] == "no-decode":
-    datasets._decode_dataset = decode
+    dataset_loaders.decode_dataset = decode
 ds = datasets.load_dataset("imagefolder", root=sys.argv[1], image_size=8)
 print("LOADED", len(ds.y_train), flush=True)
 """
@@ -318,7 +318,7 @@ def _waiter(tree, mode="no-decode"):
 
 
 def test_a_process_that_finds_the_cache_being_made_waits_and_reads_it(tmp_path):
-    from rudra_zmq.data import dataset_cache
+    from rudra_zmq.data import dataset_cache, dataset_loaders, images
 
     tree = write_tree(tmp_path / "tree")
     root, path = datasets.image_cache(
@@ -330,8 +330,8 @@ def test_a_process_that_finds_the_cache_being_made_waits_and_reads_it(tmp_path):
         proc, note = _waiter(tree)
         try:
             assert "another process is decoding" in note and str(path.parent) in note
-            ds = datasets._decode_dataset(
-                "imagefolder", root, datasets._tree_items(root, None), 8, 1, False
+            ds = dataset_loaders.decode_dataset(
+                "imagefolder", root, images.tree_items(root, None), 8, 1, False
             )
             assert dataset_cache.write(path, ds)
         except BaseException:

@@ -26,30 +26,28 @@ second; a file lock lets one process of a machine decode while others wait for i
 (:mod:`rudra_zmq.data.dataset_cache`; ``rudra-zmq run`` decodes before it starts the roles,
 :mod:`rudra_zmq.launch.preflight`). A tarball is read as a stream and never extracted: writing
 60,000 small files costs more than decoding them (CIFAR-10: about 9 s to extract against
-under 2 s to stream). Finding and decoding image files is :mod:`rudra_zmq.data.images`; this module
-turns them into a Dataset (:mod:`rudra_zmq.data.dataset_arrays`).
+under 2 s to stream). Finding and decoding image files is :mod:`rudra_zmq.data.images`, each
+source's loader :mod:`rudra_zmq.data.dataset_loaders`; this module picks the loader by name and
+checks its arguments.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
 
 from ..user_code import is_import_path
 
-# The Dataset record, image files -> arrays and the user's data live in .dataset_arrays,
-# .images and .user_data; these names stay importable from here.
+# The Dataset record, the loaders, image files -> arrays and the user's data live in
+# .dataset_arrays, .dataset_loaders, .images and .user_data; these names stay importable here.
 from . import dataset_cache
+from . import dataset_loaders as loaders
 from .dataset_arrays import Dataset
-from .dataset_arrays import make_dataset as _make
+from .dataset_loaders import DIGITS_TEST, cifar10_missing, cifar10_source, limit_dataset
 from .images import DECODE_CHUNK, IMAGE_EXTS, PARALLEL_MIN_IMAGES, SPLITS, TARBALL_EXTS
-from .images import decode_all as _decode_all
 from .images import is_tarball as _is_tarball
-from .images import tar_items as _tar_items
-from .images import tree_items as _tree_items
 from .user_data import USER_ARRAYS, from_user, user_data_info
 from .user_data import load_user as _load_user
 
@@ -58,7 +56,6 @@ CACHE_ENV = "RUDRA_ZMQ_CACHE"
 CACHE_VERSION = dataset_cache.CACHE_VERSION
 DEFAULT_IMAGE_SIZE = 224
 DEFAULT_SYNTHETIC_SHAPE = (3, 32, 32)
-DIGITS_TEST = 360  # of sklearn's 1,797 digits; the other 1,437 train
 
 
 def default_cache_dir() -> Path:
@@ -92,7 +89,7 @@ def load_dataset(
     FileNotFoundError when no data is found.
     """
     if is_import_path(name):
-        return _limit_dataset(_load_user(name, root), limit_per_class)
+        return limit_dataset(_load_user(name, root), limit_per_class)
     if name not in DATASET_NAMES:
         raise ValueError(
             f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}, "
@@ -105,13 +102,13 @@ def load_dataset(
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     opts = dict(limit=limit_per_class, cache=cache, workers=workers, progress=progress)
     if name == "digits":
-        return _limit_dataset(_load_digits(seed, cache), limit_per_class)
+        return limit_dataset(loaders.load_digits(seed, cache), limit_per_class)
     if name == "synthetic":
         shape = DEFAULT_SYNTHETIC_SHAPE if synthetic_shape is None else tuple(synthetic_shape)
         _check_ints("synthetic_shape", shape, "three positive ints (C, H, W)", 3)
         _check_ints("synthetic_n", tuple(synthetic_n), "two positive ints (train, test)", 2)
-        ds = _load_synthetic(shape, tuple(synthetic_n), num_classes, seed)
-        return _limit_dataset(ds, limit_per_class)
+        ds = loaders.load_synthetic(shape, tuple(synthetic_n), num_classes, seed)
+        return limit_dataset(ds, limit_per_class)
     if name == "imagefolder":
         if root is None:
             raise ValueError(
@@ -124,7 +121,7 @@ def load_dataset(
                 f"imagefolder: {root} is neither a folder with train/ "
                 "inside nor a tarball (.tar.gz, .tgz, .tar) of one"
             )
-        return _load_images(name, root, image_size or DEFAULT_IMAGE_SIZE, **opts)
+        return loaders.load_images(name, root, image_size or DEFAULT_IMAGE_SIZE, **opts)
     if image_size not in (None, 32):
         raise ValueError(
             f"cifar10 images are 32x32, got image_size={image_size}; use the "
@@ -132,7 +129,7 @@ def load_dataset(
         )
     given = root is not None
     root = Path(root).expanduser() if given else cache / "cifar10"
-    return _load_cifar10(root, download, opts, given)
+    return loaders.load_cifar10(root, download, opts, given)
 
 
 def dataset_shape(data) -> tuple[int, int, int]:
@@ -234,173 +231,6 @@ def to_float(x, mean, std):
     return t.mul_(scale).sub_(shift)
 
 
-# ---------------------------------------------------------------------------------- sources
-def _load_digits(seed: int, cache: Path) -> Dataset:
-    """scikit-learn's digits, split by ``seed``; from ``cache`` after the first load, because
-    importing scikit-learn costs each role about a second of CPU at start-up."""
-    from importlib.metadata import version
-
-    path = cache / f"digits-v{CACHE_VERSION}-seed{seed}-sklearn{version('scikit-learn')}.npz"
-    ds = dataset_cache.read(path, "digits")
-    if ds is not None:
-        return ds
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    d = load_digits()
-    # Pixel values are 0..16; spread them over 0..255 so every dataset shares the uint8 scale.
-    x = np.rint(d.images * (255.0 / 16.0)).astype(np.uint8)[:, None]
-    y = d.target.astype(np.int64)
-    idx_tr, idx_te = train_test_split(
-        np.arange(len(y)), test_size=DIGITS_TEST, stratify=y, random_state=seed
-    )
-    ds = _make(
-        "digits", x[idx_tr], y[idx_tr], x[idx_te], y[idx_te], [str(c) for c in d.target_names]
-    )
-    dataset_cache.write(path, ds)  # atomically: a role started beside this one reads it whole
-    return ds
-
-
-def _load_synthetic(shape, n, num_classes: int, seed: int) -> Dataset:
-    rng = np.random.default_rng(seed)
-    templates = rng.uniform(0, 255, size=(num_classes, *shape))
-
-    def draw(count):
-        # Balanced labels; each image is its class template plus noise, so a model can learn
-        # the labels and a smoke test can watch the loss fall.
-        y = rng.permutation(np.arange(count) % num_classes).astype(np.int64)
-        x = templates[y] + rng.normal(0.0, 64.0, size=(count, *shape))
-        return np.clip(np.rint(x), 0, 255).astype(np.uint8), y
-
-    x_tr, y_tr = draw(n[0])
-    x_te, y_te = draw(n[1])
-    return _make("synthetic", x_tr, y_tr, x_te, y_te, [f"class{i}" for i in range(num_classes)])
-
-
-def cifar10_source(root: Path) -> tuple[str, Path] | None:
-    """Where CIFAR-10 is under ``root``: ("pickle", the cifar-10-batches-py folder) or
-    ("images", the ImageFolder tree or tarball), None when neither is there. Does not block
-    beyond a few stat calls."""
-    for folder in (root / "cifar-10-batches-py", root):
-        if (folder / "data_batch_1").is_file():
-            return "pickle", folder
-    if (root / "train").is_dir() or _is_tarball(root):
-        return "images", root
-    return None
-
-
-def cifar10_missing(root: Path, root_given: bool = True) -> str:
-    """The one-line error for no CIFAR-10 at ``root``: what was looked for and what to do."""
-    where = (
-        f"data.root {str(root)!r}"
-        if root_given
-        else f"{root} (data.root is not set: the cache dir)"
-    )
-    gone = "" if root.exists() else ", which does not exist"
-    return (
-        f"cifar10: no CIFAR-10 data at {where}{gone}. Set data.download: true to fetch the "
-        "python release into it (needs internet), or point data.root at the "
-        "cifar-10-batches-py folder (or the folder holding it), an ImageFolder tree with "
-        "train/<class>/*.jpg and test/<class>/*.jpg, or a .tar.gz of such a tree"
-    )
-
-
-def _load_cifar10(root: Path, download: bool, opts: dict, root_given: bool = True) -> Dataset:
-    limit = opts["limit"]
-    found = cifar10_source(root)
-    if found is None and download:
-        found = _download_cifar10(root)
-    if found is None:
-        raise FileNotFoundError(cifar10_missing(root, root_given))
-    kind, where = found
-    if kind == "images":
-        return _load_images("cifar10", where, None, **opts)
-    return _limit_dataset(_load_cifar_pickle(where), limit)
-
-
-def _download_cifar10(root: Path) -> tuple[str, Path]:
-    """torchvision's download of the pickle release into ``root``, one process at a time (a
-    second one waits, then finds the files)."""
-    folder = root / "cifar-10-batches-py"
-    with dataset_cache.locked(folder, f"downloading CIFAR-10 into {root}"):
-        if not (folder / "data_batch_1").is_file():
-            try:
-                import torchvision
-
-                for train in (True, False):
-                    torchvision.datasets.CIFAR10(str(root), train=train, download=True)
-            except Exception as exc:
-                raise RuntimeError(
-                    f"downloading CIFAR-10 into {root} failed: {exc}. Offline, point data.root "
-                    "at a cifar-10-batches-py folder, an ImageFolder tree or a .tar.gz of one "
-                    "instead"
-                ) from exc
-    return "pickle", folder
-
-
-def _load_cifar_pickle(folder: Path) -> Dataset:
-    # The pickle release is a local file the user chose to trust, not data off the network.
-    def read(fname):
-        with open(folder / fname, "rb") as f:
-            return pickle.load(f, encoding="bytes")
-
-    def arrays(fnames):
-        batches = [read(f) for f in fnames]
-        x = np.concatenate([b[b"data"] for b in batches]).astype(np.uint8, copy=False)
-        y = np.concatenate([np.asarray(b[b"labels"]) for b in batches]).astype(np.int64)
-        return x.reshape(-1, 3, 32, 32), y
-
-    classes = [c.decode() for c in read("batches.meta")[b"label_names"]]
-    train = arrays([f"data_batch_{i}" for i in range(1, 6)])
-    return _make("cifar10", *train, *arrays(["test_batch"]), classes)
-
-
-def _load_images(name, root: Path, image_size, limit, cache, workers, progress) -> Dataset:
-    """Decode an ImageFolder tree or tarball into a Dataset, through the npz cache: one
-    process of a machine decodes, others that want the same cache meanwhile wait for it."""
-    path = dataset_cache.cache_file(cache, name, root, image_size, limit)
-    ds = dataset_cache.read(path, name)
-    if ds is not None:
-        return ds
-    with dataset_cache.locked(path, f"decoding {root} into {path.parent}"):
-        ds = dataset_cache.read(path, name)  # written while we waited for the lock
-        if ds is None:
-            items = _tar_items(root, limit) if _is_tarball(root) else _tree_items(root, limit)
-            ds = _decode_dataset(name, root, items, image_size, workers, progress)
-            dataset_cache.write(path, ds)
-    return ds
-
-
-# ------------------------------------------------------------------------- image datasets
-def _decode_dataset(name, root, items: dict, image_size, workers, progress) -> Dataset:
-    classes = sorted(c for s, c in items if s == "train")
-    test_split = "test" if any(s == "test" for s, _ in items) else "val"
-    for split in ("train", test_split):
-        if not any(lst for (s, _), lst in items.items() if s == split):
-            raise FileNotFoundError(
-                f"{name}: {root} has no images under {split}/<class>/; it "
-                "needs train/<class>/* and test/<class>/* (or val/)"
-            )
-    extra = sorted(c for s, c in items if s == test_split and c not in classes)
-    if extra:
-        raise ValueError(f"{name}: {root} has {test_split} classes with no train folder: {extra}")
-    label = {c: i for i, c in enumerate(classes)}
-    flat = {
-        split: [
-            (label[c], n, src)
-            for (s, c), lst in sorted(items.items())
-            if s == split
-            for n, src in lst
-        ]
-        for split in ("train", test_split)
-    }
-    everything = flat["train"] + flat[test_split]
-    x = _decode_all([(n, src) for _, n, src in everything], image_size, workers, progress)
-    y = np.array([lab for lab, _, _ in everything], dtype=np.int64)
-    k = len(flat["train"])
-    return _make(name, x[:k], y[:k], x[k:], y[k:], classes)
-
-
 # ------------------------------------------------------------------------------- helpers
 def _check_int(what: str, value, optional: bool = False):
     if not (optional and value is None) and not _positive_int(value):
@@ -416,20 +246,6 @@ def _check_ints(what: str, values: tuple, expected: str, n: int):
 
 def _positive_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0
-
-
-def _limit_dataset(ds: Dataset, limit) -> Dataset:
-    """Keep the first ``limit`` examples of each class per split (mean/std recomputed)."""
-    if not limit:
-        return ds
-
-    def keep(y):
-        return np.sort(
-            np.concatenate([np.flatnonzero(y == c)[:limit] for c in range(len(ds.classes))])
-        )
-
-    tr, te = keep(ds.y_train), keep(ds.y_test)
-    return _make(ds.name, ds.x_train[tr], ds.y_train[tr], ds.x_test[te], ds.y_test[te], ds.classes)
 
 
 __all__ = [
