@@ -5,11 +5,12 @@ start as processes, as under ``rudra-zmq run``; roles on other hosts start over 
 pdsh) as ``python -m rudra_zmq.launch.host_guard ROLE ARGS`` in the run directory, which has the
 same absolute path on every host. Before anything starts, each remote host gets
 ``config.yaml`` (and, with ``security.curve``, the run's keys) unless it shares this host's
-file system (a marker file tells). Every process's output comes back here, each line prefixed
-``host:label``, into ``RUN/logs/LABEL.log``. ``security.curve`` unset means CurveZMQ whenever
-a role runs on another host or listens beyond loopback (``cluster_plan.place``); an explicit
-``false`` there is said once on the terminal. A launch that fails before every role is up
-removes the run directory it made, here and on the hosts that did not share it.
+file system (a marker file tells; :mod:`rudra_zmq.launch.run_dirs`). Every process's output
+comes back here, each line prefixed ``host:label``, into ``RUN/logs/LABEL.log``.
+``security.curve`` unset means CurveZMQ whenever a role runs on another host or listens beyond
+loopback (``cluster_plan.place``); an explicit ``false`` there is said once on the terminal. A
+launch that fails before every role is up removes the run directory it made, here and on the
+hosts that did not share it.
 Supervision, restarts and the stop order are :class:`rudra_zmq.launch.launcher.Launcher`'s;
 stopping a remote role closes its ssh stdin, which its guard takes as the order to stop it,
 and a lost connection does the same. At the end the server host's files (metrics, plots,
@@ -19,16 +20,13 @@ the main thread.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import secrets
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 from pathlib import Path
 
@@ -37,28 +35,15 @@ import psutil
 from .. import config as config_mod
 from .. import transport
 from ..config import ConfigError
-from ..run_files import (
-    CONFIG_FILE,
-    KEYS_DIR,
-    LAUNCH_ID_FILE,
-    LOG_DIR,
-    config_path,
-    env_path,
-    log_path,
-)
+from ..run_files import env_path, log_path
 from . import cluster_plan, hostfile, preflight
 from .children import Child, echo_lines
 from .launcher import Launcher
 from .remote_commands import Commands
+from .run_dirs import LaunchError, RemoteRunDirs, missing_dirs, remove_made
 from .run_plan import role_env
 
-MARKER = LAUNCH_ID_FILE  # in the run directory: tells a shared file system
-COPY_TIMEOUT_S = 300.0
 SSH_FAILED = 255  # ssh's exit code for its own errors (not the remote command's)
-
-
-class LaunchError(RuntimeError):
-    """A host could not be prepared or reached: the message names it and what ssh said."""
 
 
 class _RemotePopen(subprocess.Popen):
@@ -97,8 +82,7 @@ class ClusterLauncher(Launcher):
         super().__init__(cp.plan)
         self.commands = Commands(cp.plan.run_dir, via, ssh_options, python)
         self.cp, self.via, self.forward = cp, via, dict(forward or {})
-        self.shared: dict[str, bool] = {}  # remote host -> shares our file system
-        self.made: list[str] = []  # remote hosts where we made the run directory
+        self.dirs = RemoteRunDirs(cp.plan.run_dir, self.commands, cp.host_names())
         self.all_up = False  # every role started and listening
         if not cp.plan.cfg.security.curve and cluster_plan.exposed(cp.plan.binds, cp.host_names()):
             # `launch` said it once on the terminal (plaintext_warning): the roles keep quiet
@@ -111,79 +95,14 @@ class ClusterLauncher(Launcher):
     # -- hosts -----------------------------------------------------------------------------
     def prepare(self) -> None:
         """Give every remote host the run directory, ``config.yaml`` and keys (unless it shares
-        our file system). Raises LaunchError naming the host that failed. Blocks."""
-        token = secrets.token_hex(8)
-        (self.plan.run_dir / MARKER).write_text(token)
-        payload = io.BytesIO()
-        with tarfile.open(fileobj=payload, mode="w") as tar:
-            tar.add(config_path(self.plan.run_dir), arcname=CONFIG_FILE)
-            if (self.plan.run_dir / KEYS_DIR).is_dir():
-                tar.add(self.plan.run_dir / KEYS_DIR, arcname=KEYS_DIR)
+        our file system; ``run_dirs``), and under pdsh each guard its settings file. Raises
+        LaunchError naming the host that failed. Blocks."""
         if self.via == "pdsh":  # pdsh forwards no stdin: the guard reads a 0600 file
             for host, label, _, _ in cluster_plan.commands(self.cp):
                 path = env_path(self.plan.run_dir, label)
                 path.touch(mode=0o600)
                 path.write_text(json.dumps(self.settings(host)))
-        run_dir = shlex.quote(str(self.plan.run_dir))
-        script = (
-            f"new=old; [ -e {run_dir} ] || new=new; mkdir -p {run_dir}/{LOG_DIR} && "
-            f"cd {run_dir} && "
-            f'if [ "$(cat {MARKER} 2>/dev/null)" = {token} ]; then echo shared; '
-            f"else tar -xf - && echo copied $new; fi"
-        )
-        for host in self.cp.host_names():
-            if hostfile.is_local(host):
-                continue
-            res = subprocess.run(
-                self.commands.remote(host, script),
-                input=payload.getvalue(),
-                capture_output=True,
-                timeout=COPY_TIMEOUT_S,
-            )
-            said = res.stdout.decode(errors="replace").split()
-            if res.returncode != 0 or not said:
-                how = " ".join(self.commands.remote(host, "..."))
-                raise LaunchError(
-                    f"could not prepare {host} ({how} exited {res.returncode}): "
-                    f"{res.stderr.decode(errors='replace').strip()[-500:]}"
-                )
-            self.shared[host] = said[-1] == "shared"
-            if said[-1] == "new":
-                self.made.append(host)
-
-    def discard(self) -> None:
-        """Remove the run directory from the hosts where this launch made it (it never
-        trained). Best effort, bounded by COPY_TIMEOUT_S per host; blocks."""
-        for host in self.made:
-            try:
-                rm = f"rm -rf -- {shlex.quote(str(self.plan.run_dir))}"
-                subprocess.run(
-                    self.commands.remote(host, rm), capture_output=True, timeout=COPY_TIMEOUT_S
-                )
-            except (OSError, subprocess.SubprocessError):
-                pass
-
-    def copy_back(self) -> None:
-        """Copy the server host's run directory (metrics, plots, checkpoints) here, when it
-        does not share our file system. Best effort: a failure is reported, not raised."""
-        host = self.cp.server_host
-        if hostfile.is_local(host) or self.shared.get(host, True):
-            return
-        script = f"tar -C {shlex.quote(str(self.plan.run_dir))} --exclude=./{LOG_DIR} -cf - ."
-        try:
-            res = subprocess.run(
-                self.commands.remote(host, script), capture_output=True, timeout=COPY_TIMEOUT_S
-            )
-            if res.returncode != 0:
-                raise LaunchError(res.stderr.decode(errors="replace").strip()[-500:])
-            with tarfile.open(fileobj=io.BytesIO(res.stdout)) as tar:
-                tar.extractall(self.plan.run_dir, filter="data")
-        except (OSError, subprocess.SubprocessError, tarfile.TarError, LaunchError) as exc:
-            print(
-                f"rudra-zmq: could not copy the run directory back from {host} ({exc}); "
-                f"it is still there, in {self.plan.run_dir}",
-                file=sys.stderr,
-            )
+        self.dirs.prepare()
 
     # -- processes -------------------------------------------------------------------------
     def start(self, label: str, role: str, args: list[str]) -> Child:
@@ -277,16 +196,16 @@ class ClusterLauncher(Launcher):
             self.prepare()
         except (LaunchError, OSError, subprocess.SubprocessError) as exc:
             print(f"rudra-zmq launch: {exc}", file=sys.stderr)
-            self.discard()
+            self.dirs.discard()
             return 1
         rc = 1
         try:
             rc = super().run()
         finally:
             if self.all_up:
-                self.copy_back()
+                self.dirs.copy_back(self.cp.server_host)
             elif rc != 0:
-                self.discard()
+                self.dirs.discard()
         return rc
 
 
@@ -319,37 +238,6 @@ def plaintext_warning(cp: cluster_plan.ClusterPlan) -> str | None:
     )
 
 
-def _missing_dirs(path: Path) -> list[Path]:
-    """``path`` and those of its ancestors that do not exist yet, deepest first."""
-    return [p for p in (path, *path.parents) if not p.exists()]
-
-
-def _remove_made(run_dir: Path, made: list[Path], had: set[str]) -> None:
-    """Undo what this launch wrote for a run that never trained: the run directory and the
-    empty parents it made for it, or, in a directory that was there before (holding
-    ``had``), what it wrote there. Says so in one line."""
-    if run_dir in made:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        for p in made[made.index(run_dir) + 1 :]:
-            try:
-                p.rmdir()  # only if empty: never a folder with something else in it
-            except OSError:
-                break
-        print(f"rudra-zmq launch: removed {run_dir} (no training started there)", file=sys.stderr)
-        return
-    for name in set(os.listdir(run_dir)) - had:
-        path = run_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    print(
-        f"rudra-zmq launch: removed what this launch wrote in {run_dir} (no training "
-        "started there)",
-        file=sys.stderr,
-    )
-
-
 def launch(args) -> int:
     """``rudra-zmq launch``: plan, print, and (without ``--dry-run``) run. Returns the exit
     code; raises ConfigError / HostfileError before anything starts (and creates nothing)."""
@@ -367,7 +255,7 @@ def launch(args) -> int:
         cfg, local=hostfile.is_local(args.server_host or hosts[0].name), decode=not args.dry_run
     )
     target = Path(args.run_dir or cfg.runtime.run_dir).absolute()
-    made = [] if args.dry_run else _missing_dirs(target)
+    made = [] if args.dry_run else missing_dirs(target)
     had = set(os.listdir(target)) if args.run_dir and target.is_dir() else set()
     cp = cluster_plan.place(
         cfg,
@@ -405,7 +293,7 @@ def launch(args) -> int:
         rc = launcher.run()
     finally:
         if rc != 0 and (launcher is None or not launcher.all_up):
-            _remove_made(cp.plan.run_dir, made, had)
+            remove_made(cp.plan.run_dir, made, had)
     return rc
 
 
