@@ -9,7 +9,8 @@ sends to accept connections (``run_plan.role_steps``), so roles that do not wait
 other start side by side. Each process logs to ``RUN/logs/ROLE.log``; ``RUN/processes.json``
 lists every pid and command line; the stats server's stdout is also echoed here, as the
 progress display, and so are the notices the roles write to their logs (a damaged
-checkpoint, updates lost, a learner evicted: ``notices.py``), on stderr.
+checkpoint, updates lost, a learner evicted: ``notices.py``), on stderr. What it prints is
+:mod:`rudra_zmq.launch.console`.
 
 The run succeeds (0) when the PS (and every tree node) exits 0: the learners get
 ``LEARNER_EXIT_S`` to follow, the data server is sent SIGTERM and the stats server finishes
@@ -40,10 +41,9 @@ import time
 from .. import config as config_mod
 from .. import security
 from ..notices import LogNotices
-from ..results.compare import result_line
-from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_dir, log_path
-from . import preflight
-from .children import Child, accepting, echo_lines, kill_tree, log_size, tail
+from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_path
+from . import console, preflight
+from .children import Child, accepting, echo_lines, kill_tree, log_size
 from .restarts import on_failure
 from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
 
@@ -162,11 +162,7 @@ class Launcher:
                     return 1
             waiting = [s for s in waiting if s not in ready]
             if ready:  # a line per batch: importing torch makes the start-up take seconds
-                print(
-                    f"start-up: {', '.join(s.label for s in ready)} started "
-                    f"({time.monotonic() - began:.1f} s)",
-                    flush=True,
-                )
+                console.startup([s.label for s in ready], "started", began)
             started = [c for c in self.children if c.label in servers - listening]
             if not waiting and not started:
                 return None
@@ -179,11 +175,7 @@ class Launcher:
             if rc is not None:
                 return rc
             listening.update(c.label for c in up)
-            print(
-                f"start-up: {', '.join(c.label for c in up)} listening "
-                f"({time.monotonic() - began:.1f} s)",
-                flush=True,
-            )
+            console.startup([c.label for c in up], "listening", began)
 
     def wait_ready(self, servers: list[Child]) -> tuple[list[Child], int | None]:
         """Block until at least one of ``servers`` accepts connections on its endpoint;
@@ -212,40 +204,22 @@ class Launcher:
                 if size != heard[c.label][1]:
                     heard[c.label] = (now, size)
                 elif now - heard[c.label][0] > timeout:
-                    print(
-                        f"rudra-zmq: {c.label} (pid {c.proc.pid}) is not accepting "
-                        f"connections on {self.plan.endpoints[c.label]}, and its log has "
-                        f"not grown for {timeout:g} s (runtime.timeout_s)",
-                        file=sys.stderr,
-                    )
-                    self._print_tail(c)
+                    console.silent(c, self.plan.endpoints[c.label], timeout)
                     self.stop_all()
                     return [], 1
             time.sleep(0.05)
 
     # -- supervising ---------------------------------------------------------------------
     def _report(self, child: Child, early: bool = False) -> None:
-        what = child.describe_exit()
-        if early:
-            what = what.replace(" exited", " exited before training ended,", 1)
-        print(f"rudra-zmq: {what}", file=sys.stderr)
-        if child.echo is not None:
+        console.child_exit(child, early)
+        if child.echo is not None:  # its last lines before the log's tail
             child.echo.join(timeout=2)
-        self._print_tail(child)
-
-    def _print_tail(self, child: Child) -> None:
-        lines = tail(child.log)
-        if lines:
-            print(f"--- last {len(lines)} lines of {child.log}:", file=sys.stderr)
-            for line in lines:
-                print(f"    {line}", file=sys.stderr)
+        console.log_tail(child)
 
     def echo_notices(self) -> None:
         """Print the notices (``notices.py``) the roles wrote to their logs since the last
         call, to stderr as ``LABEL: warning: TEXT``. Blocks for a read of each log."""
-        for label, follow in self.notices.items():
-            for text in follow.new():
-                print(f"{label}: warning: {text}", file=sys.stderr, flush=True)
+        console.notices(self.notices)
 
     def supervise(self) -> int:
         """Poll the children until training ends (0), something fails that cannot be
@@ -329,15 +303,8 @@ class Launcher:
                         return outcome
                     deadline = time.monotonic() + STATS_EXIT_TIMEOUT_S
             stats = [c for c in self._current() if c.role == "stats"]
-            if time.monotonic() > deadline:
-                # Training itself succeeded and the weights are saved; only the records
-                # (summary.csv, plots) may be incomplete, so this is a warning, not a failure.
-                print(
-                    f"rudra-zmq: warning: the stats server did not finish within "
-                    f"{STATS_EXIT_TIMEOUT_S:g} s after training ended; stopping it (its "
-                    f"summary may be incomplete, see {stats[0].log})",
-                    file=sys.stderr,
-                )
+            if time.monotonic() > deadline:  # a warning: the weights are saved
+                console.stats_late(STATS_EXIT_TIMEOUT_S, stats[0].log)
                 break
             time.sleep(POLL_S)
         for c in stats:
@@ -350,13 +317,7 @@ class Launcher:
                 self.stop_all()
                 return 1
         self.stop_all()  # the data server, and a stats server that did not finish
-        final = f"run directory: {self.plan.run_dir}"
-        if stats[0].last_line != final:  # the stats server usually said it already
-            print(final)
-        print(f"logs: {log_dir(self.plan.run_dir)}")
-        outcome = result_line(self.plan.run_dir)
-        if outcome:
-            print(outcome)
+        console.closing(self.plan.run_dir, stats[0].last_line)
         return 0
 
     def interrupt(self) -> int:
