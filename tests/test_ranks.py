@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from rudra_zmq.launch import ranks
+from rudra_zmq.launch import rank_values, ranks
 from rudra_zmq.launch.ranks import Found, RanksError, resolve
 
 pytestmark = pytest.mark.timeout(60)
@@ -415,7 +415,7 @@ def test_ranks_error_is_a_value_error():
     ],
 )
 def test_expand_nodelist(text, hosts):
-    assert ranks.expand_nodelist(text) == hosts
+    assert rank_values.expand_nodelist(text) == hosts
 
 
 @pytest.mark.parametrize(
@@ -438,7 +438,7 @@ def test_expand_nodelist(text, hosts):
 )
 def test_expand_nodelist_rejects_malformed_text_quoting_it(text, why):
     with pytest.raises(RanksError) as info:
-        ranks.expand_nodelist(text)
+        rank_values.expand_nodelist(text)
     assert f"nodelist {text!r} is malformed" in str(info.value)
     assert why in str(info.value)
 
@@ -453,13 +453,13 @@ def test_expand_nodelist_rejects_malformed_text_quoting_it(text, why):
     ],
 )
 def test_parse_tasks_per_node(text, counts):
-    assert ranks.parse_tasks_per_node(text) == counts
+    assert rank_values.parse_tasks_per_node(text) == counts
 
 
 @pytest.mark.parametrize("text", ["", "2(x)", "x3", "2(x0)", "2(3)", "2,,1", "-1", "2(x3"])
 def test_parse_tasks_per_node_rejects_malformed_text_quoting_it(text):
     with pytest.raises(RanksError) as info:
-        ranks.parse_tasks_per_node(text)
+        rank_values.parse_tasks_per_node(text)
     assert f"tasks per node {text!r} is malformed" in str(info.value)
     assert "2(x3),1" in str(info.value)
 

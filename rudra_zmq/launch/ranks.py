@@ -24,7 +24,8 @@ Precedence, per field, first found wins:
 Nothing found means None (no default rank, world size or port: the caller has its own). An
 empty or blank value counts as not set. Only the value that wins is parsed, so a malformed
 variable of a lower-precedence launcher is ignored. Errors (:class:`RanksError`) quote the
-variable, its value and what was expected.
+variable, its value and what was expected. Each value's syntax (counts, ports, roles, SLURM's
+hostlists and tasks per node) is ``rank_values.py``'s.
 
 Pure: reads only the mapping it is given (``os.environ`` by default), no side effects, no
 sockets; thread-safe. Nothing blocks.
@@ -33,27 +34,15 @@ sockets; thread-safe. Nothing blocks.
 from __future__ import annotations
 
 import functools
-import itertools
-import math
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
-ROLES = ("servers", "learner")
-DMLC_ROLES = {"server": "servers", "scheduler": "servers", "worker": "learner"}
+from . import rank_values as values
+from .rank_values import RanksError
+
 CLI_KEYS = ("role", "rank", "world_size", "local_rank", "master_addr", "master_port")
-MAX_HOSTS = 1_000_000  # a nodelist that expands past this is a typo, not a cluster
-NODELIST_EXAMPLE = "'node[01-03,07],gpu5'"
-
-
-class RanksError(ValueError):
-    """A launcher variable or flag holds a value rudra_zmq cannot use; the message quotes it."""
-
-
-class _Bad(Exception):
-    """Internal: a value is malformed; args[0] says why and what was expected."""
 
 
 @dataclass(frozen=True)
@@ -94,63 +83,19 @@ class Ranks:
 _FIELDS = tuple(f.name for f in fields(Ranks))
 
 
-# ---- value parsers: raw text (or an int from the command line) -> value, or _Bad ----
-
-
-def _int(
-    raw,
-    low: int = 0,
-    high: int | None = None,
-    expected: str = "a non-negative integer (0, 1, 2, ...)",
-) -> int:
-    text = str(raw).strip()
-    if not re.fullmatch(r"\d+", text) or int(text) < low or high is not None and int(text) > high:
-        raise _Bad(f"expected {expected}")
-    return int(text)
-
-
-_index = _int
-_count = functools.partial(_int, low=1, expected="a positive integer (1, 2, ...)")
-_port = functools.partial(
-    _int, low=1, high=65535, expected="a TCP port, an integer from 1 to 65535"
-)
-
-
-def _addr(raw) -> str:
-    text = str(raw).strip()
-    if any(c.isspace() for c in text):
-        raise _Bad("expected a host name or IP address (no spaces)")
-    return text
-
-
-def _role(
-    raw,
-    table: Mapping[str, str] = {r: r for r in ROLES},  # noqa: B006 (read only)
-    expected: str = "'servers' or 'learner'",
-) -> str:
-    text = str(raw).strip()
-    if text not in table:
-        raise _Bad(f"expected {expected}")
-    return table[text]
-
-
-_dmlc_role = functools.partial(
-    _role, table=DMLC_ROLES, expected="one of 'server', 'scheduler', 'worker'"
-)
-
-
+# The parser of each field's value (``rank_values.py``).
 _PARSE: dict[str, Callable] = {
-    "role": _role,
-    "rank": _index,
-    "world_size": _count,
-    "local_rank": _index,
-    "local_world_size": _count,
-    "master_addr": _addr,
-    "master_port": _port,
-    "learner_id": _index,
-    "num_learners": _count,
-    "node_rank": _index,
-    "hosts": lambda raw: _nodelist(str(raw)),
+    "role": values.role,
+    "rank": values.index,
+    "world_size": values.count,
+    "local_rank": values.index,
+    "local_world_size": values.count,
+    "master_addr": values.addr,
+    "master_port": values.port,
+    "learner_id": values.index,
+    "num_learners": values.count,
+    "node_rank": values.index,
+    "hosts": lambda raw: values.hostlist(str(raw)),
 }
 
 # Environment variables per field, in precedence order (the command line comes first).
@@ -185,7 +130,7 @@ _ENV: dict[str, tuple[str, ...]] = {
     "hosts": ("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     "node_rank": ("GROUP_RANK", "OMPI_COMM_WORLD_NODE_RANK", "SLURM_NODEID"),
 }
-_PARSER_OF_VAR = {"DMLC_ROLE": _dmlc_role}
+_PARSER_OF_VAR = {"DMLC_ROLE": values.dmlc_role}
 
 
 def _set(raw) -> bool:
@@ -195,7 +140,7 @@ def _set(raw) -> bool:
 def _parse(source: str, raw, parse: Callable):
     try:
         return parse(raw)
-    except _Bad as exc:
+    except values.BadValue as exc:
         raise RanksError(f"{source}={raw!r} is not valid: {exc.args[0]}") from None
 
 
@@ -206,93 +151,6 @@ def _first(environ: Mapping[str, str], names, default_parse: Callable) -> Found 
         if _set(raw):
             return Found(_parse(name, raw, _PARSER_OF_VAR.get(name, default_parse)), name)
     return None
-
-
-# ---- SLURM syntaxes ----
-
-
-def _nodelist(text: str) -> list[str]:
-    try:
-        return _expand(text.strip())
-    except _Bad as exc:
-        raise _Bad(f"{exc.args[0]}; expected a SLURM hostlist like {NODELIST_EXAMPLE}") from None
-
-
-def _expand(text: str) -> list[str]:
-    items, depth, start = [], 0, 0  # split at commas outside brackets
-    for i, c in enumerate(text):
-        if c == "[":
-            if depth:
-                raise _Bad(f"a '[' inside brackets at position {i}")
-            depth = 1
-        elif c == "]":
-            if not depth:
-                raise _Bad(f"a ']' without '[' at position {i}")
-            depth = 0
-        elif c == "," and not depth:
-            items.append(text[start:i])
-            start = i + 1
-    if depth:
-        raise _Bad("a '[' is never closed")
-    items.append(text[start:])
-    hosts: list[str] = []
-    for item in items:
-        item = item.strip()
-        if not item or any(c.isspace() for c in item):
-            raise _Bad("an empty name or a space")
-        parts = re.split(r"\[([^\]]*)\]", item)  # literal, group, literal, group, ...
-        choices = [[p] if k % 2 == 0 else _group(p) for k, p in enumerate(parts)]
-        if len(hosts) + math.prod(map(len, choices)) > MAX_HOSTS:
-            raise _Bad(f"more than {MAX_HOSTS:,} hosts")
-        hosts.extend("".join(p) for p in itertools.product(*choices))
-    return hosts
-
-
-def _group(body: str) -> list[str]:
-    """``01-03,07`` -> 01 02 03 07: zero padding kept (the width of the range's start)."""
-    out: list[str] = []
-    for piece in body.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", piece.strip())
-        if not m:
-            raise _Bad(f"[{body}] holds something other than numbers and ranges like 1-3")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        if int(hi) < int(lo):
-            raise _Bad(f"the range {piece.strip()} runs backwards")
-        if len(out) + int(hi) - int(lo) >= MAX_HOSTS:
-            raise _Bad(f"more than {MAX_HOSTS:,} hosts")
-        out.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1))
-    return out
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """Expand a SLURM hostlist: ``node[01-03,07],gpu5,rack[1-2]-n[1-2]`` -> node01 node02
-    node03 node07 gpu5 rack1-n1 rack1-n2 rack2-n1 rack2-n2 (padding kept; several bracket
-    groups in one name give their product, last group fastest). Blank text gives [];
-    malformed text raises :class:`RanksError` quoting it."""
-    if not text.strip():
-        return []
-    try:
-        return _nodelist(text)
-    except _Bad as exc:
-        raise RanksError(f"nodelist {text!r} is malformed: {exc.args[0]}") from None
-
-
-def _tasks(text: str) -> list[int]:
-    out: list[int] = []
-    for piece in text.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", piece.strip())
-        if not m or m.group(2) is not None and int(m.group(2)) < 1:
-            raise _Bad("expected counts like 2(x3),1 (a count, optionally (xN) with N >= 1)")
-        out.extend([int(m.group(1))] * int(m.group(2) or 1))
-    return out
-
-
-def parse_tasks_per_node(text: str) -> list[int]:
-    """SLURM_TASKS_PER_NODE syntax: ``2(x3),1`` -> [2, 2, 2, 1]; RanksError if malformed."""
-    try:
-        return _tasks(text)
-    except _Bad as exc:
-        raise RanksError(f"tasks per node {text!r} is malformed: {exc.args[0]}") from None
 
 
 # ---- resolve ----
@@ -337,8 +195,8 @@ def _slurm_tasks_here(environ: Mapping[str, str]) -> Found | None:
     raw = environ.get(var)
     if not _set(raw):
         return None
-    counts = _parse(var, raw, _tasks)
-    node = _first(environ, ("SLURM_NODEID",), _index)
+    counts = _parse(var, raw, values.tasks)
+    node = _first(environ, ("SLURM_NODEID",), values.index)
     if node is None and len(set(counts)) != 1:
         return None  # nodes differ and we do not know which one we are on
     if node is not None and node.value >= len(counts):
