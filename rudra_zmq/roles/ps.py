@@ -21,9 +21,9 @@ gets an ERROR reply and leaves the weights bit-identical. Handlers:
 
 Failures (``docs/fault-tolerance.md``): a gradient sent again (same sequence number) is
 answered as before and applied once; a learner silent for ``runtime.learner_timeout_s`` is
-evicted and the protocol goes on with the others (λ and c are reported), and it rejoins with
-a HELLO; the state is checkpointed (``ps_checkpoint.py``) and a restarted server continues
-from the newest valid checkpoint as a new incarnation.
+evicted (``ps_liveness.py``) and the protocol goes on with the others (λ and c are reported),
+and it rejoins with a HELLO; the state is checkpointed (``ps_checkpoint.py``) and a restarted
+server continues from the newest valid checkpoint as a new incarnation (``ps_start.py``).
 
 Weights are never copied: replies send the current version zero-copy, and the update writes
 the next version into another buffer (``versions.WeightVersions``).
@@ -41,39 +41,19 @@ import zmq
 from .. import kernels, transport, wire
 from ..notices import notice
 from ..run_files import WEIGHTS_FILE
-from ..server_state import ServerState
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
-from .ps_checkpoint import CheckpointSchedule, ToldRecord, checkpoint_dir, restore_latest
-from .ps_report import PSReport, write_final
+from .ps_checkpoint import CheckpointSchedule, checkpoint_dir
+from .ps_liveness import Liveness
+from .ps_report import EvalSchedule, PSReport, write_final
+from .ps_start import start_state
 from .ps_weights import make_weights_out
 from .serving import Serving
 
 log = logging.getLogger("rudra_zmq.ps")
 
 WAIT_MS = 100  # the longest the serving loop waits in libzmq before looking at its clocks
-EVICT_CHECK_S = 0.1  # how often the loop looks for silent learners (not per message)
-WAIT_NOTE_S = 3.0  # training done this long with learners not yet told: say so
 OVER_STATS_WAIT_MS = 3000  # restarted after training ended: the stats server may be gone
-
-
-def initial_model(cfg):
-    """The configured model's initial state: (weights copy, segments, signature, input shape),
-    from the cache (``initial_weights``: no torch) or built, then cached. Blocks."""
-    from .. import initial_weights
-    from ..data.datasets import dataset_shape
-
-    shape = dataset_shape(cfg.data)
-    cached = initial_weights.read(cfg, shape)
-    if cached is not None:
-        return (*cached, shape)
-    from ..flat import FlatModel
-    from ..models import build_model
-
-    flat = FlatModel(build_model(cfg.model.name, cfg.data.num_classes, shape, seed=cfg.model.seed))
-    segments = flat.segments() if cfg.optimizer.param_multipliers else [(0, flat.numel, 1.0, 1.0)]
-    initial_weights.write(cfg, shape, flat.weights, segments, flat.signature)
-    return flat.weights.copy(), segments, flat.signature, shape
 
 
 class ParameterServer:
@@ -134,29 +114,10 @@ class ParameterServer:
             raise
 
     def _build(self, cfg, model, resume: bool, stats: str | None, broadcast: str | None) -> None:
-        """The state (the model built, or the newest checkpoint restored) and the outputs;
-        called with the socket bound. Blocks while torch is imported and the model built."""
-        from ..data.datasets import dataset_size
-
-        weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
-        self.state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))
-        self.resumed_from = None
-        self.told = ToldRecord(checkpoint_dir(self.run_dir)) if self.run_dir else None
-        if resume and self.run_dir is not None:
-            self.resumed_from = restore_latest(self.state, checkpoint_dir(self.run_dir))
-            if self.resumed_from is None:  # it died before its first checkpoint
-                notice(
-                    log,
-                    "no checkpoint in %s: starting from the initial weights",
-                    checkpoint_dir(self.run_dir),
-                )
-                self.state.restored_ts = 0  # what learners saw is all lost (and reported)
-            elif told := self.told.restore(self.state):
-                log.info(
-                    "training was over; learners %s were told STOP already (%s)",
-                    sorted(told),
-                    self.told.path,
-                )
+        """The state (the model built, or the newest checkpoint restored: ``ps_start``) and
+        the outputs; called with the socket bound. Blocks while torch is imported and the
+        model built."""
+        self.state, self.told, self.resumed_from = start_state(cfg, model, self.run_dir, resume)
         # restarted after training ended: the statistics server may have finished already
         self.over_at_start = self.state.done
         t = cfg.train
@@ -178,12 +139,8 @@ class ParameterServer:
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats)
         self.warn = ThrottledLog(log)
-        self._next_eval_epoch = cfg.train.eval_every_epochs or float("inf")
-        while self._next_eval_epoch <= self.state.engine.epoch:  # resumed: the next one due
-            self._next_eval_epoch += cfg.train.eval_every_epochs
-        self._learner_timeout = cfg.runtime.learner_timeout_s
-        self._done_at: float | None = None  # when training ended (for the waiting note)
-        self._noted_waiting = False
+        self.evals = EvalSchedule(cfg.train, self.state.engine.epoch)
+        self.liveness = Liveness(cfg.runtime)  # whom to evict, when to give up
         self.serving = Serving(
             self.sock,
             wire.SENDER_PS,
@@ -324,26 +281,8 @@ class ParameterServer:
         self._release()
         if self.checkpoints is not None and not self.state.done:
             self.checkpoints.after_update(self.state)
-        t = self.cfg.train
-        if (
-            (t.eval_every_updates and update.timestamp % t.eval_every_updates == 0)
-            or update.epoch >= self._next_eval_epoch
-            or self.state.done
-        ):
-            while update.epoch >= self._next_eval_epoch:
-                self._next_eval_epoch += t.eval_every_epochs
-            self._eval()
-
-    def _eval(self) -> None:
-        if self.stats:
-            # the final weights' EVAL waits for room (a stats server being restarted)
-            self.stats.eval_weights(
-                self.state.engine.timestamp,
-                self.state.engine.epoch,
-                self.state.w,
-                self.state.chunk_bytes,
-                final=self.state.done,
-            )
+        if self.evals.due(update, self.state.done):
+            self.metrics.evaluate(self.state)
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event=None) -> int:
@@ -352,13 +291,13 @@ class ParameterServer:
 
         Blocks. Raises TimeoutError if no learner sends anything for ``runtime.timeout_s``.
         """
-        timeout, st = self.cfg.runtime.timeout_s, self.state
-        last_msg = self._started = self._next_evict_check = time.time()
+        st = self.state
+        last_msg = started = time.time()
+        self.liveness.start(started)
         # restarted after training ended: a learner whose STOP the crash lost comes back
         # within one resend (runtime.retry_s); stay that long to tell it
-        linger = self._started + self.cfg.runtime.retry_s + 1 if self.over_at_start else 0
-        if self.stats:
-            self._eval()  # test error of the initial weights (epoch 0)
+        linger = started + self.cfg.runtime.retry_s + 1 if self.over_at_start else 0
+        self.metrics.evaluate(st)  # test error of the initial weights (epoch 0)
         # One blocking receive per message (libzmq waits with the GIL released, at most
         # WAIT_MS): no Poller and no zmq.Again per message.
         self.sock.setsockopt(zmq.RCVTIMEO, WAIT_MS)
@@ -370,60 +309,26 @@ class ParameterServer:
                     self.handle(self.sock.recv_multipart(copy=False))
                     last_msg = time.time()
                 except zmq.Again:
-                    if time.time() - last_msg > timeout:
-                        if self._timed_out(timeout):
-                            break
-                if time.time() >= self._next_evict_check:
-                    self._next_evict_check = time.time() + EVICT_CHECK_S
-                    if self._learner_timeout:
-                        self._evict_silent()
-                    self._note_waiting()
+                    if self.liveness.idle(st, time.time() - last_msg):
+                        break
+                if self.liveness.due(now := time.time()):
+                    self._evict_silent(now)
+                    self.liveness.note_waiting(st, now)
                 self.metrics.tick(self)
         finally:
             self._finish()
         return 0
 
-    def _evict_silent(self) -> None:
-        """Evict learners silent for ``runtime.learner_timeout_s`` (not those the server owes
-        a reply): the protocol goes on with the others."""
-        st = self.state
-        # a learner that never said HELLO gets runtime.timeout_s from the server's start
-        never_by = self._started + self.cfg.runtime.timeout_s if self.state.tree is None else None
-        for learner in st.silent(
-            time.time(), self._learner_timeout, self.weights_out.waiting, never_by
-        ):
-            notice(
-                log,
-                "learner %d sent nothing for %g s (runtime.learner_timeout_s; never: "
-                "runtime.timeout_s from the start): evicted; it rejoins with a HELLO",
-                learner,
-                self._learner_timeout,
-            )
-            update = st.evict(learner)
+    def _evict_silent(self, now: float) -> None:
+        """Evict the learners ``liveness`` finds silent (not those the server owes a reply):
+        the protocol goes on with the others."""
+        for learner in self.liveness.silent(self.state, now, self.weights_out.waiting):
+            update = self.state.evict(learner)
             self._members_changed(learner, "evicted")
             if update is not None:
                 self._after_update(update)
             else:
                 self._release()  # a rule waiting for that learner no longer does
-
-    def _note_waiting(self) -> None:
-        """Say once, WAIT_NOTE_S after training ended, which learners the server still waits
-        for (a lost host's): the run's end would otherwise be a silent wait of up to a minute."""
-        st = self.state
-        if not st.done or self._noted_waiting:
-            return
-        if self._done_at is None:
-            self._done_at = time.time()
-        elif time.time() - self._done_at >= WAIT_NOTE_S:
-            self._noted_waiting = True
-            log.info(
-                "training is done; waiting to tell learners %s to stop (each is evicted "
-                "after runtime.learner_timeout_s=%g s of silence, or runtime.timeout_s=%g s "
-                "from the start if never heard from)",
-                sorted(st.untold),
-                self._learner_timeout,
-                self.cfg.runtime.timeout_s,
-            )
 
     def _members_changed(self, learner: int, why: str) -> None:
         eng = self.state.engine
@@ -435,22 +340,6 @@ class ParameterServer:
             eng.gradients_per_update,
         )
         self.metrics.members(learner, why, eng)
-
-    def _timed_out(self, timeout: float) -> bool:
-        """No message for ``timeout``: True (stop serving) if training is done, else raise."""
-        st = self.state
-        if st.done:
-            log.warning(
-                "training is done but learners %s never came back; exiting",
-                sorted(set(range(st.learners)) - st.stopped),
-            )
-            return True
-        raise TimeoutError(
-            f"parameter server: no message from any learner for {timeout:.0f} s at timestamp "
-            f"{st.engine.timestamp} (learners registered: "
-            f"{sorted(i for i in st.identities if i >= 0)}, tree nodes: "
-            f"{sorted(wire.node_id(s) for s in st.subtrees)}); is a learner or tree node dead?"
-        )
 
     def _finish(self) -> None:
         ck, st = self.checkpoints, self.state

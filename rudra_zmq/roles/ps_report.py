@@ -7,6 +7,7 @@
 - a ``members`` record whenever λ changes (a learner evicted or rejoining), with λ and c;
 - a ``restart`` record when a restarted server resumed from a checkpoint;
 - a ``done`` record when training finished;
+- its weights, to be evaluated (an EVAL), at the start and when ``EvalSchedule`` says;
 
 and, in the run directory, ``ps_final.json`` (``write_final``).
 
@@ -82,6 +83,16 @@ class PSReport:
             self._counts = (upd, grads)
             self._last_rate = now
 
+    def evaluate(self, state) -> None:
+        """Send the weights of ``state`` (a ServerState) to be evaluated (an EVAL). Does not
+        block, except for the final weights: those wait for room (a statistics server being
+        restarted)."""
+        if self.stats is not None:
+            eng = state.engine
+            self.stats.eval_weights(
+                eng.timestamp, eng.epoch, state.w, state.chunk_bytes, final=state.done
+            )
+
     def done(self, ps) -> None:
         """The end-of-training record."""
         if self.stats is not None:
@@ -125,6 +136,32 @@ class PSReport:
                     "checkpoint": str(ps.resumed_from),
                 }
             )
+
+
+class EvalSchedule:
+    """Which updates' weights the PS sends to be evaluated: every ``train.eval_every_updates``
+    updates, the first at or past each multiple of ``train.eval_every_epochs`` epochs (0: off
+    for either), and the one that completes training. ``epoch``: where the server starts (a
+    resumed one: the next multiple after it). Pure."""
+
+    def __init__(self, train, epoch: float = 0.0):
+        self.every_updates, self.every_epochs = train.eval_every_updates, train.eval_every_epochs
+        self.next_epoch = self.every_epochs or float("inf")
+        while self.next_epoch <= epoch:  # resumed: the next one due
+            self.next_epoch += self.every_epochs
+
+    def due(self, update, done: bool) -> bool:
+        """Whether to evaluate the weights after ``update`` (sync.Update); ``done``: training
+        is complete."""
+        if not (
+            (self.every_updates and update.timestamp % self.every_updates == 0)
+            or update.epoch >= self.next_epoch
+            or done
+        ):
+            return False
+        while update.epoch >= self.next_epoch:
+            self.next_epoch += self.every_epochs
+        return True
 
 
 def write_final(run_dir: Path, state) -> None:
