@@ -793,13 +793,13 @@ def test_a_sender_leaving_while_the_server_is_not_reading_does_not_abort_it():
     """libzmq 4.3.5 aborts (!_io_error, stream_engine_base.cpp:310) when a socket's own
     heartbeat is due on a connection whose peer left while its queue was full and unread: seen
     in a restarted statistics server loading its data as the learners finished. Its socket
-    (stats_server.receiver) sends no heartbeats; a plain one with heartbeats aborted in 5 of 6
+    (stats_intake.receiver) sends no heartbeats; a plain one with heartbeats aborted in 5 of 6
     tries of this scene here. Three scenes in a subprocess (an abort kills it)."""
     code = (
         "import time, zmq\n"
         "from rudra_zmq import transport\n"
         "from rudra_zmq.config import load_config\n"
-        "from rudra_zmq.roles.stats_server import receiver\n"
+        "from rudra_zmq.roles.stats_intake import receiver\n"
         "transport.set_heartbeat(0.1)\n"
         "ctx = zmq.Context()\n"
         "pull = receiver(ctx, load_config(None))\n"

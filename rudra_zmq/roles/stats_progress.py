@@ -5,7 +5,8 @@ since the previous line (previous line's ts < update ts <= this one's, as ``summ
 counts them): ⟨σ⟩ of their gradients and samples/s (their gradients times µ, over the time
 from the previous line's last update to this line's last update); then the seconds of
 training so far and an estimate of the time left (``ETA -`` until one can be made) -- and
-one line when training starts, with how long start-up took.
+one line when training starts, with how long start-up took; and one when λ changes (a learner
+evicted or rejoining) or the parameter server restarted.
 
 An evaluation's line waits until the ``update`` records up to its timestamp have arrived (the
 PS sends them in batches, every 0.5 s, on another connection than its EVALs), so that what
@@ -90,11 +91,24 @@ class Progress:
             )
         return lines + self._due()
 
-    def restart(self, ts) -> None:
-        """The PS restarted from its checkpoint at ``ts``: updates past it were lost."""
+    def members(self, r: dict) -> list[str]:
+        """Take one ``members`` record (λ changed); returns its line."""
+        return [
+            f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
+            f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}"
+        ]
+
+    def restart(self, r: dict) -> list[str]:
+        """Take one ``restart`` record: the PS restarted from its checkpoint at ``ts`` (the
+        updates past it were lost); returns its line."""
+        ts = r.get("ts")
         if isinstance(ts, int):
             self._updates = [u for u in self._updates if u[0] <= ts]
             self._upto = min(self._upto, ts)
+        return [
+            f"parameter server restarted (incarnation {r.get('incarnation')}) at "
+            f"ts {r.get('ts')} from {r.get('checkpoint')}"
+        ]
 
     def _at(self, t: float, epoch) -> None:
         """Training had reached ``epoch`` at ``t``: a point of the epoch rate."""

@@ -26,8 +26,8 @@ also goes to TensorBoard (``stats_tensorboard``).
 
 Senders must never be slowed by statistics: their :class:`~.stats_client.StatsClient` sends with
 NOBLOCK and small high-water marks and drops (and counts) what does not fit. The server
-validates everything with ``wire.decode``; a bad message is counted and logged once per sender
-and reason, never fatal.
+validates everything with ``wire.decode`` and ``stats_intake`` (who may send what); a bad
+message is counted and logged once per sender and reason, never fatal.
 """
 
 from __future__ import annotations
@@ -50,16 +50,14 @@ from .stats_end import RunEnd
 from .stats_eval import Evaluator
 from .stats_file import MetricsFile, json_line
 from .stats_final import final_record, final_weights
+from .stats_intake import batch_items, forged, receiver, record_refusal
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
 log = logging.getLogger("rudra_zmq.stats")
 
-RECV_HWM = 2  # per connection on the server; adds to the sender's queue
 POLL_MS = 100
 DRAIN_MAX = 1000  # messages taken per wake-up before the loop looks at clocks again
-OWN_RECORDS = {"eval", "start", "resume"}  # written by this server only
-PS_RECORDS = {"done", "update", "ps", "members", "restart"}  # by the parameter server only
 
 
 class StatsServer:
@@ -171,9 +169,9 @@ class StatsServer:
         except wire.WireError as exc:
             self._refuse("an unknown sender", exc.code, str(exc))
             return
-        forged = self._forged(frames, msg)
-        if forged:
-            self._refuse(f"sender {msg.sender}", "forged", forged)
+        who = f"sender {msg.sender}"
+        if why := forged(frames, msg, self.security, self._token):
+            self._refuse(who, "forged", why)
             return
         if msg.kind == Kind.EVAL:
             self.end.eval_received(msg.sender)
@@ -181,52 +179,18 @@ class StatsServer:
                 self.evals_skipped += 1  # a newer one arrived before we got to it
             self._pending = (msg, now)
             return
-        rec = msg.fields["metric"]
-        items = rec.get("items") if rec.get("type") == "batch" else [rec]
-        if not isinstance(items, list):
-            self._refuse(
-                f"sender {msg.sender}", "bad_metric", "a 'batch' record without a list of 'items'"
-            )
+        items = batch_items(msg.fields["metric"])
+        if items is None:
+            self._refuse(who, "bad_metric", "a 'batch' record without a list of 'items'")
             return
         for r in items:
-            if (
-                not isinstance(r, dict)
-                or not isinstance(r.get("type"), str)
-                or r["type"] == "batch"
-            ):
-                self._refuse(
-                    f"sender {msg.sender}",
-                    "bad_metric",
-                    f"a record that is not a map with a string 'type': {r!r:.80}",
-                )
-                continue
-            self._record(r, now, msg.sender)
-
-    def _forged(self, frames, msg) -> str | None:
-        """Why ``msg`` cannot be from the sender it names, or None. With CURVE its key must
-        be allowed to speak as that sender; without, what claims to be the PS (and every
-        EVAL) must carry the run's token when this server has one (``rudra-zmq run``)."""
-        if self.security is not None:
-            if not self.security.may_speak(frames[0], msg.sender):
-                return f"its key may not speak as {wire.sender_name(msg.sender)}"
-        elif self._token is not None and (msg.sender == wire.SENDER_PS or msg.kind == Kind.EVAL):
-            if not security.token_matches(msg.fields.get("token"), self._token):
-                return "it claims to be the parameter server without the run's token"
-        if msg.kind == Kind.EVAL and msg.sender != wire.SENDER_PS:
-            return "only the parameter server sends weights to evaluate"
-        return None
+            if refused := record_refusal(r, msg.sender):
+                self._refuse(who, *refused)
+            else:
+                self._record(r, now, msg.sender)
 
     def _record(self, r: dict, now: float, sender: int) -> None:
         kind = r["type"]
-        if kind in OWN_RECORDS or (kind in PS_RECORDS and sender != wire.SENDER_PS):
-            self._refuse(
-                f"sender {sender}",
-                "forged",
-                f"a {kind!r} record from "
-                f"{wire.sender_name(sender)}: only "
-                f"{'this server' if kind in OWN_RECORDS else 'the PS'} writes those",
-            )
-            return
         t = r.get("t")
         rel = (t if is_number(t) else now) - self.t0
         r = {**r, "t": round(rel, 6)}
@@ -239,16 +203,9 @@ class StatsServer:
             self._last_update = (r.get("ts"), r["t"])
             self._print(*self.progress.update(r))
         elif kind == "members":
-            self._print(
-                f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
-                f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}"
-            )
+            self._print(*self.progress.members(r))
         elif kind == "restart":
-            self.progress.restart(r.get("ts"))
-            self._print(
-                f"parameter server restarted (incarnation {r.get('incarnation')}) at "
-                f"ts {r.get('ts')} from {r.get('checkpoint')}"
-            )
+            self._print(*self.progress.restart(r))
         elif kind == "done":
             self.end.done_received(r, now, sender)
         self._write(r, line)
@@ -414,19 +371,6 @@ class StatsServer:
             transport.term(self.ctx)
 
 
-def receiver(ctx: zmq.Context, cfg) -> zmq.Socket:
-    """The statistics server's PULL socket (not bound). EVALs come in chunks of
-    ``runtime.chunk_mib``. No heartbeats of its own: libzmq 4.3.5 aborts (``!_io_error``,
-    stream_engine_base.cpp) when one is due on a connection whose peer left while this server
-    was not reading it (its queue full: loading the data, evaluating), and a server that only
-    receives needs no news of dead senders."""
-    sock = transport.make_socket(
-        ctx, zmq.PULL, hwm=RECV_HWM, max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20)
-    )
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 0)
-    return sock
-
-
 def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     """Entry point of ``rudra-zmq stats``: run until the PS reports "done" or SIGTERM/SIGINT;
     either way write summary.csv and the plots. Evaluates on one torch thread. Returns 0."""
@@ -447,4 +391,4 @@ def serve(cfg, bind: str, run_dir, resume: bool = False) -> int:
     return 0
 
 
-__all__ = ["StatsServer", "serve", "receiver"]
+__all__ = ["StatsServer", "serve"]
