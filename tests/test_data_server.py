@@ -15,7 +15,8 @@ from rudra_zmq import transport, wire
 from rudra_zmq.channel import ServerError
 from rudra_zmq.config import load_config
 from rudra_zmq.data.data_order import SampleStream, load_data
-from rudra_zmq.roles.data_server import DataClient, DataServer
+from rudra_zmq.roles.data_client import DataClient
+from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.wire import Kind
 
 N_TRAIN = 100

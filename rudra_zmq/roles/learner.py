@@ -32,6 +32,7 @@ import zmq
 
 from .. import transport
 from ..channel import Channel
+from .data_client import DataClient
 from .learner_exchange import make_exchange
 
 log = logging.getLogger("rudra_zmq.learner")
@@ -77,7 +78,6 @@ class Learner:
         from ..devices import learner_device
         from ..flat import FlatModel
         from ..models import build_model, input_transform
-        from .data_server import DataClient
 
         self.cfg = cfg
         self.id = learner_id
@@ -127,8 +127,6 @@ class Learner:
         """The server says this learner's next minibatch is its ``step``-th: the data order
         continues where the run is (after a restart or a resume), not from 0."""
         if step is not None and step != self.data.expected:
-            from .data_server import DataClient
-
             self.data.close()
             self.data = DataClient(*self._data_args, start_step=step, **self._data_kw)
 
