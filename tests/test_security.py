@@ -63,6 +63,8 @@ def dealer(ctx, endpoint, curve=None):
     """A raw DEALER (libzmq's routing id, linger 0); ``curve``: (server key, (public, secret))."""
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
+    # a refused handshake drops the connection's pipe: a send would then block forever
+    s.sndtimeo = 5000
     if curve is not None:
         s.curve_serverkey, (s.curve_publickey, s.curve_secretkey) = curve
     s.connect(endpoint)
@@ -84,9 +86,13 @@ def reply(sock, timeout_ms=5000):
 
 def attack(sock, sender, quiet_ms=1000):
     """HELLO and a gradient as ``sender`` without waiting; the replies until ``quiet_ms`` of
-    silence. Without any check at the server this registers and moves the weights."""
-    hello(sock, sender)
-    send(sock, Kind.PUSH, sender, 0, [GRAD])
+    silence. Without any check at the server this registers and moves the weights. A send
+    that cannot go (the server refused the handshake and no connection is left) gets none."""
+    try:
+        hello(sock, sender)
+        send(sock, Kind.PUSH, sender, 0, [GRAD])
+    except zmq.Again:
+        return []
     got = []
     while (r := reply(sock, quiet_ms)) is not None:
         got.append(r)
