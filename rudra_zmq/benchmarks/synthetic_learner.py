@@ -60,22 +60,9 @@ class SyntheticLearner:
         }
         self.member = None
         if cfg.architecture.kind == "advstar":  # Rudra-adv*: as roles/learner.py
-            from .. import topology
-            from ..roles.broadcast import BroadcastMember
+            from ..roles.learner_exchange import broadcast_member
 
-            kids = topology.broadcast_children(cfg, learner_id)
-            up = topology.broadcast_upstream(cfg, learner_id)
-            self.member = BroadcastMember(
-                ctx,
-                bcast[1] if kids else None,
-                bcast[0],
-                numel,
-                member=learner_id,
-                children=kids,
-                chunk_bytes=cfg.runtime.chunk_mib << 20,
-                timeout_s=cfg.runtime.timeout_s,
-                upstream_name="the root" if up is None else f"learner {up}",
-            ).start()
+            self.member = broadcast_member(cfg, ctx, bcast, numel, learner_id)
             self._sendbuf = np.empty_like(self.grad)
 
     def _load(self, msg: wire.Message) -> None:

@@ -228,31 +228,7 @@ class BroadcastPush(PushPull):
 
     def __init__(self, cfg, learner_id: int, flat, channel, carrier, ctx, bcast):
         super().__init__(cfg, learner_id, flat, channel, carrier)
-        from .broadcast import BroadcastMember
-
-        if not bcast or not bcast[0]:
-            raise ValueError(
-                f"learner {learner_id}: architecture.kind=advstar needs its "
-                "broadcast upstream (rudra-zmq learner --bcast-upstream EP)"
-            )
-        up = topology.broadcast_upstream(cfg, learner_id)
-        kids = topology.broadcast_children(cfg, learner_id)
-        if kids and not bcast[1]:
-            raise ValueError(
-                f"learner {learner_id} forwards the broadcast to learners {kids}: "
-                "give it an endpoint to bind (--bcast-bind EP)"
-            )
-        self.member = BroadcastMember(
-            ctx,
-            bcast[1] if kids else None,
-            bcast[0],
-            flat.numel,
-            member=learner_id,
-            children=kids,
-            chunk_bytes=cfg.runtime.chunk_mib << 20,
-            timeout_s=cfg.runtime.timeout_s,
-            upstream_name="the root" if up is None else f"learner {up}",
-        ).start()
+        self.member = broadcast_member(cfg, ctx, bcast, flat.numel, learner_id)
         self._in_flight = False
 
     def start(self) -> bool:
@@ -304,3 +280,34 @@ def make_exchange(cfg, learner_id: int, flat, channel, ctx, bcast=None):
     except BaseException:
         carrier.close()
         raise
+
+
+def broadcast_member(cfg, ctx, bcast, numel: int, learner_id: int):
+    """Learner ``learner_id``'s place in Rudra-adv*'s broadcast, started: ``bcast`` is its
+    (upstream, bind) endpoints; its children and upstream come from the run's topology. Raises
+    ValueError naming the missing option. Used by the learner and the synthetic learner."""
+    from .broadcast import BroadcastMember
+
+    if not bcast or not bcast[0]:
+        raise ValueError(
+            f"learner {learner_id}: architecture.kind=advstar needs its "
+            "broadcast upstream (rudra-zmq learner --bcast-upstream EP)"
+        )
+    up = topology.broadcast_upstream(cfg, learner_id)
+    kids = topology.broadcast_children(cfg, learner_id)
+    if kids and not bcast[1]:
+        raise ValueError(
+            f"learner {learner_id} forwards the broadcast to learners {kids}: "
+            "give it an endpoint to bind (--bcast-bind EP)"
+        )
+    return BroadcastMember(
+        ctx,
+        bcast[1] if kids else None,
+        bcast[0],
+        numel,
+        member=learner_id,
+        children=kids,
+        chunk_bytes=cfg.runtime.chunk_mib << 20,
+        timeout_s=cfg.runtime.timeout_s,
+        upstream_name="the root" if up is None else f"learner {up}",
+    ).start()
