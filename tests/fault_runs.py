@@ -69,6 +69,16 @@ class Run:
             assert time.time() < deadline, f"timestamp {ts} not reached in {timeout} s"
             time.sleep(0.1)
 
+    def wait_checkpoint(self, timeout=90):
+        """Block until the PS wrote its first checkpoint (at most ``timeout`` s): the PS's own
+        word that training is under way, where the metrics (``wait_ts``) can lag it by the
+        statistics server's start-up under load."""
+        deadline = time.time() + timeout
+        while not any((self.dir / "checkpoints").glob("ckpt-*")):
+            assert self.proc.poll() is None, self.proc.communicate()[0]
+            assert time.time() < deadline, f"no checkpoint written in {timeout} s"
+            time.sleep(0.05)
+
     def signal(self, label, sig):
         pid = pid_of(self.dir, label)
         os.kill(pid, sig)

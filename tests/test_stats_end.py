@@ -44,5 +44,9 @@ def test_ps_final_json_saying_training_is_done_stands_for_the_done_looked_at_now
     assert not end.look_for_file(10.0 + FINAL_FILE_EVERY_S / 2, t0=0.0)  # not looked again
     assert end.look_for_file(10.0 + FINAL_FILE_EVERY_S, t0=0.0)
     assert end.done["ts"] == 40 and end.done["sender"] == wire.SENDER_PS
+    rec = end.file_record()  # for the metrics: how the end became known, once
+    assert rec["type"] == "done" and rec["ts"] == 40 and rec["source"] == "ps_final.json"
+    assert "arrived" not in rec and end.file_record() is None
     stale = RunEnd(tmp_path, epochs=5)  # resumed to train on
     assert not stale.look_for_file(10.0, t0=0.0)
+    assert stale.file_record() is None

@@ -758,7 +758,8 @@ def test_a_server_started_after_the_ps_ended_evaluates_the_final_weights_and_fin
 ):
     """A statistics server (re)started as or after the PS ended never gets its "done":
     RUN/ps_final.json saying training is done (at train.epochs or later) stands for it, and
-    the final weights are evaluated from RUN/weights.npy. A ps_final.json at fewer epochs (a
+    the final weights are evaluated from RUN/weights.npy; the metrics record that "done" with
+    its source. A ps_final.json at fewer epochs (a
     finished run resumed to train on) is not taken for the end."""
     from rudra_zmq.flat import FlatModel
     from rudra_zmq.models import build_model
@@ -777,7 +778,10 @@ def test_a_server_started_after_the_ps_ended_evaluates_the_final_weights_and_fin
         with running_stats(cfg, run_dir, digits) as (server, _):
             server.thread.join(30 if finishes else 2.5)
             assert server.result.get("reason") == ("done" if finishes else None), run
-        evals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "eval"]
+        recs = read_jsonl(run_dir / "metrics.jsonl")
+        evals = [r for r in recs if r["type"] == "eval"]
+        done = [(r["ts"], r["epoch"], r["source"]) for r in recs if r["type"] == "done"]
+        assert done == ([(40, epoch, "ps_final.json")] if finishes else []), run
         if finishes:
             assert [(e["ts"], e["epoch"], e["weights"]) for e in evals] == [
                 (40, epoch, "weights.npy")

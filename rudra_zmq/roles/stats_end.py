@@ -37,6 +37,7 @@ class RunEnd:
         self.done: dict | None = None
         self.evals: dict[int, int] = {}
         self._looked = 0.0  # when ps_final.json was last looked at (no "done" yet)
+        self._file_record: dict | None = None  # the "done" the file stood for, to record once
 
     def eval_received(self, sender: int) -> None:
         self.evals[sender] = self.evals.get(sender, 0) + 1
@@ -64,13 +65,16 @@ class RunEnd:
             self.run_dir / PS_FINAL_FILE,
             done["ts"],
         )
-        self.done = {
-            **done,
-            "t": round(done["t"] - t0, 6),
-            "arrived": now,
-            "sender": wire.SENDER_PS,
-        }
+        done = {**done, "t": round(done["t"] - t0, 6), "source": PS_FINAL_FILE}
+        self.done = {**done, "arrived": now, "sender": wire.SENDER_PS}
+        self._file_record = done
         return True
+
+    def file_record(self) -> dict | None:
+        """The ``done`` record (with ``"source": "ps_final.json"``) that the file stood for,
+        once, for the metrics to say how the run's end became known; None otherwise."""
+        rec, self._file_record = self._file_record, None
+        return rec
 
     def verdict(self, now: float, evaluated) -> str:
         """Once a ``done`` is known: ``"wait"``, ``"finished"``, or ``"final"``: the final

@@ -14,7 +14,8 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   newest is evaluated (the others are counted in ``evals_skipped``). Metrics keep flowing
   during a long evaluation: the socket is drained between test batches.
 - ``{"type": "done", "ts", "epoch", "evals_sent": n}`` from the parameter server (or, when
-  none came, ``RUN/ps_final.json`` saying training is done) ends the run once the final
+  none came, ``RUN/ps_final.json`` saying training is done, recorded as a ``done`` with
+  ``"source": "ps_final.json"``) ends the run once the final
   weights are evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or waited for
   long enough (``stats_end``); then it writes ``summary.csv`` and the plots
   (``rudra_zmq.results.plots``), prints ``run directory: RUN`` and returns.
@@ -332,6 +333,8 @@ class StatsServer:
         now = time.time()
         if not self.end.look_for_file(now, self.t0):
             return False
+        if (rec := self.end.file_record()) is not None:
+            self._write(rec, json_line(rec))
         verdict = self.end.verdict(now, self._evaluated)
         if verdict != "final":
             return verdict == "finished"
