@@ -51,6 +51,7 @@ class SyncConfig:
     n: int = 1  # the n of n-softsync (c = floor(learners / n))
     learners: int = 4  # λ
     batch_size: int = 32  # µ, per learner
+    max_staleness: int | None = None  # bounded staleness s (softsync/async): σ <= s; null: none
 
 
 @dataclass
@@ -94,6 +95,9 @@ class RuntimeConfig:
     restart: bool = True  # rudra-zmq run restarts a crashed role
     max_restarts: int = 3  # restarts of one role; its next failure stops the run
     learners_per_process: int = 1  # >1 hosts several learner threads per process
+    compute_times: list[float] = field(default_factory=list)  # per learner, >= 1: learner i
+    #                                    takes this many times its real backward (it sleeps the
+    #                                    rest): stragglers, as `simulate --speeds`; [] = all 1
     device: str = "cpu"  # learners compute on: cpu | cuda (learner i on GPU
     #                                    i mod #GPUs) | cuda:N (rudra_zmq/devices.py)
 
@@ -154,7 +158,7 @@ class Config:
                 ("digits", "cifar10", "imagefolder", "synthetic", "package.module:function"),
             )
         try:
-            check_protocol(s.protocol, s.n, s.learners)
+            check_protocol(s.protocol, s.n, s.learners, max_staleness=s.max_staleness)
             check_device_name(r.device)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -196,6 +200,13 @@ class Config:
                 raise ConfigError(f"{key} must be >= 0 (0 = off), got {val}")
         if not r.retry_s > 0:
             raise ConfigError(f"runtime.retry_s must be > 0, got {r.retry_s}")
+        if r.compute_times and (
+            len(r.compute_times) != s.learners or not all(t >= 1 for t in r.compute_times)
+        ):
+            raise ConfigError(
+                f"runtime.compute_times must give a factor >= 1 for each of the {s.learners} "
+                f"learners (or be [] for none), got {list(r.compute_times)}"
+            )
         self._validate_architecture()
         self._validate_user_code()
         return self
@@ -251,7 +262,14 @@ class Config:
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
         try:  # advstar's servers answer at once: a protocol that holds replies cannot run
-            check_protocol(self.sync.protocol, self.sync.n, lam, broadcast=a.kind == "advstar")
+            check_protocol(
+                self.sync.protocol,
+                self.sync.n,
+                lam,
+                broadcast=a.kind == "advstar",
+                max_staleness=self.sync.max_staleness,
+                tree=a.kind == "adv",
+            )
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if a.kind == "base":

@@ -1,6 +1,6 @@
 """A Rudra-adv tree node's side of the sync protocol: what its sum holds, and when to relay it.
 
-Pure logic like ``sync.py``, whose protocol rules it applies (``sync.barrier``): no sockets,
+Pure logic like the ``sync`` package, whose protocol rules it applies (``sync.barrier``): no sockets,
 threads or clocks. ``node_state.NodeState`` owns one; ``docs/architecture.md`` draws the tree.
 """
 

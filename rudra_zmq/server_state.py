@@ -186,11 +186,13 @@ class ServerState:
         """A registered learner becomes a member again (elastic λ); returns True if it was
         out (λ changed). Tree nodes are not members: the learners below them are."""
         self.last_heard[sender] = now
-        if sender < 0 or sender in self.engine.members:
+        if sender < 0:
             return False
-        self.engine.join(sender)
-        self.stopped.discard(sender)
-        return True
+        was_out = sender not in self.engine.members
+        self.engine.join(sender)  # a member's HELLO too: it goes on from the current weights
+        if was_out:
+            self.stopped.discard(sender)
+        return was_out
 
     def evict(self, learner: int):
         """Stop waiting for ``learner`` (silent too long): it must say HELLO to come back.

@@ -228,7 +228,8 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
     out_dir = Path(out_dir) if out_dir is not None else run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     m = read_metrics(run_dir)
-    name = run_label(run_dir)
+    run_cfg = _run_config(run_dir)
+    name = run_label(run_dir, run_cfg)
     clock = TrainingClock(m)
     written = []
 
@@ -266,9 +267,15 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
         a.hist(sig, bins=bins, color="tab:blue", alpha=0.8, edgecolor="white")
         mean_tex = rf"$\langle\sigma\rangle$ = {mean:.2f}"
         a.axvline(mean, color="tab:red", linestyle="--", label=mean_tex)
+        sync = (run_cfg or {}).get("sync")
+        bound = sync.get("max_staleness") if isinstance(sync, dict) else None
+        if _num(bound) is not None:  # bounded staleness: the cap, beside the largest σ
+            a.axvline(bound + 0.5, color="k", label=f"sync.max_staleness = {bound}")
         a.set_xlabel(r"staleness $\sigma$ of each gradient (updates)")
         a.set_ylabel("gradients")
-        a.set_title(f"{name}: staleness, {mean_tex} over {len(sig):,} gradients")
+        a.set_title(
+            f"{name}: staleness, {mean_tex}, max {sig.max():g}, over {len(sig):,} gradients"
+        )
         a.legend()
         written.append(_save(fig, out_dir / "staleness_hist.png"))
 
@@ -335,21 +342,28 @@ def _total_rate(records, clock: TrainingClock):
     return np.array(xs), np.array(ys)
 
 
-def run_label(run_dir) -> str:
-    """The run's config ``name`` from ``config.yaml`` in its directory, else the folder name."""
-    run_dir = Path(run_dir)
+def _run_config(run_dir) -> dict | None:
+    """The run's ``config.yaml`` as a dict, or None (missing or unreadable: said once)."""
     cfg = config_path(run_dir)
-    if cfg.is_file():
-        import yaml
+    if not cfg.is_file():
+        return None
+    import yaml
 
-        try:
-            data = yaml.safe_load(cfg.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            log.warning("%s: cannot read the run name (%s); using the folder name", cfg, exc)
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
-            return data["name"]
-    return run_dir.resolve().name
+    try:
+        data = yaml.safe_load(cfg.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        log.warning("%s: cannot read the run's config (%s); using the folder name", cfg, exc)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_label(run_dir, run_cfg: dict | None = None) -> str:
+    """The run's config ``name`` from ``config.yaml`` in its directory (or ``run_cfg``, read
+    already), else the folder name."""
+    data = run_cfg if run_cfg is not None else _run_config(run_dir)
+    if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
+        return data["name"]
+    return Path(run_dir).resolve().name
 
 
 def run_labels(run_dirs) -> list[str]:

@@ -120,6 +120,8 @@ class Learner:
         self.steps = 0
         self.finished = False  # the PS said STOP
         self._loss_sum = 0.0
+        times = cfg.runtime.compute_times
+        self._slowdown = times[learner_id] - 1 if times else 0.0  # a straggler's extra share
         self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
         self.exchange.on_welcome = self._start_data_at
 
@@ -136,6 +138,12 @@ class Learner:
         return self.exchange.ts
 
     def _backward(self) -> None:
+        t0 = time.perf_counter()
+        self._compute()
+        if self._slowdown:  # runtime.compute_times: a straggler sleeps the rest of its time
+            time.sleep(self._slowdown * (time.perf_counter() - t0))
+
+    def _compute(self) -> None:
         x, y, _epoch, step = self.data.next_batch()
         xf = self.prep(x, self.data.mean, self.data.std)
         if self.cfg.data.augment:

@@ -209,4 +209,5 @@ def _counters(ps) -> dict:
         "duplicates": c.duplicates,
         "evictions": c.evictions,
         "lost_updates": c.lost_updates,
+        "too_stale": ps.state.engine.too_stale,  # refused: σ > sync.max_staleness
     }

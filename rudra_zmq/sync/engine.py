@@ -1,136 +1,22 @@
-"""The synchronization protocol engine: pure logic, no sockets, threads or clocks.
-
-The parameter server (and the tree nodes, and the in-process simulator) feed it each gradient's
-arrival as ``(learner, gradient timestamp)``; it answers, deterministically:
-
-- the gradient's staleness σ = (PS timestamp at arrival) − (gradient timestamp);
-- the factor to scale this gradient by before it is summed (``per_gradient`` policy);
-- whether the sum is now complete, and if so an :class:`Update`: which gradients it averages
-  (the vector clock), ⟨σ⟩, the learning rate α for this update and the averaging factor 1/c;
-- when the sender may have its reply (a :class:`Reply`): now, or once the weights of a later
-  timestamp exist. Servers park a reply the engine holds and send it when :meth:`SyncEngine.due`
-  says so; the simulator resumes a learner the same way.
-
-Protocols (λ learners): ``hardsync`` updates after one gradient from every learner (c = λ) and
-holds each learner's reply until that update, n-``softsync`` after c = ⌊λ/n⌋ from any learners,
-``async`` after every gradient (c = 1); both answer at once. Learning-rate policies:
-``constant`` (α0), ``staleness`` (α0/⟨σ⟩, ⟨σ⟩ < 1 counting as 1) and ``per_gradient`` (each
-gradient scaled by 1/max(σᵢ, 1)); α0 follows a step schedule (:class:`LRSchedule`). Tree
-nodes' relayed sums are accounted by :meth:`SyncEngine.receive_many` (c counts learner
-gradients, not messages); each node decides when to relay with a ``relay_clock.RelayClock``,
-which takes its protocol rules from here. A new protocol is a new rule in this module: the
-functions above :class:`ProtocolViolation` and the engine's ``check`` and ``reply``. Tables
-and the schedule: ``docs/protocols.md``.
-
-Not thread-safe: one owner (the PS loop, or a tree node's loop) drives an engine or clock.
-"""
+"""The sync engine (``rudra_zmq.sync``): what each gradient arrival does to the protocol's
+state -- σ, the update it completes, when its sender may have its reply. Pure logic, no
+sockets, threads or clocks; not thread-safe (one owner drives it)."""
 
 from __future__ import annotations
 
-import bisect
-import math
 from dataclasses import dataclass, field
 
-PROTOCOLS = ("hardsync", "softsync", "async")
-LR_POLICIES = ("constant", "staleness", "per_gradient")
-
-
-def check_protocol(protocol: str, n: int, learners: int, broadcast: bool = False) -> None:
-    """Raise ValueError, naming the value, unless ``protocol`` with ``n`` and ``learners`` (λ)
-    is a protocol this engine runs; with ``broadcast`` (``architecture.kind: advstar``, whose
-    servers answer every gradient ACK at once and never hold a reply), unless it runs
-    there too. Pure."""
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"sync.protocol is {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
-    if learners < 1:
-        raise ValueError(f"sync.learners must be >= 1, got {learners}")
-    if protocol == "softsync" and not 1 <= n <= learners:
-        raise ValueError(
-            f"sync.n must be between 1 and sync.learners={learners} for softsync, "
-            f"got {n} (n = learners is async)"
-        )
-    if broadcast and barrier(protocol):
-        raise ValueError(
-            "architecture.kind=advstar is asynchronous by design (learners never "
-            "wait for weights; they adopt whatever the broadcast brought), so "
-            f"sync.protocol={protocol} is not supported: use softsync or async, or "
-            "architecture.kind=adv for it through a PS tree"
-        )
-
-
-def barrier(protocol: str) -> bool:
-    """Whether every update takes exactly one gradient from each learner, computed on the
-    newest weights (hardsync): older gradients are refused, each learner's reply waits for the
-    update, and a tree node relays only whole subtrees. Pure."""
-    return protocol == "hardsync"
-
-
-def gradients_per_update(protocol: str, n: int, alive: int) -> int:
-    """c: λ for hardsync, ⌊λ/n⌋ for n-softsync, 1 for async, where λ is ``alive`` (the
-    learners alive, counted as at least 1). Pure."""
-    alive = max(alive, 1)
-    if barrier(protocol):
-        return alive
-    if protocol == "async":
-        return 1
-    return max(alive // n, 1)
-
-
-def nominal_staleness(protocol: str, n: int, learners: int) -> int:
-    """The σ a protocol is named by, as the paper's tables write it: 0 for hardsync, n for
-    n-softsync, λ for async. Pure."""
-    return {"hardsync": 0, "softsync": n, "async": learners}[protocol]
-
-
-def protocol_label(protocol: str, n) -> str:
-    """How runs name a protocol: ``hardsync``, ``softsync n=2``, ``async``. Pure."""
-    return f"{protocol} n={n}" if protocol == "softsync" else protocol
-
-
-class ProtocolViolation(ValueError):
-    """A gradient that the protocol cannot accept; the engine's state is unchanged."""
-
-
-class Rejoin(ProtocolViolation):
-    """A learner that is no longer a member (evicted, or the server restarted): it must say
-    HELLO again and continue from the current weights."""
-
-
-@dataclass(frozen=True)
-class Reply:
-    """When a server may answer a sender, as the engine decides it: at once (``after`` None,
-    :data:`NOW`), or once the weights of timestamp ``after`` exist. The reply itself is the
-    server's (weights if newer than the sender's, else UPTODATE); ask :meth:`SyncEngine.due`
-    (or ``RelayClock.due``) whether it may go."""
-
-    after: int | None = None
-
-
-NOW = Reply()
-
-
-@dataclass(frozen=True)
-class LRSchedule:
-    """α0 and its step schedule; see the module docstring for the policies."""
-
-    base_lr: float
-    policy: str = "constant"
-    steps: tuple[float, ...] = ()
-    gamma: float = 0.1
-
-    def __post_init__(self):
-        if not (math.isfinite(self.base_lr) and self.base_lr > 0):
-            raise ValueError(f"base_lr must be a positive finite number, got {self.base_lr!r}")
-        if self.policy not in LR_POLICIES:
-            raise ValueError(f"lr policy {self.policy!r} is not one of {', '.join(LR_POLICIES)}")
-        if list(self.steps) != sorted(self.steps) or any(s < 0 for s in self.steps):
-            raise ValueError(f"lr steps must be ascending epochs >= 0, got {list(self.steps)}")
-        if not (math.isfinite(self.gamma) and self.gamma > 0):
-            raise ValueError(f"lr gamma must be positive, got {self.gamma!r}")
-
-    def base_at(self, epoch: float) -> float:
-        """α0 after the step schedule at ``epoch`` (steps take effect once the epoch is reached)."""
-        return self.base_lr * self.gamma ** bisect.bisect_right(self.steps, epoch)
+from .rules import (
+    NOW,
+    LRSchedule,
+    ProtocolViolation,
+    Rejoin,
+    Reply,
+    TooStale,
+    barrier,
+    check_protocol,
+    gradients_per_update,
+)
 
 
 @dataclass(frozen=True)
@@ -177,12 +63,13 @@ class SyncEngine:
         batch_size: µ, samples per gradient (to count epochs).
         epoch_size: samples per epoch (to count epochs); 0 leaves the epoch at 0.
         timestamp: the starting weights timestamp.
+        max_staleness: s, the bound on σ (bounded staleness); None for none.
 
     Membership (elastic λ): ``members`` are the learners the protocol waits for, all λ at
     start. :meth:`leave` drops one (an evicted or departed learner: c is recomputed from the
     members alive, hardsync's barrier no longer waits for it), :meth:`join` takes one back; its
     gradients are refused (:class:`Rejoin`) while it is out. ``state_dict``/``load_state``
-    are what a checkpoint keeps.
+    are what a checkpoint keeps. ``too_stale`` counts the gradients refused for σ > s.
 
     Not thread-safe; performs no I/O and never blocks.
     """
@@ -199,6 +86,10 @@ class SyncEngine:
     _pending: list = field(default_factory=list, repr=False)
     _pending_learners: set = field(default_factory=set, repr=False)
     members: set = None
+    max_staleness: int | None = None
+    too_stale: int = 0
+    # bounded staleness: per member, the oldest timestamp its next gradient can carry
+    _computing_on: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, cfg, epoch_size: int = 0) -> SyncEngine:
@@ -212,12 +103,14 @@ class SyncEngine:
             n=s.n,
             batch_size=s.batch_size,
             epoch_size=epoch_size,
+            max_staleness=s.max_staleness,
         )
 
     def __post_init__(self):
-        check_protocol(self.protocol, self.n, self.n_learners)
+        check_protocol(self.protocol, self.n, self.n_learners, max_staleness=self.max_staleness)
         if self.members is None:
             self.members = set(range(self.n_learners))
+        self._computing_on = dict.fromkeys(self.members, self.timestamp)
         if self.batch_size < 1 or self.epoch_size < 0:
             raise ValueError(
                 f"batch_size must be >= 1 and epoch_size >= 0, got {self.batch_size}, "
@@ -234,17 +127,20 @@ class SyncEngine:
         sent stay in the pending sum. Returns the update its leaving completes (hardsync's
         barrier, or a smaller softsync c), which the caller must apply, or None."""
         self.members.discard(learner)
-        if self._pending and len(self._pending) >= self.gradients_per_update:
+        self._computing_on.pop(learner, None)
+        if self._update_due():
             return self._make_update()
         return None
 
     def join(self, learner: int) -> None:
-        """``learner`` is waited for again (from the next gradient it sends)."""
+        """``learner`` is waited for again (from the next gradient it sends), or, a member
+        already, goes on from the current weights (its HELLO after a refusal)."""
         if not 0 <= learner < self.n_learners:
             raise ProtocolViolation(
                 f"learner id {learner} is out of range 0..{self.n_learners - 1} (sync.learners)"
             )
         self.members.add(learner)
+        self._computing_on[learner] = self.timestamp  # it is welcomed with these weights
 
     def state_dict(self) -> dict:
         """The engine's state as plain JSON-able values (for a checkpoint). Pure."""
@@ -254,6 +150,7 @@ class SyncEngine:
             "updates": self.updates,
             "pending": [list(p) for p in self._pending],
             "members": sorted(self.members),
+            "too_stale": self.too_stale,
         }
 
     def load_state(self, d: dict) -> None:
@@ -263,6 +160,10 @@ class SyncEngine:
         self._pending = [tuple(int(v) for v in p) for p in d["pending"]]
         self._pending_learners = {p[0] for p in self._pending}
         self.members = {int(m) for m in d["members"]}
+        self.too_stale = int(d.get("too_stale", 0))
+        # what learners computed on before the restart is not known: they rejoin, and a
+        # gradient from before it that is too stale is refused (TooStale)
+        self._computing_on = dict.fromkeys(self.members, self.timestamp)
 
     @property
     def epoch(self) -> float:
@@ -305,6 +206,13 @@ class SyncEngine:
             )
         if grad_ts < 0:
             raise ProtocolViolation(f"learner {learner} sent a negative timestamp {grad_ts}")
+        s = self.max_staleness
+        if s is not None and self.timestamp - grad_ts > s:
+            raise TooStale(
+                f"learner {learner} pushed a gradient of timestamp {grad_ts} at the server's "
+                f"{self.timestamp}: σ = {self.timestamp - grad_ts} > sync.max_staleness={s}; "
+                "refused, not applied: say HELLO again to go on from the current weights"
+            )
         if barrier(self.protocol):
             if grad_ts != self.timestamp:
                 raise ProtocolViolation(
@@ -325,16 +233,20 @@ class SyncEngine:
         When an update is returned the engine's timestamp has already advanced: the caller must
         apply it before answering any pull.
         """
-        self.check(learner, grad_ts)
+        try:
+            self.check(learner, grad_ts)
+        except TooStale:
+            self.too_stale += 1
+            raise
         sigma = self.timestamp - grad_ts
         scale = 1.0 / max(sigma, 1) if self.lr.policy == "per_gradient" else 1.0
         self._pending.append((learner, grad_ts, sigma))
         self._pending_learners.add(learner)
         self.gradients_received += 1
-        update = None
-        if len(self._pending) >= self.gradients_per_update:
-            update = self._make_update()
-        return Arrival(learner, grad_ts, sigma, scale, update, self.reply((learner,)))
+        update = self._make_update() if self._update_due(learner) else None
+        reply = self.reply((learner,))
+        self._computing_on[learner] = self.timestamp if reply.after is None else reply.after
+        return Arrival(learner, grad_ts, sigma, scale, update, reply)
 
     def receive_many(self, entries) -> Arrival:
         """Account one relayed sum of several learners' gradients (Rudra-adv tree nodes).
@@ -369,9 +281,7 @@ class SyncEngine:
             self._pending_learners.add(learner)
         self.gradients_received += len(entries)
         sigma = max(self.timestamp - ts for _, ts in entries)
-        update = None
-        if len(self._pending) >= self.gradients_per_update:
-            update = self._make_update()
+        update = self._make_update() if self._update_due() else None
         return Arrival(
             entries[0][0],
             min(t for _, t in entries),
@@ -385,11 +295,37 @@ class SyncEngine:
         """When a sender whose gradients come from ``learners`` (a learner's own id, or the
         learners of a tree node's relay) may have its reply, as things stand: after its
         gradient was accounted (``Arrival.reply``), or when it pulls or says HELLO again.
-        hardsync: once the update that a pending gradient of theirs belongs to exists;
-        softsync and async: now. Pure."""
-        if barrier(self.protocol) and not self._pending_learners.isdisjoint(learners):
+        hardsync, and an update that bounded staleness holds back: once the update that a
+        pending gradient of theirs belongs to exists; otherwise now. Pure."""
+        held = barrier(self.protocol) or self._held_back()
+        if held and not self._pending_learners.isdisjoint(learners):
             return Reply(self.timestamp + 1)
         return NOW
+
+    def _update_due(self, arriving: int | None = None) -> bool:
+        """Whether the pending gradients make an update now: c of them, and (bounded
+        staleness) the next timestamp no more than s past the weights of any member
+        computing; ``arriving`` (the sender of the gradient just accounted) is not: it is
+        answered at the new timestamp, or waits for it."""
+        if not self._pending or len(self._pending) < self.gradients_per_update:
+            return False
+        return self._within_bound(arriving)
+
+    def _within_bound(self, arriving: int | None = None) -> bool:
+        if self.max_staleness is None:
+            return True
+        oldest = min(
+            (t for m, t in self._computing_on.items() if m != arriving), default=self.timestamp
+        )
+        return self.timestamp + 1 - oldest <= self.max_staleness
+
+    def _held_back(self) -> bool:
+        """Whether c gradients are pending but bounded staleness holds their update back."""
+        return (
+            self.max_staleness is not None
+            and len(self._pending) >= self.gradients_per_update
+            and not self._within_bound()
+        )
 
     def due(self, reply: Reply) -> bool:
         """Whether a reply the engine held may go now. Servers and the simulator ask again
