@@ -84,15 +84,6 @@ def test_a_bound_of_zero_makes_every_gradient_fresh():
     assert set(sig) == {0}
 
 
-def test_the_paper_protocols_are_unchanged_without_a_bound():
-    for protocol in ("softsync", "async"):
-        a, sa = sim_sigmas(protocol, None, updates=200)
-        eng = load_config("configs/quickstart.yaml", [f"sync.protocol={protocol}"])
-        assert eng.sync.max_staleness is None
-        b, sb = sim_sigmas(protocol, None, updates=200)
-        assert sa == sb and [u["n_grads"] for u in a.updates] == [u["n_grads"] for u in b.updates]
-
-
 @pytest.mark.parametrize(
     "overrides,message",
     [
