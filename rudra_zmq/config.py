@@ -17,7 +17,7 @@ import yaml
 
 from .devices import check_device_name
 from .launch import shipped
-from .sync import LR_POLICIES, check_protocol
+from .sync import LR_POLICIES, MOMENTUM_POLICIES, check_protocol
 from .typed_yaml import ConfigError, apply_override, build, read_mapping
 from .user_code import UserCodeError, is_import_path
 
@@ -63,6 +63,8 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     lr_steps: list[float] = field(default_factory=list)  # epochs where α0 *= lr_gamma
     lr_gamma: float = 0.1
+    momentum_policy: str = "constant"  # sync.MOMENTUM_POLICIES: constant | staleness
+    #                                    (beyond the paper: m less asynchrony's own momentum)
     param_multipliers: bool = True  # Caffe per-layer lr_mult/decay_mult where the model has them
 
 
@@ -150,6 +152,7 @@ class Config:
         """Cross-field checks; raises ConfigError naming the value and what to do."""
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
         _one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
+        _one_of("optimizer.momentum_policy", o.momentum_policy, MOMENTUM_POLICIES)
         _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
         if not is_import_path(d.dataset):
             _one_of(

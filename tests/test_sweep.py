@@ -144,7 +144,8 @@ def test_every_shipped_grid_loads_and_names_its_points_as_the_paper_does():
         "hs-m0",
         "s1-m0",
         "s30-m0",
-    ]  # issue 26's 2 x 2, not the paper's
+        "s1-mstale",
+    ]  # issue 26's 2 x 2 and the staleness momentum policy, not the paper's
     assert all(load_grid(g).budget == 140 for g in grids)  # the paper's budget
 
 

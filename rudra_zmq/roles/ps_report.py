@@ -42,18 +42,7 @@ class PSReport:
         """Record one update (sync.Update); sent with the next flush."""
         if self.stats is None:
             return
-        self._pending.append(
-            {
-                "type": "update",
-                "ts": update.timestamp,
-                "t": time.time(),
-                "epoch": update.epoch,
-                "mean_sigma": update.mean_sigma,
-                "sigmas": list(update.sigmas),
-                "lr": update.lr,
-                "n_grads": len(update.sigmas),
-            }
-        )
+        self._pending.append(update.record(time.time()))
 
     def tick(self, ps, force: bool = False) -> None:
         """Send what is due (everything with ``force``); ``ps`` is the ParameterServer whose

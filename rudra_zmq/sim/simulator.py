@@ -49,18 +49,7 @@ class SimResult:
 
     def add_update(self, update, t: float) -> None:
         """Record ``update`` (a ``sync.Update``) made at simulated time ``t``."""
-        self.updates.append(
-            {
-                "type": "update",
-                "ts": update.timestamp,
-                "t": t,
-                "epoch": update.epoch,
-                "mean_sigma": update.mean_sigma,
-                "sigmas": list(update.sigmas),
-                "lr": update.lr,
-                "n_grads": len(update.sigmas),
-            }
-        )
+        self.updates.append(update.record(t))
 
     @property
     def mean_staleness(self) -> float:

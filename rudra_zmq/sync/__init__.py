@@ -33,6 +33,7 @@ Not thread-safe: one owner (the PS loop, or a tree node's loop) drives an engine
 from .engine import Arrival, SyncEngine, Update
 from .rules import (
     LR_POLICIES,
+    MOMENTUM_POLICIES,
     NOW,
     PROTOCOLS,
     LRSchedule,
@@ -49,6 +50,7 @@ from .rules import (
 
 __all__ = [
     "LR_POLICIES",
+    "MOMENTUM_POLICIES",
     "NOW",
     "PROTOCOLS",
     "Arrival",

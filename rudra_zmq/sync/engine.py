@@ -25,7 +25,8 @@ class Update:
 
     ``timestamp`` is the PS timestamp the update produces (the previous one + 1);
     ``learners``/``timestamps``/``sigmas`` are the vector clock of the gradients it averages,
-    in arrival order; the PS applies ``w ← step(w, lr, g_scale · Σ scaleᵢ·gᵢ)``.
+    in arrival order; the PS applies ``w ← step(w, lr, g_scale · Σ scaleᵢ·gᵢ)`` with
+    ``momentum`` (None: the optimizer's own).
     """
 
     timestamp: int
@@ -36,6 +37,23 @@ class Update:
     lr: float
     g_scale: float
     epoch: float
+    momentum: float | None = None
+
+    def record(self, t: float) -> dict:
+        """The metrics record of this update made at time ``t`` (Unix, or simulated). Pure."""
+        rec = {
+            "type": "update",
+            "ts": self.timestamp,
+            "t": t,
+            "epoch": self.epoch,
+            "mean_sigma": self.mean_sigma,
+            "sigmas": list(self.sigmas),
+            "lr": self.lr,
+            "n_grads": len(self.sigmas),
+        }
+        if self.momentum is not None:
+            rec["momentum"] = self.momentum
+        return rec
 
 
 @dataclass(frozen=True)
@@ -99,7 +117,9 @@ class SyncEngine:
         return cls(
             s.protocol,
             s.learners,
-            LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
+            LRSchedule(
+                o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma, o.momentum_policy, o.momentum
+            ),
             n=s.n,
             batch_size=s.batch_size,
             epoch_size=epoch_size,
@@ -342,7 +362,15 @@ class SyncEngine:
         self.timestamp += 1
         self.updates += 1
         update = Update(
-            self.timestamp, learners, stamps, sigmas, mean_sigma, lr, 1.0 / len(sigmas), epoch
+            self.timestamp,
+            learners,
+            stamps,
+            sigmas,
+            mean_sigma,
+            lr,
+            1.0 / len(sigmas),
+            epoch,
+            self.lr.momentum_at(mean_sigma),
         )
         self._pending.clear()
         self._pending_learners.clear()
