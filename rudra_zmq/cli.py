@@ -205,6 +205,7 @@ TOOLS = {
     "worker": "launch.worker",
     "examples": "launch.shipped",
     "bench": "benchmarks.cli",
+    "replay": "sim.replay",
 }
 _OWN = {"run": _add_run, **PARSERS, "simulate": _add_simulate, "info": _add_info}
 COMMANDS = (*_OWN, *TOOLS)  # in the order --help lists them

@@ -30,6 +30,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.csv"
 WEIGHTS_FILE = "weights.npy"  # the final weights, saved before PS_FINAL_FILE
 PS_FINAL_FILE = "ps_final.json"  # where training ended, in the PS's own words
+ARRIVALS_FILE = "arrivals.bin"  # the PS's engine events, for replay (arrival_log.py)
 CHECKPOINT_DIR = "checkpoints"
 TOLD_FILE = "told.json"  # in CHECKPOINT_DIR: learners told STOP (ToldRecord)
 LOG_DIR = "logs"
@@ -80,6 +81,7 @@ __all__ = [
     "SUMMARY_FILE",
     "WEIGHTS_FILE",
     "PS_FINAL_FILE",
+    "ARRIVALS_FILE",
     "CHECKPOINT_DIR",
     "TOLD_FILE",
     "LOG_DIR",

@@ -82,6 +82,7 @@ class ServerState:
         self.stopped: set[int] = set()  # learners told STOP (directly or below)
         self.done = False  # the last update reached train.epochs
         self.counters = Counters()
+        self.log = None  # an arrival_log.ArrivalLog: the engine's events, for replay
 
     @property
     def w(self) -> np.ndarray:
@@ -190,6 +191,8 @@ class ServerState:
             return False
         was_out = sender not in self.engine.members
         self.engine.join(sender)  # a member's HELLO too: it goes on from the current weights
+        if self.log is not None:
+            self.log.join(sender)
         if was_out:
             self.stopped.discard(sender)
         return was_out
@@ -200,6 +203,8 @@ class ServerState:
         self.identities.pop(learner, None)
         self.last_heard.pop(learner, None)
         self.counters.evictions += 1
+        if self.log is not None:
+            self.log.leave(learner)
         update = self.engine.leave(learner)
         if update is not None:
             self._apply((), 1.0, update, 0)
@@ -266,9 +271,12 @@ class ServerState:
         may have its reply. Raises ProtocolViolation before touching any weights. Does not
         block beyond the kernels."""
         arrival = self.engine.receive(msg.sender, msg.ts)
+        step = self.steps.get(msg.sender, 0)  # the learner's minibatch of this gradient
+        if self.log is not None:
+            self.log.gradient(msg.sender, msg.ts, step)
         self._apply(msg.payloads, arrival.scale, arrival.update, 1)
         self.applied[msg.sender] = (msg.seq, arrival.sigma)
-        self.steps[msg.sender] = self.steps.get(msg.sender, 0) + 1
+        self.steps[msg.sender] = step + 1
         return arrival
 
     def relay(self, msg: wire.Message) -> Arrival:

@@ -39,6 +39,7 @@ import numpy as np
 import zmq
 
 from .. import kernels, transport, wire
+from ..arrival_log import ArrivalLog
 from ..notices import notice
 from ..run_files import WEIGHTS_FILE
 from ..throttled_log import ThrottledLog
@@ -118,6 +119,8 @@ class ParameterServer:
         the outputs; called with the socket bound. Blocks while torch is imported and the
         model built."""
         self.state, self.told, self.resumed_from = start_state(cfg, model, self.run_dir, resume)
+        if self.run_dir is not None and self.state.tree is None:  # for `rudra-zmq replay`
+            self.state.log = ArrivalLog(self.run_dir, self.state.incarnation)
         # restarted after training ended: the statistics server may have finished already
         self.over_at_start = self.state.done
         t = cfg.train
@@ -350,6 +353,8 @@ class ParameterServer:
             self.metrics.done(self)
         if self.stats:
             self.stats.close()
+        if self.state.log is not None:
+            self.state.log.close()
         if self.run_dir is not None:
             np.save(self.run_dir / WEIGHTS_FILE, self.state.w)
             write_final(self.run_dir, self.state)

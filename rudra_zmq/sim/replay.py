@@ -1,0 +1,187 @@
+"""``rudra-zmq replay RUN_DIR``: a real Rudra-base run recomputed in one process from the
+parameter server's arrivals log (``arrival_log``) and the data order, to the same weights.
+
+The PS recorded each gradient's (learner, timestamp it was computed on, step), each eviction
+and each rejoin, in the order its sync engine took them. Replay feeds the same events to a
+fresh ``SyncEngine`` (so every update, α and momentum is the run's), computes each gradient
+with the simulator's ``Trainer`` on the weights version it was computed on and the learner's
+minibatch at that step (``data_order``: the data server's), with the learners' torch thread
+count, and sums and applies them with the PS's own ``Updater``. On CPU this ends with the run's
+weights bit for bit (``tests/test_replay.py``): the learners' arithmetic is torch's with the
+same inputs and threads, the PS's is the same kernels in the same order.
+
+Refused with the reason: a PS tree (its nodes sum gradients before the root sees them), data
+augmentation (the trainer does not augment), a run whose PS restarted (the updates lost since
+its checkpoint are not in the log). ``--until TS`` stops at the update that made timestamp TS
+and shows it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .. import arrival_log
+from ..config import ConfigError, load_config
+from ..run_files import WEIGHTS_FILE, config_path
+from ..sync import SyncEngine
+from ..update import Updater
+
+GRADIENT, LEAVE, JOIN = arrival_log.GRADIENT, arrival_log.LEAVE, arrival_log.JOIN
+
+
+class ReplayError(ValueError):
+    """A run that replay cannot reproduce, with the reason."""
+
+
+@dataclass
+class Replayed:
+    """What a replay reached: the weights after the update of ``timestamp`` (the last one,
+    or ``--until``'s), that update (None at timestamp 0), and the events and gradients used."""
+
+    weights: np.ndarray
+    timestamp: int
+    update: object
+    events: int
+    gradients: int
+
+
+def _check(cfg) -> None:
+    if cfg.architecture.kind != "base":
+        raise ReplayError(
+            f"architecture.kind={cfg.architecture.kind}: replay takes Rudra-base runs (a "
+            "tree node sums its learners' gradients before the root's engine sees them)"
+        )
+    if cfg.data.augment:
+        raise ReplayError(
+            "data.augment is on: the simulator's trainer does not augment, so it cannot "
+            "recompute these gradients"
+        )
+
+
+def _last_updates(cfg, events, n) -> tuple[int, dict]:
+    """A first pass of the engine alone over ``events``: the index of the last event that
+    completes an update (gradients after it never reached the weights) and, per weights
+    timestamp, the index of the last gradient computed on it. Raises ReplayError for events
+    the engine refuses (a damaged log, or another run's config)."""
+    engine, last, uses = SyncEngine.of(cfg, n), -1, {}
+    for i, (kind, learner, ts, _) in enumerate(events.tolist()):
+        try:
+            if kind == GRADIENT:
+                uses[ts] = i
+                update = engine.receive(learner, ts).update
+            elif kind == LEAVE:
+                update = engine.leave(learner)
+            else:
+                engine.join(learner)
+                update = None
+        except ValueError as exc:
+            raise ReplayError(
+                f"event {i} of the arrivals log is refused by the engine: {exc}"
+            ) from None
+        if update is not None:
+            last = i
+    return last, uses
+
+
+def replay(run_dir, until: int | None = None, threads: int | None = None) -> Replayed:
+    """Recompute the run in ``run_dir`` up to the update of timestamp ``until`` (default: its
+    last). ``threads``: torch threads per gradient (default: the run's learners' count).
+    Blocks (computes every gradient); raises ReplayError, ConfigError or FileNotFoundError."""
+    import torch
+
+    from ..launch.run_plan import learner_threads
+    from .sim_trainer import Trainer
+
+    run_dir = Path(run_dir)
+    cfg = load_config(config_path(run_dir))
+    _check(cfg)
+    try:
+        events = arrival_log.read(run_dir)
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    torch.set_num_threads(threads or learner_threads(cfg))
+    trainer = Trainer(cfg)
+    last, uses = _last_updates(cfg, events, trainer.n)
+    o = cfg.optimizer
+    w0 = trainer.flat.weights
+    segments = trainer.flat.segments() if o.param_multipliers else [(0, w0.size, 1.0, 1.0)]
+    updater, engine = Updater(w0, segments, o), SyncEngine.of(cfg, trainer.n)
+    versions = {0: updater.w.copy()}
+    done = Replayed(updater.w, 0, None, 0, 0)
+    for i, (kind, learner, ts, step) in enumerate(events[: last + 1].tolist()):
+        update = None
+        if kind == GRADIENT:
+            arrival = engine.receive(learner, ts)
+            update = arrival.update
+            g = trainer.gradient(versions[ts], learner, step)
+            updater.receive([g], arrival.scale, update)
+            done.gradients += 1
+            if uses.get(ts) == i:
+                versions.pop(ts, None)  # no later gradient is computed on it
+        elif kind == LEAVE:
+            update = engine.leave(learner)
+            if update is not None:
+                updater.receive((), 1.0, update, 0)
+        else:
+            engine.join(learner)
+        done.events = i + 1
+        if update is not None:
+            done.timestamp, done.update = update.timestamp, update
+            if uses.get(update.timestamp, -1) > i:
+                versions[update.timestamp] = updater.w.copy()
+            if until is not None and update.timestamp >= until:
+                break
+    if until is not None and done.timestamp < until:
+        raise ReplayError(f"--until {until}: the run's last update made timestamp {done.timestamp}")
+    done.weights = updater.w.copy()
+    return done
+
+
+def add_parser(sub) -> None:
+    """Register ``rudra-zmq replay`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "replay",
+        help="recompute a Rudra-base run from its PS's arrivals log, to the same weights",
+        description="Feed the parameter server's recorded arrivals (learner, timestamp, "
+        "step; RUN/arrivals.bin) to the sync engine and recompute every gradient from the "
+        "data order: the run's weights, bit for bit on CPU, or the weights at one update.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--until", type=int, metavar="TS", help="stop at the update that made TS")
+    p.add_argument("--out", metavar="FILE", help="save the replayed weights (.npy)")
+    p.set_defaults(func=cmd_replay)
+
+
+def cmd_replay(args) -> int:
+    """Replay, compare with RUN/weights.npy (or show --until's update). Returns 0, 1 when
+    the final weights differ from the run's, 2 when the run cannot be replayed."""
+    try:
+        r = replay(args.run_dir, until=args.until)
+    except (ReplayError, ConfigError, FileNotFoundError) as exc:
+        print(f"rudra-zmq replay: error: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        np.save(args.out, r.weights)
+    print(f"replayed {r.events:,} events ({r.gradients:,} gradients) to timestamp {r.timestamp}")
+    if args.until is not None:
+        u = r.update
+        print(
+            f"update {u.timestamp}: learners {list(u.learners)}, computed on "
+            f"{list(u.timestamps)}, σ {list(u.sigmas)}, ⟨σ⟩ {u.mean_sigma:.2f}, α {u.lr:.6g}, "
+            f"epoch {u.epoch:.3f}"
+        )
+        return 0
+    final = np.load(Path(args.run_dir) / WEIGHTS_FILE)
+    if np.array_equal(final, r.weights):
+        print(f"the same weights as {WEIGHTS_FILE}, bit for bit ({final.size:,} values)")
+        return 0
+    diff = np.abs(final.astype(np.float64) - r.weights)
+    print(
+        f"the weights differ from {WEIGHTS_FILE}: {int((diff > 0).sum()):,} of {final.size:,} "
+        f"values, max |difference| {diff.max():.3g}"
+    )
+    return 1
