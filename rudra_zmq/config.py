@@ -18,6 +18,7 @@ import yaml
 from .devices import check_device_name
 from .launch import shipped
 from .sync import LR_POLICIES, MOMENTUM_POLICIES, check_protocol
+from .sync.stages import check_target, parse_schedule
 from .typed_yaml import ConfigError, apply_override, build, read_mapping
 from .user_code import UserCodeError, is_import_path
 
@@ -52,6 +53,8 @@ class SyncConfig:
     learners: int = 4  # λ
     batch_size: int = 32  # µ, per learner
     max_staleness: int | None = None  # bounded staleness s (softsync/async): σ <= s; null: none
+    schedule: list[str] = field(default_factory=list)  # "EPOCH PROTOCOL [N]": from EPOCH on
+    target_staleness: float | None = None  # softsync: n chosen to hold <σ> near this
 
 
 @dataclass
@@ -162,6 +165,9 @@ class Config:
             )
         try:
             check_protocol(s.protocol, s.n, s.learners, max_staleness=s.max_staleness)
+            parse_schedule(s.schedule, s.learners)
+            if s.target_staleness is not None:
+                check_target(s.target_staleness, s.protocol, s.learners, s.schedule)
             check_device_name(r.device)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
@@ -264,6 +270,12 @@ class Config:
         ):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
+        if a.kind != "base" and (self.sync.schedule or self.sync.target_staleness is not None):
+            raise ConfigError(
+                f"sync.schedule and sync.target_staleness change the protocol during the run; "
+                f"architecture.kind={a.kind}'s nodes follow the protocol fixed at start: use "
+                "architecture.kind=base"
+            )
         try:  # advstar's servers answer at once: a protocol that holds replies cannot run
             check_protocol(
                 self.sync.protocol,

@@ -182,11 +182,18 @@ def _plot_error(ax, x, y, label=None, **style):
 
 def _mark_events(ax, m, xkey: str, clock: TrainingClock | None = None) -> None:
     """Vertical lines where λ changed (``members``: evicted/joined, labelled λ and c) and where
-    the PS restarted or the run was resumed (``restart``/``resume``), on an x of ``epoch`` or
+    the PS restarted or the run was resumed (``restart``/``resume``), where the protocol
+    changed (update records' ``protocol``: ``sync.schedule``, ``sync.target_staleness``), on an
+    x of ``epoch`` or
     of seconds of training by ``clock``, where a resume is drawn with the seconds of idle time
     and start-up left out there."""
-    seen = set()
+    seen, ups = set(), m["update"]
+    m = {
+        **m,
+        "protocol": [u for a, u in zip(ups, ups[1:]) if a.get("protocol") != u.get("protocol")],
+    }
     for kind, style in (
+        ("protocol", dict(color="tab:green", linestyle="-")),
         ("members", dict(color="tab:orange", linestyle=":")),
         ("restart", dict(color="tab:red", linestyle="--")),
         ("resume", dict(color="tab:purple", linestyle="-.")),
@@ -199,7 +206,9 @@ def _mark_events(ax, m, xkey: str, clock: TrainingClock | None = None) -> None:
         for x, r in points:
             if x is None:
                 continue
-            if kind == "members":
+            if kind == "protocol":
+                label = f"then {r.get('protocol')}"
+            elif kind == "members":
                 label = f"λ={r.get('learners')}, c={r.get('c')} ({r.get('event')})"
             elif kind == "restart":
                 label = "PS restarted"

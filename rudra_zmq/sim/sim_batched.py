@@ -95,6 +95,11 @@ class BatchedGradients:
         pending: deque = deque()  # (t, update, groups) decided by the events, not applied
         forming: dict[int, _Group] = {}
         for t, i, step, version, arrival, resumed in events:
+            if arrival is None:  # refused (stages.py, bounded staleness): restarted
+                self.held[version] -= 1
+                for _, _, v in resumed:
+                    self.held[v] += 1
+                continue
             g = forming.get(version)
             if g is None:
                 g = forming[version] = _Group(version, arrival.scale)

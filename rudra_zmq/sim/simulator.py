@@ -32,7 +32,7 @@ from .. import config as config_mod
 from .. import kernels
 from ..data.datasets import dataset_size
 from ..run_files import SUMMARY_FILE, config_path, metrics_path
-from ..sync import SyncEngine, protocol_label
+from ..sync import Rejoin, SyncEngine, protocol_label
 from ..update import Updater
 from . import sim_batched
 from .sim_trainer import Gradients, Trainer
@@ -142,7 +142,7 @@ def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progr
     events = _events(cfg, engine, lam, speeds, jitter, np.random.default_rng(seed), max_updates)
     if not trainer:
         for t, _, _, _, arrival, _ in events:
-            if arrival.update is not None:
+            if arrival is not None and arrival.update is not None:
                 result.add_update(arrival.update, t)
             result.sim_time = t
         return result
@@ -165,8 +165,10 @@ def _per_gradient(events, updater, grads, lam, result, evals) -> None:
     for i in range(lam):
         grads.start(i, have[i], 0)
     for t, i, _, _, arrival, resumed in events:
-        updater.receive([grads.take(i)], arrival.scale, arrival.update)
-        if arrival.update is not None:
+        grad = grads.take(i)
+        if arrival is not None:
+            updater.receive([grad], arrival.scale, arrival.update)
+        if arrival is not None and arrival.update is not None:
             result.add_update(arrival.update, t)
             evals.after(updater.w, arrival.update, t)
         for j, step, _ in resumed:  # pull the newest weights, start the next gradient
@@ -179,7 +181,9 @@ def _events(cfg, engine, lam, speeds, jitter, rng, max_updates):
     """The run's timing, which does not depend on the gradients' values: yields, per gradient
     arrival in simulated-time order, ``(t, learner, step, version, arrival, resumed)``: the
     learner's step (its minibatch), the weights version it computed on, the engine's
-    ``Arrival``, and ``(learner, step, version)`` of each learner that then pulls the newest
+    ``Arrival`` (None: the engine refused the gradient, and the learner starts the same step
+    again on the newest weights), and ``(learner, step, version)`` of each learner that then
+    pulls the newest
     weights and starts its next gradient: those whose reply (``Arrival.reply``) the engine
     now says is due, in arrival order. Ends after the last update of the run."""
     have_ts = [0] * lam
@@ -191,7 +195,13 @@ def _events(cfg, engine, lam, speeds, jitter, rng, max_updates):
     while events and engine.updates < limit:
         t, i = heapq.heappop(events)
         version = have_ts[i]
-        arrival = engine.receive(i, version)
+        try:
+            arrival = engine.receive(i, version)
+        except Rejoin:  # refused, as the PS refuses it: the same minibatch on the newest weights
+            have_ts[i] = engine.timestamp
+            heapq.heappush(events, (t + _duration(speeds[i], jitter, rng), i))
+            yield t, i, steps[i], version, None, ((i, steps[i], have_ts[i]),)
+            continue
         step = steps[i]
         steps[i] += 1
         update = arrival.update

@@ -16,7 +16,9 @@ from .rules import (
     barrier,
     check_protocol,
     gradients_per_update,
+    protocol_label,
 )
+from .stages import Stages, parse_schedule
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Update:
     g_scale: float
     epoch: float
     momentum: float | None = None
+    protocol: str | None = None  # the protocol it was made under, where it changes (stages)
 
     def record(self, t: float) -> dict:
         """The metrics record of this update made at time ``t`` (Unix, or simulated). Pure."""
@@ -53,6 +56,8 @@ class Update:
         }
         if self.momentum is not None:
             rec["momentum"] = self.momentum
+        if self.protocol is not None:
+            rec["protocol"] = self.protocol
         return rec
 
 
@@ -106,6 +111,8 @@ class SyncEngine:
     members: set = None
     max_staleness: int | None = None
     too_stale: int = 0
+    schedule: tuple = ()  # stages.Stage: protocols by epoch
+    target_staleness: float | None = None  # the ⟨σ⟩ an adaptive n holds
     # bounded staleness: per member, the oldest timestamp its next gradient can carry
     _computing_on: dict = field(default_factory=dict, repr=False)
 
@@ -124,6 +131,8 @@ class SyncEngine:
             batch_size=s.batch_size,
             epoch_size=epoch_size,
             max_staleness=s.max_staleness,
+            schedule=parse_schedule(s.schedule, s.learners),
+            target_staleness=s.target_staleness,
         )
 
     def __post_init__(self):
@@ -131,6 +140,9 @@ class SyncEngine:
         if self.members is None:
             self.members = set(range(self.n_learners))
         self._computing_on = dict.fromkeys(self.members, self.timestamp)
+        dynamic = self.schedule or self.target_staleness is not None
+        self._stages = Stages(self.schedule, self.target_staleness) if dynamic else None
+        self._hardsync_since: int | None = None  # a schedule switched to hardsync here
         if self.batch_size < 1 or self.epoch_size < 0:
             raise ValueError(
                 f"batch_size must be >= 1 and epoch_size >= 0, got {self.batch_size}, "
@@ -171,6 +183,7 @@ class SyncEngine:
             "pending": [list(p) for p in self._pending],
             "members": sorted(self.members),
             "too_stale": self.too_stale,
+            "protocol": [self.protocol, self.n, self._hardsync_since],
         }
 
     def load_state(self, d: dict) -> None:
@@ -181,6 +194,8 @@ class SyncEngine:
         self._pending_learners = {p[0] for p in self._pending}
         self.members = {int(m) for m in d["members"]}
         self.too_stale = int(d.get("too_stale", 0))
+        if "protocol" in d:  # where a schedule or an adaptive n had taken it
+            self.protocol, self.n, self._hardsync_since = d["protocol"]
         # what learners computed on before the restart is not known: they rejoin, and a
         # gradient from before it that is too stale is refused (TooStale)
         self._computing_on = dict.fromkeys(self.members, self.timestamp)
@@ -234,6 +249,12 @@ class SyncEngine:
                 "refused, not applied: say HELLO again to go on from the current weights"
             )
         if barrier(self.protocol):
+            since = self._hardsync_since
+            if grad_ts != self.timestamp and since is not None and grad_ts < since:
+                raise Rejoin(
+                    f"learner {learner} pushed a gradient of timestamp {grad_ts}, computed "
+                    f"before sync.schedule switched to hardsync at {since}: say HELLO again"
+                )
             if grad_ts != self.timestamp:
                 raise ProtocolViolation(
                     f"hardsync: learner {learner} pushed a gradient of timestamp {grad_ts} but "
@@ -371,7 +392,14 @@ class SyncEngine:
             1.0 / len(sigmas),
             epoch,
             self.lr.momentum_at(mean_sigma),
+            protocol_label(self.protocol, self.n) if self._stages else None,
         )
         self._pending.clear()
         self._pending_learners.clear()
+        if self._stages is not None:
+            change = self._stages.after(update, self.protocol, self.n, self.n_learners)
+            if change is not None:  # nothing is pending: the next gradient is under it
+                if barrier(change[0]) and not barrier(self.protocol):
+                    self._hardsync_since = self.timestamp
+                self.protocol, self.n = change
         return update
