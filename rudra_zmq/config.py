@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from .config_architecture import validate_architecture
 from .devices import check_device_name
 from .launch import shipped
 from .sync import LR_POLICIES, MOMENTUM_POLICIES, check_protocol
 from .sync.stages import check_target, parse_schedule
-from .typed_yaml import ConfigError, apply_override, build, read_mapping
+from .typed_yaml import ConfigError, apply_override, build, one_of, read_mapping
 from .user_code import UserCodeError, is_import_path
 
 
@@ -154,11 +155,11 @@ class Config:
     def validate(self) -> Config:
         """Cross-field checks; raises ConfigError naming the value and what to do."""
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
-        _one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
-        _one_of("optimizer.momentum_policy", o.momentum_policy, MOMENTUM_POLICIES)
-        _one_of("runtime.transport", r.transport, ("tcp", "ipc"))
+        one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
+        one_of("optimizer.momentum_policy", o.momentum_policy, MOMENTUM_POLICIES)
+        one_of("runtime.transport", r.transport, ("tcp", "ipc"))
         if not is_import_path(d.dataset):
-            _one_of(
+            one_of(
                 "data.dataset",
                 d.dataset,
                 ("digits", "cifar10", "imagefolder", "synthetic", "package.module:function"),
@@ -216,7 +217,7 @@ class Config:
                 f"runtime.compute_times must give a factor >= 1 for each of the {s.learners} "
                 f"learners (or be [] for none), got {list(r.compute_times)}"
             )
-        self._validate_architecture()
+        validate_architecture(self)
         self._validate_user_code()
         return self
 
@@ -253,90 +254,6 @@ class Config:
                 models.input_transform(self.model.name)
         except UserCodeError as exc:
             raise ConfigError(str(exc)) from exc
-
-    def _validate_architecture(self) -> None:
-        a, lam = self.architecture, self.sync.learners
-        if a.kind == "adv*":
-            raise ConfigError(
-                "architecture.kind is 'adv*'; write it advstar (the YAML-friendly "
-                "spelling of Rudra-adv*)"
-            )
-        _one_of("architecture.kind", a.kind, ("base", "adv", "advstar"))
-        _one_of("architecture.relay", a.relay, ("eager", "gather"))
-        for key, val in (
-            ("architecture.fanout", a.fanout),
-            ("architecture.depth", a.depth),
-            ("architecture.broadcast_fanout", a.broadcast_fanout),
-        ):
-            if val < 1:
-                raise ConfigError(f"{key} must be >= 1, got {val}")
-        if a.kind != "base" and (self.sync.schedule or self.sync.target_staleness is not None):
-            raise ConfigError(
-                f"sync.schedule and sync.target_staleness change the protocol during the run; "
-                f"architecture.kind={a.kind}'s nodes follow the protocol fixed at start: use "
-                "architecture.kind=base"
-            )
-        try:  # advstar's servers answer at once: a protocol that holds replies cannot run
-            check_protocol(
-                self.sync.protocol,
-                self.sync.n,
-                lam,
-                broadcast=a.kind == "advstar",
-                max_staleness=self.sync.max_staleness,
-                tree=a.kind == "adv",
-            )
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if a.kind == "base":
-            if a.leaves:
-                raise ConfigError(
-                    "architecture.leaves is used only by the PS tree: set "
-                    "architecture.kind=adv, or remove architecture.leaves"
-                )
-            if a.leaf_shm:
-                raise ConfigError(
-                    "architecture.leaf_shm shares memory between a leaf tree node "
-                    "and its learners; with architecture.kind=base there are no "
-                    "leaves: set architecture.kind=adv (or advstar), or leaf_shm "
-                    "false"
-                )
-            return
-        if self.optimizer.lr_policy == "per_gradient":
-            raise ConfigError(
-                "optimizer.lr_policy per_gradient needs every gradient separately "
-                "at the root; a PS tree (architecture.kind=adv) relays sums: use "
-                "constant or staleness"
-            )
-        if a.leaves:
-            flat = [i for leaf in a.leaves for i in leaf]
-            empty = [k for k, leaf in enumerate(a.leaves) if not leaf]
-            if empty:
-                raise ConfigError(
-                    f"architecture.leaves[{empty[0]}] is empty; every leaf needs "
-                    "at least one learner"
-                )
-            bad = sorted({i for i in flat if not 0 <= i < lam})
-            twice = sorted({i for i in flat if flat.count(i) > 1})
-            missing = sorted(set(range(lam)) - set(flat))
-            if bad or twice or missing:
-                raise ConfigError(
-                    f"architecture.leaves must place every learner 0..{lam - 1} "
-                    f"(sync.learners={lam}) in exactly one leaf; got {a.leaves}: "
-                    + "; ".join(
-                        f"{what} {ids}"
-                        for what, ids in (
-                            ("out of range", bad),
-                            ("in two leaves", twice),
-                            ("in no leaf", missing),
-                        )
-                        if ids
-                    )
-                )
-
-
-def _one_of(key, value, allowed):
-    if value not in allowed:
-        raise ConfigError(f"{key} is {value!r}; expected one of {', '.join(allowed)}")
 
 
 # Keys of earlier releases, and why they went (bench/RESULTS.md has the measurements).

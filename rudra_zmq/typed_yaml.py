@@ -21,6 +21,12 @@ class ConfigError(ValueError):
     """A configuration value or key that is not accepted; the message says which and why."""
 
 
+def one_of(key: str, value, allowed) -> None:
+    """Raise ConfigError unless ``value`` (of ``key``) is one of ``allowed``, naming them."""
+    if value not in allowed:
+        raise ConfigError(f"{key} is {value!r}; expected one of {', '.join(allowed)}")
+
+
 def check_type(key: str, value, tp):
     """Return ``value`` converted to ``tp`` (int -> float only) or raise ConfigError."""
     origin = typing.get_origin(tp)

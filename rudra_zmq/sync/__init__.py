@@ -30,7 +30,8 @@ and the schedule: ``docs/protocols.md``.
 Not thread-safe: one owner (the PS loop, or a tree node's loop) drives an engine or clock.
 """
 
-from .engine import Arrival, SyncEngine, Update
+from .decisions import Arrival, Update
+from .engine import SyncEngine
 from .rules import (
     LR_POLICIES,
     MOMENTUM_POLICIES,

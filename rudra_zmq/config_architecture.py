@@ -1,0 +1,89 @@
+"""The architecture section's checks (``architecture.*`` against ``sync.*``), called by
+``Config.validate``: what a PS tree or the broadcast can run. Pure."""
+
+from __future__ import annotations
+
+from .sync import check_protocol
+from .typed_yaml import ConfigError, one_of
+
+
+def validate_architecture(self) -> None:
+    """Raise ConfigError, naming the value, unless ``self.architecture`` (a Config's) can run
+    with its sync section: the tree's shape, leaves, relay, and the protocols a tree or the
+    broadcast runs. Pure."""
+    a, lam = self.architecture, self.sync.learners
+    if a.kind == "adv*":
+        raise ConfigError(
+            "architecture.kind is 'adv*'; write it advstar (the YAML-friendly "
+            "spelling of Rudra-adv*)"
+        )
+    one_of("architecture.kind", a.kind, ("base", "adv", "advstar"))
+    one_of("architecture.relay", a.relay, ("eager", "gather"))
+    for key, val in (
+        ("architecture.fanout", a.fanout),
+        ("architecture.depth", a.depth),
+        ("architecture.broadcast_fanout", a.broadcast_fanout),
+    ):
+        if val < 1:
+            raise ConfigError(f"{key} must be >= 1, got {val}")
+    if a.kind != "base" and (self.sync.schedule or self.sync.target_staleness is not None):
+        raise ConfigError(
+            f"sync.schedule and sync.target_staleness change the protocol during the run; "
+            f"architecture.kind={a.kind}'s nodes follow the protocol fixed at start: use "
+            "architecture.kind=base"
+        )
+    try:  # advstar's servers answer at once: a protocol that holds replies cannot run
+        check_protocol(
+            self.sync.protocol,
+            self.sync.n,
+            lam,
+            broadcast=a.kind == "advstar",
+            max_staleness=self.sync.max_staleness,
+            tree=a.kind == "adv",
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if a.kind == "base":
+        if a.leaves:
+            raise ConfigError(
+                "architecture.leaves is used only by the PS tree: set "
+                "architecture.kind=adv, or remove architecture.leaves"
+            )
+        if a.leaf_shm:
+            raise ConfigError(
+                "architecture.leaf_shm shares memory between a leaf tree node "
+                "and its learners; with architecture.kind=base there are no "
+                "leaves: set architecture.kind=adv (or advstar), or leaf_shm "
+                "false"
+            )
+        return
+    if self.optimizer.lr_policy == "per_gradient":
+        raise ConfigError(
+            "optimizer.lr_policy per_gradient needs every gradient separately "
+            "at the root; a PS tree (architecture.kind=adv) relays sums: use "
+            "constant or staleness"
+        )
+    if a.leaves:
+        flat = [i for leaf in a.leaves for i in leaf]
+        empty = [k for k, leaf in enumerate(a.leaves) if not leaf]
+        if empty:
+            raise ConfigError(
+                f"architecture.leaves[{empty[0]}] is empty; every leaf needs at least one learner"
+            )
+        bad = sorted({i for i in flat if not 0 <= i < lam})
+        twice = sorted({i for i in flat if flat.count(i) > 1})
+        missing = sorted(set(range(lam)) - set(flat))
+        if bad or twice or missing:
+            raise ConfigError(
+                f"architecture.leaves must place every learner 0..{lam - 1} "
+                f"(sync.learners={lam}) in exactly one leaf; got {a.leaves}: "
+                + "; ".join(
+                    f"{what} {ids}"
+                    for what, ids in (
+                        ("out of range", bad),
+                        ("in two leaves", twice),
+                        ("in no leaf", missing),
+                    )
+                    if ids
+                )
+            )
