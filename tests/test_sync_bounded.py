@@ -1,7 +1,6 @@
 """Bounded staleness (``sync.max_staleness``, SSP's rule): the engine driven directly, the
 simulator with a straggler, the config's refusals, and a real run with a throttled learner."""
 
-import json
 from collections import Counter
 
 import numpy as np
@@ -113,6 +112,7 @@ def test_a_real_run_with_a_throttled_learner_never_applies_a_gradient_past_the_b
     """The real roles (threads of this process): async, λ = 4, learner 3 takes 5x its compute
     time (``runtime.compute_times``). Every applied gradient has σ <= 2, the fast learners
     waited (updates took more gradients than c), and the counters are recorded."""
+    from fault_runs import records
     from inproc import run_in_threads
 
     run_dir, _ = run_in_threads(
@@ -127,12 +127,10 @@ def test_a_real_run_with_a_throttled_learner_never_applies_a_gradient_past_the_b
         ],
         tmp_path / "ssp",
     )
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    items = [i for r in recs for i in (r["items"] if r["type"] == "batch" else [r])]
-    updates = [r for r in items if r["type"] == "update"]
+    updates = records(run_dir, "update")
     sigmas = [s for u in updates for s in u["sigmas"]]
     assert updates and max(sigmas) <= 2, Counter(sigmas)
     assert any(u["n_grads"] > 1 for u in updates)  # held back for the straggler
-    done = [r for r in items if r["type"] == "done"]
+    done = records(run_dir, "done")
     assert done and done[0]["too_stale"] == 0
     assert np.isfinite(np.load(run_dir / "weights.npy")).all()

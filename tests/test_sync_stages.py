@@ -2,7 +2,6 @@
 ``sync.target_staleness`` (n chosen to hold ⟨σ⟩ near a target), in the engine, the simulator
 and the real roles."""
 
-import json
 from collections import Counter
 
 import numpy as np
@@ -109,6 +108,7 @@ def test_a_real_run_switches_from_async_to_hardsync_and_its_learners_follow(tmp_
     """The real roles (threads of this process): async for the first epoch, then hardsync. The
     learners whose gradients were computed before the switch say HELLO again and go on; every
     update after it has σ = 0; the plot draws the switch."""
+    from fault_runs import records
     from inproc import run_in_threads
     from rudra_zmq.results import plots
 
@@ -118,9 +118,7 @@ def test_a_real_run_switches_from_async_to_hardsync_and_its_learners_follow(tmp_
         + ["train.eval_every_epochs=1", "runtime.retry_s=1"],
         tmp_path / "switch",
     )
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    items = [i for r in recs for i in (r["items"] if r["type"] == "batch" else [r])]
-    ups = [r for r in items if r["type"] == "update"]
+    ups = records(run_dir, "update")
     labels = [u["protocol"] for u in ups]
     assert labels[0] == "async" and labels[-1] == "hardsync" and labels.count("hardsync") > 5
     after = labels.index("hardsync")
