@@ -79,6 +79,29 @@ class Run:
             assert time.time() < deadline, f"no checkpoint written in {timeout} s"
             time.sleep(0.05)
 
+    def wait_learners(self, ids, timeout=90):
+        """Block until every learner in ``ids`` reported progress (a ``learner`` record): it
+        said HELLO and trains, so the PS's silence rule applies to it."""
+        deadline = time.time() + timeout
+        while not set(ids) <= {r["learner"] for r in self._records_so_far("learner")}:
+            assert self.proc.poll() is None, self.proc.communicate()[0]
+            assert time.time() < deadline, f"no progress from learners {ids} in {timeout} s"
+            time.sleep(0.05)
+
+    def wait_log(self, label, texts, timeout=60):
+        """Block until RUN/logs/LABEL.log holds every string in ``texts``."""
+        deadline, log = time.time() + timeout, self.dir / "logs" / f"{label}.log"
+        while not (log.exists() and all(t in log.read_text() for t in texts)):
+            assert self.proc.poll() is None, self.proc.communicate()[0]
+            assert time.time() < deadline, f"{log} lacks {texts} after {timeout} s"
+            time.sleep(0.05)
+
+    def _records_so_far(self, kind):
+        try:
+            return records(self.dir, kind)
+        except (OSError, ValueError):  # not there yet, or a line half written
+            return []
+
     def signal(self, label, sig):
         pid = pid_of(self.dir, label)
         os.kill(pid, sig)

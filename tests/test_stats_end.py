@@ -2,9 +2,16 @@
 made-up times: no sockets, no clock."""
 
 import json
+import os
 
 from rudra_zmq import wire
-from rudra_zmq.roles.stats_end import DONE_QUIET_S, DONE_WAIT_S, FINAL_FILE_EVERY_S, RunEnd
+from rudra_zmq.roles.stats_end import (
+    DONE_QUIET_S,
+    DONE_WAIT_S,
+    FINAL_FILE_EVERY_S,
+    FINAL_FILE_GRACE_S,
+    RunEnd,
+)
 
 
 def done(ts=40, epoch=4.0, **extra):
@@ -38,15 +45,16 @@ def test_a_done_without_ts_waits_for_the_evals_it_announced(tmp_path):
 def test_ps_final_json_saying_training_is_done_stands_for_the_done_looked_at_now_and_then(tmp_path):
     end = RunEnd(tmp_path, epochs=4)
     assert not end.look_for_file(10.0, t0=0.0)  # no file yet
-    (tmp_path / "ps_final.json").write_text(
-        json.dumps({"timestamp": 40, "epoch": 4.0, "done": True})
-    )
-    assert not end.look_for_file(10.0 + FINAL_FILE_EVERY_S / 2, t0=0.0)  # not looked again
-    assert end.look_for_file(10.0 + FINAL_FILE_EVERY_S, t0=0.0)
+    final = tmp_path / "ps_final.json"
+    final.write_text(json.dumps({"timestamp": 40, "epoch": 4.0, "done": True}))
+    os.utime(final, (11.0, 11.0))  # written at 11.0 (the PS's "done" went just before)
+    assert not end.look_for_file(11.0 + FINAL_FILE_EVERY_S, t0=0.0)  # its "done" may be in flight
+    assert not end.look_for_file(11.0 + FINAL_FILE_EVERY_S * 1.5, t0=0.0)  # not looked again
+    assert end.look_for_file(11.0 + FINAL_FILE_GRACE_S + FINAL_FILE_EVERY_S, t0=0.0)
     assert end.done["ts"] == 40 and end.done["sender"] == wire.SENDER_PS
     rec = end.file_record()  # for the metrics: how the end became known, once
     assert rec["type"] == "done" and rec["ts"] == 40 and rec["source"] == "ps_final.json"
-    assert "arrived" not in rec and end.file_record() is None
+    assert rec["t"] == 11.0 and "arrived" not in rec and end.file_record() is None
     stale = RunEnd(tmp_path, epochs=5)  # resumed to train on
     assert not stale.look_for_file(10.0, t0=0.0)
     assert stale.file_record() is None

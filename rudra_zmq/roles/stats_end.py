@@ -3,7 +3,7 @@ passed in (no sockets, no clock of its own) and one small file read.
 
 A run ends with the PS's ``done`` record or, when none came (it went to a server that has
 gone), with ``RUN/ps_final.json`` saying training is done (``stats_final.final_done``), looked
-at every ``FINAL_FILE_EVERY_S``. The server then keeps reading for ``DONE_QUIET_S``
+at every ``FINAL_FILE_EVERY_S`` once it is ``FINAL_FILE_GRACE_S`` old. The server then keeps reading for ``DONE_QUIET_S``
 (stragglers: learner records), and finishes once the final weights (at the ``done``'s ts) are
 evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or after ``DONE_WAIT_S``. A
 ``done`` without a ts waits for the EVALs it announced instead. Not thread-safe: the
@@ -25,6 +25,8 @@ log = logging.getLogger("rudra_zmq.stats")
 DONE_QUIET_S = 0.2  # after "done", keep reading this long for stragglers (learner records)
 DONE_WAIT_S = 10.0  # ... and at most this long for the final weights (EVAL or file)
 FINAL_FILE_EVERY_S = 1.0  # without a "done": how often ps_final.json is looked at
+FINAL_FILE_GRACE_S = 2.0  # ... and how old it must be: the PS sends its "done" just before
+#                           writing it, so a younger file may still have its "done" in flight
 
 
 class RunEnd:
@@ -49,7 +51,8 @@ class RunEnd:
 
     def look_for_file(self, now: float, t0: float) -> bool:
         """Whether a ``done`` is known: without one, ``ps_final.json`` saying training is done
-        (looked at once per ``FINAL_FILE_EVERY_S``) stands for it, on the run's clock ``t0``.
+        (looked at once per ``FINAL_FILE_EVERY_S``; written ``FINAL_FILE_GRACE_S`` ago or more,
+        since the PS's own ``done`` may still be in flight) stands for it, on the run's clock ``t0``.
         Reads one small file at most."""
         if self.done is not None:
             return True
@@ -57,7 +60,7 @@ class RunEnd:
             return False
         self._looked = now
         done = final_done(self.run_dir, self.epochs)
-        if done is None:
+        if done is None or now - done["t"] < FINAL_FILE_GRACE_S:
             return False
         log.info(
             "statistics server: %s says training ended at ts %d and no 'done' has "
