@@ -1,7 +1,14 @@
-"""Requests to one server over one DEALER socket (``Channel``): numbered requests, sent again
-when unanswered, late answers dropped, replies validated, an ERROR reply raised as
-``ServerError``. Learners and tree nodes reach their parent this way; the socket comes from
-``transport.py``, the frames from ``wire.py``.
+"""Requests to one server over one DEALER socket (``Channel``): numbered requests, asked
+about when slow and sent again only when lost, late answers dropped, replies validated, an
+ERROR reply raised as ``ServerError``. Learners and tree nodes reach their parent this way;
+the socket comes from ``transport.py``, the frames from ``wire.py``.
+
+A request is sent again only on evidence that it was lost, never because a round outlasted a
+timer: on a slow link a hardsync round can take longer than ``runtime.retry_s``, and resending
+then doubled the bytes on the busiest link. The evidence is the server's RECEIPT ``got:
+false`` to a CHECK (a header sent after ``retry_ms`` without a reply: a restarted server, or
+a connection that dropped the request), or the socket's monitor seeing the connection drop
+and come back (the reply may have been lost with it; the server answers a resend as before).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import itertools
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import transport, wire
 
@@ -19,11 +27,13 @@ class Channel:
 
     Blocking calls (``request``, ``recv``) wait at most ``timeout_ms`` and then raise
     ``TimeoutError`` naming the peer, so a dead server never hangs a learner forever. A
-    request unanswered for ``retry_ms`` is sent again, unchanged (same sequence number: the
-    server applies a gradient once and answers a resend as before); a reply that names
-    another request (``x{re}``) is a late answer to an earlier send and is dropped. Sequence
-    numbers start from the clock in microseconds, so a restarted sender never reuses one.
-    Not thread-safe (owns one socket).
+    request unanswered for ``retry_ms`` is asked about (CHECK, a header) every ``retry_ms``;
+    it is sent again, unchanged (same sequence number: the server applies a gradient once and
+    answers a resend as before), only when the server says it never got it or the connection
+    dropped and came back (module docstring). A reply that names another request (``x{re}``)
+    is a late answer to an earlier send and is dropped. Sequence numbers start from the clock
+    in microseconds, so a restarted sender never reuses one. Not thread-safe (owns one
+    socket and its monitor).
     """
 
     def __init__(
@@ -52,12 +62,17 @@ class Channel:
             zmq.RCVTIMEO,
             transport.WAKE_MS if timeout_ms < 0 else min(timeout_ms, transport.WAKE_MS),
         )
+        # connection drops and reconnects: the evidence that a request or its reply was lost
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._dropped = False  # a drop seen, the reconnect not yet
         transport.connect(self.sock, endpoint, sender)
         self._seq = itertools.count(time.time_ns() // 1000)
         self.retry_ms = retry_ms
         self.resent = 0  # requests sent again (for tests and logs)
+        self.checks = 0  # CHECKs sent (a header each)
         self.late = 0  # late answers to requests sent twice, dropped
         self._last: tuple[int, list] | None = None  # (seq, frames) awaiting its reply
+        self._asked_at = 0.0  # when the request was last sent or asked about (monotonic)
         self.inc = 0  # the server incarnation we last heard from
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
@@ -65,14 +80,47 @@ class Channel:
         seq = next(self._seq)
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
         self._last = (seq, frames)
+        self._asked_at = time.monotonic()
         self.sock.send_multipart(frames, copy=False)
 
     def resend(self) -> None:
-        """Send the request awaiting its reply again, unchanged (for callers that poll the
-        socket themselves instead of waiting in ``recv``)."""
+        """Send the request awaiting its reply again, unchanged."""
         if self._last is not None:
             self.resent += 1  # first: whoever sees the copy arrive sees it counted
+            self._asked_at = time.monotonic()
             self.sock.send_multipart(self._last[1], copy=False)
+
+    def tick(self) -> None:
+        """Between receives, with a request awaiting its reply: send it again if the
+        connection dropped and came back since; else, once it was unanswered for
+        ``retry_ms``, ask the server whether it got it (CHECK; its RECEIPT is handled where
+        replies are read). Never blocks (a CHECK that finds the queue full is skipped)."""
+        reconnected = self._reconnected()
+        if self._last is None:
+            return
+        if reconnected:
+            self.resend()
+        elif time.monotonic() - self._asked_at >= self.retry_ms / 1000:
+            self._asked_at = time.monotonic()
+            try:
+                frames = wire.encode(wire.Kind.CHECK, self.sender, self._last[0], 0, self.inc)
+                self.checks += 1  # first: whoever sees it arrive sees it counted
+                self.sock.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                self.checks -= 1  # not connected, or the queue is full: the next tick asks
+
+    def _reconnected(self) -> bool:
+        """Whether the monitor saw the connection drop and come back since the last call."""
+        back = False
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return back
+            if event == zmq.EVENT_DISCONNECTED:
+                self._dropped = True
+            elif event == zmq.EVENT_CONNECTED and self._dropped:
+                self._dropped, back = False, True
 
     def drop_late(self) -> int:
         """Drop what is queued while no request is outstanding (late answers to a request
@@ -89,14 +137,13 @@ class Channel:
     def recv(self, kinds=None, numel: int | None = None) -> wire.Message:
         """Receive and validate one reply; raises TimeoutError, wire.WireError, or
         ``ServerError`` for an ERROR reply. A STOP passes whatever ``kinds`` says. Blocks at
-        most ``timeout_ms`` (in slices of WAKE_MS, so signal handlers run)."""
-        t0 = sent = time.monotonic()
+        most ``timeout_ms`` (in slices of WAKE_MS, so signal handlers run, and ``tick``)."""
+        t0 = time.monotonic()
         while True:
             try:
-                msg = wire.decode(self.sock.recv_multipart(copy=False), numel=numel)
+                frames = self.sock.recv_multipart(copy=False)
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
-                now = time.monotonic()
-                if self.timeout_ms >= 0 and now - t0 >= self.timeout_ms / 1000:
+                if self.timeout_ms >= 0 and time.monotonic() - t0 >= self.timeout_ms / 1000:
                     hint = (
                         ""
                         if transport.security() is None
@@ -110,15 +157,39 @@ class Channel:
                         f"within {self.timeout_ms / 1000:g} s (is it "
                         f"running?{hint})"
                     ) from None
-                if now - sent >= self.retry_ms / 1000:
-                    self.resend()
-                    sent = now
+                self.tick()
                 continue
-            re = msg.fields.get("re")
-            if re is None or (self._last is not None and re == self._last[0]):
-                break  # a reply without x{re} (older servers' ERROR) is taken as it comes
+            msg = self._take(frames, kinds, numel)
+            if msg is not None:
+                return msg
+
+    def poll_reply(self, kinds=None, numel: int | None = None) -> wire.Message | None:
+        """``recv`` without waiting: the reply if it is queued (RECEIPTs and late answers
+        before it are handled), else None. For callers that poll the socket themselves (and
+        call ``tick`` between polls)."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return None
+            msg = self._take(frames, kinds, numel)
+            if msg is not None:
+                return msg
+
+    def _take(self, frames, kinds, numel) -> wire.Message | None:
+        """The reply in ``frames``, validated; None for a RECEIPT (resending the request if
+        the server never got it) or a late answer."""
+        msg = wire.decode(frames, numel=numel)
+        asked = None if self._last is None else self._last[0]
+        if msg.kind == wire.Kind.RECEIPT:
+            if msg.fields["re"] == asked and not msg.fields["got"]:
+                self.resend()  # lost on the way (a dropped connection, a restarted server)
+            return None
+        re = msg.fields.get("re")
+        if re is not None and re != asked:
             self.late += 1  # a late answer to a request sent twice: dropped
-        self._last = None
+            return None
+        self._last = None  # a reply without x{re} (older servers' ERROR) is taken as it comes
         if msg.kind == wire.Kind.ERROR:
             raise ServerError(
                 msg.fields["code"], f"{self.name} refused the request: {msg.fields['error']}"
@@ -147,6 +218,8 @@ class Channel:
         """Close the socket; a request still being sent gets ``LINGER_MS`` more. Never 0: libzmq
         4.3.5 aborts if the connection ends just as a half-sent multipart message is dropped
         (docs/wire.md, "Half-sent messages"); with 0, that happens as a run ends."""
+        self.sock.disable_monitor()
+        self._monitor.close(linger=0)
         self.sock.close(linger=transport.LINGER_MS)
 
 

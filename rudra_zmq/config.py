@@ -96,7 +96,8 @@ class RuntimeConfig:
     timeout_s: float = 120.0  # a peer silent this long is an error, not a hang
     learner_timeout_s: float = 60.0  # the PS evicts a learner silent this long (0 = never);
     #                                    set above the slowest step; it rejoins with a HELLO
-    retry_s: float = 5.0  # a client sends an unanswered request again after this
+    retry_s: float = 5.0  # a client asks about a request unanswered this long (a header),
+    #                       and sends it again only if the server never got it
     heartbeat_s: float = 2.0  # ZMTP heartbeat interval; a peer is dropped after 5x
     restart: bool = True  # rudra-zmq run restarts a crashed role
     max_restarts: int = 3  # restarts of one role; its next failure stops the run

@@ -39,7 +39,8 @@ from .wire_kinds import node_id as node_id
 from .wire_kinds import node_sender as node_sender
 from .wire_kinds import sender_name as sender_name
 
-PROTOCOL_VERSION = 5  # 5: no x{wait} (the server's engine decides when a reply goes);
+PROTOCOL_VERSION = 6  # 6: CHECK/RECEIPT (a slow reply is asked about, not resent);
+#                               5: no x{wait} (the server's engine decides when a reply goes);
 #                               4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
 MAX_HEADER_BYTES = 64 * 1024
 # Chunk model-sized payloads: loopback ZeroMQ moves 1-16 MiB frames faster than one huge one.

@@ -61,6 +61,10 @@ class Kind(enum.IntEnum):
     RELAY = 16  # tree node -> parent: sum of gradients, x{clock}; like PUSHPULL
     BCAST = 17  # broadcast chunk of weights version ts: x{chunk, offset, total}; one-way
     CREDIT = 18  # broadcast member -> upstream: may send k more chunks; x{credit, reset}
+    # (19 and 20 were protocol version 1's parts, removed)
+    CHECK = 21  # client -> PS/tree node: "did you get request q?" (q = that request's seq),
+    #                  sent when it is unanswered for runtime.retry_s; a header, never a payload
+    RECEIPT = 22  # server -> client: x{re, got}: whether request re reached this server
 
 
 # Kind-specific fields: name -> allowed Python types, and whether it is required.
@@ -103,6 +107,8 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.RELAY: {"clock": (_LIST, True)},
     Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},
     Kind.CREDIT: {"credit": (_INT, True), "reset": (_BOOL, True)},
+    Kind.CHECK: {},
+    Kind.RECEIPT: {"re": (_INT, True), "got": (_BOOL, True)},
 }
 # How many payload frames each kind carries: (min, max); model-sized kinds may be chunked.
 MAX_FRAMES = 4096  # payload frames of one model-sized message

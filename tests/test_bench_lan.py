@@ -293,3 +293,25 @@ def test_table1_interrupted_by_ctrl_c_leaves_no_namespace_or_process():
     assert proc.returncode != 0
     assert namespaces(prefix) == []
     assert not [p for p in pids if os.path.exists(f"/proc/{p}")]  # PS and learners gone
+
+
+@needs_lan
+def test_a_round_slower_than_retry_s_adds_no_byte_at_the_root():
+    """Issue 24 item 3 on the emulated LAN: hardsync, λ = 4 on a 20 Mbit/s link, 1 MB
+    gradients (a round takes ~2 s) and runtime.retry_s = 0.2: the learners only ask (CHECK,
+    a header) whether the root got their gradient, so the root takes each gradient's bytes
+    once: λ·M per update. (Before, every learner sent its whole gradient again each 0.2 s.)"""
+    recs, pid = run_json(
+        "lan-table1",
+        *("--hosts", "2", "--per-host", "2", "--params", "250000", "--rate", "20mbit"),
+        *("--retry-s", "0.2", "--cases", "base-hardsync", "--epoch-gradients", "8"),
+        *("--epochs", "2", "--compute-ms", "10"),
+    )
+    (case,) = [r for r in recs if r["type"] == "case"]
+    assert case["retry_s"] == 0.2 and case["updates_per_epoch"] == 2
+    assert min(case["epoch_s"]) / case["updates_per_epoch"] > 2 * 0.2  # rounds outlast retry_s
+    m = case["numel"] * 4
+    assert case["root_grad_msgs_total"] == case["grads_total"] == 16  # no gradient twice
+    headers = case["root_rx_bytes_per_epoch"] - 8 * m  # CHECKs and request headers only
+    assert 0 < headers < 8 * 1024, case
+    assert namespaces(f"rzt{pid % 1_000_000}") == []

@@ -90,3 +90,21 @@ def test_bye_is_answered_ack_and_marks_the_sender_stopped():
     request(serving, b"a", Kind.HELLO, 1, 1, model=SIG, numel=N)
     request(serving, b"a", Kind.BYE, 1, 2)
     assert did[-1] == ("send", Kind.ACK, None) and st.stopped == {1}
+
+
+def test_a_check_is_answered_with_whether_that_request_arrived_and_dispatches_nothing():
+    serving, st, did = path("sync.learners=2")
+    receipts = []
+    serving.send = lambda ident, kind, payloads=(), **f: receipts.append((kind, f))
+    request(serving, b"a", Kind.CHECK, 0, 7)  # never got anything from learner 0
+    request(serving, b"a", Kind.HELLO, 0, 7, model=SIG, numel=N)
+    request(serving, b"a", Kind.CHECK, 0, 7)  # that HELLO
+    request(serving, b"a", Kind.CHECK, 0, 8)  # a request that never came (lost on the way)
+    request(serving, b"z", Kind.CHECK, 1, 7)  # another learner's: answered, nothing checked
+    assert receipts == [
+        (Kind.RECEIPT, {"re": 7, "got": False}),
+        (Kind.RECEIPT, {"re": 7, "got": True}),
+        (Kind.RECEIPT, {"re": 8, "got": False}),
+        (Kind.RECEIPT, {"re": 7, "got": False}),
+    ]
+    assert did == [("handler", Kind.HELLO, 0)] and st.counters.invalid == 0

@@ -55,23 +55,46 @@ def test_a_reply_is_validated_and_an_error_reply_raises_server_error(ctx):
     ch.close()
 
 
-def test_an_unanswered_request_is_sent_again_unchanged_and_a_late_answer_is_dropped(ctx):
+def ours(server, ident=None):
+    """The next message on ``server`` from ``ident`` (any, if None): another connection (a
+    test elsewhere that used this port before) is skipped."""
+    while True:
+        frames = server.recv_multipart()
+        if ident is None or frames[0] == ident:
+            return frames
+
+
+def test_a_slow_request_is_asked_about_with_a_header_and_sent_again_only_if_lost(ctx):
     import threading
 
     server, ch, _ = server_and_channel(ctx, 3, 10_000, retry_ms=300)
+    server.setsockopt(zmq.RCVTIMEO, 5000)
     got = []
     client = threading.Thread(target=lambda: got.append(ch.request(Kind.PULL, 0)), daemon=True)
     client.start()
     try:
-        first = server.recv_multipart()
-        again = server.recv_multipart()  # nothing answered within retry_ms
-        while again[0] != first[0]:  # another connection (a test elsewhere reusing
-            again = server.recv_multipart()  # this port before): not ours
-        assert first[1:] == again[1:] and ch.resent >= 1
+        first = ours(server)
+        seq = wire.decode(first[1:]).seq
+
+        def receipt(got):
+            server.send_multipart(
+                [first[0], *wire.encode(Kind.RECEIPT, wire.SENDER_PS, 1, 0, 77, re=seq, got=got)]
+            )
+
+        check = ours(server, first[0])  # nothing answered within retry_ms: a header asks
+        assert len(check) == 2 and wire.decode(check[1:]).kind == Kind.CHECK
+        assert wire.decode(check[1:]).seq == seq and ch.checks >= 1
+        receipt(True)  # "got it": the round is only slow, so nothing is sent again
+        check = ours(server, first[0])
+        assert wire.decode(check[1:]).kind == Kind.CHECK and ch.resent == 0
+        receipt(False)  # "never got it" (say, a restarted server): sent again, unchanged
+        again = ours(server, first[0])
+        while wire.decode(again[1:]).kind == Kind.CHECK:  # one asked before the receipt came
+            again = ours(server, first[0])
+        assert again[1:] == first[1:] and ch.resent == 1
     except BaseException:
         client.join(15)  # its request times out: never destroy the context under its recv
         raise
-    seq = wire.decode(first[1:]).seq
 
     def answer(re):
         server.send_multipart(
@@ -83,13 +106,45 @@ def test_an_unanswered_request_is_sent_again_unchanged_and_a_late_answer_is_drop
     assert got[0].fields["re"] == seq
     answer(seq)  # the answer to the second copy, late
     ch.send(Kind.PULL, 0)
-    nxt = wire.decode(server.recv_multipart()[1:]).seq
+    nxt = wire.decode(ours(server, first[0])[1:]).seq
     answer(nxt)
     assert ch.recv({Kind.UPTODATE}).fields["re"] == nxt and ch.late == 1
     answer(nxt)  # late again, while nothing is outstanding
     time.sleep(0.2)
     assert ch.drop_late() == 1 and ch.late == 2
     ch.close()
+
+
+def test_a_request_is_sent_again_when_the_connection_drops_and_comes_back(ctx):
+    """The evidence without any RECEIPT: the server went (its reply lost with it) and one
+    came back on the same endpoint; the request goes again, unchanged, long before
+    retry_ms."""
+    import threading
+
+    server, ch, port = server_and_channel(ctx, 3, 20_000, retry_ms=60_000)
+    server.setsockopt(zmq.RCVTIMEO, 10_000)
+    got = []
+    ch.send(Kind.PULL, 0)
+    first = ours(server)
+    client = threading.Thread(target=lambda: got.append(ch.recv({Kind.UPTODATE})), daemon=True)
+    client.start()
+    back = ctx.socket(zmq.ROUTER)
+    try:
+        server.close(linger=0)
+        time.sleep(0.3)  # the client sees the connection drop
+        back.setsockopt(zmq.RCVTIMEO, 10_000)
+        back.bind(f"tcp://127.0.0.1:{port}")
+        again = ours(back, first[0])
+        assert again[1:] == first[1:] and ch.resent == 1 and ch.checks == 0
+    except BaseException:
+        client.join(25)
+        raise
+    seq = wire.decode(first[1:]).seq
+    back.send_multipart([first[0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, 7, re=seq)])
+    client.join(10)
+    assert got[0].fields["re"] == seq
+    ch.close()
+    back.close(linger=0)
 
 
 def test_free_tcp_endpoints_are_distinct_and_outside_the_ephemeral_range():

@@ -82,10 +82,15 @@ GOOD_PAYLOAD = np.zeros(4, np.float32).tobytes()
             "PULL has no field 'wait'",
         ),
         (
-            [header(v=4, k=int(Kind.PUSHPULL), x={"wait": True}), GOOD_PAYLOAD],
+            [header(v=5, k=int(Kind.PUSHPULL)), GOOD_PAYLOAD],
             "version",
-            "protocol version 4 is not 5",
-        ),  # a learner from before the engine decided replies
+            "protocol version 5 is not 6",
+        ),  # a learner from before CHECK: it would resend a slow request whole
+        (
+            [header(k=int(Kind.RECEIPT), p=[], x={"re": 1})],
+            "bad_field",
+            "RECEIPT",
+        ),  # a receipt must say whether the request arrived
         (
             [header(k=int(Kind.RELAY), x={"clock": "x"}), GOOD_PAYLOAD],
             "bad_field",

@@ -145,6 +145,7 @@ def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
         softsync_n=1,
         fanout=a.per_host,
         depth=1,
+        retry_s=a.retry_s,
     )
     r = sc.run(
         arch,
@@ -176,6 +177,7 @@ def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
         "params": a.params,
         "rate": a.rate,
         "compute_ms": a.compute_ms,
+        "retry_s": a.retry_s,
         "epoch_gradients": a.epoch_gradients,
         "s_per_epoch": s,
         "epoch_s": [e["s"] for e in ep],
@@ -257,6 +259,13 @@ def add_arguments(p) -> None:
     p.add_argument("--epochs", type=int, help=f"the first is a warm-up (default {EPOCHS})")
     p.add_argument("--rate", default=RATE, help="each host link's rate, both ways (tc units)")
     p.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
+    p.add_argument(
+        "--retry-s",
+        type=float,
+        default=5.0,
+        help="runtime.retry_s: after this long unanswered a learner asks the root whether it "
+        "got the request (default 5, the config's)",
+    )
     p.add_argument(
         "--netns-sh",
         metavar="PATH",

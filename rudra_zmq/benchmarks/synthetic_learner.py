@@ -42,6 +42,7 @@ class SyntheticLearner:
             name="parameter server",
             timeout_ms=int(cfg.runtime.timeout_s * 1000),
             hwm=4,
+            retry_ms=int(cfg.runtime.retry_s * 1000),
         )
         self.grad = np.full(numel, 1e-3, np.float32)  # sent zero-copy, never written
         self.chunk_bytes = cfg.runtime.chunk_mib << 20

@@ -55,6 +55,7 @@ def overrides(
     chunk_mib: int = 8,
     timeout_s: float = 120,
     relay: str = "eager",
+    retry_s: float = 5.0,
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
@@ -73,6 +74,7 @@ def overrides(
         "runtime.ps_threads=1",
         f"runtime.chunk_mib={chunk_mib}",
         f"runtime.timeout_s={timeout_s}",
+        f"runtime.retry_s={retry_s}",
         f"architecture.kind={arch}",
     ]
     if arch != "base":

@@ -4,6 +4,7 @@
 One ROUTER message goes::
 
     wire.decode -> authorise (the connection's key may speak as the sender)
+      CHECK:  RECEIPT x{got}: whether the sender's request with that seq reached this server
       HELLO:  the id must not be held by another live connection ("in_use") -> handlers[HELLO]
       others: state.check_sender -> heard -> STOP once training is over -> handlers[kind]
               (BYE is answered here: ACK, the sender marked stopped)
@@ -27,7 +28,9 @@ from ..sync import ProtocolViolation, Rejoin
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
 
-REQUESTS = frozenset({Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY})
+REQUESTS = frozenset(
+    {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY, Kind.CHECK}
+)
 
 
 class Serving:
@@ -66,6 +69,7 @@ class Serving:
         self.learners, self.slots = learners, slots
         self.warn = ThrottledLog(log)
         self.security = transport.security()
+        self.seen: dict[int, int] = {}  # sender -> the seq of its newest request received
 
     def handle(self, frames) -> None:
         """Take one ROUTER message (routing id first) down the request path. Never raises for
@@ -93,6 +97,10 @@ class Serving:
                 re=msg.seq,
             )
             return
+        if msg.kind == Kind.CHECK:  # before the sender check: an honest answer to anyone
+            self.send(ident, Kind.RECEIPT, re=msg.seq, got=self.seen.get(msg.sender, -1) >= msg.seq)
+            return
+        self.seen[msg.sender] = msg.seq  # its seqs only grow (Channel), even across restarts
         try:
             if msg.kind == Kind.HELLO:  # checked by its handler (a HELLO counts once accepted)
                 if self._in_use(ident, msg.sender):

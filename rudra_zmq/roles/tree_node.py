@@ -76,14 +76,13 @@ class TreeNode:
             name=f"parent ({up})",
             timeout_ms=int(self.timeout * 1000),
             hwm=4,
+            retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=transport.frame_limit(self.chunk_bytes),
         )
         # chosen once: slots and board (a leaf with architecture.leaf_shm) or payloads only
         self.shared = make_shared(cfg, self.spec, self.state.advstar)
         self.children_out = make_children_out(self.state, self._send, self.shared)
         self._asked: float | None = None  # when the request to the parent in flight was sent
-        self._resent = 0.0  # when it was last sent (again)
-        self.retry_s = cfg.runtime.retry_s
         self._seq = 0
         self.warn = ThrottledLog(log)
         self.serving = Serving(
@@ -153,7 +152,7 @@ class TreeNode:
                 subtree=sorted(self.spec.subtree),
                 **had,
             )
-            self._asked = self._resent = time.time()
+            self._asked = time.time()
         self.shared.hello(msg, st.numel, st.weights if st.welcome is not None else None, st.ts)
         if st.admit(ident, msg.sender, msg.seq):  # else after the parent's WELCOME, or a
             self._welcome(ident, msg.sender, msg.seq)  # restarted one's held gradient's answer
@@ -205,7 +204,7 @@ class TreeNode:
                 self.codec.encode(buf, self.chunk_bytes),
                 clock=[list(e) for e in clock],
             )
-            self._asked = self._resent = time.time()
+            self._asked = time.time()
 
     def _from_parent(self) -> None:
         if self._asked is None:  # nothing in flight: late answers to a request sent twice
@@ -220,13 +219,15 @@ class TreeNode:
             else {Kind.WEIGHTS, Kind.UPTODATE}
         )
         try:
-            msg = self.parent.recv(kinds, numel=st.numel)
+            msg = self.parent.poll_reply(kinds, numel=st.numel)
         except ServerError as exc:
             for ident, _sender, seq in st.hellos:  # the parent refused our HELLO: say why
                 self._send(ident, Kind.ERROR, code=exc.code, error=str(exc), re=seq)
             # "rejoin": the parent restarted; so does this node (the launcher restarts it)
             # and its children rejoin it, so nothing below is counted twice
             raise RuntimeError(f"tree node {self.id}: {exc}") from None
+        if msg is None:  # a RECEIPT, or a late answer
+            return
         self._asked = None
         if msg.kind == Kind.STOP:
             for ident, sender, *_, seq in st.stop(msg.fields["reason"]):
@@ -292,9 +293,8 @@ class TreeNode:
 
     def _check_time(self, last_child: float) -> None:
         now, st = time.time(), self.state
-        if self._asked is not None and now - self._resent > self.retry_s:
-            self.parent.resend()  # the parent may have restarted and lost it
-            self._resent = now
+        if self._asked is not None:
+            self.parent.tick()  # asks whether the parent got it; resends only if it was lost
         if self._asked is not None and now - self._asked > self.timeout:
             raise TimeoutError(
                 f"tree node {self.id}: no reply from its {self.parent.name} at "
