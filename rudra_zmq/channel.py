@@ -62,9 +62,7 @@ class Channel:
             zmq.RCVTIMEO,
             transport.WAKE_MS if timeout_ms < 0 else min(timeout_ms, transport.WAKE_MS),
         )
-        # connection drops and reconnects: the evidence that a request or its reply was lost
-        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self._dropped = False  # a drop seen, the reconnect not yet
+        self.link = LinkWatch(self.sock)  # before connect: it must see every connection
         transport.connect(self.sock, endpoint, sender)
         self._seq = itertools.count(time.time_ns() // 1000)
         self.retry_ms = retry_ms
@@ -95,7 +93,7 @@ class Channel:
         connection dropped and came back since; else, once it was unanswered for
         ``retry_ms``, ask the server whether it got it (CHECK; its RECEIPT is handled where
         replies are read). Never blocks (a CHECK that finds the queue full is skipped)."""
-        reconnected = self._reconnected()
+        reconnected = self.link.reconnected()
         if self._last is None:
             return
         if reconnected:
@@ -108,19 +106,6 @@ class Channel:
                 self.sock.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
                 self.checks -= 1  # not connected, or the queue is full: the next tick asks
-
-    def _reconnected(self) -> bool:
-        """Whether the monitor saw the connection drop and come back since the last call."""
-        back = False
-        while True:
-            try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
-            except zmq.Again:
-                return back
-            if event == zmq.EVENT_DISCONNECTED:
-                self._dropped = True
-            elif event == zmq.EVENT_CONNECTED and self._dropped:
-                self._dropped, back = False, True
 
     def drop_late(self) -> int:
         """Drop what is queued while no request is outstanding (late answers to a request
@@ -218,9 +203,36 @@ class Channel:
         """Close the socket; a request still being sent gets ``LINGER_MS`` more. Never 0: libzmq
         4.3.5 aborts if the connection ends just as a half-sent multipart message is dropped
         (docs/wire.md, "Half-sent messages"); with 0, that happens as a run ends."""
-        self.sock.disable_monitor()
-        self._monitor.close(linger=0)
+        self.link.close()
         self.sock.close(linger=transport.LINGER_MS)
+
+
+class LinkWatch:
+    """Whether the connection of a client socket dropped and came back: the evidence that a
+    request on it, or its reply, was lost. Make it before ``connect``. Never blocks; not
+    thread-safe (the socket's owner uses it); ``close()`` before the socket."""
+
+    def __init__(self, sock: zmq.Socket):
+        self._sock = sock
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._dropped = False  # a drop seen, the reconnect not yet
+
+    def reconnected(self) -> bool:
+        """Whether the connection dropped and came back since the last call."""
+        back = False
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return back
+            if event == zmq.EVENT_DISCONNECTED:
+                self._dropped = True
+            elif event == zmq.EVENT_CONNECTED and self._dropped:
+                self._dropped, back = False, True
+
+    def close(self) -> None:
+        self._sock.disable_monitor()
+        self._monitor.close(linger=0)
 
 
 class ServerError(RuntimeError):

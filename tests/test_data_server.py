@@ -189,6 +189,22 @@ def test_invalid_requests_get_error_and_do_not_disturb_the_next_valid_request(da
             sock.close(linger=0)
 
 
+def test_a_check_says_whether_this_connections_request_arrived(dataset):
+    with running_server(make_cfg(2, 4), dataset) as (server, ctx):
+        a, b = (transport.make_socket(ctx, zmq.DEALER) for _ in range(2))
+        try:
+            for sock in (a, b):
+                sock.connect(server.endpoint)
+            assert raw_request(a, wire.encode(Kind.BATCH_REQ, 1, 5, step=0)).kind == Kind.BATCH
+            for sock, seq, got in ((a, 5, True), (a, 6, False), (b, 5, False)):  # b: not its
+                reply = raw_request(sock, wire.encode(Kind.CHECK, 1, seq))
+                assert reply.kind == Kind.RECEIPT and reply.fields == {"re": seq, "got": got}
+            assert server.batches_served == 1 and server.invalid == 0
+        finally:
+            a.close(linger=0)
+            b.close(linger=0)
+
+
 def test_a_refused_learner_gets_a_server_error_naming_its_id(dataset):
     with (
         running_server(make_cfg(2, 4), dataset) as (server, ctx),
@@ -246,7 +262,8 @@ def test_data_client_refuses_a_step_it_never_asked_for():
 
 def test_data_client_asks_again_for_lost_steps_and_drops_late_duplicates():
     """A data server that lost step 0 (it restarted) but answered step 1: the client drops
-    the early step 1, asks again for 0 and 1 after retry_ms, and returns them in order."""
+    the early step 1, asks after retry_ms whether the server got its requests (CHECK, a
+    header), is told no, asks again for 0 and 1, and returns them in order."""
     ctx = zmq.Context()
     router = transport.make_socket(ctx, zmq.ROUTER)
     try:
@@ -260,17 +277,21 @@ def test_data_client_asks_again_for_lost_steps_and_drops_late_duplicates():
             again = []
 
             def serve_resends():
-                for _ in range(2):
-                    step = wire.decode(router.recv_multipart()[1:]).fields["step"]
-                    again.append(step)
-                    router.send_multipart([ident, *_batch(step)])
+                while len(again) < 2:
+                    msg = wire.decode(router.recv_multipart()[1:])
+                    if msg.kind == Kind.CHECK:  # the restarted server never got them
+                        receipt = wire.encode(Kind.RECEIPT, -2, 9, re=msg.seq, got=False)
+                        router.send_multipart([ident, *receipt])
+                        continue
+                    again.append(msg.fields["step"])
+                    router.send_multipart([ident, *_batch(msg.fields["step"])])
 
             t = threading.Thread(target=serve_resends, daemon=True)
             t.start()
             got = [c.next_batch()[3], c.next_batch()[3]]
             t.join(10)
             assert again == [0, 1]
-            assert got == [0, 1] and c.resent >= 1
+            assert got == [0, 1] and c.resent >= 1 and c.checks >= 1
         finally:
             c.close()
     finally:

@@ -1,7 +1,9 @@
 """A learner's side of the data server: its minibatches asked for ahead, over one DEALER.
 
-``DataClient`` keeps ``prefetch`` BATCH_REQ in flight, resends them when the data server
-restarted, drops late duplicates and checks each BATCH (the wire traffic is described in
+``DataClient`` keeps ``prefetch`` BATCH_REQ in flight, asks the data server whether it got
+them when no batch came for ``retry_ms`` (CHECK, a header) and sends them again only when it
+did not (a restarted server) or the connection dropped and came back, drops late duplicates
+and checks each BATCH (the wire traffic is described in
 ``data_server.py``). Copies, and why: each batch is copied once out of ZeroMQ's read-only
 receive buffer (see ``DataClient.next_batch``).
 """
@@ -15,7 +17,7 @@ import torch
 import zmq
 
 from .. import transport, wire
-from ..channel import ServerError
+from ..channel import LinkWatch, ServerError
 from ..wire import Kind
 
 
@@ -53,17 +55,30 @@ class DataClient:
         self.sock = transport.make_socket(
             ctx, zmq.DEALER, hwm=max(16, prefetch + 1), max_bytes=max_bytes
         )
+        self.link = LinkWatch(self.sock)
         transport.connect(self.sock, endpoint, learner_id)
         self._seq = 0
         self._next_request = self._expected = start_step
         self.retry_ms = retry_ms
         self.resent = 0
+        self.checks = 0  # CHECKs sent (a header each)
         self._fill()
 
     @property
     def expected(self) -> int:
         """The step of the next minibatch ``next_batch`` returns."""
         return self._expected
+
+    def _check(self) -> None:
+        """Ask whether the newest request arrived (it did iff every earlier one did: one
+        connection keeps order). Skipped when the queue is full."""
+        try:
+            self.sock.send_multipart(
+                wire.encode(Kind.CHECK, self.learner_id, self._seq), flags=zmq.NOBLOCK
+            )
+            self.checks += 1
+        except zmq.Again:
+            pass
 
     def _resend(self) -> None:
         """Ask again for every outstanding step (a restarted data server lost them)."""
@@ -138,9 +153,10 @@ class DataClient:
         return x, y, float(msg.fields["epoch"]), step
 
     def _receive_expected(self) -> wire.Message:
-        """The BATCH of step ``expected``: requests unanswered for ``retry_ms`` are sent again,
+        """The BATCH of step ``expected``: after ``retry_ms`` without a batch the server is
+        asked whether it got the requests (they are sent again if not, or after a reconnect),
         and answers to steps already taken (a resend answered twice) are dropped."""
-        t0 = time.monotonic()
+        t0 = asked = time.monotonic()
         while True:
             left = self.timeout_ms / 1000 - (time.monotonic() - t0)
             if left <= 0:
@@ -149,10 +165,24 @@ class DataClient:
                     f"{self.endpoint} within {self.timeout_ms / 1000:g} s (is `rudra-zmq data` "
                     "running and reachable there?)"
                 )
-            if not transport.wait_readable(self.sock, int(1000 * min(left, self.retry_ms / 1000))):
-                self._resend()
+            if not transport.wait_readable(
+                self.sock, int(1000 * min(left, transport.WAKE_MS / 1000))
+            ):
+                now = time.monotonic()
+                if self.link.reconnected():
+                    self._resend()
+                    asked = now
+                elif now - asked >= self.retry_ms / 1000:
+                    self._check()
+                    asked = now
                 continue
-            msg = wire.decode(self.sock.recv_multipart(copy=False), kinds={Kind.BATCH, Kind.ERROR})
+            msg = wire.decode(
+                self.sock.recv_multipart(copy=False), kinds={Kind.BATCH, Kind.ERROR, Kind.RECEIPT}
+            )
+            if msg.kind == Kind.RECEIPT:
+                if msg.fields["re"] == self._seq and not msg.fields["got"]:
+                    self._resend()  # the server never got them (it restarted)
+                continue
             if msg.kind == Kind.ERROR:
                 raise ServerError(
                     msg.fields["code"],
@@ -175,6 +205,7 @@ class DataClient:
     def close(self) -> None:
         """Close the socket at once (outstanding requests are abandoned)."""
         if not self.sock.closed:
+            self.link.close()
             self.sock.close(linger=0)
 
 

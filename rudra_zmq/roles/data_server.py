@@ -69,6 +69,7 @@ class DataServer:
         self.samples_served = self.batches_served = self.invalid = self.undelivered = 0
         self._warned: set = set()
         self._seq = 0
+        self._seen: dict[bytes, int] = {}  # connection -> the seq of its newest request
         self.security = transport.security()  # CURVE: who may ask for whose minibatches
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
@@ -102,11 +103,11 @@ class DataServer:
             return
         ident = bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
         try:
-            msg = wire.decode(frames[1:], kinds={Kind.BATCH_REQ})
+            msg = wire.decode(frames[1:], kinds={Kind.BATCH_REQ, Kind.CHECK})
         except wire.WireError as exc:
             self._refuse(ident, f"peer {ident.hex()}", exc.code, str(exc))
             return
-        learner, step = msg.sender, msg.fields["step"]
+        learner, step = msg.sender, msg.fields.get("step")
         # With CURVE a key gets only its own learners' minibatches (the PS's rule, security.py)
         if self.security is not None and not self.security.may_speak(frames[1], learner):
             self._refuse(
@@ -117,6 +118,13 @@ class DataServer:
                 "minibatches (is the learner using another learner's key?)",
             )
             return
+        if msg.kind == Kind.CHECK:  # did request q of this connection arrive?
+            self._seq += 1
+            got = self._seen.get(ident, -1) >= msg.seq
+            receipt = wire.encode(Kind.RECEIPT, wire.SENDER_DATA, self._seq, re=msg.seq, got=got)
+            self._send(ident, receipt, f"learner {learner}")
+            return
+        self._seen[ident] = msg.seq  # per connection: a client numbers its requests from 1
         if not 0 <= learner < self.learners:
             self._refuse(
                 ident,
