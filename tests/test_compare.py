@@ -180,3 +180,19 @@ def test_a_run_whose_final_weights_were_never_evaluated_says_so(tmp_path, capsys
     assert result_line(a).startswith(
         "result: test error 2.50% (best 2.50%) after 3.00 epochs in 6.0 s of training"
     )
+
+
+def test_the_protocol_label_says_what_changes_it_during_the_run():
+    from rudra_zmq.results.compare import protocol_name
+
+    def sync(**kw):
+        return {"sync": {"protocol": "async", "n": 1, **kw}}
+
+    assert protocol_name(sync()) == "async"
+    assert protocol_name(sync(schedule=["2 hardsync", "3 softsync 2"])) == (
+        "async, then hardsync@2, then softsync n=2@3"
+    )
+    target = {"sync": {"protocol": "softsync", "n": 1, "target_staleness": 2.0}}
+    assert protocol_name(target) == "softsync n=1, n for <σ>≈2"
+    assert protocol_name(target, paper=True) == "1-softsync, n for <σ>≈2"
+    assert protocol_name(sync(max_staleness=4)) == "async, σ≤4"

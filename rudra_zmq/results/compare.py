@@ -65,9 +65,18 @@ def config_value(cfg: dict, section: str, key: str):
 
 def protocol_name(cfg: dict, paper: bool = False) -> str:
     """``hardsync``, ``softsync n=2`` (``2-softsync`` as the paper writes it, with ``paper``)
-    or ``async``, with the architecture when not base."""
+    or ``async``, then what changes it during the run (``, then hardsync@2`` for a schedule,
+    ``, n for <σ>≈2`` for a target staleness, ``, σ≤4`` for a bound), with the architecture
+    when not base."""
     protocol, n = config_value(cfg, "sync", "protocol") or "?", config_value(cfg, "sync", "n")
     name = f"{n}-softsync" if paper and protocol == "softsync" else protocol_label(protocol, n)
+    for stage in config_value(cfg, "sync", "schedule") or ():
+        epoch, _, rest = str(stage).partition(" ")
+        name += f", then {rest.replace(' ', ' n=')}@{epoch}"
+    if (target := config_value(cfg, "sync", "target_staleness")) is not None:
+        name += f", n for <σ>≈{target:g}" if isinstance(target, int | float) else ""
+    if (bound := config_value(cfg, "sync", "max_staleness")) is not None:
+        name += f", σ≤{bound}"
     arch = config_value(cfg, "architecture", "kind")
     return name if arch in (None, "base") else f"{name} ({arch})"
 
