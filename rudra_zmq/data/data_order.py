@@ -32,16 +32,7 @@ def load_data(cfg) -> datasets.Dataset:
     when the data has more classes than ``data.num_classes``.
     """
     d = cfg.data
-    ds = datasets.load_dataset(
-        d.dataset,
-        root=d.root,
-        image_size=d.image_size,
-        synthetic_shape=tuple(d.synthetic_shape),
-        synthetic_n=(d.synthetic_train, d.synthetic_test),
-        num_classes=d.num_classes,
-        download=d.download,
-        limit_per_class=d.limit_per_class,
-    )
+    ds = datasets.load_configured(d)
     if ds.num_classes > d.num_classes:
         raise ValueError(
             f"data.num_classes is {d.num_classes} but {d.dataset} has "

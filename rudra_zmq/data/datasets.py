@@ -166,7 +166,13 @@ def dataset_size(data) -> int:
     if data.dataset == "synthetic" and not limit:
         return int(data.synthetic_train)
     dataset_shape(data)  # rejects unknown names
-    ds = load_dataset(
+    return len(load_configured(data, progress=False).y_train)
+
+
+def load_configured(data, progress: bool = True) -> Dataset:
+    """``load_dataset`` of what the DataConfig ``data`` describes (the one place its fields
+    become the loader's arguments). Blocks while loading."""
+    return load_dataset(
         data.dataset,
         root=data.root,
         image_size=data.image_size,
@@ -174,10 +180,9 @@ def dataset_size(data) -> int:
         synthetic_n=(data.synthetic_train, data.synthetic_test),
         num_classes=data.num_classes,
         download=data.download,
-        limit_per_class=limit,
-        progress=False,
+        limit_per_class=data.limit_per_class,
+        progress=progress,
     )
-    return len(ds.y_train)
 
 
 def image_cache(data, cache_dir=None) -> tuple[Path, Path] | None:
