@@ -234,11 +234,13 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
             pytest.skip("needs pdsh (apt-get install pdsh)")
         env = {"PDSH_SSH_ARGS_APPEND": f"-F {lan.tmp / 'ssh_config'}"}
     run = tmp_path / "run"
-    rc = _finish(lan.launch(config, run, "--set", "train.epochs=1", *extra, env=env))
+    # 2 epochs: one took 1.2 s, and learners whose torch import ran late under CI load (adv*
+    # starts with whoever is there) missed it, leaving 59 % error (the check is < 50 %)
+    rc = _finish(lan.launch(config, run, "--set", "train.epochs=2", *extra, env=env))
     out = Path(f"{run}.out").read_text()
     assert rc == 0, out[-4000:]
     summary = run_summary(run)
-    assert summary["epochs"] >= 1.0 and summary["final_error"] < 0.5, out[-2000:]
+    assert summary["epochs"] >= 2.0 and summary["final_error"] < 0.5, out[-2000:]
     # every host ran its share, its lines prefixed host:label, its logs here
     for prefix in (
         "10.77.0.1:ps ",
