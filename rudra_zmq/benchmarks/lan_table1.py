@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 
+from ..config import RuntimeConfig
 from . import common
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
@@ -262,9 +263,9 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--retry-s",
         type=float,
-        default=5.0,
+        default=RuntimeConfig.retry_s,
         help="runtime.retry_s: after this long unanswered a learner asks the root whether it "
-        "got the request (default 5, the config's)",
+        f"got the request (default {RuntimeConfig.retry_s:g}, the config's)",
     )
     p.add_argument(
         "--netns-sh",

@@ -37,6 +37,7 @@ import numpy as np
 import zmq
 
 from .. import kernels, transport
+from ..config import RuntimeConfig
 from .synthetic_learner import SIGNATURE, SyntheticLearner
 
 ARCHS = ("base", "adv", "advstar")
@@ -55,7 +56,7 @@ def overrides(
     chunk_mib: int = 8,
     timeout_s: float = 120,
     relay: str = "eager",
-    retry_s: float = 5.0,
+    retry_s: float = RuntimeConfig.retry_s,
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
