@@ -100,11 +100,8 @@ class Channel:
             self.resend()
         elif time.monotonic() - self._asked_at >= self.retry_ms / 1000:
             self._asked_at = time.monotonic()
-            try:
-                frames = wire.encode(wire.Kind.CHECK, self.sender, self._last[0], 0, self.inc)
-                self.checks += 1  # first: whoever sees it arrive sees it counted
-                self.sock.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
+            self.checks += 1  # first: whoever sees it arrive sees it counted
+            if not send_check(self.sock, self.sender, self._last[0], self.inc):
                 self.checks -= 1  # not connected, or the queue is full: the next tick asks
 
     def drop_late(self) -> int:
@@ -205,6 +202,17 @@ class Channel:
         (docs/wire.md, "Half-sent messages"); with 0, that happens as a run ends."""
         self.link.close()
         self.sock.close(linger=transport.LINGER_MS)
+
+
+def send_check(sock: zmq.Socket, sender: int, seq: int, inc: int = 0) -> bool:
+    """Ask the server whether request ``seq`` of ``sender`` reached it (CHECK, a header; its
+    RECEIPT comes like a reply). False, with nothing sent, when the socket is not connected
+    or its queue is full. Never blocks."""
+    try:
+        sock.send_multipart(wire.encode(wire.Kind.CHECK, sender, seq, 0, inc), zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False
 
 
 class LinkWatch:

@@ -17,7 +17,7 @@ import torch
 import zmq
 
 from .. import transport, wire
-from ..channel import LinkWatch, ServerError
+from ..channel import LinkWatch, ServerError, send_check
 from ..wire import Kind
 
 
@@ -72,13 +72,8 @@ class DataClient:
     def _check(self) -> None:
         """Ask whether the newest request arrived (it did iff every earlier one did: one
         connection keeps order). Skipped when the queue is full."""
-        try:
-            self.sock.send_multipart(
-                wire.encode(Kind.CHECK, self.learner_id, self._seq), flags=zmq.NOBLOCK
-            )
+        if send_check(self.sock, self.learner_id, self._seq):
             self.checks += 1
-        except zmq.Again:
-            pass
 
     def _resend(self) -> None:
         """Ask again for every outstanding step (a restarted data server lost them)."""
