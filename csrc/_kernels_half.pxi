@@ -154,6 +154,36 @@ cdef int _narrow(uint16_t[::1] dst, const float[::1] src, bint bf16) except -1:
     return 0
 
 
+cdef int _narrow_feedback(uint16_t[::1] dst, const float[::1] src, float[::1] res,
+                          bint bf16) except -1:
+    # v = src + res; dst = half(v); res = v - float(half(v)): the rounding error is kept,
+    # to be added to the next vector (error feedback). A finite v beyond the half range
+    # saturates to the largest finite half (not infinity, whose residual inf - inf = NaN
+    # would poison every later vector); the excess stays in the residual.
+    cdef Py_ssize_t i, n = dst.shape[0]
+    cdef int nt = _threads_for(n)
+    cdef float v
+    cdef uint16_t h
+    with nogil:
+        if bf16:
+            for i in prange(n, schedule="static", num_threads=nt):
+                v = src[i] + res[i]
+                h = rz_f32_to_bf16(v)
+                if (h & 0x7fffu) == 0x7f80u and v - v == 0:
+                    h = (h & 0x8000u) | 0x7f7fu  # finite v rounded to infinity
+                dst[i] = h
+                res[i] = v - rz_bf16_to_f32(h)
+        else:
+            for i in prange(n, schedule="static", num_threads=nt):
+                v = src[i] + res[i]
+                h = rz_f32_to_f16(v)
+                if (h & 0x7fffu) == 0x7c00u and v - v == 0:
+                    h = (h & 0x8000u) | 0x7bffu  # finite v beyond 65504: saturate
+                dst[i] = h
+                res[i] = v - rz_f16_to_f32(h)
+    return 0
+
+
 def accumulate_f16(acc, g, double s=1.0):
     """acc += s*g, in place: ``acc`` float32, ``g`` float16 (widened exactly, then added in
     float32). Releases the GIL; does not allocate."""
@@ -196,3 +226,27 @@ def narrow_bf16(dst, src):
     even (as torch's ``.to(torch.bfloat16)``). Releases the GIL; does not allocate."""
     bits = _check_half("narrow_bf16", "src", src, "dst", dst, _U16, False)
     _narrow(bits, src, True)
+
+
+cdef object _check_feedback(str op, dst, src, res, object hdtype):
+    bits = _check_half(op, "src", src, "dst", dst, hdtype, False)
+    _check_half(op, "residual", res, "dst", dst, hdtype, True)
+    if np.shares_memory(res, src):
+        raise ValueError(f"{op}: residual and src overlap; the residual is a buffer of its own")
+    return bits
+
+
+def narrow_f16_feedback(dst, src, residual):
+    """Error feedback: v = src + residual; dst[:] = v as float16 (nearest even; a finite v
+    beyond ±65504 saturates there instead of becoming infinite); residual[:] = v - dst (the
+    rounding error, exactly, for the next call). ``residual`` float32, written in place;
+    ``src`` is only read. Releases the GIL; does not allocate."""
+    bits = _check_feedback("narrow_f16_feedback", dst, src, residual, _F16)
+    _narrow_feedback(bits, src, residual, False)
+
+
+def narrow_bf16_feedback(dst, src, residual):
+    """As :func:`narrow_f16_feedback`, to bfloat16 (uint16 bits; a finite v that rounds past
+    the largest bfloat16 saturates there). Releases the GIL; does not allocate."""
+    bits = _check_feedback("narrow_bf16_feedback", dst, src, residual, _U16)
+    _narrow_feedback(bits, src, residual, True)

@@ -47,8 +47,10 @@ class Channel:
         hwm: int = 16,
         retry_ms: int = 5_000,
         max_bytes: int = -1,
+        dtypes: wire.ModelDtypes = wire.FLOAT32,
     ):
         self.endpoint = endpoint
+        self.dtypes = dtypes  # the run's wire dtypes, which replies are checked against
         self.sender = sender
         self.name = name
         self.timeout_ms = timeout_ms
@@ -161,7 +163,7 @@ class Channel:
     def _take(self, frames, kinds, numel) -> wire.Message | None:
         """The reply in ``frames``, validated; None for a RECEIPT (resending the request if
         the server never got it) or a late answer."""
-        msg = wire.decode(frames, numel=numel)
+        msg = wire.decode(frames, numel=numel, dtypes=self.dtypes)
         asked = None if self._last is None else self._last[0]
         if msg.kind == wire.Kind.RECEIPT:
             if msg.fields["re"] == asked and not msg.fields["got"]:

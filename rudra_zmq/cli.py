@@ -63,6 +63,8 @@ def cmd_simulate(args) -> int:
             raise UsageError(
                 f"--speeds must be numbers separated by commas, got {args.speeds!r}"
             ) from None
+    if args.resume and not args.run_dir:
+        raise UsageError("--resume continues the simulation in --run-dir DIR: name it")
     run_dir = args.run_dir or os.path.join(
         cfg.runtime.run_dir, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}"
     )
@@ -82,8 +84,9 @@ def cmd_simulate(args) -> int:
             seed=args.seed,
             train=args.train,
             gradients=args.gradients,
+            resume=args.resume,
         )
-    except ValueError as exc:
+    except ValueError as exc:  # sim_checkpoint.CheckpointError too
         raise UsageError(str(exc)) from None
 
 
@@ -183,6 +186,12 @@ def _add_simulate(sub) -> None:
         "and 13 for the paper's 140), recorded as train.schedule_scale",
     )
     p.add_argument("--run-dir", metavar="DIR", help="where to write metrics and plots")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="--train: continue the simulation in --run-dir from its checkpoint (written "
+        "after each evaluation; same config but runtime.*, --seed, --jitter, --speeds)",
+    )
     p.set_defaults(func=cmd_simulate)
 
 

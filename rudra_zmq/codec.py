@@ -19,16 +19,22 @@ Formats (``wire.MODEL_DTYPES``), each frame a 1-D array:
     f2         float16                 kernels.widen_f16, accum..._f16  kernels.narrow_f16
     bf16       uint16 (bfloat16 bits)  kernels.widen_bf16, ..._bf16    kernels.narrow_bf16
 
-Every run sends f4 today. Decoding f2 and bf16 is here and tested; a compressed wire adds an
-encoding codec class and a config value (docs/wire.md, "Payload codec"). Copies on the f4
-path: none when sending; one when a learner loads weights (frame -> its model buffer, which it
-must own and write); none when a server sums or applies gradients (kernels read the frames).
+A run picks its codes with ``wire.gradient_dtype`` and ``wire.weights_dtype`` (float32,
+float16, bfloat16; :func:`for_gradients`, :func:`for_weights`, :func:`dtypes`). A half codec
+(:class:`Half`) narrows into a buffer of its own per message (ZeroMQ holds it until sent), with
+error feedback on the gradient side: the rounding error of one gradient is added to the next,
+so nothing is lost over time, only delayed by a step. The PS and tree nodes still sum and
+update in float32 (master weights). Copies on the f4 path: none when sending; one when a learner
+loads weights (frame -> its model buffer, which it must own and write); none when a server sums
+or applies gradients (kernels read the frames).
 
 Functions do not block beyond the kernels, which release the GIL. Thread-safe as long as two
 threads do not write one destination at once.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -37,26 +43,102 @@ from . import kernels, wire
 _F4, _F2, _BF16 = (wire.PAYLOAD_DTYPES[c] for c in ("f4", "f2", "bf16"))
 
 
+def _check_vector(code: str, vector) -> None:
+    if not isinstance(vector, np.ndarray) or vector.dtype != _F4 or vector.ndim != 1:
+        raise ValueError(
+            f"the {code} codec encodes 1-D float32 vectors, got "
+            f"{getattr(vector, 'dtype', type(vector).__name__)}"
+        )
+
+
 class Float32:
     """Float32 on the wire, as in memory: frames are views of the vector. Stateless."""
 
-    code = "f4"  # the wire code of its frames (wire.decode(..., model_dtype=code))
+    code = "f4"  # the wire code of its frames (wire.ModelDtypes)
+    copies = False  # frames are views: the vector must stay unwritten until sent
 
-    def encode(self, vector: np.ndarray, chunk_bytes: int) -> list[np.ndarray]:
+    def encode(self, vector: np.ndarray, chunk_bytes: int, key=None) -> list[np.ndarray]:
         """``vector`` (1-D contiguous float32) as frames of at most ``chunk_bytes``: views,
-        no copy. Do not write ``vector`` until ZeroMQ has sent them."""
-        if vector.dtype != _F4:
-            raise ValueError(f"the float32 codec encodes float32 vectors, got {vector.dtype}")
+        no copy. Do not write ``vector`` until ZeroMQ has sent them. ``key``: unused."""
+        _check_vector(self.code, vector)
         return wire.chunk(vector, chunk_bytes)
 
 
 FLOAT32 = Float32()
 
 
-def of(cfg) -> Float32:
-    """The codec ``cfg``'s run sends model-sized payloads with: float32 for every run until a
-    config value selects a compressed one (docs/wire.md)."""
-    return FLOAT32
+class Half:
+    """float16 (``f2``) or bfloat16 (``bf16``) on the wire: each encode narrows the vector into
+    a new buffer (so the caller may write the vector at once) and returns views of it.
+
+    ``feedback`` (gradients): a float32 residual of the vector's size keeps each encode's
+    rounding error and adds it to the next vector (error feedback). ``key`` (weights): an
+    encode of the same vector object under the same key (the PS's timestamp) returns the
+    frames of the last one, so one version sent to many learners is narrowed once.
+    Not thread-safe: one owner (a learner, a tree node, the PS's thread)."""
+
+    copies = True
+
+    def __init__(self, code: str, feedback: bool = False):
+        if code not in ("f2", "bf16"):
+            raise ValueError(f"a half codec is f2 or bf16, got {code!r}")
+        self.code, self.feedback = code, feedback
+        self.residual: np.ndarray | None = None  # created at the first encode (feedback only)
+        self._dtype = wire.PAYLOAD_DTYPES[code]
+        if feedback:
+            self._narrow = (
+                kernels.narrow_f16_feedback if code == "f2" else kernels.narrow_bf16_feedback
+            )
+        else:
+            self._narrow = kernels.narrow_f16 if code == "f2" else kernels.narrow_bf16
+        self._last = (None, None, None)  # (key, weakref to the vector, its half buffer)
+
+    def encode(self, vector: np.ndarray, chunk_bytes: int, key=None) -> list[np.ndarray]:
+        """``vector`` (1-D contiguous float32) narrowed (:meth:`narrowed`), as frames of at
+        most ``chunk_bytes``: views of the half buffer."""
+        return wire.chunk(self.narrowed(vector, key), chunk_bytes)
+
+    def narrowed(self, vector: np.ndarray, key=None) -> np.ndarray:
+        """``vector`` narrowed into a new half buffer (bfloat16 as uint16 bits). With feedback,
+        the residual is added first and updated. Blocks for one pass (the kernel releases the
+        GIL); allocates the half buffer, unless ``key`` names the last vector encoded."""
+        _check_vector(self.code, vector)
+        last_key, ref, last = self._last
+        if key is not None and key == last_key and ref() is vector:
+            return last
+        out = np.empty(vector.shape[0], self._dtype)
+        if self.feedback:
+            if self.residual is None or self.residual.shape != vector.shape:
+                self.residual = np.zeros(vector.shape[0], np.float32)
+            self._narrow(out, vector, self.residual)
+        else:
+            self._narrow(out, vector)
+        if key is not None:
+            self._last = (key, weakref.ref(vector), out)
+        return out
+
+
+def _codec(code: str, feedback: bool = False):
+    return FLOAT32 if code == "f4" else Half(code, feedback)
+
+
+def dtypes(cfg) -> wire.ModelDtypes:
+    """The wire codes of ``cfg``'s gradients and weights (``wire.*_dtype``), for
+    ``wire.decode``."""
+    w = cfg.wire
+    return wire.ModelDtypes(wire.WIRE_DTYPES[w.gradient_dtype], wire.WIRE_DTYPES[w.weights_dtype])
+
+
+def for_gradients(cfg):
+    """A codec for one sender's gradients (a learner's, or a tree node's relayed sums): float32
+    views, or a :class:`Half` of its own (with ``wire.error_feedback``)."""
+    return _codec(dtypes(cfg).gradients, cfg.wire.error_feedback)
+
+
+def for_weights(cfg):
+    """A codec for the weights a server sends (the PS; BCAST chunks): float32 views, or a
+    :class:`Half` that narrows each version once (pass its timestamp as ``key``)."""
+    return _codec(dtypes(cfg).weights)
 
 
 def _pieces(pieces):

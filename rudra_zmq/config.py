@@ -18,10 +18,11 @@ import yaml
 from .config_architecture import validate_architecture
 from .devices import check_device_name
 from .launch import shipped
-from .sync import LR_POLICIES, MOMENTUM_POLICIES, check_protocol
+from .sync import LR_POLICIES, check_protocol
 from .sync.stages import check_target, parse_schedule
 from .typed_yaml import ConfigError, apply_override, build, one_of, read_mapping
 from .user_code import UserCodeError, is_import_path
+from .wire_kinds import WIRE_DTYPES
 
 
 @dataclass
@@ -67,8 +68,6 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     lr_steps: list[float] = field(default_factory=list)  # epochs where α0 *= lr_gamma
     lr_gamma: float = 0.1
-    momentum_policy: str = "constant"  # sync.MOMENTUM_POLICIES: constant | staleness
-    #                                    (beyond the paper: m less asynchrony's own momentum)
     param_multipliers: bool = True  # Caffe per-layer lr_mult/decay_mult where the model has them
 
 
@@ -98,7 +97,7 @@ class RuntimeConfig:
     #                                    set above the slowest step; it rejoins with a HELLO
     retry_s: float = 5.0  # a client asks about a request unanswered this long (a header),
     #                       and sends it again only if the server never got it
-    heartbeat_s: float = 2.0  # ZMTP heartbeat interval; a peer is dropped after 5x
+    heartbeat_s: float = 2.0  # TCP keepalive idle and probe interval; dropped after 5 probes
     restart: bool = True  # rudra-zmq run restarts a crashed role
     max_restarts: int = 3  # restarts of one role; its next failure stops the run
     learners_per_process: int = 1  # >1 hosts several learner threads per process
@@ -126,6 +125,16 @@ class ArchitectureConfig:
 
 
 @dataclass
+class WireConfig:
+    gradient_dtype: str = "float32"  # gradients (and tree nodes' sums) on the wire: float32 |
+    #                                    float16 | bfloat16 (the PS sums and updates in float32)
+    weights_dtype: str = "float32"  # weights the PS sends: float32 | float16 | bfloat16
+    #                                    (the PS keeps float32 master weights; so do checkpoints)
+    error_feedback: bool = True  # half gradients: each one's rounding error is added to the
+    #                                    sender's next (nothing lost, only delayed a step)
+
+
+@dataclass
 class SecurityConfig:
     curve: bool | None = None  # CurveZMQ on every socket, allow-listed client keys
     #                                    (docs/security.md); `rudra-zmq run` makes per-run keys.
@@ -150,6 +159,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     architecture: ArchitectureConfig = field(default_factory=ArchitectureConfig)
+    wire: WireConfig = field(default_factory=WireConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
@@ -157,8 +167,9 @@ class Config:
         """Cross-field checks; raises ConfigError naming the value and what to do."""
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
         one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
-        one_of("optimizer.momentum_policy", o.momentum_policy, MOMENTUM_POLICIES)
         one_of("runtime.transport", r.transport, ("tcp", "ipc"))
+        for key in ("gradient_dtype", "weights_dtype"):
+            one_of(f"wire.{key}", getattr(self.wire, key), tuple(WIRE_DTYPES))
         if not is_import_path(d.dataset):
             one_of(
                 "data.dataset",
@@ -262,7 +273,11 @@ REMOVED_KEYS = {
     "runtime.hot_path": "the compiled PS path gave 1.08x end to end, under the 1.2x it had to earn",
     "runtime.stream_parts": "weights and gradients in parts gave no gain with 4 learners on a LAN",
     "runtime.gradient_parts": "weights and gradients in parts gave no gain with 4 learners on a LAN",
+    "optimizer.momentum_policy": "the staleness-aware momentum learned slower than the paper's "
+    "constant momentum (docs/reproduction.md, the lag grid)",
 }
+# Removed keys a run saved before they went still loads with: the value that behaves as now.
+KEPT_VALUES = {"optimizer.momentum_policy": "constant"}
 
 
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
@@ -279,7 +294,7 @@ def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
     data = read_mapping(path, "config file", "configs/") if path is not None else {}
     for item in overrides:
         apply_override(Config, data, item, REMOVED_KEYS)
-    return build(Config, data, "", REMOVED_KEYS).validate()
+    return build(Config, data, "", REMOVED_KEYS, KEPT_VALUES).validate()
 
 
 def to_dict(config: Config) -> dict:

@@ -4,7 +4,7 @@ There is no pure-Python fallback: the parameter server's speed rests on these on
 GIL-releasing loops, so a missing extension is an import error that says how to build it.
 NumPy twins of every kernel live in ``rudra_zmq/benchmarks/numpy_twins.py`` (test oracle, benchmark baseline).
 The half-precision kernels (``*_f16``, ``*_bf16``: float16, or bfloat16 as uint16 bits, against
-float32) serve ``rudra_zmq.codec``; every kernel releases the GIL and never allocates.
+float32; ``*_feedback``: narrowing with error feedback) serve ``rudra_zmq.codec``; every kernel releases the GIL and never allocates.
 """
 
 try:
@@ -16,7 +16,9 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
         "compiler and Cython>=3), or `python setup.py build_ext --inplace`."
     ) from exc
 
-_stale = [n for n in ("accumulate_f16", "narrow_bf16") if not hasattr(_kernels, n)]
+_stale = [
+    n for n in ("accumulate_f16", "narrow_bf16", "narrow_f16_feedback") if not hasattr(_kernels, n)
+]
 if _stale:  # an extension built before csrc/ gained kernels: say so, not an AttributeError
     raise ImportError(
         f"rudra_zmq's compiled kernels ({_kernels.__file__}) are older than csrc/ (no "
@@ -36,6 +38,8 @@ widen_f16 = _kernels.widen_f16
 widen_bf16 = _kernels.widen_bf16
 narrow_f16 = _kernels.narrow_f16
 narrow_bf16 = _kernels.narrow_bf16
+narrow_f16_feedback = _kernels.narrow_f16_feedback
+narrow_bf16_feedback = _kernels.narrow_bf16_feedback
 set_num_threads = _kernels.set_num_threads
 get_num_threads = _kernels.get_num_threads
 set_parallel_threshold = _kernels.set_parallel_threshold
@@ -55,6 +59,8 @@ __all__ = [
     "widen_bf16",
     "narrow_f16",
     "narrow_bf16",
+    "narrow_f16_feedback",
+    "narrow_bf16_feedback",
     "set_num_threads",
     "get_num_threads",
     "set_parallel_threshold",

@@ -14,7 +14,7 @@ What a run directory holds (``RUN`` below), and who writes it:
 - ``keys/``: the run's own CurveZMQ keys (``run_plan.run_keys``); ``tensorboard/``: the
   TensorBoard events (``logging.tensorboard``);
 - a sweep point's ``point.json`` and ``sweep.log``, and the sweep parent's ``sweep.yaml``
-  (``sweep.py``);
+  (``sweep.py``); an unfinished simulation's ``sim_checkpoint.npz`` (``sim/sim_checkpoint.py``);
 - ``rudra-zmq launch``'s ``.launch-id`` and, with pdsh, ``.env-LABEL.json``
   (``cluster_launch.py``).
 
@@ -40,6 +40,7 @@ TB_DIR = "tensorboard"
 POINT_FILE = "point.json"  # a sweep point's record: mode, status, exit code
 SWEEP_LOG = "sweep.log"  # a sweep point's output
 SWEEP_FILE = "sweep.yaml"  # a sweep parent's grid: its points in order
+SIM_CHECKPOINT_FILE = "sim_checkpoint.npz"  # an unfinished `simulate --train` (sim_checkpoint)
 LAUNCH_ID_FILE = ".launch-id"  # `launch`: tells a host that shares our file system
 
 
@@ -51,6 +52,11 @@ def config_path(run_dir) -> Path:
 def metrics_path(run_dir) -> Path:
     """``RUN/metrics.jsonl``."""
     return Path(run_dir) / METRICS_FILE
+
+
+def sim_checkpoint_path(run_dir) -> Path:
+    """``RUN/sim_checkpoint.npz``: an unfinished ``simulate --train``'s checkpoint."""
+    return Path(run_dir) / SIM_CHECKPOINT_FILE
 
 
 def checkpoints_root(run_dir) -> Path:
@@ -91,6 +97,7 @@ __all__ = [
     "POINT_FILE",
     "SWEEP_LOG",
     "SWEEP_FILE",
+    "SIM_CHECKPOINT_FILE",
     "LAUNCH_ID_FILE",
     "config_path",
     "metrics_path",

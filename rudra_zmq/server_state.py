@@ -64,7 +64,7 @@ class ServerState:
         self.numel = self.updater.numel  # floats served: every payload's size
         self.model_numel = self.span.total  # the learners' model (their HELLO's numel)
         self.chunk_bytes = cfg.runtime.chunk_mib << 20  # the frames weights go out in
-        self.codec = codec.of(cfg)  # ... and their encoding
+        self.codec = codec.for_weights(cfg)  # ... and their encoding
         self.signature = signature
         self.learners = s.learners
         self.epochs = cfg.train.epochs
@@ -91,9 +91,9 @@ class ServerState:
 
     def weight_frames(self) -> list[np.ndarray]:
         """The current weights as payload frames of at most ``runtime.chunk_mib`` in the run's
-        codec (float32: views, no copy), in order: together they are ``span``, the first
+        codec (float32: views, no copy; half: narrowed once per version), in order: together they are ``span``, the first
         starting at ``span.lo``."""
-        return self.codec.encode(self.w, self.chunk_bytes)
+        return self.codec.encode(self.w, self.chunk_bytes, key=self.engine.timestamp)
 
     @property
     def untold(self) -> set[int]:
@@ -129,6 +129,13 @@ class ServerState:
                 f"{who} runs a model with {f['numel']:,} parameters (signature "
                 f"{f['model']}); this server holds {self.model_numel:,} ({self.signature}). "
                 f"Is {who} running another model config?"
+            )
+        wanted = f.get("range", [0, self.model_numel])  # none: the whole vector
+        if wanted != [self.span.lo, self.span.hi]:
+            raise ProtocolViolation(
+                f"{who} expects range {wanted} of the parameters; this server serves "
+                f"{self.span}: does it run with the same number of servers, their "
+                "endpoints in the order of their ranges?"
             )
         self.identities[sender] = ident
         if wire.node_id(sender) is not None:

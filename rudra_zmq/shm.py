@@ -31,9 +31,10 @@ import time
 
 import numpy as np
 
-from . import kernels, shm_lifecycle
+from . import codec, kernels, shm_lifecycle, wire
 from .shm_lifecycle import HEADER, LAYOUT, MAGIC, PREFIX, SHM_DIR
 
+_BOARD_DTYPES = tuple(wire.PAYLOAD_DTYPES[c] for c in wire.MODEL_DTYPES)  # what publish widens
 KIND_SLOTS, KIND_BOARD = 1, 2
 HEADER_BYTES = 64
 _SEQ, _TS, _BOARD_DATA = 64, 72, 128  # board: seq and ts on their own cache line
@@ -300,30 +301,29 @@ class WeightBoard(_Shared):
 
     def publish(self, ts: int, pieces) -> int:
         """Write ``pieces`` (1-D float32 arrays, e.g. a WEIGHTS message's payloads, together
-        ``numel`` long) as version ``ts``; returns the new (even) sequence number. Sizes and
-        dtypes are checked first, so a ValueError leaves the board as it was. Blocks for one
-        copy (the kernel releases the GIL); allocates a list of views, no buffers. Creator
-        only; one writer: not thread-safe."""
+        ``numel`` long; float16 or bfloat16 bits are widened: a half wire) as version ``ts``;
+        returns the new (even) sequence number. Sizes and dtypes are checked first, so a
+        ValueError leaves the board as it was. Blocks for one copy (the kernel releases the
+        GIL); allocates a list of views, no buffers. Creator only; one writer: not
+        thread-safe."""
         pieces = [np.asarray(p) for p in pieces]
         total = sum(int(p.shape[0]) for p in pieces if p.ndim == 1)
         bad = [
             f"{p.dtype}{list(p.shape)}"
             for p in pieces
-            if p.dtype != np.float32 or p.ndim != 1 or not p.flags.c_contiguous
+            if p.dtype not in _BOARD_DTYPES or p.ndim != 1 or not p.flags.c_contiguous
         ]
         if bad or total != self.numel:
             raise ValueError(
                 f"WeightBoard.publish got {bad or [p.shape[0] for p in pieces]} "
                 f"({total:,} floats); the board holds {self.numel:,} contiguous "
-                "float32 (is the sender running another model config?)"
+                "floats (float32, float16 or bfloat16 bits; is the sender running another "
+                "model config?)"
             )
         seq = int(self._seq[0]) + 1
         self._seq[0] = seq  # odd: a reader that sees this copies again
         self._ts[0] = ts
-        off = 0
-        for p in pieces:
-            kernels.copy_into(self._w[off : off + p.shape[0]], p)
-            off += p.shape[0]
+        codec.load(self._w, pieces)
         self._seq[0] = seq + 1  # even: complete (x86: after every store above)
         return seq + 1
 

@@ -9,8 +9,10 @@ applied once (raw ZeroMQ figures: ``bench/RESULTS.md``, "Raw ZeroMQ reference"):
 - high-water marks are small for model-sized traffic (they count messages, not bytes);
 - large frames are received with ``copy=False`` (a copy=True receive of zero-copy frames
   deadlocked pyzmq over inproc);
-- ZMTP heartbeats on every socket (``set_heartbeat``), so a peer that vanished without closing
-  its connection (a host that died, a cable) is dropped and reconnected to;
+- TCP keepalive on every socket (``set_heartbeat``), so a peer that vanished without closing
+  its connection (a host that died, a cable) is dropped and reconnected to; not ZMTP
+  heartbeats, whose timer aborts libzmq 4.3.5 on a connection whose peer left while its
+  queue was full (docs/wire.md, "Liveness");
 - ``set_security``: CurveZMQ on every socket (``security.py``), applied in ``bind``/``connect``;
 - ``ZMQ_MAXMSGSIZE`` (``max_bytes``): a peer sending a larger frame is disconnected before
   anything is allocated for it; clients use unpredictable routing ids and no ROUTER hands
@@ -41,7 +43,8 @@ LINGER_MS = 200
 # thread's poll is not interrupted: its Python handler runs only when the call returns. A
 # learner waiting out a 60 s receive timeout once outlived its SIGKILLed launcher that way.
 WAKE_MS = 250
-_HEARTBEAT_MS = 2000  # ZMTP heartbeat interval; the timeout and TTL are 5x (set_heartbeat)
+_HEARTBEAT_S = 2  # TCP keepalive idle time and probe interval (set_heartbeat)
+KEEPALIVE_PROBES = 5  # unanswered probes before the kernel drops a connection
 _SECURITY = None  # security.Curve once set_security was called: CURVE on every socket
 MESSAGE_SLACK = wire.MAX_HEADER_BYTES + 4096  # a frame's bytes beyond its float payload
 
@@ -73,11 +76,12 @@ def new_routing_id() -> bytes:
 
 
 def set_heartbeat(seconds: float) -> None:
-    """Heartbeat interval for the sockets this process makes from now on (``runtime.
-    heartbeat_s``; 0 = none): a peer silent for 5 intervals is disconnected. Not thread-safe:
-    call once at process start."""
-    global _HEARTBEAT_MS
-    _HEARTBEAT_MS = max(0, int(seconds * 1000))
+    """Liveness probing for the TCP sockets this process makes from now on (``runtime.
+    heartbeat_s``; 0 = none): TCP keepalive after ``seconds`` idle (whole seconds, at least
+    1), a probe every ``seconds``, the connection dropped after ``KEEPALIVE_PROBES``
+    unanswered. Not thread-safe: call once at process start."""
+    global _HEARTBEAT_S
+    _HEARTBEAT_S = 0 if seconds <= 0 else max(1, round(seconds))
 
 
 def tune_malloc() -> bool:
@@ -107,6 +111,11 @@ def tune_malloc() -> bool:
 # free port twice in a row (CI once gave data and stats the same port).
 _handed_out: set[tuple[str, int]] = set()
 _rng = random.Random()
+# LO-HI: the ports free_tcp_endpoint picks from (several launches on one machine, each in a
+# range of its own, never pick one another's ports; the test suite gives each worker one)
+PORTS_ENV = "RUDRA_ZMQ_PORTS"
+FIRST_PORT = 10000  # planned ports start here (below the kernel's ephemeral range)
+MIN_PORTS = 1000  # the narrowest range to pick from ($RUDRA_ZMQ_PORTS: refused if narrower)
 
 
 def ephemeral_port_range() -> tuple[int, int]:
@@ -125,11 +134,15 @@ def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
     moment ago, is never one this process handed out before, and lies below the kernel's
     ephemeral range when that leaves room (10000 up to it), so no connect() on this
     machine -- a learner's own outgoing socket, say -- can take it before the role binds.
-    Not thread-safe. Raises OSError when ``host`` is not an address of this machine."""
-    lo, _ = ephemeral_port_range()
-    if lo - 10000 >= 1000:
+    ``$RUDRA_ZMQ_PORTS`` (``LO-HI``) narrows the choice to that range. Not thread-safe.
+    Raises OSError when ``host`` is not an address of this machine, ValueError for a bad
+    ``$RUDRA_ZMQ_PORTS``."""
+    first, lo = FIRST_PORT, ephemeral_port_range()[0]
+    if os.environ.get(PORTS_ENV):
+        first, lo = _port_range(os.environ[PORTS_ENV])
+    if lo - first >= MIN_PORTS:
         for _ in range(200):
-            port = _rng.randrange(10000, lo)
+            port = _rng.randrange(first, lo)
             if (host, port) not in _handed_out and _port_is_free(host, port):
                 _handed_out.add((host, port))
                 return f"tcp://{host}:{port}"
@@ -141,6 +154,19 @@ def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
             _handed_out.add((host, port))
             return f"tcp://{host}:{port}"
     raise OSError(f"no free tcp port found on {host}")
+
+
+def _port_range(text: str) -> tuple[int, int]:
+    """``LO-HI`` as (lo, hi + 1); raises ValueError naming ``$RUDRA_ZMQ_PORTS``."""
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        lo = hi = -1
+    if not (1024 <= lo and lo + MIN_PORTS - 1 <= hi <= 65535):
+        raise ValueError(
+            f"${PORTS_ENV}={text!r}: give LO-HI, 1024 <= LO, at least {MIN_PORTS} ports"
+        )
+    return lo, hi + 1
 
 
 def _port_is_free(host: str, port: int) -> bool:
@@ -251,7 +277,7 @@ def make_socket(
     rcvtimeo: int = -1,
     max_bytes: int = -1,
 ) -> zmq.Socket:
-    """A socket with LINGER, HWM, heartbeats, (for ROUTER) ROUTER_MANDATORY and, if
+    """A socket with LINGER, HWM, TCP keepalive, (for ROUTER) ROUTER_MANDATORY and, if
     ``max_bytes`` >= 0, ZMQ_MAXMSGSIZE (a peer sending a larger frame is disconnected). Not
     thread-safe: use a socket only from the thread that made it."""
     sock = ctx.socket(kind)
@@ -263,10 +289,11 @@ def make_socket(
     sock.setsockopt(zmq.RCVTIMEO, rcvtimeo)
     if identity is not None:
         sock.setsockopt(zmq.ROUTING_ID, identity)
-    if _HEARTBEAT_MS:
-        sock.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * _HEARTBEAT_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TTL, min(5 * _HEARTBEAT_MS, 6_553_500) // 100 * 100)
+    if _HEARTBEAT_S:  # kernel probes: no libzmq timer (docs/wire.md, "Liveness")
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, _HEARTBEAT_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, _HEARTBEAT_S)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, KEEPALIVE_PROBES)
     if kind == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     return sock

@@ -48,19 +48,25 @@ def check_type(key: str, value, tp):
     raise ConfigError(f"{key} must be {tp.__name__}, got {value!r} ({type(value).__name__})")
 
 
-def build(cls, data: dict, prefix: str, removed: dict[str, str]):
+def build(cls, data: dict, prefix: str, removed: dict, kept: dict | None = None):
     """An instance of the dataclass ``cls`` from the mapping ``data`` (its section ``prefix``,
     "" at the top), nested dataclasses built from nested mappings and every value checked
     against its field's type. Raises ConfigError naming an unknown key (with the valid ones),
-    a key of ``removed`` (key -> why it went) or a value of the wrong type."""
+    a key of ``removed`` (key -> why it went) or a value of the wrong type. A removed key
+    holding its value in ``kept`` (key -> the value that behaves as every run now does: the
+    configs that runs saved before it went) is dropped instead."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix or 'the config'} must be a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
+    kept = kept or {}
     unknown = set(data) - known
     for name in sorted(unknown):
         key = f"{prefix}.{name}" if prefix else name
-        if key in removed:
+        if key in kept and data[name] == kept[key]:
+            data = {k: v for k, v in data.items() if k != name}
+            unknown.discard(name)
+        elif key in removed:
             raise ConfigError(f"{key} was removed: {removed[key]}; delete it from the config")
     if unknown:
         where = f"section {prefix!r}" if prefix else "the top level"
@@ -73,7 +79,7 @@ def build(cls, data: dict, prefix: str, removed: dict[str, str]):
         key = f"{prefix}.{name}" if prefix else name
         tp = hints[name]
         if dataclasses.is_dataclass(tp):
-            kwargs[name] = build(tp, value, key, removed)
+            kwargs[name] = build(tp, value, key, removed, kept)
         else:
             kwargs[name] = check_type(key, value, tp)
     return cls(**kwargs)

@@ -74,16 +74,12 @@ class Updater:
         dtype). Does not block beyond the kernels."""
         codec.add(self.acc, payloads, scale)
 
-    def step(
-        self, sources, g_scale: float, lr: float, zero_acc: bool, momentum: float | None = None
-    ) -> None:
+    def step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
         """One update from gradient ``sources`` (contiguous pieces covering the span, e.g.
-        ``[self.acc]`` with ``zero_acc``, or received frames) with ``momentum`` (None: the
-        optimizer's): the new weights go to a free buffer, which then becomes the current
+        ``[self.acc]`` with ``zero_acc``, or received frames): the new weights go to a free buffer, which then becomes the current
         version; one kernel call per piece and parameter segment they share. Does not block
         beyond the kernels."""
         o, w, out = self.optimizer, self.w, self.versions.next_buffer()
-        m = o.momentum if momentum is None else momentum
         off = 0
         for src in sources:
             end = off + src.shape[0]
@@ -98,7 +94,7 @@ class Updater:
                         self.v[a:b],
                         g,
                         lr * lr_mult,
-                        m,
+                        o.momentum,
                         o.weight_decay * decay_mult,
                         g_scale,
                         zero_acc,
@@ -126,8 +122,8 @@ class Updater:
         the kernels."""
         direct = codec.floats(payloads)
         if update is not None and len(update.learners) == count and direct is not None:
-            self.step(direct, update.g_scale * scale, update.lr, False, update.momentum)
+            self.step(direct, update.g_scale * scale, update.lr, False)
             return
         self.add(payloads, scale)
         if update is not None:
-            self.step([self.acc], update.g_scale, update.lr, True, update.momentum)
+            self.step([self.acc], update.g_scale, update.lr, True)

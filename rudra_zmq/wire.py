@@ -11,8 +11,8 @@ kind-specific fields (KIND_FIELDS, validated by type).
 
 A model-sized vector (gradient, weights) may be split into several frames whose counts add up
 to the model size, so the PS accumulates each frame at its offset with no reassembly copy
-(:func:`chunk`). Their dtype is the run's (``model_dtype`` of :func:`decode`, one of
-MODEL_DTYPES: float32 ``f4`` today); ``codec.py`` encodes and decodes them. Nothing here is
+(:func:`chunk`). Their dtype is the run's (:class:`ModelDtypes`: gradients and weights each
+one of MODEL_DTYPES, float32 ``f4`` by default); ``codec.py`` encodes and decodes them. Nothing here is
 pickled: headers are msgpack with strict limits and payloads are raw arrays interpreted only
 after their length and dtype were checked.
 :func:`decode` validates a message completely before any role may act on it and raises
@@ -32,9 +32,17 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from .wire_kinds import KIND_FIELDS, MODEL_SIZED, PAYLOAD_FRAMES, RUN_DTYPE_KINDS, Kind
+from .wire_kinds import (
+    GRADIENT_KINDS,
+    KIND_FIELDS,
+    MODEL_SIZED,
+    PAYLOAD_FRAMES,
+    WEIGHT_KINDS,
+    Kind,
+)
 from .wire_kinds import SENDER_DATA as SENDER_DATA
 from .wire_kinds import SENDER_PS as SENDER_PS
+from .wire_kinds import WIRE_DTYPES as WIRE_DTYPES
 from .wire_kinds import node_id as node_id
 from .wire_kinds import node_sender as node_sender
 from .wire_kinds import sender_name as sender_name
@@ -55,6 +63,31 @@ PAYLOAD_DTYPES = {
 }
 MODEL_DTYPES = ("f4", "f2", "bf16")  # what a run's model-sized payloads may travel as
 _DTYPE_CODES = {v: k for k, v in PAYLOAD_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class ModelDtypes:
+    """The wire codes (MODEL_DTYPES) a run's model-sized payloads travel as: ``gradients``
+    (PUSH, PUSHPULL, RELAY) and ``weights`` (WELCOME, WEIGHTS, BCAST); EVAL is always f4."""
+
+    gradients: str = "f4"
+    weights: str = "f4"
+
+    def __post_init__(self):
+        for what, code in (("gradients", self.gradients), ("weights", self.weights)):
+            if code not in MODEL_DTYPES:
+                raise ValueError(f"{what} dtype {code!r} is not one of {MODEL_DTYPES}")
+
+    def of(self, kind: Kind) -> str | None:
+        """The code ``kind``'s model-sized payloads must have (None: not model-sized)."""
+        if kind in GRADIENT_KINDS:
+            return self.gradients
+        if kind in WEIGHT_KINDS:
+            return self.weights
+        return "f4" if kind in MODEL_SIZED else None
+
+
+FLOAT32 = ModelDtypes()  # every run's default
 
 MAX_CLOCK = 16384  # entries in one RELAY's clock (the header must stay < 64 KiB)
 
@@ -179,7 +212,7 @@ def decode(
     numel: int | None = None,
     learners: int | None = None,
     slots: bool = False,
-    model_dtype: str = "f4",
+    dtypes: ModelDtypes = FLOAT32,
 ) -> Message:
     """Validate and parse one message (without the ROUTER routing id).
 
@@ -191,13 +224,13 @@ def decode(
             (and a clock may list at most λ gradients).
         slots: accept a PUSH/PUSHPULL whose gradient is in a shared-memory slot (x{slot}, no
             payload); only a leaf with ``architecture.leaf_shm`` does.
-        model_dtype: the wire code (MODEL_DTYPES) of this run's model-sized payloads
-            (gradients, weights, BCAST chunks): the run's ``codec.of(cfg).code``; f4 by default.
+        dtypes: the wire codes of this run's model-sized payloads (gradients; weights and
+            BCAST chunks): the run's ``codec.dtypes(cfg)``; float32 by default.
 
     Raises :class:`WireError` naming what was wrong. Does not block; thread-safe.
     """
-    if model_dtype not in MODEL_DTYPES:
-        raise ValueError(f"model_dtype {model_dtype!r} is not one of {MODEL_DTYPES}")
+    if not isinstance(dtypes, ModelDtypes):
+        raise TypeError(f"dtypes must be a wire.ModelDtypes, got {type(dtypes).__name__}")
     if not frames:
         raise WireError("empty", "empty message (no header frame)")
     raw = _buffer(frames[0])
@@ -244,7 +277,7 @@ def decode(
             f"{kind.name} x{{slot}} (a gradient in shared "
             "memory) goes only to a leaf that accepted it in its WELCOME",
         )
-    payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields, model_dtype)
+    payloads = _check_payloads(kind, h.get("p", []), frames[1:], numel, fields, dtypes)
     return Message(kind, h["s"], h["q"], h["ts"], h["inc"], fields, payloads)
 
 
@@ -309,7 +342,7 @@ def _in_shm(kind: Kind, fields: dict) -> bool:
     )
 
 
-def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
+def _check_payloads(kind: Kind, descr, frames, numel, fields, dtypes):
     in_shm = _in_shm(kind, fields)
     if in_shm and fields.get("slot", 0) not in (0, 1):
         raise WireError("bad_field", f"{kind.name}: slot must be 0 or 1, got {_show(fields)}")
@@ -325,7 +358,7 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
         raise WireError(
             "bad_payload", f"{kind.name} carries {lo}..{hi} payload frames, got {len(frames)}"
         )
-    out = []
+    out, want = [], dtypes.of(kind)
     for i, (d, frame) in enumerate(zip(descr, frames)):
         if (
             not isinstance(d, list)
@@ -348,12 +381,11 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, model_dtype):
                 "bad_length",
                 f"{kind.name}: payload {i} has {nbytes:,} bytes, its header says {d[1]:,} x {d[0]}",
             )
-        if kind in RUN_DTYPE_KINDS and d[0] != model_dtype:
+        if want is not None and d[0] != want:
             raise WireError(
                 "bad_dtype",
-                f"{kind.name}: model payloads are {model_dtype} in "
-                f"this run, payload {i} is {d[0]} (is the sender "
-                "running another wire dtype?)",
+                f"{kind.name}: its payloads are {want} in this run, payload {i} is {d[0]} "
+                "(is the sender running other wire.gradient_dtype/weights_dtype?)",
             )
         out.append(np.frombuffer(buf, dtype=dtype))
     if numel is not None and kind in MODEL_SIZED and not in_shm:

@@ -1,5 +1,6 @@
 """The wire protocol's vocabulary: every message kind (:class:`Kind`), the fields and payload
-frames each carries (KIND_FIELDS, PAYLOAD_FRAMES), and the sender ids of the header's ``s``.
+frames each carries (KIND_FIELDS, PAYLOAD_FRAMES), the sender ids of the header's ``s``, and
+the dtype names a run's config gives its model-sized payloads (WIRE_DTYPES).
 
 Tables only: ``wire.py``, which re-exports these names (callers write ``wire.Kind``), builds
 and parses the frames and checks a message against them.
@@ -8,6 +9,9 @@ and parses the frames and checks a message against them.
 from __future__ import annotations
 
 import enum
+
+# wire.gradient_dtype / wire.weights_dtype values -> the payload code their frames carry
+WIRE_DTYPES = {"float32": "f4", "float16": "f2", "bfloat16": "bf16"}
 
 SENDER_PS, SENDER_DATA, SENDER_STATS, SENDER_TOOL = -1, -2, -3, -4
 SENDER_NODE0 = -100  # tree node k sends as SENDER_NODE0 - k
@@ -76,6 +80,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
         "subtree": (_LIST, False),
         "shm": (_STR, False),
         "had": (_INT, False),
+        "range": (_LIST, False),  # [lo, hi]: the span a learner of a sharded run expects
     },
     Kind.WELCOME: {
         "learners": (_INT, True),
@@ -117,4 +122,7 @@ PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
 PAYLOAD_FRAMES.update({k: (1, MAX_FRAMES) for k in MODEL_SIZED})
 PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
 PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
-RUN_DTYPE_KINDS = MODEL_SIZED | {Kind.BCAST}  # payloads in the run's model dtype
+# Model-sized payloads in the run's wire dtypes (``wire.gradient_dtype``, ``wire.weights_dtype``);
+# EVAL stays float32: the statistics server evaluates the PS's own (master) weights.
+GRADIENT_KINDS = frozenset({Kind.PUSH, Kind.PUSHPULL, Kind.RELAY})
+WEIGHT_KINDS = frozenset({Kind.WELCOME, Kind.WEIGHTS, Kind.BCAST})

@@ -6,6 +6,29 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _worker_ports() -> None:
+    """Each xdist worker's runs plan their ports in a range of their own ($RUDRA_ZMQ_PORTS,
+    inherited by the roles): a role restarted by one worker's run could otherwise find its
+    port taken by the other's plan (CI: "Address already in use" for an ImageNet test's PS
+    beside the soak test)."""
+    worker, count = (
+        os.environ.get("PYTEST_XDIST_WORKER"),
+        os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
+    )
+    if not worker or not count or "RUDRA_ZMQ_PORTS" in os.environ:
+        return
+    from rudra_zmq import transport
+
+    i, n = int(worker.removeprefix("gw")), int(count)
+    first = transport.FIRST_PORT
+    width = (transport.ephemeral_port_range()[0] - first) // n
+    if width >= transport.MIN_PORTS:
+        os.environ[transport.PORTS_ENV] = f"{first + i * width}-{first + (i + 1) * width - 1}"
+
+
+_worker_ports()
+
+
 import pytest  # noqa: E402
 import zmq  # noqa: E402
 

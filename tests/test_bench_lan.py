@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from netns_check import netns_missing
 from rudra_zmq.benchmarks.synthetic_cluster import advstar_available
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -114,17 +115,8 @@ def test_root_ingress_with_gathering_leaves_gets_whole_subtrees_under_softsync()
 
 
 # ----------------------------------------------------------------------------- emulated LAN
-def _lan_skip_reason():
-    if os.geteuid() != 0:
-        return "needs root for ip netns and tc"
-    if not shutil.which("ip") or not shutil.which("tc"):
-        return "iproute2 (ip, tc) is not installed"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
-        return "ip netns does not work here"
-    return None
-
-
-needs_lan = pytest.mark.skipif(_lan_skip_reason() is not None, reason=_lan_skip_reason() or "")
+_LAN_MISSING = netns_missing("tc")
+needs_lan = pytest.mark.skipif(_LAN_MISSING is not None, reason=_LAN_MISSING or "")
 
 
 def namespaces(prefix):
@@ -314,4 +306,108 @@ def test_a_round_slower_than_retry_s_adds_no_byte_at_the_root():
     assert case["root_grad_msgs_total"] == case["grads_total"] == 16  # no gradient twice
     headers = case["root_rx_bytes_per_epoch"] - 8 * m  # CHECKs and request headers only
     assert 0 < headers < 8 * 1024, case
+    assert namespaces(f"rzt{pid % 1_000_000}") == []
+
+
+@needs_lan
+def test_a_float16_wire_halves_the_bytes_at_the_root_side_by_side():
+    """Issue 24 item 5 on the emulated LAN: the same hardsync case with float32 and float16
+    on the wire, in one run: the root takes half the gradient bytes per gradient and sends
+    half the weight bytes (speed: bench/RESULTS.md, not a test)."""
+    recs, pid = run_json(
+        "lan-table1",
+        *("--hosts", "2", "--per-host", "2", "--params", "250000", "--rate", "20mbit"),
+        *("--cases", "base-hardsync", "--epoch-gradients", "8", "--epochs", "2"),
+        *("--compute-ms", "10", "--wire-dtypes", "float32", "float16"),
+    )
+    f4, f2 = [r for r in recs if r["type"] == "case"]
+    assert (f4["case"], f2["case"]) == ("base-hardsync", "base-hardsync-f2")
+    assert (f4["wire_dtype"], f2["wire_dtype"]) == ("float32", "float16")
+    n = f4["numel"]
+    assert f4["root_grad_bytes_total"] == n * 4 * f4["root_grad_msgs_total"]
+    assert f2["root_grad_bytes_total"] == n * 2 * f2["root_grad_msgs_total"]
+    assert f2["root_grad_msgs_total"] == f4["root_grad_msgs_total"] == 16
+    ratio = f2["root_tx_bytes_per_epoch"] / f4["root_tx_bytes_per_epoch"]
+    assert 0.45 < ratio < 0.55, (f2["root_tx_bytes_per_epoch"], f4["root_tx_bytes_per_epoch"])
+    assert namespaces(f"rzt{pid % 1_000_000}") == []
+
+
+@needs_lan
+def test_table1_runs_the_gloo_allreduce_on_the_learner_hosts_beside_its_bound():
+    """Issue 24 item 6's baseline: torch.distributed's ring allreduce (DDP's step; float16:
+    its fp16 hook's) across the same namespaces, a row with its link bound like the PS's."""
+    recs, pid = run_json(
+        "lan-table1",
+        "--quick",
+        *("--cases", "base-hardsync", "gloo-allreduce", "--wire-dtypes", "float32", "float16"),
+    )
+    cases = {r["case"]: r for r in recs if r["type"] == "case"}
+    assert sorted(cases) == [
+        "base-hardsync",
+        "base-hardsync-f2",
+        "gloo-allreduce",
+        "gloo-allreduce-f2",
+    ]
+    for name in ("gloo-allreduce", "gloo-allreduce-f2"):
+        r = cases[name]
+        assert len(r["epoch_s"]) == 2 and all(s > 0 for s in r["epoch_s"])
+        # 2(λ-1)/λ of a model per link per step, plus the compute: 4 steps an epoch
+        m = r["params"] * (4 if name == "gloo-allreduce" else 2) / 125e6
+        want = 4 * (2 * 3 / 4 * m + r["compute_ms"] / 1000)
+        assert r["bound_s_per_epoch"] == pytest.approx(want)
+        assert r["of_bound"] == pytest.approx(want / r["s_per_epoch"])
+    hs = cases["base-hardsync"]
+    assert hs["bound_s_per_epoch"] == pytest.approx(4 * (2 * 4 * 40_000 / 125e6 + 0.005))
+    assert namespaces(f"rzt{pid % 1_000_000}") == []
+
+
+def test_a_bad_rate_stops_lan_table1_before_any_host_is_built():
+    """The bound of each row needs the rate in bytes/s: a rate that is not a tc rate is an
+    error up front, naming it, not after a case ran (no root or namespaces needed)."""
+    from rudra_zmq.benchmarks.lan_table1 import parse_rate
+
+    assert parse_rate("1gbit") == 125e6 and parse_rate("20mbit") == 2.5e6
+    assert parse_rate("10mbps") == 10e6  # tc's bytes-per-second unit
+    res = subprocess.run(
+        bench_cmd("lan-table1", "--quick", "--rate", "fast"),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert res.returncode != 0 and "--rate 'fast': give a positive tc rate" in res.stderr
+    assert "netns" not in res.stdout
+
+
+@needs_lan
+def test_sharded_servers_beside_the_learners_and_on_extra_hosts_each_take_their_range():
+    """Issue 24 items 1 and 6: hardsync with 2 sharded servers, on the learner hosts and on
+    2 hosts of their own, beside the root alone, in one run: every gradient reaches the
+    servers once, a range each (bytes = one model per gradient over the two), σ = 0, each row
+    beside its link bound (speed: bench/RESULTS.md, not a test)."""
+    recs, pid = run_json(
+        "lan-table1",
+        # one learner per host: the root-alone row would spread them over the extra hosts
+        *("--hosts", "2", "--per-host", "1", "--params", "10000", "--rate", "100mbit"),
+        *("--cases", "base-hardsync", "--epoch-gradients", "8", "--epochs", "2"),
+        *("--compute-ms", "5", "--servers", "1", "2"),
+        *("--server-placement", "colocated", "extra"),
+    )
+    rows = [r for r in recs if r["type"] == "case"]
+    assert [r["case"] for r in rows] == [
+        "base-hardsync",
+        "base-hardsync-k2-colocated",
+        "base-hardsync-k2-extra",
+    ]
+    for r in rows[1:]:
+        assert r["servers"] == 2 and r["server_numel"] == [5000, 5000]
+        assert r["grads_total"] == 16 and r["updates_per_epoch"] == 4 and r["mean_sigma"] == 0
+        per_grad = r["root_rx_bytes_per_gradient"]  # payloads + two headers per gradient
+        assert 10000 * 4 <= per_grad < 10000 * 4 + 1000, per_grad
+        # the PNG's ingress panel: the busiest server's half, not the two servers' sum
+        assert r["busiest_rx_bytes_per_epoch"] == pytest.approx(r["root_rx_bytes_per_epoch"] / 2)
+        assert r["bound_s_per_epoch"] > 0 and r["of_bound"] > 0
+    notes = [r["text"] for r in recs if r["type"] == "note"]
+    assert any("order: not measured" in t for t in notes)  # one case: no order claimed
+    assert not any("reproduced" in t for t in notes)
     assert namespaces(f"rzt{pid % 1_000_000}") == []

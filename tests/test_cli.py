@@ -76,6 +76,30 @@ def test_a_bad_override_and_a_missing_file_exit_2(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize(
+    "env,sets,message",
+    [
+        ({"RUDRA_ZMQ_PORTS": "abc"}, [], "$RUDRA_ZMQ_PORTS='abc': give LO-HI"),
+        ({}, ["--set", "runtime.host=192.0.2.1"], "runtime.host '192.0.2.1': cannot bind"),
+    ],
+)
+def test_a_bad_port_range_or_host_exits_2_naming_it_and_makes_no_run_directory(
+    tmp_path, env, sets, message
+):
+    run = tmp_path / "run"
+    res = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", write_config(tmp_path), "--run-dir", str(run)]
+        + sets,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
+    assert res.returncode == 2 and f"rudra-zmq: error: {message}" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not run.exists()
+
+
 def test_learner_ids_must_be_below_lambda_and_well_formed(tmp_path):
     cfg = write_config(tmp_path)
     res = rudra("learner", "--config", cfg, "--id", "1,2", "--ps", "x", "--data", "y")

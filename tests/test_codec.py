@@ -1,6 +1,7 @@
 """The payload codec: float32 frames are views (no copy), frames of every model dtype decode
 into float32 at their offsets, and the PS's update and a tree node's sum take half-precision
-frames as the float32 values they stand for."""
+frames as the float32 values they stand for; a half wire narrows as configured, with error
+feedback on gradients and once per weight version."""
 
 import numpy as np
 import pytest
@@ -30,7 +31,9 @@ def _frames(code, x):
         oracles.narrow_bf16(h, x)
     pieces = [h[a:b] for a, b in zip(SPLIT, SPLIT[1:])]
     msg = wire.decode(
-        wire.encode(Kind.PUSH, 0, 1, payloads=pieces), numel=x.shape[0], model_dtype=code
+        wire.encode(Kind.PUSH, 0, 1, payloads=pieces),
+        numel=x.shape[0],
+        dtypes=wire.ModelDtypes(gradients=code),
     )
     widened = h.astype(np.float32) if code != "bf16" else oracles.bf16_to_f32(h)
     return msg.payloads, widened
@@ -46,8 +49,10 @@ def test_float32_frames_are_views_of_the_vector_not_copies():
     assert [f.shape[0] for f in frames] == [256, 256, 256, 233]
     assert all(np.shares_memory(f, v) for f in frames)
     np.testing.assert_array_equal(np.concatenate(frames), v)
-    assert codec.of(small_config()) is codec.FLOAT32 and codec.FLOAT32.code == "f4"
-    with pytest.raises(ValueError, match="encodes float32 vectors, got float64"):
+    cfg = small_config()
+    assert codec.for_gradients(cfg) is codec.FLOAT32 and codec.for_weights(cfg) is codec.FLOAT32
+    assert codec.FLOAT32.code == "f4" and codec.dtypes(cfg) == wire.FLOAT32
+    with pytest.raises(ValueError, match="encodes 1-D float32 vectors, got float64"):
         codec.FLOAT32.encode(v.astype(np.float64), 1024)
 
 
@@ -156,3 +161,70 @@ def test_a_tree_node_sums_half_frames_and_float32_slots_alike(code):
         st.add(str(i).encode(), msg, st.entries(msg), pieces)
     buf, _ = st.take_relay()
     np.testing.assert_array_equal(buf, a + b)
+
+
+@pytest.mark.parametrize("name,code", [("float16", "f2"), ("bfloat16", "bf16")])
+def test_a_half_wire_narrows_each_side_as_configured(name, code):
+    cfg = small_config(f"wire.gradient_dtype={name}", f"wire.weights_dtype={name}")
+    assert codec.dtypes(cfg) == wire.ModelDtypes(code, code)
+    g, w = codec.for_gradients(cfg), codec.for_weights(cfg)
+    assert (g.code, g.feedback, w.code, w.feedback) == (code, True, code, False)
+    v = _vector(7)
+    frames = w.encode(v, 512)  # 256 halves a frame: chunked by bytes, as float32 is
+    assert [f.shape[0] for f in frames] == [256, 256, 256, 233]
+    assert not any(np.shares_memory(f, v) for f in frames)  # v may be written at once
+    out = np.empty(N, np.float32)
+    codec.load(out, frames)
+    np.testing.assert_array_equal(out, _frames(code, v)[1])  # nearest even, as the oracles
+    mixed = small_config(f"wire.gradient_dtype={name}")
+    assert codec.dtypes(mixed) == wire.ModelDtypes(code, "f4")
+    assert codec.for_weights(mixed) is codec.FLOAT32
+    off = small_config(f"wire.gradient_dtype={name}", "wire.error_feedback=false")
+    assert codec.for_gradients(off).feedback is False
+
+
+@pytest.mark.parametrize("code", ["f2", "bf16"])
+def test_error_feedback_carries_each_rounding_error_into_the_next_gradient(code):
+    """What the sender has sent plus what it still holds is exactly what it was given: over
+    many steps nothing is lost, where plain narrowing loses the same bias every step."""
+    half, plain = codec.Half(code, feedback=True), codec.Half(code)
+    rng = np.random.default_rng(0)
+    base = (rng.standard_normal(N) * 1e-3).astype(np.float32)
+    sent_fb = np.zeros(N, np.float64)
+    sent_plain = np.zeros(N, np.float64)
+    given = np.zeros(N, np.float64)
+    out = np.empty(N, np.float32)
+    for _ in range(50):
+        g = base  # the same gradient each step: plain narrowing loses the same error 50 times
+        given += g
+        for c, acc in ((half, sent_fb), (plain, sent_plain)):
+            codec.load(out, c.encode(g, 1 << 20))
+            acc += out
+    # the residual closes the books, to float32 rounding of each step's v - half(v)
+    np.testing.assert_allclose(sent_fb + half.residual, given, rtol=0, atol=1e-6)
+    err_fb = np.abs(sent_fb - given).max()
+    err_plain = np.abs(sent_plain - given).max()
+    assert err_fb <= np.abs(half.residual).max() + 1e-6  # at most one step's rounding left
+    assert err_fb < err_plain / 10, (err_fb, err_plain)
+
+
+def test_a_weight_version_sent_to_many_learners_is_narrowed_once():
+    c = codec.Half("f2")
+    w = _vector(8)
+    a = c.encode(w, 1 << 20, key=5)
+    assert c.encode(w, 1 << 20, key=5)[0] is a[0]  # the same version: the same buffer
+    w2 = w.copy()
+    assert c.encode(w2, 1 << 20, key=5)[0] is not a[0]  # another array (a restart)
+    w[:] = 0  # a recycled buffer holding the next version: a new key
+    b = c.encode(w, 1 << 20, key=6)
+    assert b[0] is not a[0] and not b[0].any()
+    assert c.encode(w, 1 << 20)[0] is not b[0]  # no key: always narrowed
+
+
+@pytest.mark.parametrize("value", ["fp16", "half", "float64"])
+def test_a_dtype_typo_stops_the_config_naming_the_choices(value):
+    from rudra_zmq.typed_yaml import ConfigError
+
+    for key in ("gradient_dtype", "weights_dtype"):
+        with pytest.raises(ConfigError, match=f"wire.{key} is '{value}'; expected one of float32"):
+            small_config(f"wire.{key}={value}")

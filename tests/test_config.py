@@ -72,6 +72,15 @@ def test_removed_keys_say_why_and_what_to_do(tmp_path):
         load_config(None, ["runtime.stream_parts=8"])
 
 
+def test_a_run_saved_before_a_key_went_loads_when_it_holds_todays_behaviour(tmp_path):
+    """Every run saved before 2026-12-03 says optimizer.momentum_policy: constant (what every
+    run now does): it still loads, and resumes; the removed staleness policy does not."""
+    old = write(tmp_path, "optimizer: {lr: 0.002, momentum_policy: constant}")
+    assert load_config(str(old), []).optimizer.lr == 0.002
+    with pytest.raises(ConfigError, match="optimizer.momentum_policy was removed: the stal"):
+        load_config(str(write(tmp_path, "optimizer: {momentum_policy: staleness}")), [])
+
+
 def test_missing_file_says_where_to_look(tmp_path):
     with pytest.raises(FileNotFoundError, match="see configs/"):
         load_config(tmp_path / "nope.yaml")

@@ -179,6 +179,59 @@ def test_bad_arguments_name_the_problem_and_write_nothing(fmt):
     assert not acc.any() and not out.any()
 
 
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("fmt", HALVES)
+def test_narrow_with_feedback_matches_numpy_bit_for_bit(n, fmt, threads):
+    """v = src + residual (float32), dst = v narrowed (nearest even), residual = v - dst."""
+    rng = np.random.default_rng(n)
+    src = (rng.standard_normal(n) * 3).astype(np.float32)
+    res = (rng.standard_normal(n) * 1e-3).astype(np.float32)
+    v = src + res
+    want_dst = _narrow_ref(fmt, v)
+    want_res = v - _widened(fmt, want_dst)
+    dst = np.empty(n, want_dst.dtype)
+    src_before = src.copy()
+    getattr(kernels, f"narrow_{fmt}_feedback")(dst, src, res)
+    np.testing.assert_array_equal(_bits(dst), _bits(want_dst))
+    np.testing.assert_array_equal(_bits(res), _bits(want_res))
+    np.testing.assert_array_equal(src, src_before)  # src is only read
+
+
+@pytest.mark.parametrize("fmt", HALVES)
+def test_narrow_with_feedback_saturates_instead_of_poisoning_the_residual(fmt):
+    """A finite value past the half range goes out as the largest finite half and the excess
+    stays in the residual, to follow: plain narrowing's infinity would leave inf - inf = NaN
+    in the residual and every later vector NaN."""
+    big = 1e5 if fmt == "f16" else 3.4e38
+    top = 65504.0 if fmt == "f16" else float(_widened("bf16", np.array([0x7F7F], np.uint16))[0])
+    k = getattr(kernels, f"narrow_{fmt}_feedback")
+    src = np.array([big, -big, 1.0], np.float32)
+    res = np.zeros(3, np.float32)
+    dst = np.empty(3, np.float16 if fmt == "f16" else np.uint16)
+    k(dst, src, res)
+    np.testing.assert_array_equal(_widened(fmt, dst), [top, -top, 1.0])
+    assert np.isfinite(res).all()
+    np.testing.assert_array_equal(res, src - np.float32([top, -top, 1.0]))
+    k(dst, np.zeros(3, np.float32), res)  # the excess follows in the next push
+    assert np.isfinite(_widened(fmt, dst)).all() and np.isfinite(res).all()
+
+
+@pytest.mark.parametrize("fmt", HALVES)
+def test_narrow_with_feedback_checks_its_residual(fmt):
+    hdt = np.float16 if fmt == "f16" else np.uint16
+    k = getattr(kernels, f"narrow_{fmt}_feedback")
+    dst, src, res = np.zeros(8, hdt), np.ones(8, np.float32), np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match="dst has 8 elements but residual has 7"):
+        k(dst, src, np.zeros(7, np.float32))
+    with pytest.raises(ValueError, match="residual has dtype float64"):
+        k(dst, src, np.zeros(8))
+    with pytest.raises(ValueError, match="residual is read-only"):
+        k(dst, src, np.frombuffer(res.tobytes(), np.float32))
+    with pytest.raises(ValueError, match="residual and src overlap"):
+        k(dst, src, src)
+    assert not dst.any() and not res.any()
+
+
 def test_f16_and_bf16_are_not_confused():
     """float16 arrays go to the *_f16 kernels; bfloat16 travels as uint16 bits."""
     acc = np.zeros(4, np.float32)

@@ -19,13 +19,6 @@ from rudra_zmq.wire import Kind
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    yield c
-    c.destroy(linger=0)
-
-
 def test_a_replayed_pushpull_is_applied_once_and_answered_each_time(ctx):
     ps = ParameterServer(small_config("sync.protocol=async"), "tcp://127.0.0.1:0", ctx=ctx)
     with running(ps) as errors:

@@ -37,8 +37,15 @@ def state(span=None, *overrides, cfg=None):
     return ServerState(cfg, w0, SEGMENTS, SIG, epoch_size=64, span=span)
 
 
-def hello(st, learner, seq=1, numel=N):
-    st.register(str(learner).encode(), message(Kind.HELLO, learner, seq, model=SIG, numel=numel))
+def hello(st, learner, seq=1, numel=N, **fields):
+    """A learner's HELLO: the model's size, and (a range server's learner) the range it
+    expects, as ``learner_shards`` says it."""
+    if not st.span.is_whole and "range" not in fields:
+        fields["range"] = [st.span.lo, st.span.hi]
+    st.register(
+        str(learner).encode(),
+        message(Kind.HELLO, learner, seq, model=SIG, numel=numel, **fields),
+    )
 
 
 def train(states, rounds=5, seed=0):
@@ -116,6 +123,8 @@ def test_a_range_server_accepts_the_models_learners_and_refuses_another_size():
     hello(st, 0)  # a learner says the model's size, not the range's
     with pytest.raises(ProtocolViolation, match="7 parameters .* holds 12"):
         hello(st, 1, numel=7)
+    with pytest.raises(ProtocolViolation, match=r"expects range \[0, 12\].*serves \[3, 10\)"):
+        hello(st, 2, range=[0, 12])  # one of an unsharded run: the whole vector
 
 
 def test_a_checkpoint_of_a_range_round_trips_and_continues_identically(tmp_path):

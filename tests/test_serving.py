@@ -18,6 +18,8 @@ N, SIG = 12, "sig"
 
 def path(*overrides):
     """(serving, what it did): handlers, replies, STOPs and heard senders recorded in order."""
+    from rudra_zmq import codec
+
     cfg = small_config(*overrides)
     st = ServerState(cfg, np.zeros(N, np.float32), [(0, N, 1.0, 1.0)], SIG, epoch_size=64)
     did = []
@@ -39,6 +41,7 @@ def path(*overrides):
         learners=st.learners,
         log=logging.getLogger("test_serving"),
         heard=lambda sender, now: did.append(("heard", sender)),
+        dtypes=codec.dtypes(cfg),
     )
     return serving, st, did
 
@@ -108,3 +111,17 @@ def test_a_check_is_answered_with_whether_that_request_arrived_and_dispatches_no
         (Kind.RECEIPT, {"re": 7, "got": False}),
     ]
     assert did == [("handler", Kind.HELLO, 0)] and st.counters.invalid == 0
+
+
+def test_a_gradient_in_another_wire_dtype_than_the_runs_is_refused_before_any_handler():
+    """A learner started with another ``wire.gradient_dtype`` than its server: bad_dtype."""
+    serving, st, did = path("sync.learners=2", "wire.gradient_dtype=float16")
+    request(serving, b"a", Kind.HELLO, 0, 1, model=SIG, numel=N)
+    request(serving, b"a", Kind.PUSHPULL, 0, 2, [np.ones(N, np.float32)])
+    request(serving, b"a", Kind.PUSHPULL, 0, 3, [np.ones(N, np.float16)])
+    assert did == [
+        ("handler", Kind.HELLO, 0),
+        ("send", Kind.ERROR, "bad_dtype"),
+        ("heard", 0),
+        ("handler", Kind.PUSHPULL, 0),
+    ]

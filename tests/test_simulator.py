@@ -71,6 +71,14 @@ def test_bad_speeds_are_named():
         simulate(cfg("sync.learners=2"), speeds=[1.0])
 
 
+def test_training_on_a_half_wire_is_refused_but_its_protocol_simulates():
+    """The simulator rounds nothing: its figures must not pass for a float16 wire's."""
+    half = cfg("sync.learners=2", "wire.weights_dtype=bfloat16")
+    with pytest.raises(ValueError, match="wire.weights_dtype=bfloat16: the simulator trains"):
+        simulate(half, train=True)
+    assert simulate(half, max_updates=3).updates  # staleness only: no wire involved
+
+
 @pytest.mark.parametrize("path", ["per-gradient", "batched"])
 @pytest.mark.parametrize(
     "overrides",

@@ -252,6 +252,5 @@ def test_an_engine_of_a_run_config_takes_its_protocol_and_schedule():
     )
     eng = SyncEngine.of(cfg, epoch_size=96)
     assert (eng.protocol, eng.n, eng.n_learners, eng.gradients_per_update) == ("softsync", 2, 6, 3)
-    # the momentum rides along for the staleness momentum policy (constant here: unused)
-    assert eng.lr == LRSchedule(0.3, "staleness", (5.0,), 0.1, "constant", 0.9)
+    assert eng.lr == LRSchedule(0.3, "staleness", (5.0,), 0.1)
     assert eng.epoch_at(12) == 1.0

@@ -157,6 +157,16 @@ def test_free_tcp_endpoints_are_distinct_and_outside_the_ephemeral_range():
         assert all(10000 <= p < lo for p in ports), (lo, min(ports), max(ports))
 
 
+def test_a_port_range_in_the_environment_bounds_the_choice_and_a_bad_one_is_named(monkeypatch):
+    monkeypatch.setenv(transport.PORTS_ENV, "20000-20999")
+    ports = {int(transport.free_tcp_endpoint().rsplit(":", 1)[1]) for _ in range(50)}
+    assert len(ports) == 50 and all(20000 <= p <= 20999 for p in ports)
+    for bad in ("20000", "20000-20100", "80-2000", "a-b"):
+        monkeypatch.setenv(transport.PORTS_ENV, bad)
+        with pytest.raises(ValueError, match=f"RUDRA_ZMQ_PORTS={bad!r}"):
+            transport.free_tcp_endpoint()
+
+
 def test_a_port_in_use_is_never_handed_out(monkeypatch):
     import socket
 

@@ -72,7 +72,7 @@ GOOD_PAYLOAD = np.zeros(4, np.float32).tobytes()
         ([header(zz=1), GOOD_PAYLOAD], "bad_header", "unknown header fields"),
         ([header(), GOOD_PAYLOAD[:-1]], "bad_length", "has 15 bytes, its header says 4 x f4"),
         ([header(p=[["f8", 2]]), GOOD_PAYLOAD], "bad_payload", "descriptor"),
-        ([header(p=[["u1", 16]]), GOOD_PAYLOAD], "bad_dtype", "model payloads are f4"),
+        ([header(p=[["u1", 16]]), GOOD_PAYLOAD], "bad_dtype", "its payloads are f4"),
         ([header(p=[]), GOOD_PAYLOAD], "bad_payload", "describes 0 payload frames but 1"),
         ([header(p=[])], "bad_payload", "carries 1..4096 payload frames, got 0"),
         ([header(x={"wait": True}), GOOD_PAYLOAD], "bad_field", "PUSH has no field 'wait'"),
@@ -130,23 +130,43 @@ def test_encode_refuses_fields_the_kind_does_not_have():
 
 
 @pytest.mark.parametrize("code", wire.MODEL_DTYPES)
-def test_model_payloads_are_checked_against_the_runs_dtype(code):
+@pytest.mark.parametrize("kind", [Kind.WEIGHTS, Kind.PUSH])
+def test_model_payloads_are_checked_against_the_runs_dtype(code, kind):
+    """Weights against ``dtypes.weights``, gradients against ``dtypes.gradients``: a run may
+    send float16 gradients and float32 weights (or the other way round)."""
     arr = np.arange(6).astype(wire.PAYLOAD_DTYPES[code])
-    frames = wire.encode(Kind.WEIGHTS, wire.SENDER_PS, 1, payloads=[arr[:4], arr[4:]])
-    msg = wire.decode(frames, numel=6, model_dtype=code)
+    frames = wire.encode(kind, wire.SENDER_PS, 1, payloads=[arr[:4], arr[4:]])
+    side = "weights" if kind == Kind.WEIGHTS else "gradients"
+    run = wire.ModelDtypes(**{side: code})
+    msg = wire.decode(frames, numel=6, dtypes=run)
     assert [p.dtype for p in msg.payloads] == [wire.PAYLOAD_DTYPES[code]] * 2
     np.testing.assert_array_equal(np.concatenate(msg.payloads), arr)
     for other in set(wire.MODEL_DTYPES) - {code}:
         with pytest.raises(
-            WireError, match=f"model payloads are {other} in this run, payload 0 is {code}"
+            WireError, match=f"its payloads are {other} in this run, payload 0 is {code}"
         ) as exc:
-            wire.decode(frames, numel=6, model_dtype=other)
+            wire.decode(frames, numel=6, dtypes=wire.ModelDtypes(**{side: other}))
         assert exc.value.code == "bad_dtype"
+        # the other side's dtype does not matter to this kind
+        other_side = "gradients" if side == "weights" else "weights"
+        wire.decode(frames, numel=6, dtypes=wire.ModelDtypes(**{side: code, other_side: other}))
     if code != "f4":  # a run says nothing: float32
-        with pytest.raises(WireError, match="model payloads are f4"):
+        with pytest.raises(WireError, match="its payloads are f4"):
             wire.decode(frames, numel=6)
 
 
+def test_eval_weights_are_float32_whatever_the_wire():
+    """EVAL carries the PS's master weights to the statistics server: never narrowed."""
+    half = wire.ModelDtypes("f2", "f2")
+    f4 = wire.encode(Kind.EVAL, wire.SENDER_PS, 1, payloads=[np.zeros(6, np.float32)], epoch=1.0)
+    wire.decode(f4, numel=6, dtypes=half)
+    f2 = wire.encode(Kind.EVAL, wire.SENDER_PS, 1, payloads=[np.zeros(6, np.float16)], epoch=1.0)
+    with pytest.raises(WireError, match="EVAL: its payloads are f4"):
+        wire.decode(f2, numel=6, dtypes=half)
+
+
 def test_an_unknown_model_dtype_is_a_programming_error():
-    with pytest.raises(ValueError, match="model_dtype 'f8' is not one of"):
-        wire.decode([header(), GOOD_PAYLOAD], model_dtype="f8")
+    with pytest.raises(ValueError, match="gradients dtype 'f8' is not one of"):
+        wire.ModelDtypes("f8")
+    with pytest.raises(TypeError, match="dtypes must be a wire.ModelDtypes"):
+        wire.decode([header(), GOOD_PAYLOAD], dtypes="f4")

@@ -31,10 +31,13 @@ import subprocess
 import sys
 import tempfile
 
+from .. import wire
 from ..config import RuntimeConfig
-from . import common
+from . import common, lan_shards
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
+from .lan_allreduce import run as run_allreduce
+from .lan_link import parse_rate, row_head, traffic, wire_bytes
 
 HOSTS = 4  # learner hosts (the root is one more)
 PER_HOST = 4  # learners per host = the tree's fan-out
@@ -44,6 +47,7 @@ EPOCH_GRADIENTS = 128  # one "epoch" (8 gradients per learner)
 EPOCHS = 3  # the first is a warm-up
 RATE = "1gbit"
 CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
+ALLREDUCE = "gloo-allreduce"  # what a user would run instead (lan_allreduce.py); not Table 1
 DEFAULTS = dict(
     hosts=HOSTS,
     per_host=PER_HOST,
@@ -134,7 +138,52 @@ def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
     return out
 
 
-def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
+def bound_s_per_epoch(case: str, a, wire_dtype: str) -> float | None:
+    """The link bound of one epoch (payload bytes only, no TCP/IP headers; None where none
+    is stated): a hardsync update moves λ gradients in, then λ replies out, through the
+    root's link (no overlap), plus one compute; 1-softsync keeps the root's ingress busy
+    (every gradient in once) unless a learner's own round is slower; a ring allreduce moves
+    2(λ-1)/λ of the gradient through every link per step, plus one compute."""
+    lam = a.hosts * a.per_host
+    m = a.params * wire_bytes(wire_dtype) / parse_rate(a.rate)  # one model through a link
+    c = a.compute_ms / 1000
+    steps = a.epoch_gradients / lam
+    if case == "base-hardsync":
+        return steps * (2 * lam * m + c)
+    if case == "base-softsync":
+        return max(a.epoch_gradients * m, steps * (c + 2 * m * a.per_host))
+    if case == ALLREDUCE:
+        return steps * (2 * (lam - 1) / lam * m + c)
+    return None
+
+
+def run_allreduce_case(a, lan: Lan, workdir: str, wire_dtype: str) -> dict:
+    """The gloo allreduce on the learner hosts, as a row like run_case's (no root)."""
+    lam = a.hosts * a.per_host
+    steps = a.epoch_gradients // lam
+    ends = run_allreduce(
+        lan.hosts[1 : 1 + a.hosts],
+        a.per_host,
+        a.params,
+        steps * a.epochs,
+        a.compute_ms,
+        wire_dtype,
+        workdir,
+    )
+    marks = [0.0] + [ends[(e + 1) * steps - 1] for e in range(a.epochs)]
+    epoch_s = [b - x for x, b in zip(marks, marks[1:])]
+    timed = epoch_s[1:] or epoch_s
+    return _row(ALLREDUCE, a, wire_dtype, statistics.median(timed), epoch_s)
+
+
+def _row(case: str, a, wire_dtype: str, s: float, epoch_s: list) -> dict:
+    name = case if wire_dtype == "float32" else f"{case}-{wire.WIRE_DTYPES[wire_dtype]}"
+    return row_head(name, a, wire_dtype, s, epoch_s, bound_s_per_epoch(case, a, wire_dtype))
+
+
+def run_case(case: str, a, lan: Lan, workdir: str, wire_dtype: str = "float32") -> dict:
+    if case == ALLREDUCE:
+        return run_allreduce_case(a, lan, workdir, wire_dtype)
     arch, protocol = case.split("-")
     lam = a.hosts * a.per_host
     ov = sr.overrides(
@@ -147,6 +196,7 @@ def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
         fanout=a.per_host,
         depth=1,
         retry_s=a.retry_s,
+        wire_dtype=wire_dtype,
     )
     r = sc.run(
         arch,
@@ -154,39 +204,23 @@ def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
         params=a.params,
         learners=lam,
         root=lan.hosts[0],
-        hosts=lan.hosts[1:],
+        hosts=lan.hosts[1 : 1 + a.hosts],
         workdir=workdir,
         compute_ms=a.compute_ms,
         per_process=a.per_host,
     )
     ps = r["ps"]
-    if ps["rx_grad_bytes"] != ps["numel"] * 4 * ps["rx_grad_msgs"]:
-        raise RuntimeError("root gradient bytes != numel x 4 x gradient messages")
+    per = wire_bytes(wire_dtype)
+    if ps["rx_grad_bytes"] != ps["numel"] * per * ps["rx_grad_msgs"]:
+        raise RuntimeError(f"root gradient bytes != numel x {per} x gradient messages")
     ep = epochs_of(ps, a.epoch_gradients, a.epochs)
     timed = ep[1:] or ep
     s = statistics.median(e["s"] for e in timed)
-    rx = statistics.median(e["rx_bytes"] for e in timed)
-    grads = sum(e["grads"] for e in timed)
     return {
-        "bench": "table1",
-        "case": case,
+        **_row(case, a, wire_dtype, s, [e["s"] for e in ep]),
         "arch": arch,
         "protocol": protocol,
-        "learners": lam,
-        "hosts": a.hosts,
-        "per_host": a.per_host,
-        "params": a.params,
-        "rate": a.rate,
-        "compute_ms": a.compute_ms,
-        "retry_s": a.retry_s,
-        "epoch_gradients": a.epoch_gradients,
-        "s_per_epoch": s,
-        "epoch_s": [e["s"] for e in ep],
-        "root_rx_bytes_per_epoch": rx,
-        "root_tx_bytes_per_epoch": statistics.median(e["tx_bytes"] for e in timed),
-        "root_rx_bytes_per_gradient": sum(e["rx_bytes"] for e in timed) / grads,
-        "updates_per_epoch": statistics.median(e["updates"] for e in timed),
-        "mean_sigma": statistics.fmean(e["mean_sigma"] for e in timed),
+        **traffic(timed, sum(e["grads"] for e in timed)),
         "root_grad_msgs_total": ps["rx_grad_msgs"],
         "grads_total": ps["grads"],
         "numel": ps["numel"],
@@ -198,14 +232,21 @@ def run_case(case: str, a, lan: Lan, workdir: str) -> dict:
 
 def line(r: dict) -> str:
     eps = " ".join(f"{x:.2f}" for x in r["epoch_s"])
-    return (
+    bound = "" if r["of_bound"] is None else f"  {r['of_bound']:.2f} of its bound"
+    head = (
         f"table1 {r['case']:<17} λ={r['learners']} ({r['hosts']} hosts x {r['per_host']}) "
         f"n={common.fmt_count(r['params'])} {r['rate']}  {r['s_per_epoch']:7.2f} s/epoch "
-        f"[epochs {eps}]  root in {r['root_rx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch "
+        f"[epochs {eps}]"
+    )
+    if r["case"].startswith(ALLREDUCE):
+        step = r["s_per_epoch"] * r["learners"] / r["epoch_gradients"]
+        return f"{head}  {step:.3f} s/step{bound}"
+    return (
+        f"{head}  root in {r['root_rx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch "
         f"({r['root_rx_bytes_per_gradient'] / MIB:.2f} MiB/grad) out "
         f"{r['root_tx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch  {r['updates_per_epoch']:.0f} "
         f"upd/epoch  <σ> {r['mean_sigma']:.2f}  root cpu {r['root_cpu_s']:.1f} s  "
-        f"wall {r['wall_s']:.1f} s"
+        f"wall {r['wall_s']:.1f} s{bound}"
     )
 
 
@@ -227,12 +268,21 @@ def write_png(path: str, rows: list[dict]) -> None:
         fig.subplots(1, 2),
         [
             ("s_per_epoch", 1, "seconds per epoch"),
-            ("root_rx_bytes_per_epoch", MIB, "root ingress per epoch (MiB)"),
+            ("busiest_rx_bytes_per_epoch", MIB, "busiest server's ingress per epoch (MiB)"),
         ],
     ):
-        ax.bar([r["case"] for r in rows], [r[key] / scale for r in rows])
+        names = [r["case"] for r in rows]
+        # one root: its ingress; sharded servers: the busiest one's, not their sum
+        vals = [r.get(key, r.get("root_rx_bytes_per_epoch")) or 0 for r in rows]
+        ax.bar(names, [v / scale for v in vals])
+        if key == "s_per_epoch":  # each case's link bound, where one is stated
+            pts = [(n, r["bound_s_per_epoch"]) for n, r in zip(names, rows)]
+            pts = [(n, b) for n, b in pts if b is not None]
+            if pts:
+                ax.scatter(*zip(*pts), marker="_", s=400, color="k", label="link bound")
+                ax.legend(fontsize=8)
         ax.set_ylabel(label)
-        ax.tick_params(axis="x", labelsize=8)
+        ax.tick_params(axis="x", labelsize=7, rotation=30)
         ax.grid(True, axis="y", alpha=0.3)
     r0 = rows[0]
     fig.suptitle(
@@ -259,13 +309,44 @@ def add_arguments(p) -> None:
     p.add_argument("--epoch-gradients", type=int, help=f"default {EPOCH_GRADIENTS}")
     p.add_argument("--epochs", type=int, help=f"the first is a warm-up (default {EPOCHS})")
     p.add_argument("--rate", default=RATE, help="each host link's rate, both ways (tc units)")
-    p.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        default=CASES,
+        choices=[*CASES, ALLREDUCE],
+        help=f"default: Table 1's; {ALLREDUCE}: torch.distributed's ring allreduce (gloo) on "
+        "the learner hosts, DDP's step (float16: its fp16_compress_hook's traffic)",
+    )
+    p.add_argument(
+        "--wire-dtypes",
+        nargs="+",
+        default=["float32"],
+        choices=list(wire.WIRE_DTYPES),
+        help="run every case with gradients and weights as each of these on the wire "
+        "(wire.gradient_dtype/weights_dtype), side by side (default float32)",
+    )
     p.add_argument(
         "--retry-s",
         type=float,
         default=RuntimeConfig.retry_s,
         help="runtime.retry_s: after this long unanswered a learner asks the root whether it "
         f"got the request (default {RuntimeConfig.retry_s:g}, the config's)",
+    )
+    p.add_argument(
+        "--servers",
+        nargs="+",
+        type=int,
+        default=[1],
+        metavar="K",
+        help="base cases: also with K sharded servers, each over one range (default 1: the "
+        "root alone); the other cases run with the root",
+    )
+    p.add_argument(
+        "--server-placement",
+        nargs="+",
+        default=["colocated"],
+        choices=lan_shards.PLACEMENTS,
+        help="K > 1: servers on the learner hosts (colocated), or on K extra hosts",
     )
     p.add_argument(
         "--netns-sh",
@@ -286,6 +367,9 @@ def run(a) -> int:
             f"--epoch-gradients {a.epoch_gradients} must be a multiple of λ = "
             f"{lam} (hardsync updates take one gradient per learner)"
         )
+    parse_rate(a.rate)  # a bad rate stops here, not after a case ran (each row's bound)
+    if min(a.servers) < 1 or max(a.servers) > a.params:
+        raise ValueError(f"--servers {a.servers}: each K must be 1 to --params")
     netns_sh = a.netns_sh or find_netns_sh()
     why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
     if why:
@@ -299,7 +383,8 @@ def run(a) -> int:
             f"hosts: root on host 0; λ={lam} learners, {a.per_host} per host on {a.hosts} hosts; "
             f"each host link {a.rate} both ways (tc tbf); adv: fanout {a.per_host}, depth 1, "
             "leaves on their learners' host (ipc)",
-            f"learners: sleep {a.compute_ms:g} ms ±10 % then push {a.params:,} float32 (PUSHPULL; "
+            f"learners: sleep {a.compute_ms:g} ms ±10 % then push {a.params:,} parameters as "
+            f"{'/'.join(a.wire_dtypes)} (gradients and weights; PUSHPULL; "
             "advstar: PUSH, weights by broadcast); "
             f"epoch = {a.epoch_gradients} gradients; {a.epochs} epochs, the first a warm-up; "
             "softsync = 1-softsync; root: ParameterServer, momentum 0.9, 1 thread",
@@ -322,22 +407,36 @@ def run(a) -> int:
     try:
         with (
             tempfile.TemporaryDirectory(prefix="rzt-") as workdir,
-            Lan(a.hosts + 1, a.rate, netns_sh) as lan,
+            Lan(a.hosts + 1 + lan_shards.extra_hosts(a), a.rate, netns_sh) as lan,
         ):
             os.chmod(workdir, 0o755)
             for case in cases:
-                r = run_case(case, a, lan, workdir)
-                report.case(r, line(r))
+                for dtype in a.wire_dtypes:
+                    if case == ALLREDUCE and dtype == "bfloat16":
+                        report.note(f"{ALLREDUCE} bfloat16 skipped: DDP's hook is float16 here")
+                        continue
+                    for k in a.servers if case.startswith("base-") else [1]:
+                        for where in a.server_placement if k > 1 else [None]:
+                            r = (
+                                run_case(case, a, lan, workdir, dtype)
+                                if k == 1
+                                else lan_shards.run_case(case, a, lan, workdir, dtype, k, where)
+                            )
+                            report.case(r, line(r))
     finally:
         signal.signal(signal.SIGTERM, old)
         signal.signal(signal.SIGINT, old_int)
-    order, ok = ordering(report.rows, CASES)
-    report.note(
-        f"measured order (slowest first): {order}; expected order "
-        f"{'reproduced' if ok else 'NOT reproduced'}",
-        order=order,
-        reproduced=ok,
-    )
+    table1 = [r for r in report.rows if r["wire_dtype"] == "float32" and r["case"] in CASES]
+    if len(table1) >= 2:
+        order, ok = ordering(table1, CASES)
+        report.note(
+            f"measured order (slowest first): {order}; expected order "
+            f"{'reproduced' if ok else 'NOT reproduced'}",
+            order=order,
+            reproduced=ok,
+        )
+    else:  # one case (or none) has no order to reproduce
+        report.note("Table 1's order: not measured (it takes two of its cases on float32)")
     report.close()
     if a.png and report.rows:
         write_png(a.png, report.rows)

@@ -54,22 +54,31 @@ class Processes:
         host: Host,
         server: bool = False,
         timeout_s: float = 60,
+        module: str = MODULE,
+        env: dict | None = None,
     ) -> str | None:
-        """Start a role; a ``server`` is waited for until it printed ``listening on EP``:
-        returns its output so far (endpoints, see ``_field``)."""
+        """Start a role (``python -m module role args``); a ``server`` is waited for until it
+        printed ``listening on EP``: returns its output so far (endpoints, see ``_field``).
+        ``env``: variables added to the process's environment."""
         out = os.path.join(self.workdir, f"{name}.out")
         log = os.path.join(self.workdir, f"{name}.log")
         report = os.path.join(self.workdir, f"{name}.json")
         cmd = (["ip", "netns", "exec", host.ns] if host.ns else []) + [
             sys.executable,
             "-m",
-            MODULE,
+            module,
             role,
             *args,
             "--report",
             report,
         ]
-        env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            OMP_WAIT_POLICY="PASSIVE",
+            PYTHONUNBUFFERED="1",
+            **(env or {}),
+        )
         with open(out, "w") as fo, open(log, "w") as fe:
             proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, start_new_session=True)
         self.procs.append((name, proc, log, report))
@@ -219,6 +228,21 @@ def _advstar(overrides, where, bcast_root, first_port=21000):
     return {i: (ups[i], binds[i]) for i in range(len(where))}
 
 
+def _sharded(servers: list[Host], params: int, common: list[str], procs) -> str:
+    """Start one server per host of ``servers`` over ``span.split(params, K)``; returns
+    their endpoints in range order joined by ``+`` (a synthetic learner's ``--ps``)."""
+    from ..span import split
+
+    eps = []
+    for k, (host, span) in enumerate(zip(servers, split(params, len(servers)))):
+        args = ["--bind", f"tcp://{host.addr}:0", "--range", f"{span.lo}:{span.hi}"]
+        out = procs.start(
+            f"ps{k}", "ps", [*args, "--params", str(params), *common], host, server=True
+        )
+        eps.append(_field(out, "listening on "))
+    return "+".join(eps)
+
+
 def advstar_available() -> bool:
     """Whether Rudra-adv* can run here: its module and the PS's broadcast exist."""
     import importlib.util
@@ -243,10 +267,13 @@ def run(
     compute_ms: float = 0.0,
     per_process: int = 1,
     timeout_s: float = 600,
+    servers: list[Host] | None = None,
 ) -> dict:
-    """Run one cluster to the end; ``{"ps": report, "nodes": [...], "learners": [...],
-    "wall_s": s, "workdir": its own directory under workdir}``. Blocks; stops every process
-    it started before returning or raising."""
+    """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
+    "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
+    ``servers`` (base only), one sharded server per host listed there, over the ranges of
+    ``span.split(params, len(servers))`` (``ps`` is then the first's report), instead of the
+    root. Blocks; stops every process it started before returning or raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
     procs = Processes(workdir)
     t0 = time.time()
@@ -254,15 +281,20 @@ def run(
         if arch not in ("base", "adv", "advstar"):
             raise ValueError(f"unknown architecture {arch!r}: base, adv or advstar")
         common = [f"--set={o}" for o in overrides]
-        bcast = ["--bcast-bind", f"tcp://{root.addr}:0"] if arch == "advstar" else []
-        out = procs.start(
-            "ps",
-            "ps",
-            ["--bind", f"tcp://{root.addr}:0", *bcast, "--params", str(params), *common],
-            root,
-            server=True,
-        )
-        root_ep = _field(out, "listening on ")
+        if servers:
+            if arch != "base":
+                raise ValueError(f"sharded servers serve Rudra-base only, not {arch}")
+            root_ep = _sharded(servers, params, common, procs)
+        else:
+            bcast = ["--bcast-bind", f"tcp://{root.addr}:0"] if arch == "advstar" else []
+            out = procs.start(
+                "ps",
+                "ps",
+                ["--bind", f"tcp://{root.addr}:0", *bcast, "--params", str(params), *common],
+                root,
+                server=True,
+            )
+            root_ep = _field(out, "listening on ")
         where = _learner_hosts(learners, hosts)
         members = {}
         if arch == "base":
@@ -310,8 +342,10 @@ def run(
         reports = procs.wait(timeout_s)
     finally:
         procs.close()
+    ps_names = [f"ps{k}" for k in range(len(servers))] if servers else ["ps"]
     return {
-        "ps": reports["ps"],
+        "ps": reports[ps_names[0]],
+        "servers": [reports[n] for n in ps_names],
         "nodes": [r for n, r in reports.items() if n.startswith("node")],
         "learners": [r for n, r in reports.items() if n.startswith("learners")],
         "wall_s": time.time() - t0,

@@ -10,8 +10,9 @@ import time
 import numpy as np
 import zmq
 
-from .. import kernels, wire
-from ..channel import Channel
+from .. import codec, kernels, wire
+from ..roles.learner_shards import ShardedPushPull, Shards, server_channels
+from ..span import split
 from ..wire import Kind
 
 SIGNATURE = "bench-synthetic"  # the synthetic model's name, on the PS's side too
@@ -35,18 +36,16 @@ class SyntheticLearner:
         bcast: tuple[str, str | None] | None = None,
     ):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
-        self.ch = Channel(
-            ctx,
-            endpoint,
-            learner_id,
-            name="parameter server",
-            timeout_ms=int(cfg.runtime.timeout_s * 1000),
-            hwm=4,
-            retry_ms=int(cfg.runtime.retry_s * 1000),
-        )
+        self.shards = None
+        if "+" in endpoint:  # sharded servers, in range order (learner_shards)
+            self._sharded(ctx, cfg, endpoint.split("+"))
+            return
+        self.ch = server_channels(ctx, cfg, [endpoint], learner_id)[0]
         self.grad = np.full(numel, 1e-3, np.float32)  # sent zero-copy, never written
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        self.parts = wire.chunk(self.grad, self.chunk_bytes)
+        self.codec = codec.for_gradients(cfg)  # as the learner's: narrowed each step if half
+        # one weight version's bytes on the wire (advstar counts versions, not frames)
+        self._version_bytes = numel * wire.PAYLOAD_DTYPES[codec.dtypes(cfg).weights].itemsize
         self.w = np.zeros(numel, np.float32)
         self.rng = random.Random(learner_id)
         self.ts = 0
@@ -66,22 +65,75 @@ class SyntheticLearner:
             self.member = broadcast_member(cfg, ctx, bcast, numel, learner_id)
             self._sendbuf = np.empty_like(self.grad)
 
+    def _sharded(self, ctx, cfg, endpoints) -> None:
+        """Push each server its slice through ``learner_shards``, as roles/learner.py does."""
+        from types import SimpleNamespace
+
+        channels = server_channels(ctx, cfg, endpoints, self.id)
+        self.shards = Shards(channels, split(self.numel, len(channels)))
+        self.w = np.zeros(self.numel, np.float32)
+        flat = SimpleNamespace(  # the exchange's view of a model: buffers and a name
+            weights=self.w,
+            grads=np.full(self.numel, 1e-3, np.float32),
+            signature=SIGNATURE,
+            numel=self.numel,
+            weights_to_device=lambda: None,
+        )
+        self.exchange = ShardedPushPull(cfg, self.id, flat, self.shards)
+        self.rng = random.Random(self.id)
+        itemsize = wire.PAYLOAD_DTYPES[codec.dtypes(cfg).gradients].itemsize
+        self._step_bytes = self.numel * itemsize
+        self.stats = {"learner": self.id, "steps": 0, "up_bytes": 0, "comm_s": 0.0}
+        self.stats["compute_s"] = 0.0
+
+    def _run_sharded(self) -> dict:
+        s = self.stats
+        s["t_start"] = time.time()
+        alive = True
+        while alive:
+            t0 = time.perf_counter()
+            if self.compute_s > 0:
+                time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
+            t1 = time.perf_counter()
+            alive = self.exchange.step(lambda: None)
+            s["compute_s"] += t1 - t0
+            s["comm_s"] += time.perf_counter() - t1
+            s["steps"] += 1
+            s["up_bytes"] += self._step_bytes
+        s["t_end"] = time.time()
+        self.shards.close()
+        return s
+
+    def _gradient(self) -> list:
+        """The push's frames, encoded as the learner's are (float32: views; an advstar learner
+        copies first, as its send buffer; half: narrowed, with error feedback)."""
+        grad = self.grad
+        if self.member is not None and not self.codec.copies:
+            kernels.copy_into(self._sendbuf, grad)
+            grad = self._sendbuf
+        parts = self.codec.encode(grad, self.chunk_bytes)
+        self.stats["up_bytes"] += sum(p.nbytes for p in parts)
+        return parts
+
     def _load(self, msg: wire.Message) -> None:
-        off = 0
-        for part in msg.payloads:
-            kernels.copy_into(self.w[off : off + part.shape[0]], part)
-            off += part.shape[0]
+        codec.load(self.w, msg.payloads)
         self.ts = msg.ts
         self.stats["weights"] += 1
-        self.stats["down_bytes"] += off * 4
+        self.stats["down_bytes"] += sum(p.nbytes for p in msg.payloads)
 
     def hello(self) -> None:
         """Say HELLO and wait for WELCOME (the first weights). Blocks."""
+        if self.shards is not None:
+            if not self.exchange.start():
+                raise RuntimeError(f"learner {self.id}: the servers said STOP at HELLO")
+            return
         self.ch.send(Kind.HELLO, model=SIGNATURE, numel=self.numel)
         self._welcome = self.ch.recv({Kind.WELCOME}, numel=self.numel)
 
     def run(self) -> dict:
         """Train until STOP (after ``hello``); returns the learner's counters. Blocks."""
+        if self.shards is not None:
+            return self._run_sharded()
         s, msg = self.stats, self._welcome
         self._welcome = None
         s["t_start"] = time.time()
@@ -98,14 +150,13 @@ class SyntheticLearner:
             msg = self.ch.request(
                 Kind.PUSHPULL,
                 self.ts,
-                self.parts,
+                self._gradient(),
                 numel=self.numel,
                 reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
             )
             s["compute_s"] += t1 - t0
             s["comm_s"] += time.perf_counter() - t1
             s["steps"] += 1
-            s["up_bytes"] += self.grad.nbytes
         s["t_end"] = time.time()
         self.ch.close()
         return s
@@ -122,7 +173,7 @@ class SyntheticLearner:
                 if ts != self.ts:
                     self.ts = ts
                     s["weights"] += 1
-                    s["down_bytes"] += self.w.nbytes
+                    s["down_bytes"] += self._version_bytes
                 grad_ts = self.ts
                 t0 = time.perf_counter()
                 if self.compute_s > 0:
@@ -134,13 +185,11 @@ class SyntheticLearner:
                     if reply.kind == Kind.STOP:
                         finished = True
                         break
-                kernels.copy_into(self._sendbuf, self.grad)  # as the learner's send buffer
-                self.ch.send(Kind.PUSH, grad_ts, wire.chunk(self._sendbuf, self.chunk_bytes))
+                self.ch.send(Kind.PUSH, grad_ts, self._gradient())
                 in_flight = True
                 s["compute_s"] += t1 - t0
                 s["comm_s"] += time.perf_counter() - t1
                 s["steps"] += 1
-                s["up_bytes"] += self.grad.nbytes
         finally:
             self.member.close(stop_reason="training finished" if finished else None)
         s["t_end"] = time.time()

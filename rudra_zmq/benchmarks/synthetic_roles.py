@@ -57,6 +57,7 @@ def overrides(
     timeout_s: float = 120,
     relay: str = "eager",
     retry_s: float = RuntimeConfig.retry_s,
+    wire_dtype: str = "float32",
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
@@ -77,6 +78,8 @@ def overrides(
         f"runtime.timeout_s={timeout_s}",
         f"runtime.retry_s={retry_s}",
         f"architecture.kind={arch}",
+        f"wire.gradient_dtype={wire_dtype}",  # gradients and weights alike
+        f"wire.weights_dtype={wire_dtype}",
     ]
     if arch != "base":
         out += [
@@ -204,6 +207,11 @@ def main_ps(args) -> dict:
     kernels.set_num_threads(1)
     weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}  # advstar only
+    if args.range:  # a sharded server: one range of the vector (learner_shards)
+        from ..span import Span
+
+        lo, hi = (int(x) for x in args.range.split(":"))
+        extra["span"] = Span(lo, hi, args.params)
     ps = counting_ps_class()(
         _cfg(args), args.bind, model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE), **extra
     )
@@ -298,12 +306,16 @@ def main(argv=None) -> int:
         q.add_argument("--params", type=int, required=role != "node")
     sub.choices["ps"].add_argument("--bind", required=True)
     sub.choices["ps"].add_argument("--bcast-bind", help="advstar: the broadcast root's endpoint")
+    sub.choices["ps"].add_argument("--range", metavar="LO:HI", help="serve elements [LO, HI)")
     sub.choices["node"].add_argument("--id", type=int, required=True)
     sub.choices["node"].add_argument("--bind", required=True)
     sub.choices["node"].add_argument("--parent", required=True)
     sub.choices["learners"].add_argument("--ids", required=True, help="e.g. 0,1,2,3")
     sub.choices["learners"].add_argument(
-        "--ps", required=True, help="endpoint, or one per learner (comma-separated)"
+        "--ps",
+        required=True,
+        help="endpoint, or one per learner (comma-separated); sharded servers: their "
+        "endpoints in range order joined by +",
     )
     sub.choices["learners"].add_argument("--compute-ms", type=float, default=0.0)
     sub.choices["learners"].add_argument(

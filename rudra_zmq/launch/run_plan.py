@@ -86,9 +86,11 @@ def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
     return path
 
 
-def endpoints(cfg, run_dir: Path) -> dict[str, str]:
-    """Endpoints for ps, data and stats: free tcp ports on runtime.host, or ipc sockets in
-    the run directory when runtime.transport is ipc."""
+def endpoints(cfg, run_dir: Path | None) -> dict[str, str]:
+    """Endpoints for ps, data and stats: free tcp ports on runtime.host (``run_dir`` unused:
+    None plans them before the directory exists), or ipc sockets in the run directory when
+    runtime.transport is ipc. Raises ConfigError naming a bad runtime.host, a bad
+    ``$RUDRA_ZMQ_PORTS`` or an ipc path too long."""
     if cfg.runtime.transport == "ipc":
         eps = {role: f"ipc://{run_dir}/{role}.sock" for role in ("ps", "data", "stats")}
         longest = max(eps.values(), key=len)
@@ -108,6 +110,8 @@ def endpoints(cfg, run_dir: Path) -> dict[str, str]:
             f"runtime.host {cfg.runtime.host!r}: cannot bind a port there "
             f"({exc}); use an address of this machine"
         ) from None
+    except ValueError as exc:  # $RUDRA_ZMQ_PORTS (transport.PORTS_ENV)
+        raise ConfigError(str(exc)) from None
 
 
 def learner_groups(cfg) -> list[list[int]]:
@@ -193,11 +197,13 @@ def role_env(
 def make_plan(cfg, run_dir=None, resume: bool = False) -> Plan:
     """Create the run directory (with the resolved ``config.yaml``) and plan every endpoint
     and learner group of the run (``resume``: of the run already in ``run_dir``). Raises
-    ConfigError for a bad directory or endpoint."""
+    ConfigError for a bad directory or endpoint, before the directory exists where it can."""
+    # tcp ports need no directory: a bad runtime.host or $RUDRA_ZMQ_PORTS then leaves none
+    eps = None if cfg.runtime.transport == "ipc" else endpoints(cfg, None)
     path = make_run_dir(cfg, run_dir, resume)
     config_mod.save(cfg, config_path(path))
     tree = topology.tree_of(cfg)
-    eps = endpoints(cfg, path)
+    eps = eps or endpoints(cfg, path)
     if cfg.architecture.kind == "advstar":
         eps.update(topology.broadcast_endpoints(cfg, path))
     if tree is None:

@@ -40,7 +40,7 @@ import yaml
 
 from ..config import ConfigError, check_schedule_scale, load_config, scale_schedule
 from ..results.compare import CompareError, run_summary
-from ..run_files import POINT_FILE, SWEEP_FILE, SWEEP_LOG
+from ..run_files import POINT_FILE, SWEEP_FILE, SWEEP_LOG, sim_checkpoint_path
 from ..typed_yaml import read_mapping
 from . import shipped
 
@@ -179,7 +179,9 @@ def _experiment(overrides) -> list[str]:
     return [o for o in overrides if not o.startswith("runtime.")]
 
 
-def _command(grid: Grid, point: Point, run_dir: Path, simulate: bool, jitter: float) -> list:
+def _command(
+    grid: Grid, point: Point, run_dir: Path, simulate: bool, jitter: float, resume: bool = False
+) -> list:
     cmd = [
         sys.executable,
         "-m",
@@ -190,7 +192,7 @@ def _command(grid: Grid, point: Point, run_dir: Path, simulate: bool, jitter: fl
         str(run_dir),
     ]
     if simulate:
-        cmd += ["--train", "--jitter", str(jitter)]
+        cmd += ["--train", "--jitter", str(jitter)] + (["--resume"] if resume else [])
     for o in point.overrides:
         cmd += ["--set", o]
     return cmd
@@ -214,15 +216,25 @@ def _line(i: int, total: int, point: Point, status: dict) -> str:
 
 def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: float) -> dict:
     """Run one point in a child process (blocks until it ends) and write its point.json.
-    A KeyboardInterrupt stops the child and leaves the point unfinished (re-run next time)."""
+    A KeyboardInterrupt stops the child and leaves the point unfinished (re-run next time;
+    a simulated one continues from its checkpoint, ``sim/sim_checkpoint.py``)."""
     run_dir = parent / point.name
-    if run_dir.exists():
+    checkpoint = sim_checkpoint_path(run_dir)
+    resume = simulate and checkpoint.exists()
+    if resume:  # an interrupted simulation: keep its checkpoint and log, drop the rest
+        for p in run_dir.iterdir():
+            if p.name not in (checkpoint.name, SWEEP_LOG):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+    elif run_dir.exists():
         shutil.rmtree(run_dir)  # a broken or interrupted attempt: start the point afresh
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.datetime.now().isoformat(timespec="seconds"), time.time()
-    with open(run_dir / SWEEP_LOG, "w") as log:
+    with open(run_dir / SWEEP_LOG, "a" if resume else "w") as log:
+        if resume:
+            log.write(f"--- {started}: the sweep resumes this point from its checkpoint\n")
+            log.flush()
         child = subprocess.Popen(
-            _command(grid, point, run_dir, simulate, jitter),
+            _command(grid, point, run_dir, simulate, jitter, resume),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -242,6 +254,7 @@ def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: fl
         "overrides": list(point.overrides),
         "mode": "simulate" if simulate else "run",
         "status": "done" if code == 0 else "failed",
+        "resumed": resume,  # wall_s is then this attempt's
         "exit_code": code,
         "wall_s": round(time.time() - t0, 2),
         "started": started,

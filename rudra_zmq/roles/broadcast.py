@@ -29,7 +29,7 @@ import time
 import numpy as np
 import zmq
 
-from .. import kernels, transport, wire
+from .. import codec, kernels, transport, wire
 from ..wire import Kind
 from .broadcast_link import Fanout, IOThread, Version, default_window, drain, pipe, router
 
@@ -58,8 +58,9 @@ class BroadcastRoot(IOThread):
         children=None,
         chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
         window: int | None = None,
+        wire_codec=codec.FLOAT32,
     ):
-        self.numel, self.chunk_bytes = numel, chunk_bytes
+        self.numel, self.chunk_bytes, self.codec = numel, chunk_bytes, wire_codec
         self.window = window or default_window(numel, chunk_bytes)
         self._down, self.endpoint = router(ctx, bind, 2 * self.window + 8)
         self._fan = Fanout(self._down, children, "the broadcast root", 2 * self.window)
@@ -82,12 +83,15 @@ class BroadcastRoot(IOThread):
         copy: bool = True,
     ) -> None:
         """Broadcast version ``ts`` of ``weights``: copied first (one pass, kernels.copy_into;
-        the caller may then write ``weights``), or with ``copy=False`` sent as it is, for a
+        the caller may then write ``weights``; narrowed instead on a half wire,
+        ``wire.weights_dtype``), or with ``copy=False`` sent as it is, for a
         caller that never writes that array again while anyone refers to it (the parameter
         server's weight versions, ``versions.WeightVersions``). ``done``: then STOP the
         members. Never waits for the network; a version superseded before a link had room is
         skipped on that link."""
-        if copy:
+        if self.codec.copies:  # a half wire: the narrowed copy is the snapshot
+            snap = self.codec.narrowed(weights)
+        elif copy:
             snap = np.empty(self.numel, np.float32)
             kernels.copy_into(snap, weights)
         else:
@@ -185,7 +189,9 @@ class BroadcastMember(IOThread):
         timeout_s: float = 120.0,
         upstream_name: str = "its upstream",
         on_version=None,
+        dtypes: wire.ModelDtypes = wire.FLOAT32,
     ):
+        self.dtypes = dtypes  # BCAST chunks travel in dtypes.weights
         self.numel, self.id, self.timeout_s = numel, member, timeout_s
         self.upstream, self.upstream_name, self.on_version = upstream, upstream_name, on_version
         self.window = window or default_window(numel, chunk_bytes)
@@ -231,10 +237,7 @@ class BroadcastMember(IOThread):
         v = self._ready
         if v is None or v.ts <= newer_than:
             return newer_than
-        off = 0
-        for part in v.chunks:
-            kernels.copy_into(dst[off : off + part.shape[0]], part)
-            off += part.shape[0]
+        codec.load(dst, v.chunks)  # widened if the wire is half
         return v.ts
 
     @property
@@ -313,7 +316,7 @@ class BroadcastMember(IOThread):
     def _from_upstream(self, frames) -> None:
         """Handle one message from upstream; every message but a STOP used one credit."""
         try:
-            msg = wire.decode(frames, kinds={Kind.BCAST, Kind.STOP})
+            msg = wire.decode(frames, kinds={Kind.BCAST, Kind.STOP}, dtypes=self.dtypes)
             if msg.kind == Kind.STOP:
                 if self.stop_reason is None:
                     self.stop_reason = msg.fields["reason"]

@@ -42,9 +42,9 @@ def default_window(numel: int, chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES) -> i
 
 @dataclass(frozen=True)
 class Version:
-    """One complete weight version: ``chunks`` are read-only float32 views in model order
-    (the received frames, or the root's snapshot), ``frames`` the messages that carried
-    them. Never written: safe to read from any thread."""
+    """One complete weight version: ``chunks`` are read-only views in model order (the
+    received frames, or the root's snapshot; float32, or half on a half wire), ``frames``
+    the messages that carried them. Never written: safe to read from any thread."""
 
     ts: int
     total: int

@@ -31,9 +31,10 @@ import torch
 import zmq
 
 from .. import transport
-from ..channel import Channel
+from ..span import split
 from .data_client import DataClient
 from .learner_exchange import make_exchange
+from .learner_shards import ShardedPushPull, Shards, server_channels
 
 log = logging.getLogger("rudra_zmq.learner")
 
@@ -66,13 +67,15 @@ class Learner:
         self,
         cfg,
         learner_id: int,
-        ps: str,
+        ps: str | list[str],
         data: str,
         stats: str | None = None,
         ctx: zmq.Context | None = None,
         bcast: tuple[str, str | None] | None = None,
     ):
-        """``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
+        """``ps``: the parameter server's endpoint, or (sharded, Rudra-base) the endpoints of
+        the servers of ``span.split(numel, K)``'s ranges in order (``learner_shards``).
+        ``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
         children or None)."""
         from ..data.datasets import dataset_shape
         from ..devices import learner_device
@@ -90,15 +93,18 @@ class Learner:
         self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         timeout_ms = int(cfg.runtime.timeout_s * 1000)
-        self.ps = Channel(
+        endpoints = [ps] if isinstance(ps, str) else list(ps)
+        channels = server_channels(
             self.ctx,
-            ps,
+            cfg,
+            endpoints,
             learner_id,
-            name="parameter server",
-            timeout_ms=timeout_ms,
-            hwm=4,
-            retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
+        )
+        self.ps = (
+            channels[0]
+            if len(channels) == 1
+            else Shards(channels, split(self.flat.numel, len(channels)))
         )
         self._data_args = (self.ctx, data, learner_id)
         self._data_kw = dict(
@@ -122,7 +128,16 @@ class Learner:
         self._loss_sum = 0.0
         times = cfg.runtime.compute_times
         self._slowdown = times[learner_id] - 1 if times else 0.0  # a straggler's extra share
-        self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
+        if isinstance(self.ps, Shards):
+            if cfg.architecture.kind != "base":
+                raise ValueError(
+                    f"learner {learner_id}: {len(endpoints)} parameter servers, but sharded "
+                    f"servers serve Rudra-base only (architecture.kind is "
+                    f"{cfg.architecture.kind})"
+                )
+            self.exchange = ShardedPushPull(cfg, learner_id, self.flat, self.ps)
+        else:
+            self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
         self.exchange.on_welcome = self._start_data_at
 
     def _start_data_at(self, step: int | None) -> None:

@@ -53,7 +53,10 @@ class Frames:
         self, numel: int, chunk_bytes: int, own_buffer: bool = False, wire_codec=codec.FLOAT32
     ):
         self.chunk_bytes, self.codec = chunk_bytes, wire_codec
-        self._sendbuf = np.empty(numel, np.float32) if own_buffer else None
+        # a half codec narrows into a buffer of its own: no send buffer needed
+        self._sendbuf = (
+            np.empty(numel, np.float32) if own_buffer and not wire_codec.copies else None
+        )
 
     def welcomed(self, welcome: wire.Message) -> Frames:
         """The carrier to use after the server's WELCOME (frames stay frames)."""
@@ -144,7 +147,7 @@ def make_carrier(cfg, learner_id: int, numel: int):
         numel,
         cfg.runtime.chunk_mib << 20,
         own_buffer=cfg.architecture.kind == "advstar",
-        wire_codec=codec.of(cfg),
+        wire_codec=codec.for_gradients(cfg),
     )
     if cfg.architecture.leaf_shm:
         try:
@@ -310,4 +313,5 @@ def broadcast_member(cfg, ctx, bcast, numel: int, learner_id: int):
         chunk_bytes=cfg.runtime.chunk_mib << 20,
         timeout_s=cfg.runtime.timeout_s,
         upstream_name="the root" if up is None else f"learner {up}",
+        dtypes=codec.dtypes(cfg),
     ).start()

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from .. import kernels, transport, wire
+from .. import codec, kernels, transport, wire
 from ..arrival_log import ArrivalLog
 from ..notices import notice
 from ..run_files import WEIGHTS_FILE
@@ -70,6 +70,11 @@ class ParameterServer:
         broadcast: architecture.kind advstar only: the endpoint the broadcast root binds.
         resume: continue from the newest valid checkpoint in ``run_dir/checkpoints`` (if any)
             as a new incarnation.
+        span: the range of the flat vector this server serves (``span.Span``; None: the
+            whole). A server of a part serves learners that say HELLO with that range
+            (``learner_shards``); it writes no run files and sends no statistics yet (the
+            statistics server does not assemble ranges): ``run_dir`` and ``stats`` must be
+            None.
     Not thread-safe: construct and serve from one thread.
     """
 
@@ -83,7 +88,14 @@ class ParameterServer:
         model=None,
         broadcast: str | None = None,
         resume: bool = False,
+        span=None,
     ):
+        if span is not None and not span.is_whole and (run_dir or stats or broadcast):
+            raise ValueError(
+                f"a server of range {span} writes no run files, sends no statistics and "
+                "has no broadcast yet: run_dir, stats and broadcast must be None"
+            )
+        self.span = span
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
         self._own_ctx = ctx is None
@@ -118,7 +130,9 @@ class ParameterServer:
         """The state (the model built, or the newest checkpoint restored: ``ps_start``) and
         the outputs; called with the socket bound. Blocks while torch is imported and the
         model built."""
-        self.state, self.told, self.resumed_from = start_state(cfg, model, self.run_dir, resume)
+        self.state, self.told, self.resumed_from = start_state(
+            cfg, model, self.run_dir, resume, self.span
+        )
         if self.run_dir is not None and self.state.tree is None:  # for `rudra-zmq replay`
             self.state.log = ArrivalLog(self.run_dir, self.state.incarnation)
         # restarted after training ended: the statistics server may have finished already
@@ -160,6 +174,7 @@ class ParameterServer:
             learners=self.state.learners,
             log=log,
             heard=self.state.heard,
+            dtypes=codec.dtypes(cfg),
         )
 
     # ------------------------------------------------------------------ sending

@@ -35,17 +35,18 @@ def initial_model(cfg):
 
 
 def start_state(
-    cfg, model, run_dir: Path | None, resume: bool
+    cfg, model, run_dir: Path | None, resume: bool, span=None
 ) -> tuple[ServerState, ToldRecord | None, Path | None]:
     """(state, told, resumed_from): the state of ``model`` (weights, segments, signature) or,
     if None, of the configured model (``initial_model``); with ``resume`` and a ``run_dir``,
     restored from the newest valid checkpoint there as a new incarnation. ``told``: the record
     of who was told STOP (None without a ``run_dir``); ``resumed_from``: the checkpoint, or
-    None. Blocks while torch is imported and the model built, or the checkpoint read."""
+    None. ``span``: the range of the vector this server serves (None: the whole). Blocks
+    while torch is imported and the model built, or the checkpoint read."""
     from ..data.datasets import dataset_size
 
     weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
-    state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data))
+    state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data), span=span)
     resumed_from = None
     told = ToldRecord(checkpoint_dir(run_dir)) if run_dir else None
     if resume and run_dir is not None:

@@ -107,7 +107,12 @@ class BroadcastWeights:
 
         self.state, self.send = state, send
         self.root = BroadcastRoot(
-            ctx, bind, state.numel, chunk_bytes=state.chunk_bytes, children=children
+            ctx,
+            bind,
+            state.numel,
+            chunk_bytes=state.chunk_bytes,
+            children=children,
+            wire_codec=state.codec,
         ).start()
         self.endpoint = self.root.endpoint
         # v0: the chain is up. No copy: a weight version is never written again while

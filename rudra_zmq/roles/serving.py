@@ -47,6 +47,7 @@ class Serving:
         log: the server's logger (refusals are warnings there).
         heard: called (sender, now) for each request that passed the sender check, or None.
         slots: accept gradients in shared-memory slots (a leaf with ``architecture.leaf_shm``).
+        dtypes: the run's wire dtypes (``codec.dtypes(cfg)``), which payloads are checked against.
     """
 
     def __init__(
@@ -62,11 +63,12 @@ class Serving:
         log,
         heard=None,
         slots: bool = False,
+        dtypes: wire.ModelDtypes = wire.FLOAT32,
     ):
         self.sock, self.me, self.state = sock, me, state
         self.handlers = {**handlers, Kind.BYE: self.bye}
         self.send, self.stop, self.heard = send, stop, heard
-        self.learners, self.slots = learners, slots
+        self.learners, self.slots, self.dtypes = learners, slots, dtypes
         self.warn = ThrottledLog(log)
         self.security = transport.security()
         self.seen: dict[int, int] = {}  # sender -> the seq of its newest request received
@@ -84,6 +86,7 @@ class Serving:
                 numel=self.state.numel,
                 learners=self.learners,
                 slots=self.slots,
+                dtypes=self.dtypes,
             )
         except wire.WireError as exc:
             self.refuse(ident, "unknown sender", exc.code, str(exc))

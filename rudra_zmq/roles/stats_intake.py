@@ -21,14 +21,12 @@ PS_RECORDS = {"done", "update", "ps", "members", "restart"}  # by the parameter 
 
 def receiver(ctx: zmq.Context, cfg) -> zmq.Socket:
     """The statistics server's PULL socket (not bound). EVALs come in chunks of
-    ``runtime.chunk_mib``. No heartbeats of its own: libzmq 4.3.5 aborts (``!_io_error``,
-    stream_engine_base.cpp) when one is due on a connection whose peer left while this server
-    was not reading it (its queue full: loading the data, evaluating), and a server that only
-    receives needs no news of dead senders."""
+    ``runtime.chunk_mib``. No keepalive probes: a server that only receives needs no news of
+    dead senders (and no socket sends ZMTP heartbeats: docs/wire.md, "Liveness")."""
     sock = transport.make_socket(
         ctx, zmq.PULL, hwm=RECV_HWM, max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20)
     )
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 0)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 0)
     return sock
 
 

@@ -57,7 +57,7 @@ class TreeNode:
         self.sender = wire.node_sender(node_id)
         self.lam = cfg.sync.learners
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        self.codec = codec.of(cfg)  # how the relayed sums are encoded
+        self.codec = codec.for_gradients(cfg)  # how the relayed sums are encoded
         self.timeout = cfg.runtime.timeout_s
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
@@ -78,6 +78,7 @@ class TreeNode:
             hwm=4,
             retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=transport.frame_limit(self.chunk_bytes),
+            dtypes=codec.dtypes(cfg),
         )
         # chosen once: slots and board (a leaf with architecture.leaf_shm) or payloads only
         self.shared = make_shared(cfg, self.spec, self.state.advstar)
@@ -98,6 +99,7 @@ class TreeNode:
             },
             send=self._send,
             stop=self._stop,
+            dtypes=codec.dtypes(cfg),
             learners=self.lam,
             log=log,
             slots=self.shared.takes_slots,

@@ -85,13 +85,21 @@ class BatchedGradients:
         self.refs = Counter()  # version -> batches on it not applied yet
         self.unready: dict[int, list] = {}  # version -> batches waiting for it to exist
         self.applied = 0  # the newest version the training has produced
+        self.saver = None  # a sim_checkpoint.Saver, for run()
 
-    def run(self, events, updater, result, evals) -> None:
+    def run(self, events, updater, result, evals, saver=None, resume=None) -> None:
         """Consume the simulator's events, applying each update with ``updater`` and recording
-        it in ``result`` and ``evals`` (as ``simulator._per_gradient`` does). Blocks."""
+        it in ``result`` and ``evals`` (as ``simulator._per_gradient`` does), checkpointing
+        with ``saver`` (a ``sim_checkpoint.Saver``) after each evaluation. With ``resume``
+        (a ``sim_checkpoint.SimState``), the updates up to its own are replayed without
+        computing; its weights versions serve the batches after it. Blocks."""
         lam = self.trainer.cfg.sync.learners
+        self.saver = saver
         self.held[0] = lam
-        self.store[0] = updater.w.copy()
+        if resume is None:
+            self.store[0] = updater.w.copy()
+        else:
+            self.store, self.applied = dict(resume.versions), resume.ts
         pending: deque = deque()  # (t, update, groups) decided by the events, not applied
         forming: dict[int, _Group] = {}
         for t, i, step, version, arrival, resumed in events:
@@ -117,6 +125,8 @@ class BatchedGradients:
                 continue
             result.add_update(arrival.update, t)
             groups, forming = list(forming.values()), {}
+            if resume is not None and arrival.update.timestamp <= resume.ts:
+                continue  # applied before the checkpoint
             for g in groups:
                 self.refs[g.version] += 1
                 if g.version <= self.applied:
@@ -148,13 +158,15 @@ class BatchedGradients:
                 updater.receive([grad], g.scale * k, update, count=k)
             self.refs[g.version] -= 1
         self.applied = update.timestamp
-        evals.after(updater.w, update, t)
+        evaluated = evals.after(updater.w, update, t)
         if self.held[self.applied] > 0 or self.applied in self.unready:
             self.store[self.applied] = updater.w.copy()
             for g in self.unready.pop(self.applied, ()):
                 self._submit(g)
         for v in [v for v in self.store if self.refs[v] <= 0 and self.held[v] <= 0]:
             del self.store[v]
+        if self.saver is not None and self.saver.due(evaluated):  # + the versions still needed
+            self.saver.save(update, self.store)
 
     def close(self) -> None:
         if self.pool:

@@ -31,10 +31,10 @@ import numpy as np
 from .. import config as config_mod
 from .. import kernels
 from ..data.datasets import dataset_size
-from ..run_files import SUMMARY_FILE, config_path, metrics_path
+from ..run_files import SUMMARY_FILE, config_path, metrics_path, sim_checkpoint_path
 from ..sync import Rejoin, SyncEngine, protocol_label
 from ..update import Updater
-from . import sim_batched
+from . import sim_batched, sim_checkpoint
 from .sim_trainer import Gradients, Trainer
 
 
@@ -71,6 +71,7 @@ def simulate(
     progress=None,
     workers: int | None = None,
     gradients: str = "auto",
+    checkpoint: str | Path | None = None,
 ) -> SimResult:
     """Simulate a run of ``cfg`` (Rudra-base) and return its records. Blocks.
 
@@ -88,6 +89,9 @@ def simulate(
             ``sim_batched``: the same values up to summation order, for models without
             batch normalization or dropout) or ``auto`` (batched where it is exact and an
             update has more than one gradient).
+        checkpoint: with ``train``, a file to checkpoint to after every evaluation
+            (``sim_checkpoint``); when it exists, the simulation resumes from it (raises
+            ``sim_checkpoint.CheckpointError`` if it is another simulation's).
     """
     lam = cfg.sync.learners
     speeds = list(speeds) if speeds is not None else [1.0] * lam
@@ -100,7 +104,14 @@ def simulate(
     if gradients not in GRADIENT_PATHS:
         raise ValueError(f"gradients is {gradients!r}; expected one of {', '.join(GRADIENT_PATHS)}")
     if not train:
-        return _simulate(cfg, lam, speeds, jitter, seed, None, None, max_updates, progress)
+        return _simulate(cfg, lam, speeds, jitter, seed, None, None, max_updates, progress, None)
+    half = [k for k in ("gradient_dtype", "weights_dtype") if getattr(cfg.wire, k) != "float32"]
+    if half:  # its figures would pass for the half wire's without having rounded anything
+        raise ValueError(
+            f"wire.{half[0]}={getattr(cfg.wire, half[0])}: the simulator trains on a float32 "
+            "wire (it does not round gradients or weights); simulate with float32, or measure "
+            "the half wire with `rudra-zmq run`"
+        )
     import torch
 
     trainer = Trainer(cfg)
@@ -129,13 +140,15 @@ def simulate(
     )
     torch.set_num_threads(max(1, threads // workers))
     try:
-        return _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress)
+        return _simulate(
+            cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress, checkpoint
+        )
     finally:
         grads.close()
         torch.set_num_threads(threads)
 
 
-def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress):
+def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progress, checkpoint):
     o = cfg.optimizer
     engine = SyncEngine.of(cfg, trainer.n if trainer else dataset_size(cfg.data))
     result = SimResult()
@@ -146,35 +159,74 @@ def _simulate(cfg, lam, speeds, jitter, seed, trainer, grads, max_updates, progr
                 result.add_update(arrival.update, t)
             result.sim_time = t
         return result
-    w0 = trainer.flat.weights
+    batched = isinstance(grads, sim_batched.BatchedGradients)
+    path = "batched" if batched else "per-gradient"
+    print_ = sim_checkpoint.fingerprint(cfg, seed=seed, jitter=jitter, speeds=speeds, path=path)
+    resume = None
+    if checkpoint is not None and Path(checkpoint).exists():
+        resume = sim_checkpoint.load(Path(checkpoint), print_)
+    w0 = trainer.flat.weights if resume is None else resume.w
     segments = trainer.flat.segments() if o.param_multipliers else [(0, w0.size, 1.0, 1.0)]
     updater = Updater(w0, segments, o)  # the PS's optimizer state
     evals = _Evals(cfg, trainer, result, progress)
-    evals.record(updater.w, 0, 0.0, 0.0)
-    if isinstance(grads, sim_batched.BatchedGradients):
-        grads.run(events, updater, result, evals)
+    if resume is None:
+        evals.record(updater.w, 0, 0.0, 0.0)
+    else:  # what the gradients made up to update resume.ts
+        kernels.copy_into(updater.v, resume.v)
+        result.evals, evals.next = list(resume.evals), resume.evals_next
+        if progress:
+            progress(f"resumed from {checkpoint}: update {resume.ts}, epoch {resume.epoch:.2f}")
+    saver = None
+    if checkpoint is not None:
+        saver = sim_checkpoint.Saver(Path(checkpoint), print_, updater, evals)
+    if batched:
+        grads.run(events, updater, result, evals, saver, resume)
     else:
-        _per_gradient(events, updater, grads, lam, result, evals)
+        _per_gradient(events, updater, grads, lam, result, evals, saver, resume)
     result.weights = updater.w.copy()
     return result
 
 
-def _per_gradient(events, updater, grads, lam, result, evals) -> None:
-    """Train gradient by gradient: each arrival is summed as the PS sums it (blocks)."""
+def _per_gradient(events, updater, grads, lam, result, evals, saver, resume) -> None:
+    """Train gradient by gradient: each arrival is summed as the PS sums it (blocks). With
+    ``resume`` (a ``sim_checkpoint.SimState``), the timing is replayed up to its update
+    without computing, and the learners start on the weights versions it holds."""
     have = [updater.w.copy() for _ in range(lam)]
+    have_ts, steps = [0] * lam, [0] * lam  # each learner's gradient in flight
+    computing = [True] * lam  # False: its gradient arrived and it waits for its reply
+    if resume is not None:
+        for t, i, _, _, arrival, resumed in events:
+            computing[i] = False
+            for j, step, version in resumed:
+                steps[j], have_ts[j], computing[j] = step, version, True
+            update = arrival.update if arrival is not None else None
+            if update is not None:
+                result.add_update(update, t)
+            result.sim_time = t
+            if update is not None and update.timestamp == resume.ts:
+                break
+        for j in range(lam):
+            if computing[j]:
+                kernels.copy_into(have[j], resume.versions[have_ts[j]])
     for i in range(lam):
-        grads.start(i, have[i], 0)
+        if computing[i]:
+            grads.start(i, have[i], steps[i])
     for t, i, _, _, arrival, resumed in events:
         grad = grads.take(i)
+        computing[i], evaluated = False, False
         if arrival is not None:
             updater.receive([grad], arrival.scale, arrival.update)
         if arrival is not None and arrival.update is not None:
             result.add_update(arrival.update, t)
-            evals.after(updater.w, arrival.update, t)
-        for j, step, _ in resumed:  # pull the newest weights, start the next gradient
+            evaluated = evals.after(updater.w, arrival.update, t)
+        for j, step, version in resumed:  # pull the newest weights, start the next gradient
             kernels.copy_into(have[j], updater.w)
+            have_ts[j], computing[j] = version, True
             grads.start(j, have[j], step)
         result.sim_time = t
+        if saver is not None and arrival is not None and arrival.update and saver.due(evaluated):
+            versions = {have_ts[j]: have[j] for j in range(lam) if computing[j]}
+            saver.save(arrival.update, versions)
 
 
 def _events(cfg, engine, lam, speeds, jitter, rng, max_updates):
@@ -225,12 +277,15 @@ class _Evals:
         self.cfg, self.trainer, self.result, self.progress = cfg, trainer, result, progress
         self.next = cfg.train.eval_every_epochs or math.inf
 
-    def after(self, w, update, t) -> None:
-        """Evaluate ``w`` (the weights ``update`` produced at time ``t``) if one is due."""
+    def after(self, w, update, t) -> bool:
+        """Evaluate ``w`` (the weights ``update`` produced at time ``t``) if one is due;
+        returns whether it did."""
         if update.epoch >= self.next or update.epoch >= self.cfg.train.epochs:
             while update.epoch >= self.next:
                 self.next += self.cfg.train.eval_every_epochs
             self.record(w, update.timestamp, update.epoch, t)
+            return True
+        return False
 
     def record(self, w, ts, epoch, t) -> None:
         err, loss = self.trainer.evaluate(w)
@@ -263,9 +318,25 @@ def write_run(cfg, result: SimResult, run_dir: str | Path) -> Path:
     return run_dir
 
 
-def main_simulate(cfg, run_dir, *, jitter, speeds, seed, train, gradients="auto") -> int:
-    """Entry point of ``rudra-zmq simulate``: simulate, print a summary, write the run dir."""
+def main_simulate(
+    cfg, run_dir, *, jitter, speeds, seed, train, gradients="auto", resume=False
+) -> int:
+    """Entry point of ``rudra-zmq simulate``: simulate, print a summary, write the run dir.
+    With ``train`` it checkpoints to the run dir after each evaluation, and continues from
+    there with ``resume`` (else an unfinished simulation's checkpoint there is refused)."""
     t0 = time.time()
+    checkpoint = sim_checkpoint_path(run_dir) if train else None
+    if checkpoint is not None and checkpoint.exists() and not resume:
+        where = sim_checkpoint.describe(checkpoint) or "unreadable"
+        raise ValueError(
+            f"{run_dir} holds an unfinished simulation's checkpoint ({where}): add --resume "
+            "to continue it, or choose another --run-dir"
+        )
+    if resume and (checkpoint is None or not checkpoint.exists()):
+        raise ValueError(
+            f"--resume: {run_dir} holds no simulator checkpoint "
+            f"({sim_checkpoint_path(run_dir).name}; only `simulate --train` writes one)"
+        )
     if cfg.train.schedule_scale != 1:
         print(
             f"schedule scaled x{cfg.train.schedule_scale:g}: {cfg.train.epochs:g} epochs, lr "
@@ -279,6 +350,7 @@ def main_simulate(cfg, run_dir, *, jitter, speeds, seed, train, gradients="auto"
         train=train,
         gradients=gradients,
         progress=lambda line: print(line, flush=True),
+        checkpoint=checkpoint,
     )
     s = cfg.sync
     print(
@@ -289,5 +361,7 @@ def main_simulate(cfg, run_dir, *, jitter, speeds, seed, train, gradients="auto"
         + f" ({time.time() - t0:.1f} s)"
     )
     out = write_run(cfg, res, run_dir)
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)  # the run directory is complete
     print(f"run directory: {out}")
     return 0

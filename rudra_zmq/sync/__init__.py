@@ -34,7 +34,6 @@ from .decisions import Arrival, Update
 from .engine import SyncEngine
 from .rules import (
     LR_POLICIES,
-    MOMENTUM_POLICIES,
     NOW,
     PROTOCOLS,
     LRSchedule,
@@ -51,7 +50,6 @@ from .rules import (
 
 __all__ = [
     "LR_POLICIES",
-    "MOMENTUM_POLICIES",
     "NOW",
     "PROTOCOLS",
     "Arrival",

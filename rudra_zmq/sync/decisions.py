@@ -14,8 +14,7 @@ class Update:
 
     ``timestamp`` is the PS timestamp the update produces (the previous one + 1);
     ``learners``/``timestamps``/``sigmas`` are the vector clock of the gradients it averages,
-    in arrival order; the PS applies ``w ← step(w, lr, g_scale · Σ scaleᵢ·gᵢ)`` with
-    ``momentum`` (None: the optimizer's own).
+    in arrival order; the PS applies ``w ← step(w, lr, g_scale · Σ scaleᵢ·gᵢ)``.
     """
 
     timestamp: int
@@ -26,7 +25,6 @@ class Update:
     lr: float
     g_scale: float
     epoch: float
-    momentum: float | None = None
     protocol: str | None = None  # the protocol it was made under, where it changes (stages)
 
     def record(self, t: float) -> dict:
@@ -41,8 +39,6 @@ class Update:
             "lr": self.lr,
             "n_grads": len(self.sigmas),
         }
-        if self.momentum is not None:
-            rec["momentum"] = self.momentum
         if self.protocol is not None:
             rec["protocol"] = self.protocol
         return rec

@@ -72,9 +72,7 @@ class SyncEngine:
         return cls(
             s.protocol,
             s.learners,
-            LRSchedule(
-                o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma, o.momentum_policy, o.momentum
-            ),
+            LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma),
             n=s.n,
             batch_size=s.batch_size,
             epoch_size=epoch_size,
@@ -339,7 +337,6 @@ class SyncEngine:
             lr,
             1.0 / len(sigmas),
             epoch,
-            self.lr.momentum_at(mean_sigma),
             protocol_label(self.protocol, self.n) if self._stages else None,
         )
         self._pending.clear()

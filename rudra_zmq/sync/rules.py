@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 PROTOCOLS = ("hardsync", "softsync", "async")
 LR_POLICIES = ("constant", "staleness", "per_gradient")
-MOMENTUM_POLICIES = ("constant", "staleness")
 
 
 def check_protocol(
@@ -124,16 +123,12 @@ NOW = Reply()
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """α0 and its step schedule; see the module docstring for the policies. With
-    ``momentum_policy`` ``staleness`` (beyond the paper), each update's momentum is
-    ``momentum`` less the momentum that asynchrony adds by itself (:meth:`momentum_at`)."""
+    """α0 and its step schedule; see the module docstring for the policies."""
 
     base_lr: float
     policy: str = "constant"
     steps: tuple[float, ...] = ()
     gamma: float = 0.1
-    momentum_policy: str = "constant"
-    momentum: float = 0.0  # the optimizer's; read only by the staleness momentum policy
 
     def __post_init__(self):
         if not (math.isfinite(self.base_lr) and self.base_lr > 0):
@@ -144,21 +139,6 @@ class LRSchedule:
             raise ValueError(f"lr steps must be ascending epochs >= 0, got {list(self.steps)}")
         if not (math.isfinite(self.gamma) and self.gamma > 0):
             raise ValueError(f"lr gamma must be positive, got {self.gamma!r}")
-        if self.momentum_policy not in MOMENTUM_POLICIES:
-            raise ValueError(
-                f"momentum policy {self.momentum_policy!r} is not one of "
-                f"{', '.join(MOMENTUM_POLICIES)}"
-            )
-
-    def momentum_at(self, mean_sigma: float) -> float | None:
-        """The momentum of an update with ⟨σ⟩ = ``mean_sigma``: None (the optimizer's own)
-        under the ``constant`` policy; under ``staleness``, max(0, m − ⟨σ⟩/(⟨σ⟩ + 1)):
-        asynchrony with ⟨σ⟩ behaves like momentum ⟨σ⟩/(⟨σ⟩ + 1) by itself ("Asynchrony
-        begets momentum", Mitliagkas et al. 2016), so the explicit momentum gives that much
-        up and the total stays near m (hardsync, σ = 0, keeps m). Pure."""
-        if self.momentum_policy == "constant":
-            return None
-        return max(0.0, self.momentum - mean_sigma / (mean_sigma + 1.0))
 
     def base_at(self, epoch: float) -> float:
         """α0 after the step schedule at ``epoch`` (steps take effect once the epoch is reached)."""

@@ -1,0 +1,70 @@
+"""A link of the emulated LAN in bytes (a tc rate in bytes per second, the bytes of one
+parameter on the wire) and the columns every ``lan-table1`` row has. Pure; shared by
+``lan_table1`` and ``lan_shards``."""
+
+from __future__ import annotations
+
+import statistics
+
+from .. import wire
+
+
+def wire_bytes(wire_dtype: str) -> int:
+    """Bytes per parameter on the wire for a ``wire.*_dtype`` value."""
+    return wire.PAYLOAD_DTYPES[wire.WIRE_DTYPES[wire_dtype]].itemsize
+
+
+# tc's rate units in bytes per second ("bit" units are bits, "bps" units bytes); longest first
+_RATE_UNITS = {
+    "gbit": 1e9 / 8, "mbit": 1e6 / 8, "kbit": 1e3 / 8,
+    "gbps": 1e9, "mbps": 1e6, "kbps": 1e3, "bit": 1 / 8, "bps": 1.0,
+}  # fmt: skip
+
+
+def row_head(case: str, a, wire_dtype: str, s: float, epoch_s: list, bound) -> dict:
+    """The columns every row has: ``case`` (named as the caller chose), the setting ``a``,
+    ``s`` seconds per epoch (each epoch's in ``epoch_s``) and the link ``bound`` (or None)."""
+    return {
+        "bench": "table1",
+        "case": case,
+        "wire_dtype": wire_dtype,
+        "learners": a.hosts * a.per_host,
+        "hosts": a.hosts,
+        "per_host": a.per_host,
+        "params": a.params,
+        "rate": a.rate,
+        "compute_ms": a.compute_ms,
+        "retry_s": a.retry_s,
+        "epoch_gradients": a.epoch_gradients,
+        "s_per_epoch": s,
+        "epoch_s": epoch_s,
+        "bound_s_per_epoch": bound,
+        "of_bound": None if bound is None else bound / s,
+    }
+
+
+def traffic(timed: list[dict], grads: int) -> dict:
+    """The root's columns over the ``timed`` epochs (each with rx_bytes, tx_bytes, updates,
+    mean_sigma) that took ``grads`` gradients: medians per epoch, bytes per gradient."""
+    return {
+        "root_rx_bytes_per_epoch": statistics.median(e["rx_bytes"] for e in timed),
+        "root_tx_bytes_per_epoch": statistics.median(e["tx_bytes"] for e in timed),
+        "root_rx_bytes_per_gradient": sum(e["rx_bytes"] for e in timed) / grads,
+        "updates_per_epoch": statistics.median(e["updates"] for e in timed),
+        "mean_sigma": statistics.fmean(e["mean_sigma"] for e in timed),
+    }
+
+
+def parse_rate(rate: str) -> float:
+    """A tc rate ("1gbit", "20mbit", "500kbit", "10mbps") in bytes per second. Raises
+    ValueError naming the rate where it is not one."""
+    for unit, per in _RATE_UNITS.items():
+        if rate.lower().endswith(unit):
+            try:
+                value = float(rate[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * per
+            break
+    raise ValueError(f"--rate {rate!r}: give a positive tc rate, e.g. 1gbit or 20mbit")

@@ -1,0 +1,141 @@
+"""Sharded parameter servers on the emulated LAN (``bench lan-table1 --servers K``): Rudra-base
+with K servers, each over one range of ``span.split(params, K)``, placed beside the learners
+(server k on learner host k mod HOSTS, ``colocated``) or on K hosts of their own (``extra``),
+the synthetic learners pushing each server its slice (``roles/learner_shards.py``).
+
+An epoch ends when its last gradient's update is applied on the slowest server; the bytes
+are the sum over the servers. The link bound of a hardsync update, with no push/pull
+overlap (every push, then every reply): the busiest link carries, each way, the larger of a
+server's ingress (its range of every learner's gradient that is not on its host) and a
+learner host's egress (its learners' slices for other hosts' servers).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .. import wire
+from . import synthetic_cluster as sc
+from . import synthetic_roles as sr
+from .lan_link import parse_rate, row_head, traffic, wire_bytes
+
+PLACEMENTS = ("colocated", "extra")
+
+
+def server_hosts(lan, a, k: int, placement: str) -> list:
+    """The host of each of the ``k`` servers (``lan.hosts``: root, learner hosts, extra)."""
+    learner_hosts = lan.hosts[1 : 1 + a.hosts]
+    if placement == "colocated":
+        return [learner_hosts[i % a.hosts] for i in range(k)]
+    extra = lan.hosts[1 + a.hosts : 1 + a.hosts + k]
+    if len(extra) < k:
+        raise ValueError(f"{k} extra server hosts needed, the LAN has {len(extra)}")
+    return extra
+
+
+def extra_hosts(a) -> int:
+    """Hosts the LAN needs beyond the root and the learner hosts for ``a``'s runs."""
+    return max(a.servers) if "extra" in a.server_placement else 0
+
+
+def bound_s_per_epoch(case: str, a, k: int, placement: str, wire_dtype: str) -> float | None:
+    """The link bound of one epoch of ``case`` (hardsync only; None otherwise, or where
+    servers share a host): per update twice the busiest link's one-way bytes, plus one
+    compute (module docstring)."""
+    if case != "base-hardsync" or (placement == "colocated" and k > a.hosts):
+        return None
+    lam, p = a.hosts * a.per_host, a.per_host
+    m = a.params * wire_bytes(wire_dtype) / parse_rate(a.rate)
+    if placement == "extra":
+        phase = max(lam / k, p) * m  # a server's ingress; a learner host's egress
+    else:  # a server's own host's learners are local; hosts without a server send all
+        own = p * (k - 1) / k if k == a.hosts else p
+        phase = max((lam - p) / k, own) * m
+    return a.epoch_gradients / lam * (2 * phase + a.compute_ms / 1000)
+
+
+def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
+    """Per epoch: seconds (the slowest server's end of it, from the previous epoch's end or
+    the first gradient anywhere), the bytes every server received, its updates (server 0's)
+    and ⟨σ⟩ (mean over servers). ``n``: gradients per epoch."""
+    ends, rows_of = [], []
+    for ps in servers:
+        rows = [dict(zip(ps["log_fields"], r)) for r in ps["log"]]
+        rows_of.append(rows)
+        ends.append([next(i for i, r in enumerate(rows) if r["grads"] >= e * n) for e in
+                     range(1, epochs + 1)])  # fmt: skip
+    prev_t = min(ps["t_first_grad"] for ps in servers)
+    prev_k = [-1] * len(servers)
+    out = []
+    for e in range(epochs):
+        t = max(rows[ends[j][e]]["t"] for j, rows in enumerate(rows_of))
+        rx, tx = (
+            sum(
+                rows[ends[j][e]][key] - (rows[prev_k[j]][key] if prev_k[j] >= 0 else 0)
+                for j, rows in enumerate(rows_of)
+            )
+            for key in ("rx_bytes", "tx_bytes")
+        )
+        sig = [
+            statistics.fmean(r["mean_sigma"] for r in rows[prev_k[j] + 1 : ends[j][e] + 1])
+            for j, rows in enumerate(rows_of)
+        ]
+        out.append(
+            {
+                "epoch": e + 1,
+                "s": t - prev_t,
+                "rx_bytes": rx,
+                "tx_bytes": tx,
+                "updates": ends[0][e] - prev_k[0],
+                "mean_sigma": statistics.fmean(sig),
+            }
+        )
+        prev_t, prev_k = t, [ends[j][e] for j in range(len(servers))]
+    return out
+
+
+def run_case(case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str) -> dict:
+    """One Rudra-base case with ``k`` sharded servers placed by ``placement``: its row, as
+    ``lan_table1.run_case``'s (the root's columns are the servers' sums). Blocks."""
+    arch, protocol = case.split("-")
+    if arch != "base":
+        raise ValueError(f"--servers: sharded servers serve Rudra-base only, not {case}")
+    lam = a.hosts * a.per_host
+    ov = sr.overrides(
+        arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,
+        fanout=a.per_host, depth=1, retry_s=a.retry_s, wire_dtype=wire_dtype,
+    )  # fmt: skip
+    r = sc.run(
+        arch, ov, params=a.params, learners=lam, root=lan.hosts[0],
+        hosts=lan.hosts[1 : 1 + a.hosts], workdir=workdir, compute_ms=a.compute_ms,
+        per_process=a.per_host, servers=server_hosts(lan, a, k, placement),
+    )  # fmt: skip
+    servers = r["servers"]
+    per = wire_bytes(wire_dtype)
+    for ps in servers:
+        if ps["rx_grad_bytes"] != ps["numel"] * per * ps["rx_grad_msgs"]:
+            raise RuntimeError(f"a server's gradient bytes != its numel x {per} x messages")
+    ep = epochs_across(servers, a.epoch_gradients, a.epochs)
+    timed = ep[1:] or ep
+    s = statistics.median(e["s"] for e in timed)
+    bound = bound_s_per_epoch(case, a, k, placement, wire_dtype)
+    name = f"{case}-k{k}-{placement}" + (
+        "" if wire_dtype == "float32" else f"-{wire.WIRE_DTYPES[wire_dtype]}"
+    )
+    row_traffic = traffic(timed, a.epoch_gradients * len(timed))  # summed over the servers
+    share = max(ps["rx_grad_bytes"] for ps in servers) / sum(ps["rx_grad_bytes"] for ps in servers)
+    return {
+        **row_head(name, a, wire_dtype, s, [e["s"] for e in ep], bound),
+        "arch": arch,
+        "protocol": protocol,
+        "servers": k,
+        "placement": placement,
+        **row_traffic,
+        # the busiest server's ingress: its measured share of the gradient bytes
+        "busiest_rx_bytes_per_epoch": row_traffic["root_rx_bytes_per_epoch"] * share,
+        "root_cpu_s": max(ps["cpu_s"] for ps in servers),  # the busiest server's
+        "grads_total": servers[0]["grads"],
+        "server_numel": [ps["numel"] for ps in servers],
+        "server_cpu_s": [ps["cpu_s"] for ps in servers],
+        "wall_s": r["wall_s"],
+    }

@@ -1,0 +1,210 @@
+"""A learner's exchange with sharded parameter servers: K servers, each serving one range of
+the flat vector (``span.split``), each with its own timestamp and sync engine.
+
+Each step pushes every server its slice of the gradient, stamped with that server's
+timestamp of the weights the gradient was computed on, and gathers the K replies: WEIGHTS
+are decoded into that range of the model's buffer, UPTODATE leaves it. Staleness stays exact
+per server: server k's σ is its own timestamp at arrival less the stamp this learner sent it
+(docs/protocols.md). The K requests are all sent before any reply is awaited, so the servers
+work at once; ``Shards.gather`` polls the K sockets, asking a slow one about its request
+(CHECK) as ``Channel`` does.
+
+A server that answers ``rejoin`` (it restarted, or evicted this learner) gets a HELLO alone;
+the slice it refused is dropped, the others' replies are taken. STOP from any server ends
+the learner, which then says BYE to the servers that did not say STOP: they stop at the
+same count of gradients, but under softsync the gradient that ends server 0 may be another
+learner's than the one that ends server 1, and a server waits to tell every learner STOP.
+
+Not thread-safe: one learner thread owns its exchange and channels.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from .. import codec, transport, wire
+from ..channel import Channel, ServerError
+from ..wire import Kind
+from .learner_exchange import Frames
+
+log = logging.getLogger("rudra_zmq.learner")
+
+BYE_WAIT_MS = 5_000  # the longest a learner told STOP waits for the other servers' ACKs
+
+
+def server_channels(ctx, cfg, endpoints, sender: int, max_bytes: int = -1) -> list[Channel]:
+    """A learner's channel to each parameter server at ``endpoints`` (one, or the servers of
+    the ranges in order), with the run's timeouts and wire dtypes. Does not block."""
+    return [
+        Channel(
+            ctx,
+            ep,
+            sender,
+            name="parameter server" + (f" {k}" if len(endpoints) > 1 else ""),
+            timeout_ms=int(cfg.runtime.timeout_s * 1000),
+            hwm=4,
+            retry_ms=int(cfg.runtime.retry_s * 1000),
+            max_bytes=max_bytes,
+            dtypes=codec.dtypes(cfg),
+        )
+        for k, ep in enumerate(endpoints)
+    ]
+
+
+class Shards:
+    """One ``Channel`` per server, and a poller over their sockets: send to all, then gather.
+    Not thread-safe."""
+
+    def __init__(self, channels: list[Channel], spans):
+        if len(channels) != len(spans):
+            raise ValueError(f"{len(channels)} server channels for {len(spans)} ranges")
+        self.channels, self.spans = channels, list(spans)
+        self.poller = zmq.Poller()
+        for ch in channels:
+            self.poller.register(ch.sock, zmq.POLLIN)
+        self.timeout_ms = max(ch.timeout_ms for ch in channels)
+
+    def gather(self, which, kinds, timeout_ms: int | None = None) -> dict:
+        """The reply to the request outstanding at each server in ``which`` (indices): a
+        ``wire.Message``, or the ``ServerError`` that server answered. Blocks at most
+        ``timeout_ms`` (default: the channels' timeout), then raises TimeoutError naming the
+        servers still silent."""
+        timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
+        pending, out = set(which), {}
+        t0 = time.monotonic()
+        while pending:
+            ready = dict(self.poller.poll(transport.WAKE_MS))
+            for k in sorted(pending):
+                ch = self.channels[k]
+                if ch.sock not in ready:
+                    continue
+                try:
+                    msg = ch.poll_reply(kinds, self.spans[k].numel)
+                except ServerError as exc:
+                    msg = exc
+                if msg is not None:
+                    out[k] = msg
+                    pending.discard(k)
+            for k in pending:
+                self.channels[k].tick()  # CHECK a slow request; resend one that was lost
+            if pending and 0 <= timeout_ms <= (time.monotonic() - t0) * 1000:
+                names = ", ".join(
+                    f"{self.channels[k].name} at {self.channels[k].endpoint}"
+                    for k in sorted(pending)
+                )
+                raise TimeoutError(
+                    f"no reply from {names} within {timeout_ms / 1000:g} s (is it running?)"
+                )
+        return out
+
+    def close(self) -> None:
+        for ch in self.channels:
+            ch.close()
+
+
+class ShardedPushPull:
+    """PUSHPULL to K servers per step (Rudra-base with ``architecture.servers`` > 1)."""
+
+    def __init__(self, cfg, learner_id: int, flat, shards: Shards):
+        self.id, self.flat, self.shards = learner_id, flat, shards
+        chunk = cfg.runtime.chunk_mib << 20
+        # one carrier per range: a half codec's error-feedback residual is per range
+        self.carriers = [
+            Frames(s.numel, chunk, wire_codec=codec.for_gradients(cfg)) for s in shards.spans
+        ]
+        self.stamps = [-1] * len(shards.spans)  # each server's timestamp of our weights
+        self.rejoins = 0
+        self.on_welcome = lambda step: None  # the learner repositions its data here
+
+    @property
+    def ts(self) -> int:
+        """The first server's timestamp of the weights held (for progress records)."""
+        return self.stamps[0]
+
+    def _hello(self, k: int) -> None:
+        span = self.shards.spans[k]
+        had = {"had": self.stamps[k]} if self.stamps[k] >= 0 else {}
+        self.shards.channels[k].send(
+            Kind.HELLO,
+            model=self.flat.signature,
+            numel=self.flat.numel,
+            range=[span.lo, span.hi],
+            **had,
+        )
+
+    def start(self, which=None) -> bool:
+        """Say HELLO to the servers ``which`` (default all) and load their WELCOMEs' ranges.
+        Blocks; False if any said STOP (the run already ended)."""
+        which = range(len(self.stamps)) if which is None else which
+        for k in which:
+            self._hello(k)
+        replies = self.shards.gather(which, {Kind.WELCOME})
+        if self._stopped(replies):
+            return False
+        for k in sorted(replies):
+            msg = replies[k]
+            if isinstance(msg, ServerError):
+                raise msg
+            self._load(k, msg)
+        self.flat.weights_to_device()
+        if 0 in replies:  # the data order goes on where the first server says
+            self.on_welcome(replies[0].fields.get("step"))
+        return True
+
+    def _load(self, k: int, msg: wire.Message) -> None:
+        span = self.shards.spans[k]
+        self.stamps[k] = self.carriers[k].load(msg, self.flat.weights[span.lo : span.hi])
+
+    def step(self, backward) -> bool:
+        """``backward()`` fills the gradient; push each server its slice and take the newer
+        weights of each range. Blocks for all K replies; False once a server said STOP."""
+        backward()
+        grads = self.flat.grads
+        for k, span in enumerate(self.shards.spans):
+            payloads, fields = self.carriers[k].gradient(grads[span.lo : span.hi])
+            self.shards.channels[k].send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
+        replies = self.shards.gather(range(len(self.stamps)), {Kind.WEIGHTS, Kind.UPTODATE})
+        if self._stopped(replies):
+            return False
+        loaded, rejoin = False, []
+        for k in sorted(replies):
+            msg = replies[k]
+            if isinstance(msg, ServerError):
+                if msg.code != "rejoin":
+                    raise msg
+                rejoin.append(k)
+            elif msg.kind == Kind.WEIGHTS:
+                self._load(k, msg)
+                loaded = True
+        if loaded:
+            self.flat.weights_to_device()
+        if rejoin:
+            self.rejoins += len(rejoin)
+            log.warning("learner %d: rejoining servers %s", self.id, rejoin)
+            return self.start(rejoin)
+        return True
+
+    def _stopped(self, replies: dict) -> bool:
+        """Whether a server in ``replies`` said STOP; if so, say BYE to the others there (they
+        need not wait to tell this learner; a silent one is given up after BYE_WAIT_MS)."""
+        stop = {
+            k for k, m in replies.items() if isinstance(m, wire.Message) and m.kind == Kind.STOP
+        }
+        if not stop:
+            return False
+        others = [k for k in sorted(replies) if k not in stop]
+        for k in others:
+            self.shards.channels[k].send(Kind.BYE)
+        try:
+            self.shards.gather(others, {Kind.ACK}, timeout_ms=BYE_WAIT_MS)
+        except TimeoutError as exc:
+            log.warning("learner %d: leaving without a BYE's answer: %s", self.id, exc)
+        return True
+
+    def close(self, finished: bool) -> None:
+        """Release the carriers (the learner closes the channels)."""
+        for c in self.carriers:
+            c.close()

@@ -1,0 +1,227 @@
+"""Sharded parameter servers (issue 24, item 1; the core, in one process): K servers each
+serving one range of the flat vector (``span.split``), learners pushing each its slice and
+loading each server's weights into that range (``roles/learner_shards.py``).
+
+- hardsync with K = 2 and 3 servers ends with the one server's weights (each element's
+  update is the same; only the gradient sums' float order may differ), every server at the
+  same timestamp with σ = 0;
+- 2-softsync with K = 2: each server keeps its own timestamp and staleness;
+- a learner that expects another range is refused at HELLO, naming both; a sharded learner
+  outside Rudra-base and a server of a part asked for run files are refused up front;
+- the exchange alone (scripted replies, no sockets): a server that says ``rejoin`` gets a
+  HELLO alone while the others' replies are taken; STOP from any server ends the learner.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+
+from cluster import small_config
+from rudra_zmq import transport
+from rudra_zmq.channel import Channel, ServerError
+from rudra_zmq.roles.data_server import DataServer
+from rudra_zmq.roles.learner import Learner
+from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.span import split
+from rudra_zmq.wire import Kind
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def run_sharded(cfg, k, ctx):
+    """Train ``cfg`` with ``k`` servers (k = 1: one unsharded server) and its learners as
+    threads; returns the servers once every role ended. Blocks."""
+    data = DataServer(cfg, "tcp://127.0.0.1:0", ctx)
+    stop_data, failed, errors = threading.Event(), threading.Event(), []
+    threads = [threading.Thread(target=data.serve_forever, args=(stop_data,), daemon=True)]
+    if k == 1:
+        servers = [ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)]
+    else:
+        numel = _numel(cfg)
+        servers = [
+            ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx, span=s) for s in split(numel, k)
+        ]
+    endpoints = [s.endpoint for s in servers]
+
+    def guard(fn):
+        try:
+            fn()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+            failed.set()
+
+    threads += [
+        threading.Thread(target=guard, args=(lambda s=s: s.serve_forever(failed),), daemon=True)
+        for s in servers
+    ]
+    threads += [
+        threading.Thread(
+            target=guard,
+            args=(
+                lambda i=i: Learner(
+                    cfg, i, endpoints if k > 1 else endpoints[0], data.endpoint, None, ctx
+                ).run(stop_event=failed),
+            ),
+            daemon=True,
+        )
+        for i in range(cfg.sync.learners)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads[1:]:
+            t.join(120)
+            assert not t.is_alive(), "a role did not end"
+    finally:
+        failed.set()
+        stop_data.set()
+        threads[0].join(10)
+    assert not errors, errors
+    return servers
+
+
+def initial_weights(cfg):
+    from rudra_zmq.roles.ps_start import initial_model
+
+    return initial_model(cfg)[0]
+
+
+def _numel(cfg):
+    return initial_weights(cfg).size
+
+
+def weights_of(servers):
+    return np.concatenate([s.state.w for s in servers])
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_sharded_hardsync_ends_with_the_one_servers_weights(ctx, k):
+    cfg = small_config("sync.protocol=hardsync", "train.epochs=0.25")
+    one = run_sharded(cfg, 1, ctx)
+    many = run_sharded(cfg, k, ctx)
+    ts = {s.state.engine.timestamp for s in many}
+    assert ts == {one[0].state.engine.timestamp} and ts.pop() > 10
+    assert [s.state.span.numel for s in many] == [x.numel for x in split(_numel(cfg), k)]
+    for s in many:  # hardsync per server: every gradient at staleness 0
+        assert s.state.engine.gradients_received == one[0].state.engine.gradients_received
+    w1, wk = weights_of(one), weights_of(many)
+    assert not np.array_equal(wk, initial_weights(cfg))  # it trained
+    np.testing.assert_allclose(wk, w1, rtol=0, atol=1e-5 * np.abs(w1).max())
+
+
+def test_sharded_softsync_keeps_a_timestamp_and_staleness_per_server(ctx):
+    cfg = small_config("sync.protocol=softsync", "sync.n=2", "sync.learners=4", "train.epochs=0.25")
+    servers = run_sharded(cfg, 2, ctx)
+    for s in servers:
+        eng = s.state.engine
+        assert eng.updates == eng.timestamp > 5 and eng.gradients_received >= 2 * eng.updates
+        # every learner left by STOP or BYE: none waited for (the gradient that ends a
+        # server may be another learner's on each)
+        assert s.state.counters.evictions == 0 and s.state.all_stopped
+    assert np.isfinite(weights_of(servers)).all()
+
+
+def test_a_learner_expecting_another_range_is_refused_at_hello(ctx):
+    cfg = small_config("sync.protocol=async")
+    numel = _numel(cfg)
+    a, b = split(numel, 2)
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx, span=b)
+    stop = threading.Event()
+    t = threading.Thread(target=ps.serve_forever, args=(stop,), daemon=True)
+    t.start()
+    ch = Channel(ctx, ps.endpoint, 0, timeout_ms=10_000)
+    try:
+        for fields in ({"range": [a.lo, a.hi]}, {}):  # another range; none (the whole)
+            ch.send(Kind.HELLO, model=ps.state.signature, numel=numel, **fields)
+            with pytest.raises(ServerError, match=r"expects range \[.*serves \["):
+                ch.recv({Kind.WELCOME}, numel=b.numel)
+        ch.send(Kind.HELLO, model=ps.state.signature, numel=numel, range=[b.lo, b.hi])
+        welcome = ch.recv({Kind.WELCOME}, numel=b.numel)
+        assert welcome.kind == Kind.WELCOME  # its range of the initial weights
+        got = np.concatenate([np.asarray(p) for p in welcome.payloads])
+        np.testing.assert_array_equal(got, initial_weights(cfg)[b.lo : b.hi])
+    finally:
+        ch.close()
+        stop.set()
+        t.join(10)
+
+
+def test_what_sharding_does_not_serve_yet_is_refused_up_front(ctx, tmp_path):
+    cfg = small_config()
+    part = split(_numel(cfg), 2)[1]
+    with pytest.raises(ValueError, match="writes no run files"):
+        ParameterServer(cfg, "tcp://127.0.0.1:0", run_dir=str(tmp_path), ctx=ctx, span=part)
+    adv = small_config("architecture.kind=adv")
+    eps = [transport.free_tcp_endpoint(), transport.free_tcp_endpoint()]
+    with pytest.raises(ValueError, match="serve Rudra-base only"):
+        Learner(adv, 0, eps, transport.free_tcp_endpoint(), None, ctx)
+
+
+class ScriptedShards:
+    """``learner_shards.Shards`` without sockets: records what is sent to which server and
+    answers ``gather`` from a script (one dict of replies per call)."""
+
+    def __init__(self, spans, script):
+        self.spans, self.script, self.sent = spans, list(script), []
+        self.channels = [self.Recorder(self, k) for k in range(len(spans))]
+
+    class Recorder:
+        def __init__(self, shards, k):
+            self.shards, self.k = shards, k
+
+        def send(self, kind, ts=0, payloads=(), **fields):
+            self.shards.sent.append((self.k, kind, ts, fields))
+
+    def gather(self, which, kinds, timeout_ms=None):
+        replies = self.script.pop(0)
+        assert set(replies) == set(which)
+        return replies
+
+
+def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_the_others_replies_are_taken():
+    from types import SimpleNamespace
+
+    from rudra_zmq.roles.learner_shards import ShardedPushPull
+    from rudra_zmq.wire import Message
+
+    spans = split(10, 2)
+    flat = SimpleNamespace(
+        weights=np.zeros(10, np.float32),
+        grads=np.ones(10, np.float32),
+        signature="m",
+        numel=10,
+        weights_to_device=lambda: None,
+    )
+
+    def msg(kind, ts, value, **fields):
+        return Message(kind, -1, 0, ts, 0, fields, [np.full(5, value, np.float32)])
+
+    script = [
+        {0: msg(Kind.WELCOME, 3, 1.0, step=7), 1: msg(Kind.WELCOME, 4, 2.0)},
+        {0: msg(Kind.WEIGHTS, 5, 3.0), 1: ServerError("rejoin", "evicted")},
+        {1: msg(Kind.WELCOME, 9, 4.0)},  # server 1's answer to the new HELLO
+        {0: msg(Kind.UPTODATE, 5, 0.0), 1: msg(Kind.STOP, 9, 0.0, reason="done")},
+        {0: msg(Kind.ACK, 5, 0.0)},  # server 0's answer to the BYE
+    ]
+    shards = ScriptedShards(spans, script)
+    steps = []
+    ex = ShardedPushPull(small_config(), 0, flat, shards)
+    ex.on_welcome = steps.append
+    assert ex.start() and ex.stamps == [3, 4] and steps == [7]
+    assert [s[3]["range"] for s in shards.sent] == [[0, 5], [5, 10]]
+    np.testing.assert_array_equal(flat.weights, [1] * 5 + [2] * 5)
+    shards.sent.clear()
+    assert ex.step(lambda: None)  # server 0 answered weights, server 1 said rejoin
+    assert [(k, kind) for k, kind, *_ in shards.sent] == [
+        (0, Kind.PUSHPULL),
+        (1, Kind.PUSHPULL),
+        (1, Kind.HELLO),  # server 1 alone, saying the newest timestamp it had
+    ]
+    assert [s[2] for s in shards.sent[:2]] == [3, 4] and shards.sent[2][3]["had"] == 4
+    assert ex.stamps == [5, 9] and ex.rejoins == 1 and steps == [7]  # server 0's step only
+    np.testing.assert_array_equal(flat.weights, [3] * 5 + [4] * 5)
+    shards.sent.clear()
+    assert not ex.step(lambda: None)  # a STOP from any server ends the learner ...
+    assert [(k, kind) for k, kind, *_ in shards.sent][2:] == [(0, Kind.BYE)]  # ... BYE to 0
+    np.testing.assert_array_equal(flat.weights, [3] * 5 + [4] * 5)  # UPTODATE: kept
