@@ -382,3 +382,40 @@ def test_role_env_gives_the_ps_the_cores_the_learners_leave(monkeypatch):
     assert role_env(busy, "learner", learners_here=2)["OMP_NUM_THREADS"] == "4"
     assert role_env(busy, "learner", learners_here=2)[run_plan.HOST_LEARNERS_ENV] == "2"
     assert role_env(busy, "ps", learners_here=0)["OMP_NUM_THREADS"] == "4"
+
+
+@pytest.mark.parametrize(
+    "others, verdict",
+    [
+        ({"learner0": None}, "left out"),  # another learner still training
+        ({"learner0": 0}, "left out"),  # the others were told STOP: the PS only waits for it
+        ({"learner0": 1}, "stopped"),  # no learner left to train
+    ],
+)
+def test_a_learner_on_a_lost_host_is_left_out_while_the_run_can_end_without_it(
+    others, verdict, capsys
+):
+    from types import SimpleNamespace
+
+    from rudra_zmq.launch.children import Child
+    from rudra_zmq.launch.cluster_launch import SSH_FAILED, ClusterLauncher
+
+    def child(label, rc):
+        proc = SimpleNamespace(returncode=rc, poll=lambda: rc)
+        return Child(label, "learner", [], pathlib.Path("/dev/null"), proc, ended=rc is not None)
+
+    lost = child("learner3", SSH_FAILED)
+    cl = object.__new__(ClusterLauncher)  # only the state _failed reads
+    cl.cp = SimpleNamespace(placement={"learner3": "10.77.0.3"})
+    cl.via, cl.left_out, cl.stopped = "ssh", set(), False
+    cl.children = [child(label, rc) for label, rc in others.items()] + [lost]
+    cl._report = lambda c, early=False: None
+    cl.stop_all = lambda: setattr(cl, "stopped", True)
+    outcome = cl._failed(lost)
+    err = capsys.readouterr().err
+    assert "lost host 10.77.0.3" in err
+    if verdict == "left out":
+        assert outcome is None and cl.left_out == {"learner3"} and not cl.stopped
+        assert "learner3 is left out; the run goes on without it" in err
+    else:
+        assert outcome == 1 and cl.stopped and "stopping the run" in err

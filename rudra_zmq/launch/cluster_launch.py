@@ -165,12 +165,10 @@ class ClusterLauncher(Launcher):
             file=sys.stderr,
             flush=True,
         )
-        if c.role == "learner" and any(
-            x.role == "learner" and not x.ended for x in self._current()
-        ):
+        if c.role == "learner" and self._others_learning():
             self.left_out.add(c.label)
             print(
-                f"rudra-zmq: {c.label} is left out; the run goes on with the other learners",
+                f"rudra-zmq: {c.label} is left out; the run goes on without it",
                 file=sys.stderr,
                 flush=True,
             )

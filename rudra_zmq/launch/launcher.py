@@ -259,10 +259,7 @@ class Launcher:
         it out (a learner, without restarts), or stop the run (its exit code), as
         ``restarts.on_failure`` says. Blocks only for the fork/exec."""
         self._report(c, early=(c.role == "data" and c.proc.returncode == 0))
-        # others still training, or one that finished (it was told STOP): the run goes on
-        others = any(
-            x.role == "learner" and (not x.ended or x.proc.returncode == 0) for x in self._current()
-        )
+        others = self._others_learning()
         n = self.restarts.get(c.label, 0)
         verdict = on_failure(self.plan.cfg, c.label, c.role, c.args, n, others, self.plan.run_dir)
         if verdict.message:
@@ -279,6 +276,13 @@ class Launcher:
                 print(f"rudra-zmq: could not restart {c.label}: {exc}", file=sys.stderr)
         self.stop_all()
         return 1
+
+    def _others_learning(self) -> bool:
+        """Whether the run can go on without a failed learner: another learner is still
+        training, or one finished (it was told STOP: training is done, the PS only waits)."""
+        return any(
+            x.role == "learner" and (not x.ended or x.proc.returncode == 0) for x in self._current()
+        )
 
     def _current(self) -> list[Child]:
         """The newest process of each label (a restarted role replaces its predecessor)."""
