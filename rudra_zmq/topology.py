@@ -23,15 +23,11 @@ and each node can check that a child saying HELLO is the child the plan puts the
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import transport, wire
-from .config import ConfigError
+from . import plan_endpoints, wire
 from .sync import ProtocolViolation
-
-_IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, including the NUL
 
 
 @dataclass(frozen=True)
@@ -216,24 +212,9 @@ def node_endpoints(cfg, tree: Tree, run_dir: Path) -> dict[str, str]:
     directory (their learners are on the same host), inner nodes on a free tcp port of
     runtime.host (or ipc when runtime.transport is ipc). Raises ConfigError."""
     eps = {}
-    for n in tree.nodes:
-        if n.is_leaf or cfg.runtime.transport == "ipc":
-            path = os.path.join(run_dir, f"node{n.id}.sock")
-            if len(path) > _IPC_PATH_MAX:
-                raise ConfigError(
-                    f"the ipc socket path {path!r} is longer than "
-                    f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
-                    "shorter runtime.run_dir or --run-dir"
-                )
-            eps[f"node{n.id}"] = f"ipc://{path}"
-        else:
-            try:
-                eps[f"node{n.id}"] = transport.free_tcp_endpoint(cfg.runtime.host)
-            except OSError as exc:
-                raise ConfigError(
-                    f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
-                    f"there ({exc}); use an address of this machine"
-                ) from None
+    for n in tree.nodes:  # a leaf's learners share its host: always ipc
+        ipc = n.is_leaf or cfg.runtime.transport == "ipc"
+        eps[f"node{n.id}"] = plan_endpoints.server_endpoint(cfg, run_dir, f"node{n.id}", ipc)
     return eps
 
 
@@ -274,21 +255,5 @@ def broadcast_endpoints(cfg, run_dir: Path) -> dict[str, str]:
         if not broadcast_children(cfg, who):
             continue
         label = "bcast" if who is None else f"bcast{who}"
-        if cfg.runtime.transport == "ipc":
-            path = os.path.join(run_dir, f"{label}.sock")
-            if len(path) > _IPC_PATH_MAX:
-                raise ConfigError(
-                    f"the ipc socket path {path!r} is longer than "
-                    f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
-                    "shorter runtime.run_dir or --run-dir"
-                )
-            eps[label] = f"ipc://{path}"
-        else:
-            try:
-                eps[label] = transport.free_tcp_endpoint(cfg.runtime.host)
-            except OSError as exc:
-                raise ConfigError(
-                    f"runtime.host {cfg.runtime.host!r}: cannot bind a port "
-                    f"there ({exc}); use an address of this machine"
-                ) from None
+        eps[label] = plan_endpoints.server_endpoint(cfg, run_dir, label)
     return eps

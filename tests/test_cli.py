@@ -81,12 +81,21 @@ def test_a_bad_override_and_a_missing_file_exit_2(tmp_path):
     [
         ({"RUDRA_ZMQ_PORTS": "abc"}, [], "$RUDRA_ZMQ_PORTS='abc': give LO-HI"),
         ({}, ["--set", "runtime.host=192.0.2.1"], "runtime.host '192.0.2.1': cannot bind"),
+        # ipc paths need the directory's name: the one made for them is removed again
+        ({}, ["--set", "runtime.transport=ipc", "LONG"], "the ipc socket path '"),
+        (
+            {},
+            ["--set", "architecture.kind=adv", "--set", "architecture.fanout=2", "LONG"],
+            "the ipc",
+        ),
     ],
 )
-def test_a_bad_port_range_or_host_exits_2_naming_it_and_makes_no_run_directory(
+def test_a_bad_port_range_host_or_ipc_path_exits_2_naming_it_and_makes_no_run_directory(
     tmp_path, env, sets, message
 ):
     run = tmp_path / "run"
+    if "LONG" in sets:  # a leaf's socket is ipc even on tcp
+        sets, run = sets[:-1], tmp_path / ("r" * 100) / "run"
     res = subprocess.run(
         [sys.executable, "-m", "rudra_zmq", "run", write_config(tmp_path), "--run-dir", str(run)]
         + sets,

@@ -9,12 +9,13 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from .. import config as config_mod
-from .. import topology, transport
+from .. import plan_endpoints, topology
 from ..config import ConfigError
 from ..run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
 from ..sync import protocol_label
@@ -28,7 +29,7 @@ MALLOC_ENV = {
     "MALLOC_TRIM_THRESHOLD_": "2147483647",
 }
 
-_IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, including the NUL
+SERVERS = ("ps", "data", "stats")  # the servers of every run
 
 
 @dataclass
@@ -91,27 +92,7 @@ def endpoints(cfg, run_dir: Path | None) -> dict[str, str]:
     None plans them before the directory exists), or ipc sockets in the run directory when
     runtime.transport is ipc. Raises ConfigError naming a bad runtime.host, a bad
     ``$RUDRA_ZMQ_PORTS`` or an ipc path too long."""
-    if cfg.runtime.transport == "ipc":
-        eps = {role: f"ipc://{run_dir}/{role}.sock" for role in ("ps", "data", "stats")}
-        longest = max(eps.values(), key=len)
-        if len(longest) - len("ipc://") > _IPC_PATH_MAX:
-            raise ConfigError(
-                f"the ipc socket path {longest[6:]!r} is longer than "
-                f"{_IPC_PATH_MAX} bytes, the limit of a Unix socket; use a "
-                "shorter runtime.run_dir or --run-dir, or runtime.transport=tcp"
-            )
-        return eps
-    try:
-        return {
-            role: transport.free_tcp_endpoint(cfg.runtime.host) for role in ("ps", "data", "stats")
-        }
-    except OSError as exc:
-        raise ConfigError(
-            f"runtime.host {cfg.runtime.host!r}: cannot bind a port there "
-            f"({exc}); use an address of this machine"
-        ) from None
-    except ValueError as exc:  # $RUDRA_ZMQ_PORTS (transport.PORTS_ENV)
-        raise ConfigError(str(exc)) from None
+    return {role: plan_endpoints.server_endpoint(cfg, run_dir, role) for role in SERVERS}
 
 
 def learner_groups(cfg) -> list[list[int]]:
@@ -200,10 +181,22 @@ def make_plan(cfg, run_dir=None, resume: bool = False) -> Plan:
     ConfigError for a bad directory or endpoint, before the directory exists where it can."""
     # tcp ports need no directory: a bad runtime.host or $RUDRA_ZMQ_PORTS then leaves none
     eps = None if cfg.runtime.transport == "ipc" else endpoints(cfg, None)
+    fresh = run_dir is None or not Path(run_dir).exists()
     path = make_run_dir(cfg, run_dir, resume)
+    try:  # ipc paths need the directory's name: one too long removes the directory made here
+        plan = _plan(cfg, path, eps or endpoints(cfg, path))
+    except ConfigError:
+        if fresh:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     config_mod.save(cfg, config_path(path))
+    return plan
+
+
+def _plan(cfg, path: Path, eps: dict[str, str]) -> Plan:
+    """The plan of a run in ``path`` whose servers listen on ``eps``, with the endpoints of
+    its tree nodes or broadcast added. Raises ConfigError."""
     tree = topology.tree_of(cfg)
-    eps = eps or endpoints(cfg, path)
     if cfg.architecture.kind == "advstar":
         eps.update(topology.broadcast_endpoints(cfg, path))
     if tree is None:
