@@ -77,25 +77,20 @@ def test_a_bad_override_and_a_missing_file_exit_2(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "env,sets,message",
+    "env,sets,message,deep",
     [
-        ({"RUDRA_ZMQ_PORTS": "abc"}, [], "$RUDRA_ZMQ_PORTS='abc': give LO-HI"),
-        ({}, ["--set", "runtime.host=192.0.2.1"], "runtime.host '192.0.2.1': cannot bind"),
-        # ipc paths need the directory's name: the one made for them is removed again
-        ({}, ["--set", "runtime.transport=ipc", "LONG"], "the ipc socket path '"),
-        (
-            {},
-            ["--set", "architecture.kind=adv", "--set", "architecture.fanout=2", "LONG"],
-            "the ipc",
-        ),
+        ({"RUDRA_ZMQ_PORTS": "abc"}, [], "$RUDRA_ZMQ_PORTS='abc': give LO-HI", False),
+        ({}, ["--set", "runtime.host=192.0.2.1"], "runtime.host '192.0.2.1': cannot bind", False),
+        # ipc paths need the directory's name (deep: too long for a socket): the directory
+        # made for them is removed again; a leaf's socket is ipc even on tcp
+        ({}, ["--set", "runtime.transport=ipc"], "the ipc socket path '", True),
+        ({}, ["--set", "architecture.kind=adv", "--set", "architecture.fanout=2"], "the ipc", True),
     ],
 )
 def test_a_bad_port_range_host_or_ipc_path_exits_2_naming_it_and_makes_no_run_directory(
-    tmp_path, env, sets, message
+    tmp_path, env, sets, message, deep
 ):
-    run = tmp_path / "run"
-    if "LONG" in sets:  # a leaf's socket is ipc even on tcp
-        sets, run = sets[:-1], tmp_path / ("r" * 100) / "run"
+    run = tmp_path / ("r" * 100 if deep else "") / "run"
     res = subprocess.run(
         [sys.executable, "-m", "rudra_zmq", "run", write_config(tmp_path), "--run-dir", str(run)]
         + sets,
