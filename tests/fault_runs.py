@@ -45,11 +45,21 @@ def pid_of(run_dir, label) -> int:
 
 
 class Run:
-    """A ``rudra-zmq run`` in the background; ``finish()`` waits for it (bounded)."""
+    """A ``rudra-zmq run`` in the background; ``finish()`` waits for it (bounded). ``crash``
+    (environment for tests/ps_crash.py, e.g. ``{"PS_CRASH_AT": ...}``): its first PS kills
+    itself at that point."""
 
-    def __init__(self, tmp_path, name, overrides, config="quickstart.yaml", resume=False):
+    def __init__(
+        self, tmp_path, name, overrides, config="quickstart.yaml", resume=False, crash=None
+    ):
         self.dir = tmp_path / name
-        cmd = [sys.executable, "-m", "rudra_zmq", "run"]
+        env = None
+        if crash:
+            cmd = [sys.executable, str(ROOT / "tests" / "ps_crash.py"), "run"]
+            path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+            env = {**os.environ, **crash, "PYTHONPATH": path}
+        else:
+            cmd = [sys.executable, "-m", "rudra_zmq", "run"]
         cmd += (
             ["--resume", str(self.dir)]
             if resume
@@ -58,7 +68,7 @@ class Run:
         for o in overrides:
             cmd += ["--set", o]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
         )
 
     def wait_ts(self, ts, timeout=90):

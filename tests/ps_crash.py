@@ -1,12 +1,14 @@
 """``rudra-zmq run`` whose first parameter server kills itself (SIGKILL) at a named point of
-its shutdown, for tests/test_ps_shutdown.py.
+its shutdown (tests/test_ps_shutdown.py) or of training (tests/test_fault_servers.py).
 
     python tests/ps_crash.py run CONFIG --run-dir DIR [--set ...]    (the launcher)
     python tests/ps_crash.py ps ARGS...                              (the PS it starts)
 
 The launcher is the real one with its PS command pointed at this file; the PS is the real one
 with one method wrapped, in its first incarnation only (a restarted one has ``--resume``).
-``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at.
+``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at;
+``PS_CRASH_TS`` the timestamp whose checkpoint ``checkpoint`` dies right after (mid-training
+on any host, where a kill from outside can land after the end on a fast one).
 """
 
 import os
@@ -15,9 +17,9 @@ import sys
 
 from rudra_zmq import cli
 from rudra_zmq.launch import launcher
-from rudra_zmq.roles import ps, ps_report
+from rudra_zmq.roles import ps, ps_checkpoint, ps_report
 
-POINTS = ("stopping", "finishing", "sending-done", "after-final")
+POINTS = ("checkpoint", "stopping", "finishing", "sending-done", "after-final")
 
 
 def die():
@@ -36,19 +38,27 @@ def before(cls, name, when=lambda: True):
     setattr(cls, name, wrapped)
 
 
-def after(cls, name):
-    """Die as soon as ``cls.name`` returned."""
+def after(cls, name, when=lambda *args: True):
+    """Die as soon as ``cls.name`` returned, if ``when(*args)`` says so."""
     original = getattr(cls, name)
 
     def wrapped(*args, **kwargs):
         original(*args, **kwargs)
-        die()
+        if when(*args):
+            die()
 
     setattr(cls, name, wrapped)
 
 
 def arm(point: str) -> None:
-    if point == "stopping":  # training over (its checkpoint written); STOP number k
+    if point == "checkpoint":  # training: the checkpoint at PS_CRASH_TS just written
+        ts = int(os.environ["PS_CRASH_TS"])
+        after(
+            ps_checkpoint.CheckpointSchedule,
+            "save",
+            lambda _schedule, state: state.engine.timestamp >= ts,
+        )
+    elif point == "stopping":  # training over (its checkpoint written); STOP number k
         calls, k = [], int(os.environ.get("PS_CRASH_STOP", "1"))
         before(ps.ParameterServer, "_stop", lambda: calls.append(1) or len(calls) >= k)
     elif point == "finishing":  # every learner told; before the final checkpoint

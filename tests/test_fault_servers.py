@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fault_runs import FAST, ROOT, Run, records
+from rudra_zmq.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -81,11 +82,14 @@ def test_a_hardsync_run_killed_and_resumed_ends_with_the_same_weights(tmp_path):
         "runtime.retry_s=1",
     ]
     whole, _ = run_in_threads(ROOT / "configs/quickstart.yaml", common, tmp_path / "whole")
-    cut = Run(tmp_path, "cut", [*common, "runtime.restart=false"])
-    cut.wait_ts(40)
-    cut.signal("ps", signal.SIGKILL)
+    # The PS kills itself right after its checkpoint at timestamp 40 (of 135): a kill from
+    # outside at a timestamp could land after the end on a fast host (3 epochs in 0.5 s).
+    crash = {"PS_CRASH_AT": "checkpoint", "PS_CRASH_TS": "40"}
+    cut = Run(tmp_path, "cut", [*common, "runtime.restart=false"], crash=crash)
     assert cut.finish() == 1, cut.out
-    newest = sorted((cut.dir / "checkpoints").iterdir())[-1]
+    assert "ps (pid" in cut.out and "SIGKILL" in cut.out, cut.out
+    newest = list_checkpoints(cut.dir / "checkpoints")[0]
+    assert newest.name == "ckpt-00000004", list(cut.dir.glob("checkpoints/*"))
     w = newest / "w.npy"
     data = bytearray(w.read_bytes())
     data[-5] ^= 0x10  # one flipped bit in the weights
