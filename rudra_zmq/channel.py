@@ -241,7 +241,12 @@ class LinkWatch:
                 self._dropped, back = False, True
 
     def close(self) -> None:
-        self._sock.disable_monitor()
+        """Stop the monitor and close its socket; never raises on a terminated context (the
+        owner's socket must still be closed after, or ``ctx.term()`` waits for it)."""
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:  # the context is terminating: closing the pair is what is left
+            pass
         self._monitor.close(linger=0)
 
 

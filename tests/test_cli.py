@@ -223,3 +223,41 @@ def test_sigterm_stops_a_role_command_with_exit_code_143(tmp_path):
         proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "rudra-zmq data: stopped by SIGTERM" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_stops_a_process_of_two_learners_without_a_failure_logged(tmp_path):
+    """Two learners as threads of one process, both waiting for servers that never answer
+    (as learners evicted at a run's end wait): SIGTERM ends the process with exit code 143,
+    each thread closing its own sockets (closing them from the main thread aborted libzmq),
+    with no "learner N failed" traceback."""
+    import zmq
+
+    ctx = zmq.Context()
+    servers = [ctx.socket(zmq.ROUTER) for _ in range(2)]
+    eps = []
+    for s in servers:
+        port = s.bind_to_random_port("tcp://127.0.0.1")
+        eps.append(f"tcp://127.0.0.1:{port}")
+    cmd = [sys.executable, "-m", "rudra_zmq", "learner", "--config", write_config(tmp_path)]
+    cmd += ["--id", "0,1", "--ps", eps[0], "--data", eps[1]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        poller, heard = zmq.Poller(), set()
+        for s in servers:
+            poller.register(s, zmq.POLLIN)
+        deadline = time.monotonic() + 60
+        while len(heard) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            for s, _ in poller.poll(100):
+                heard.add(s.recv_multipart()[0])  # a learner's first request, never answered
+        assert len(heard) == 2, "the two learners never asked their servers"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+        ctx.destroy(linger=0)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "rudra-zmq learner: stopped by SIGTERM" in err, err
+    assert "failed" not in err and "Traceback" not in err, err
+    assert "sockets were not closed" not in err, err  # each thread closed its own

@@ -48,14 +48,16 @@ def test_a_frozen_learner_is_evicted_then_rejoins(tmp_path):
     # The freeze must fall in training, after both learners said HELLO (one that never did is
     # given runtime.timeout_s, not the progress timeout), and SIGCONT must come before the
     # other two end training alone: their progress records say the first, the PS's log the
-    # evictions (a fixed 3 s freeze let them finish first on a fast host).
+    # evictions (a fixed 3 s freeze let them finish first on a fast host). The first progress
+    # records come ~1 s into training, and 20 epochs then left ~1 s on a fast host (less than
+    # the 1 s timeout and the rejoin): 50 epochs leave several seconds.
     run = Run(
         tmp_path,
         "frozen",
         [
             *FAST,
             "sync.protocol=softsync",
-            "train.epochs=20",
+            "train.epochs=50",
             "runtime.learner_timeout_s=1",
             "runtime.learners_per_process=2",
         ],

@@ -39,6 +39,7 @@ from .learner_shards import ShardedPushPull, Shards, server_channels
 log = logging.getLogger("rudra_zmq.learner")
 
 _METRIC_EVERY_S = 1.0
+_END_THREADS_S = 5.0  # the longest a stopping process waits for its learner threads' sockets
 
 
 def augment(x: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
@@ -248,19 +249,42 @@ def serve(
         f"parameter server {ps}",
         flush=True,
     )
-    ctx = zmq.Context()
+    ctx, threads, stopping = zmq.Context(), [], threading.Event()
     try:
-        return _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind)
+        return _serve_in(
+            ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind, threads, stopping
+        )
     finally:
-        # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is still
-        # being built, before run()'s finally closes its sockets; term() would then wait for
-        # them forever and the process would outlive the run.
         if transport.security() is not None:
             transport.security().release(ctx)
-        ctx.destroy(linger=transport.LINGER_MS)
+        if any(t.is_alive() for t in threads):
+            _end_threads(ctx, threads, stopping)
+        else:
+            # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is
+            # still being built, before run()'s finally closes its sockets; term() would then
+            # wait for them forever and the process would outlive the run.
+            ctx.destroy(linger=transport.LINGER_MS)
 
 
-def _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind) -> int:
+def _end_threads(ctx, threads, stopping: threading.Event) -> None:
+    """Stop learner threads still running (SIGTERM, or another learner failed) without
+    closing their sockets from this thread: a libzmq socket closed while another thread waits
+    on it aborts the process. ``ctx.term()`` makes their blocking calls raise; they close their
+    sockets as they unwind and term returns. A socket left open (a learner stopped while being
+    built) keeps term waiting: after ``_END_THREADS_S`` the process exits without it. Blocks."""
+    stopping.set()  # what the threads raise now is this stop, not a failure
+    ender = threading.Thread(target=ctx.term, name="ctx-term", daemon=True)
+    ender.start()
+    ender.join(_END_THREADS_S)
+    if ender.is_alive():
+        log.warning("the learners' sockets were not closed %.0f s after the stop", _END_THREADS_S)
+
+
+def _serve_in(
+    ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind, threads, stopping
+) -> int:
+    """Run the learners: in this thread if one, else one thread each (added to ``threads``;
+    ``stopping`` set: they are being stopped, an error is not a failure)."""
     bcast = dict(zip(learner_ids, zip(bcast_upstream or [], bcast_bind or [])))
     if len(learner_ids) == 1:
         return Learner(cfg, learner_ids[0], ps, data, stats, ctx, bcast.get(learner_ids[0])).run()
@@ -271,11 +295,13 @@ def _serve_in(ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind
         try:
             Learner(cfg, i, ps, data, stats, ctx, bcast.get(i)).run(stop_event=failed)
         except BaseException as exc:  # reported by the main thread
+            if stopping.is_set():
+                return
             log.exception("learner %d failed", i)
             errors.append(exc)
             failed.set()
 
-    threads = [
+    threads += [
         threading.Thread(target=work, args=(i,), name=f"learner-{i}", daemon=True)
         for i in learner_ids
     ]
