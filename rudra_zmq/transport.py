@@ -134,18 +134,29 @@ def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
     moment ago, is never one this process handed out before, and lies below the kernel's
     ephemeral range when that leaves room (10000 up to it), so no connect() on this
     machine -- a learner's own outgoing socket, say -- can take it before the role binds.
-    ``$RUDRA_ZMQ_PORTS`` (``LO-HI``) narrows the choice to that range. Not thread-safe.
-    Raises OSError when ``host`` is not an address of this machine, ValueError for a bad
+    ``$RUDRA_ZMQ_PORTS`` (``LO-HI``) narrows the choice to that range, and never leaves it (a
+    firewall may open only those). Not thread-safe. Raises OSError when ``host`` is not an
+    address of this machine or the range has no free port, ValueError for a bad
     ``$RUDRA_ZMQ_PORTS``."""
     first, lo = FIRST_PORT, ephemeral_port_range()[0]
-    if os.environ.get(PORTS_ENV):
-        first, lo = _port_range(os.environ[PORTS_ENV])
+    ranged = os.environ.get(PORTS_ENV)
+    if ranged:
+        first, lo = _port_range(ranged)
     if lo - first >= MIN_PORTS:
         for _ in range(200):
             port = _rng.randrange(first, lo)
             if (host, port) not in _handed_out and _port_is_free(host, port):
                 _handed_out.add((host, port))
                 return f"tcp://{host}:{port}"
+    if ranged:  # 200 draws hit busy ports: look at every port of the range once
+        for port in range(first, lo):
+            if (host, port) not in _handed_out and _port_is_free(host, port):
+                _handed_out.add((host, port))
+                return f"tcp://{host}:{port}"
+        raise OSError(
+            f"no free tcp port on {host} in ${PORTS_ENV}={ranged}: each of its {lo - first} "
+            "ports is in use or already planned by this process; give a wider or another range"
+        )
     for _ in range(200):  # no room below the ephemeral range: let the kernel choose
         with _pysocket.socket(_pysocket.AF_INET, _pysocket.SOCK_STREAM) as s:
             s.bind((host, 0))

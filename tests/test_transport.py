@@ -167,6 +167,18 @@ def test_a_port_range_in_the_environment_bounds_the_choice_and_a_bad_one_is_name
             transport.free_tcp_endpoint()
 
 
+def test_a_busy_port_range_in_the_environment_is_never_left(monkeypatch):
+    """The random draws find only busy ports: every port of $RUDRA_ZMQ_PORTS is tried once
+    (the one free port is found), then a clear error, never a port outside the range."""
+    monkeypatch.setenv(transport.PORTS_ENV, "40000-40999")
+    free = {40999}
+    monkeypatch.setattr(transport, "_port_is_free", lambda host, port: port in free)
+    monkeypatch.setattr(transport, "_handed_out", set())
+    assert transport.free_tcp_endpoint() == "tcp://127.0.0.1:40999"  # the scan found it
+    with pytest.raises(OSError, match=r"no free tcp port on 127.0.0.1 in \$RUDRA_ZMQ_PORTS="):
+        transport.free_tcp_endpoint()  # 40999 is planned now: none left in the range
+
+
 def test_a_port_in_use_is_never_handed_out(monkeypatch):
     import socket
 
