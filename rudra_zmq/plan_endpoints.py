@@ -27,9 +27,11 @@ def ipc_endpoint(run_dir, label: str) -> str:
 
 def tcp_endpoint(host: str) -> str:
     """A free tcp port of ``host`` (from ``$RUDRA_ZMQ_PORTS`` if set); raises ConfigError
-    naming a host that is not this machine's or a bad port range."""
+    naming a host that is not this machine's, a bad port range or one with no port left."""
     try:
         return transport.free_tcp_endpoint(host)
+    except transport.NoFreePort as exc:
+        raise ConfigError(str(exc)) from None
     except OSError as exc:
         raise ConfigError(
             f"runtime.host {host!r}: cannot bind a port there ({exc}); use an address of "

@@ -118,6 +118,10 @@ FIRST_PORT = 10000  # planned ports start here (below the kernel's ephemeral ran
 MIN_PORTS = 1000  # the narrowest range to pick from ($RUDRA_ZMQ_PORTS: refused if narrower)
 
 
+class NoFreePort(OSError):
+    """Every port of ``$RUDRA_ZMQ_PORTS`` is in use or planned (the message says so)."""
+
+
 def ephemeral_port_range() -> tuple[int, int]:
     """The kernel's range for outgoing connections and port-0 binds (Linux default
     32768-60999; read from /proc where it exists)."""
@@ -153,7 +157,7 @@ def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
             if (host, port) not in _handed_out and _port_is_free(host, port):
                 _handed_out.add((host, port))
                 return f"tcp://{host}:{port}"
-        raise OSError(
+        raise NoFreePort(
             f"no free tcp port on {host} in ${PORTS_ENV}={ranged}: each of its {lo - first} "
             "ports is in use or already planned by this process; give a wider or another range"
         )

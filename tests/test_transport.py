@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from rudra_zmq import transport, wire
+from rudra_zmq import plan_endpoints, transport, wire
 from rudra_zmq.channel import Channel, ServerError
+from rudra_zmq.config import ConfigError
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(30)
@@ -177,6 +178,8 @@ def test_a_busy_port_range_in_the_environment_is_never_left(monkeypatch):
     assert transport.free_tcp_endpoint() == "tcp://127.0.0.1:40999"  # the scan found it
     with pytest.raises(OSError, match=r"no free tcp port on 127.0.0.1 in \$RUDRA_ZMQ_PORTS="):
         transport.free_tcp_endpoint()  # 40999 is planned now: none left in the range
+    with pytest.raises(ConfigError, match=r"^no free tcp port .*give a wider or another range"):
+        plan_endpoints.tcp_endpoint("127.0.0.1")  # what a run says: not "use an address"
 
 
 def test_a_port_in_use_is_never_handed_out(monkeypatch):
