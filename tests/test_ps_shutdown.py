@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 BOUND_S = 240  # far below runtime.timeout_s (600): a stall fails the run's wait
 
 
-def crashed_run(tmp_path, point, stop=1):
+def crashed_run(tmp_path, point, stop=1, extra=()):
     run_dir = tmp_path / point
     cmd = [
         sys.executable,
@@ -45,6 +45,7 @@ def crashed_run(tmp_path, point, stop=1):
         "runtime.timeout_s=600",
         "runtime.retry_s=1",
         "runtime.learners_per_process=4",
+        *extra,
     ):
         cmd += ["--set", o]
     env = {
@@ -78,6 +79,25 @@ def test_a_ps_killed_during_its_shutdown_is_restarted_and_the_run_ends(tmp_path,
     # and the statistics server finished before the restarted PS's came (stats_end)
     assert records(run_dir, "done"), "the metrics do not record the end of training"
     assert np.isfinite(np.load(run_dir / "weights.npy")).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point,rc", [("finishing", 1), ("after-final", 0)])
+def test_without_restarts_a_ps_killed_at_the_end_fails_the_run_until_its_final_weights_are_saved(
+    tmp_path, point, rc
+):
+    """runtime.restart=false: a PS killed before it wrote ps_final.json (every learner told,
+    the final checkpoint not yet written) stops the run (exit 1); one killed after it ends the
+    run with the weights it saved and their result line (exit 0)."""
+    code, out, run_dir = crashed_run(tmp_path, point, extra=("runtime.restart=false",))
+    assert code == rc, out
+    assert "ps (pid" in out and "SIGKILL" in out, out
+    assert ("the run ends with those weights" in out) == (rc == 0), out
+    assert ("result: test error" in out) == (rc == 0), out
+    if rc == 0:
+        final = json.loads((run_dir / "ps_final.json").read_text())
+        assert final["done"] and final["incarnation"] == 1
+        assert any(e["ts"] == final["timestamp"] for e in records(run_dir, "eval")), out
 
 
 def told_state(ts=45, done=True, stopped=()):

@@ -6,11 +6,10 @@ from rudra_zmq.launch.restarts import on_failure
 RUN = "/runs/r"
 
 
-def verdict(role, *overrides, restarts=0, others=True, args=("--config", "c")):
+def verdict(role, *overrides, restarts=0, others=True, args=("--config", "c"), final=None):
     cfg = small_config(*overrides)
-    return on_failure(
-        cfg, f"{role}0" if role == "learner" else role, role, args, restarts, others, RUN
-    )
+    label = f"{role}0" if role == "learner" else role
+    return on_failure(cfg, label, role, args, restarts, others, RUN, final)
 
 
 def test_a_restarted_ps_resumes_and_a_restarted_stats_server_stays_in_the_run():
@@ -39,3 +38,12 @@ def test_advstar_restarts_only_its_servers_and_says_how_to_resume():
     assert verdict("stats", *over).action == "restart"
     v = verdict("ps", *over)
     assert v.action == "stop" and f"rudra-zmq run --resume {RUN}" in v.message
+
+
+def test_without_restarts_a_ps_that_failed_after_saving_its_final_weights_ends_the_run_well():
+    final = {"type": "done", "ts": 90, "t": 0.0, "epoch": 2.0}
+    v = verdict("ps", "runtime.restart=false", final=final)
+    assert v.action == "finished" and "done at timestamp 90, epoch 2.00" in v.message
+    # with restarts the PS comes back as before (it finds training done and ends)
+    assert verdict("ps", "runtime.restart=true", final=final).action == "restart"
+    assert verdict("learner", "runtime.restart=false", final=final).action == "leave_out"

@@ -41,6 +41,7 @@ import time
 from .. import config as config_mod
 from .. import security
 from ..notices import LogNotices
+from ..roles.stats_final import final_done
 from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_path
 from . import console, preflight
 from .children import Child, accepting, echo_lines, kill_tree, log_size
@@ -261,11 +262,15 @@ class Launcher:
         self._report(c, early=(c.role == "data" and c.proc.returncode == 0))
         others = self._others_learning()
         n = self.restarts.get(c.label, 0)
-        verdict = on_failure(self.plan.cfg, c.label, c.role, c.args, n, others, self.plan.run_dir)
+        cfg, run_dir = self.plan.cfg, self.plan.run_dir
+        final = final_done(run_dir, cfg.train.epochs) if c.role == "ps" else None
+        verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final)
         if verdict.message:
             print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)
         if verdict.action == "leave_out":
             self.left_out.add(c.label)
+            return None
+        if verdict.action == "finished":
             return None
         if verdict.action == "restart":
             self.restarts[c.label] = n + 1

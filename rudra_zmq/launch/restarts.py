@@ -5,7 +5,9 @@ With ``runtime.restart`` a role of ``RESTARTABLE[architecture.kind]`` is started
 statistics server within the same run (without ``--resume``: no new period of the run begins).
 Rudra-adv*'s broadcast chain is not rebuilt, so under advstar only the data and statistics
 servers come back. Without restarts a failed learner is left out while another learner still
-trains (or finished: it was told STOP), and any other failure stops the run.
+trains (or finished: it was told STOP), a PS that failed after it wrote ``ps_final.json``
+saying training is done (its final weights saved) ends the run with them, and any other
+failure stops the run.
 
 Pure: :func:`on_failure` says what to do and what to print; the launcher does it.
 """
@@ -23,7 +25,8 @@ RESTARTABLE = {
 
 @dataclass(frozen=True)
 class Verdict:
-    """``action``: "restart" (with ``args``), "leave_out" or "stop"; ``message``: the line
+    """``action``: "restart" (with ``args``), "leave_out", "finished" (the run ends well
+    without it) or "stop"; ``message``: the line
     the launcher prints after ``rudra-zmq: `` (None: nothing more to say)."""
 
     action: str
@@ -44,12 +47,20 @@ def restart_args(role: str, args) -> tuple[str, ...]:
 
 
 def on_failure(
-    cfg, label: str, role: str, args, restarts: int, others_going: bool, run_dir
+    cfg, label: str, role: str, args, restarts: int, others_going: bool, run_dir, final=None
 ) -> Verdict:
     """What to do about the role ``label`` (``role``, started with ``args``) of the run of
     ``cfg`` in ``run_dir``, which failed after ``restarts`` restarts. ``others_going``:
-    another learner is still training or finished well. Pure."""
+    another learner is still training or finished well. ``final``: the ``done`` record that
+    ``ps_final.json`` stands for (``stats_final.final_done``), None if it says no such. Pure."""
     runtime, kind = cfg.runtime, cfg.architecture.kind
+    if role == "ps" and final is not None and not runtime.restart:
+        return Verdict(
+            "finished",
+            f"{label} failed after training ended (ps_final.json: done at timestamp "
+            f"{final['ts']}, epoch {final['epoch']:.2f}, weights.npy saved); the run ends "
+            "with those weights",
+        )
     if runtime.restart and role in RESTARTABLE[kind]:
         if restarts >= runtime.max_restarts:
             return Verdict(
