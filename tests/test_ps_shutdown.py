@@ -87,17 +87,26 @@ def test_without_restarts_a_ps_killed_at_the_end_fails_the_run_until_its_final_w
     tmp_path, point, rc
 ):
     """runtime.restart=false: a PS killed before it wrote ps_final.json (every learner told,
-    the final checkpoint not yet written) stops the run (exit 1); one killed after it ends the
-    run with the weights it saved and their result line (exit 0)."""
+    the final checkpoint not yet written) stops the run (exit 1) and ``--resume`` finishes it;
+    one killed after it ends the run with the weights it saved and their result line."""
     code, out, run_dir = crashed_run(tmp_path, point, extra=("runtime.restart=false",))
     assert code == rc, out
     assert "ps (pid" in out and "SIGKILL" in out, out
     assert ("the run ends with those weights" in out) == (rc == 0), out
     assert ("result: test error" in out) == (rc == 0), out
-    if rc == 0:
-        final = json.loads((run_dir / "ps_final.json").read_text())
-        assert final["done"] and final["incarnation"] == 1
-        assert any(e["ts"] == final["timestamp"] for e in records(run_dir, "eval")), out
+    if rc == 1:  # --resume finishes it from the checkpoint written as training ended
+        resumed = subprocess.run(
+            [sys.executable, "-m", "rudra_zmq", "run", "--resume", str(run_dir)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=BOUND_S,
+        )
+        out = resumed.stdout + resumed.stderr
+        assert resumed.returncode == 0 and "result: test error" in out, out
+    final = json.loads((run_dir / "ps_final.json").read_text())
+    assert final["done"] and final["epoch"] >= 2 and final["incarnation"] == 1 + rc
+    assert any(e["ts"] == final["timestamp"] for e in records(run_dir, "eval")), out
 
 
 def told_state(ts=45, done=True, stopped=()):
