@@ -49,3 +49,34 @@ def test_cifar10_full_falls_clearly_below_chance_on_5000_real_images(tmp_path):
     assert evals[-1]["epoch"] >= 4, evals[-1]
     assert evals[-1]["test_error"] < 0.8, evals  # learned, clearly below 90 %
     assert evals[-1]["test_loss"] < 2.2, evals[-1]  # ln 10 = 2.303 is no learning
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_sharded_hardsync_on_real_images_ends_with_the_one_servers_weights(ctx, k):
+    """The paper's model on 640 real images, λ = 4, µ = 32 (5 updates): K servers each over a
+    range end where one server does, up to float summation order (two runs of one server
+    differ as much: gradients are summed in arrival order). docs/architecture.md has a longer
+    run's figures."""
+    import numpy as np
+
+    from rudra_zmq.config import load_config
+    from test_shards import initial_weights, run_sharded, weights_of
+
+    cfg = load_config(
+        ROOT / "configs/cifar10_baseline.yaml",
+        [
+            f"data.root={TARBALL}",
+            "data.limit_per_class=64",
+            "sync.learners=4",
+            "sync.batch_size=32",
+            "train.epochs=1",
+            "train.eval_every_epochs=0",
+            "runtime.timeout_s=60",
+        ],
+    )
+    one = run_sharded(cfg, 1, ctx)
+    many = run_sharded(cfg, k, ctx)
+    assert {s.state.engine.timestamp for s in many} == {one[0].state.engine.timestamp} == {5}
+    w1, wk = weights_of(one), weights_of(many)
+    assert not np.array_equal(w1, initial_weights(cfg))  # it trained
+    np.testing.assert_allclose(wk, w1, rtol=0, atol=1e-5 * np.abs(w1).max())
