@@ -72,6 +72,38 @@ def test_a_broadcast_member_that_dies_stops_the_run_with_a_clear_message(tmp_pat
     assert f"learner1 (pid {victim['pid']}) exited with code -9 (SIGKILL)" in out, out
 
 
+def test_an_interrupted_run_stops_learner_threads_and_their_broadcast_members_quietly(tmp_path):
+    """Ctrl-C of a run with two learners per process (each a broadcast member with an I/O
+    thread): exit 130, and each learner process's log says only that SIGTERM stopped it (its
+    sockets closed by the threads that own them, no error: a stop is not a failure)."""
+    run_dir = tmp_path / "int"
+    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(CONFIG), "--run-dir", str(run_dir)]
+    for o in [*DIGITS, "train.epochs=1000", "runtime.learners_per_process=2"]:
+        cmd += ["--set", o]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
+    )
+    try:
+        deadline = time.time() + 90
+        metrics = run_dir / "metrics.jsonl"
+        while time.time() < deadline and not (
+            metrics.exists() and '"update"' in metrics.read_text()
+        ):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out
+    logs = sorted((run_dir / "logs").glob("learner*.log"))
+    assert len(logs) == 2, logs
+    for log in logs:
+        lines = log.read_text().splitlines()
+        assert lines[1:] == ["rudra-zmq learner: stopped by SIGTERM"], (log.name, lines)
+
+
 def test_a_learner_started_by_hand_times_out_naming_its_silent_broadcast_upstream(tmp_path):
     import numpy as np
     import zmq

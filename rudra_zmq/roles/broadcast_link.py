@@ -124,6 +124,8 @@ class Fanout:
     def _send(self, c: _Child, frames, quiet: bool = False) -> bool:
         try:
             self.sock.send_multipart([c.ident, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.ContextTerminated:  # the process is stopping, not the child gone
+            raise
         except zmq.ZMQError as exc:  # gone (ROUTER_MANDATORY) or over its HWM: forget it
             (log.debug if quiet else log.warning)(
                 "%s: dropped broadcast child learner %d: %s", self.name, c.member, exc
@@ -216,6 +218,8 @@ class IOThread:
     def _main(self) -> None:
         try:
             self._loop()
+        except zmq.ContextTerminated as exc:  # the process is stopping (ctx.term()): no error
+            self.error = exc
         except BaseException as exc:  # reported to the owner by check()
             self.error = exc
             log.error("%s: %s", self._name, exc)
