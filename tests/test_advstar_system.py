@@ -3,6 +3,7 @@ learners (each a broadcast member) of architecture.kind=advstar; as threads of t
 where training is the subject (tests/inproc.py), as processes of `rudra-zmq run` where a
 process dies or is started by hand."""
 
+import contextlib
 import json
 import os
 import signal
@@ -44,64 +45,56 @@ def test_quickstart_advstar_trains_to_high_accuracy_with_weights_only_from_the_b
     assert not list(run_dir.glob("*.sock")), "tree nodes remove their ipc sockets"
 
 
-def test_a_broadcast_member_that_dies_stops_the_run_with_a_clear_message(tmp_path):
-    run_dir = tmp_path / "dies"
+@contextlib.contextmanager
+def training_run(run_dir, *overrides):
+    """A ``rudra-zmq run`` of CONFIG (digits, 1000 epochs) in the background, yielded once it
+    applied its first update (at most 90 s); killed on the way out if still running."""
     cmd = [sys.executable, "-m", "rudra_zmq", "run", str(CONFIG), "--run-dir", str(run_dir)]
-    for o in [*DIGITS, "train.epochs=1000"]:
+    for o in [*DIGITS, "train.epochs=1000", *overrides]:
         cmd += ["--set", o]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
     )
     try:
-        deadline = time.time() + 90
-        victim = None
-        while time.time() < deadline and victim is None:
-            time.sleep(0.5)
-            metrics = run_dir / "metrics.jsonl"
-            if metrics.exists() and '"update"' in metrics.read_text():
-                entries = json.loads((run_dir / "processes.json").read_text())
-                victim = next(e for e in entries if e["role"] == "learner1")  # mid-chain
-        assert victim is not None, "the run never started training"
-        os.kill(victim["pid"], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=60)
+        deadline, metrics = time.time() + 90, run_dir / "metrics.jsonl"
+        while not (metrics.exists() and '"update"' in metrics.read_text()):
+            assert time.time() < deadline and proc.poll() is None, "no training in 90 s"
+            time.sleep(0.2)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_a_broadcast_member_that_dies_stops_the_run_with_a_clear_message(tmp_path):
+    run_dir = tmp_path / "dies"
+    with training_run(run_dir) as proc:
+        entries = json.loads((run_dir / "processes.json").read_text())
+        victim = next(e for e in entries if e["role"] == "learner1")  # mid-chain
+        os.kill(victim["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
     assert f"learner1 (pid {victim['pid']}) exited with code -9 (SIGKILL)" in out, out
 
 
 def test_an_interrupted_run_stops_learner_threads_and_their_broadcast_members_quietly(tmp_path):
     """Ctrl-C of a run with two learners per process (each a broadcast member with an I/O
-    thread): exit 130, and each learner process's log says only that SIGTERM stopped it (its
-    sockets closed by the threads that own them, no error: a stop is not a failure)."""
+    thread): exit 130, and each learner process's log ends saying SIGTERM stopped it, with no
+    error (its sockets closed by the threads that own them: a stop is not a failure). A
+    warning that a broadcast child had gone may come: the processes stop in any order."""
     run_dir = tmp_path / "int"
-    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(CONFIG), "--run-dir", str(run_dir)]
-    for o in [*DIGITS, "train.epochs=1000", "runtime.learners_per_process=2"]:
-        cmd += ["--set", o]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT
-    )
-    try:
-        deadline = time.time() + 90
-        metrics = run_dir / "metrics.jsonl"
-        while time.time() < deadline and not (
-            metrics.exists() and '"update"' in metrics.read_text()
-        ):
-            time.sleep(0.2)
+    with training_run(run_dir, "runtime.learners_per_process=2") as proc:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 130, out
     logs = sorted((run_dir / "logs").glob("learner*.log"))
     assert len(logs) == 2, logs
     for log in logs:
         lines = log.read_text().splitlines()
-        assert lines[1:] == ["rudra-zmq learner: stopped by SIGTERM"], (log.name, lines)
+        assert lines[-1] == "rudra-zmq learner: stopped by SIGTERM", (log.name, lines)
+        bad = [x for x in lines if "ERROR" in x or "Traceback" in x or "failed" in x]
+        assert not bad, (log.name, lines)
 
 
 def test_a_learner_started_by_hand_times_out_naming_its_silent_broadcast_upstream(tmp_path):
