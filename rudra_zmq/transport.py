@@ -148,15 +148,12 @@ def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
         first, lo = _port_range(ranged)
     if lo - first >= MIN_PORTS:
         for _ in range(200):
-            port = _rng.randrange(first, lo)
-            if (host, port) not in _handed_out and _port_is_free(host, port):
-                _handed_out.add((host, port))
-                return f"tcp://{host}:{port}"
+            if endpoint := _claim(host, _rng.randrange(first, lo)):
+                return endpoint
     if ranged:  # 200 draws hit busy ports: look at every port of the range once
         for port in range(first, lo):
-            if (host, port) not in _handed_out and _port_is_free(host, port):
-                _handed_out.add((host, port))
-                return f"tcp://{host}:{port}"
+            if endpoint := _claim(host, port):
+                return endpoint
         raise NoFreePort(
             f"no free tcp port on {host} in ${PORTS_ENV}={ranged}: each of its {lo - first} "
             "ports is in use or already planned by this process; give a wider or another range"
@@ -169,6 +166,15 @@ def free_tcp_endpoint(host: str = "127.0.0.1") -> str:
             _handed_out.add((host, port))
             return f"tcp://{host}:{port}"
     raise OSError(f"no free tcp port found on {host}")
+
+
+def _claim(host: str, port: int) -> str | None:
+    """``tcp://host:port``, now handed out, if this process never handed it out and it is
+    free; else None. Raises OSError as ``_port_is_free``."""
+    if (host, port) in _handed_out or not _port_is_free(host, port):
+        return None
+    _handed_out.add((host, port))
+    return f"tcp://{host}:{port}"
 
 
 def _port_range(text: str) -> tuple[int, int]:
