@@ -258,7 +258,7 @@ def serve(
         if transport.security() is not None:
             transport.security().release(ctx)
         if any(t.is_alive() for t in threads):
-            _end_threads(ctx, threads, stopping)
+            _end_threads(ctx, stopping)
         else:
             # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is
             # still being built, before run()'s finally closes its sockets; term() would then
@@ -266,7 +266,7 @@ def serve(
             ctx.destroy(linger=transport.LINGER_MS)
 
 
-def _end_threads(ctx, threads, stopping: threading.Event) -> None:
+def _end_threads(ctx, stopping: threading.Event) -> None:
     """Stop learner threads still running (SIGTERM, or another learner failed) without
     closing their sockets from this thread: a libzmq socket closed while another thread waits
     on it aborts the process. ``ctx.term()`` makes their blocking calls raise; they close their
