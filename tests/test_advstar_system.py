@@ -85,6 +85,12 @@ def test_an_interrupted_run_stops_learner_threads_and_their_broadcast_members_qu
     warning that a broadcast child had gone may come: the processes stop in any order."""
     run_dir = tmp_path / "int"
     with training_run(run_dir, "runtime.learners_per_process=2") as proc:
+        # the first update can come before the other learner process is up (still importing
+        # torch, no handler yet: SIGTERM would end it silently); wait for both banners
+        deadline = time.time() + 60
+        while len([p for p in (run_dir / "logs").glob("learner*.log") if p.read_text()]) < 2:
+            assert time.time() < deadline, "a learner process never started"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
