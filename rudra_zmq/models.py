@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ MLP_HIDDEN = 64
 # Set by build_model on the modules it makes: parameter name -> (lr_mult, decay_mult).
 # Parameters missing from it (and modules not built here) get (1.0, 1.0).
 _MULTS_ATTR = "rudra_param_mults"
+_BUILD_LOCK = threading.Lock()  # build_model: one build at a time per process
 
 
 class WithinChannelLRN(nn.Module):
@@ -228,7 +230,10 @@ def build_model(
     With an integer ``seed`` the initial weights depend only on (name, num_classes, in_shape,
     seed), and the global torch RNG is left untouched; ``seed=None`` draws from the global RNG.
     ``name`` may be an import path ``package.module:function`` (the module docstring).
-    Blocks while it initializes (AlexNet: about a second). Raises ValueError for an unknown
+    Blocks while it initializes (AlexNet: about a second); thread-safe: builds in threads of
+    one process take turns (two threads in ``fork_rng`` deadlocked in torch 2.14: one held the
+    CPU generator's mutex waiting for the GIL, the other the GIL waiting for the mutex; and a
+    seeded build's draws must not interleave with another's). Raises ValueError for an unknown
     name or a shape the model cannot take, UserCodeError for user code that fails.
     """
     user = is_import_path(name)
@@ -243,12 +248,13 @@ def build_model(
     if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
         raise ValueError(f"in_shape must be three positive ints (C, H, W), got {in_shape!r}")
     build = functools.partial(_build_user, name) if user else _BUILDERS[name]
-    if seed is None:
-        model = build(num_classes, shape)
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+    with _BUILD_LOCK:  # one at a time: the global RNG is shared by the process's threads
+        if seed is None:
             model = build(num_classes, shape)
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = build(num_classes, shape)
     setattr(model, _MULTS_ATTR, dict(_MULTS.get(name, {})))
     return model
 

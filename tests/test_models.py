@@ -122,6 +122,37 @@ def test_same_seed_builds_the_same_weights_and_leaves_the_global_rng_alone():
     assert not torch.equal(a.conv2.weight, c.conv2.weight)
 
 
+@pytest.mark.timeout(120)
+def test_builds_in_many_threads_at_once_give_each_seed_its_weights():
+    """Learners as threads build their models at once: each seeded build gets the weights a
+    build alone gets (no draw of another thread's build interleaved), and none hangs (two
+    threads in fork_rng deadlocked in torch 2.14: a generator mutex against the GIL)."""
+    import threading
+
+    def flat(model):
+        return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+
+    alone = {seed: flat(build_model("cifar10_full", 10, (3, 32, 32), seed=seed)) for seed in (1, 2)}
+    got, errors = [], []
+
+    def work(seed):
+        try:
+            for _ in range(5):
+                got.append((seed, flat(build_model("cifar10_full", 10, (3, 32, 32), seed=seed))))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(1 + i % 2,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not any(t.is_alive() for t in threads), "a build hung"
+    assert not errors and len(got) == 40, errors
+    for seed, w in got:
+        np.testing.assert_array_equal(w, alone[seed])
+
+
 def test_unknown_model_name_lists_the_valid_names():
     with pytest.raises(ValueError, match="resnet.*cifar10_full, digits_cnn, alexnet, mlp"):
         build_model("resnet", 10, (3, 32, 32))

@@ -48,7 +48,6 @@ class Trainer:
         self.n = len(self.ds.y_train)
         self.stream = SampleStream(self.n, cfg.train.seed)
         self._order_lock = threading.Lock()  # SampleStream's permutation cache
-        self._build_lock = threading.Lock()
         self._on_device = None
         if self.device.type != "cpu":  # x and y of train and test, preprocessed, on the GPU
             self._on_device = [
@@ -75,11 +74,8 @@ class Trainer:
 
     def _flat(self):
         flat = getattr(self._local, "flat", None)
-        if flat is None:
-            # one at a time: two threads in build_model's fork_rng deadlocked (seen with
-            # torch 2.14: one waits for the CPU generator's mutex holding the GIL)
-            with self._build_lock:
-                flat = self._local.flat = self._new_flat()
+        if flat is None:  # build_model takes turns across threads
+            flat = self._local.flat = self._new_flat()
         return flat
 
     def gradient(
