@@ -122,6 +122,8 @@ class ArchitectureConfig:
     leaf_shm: bool = False  # adv/advstar: a leaf and its learners on one host trade
     #                                    gradients and weights through /dev/shm (rudra_zmq/shm.py;
     #                                    ipc/tcp where it is unavailable)
+    servers: int = 1  # base: parameter servers, each serving one contiguous range of the
+    #                                    flat vector with its own timestamp (docs/architecture.md)
 
 
 @dataclass

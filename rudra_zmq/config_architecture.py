@@ -20,12 +20,25 @@ def validate_architecture(self) -> None:
     one_of("architecture.kind", a.kind, ("base", "adv", "advstar"))
     one_of("architecture.relay", a.relay, ("eager", "gather"))
     for key, val in (
+        ("architecture.servers", a.servers),
         ("architecture.fanout", a.fanout),
         ("architecture.depth", a.depth),
         ("architecture.broadcast_fanout", a.broadcast_fanout),
     ):
         if val < 1:
             raise ConfigError(f"{key} must be >= 1, got {val}")
+    if a.servers > 1 and a.kind != "base":
+        raise ConfigError(
+            f"architecture.servers={a.servers} with architecture.kind={a.kind}: a PS tree "
+            "and the adv* broadcast serve the whole vector (not yet one range per server); "
+            "use architecture.kind=base, or architecture.servers=1"
+        )
+    if a.servers > 1 and self.sync.target_staleness is not None:
+        raise ConfigError(
+            f"sync.target_staleness steers the protocol by the server's own <sigma>; with "
+            f"architecture.servers={a.servers} each server would steer apart: use "
+            "architecture.servers=1, or a fixed protocol"
+        )
     if a.kind != "base" and (self.sync.schedule or self.sync.target_staleness is not None):
         raise ConfigError(
             f"sync.schedule and sync.target_staleness change the protocol during the run; "

@@ -7,6 +7,9 @@ What a run directory holds (``RUN`` below), and who writes it:
   simulator); ``summary.csv`` and the PNG plots are made from it (``plots``);
 - ``weights.npy``: the final weights, then ``ps_final.json``: where training ended, in the
   parameter server's own words (the PS, ``roles/ps_report.py``);
+- ``servers/server-I/``: with ``architecture.servers`` > 1, server I's own ``weights.npy``
+  (its range), ``ps_final.json`` and ``arrivals.bin``; the last server to finish writes the
+  run's ``weights.npy`` and ``ps_final.json`` from them (``roles/ps_shard_files.py``);
 - ``checkpoints/``: the PS's checkpoints, and ``checkpoints/told.json``: the learners told
   STOP once training was over (``roles/ps_checkpoint.py``);
 - ``logs/ROLE.log``: each role's output, and ``processes.json``: every pid and command line
@@ -32,6 +35,7 @@ WEIGHTS_FILE = "weights.npy"  # the final weights, saved before PS_FINAL_FILE
 PS_FINAL_FILE = "ps_final.json"  # where training ended, in the PS's own words
 ARRIVALS_FILE = "arrivals.bin"  # the PS's engine events, for replay (arrival_log.py)
 CHECKPOINT_DIR = "checkpoints"
+SERVERS_DIR = "servers"  # architecture.servers > 1: each server's own files, server-I/
 TOLD_FILE = "told.json"  # in CHECKPOINT_DIR: learners told STOP (ToldRecord)
 LOG_DIR = "logs"
 PROCESSES_FILE = "processes.json"
@@ -65,6 +69,11 @@ def checkpoints_root(run_dir) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR
 
 
+def server_dir(run_dir, index: int) -> Path:
+    """``RUN/servers/server-I``: the files of server ``index`` of a sharded run."""
+    return Path(run_dir) / SERVERS_DIR / f"server-{index}"
+
+
 def log_dir(run_dir) -> Path:
     """``RUN/logs``."""
     return Path(run_dir) / LOG_DIR
@@ -89,6 +98,7 @@ __all__ = [
     "PS_FINAL_FILE",
     "ARRIVALS_FILE",
     "CHECKPOINT_DIR",
+    "SERVERS_DIR",
     "TOLD_FILE",
     "LOG_DIR",
     "PROCESSES_FILE",
@@ -102,6 +112,7 @@ __all__ = [
     "config_path",
     "metrics_path",
     "checkpoints_root",
+    "server_dir",
     "log_dir",
     "log_path",
     "env_path",

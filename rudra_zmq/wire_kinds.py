@@ -107,7 +107,12 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
         "std": (_LIST, False),
     },  # per-channel, 0..1 scale
     Kind.METRIC: {"metric": (_MAP, True), "token": (_STR, False)},  # token: from the PS
-    Kind.EVAL: {"epoch": (_FLOAT, True), "token": (_STR, False)},
+    Kind.EVAL: {
+        "epoch": (_FLOAT, True),
+        "token": (_STR, False),
+        "range": (_LIST, False),  # [lo, hi]: a sharded run's server sends its range
+        "final": (_BOOL, False),  # ... and whether these are its final weights
+    },
     Kind.BYE: {},
     Kind.RELAY: {"clock": (_LIST, True)},
     Kind.BCAST: {"chunk": (_INT, True), "offset": (_INT, True), "total": (_INT, True)},

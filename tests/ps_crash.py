@@ -8,7 +8,8 @@ The launcher is the real one with its PS command pointed at this file; the PS is
 with one method wrapped, in its first incarnation only (a restarted one has ``--resume``).
 ``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at;
 ``PS_CRASH_TS`` the timestamp whose checkpoint ``checkpoint`` dies right after (mid-training
-on any host, where a kill from outside can land after the end on a fast one).
+on any host, where a kill from outside can land after the end on a fast one);
+``PS_CRASH_SHARD``, in a sharded run, the server (``--shard I``) that dies (default: each).
 """
 
 import os
@@ -71,6 +72,13 @@ def arm(point: str) -> None:
         raise SystemExit(f"PS_CRASH_AT={point!r}: one of {', '.join(POINTS)}")
 
 
+def shard_armed(args) -> bool:
+    """Whether the PS started with ``args`` is the one ``PS_CRASH_SHARD`` names (any if unset)."""
+    want = os.environ.get("PS_CRASH_SHARD")
+    mine = args[args.index("--shard") + 1] if "--shard" in args else "0"
+    return want is None or want == mine
+
+
 def main(argv) -> int:
     role, args = argv[0], argv[1:]
     if role == "run":
@@ -79,7 +87,7 @@ def main(argv) -> int:
         launcher._role_command = lambda r, a: (
             [sys.executable, here, r, *a] if r == "ps" else real(r, a)
         )
-    elif "--resume" not in args:
+    elif "--resume" not in args and shard_armed(args):
         arm(os.environ["PS_CRASH_AT"])
     return cli.main([role, *args])
 

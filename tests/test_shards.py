@@ -179,7 +179,7 @@ class ScriptedShards:
         return replies
 
 
-def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_the_others_replies_are_taken():
+def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_a_finished_one_is_left():
     from types import SimpleNamespace
 
     from rudra_zmq.roles.learner_shards import ShardedPushPull
@@ -202,7 +202,8 @@ def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_the_others_replies_
         {0: msg(Kind.WEIGHTS, 5, 3.0), 1: ServerError("rejoin", "evicted")},
         {1: msg(Kind.WELCOME, 9, 4.0)},  # server 1's answer to the new HELLO
         {0: msg(Kind.UPTODATE, 5, 0.0), 1: msg(Kind.STOP, 9, 0.0, reason="done")},
-        {0: msg(Kind.ACK, 5, 0.0)},  # server 0's answer to the BYE
+        {0: msg(Kind.WEIGHTS, 6, 5.0)},  # server 0 alone: server 1 has finished
+        {0: msg(Kind.STOP, 6, 0.0, reason="done")},
     ]
     shards = ScriptedShards(spans, script)
     steps = []
@@ -222,6 +223,12 @@ def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_the_others_replies_
     assert ex.stamps == [5, 9] and ex.rejoins == 1 and steps == [7]  # server 0's step only
     np.testing.assert_array_equal(flat.weights, [3] * 5 + [4] * 5)
     shards.sent.clear()
-    assert not ex.step(lambda: None)  # a STOP from any server ends the learner ...
-    assert [(k, kind) for k, kind, *_ in shards.sent][2:] == [(0, Kind.BYE)]  # ... BYE to 0
+    assert ex.step(lambda: None)  # server 1 finished training; server 0 goes on
     np.testing.assert_array_equal(flat.weights, [3] * 5 + [4] * 5)  # UPTODATE: kept
+    assert ex.active == [0]
+    shards.sent.clear()
+    assert ex.step(lambda: None)  # pushes to server 0 only; range 1 keeps its final weights
+    assert [(k, kind) for k, kind, *_ in shards.sent] == [(0, Kind.PUSHPULL)]
+    np.testing.assert_array_equal(flat.weights, [5] * 5 + [4] * 5)
+    assert not ex.step(lambda: None)  # every server has said STOP: the learner ends
+    assert ex.active == []

@@ -33,7 +33,14 @@ from .. import topology
 from ..config import ConfigError
 from ..run_files import KEYS_DIR, config_path
 from . import hostfile
-from .run_plan import Plan, learner_groups, learner_label, make_run_dir, role_steps
+from .run_plan import (
+    Plan,
+    learner_groups,
+    learner_label,
+    make_run_dir,
+    ps_labels,
+    role_steps,
+)
 
 DEFAULT_PORT = 29500  # the first port on each host (torch.distributed's default)
 
@@ -161,12 +168,13 @@ def place(
         if tree
         else learner_groups(cfg)
     )
-    placement = {"stats": server, "data": server, "ps": server}
+    placement = {"stats": server, "data": server}
+    placement.update((label, server) for label in ps_labels(cfg))  # every PS on the server host
     for ids, host in zip(groups, _place_groups(groups, hosts)):
         placement[learner_label(ids)] = host
     host_of_learner = {i: placement[learner_label(ids)] for ids in groups for i in ids}
 
-    servers = ["ps", "data", "stats"]
+    servers = [*ps_labels(cfg), "data", "stats"]
     if cfg.architecture.kind == "advstar":
         placement["bcast"] = server
         servers.append("bcast")

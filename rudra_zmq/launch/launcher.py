@@ -42,7 +42,7 @@ from .. import config as config_mod
 from .. import security
 from ..notices import LogNotices
 from ..roles.stats_final import final_done
-from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_path
+from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_path, server_dir
 from . import console, preflight
 from .children import Child, accepting, echo_lines, kill_tree, log_size
 from .restarts import on_failure
@@ -263,7 +263,11 @@ class Launcher:
         others = self._others_learning()
         n = self.restarts.get(c.label, 0)
         cfg, run_dir = self.plan.cfg, self.plan.run_dir
-        final = final_done(run_dir, cfg.train.epochs) if c.role == "ps" else None
+        final = None
+        if c.role == "ps":  # its own ps_final.json (a sharded run's server: in its folder)
+            shard = int(c.label[2:] or 0)
+            where = run_dir if cfg.architecture.servers == 1 else server_dir(run_dir, shard)
+            final = final_done(where, cfg.train.epochs)
         verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final)
         if verdict.message:
             print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)

@@ -13,7 +13,8 @@ every usable core: the statistics server, the data server and the PS then load i
 fraction of a second instead of each decoding it (at the same time, on the same cores). It
 also does CIFAR-10's download when ``data.download`` asks for it.
 
-``run(cfg)`` is both, with the warnings printed: what ``rudra-zmq run`` and ``rudra_zmq.train``
+``run(cfg)`` is both, with the warnings printed and ``architecture.servers`` checked against the
+model's size (``server_count``): what ``rudra-zmq run`` and ``rudra_zmq.train``
 call before they create the run directory. ``rudra-zmq launch`` calls it when the servers run
 on this host (``check(cfg, local=False)`` otherwise: the data are on another host), and
 ``rudra-zmq worker`` may on the servers' rank. Everything blocks; nothing here starts a role.
@@ -30,6 +31,7 @@ from ..config import ConfigError, DataConfig
 from ..data import dataset_cache, datasets, images
 from ..user_code import is_import_path
 from .run_plan import usable_cores
+from .server_count import check_servers
 
 TENSORBOARD_MISSING = (
     "logging.tensorboard: true needs the tensorboard package, which is not "
@@ -240,6 +242,7 @@ def run(cfg, local: bool = True, decode: bool = True) -> None:
         print(f"rudra-zmq: warning: {line}", file=sys.stderr, flush=True)
     if decode and local:
         prepare(cfg)
+        check_servers(cfg)  # the model's size, once the data's shape is known
 
 
 __all__ = [

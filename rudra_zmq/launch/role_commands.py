@@ -65,6 +65,19 @@ def cmd_ps(args) -> int:
             f"{cfg.architecture.kind!r})"
         )
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
+    servers = cfg.architecture.servers
+    if servers > 1:
+        if args.shard is None or not 0 <= args.shard < servers:
+            raise UsageError(
+                f"architecture.servers={servers}: give --shard I, the range this server "
+                f"serves, 0..{servers - 1} (got {args.shard})"
+            )
+        extra["shard"] = args.shard
+    elif args.shard not in (None, 0):
+        raise UsageError(
+            f"--shard {args.shard}: the config has one parameter server "
+            "(architecture.servers=1); --shard is 0 or absent"
+        )
     # torch is imported later, after the PS binds (``ParameterServer``), for its initial
     # weights only: its thread count does not matter, and learners start meanwhile
     return role_process.serve(
@@ -116,6 +129,14 @@ def cmd_learner(args) -> int:
         )
     ups, binds = _bcast_args(cfg, args)
     extra = {} if ups is None else {"bcast_upstream": ups, "bcast_bind": binds}
+    servers = args.ps.split(",")
+    if len(servers) != cfg.architecture.servers and cfg.architecture.kind == "base":
+        raise UsageError(
+            f"--ps names {len(servers)} parameter servers; the config has "
+            f"architecture.servers={cfg.architecture.servers}: give each server's endpoint, "
+            "in range order, separated by commas"
+        )
+    ps = servers[0] if len(servers) == 1 else servers
     # threads: the usable cores over the learners on this host (as the launcher said, else
     # this process's own learners)
     threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
@@ -123,7 +144,7 @@ def cmd_learner(args) -> int:
         "learner",
         threads,
         True,
-        lambda m: m.serve(cfg, args.id, args.ps, args.data, args.stats, **extra),
+        lambda m: m.serve(cfg, args.id, ps, args.data, args.stats, **extra),
     )
 
 
@@ -213,6 +234,12 @@ def add_ps(sub) -> None:
         metavar="ENDPOINT",
         help="advstar: endpoint the broadcast root binds (its first members connect there)",
     )
+    p.add_argument(
+        "--shard",
+        type=int,
+        metavar="I",
+        help="architecture.servers > 1: serve the I-th range of the flat vector (0-based)",
+    )
     p.set_defaults(func=cmd_ps)
 
 
@@ -226,7 +253,13 @@ def add_learner(sub) -> None:
         metavar="I[,J,...]",
         help="learner id(s), 0 .. sync.learners-1",
     )
-    p.add_argument("--ps", required=True, metavar="ENDPOINT", help="parameter server")
+    p.add_argument(
+        "--ps",
+        required=True,
+        metavar="EP[,EP...]",
+        help="parameter server; with architecture.servers=K, the K servers' endpoints in "
+        "range order",
+    )
     p.add_argument("--data", required=True, metavar="ENDPOINT", help="data server")
     p.add_argument("--stats", metavar="ENDPOINT", help="stats server to report to")
     p.add_argument(

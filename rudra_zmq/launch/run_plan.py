@@ -87,12 +87,19 @@ def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
     return path
 
 
+def ps_labels(cfg) -> list[str]:
+    """The parameter servers' labels: ``ps``, then ``ps1`` .. ``psK-1`` for the other servers
+    of ``architecture.servers`` = K (server I serves the I-th range of ``span.split``)."""
+    return ["ps"] + [f"ps{i}" for i in range(1, cfg.architecture.servers)]
+
+
 def endpoints(cfg, run_dir: Path | None) -> dict[str, str]:
-    """Endpoints for ps, data and stats: free tcp ports on runtime.host (``run_dir`` unused:
-    None plans them before the directory exists), or ipc sockets in the run directory when
-    runtime.transport is ipc. Raises ConfigError naming a bad runtime.host, a bad
-    ``$RUDRA_ZMQ_PORTS`` or an ipc path too long."""
-    return {role: plan_endpoints.server_endpoint(cfg, run_dir, role) for role in SERVERS}
+    """Endpoints for ps (and ps1.. of a sharded run), data and stats: free tcp ports on
+    runtime.host (``run_dir`` unused: None plans them before the directory exists), or ipc
+    sockets in the run directory when runtime.transport is ipc. Raises ConfigError naming a
+    bad runtime.host, a bad ``$RUDRA_ZMQ_PORTS`` or an ipc path too long."""
+    labels = [*SERVERS, *ps_labels(cfg)[1:]]
+    return {role: plan_endpoints.server_endpoint(cfg, run_dir, role) for role in labels}
 
 
 def learner_groups(cfg) -> list[list[int]]:
@@ -211,7 +218,10 @@ def learner_endpoints(plan: Plan, learner: int) -> dict:
     """Where learner ``learner`` connects: its PS (the root, or its leaf tree node), the data
     and stats servers, and (advstar) its broadcast (upstream, bind or None)."""
     ep, cfg = plan.endpoints, plan.cfg
-    ps = ep["ps"] if plan.tree is None else ep[f"node{plan.tree.leaf_of(learner).id}"]
+    if plan.tree is None:  # every server's endpoint, in range order
+        ps = ",".join(ep[label] for label in ps_labels(cfg))
+    else:
+        ps = ep[f"node{plan.tree.leaf_of(learner).id}"]
     out = {"ps": ps, "data": ep["data"], "stats": ep["stats"], "bcast": None}
     if cfg.architecture.kind == "advstar":
         up = topology.broadcast_upstream(cfg, learner)
@@ -250,27 +260,32 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
     stats server. Roles whose servers listen start side by side."""
     ep, bind = plan.endpoints, plan.bind
     again = ["--resume"] if resume else []
+    servers = ps_labels(plan.cfg)
     starts = [
         Start(
             "stats", "stats", ["--bind", bind("stats"), "--run-dir", str(plan.run_dir), *again], ()
         ),
         Start("data", "data", ["--bind", bind("data")], ()),
-        Start(
-            "ps",
-            "ps",
-            [
-                "--bind",
-                bind("ps"),
-                "--stats",
-                ep["stats"],
-                "--run-dir",
-                str(plan.run_dir),
-                *again,
-                *(["--bcast-bind", bind("bcast")] if "bcast" in ep else []),
-            ],
-            ("stats",),
-        ),
     ]
+    for i, label in enumerate(servers):
+        starts.append(
+            Start(
+                label,
+                "ps",
+                [
+                    "--bind",
+                    bind(label),
+                    "--stats",
+                    ep["stats"],
+                    "--run-dir",
+                    str(plan.run_dir),
+                    *again,
+                    *(["--bcast-bind", bind("bcast")] if "bcast" in ep else []),
+                    *(["--shard", str(i)] if len(servers) > 1 else []),
+                ],
+                ("stats",),
+            )
+        )
     tree = plan.tree
     for level in range(max((n.level for n in tree.nodes), default=0) if tree else 0, 0, -1):
         for n in tree.nodes:
@@ -304,8 +319,8 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
                 "--bcast-bind",
                 ",".join(b or "none" for _, b in eps),
             ]
-        parent = "ps" if plan.tree is None else f"node{plan.tree.leaf_of(ids[0]).id}"
-        starts.append(Start(learner_label(ids), "learner", args, (parent, "data", "stats")))
+        parents = servers if plan.tree is None else [f"node{plan.tree.leaf_of(ids[0]).id}"]
+        starts.append(Start(learner_label(ids), "learner", args, (*parents, "data", "stats")))
     return starts
 
 
@@ -320,9 +335,16 @@ def summary(plan: Plan) -> str:
         f"  run directory {plan.run_dir}",
         "  endpoints "
         + ", ".join(
-            f"{r} {ep}" for r, ep in plan.endpoints.items() if r in ("ps", "data", "stats")
+            f"{r} {ep}"
+            for r, ep in plan.endpoints.items()
+            if r in (*ps_labels(cfg), "data", "stats")
         ),
     ]
+    if cfg.architecture.servers > 1:
+        lines.append(
+            f"  {cfg.architecture.servers} parameter servers (ps, ps1, ...), each serving one "
+            "range of the flat vector with its own timestamp"
+        )
     if plan.tree is not None:
         lines += [
             f"  {line}, {plan.endpoints[f'node{n.id}']}"
@@ -341,7 +363,7 @@ def run_keys(plan: Plan) -> Path:
     directory = plan.run_dir / KEYS_DIR
     if (directory / "server.key").exists():
         return directory
-    names = [f"learner-{i}" for i in range(plan.cfg.sync.learners)] + ["ps"]
+    names = [f"learner-{i}" for i in range(plan.cfg.sync.learners)] + ["ps"]  # every server
     if plan.tree is not None:
         names += [f"node-{n.id}" for n in plan.tree.nodes]
     keys.make_run_keys(directory, names)

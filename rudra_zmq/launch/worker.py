@@ -36,7 +36,14 @@ from ..config import ConfigError
 from ..run_files import config_path
 from . import preflight, ranks
 from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
-from .run_plan import HOST_LEARNERS_ENV, Plan, learner_endpoints, learner_groups, make_run_dir
+from .run_plan import (
+    HOST_LEARNERS_ENV,
+    Plan,
+    learner_endpoints,
+    learner_groups,
+    make_run_dir,
+    ps_labels,
+)
 
 
 def _groups(cfg, tree) -> list[list[int]]:
@@ -104,6 +111,7 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
         port += 1  # torchrun's rendezvous store may listen on MASTER_PORT itself
     tree = topology.tree_of(cfg)
     labels = ["ps", "data", "stats"] + ([f"node{n.id}" for n in tree.nodes] if tree else [])
+    labels += ps_labels(cfg)[1:]  # a sharded run's other servers, on the servers' rank too
     host = f"[{master}]" if ":" in master else master
     endpoints = {label: f"tcp://{host}:{port + i}" for i, label in enumerate(labels)}
     binds = {label: f"tcp://{bind_address(master)}:{port + i}" for i, label in enumerate(labels)}

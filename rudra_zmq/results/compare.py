@@ -154,14 +154,26 @@ def add_run_dirs_argument(parser, dest: str, metavar: str) -> None:
     )
 
 
-def mean_sigma(metrics) -> float | None:
+def mean_sigma(metrics, server: int | None = None) -> float | None:
     """⟨σ⟩ of a run: the mean staleness over every gradient of its update records (None
-    when it has none)."""
+    when it has none); of a sharded run, server 0's, or ``server``'s (each has its own
+    timestamp and σ)."""
+    ups = metrics["update"]
+    if server:
+        ups = [u for u in metrics.get("server_update", []) if u.get("server") == server]
     total, count = 0.0, 0
-    for u in metrics["update"]:
+    for u in ups:
         s, n = plots.sigma_sum(u)
         total, count = total + s, count + n
     return total / count if count else None
+
+
+def server_sigmas(metrics) -> list[float | None]:
+    """Each server's ⟨σ⟩ in a sharded run (server 0 first); [] for a run of one server."""
+    others = {u.get("server") for u in metrics.get("server_update", [])}
+    if not others:
+        return []
+    return [mean_sigma(metrics, k) for k in range(max(others) + 1)]
 
 
 def ps_final(run_dir, metrics) -> dict | None:
@@ -227,6 +239,7 @@ def run_summary(run_dir, label: str | None = None) -> dict:
         "final_error": error,
         "best_error": min(r["test_error"] for r in rows) if rows else None,
         "mean_sigma": mean_sigma(metrics),
+        "server_sigmas": server_sigmas(metrics),
         "startup_s": plots.startup_s(metrics),
         "wall_s": wall,
         "s_per_epoch": wall / epochs if wall and epochs else None,
@@ -249,6 +262,10 @@ def result_line(run_dir) -> str | None:
     if r["final_error"] is None and r["last_error"] is None:
         return "result: no test error was measured (see logs/stats.log)"
     sigma = "-" if r["mean_sigma"] is None else f"{r['mean_sigma']:.2f}"
+    if r.get("server_sigmas"):  # a sharded run: each server's own
+        sigma = "per server " + ", ".join(
+            "-" if x is None else f"{x:.2f}" for x in r["server_sigmas"]
+        )
     startup = "" if r.get("startup_s") is None else f" (after {r['startup_s']:.1f} s of start-up)"
     if r["resumes"] and r.get("startup_s") is not None:  # a resumed run: its gap is no training
         startup = (

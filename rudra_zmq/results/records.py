@@ -1,6 +1,7 @@
 """A run's ``metrics.jsonl`` read back: its records by type, and its clock of training time.
 
-The record types are listed in ``rudra_zmq.results.plots``. ``t`` is wall seconds since the run
+The record types are listed in ``rudra_zmq.results.plots``; a sharded run's servers other than 0
+file their ``update`` and ``ps`` records under ``server_update``/``server_ps`` (``_kind``). ``t`` is wall seconds since the run
 started, across PS restarts and ``rudra-zmq run --resume`` (absolute Unix times are accepted
 too: they are shifted so the earliest record is 0).
 
@@ -46,6 +47,19 @@ class Metrics(dict):
         self.truncated = False
 
 
+SERVER_TYPES = ("update", "ps")  # a sharded run's: server 0's stand for the run
+
+
+def _kind(r: dict) -> str:
+    """The key a record is filed under: its type, except that a sharded run's ``update`` and
+    ``ps`` records of servers other than 0 go under ``server_update``/``server_ps``, so that
+    ``update`` is one timestamp's stream (server 0's), as in a run of one server."""
+    kind, server = r["type"], r.get("server")
+    if kind in SERVER_TYPES and server not in (None, 0):
+        return f"server_{kind}"
+    return kind
+
+
 def read_metrics(path) -> Metrics:
     """Parse ``metrics.jsonl`` (or the one inside a run directory) into records by type.
 
@@ -83,7 +97,7 @@ def read_metrics(path) -> Metrics:
                 elif out.malformed <= 5:
                     log.warning("%s:%d: skipping a malformed metrics line: %.80r", path, i + 1, raw)
                 continue
-            out.setdefault(r["type"], []).append(r)
+            out.setdefault(_kind(r), []).append(r)
     if out.truncated:
         log.warning("%s: the last line is truncated (did the run crash?); skipped it", path)
     if out.malformed - out.truncated > 5:

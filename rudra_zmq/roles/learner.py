@@ -226,7 +226,7 @@ class Learner:
 def serve(
     cfg,
     learner_ids: list[int],
-    ps: str,
+    ps: str | list[str],
     data: str,
     stats: str | None = None,
     bcast_upstream: list[str] | None = None,
@@ -246,7 +246,7 @@ def serve(
     print(
         f"learner{'s' if len(learner_ids) > 1 else ''} {ids} on {socket.gethostname()}: "
         f"{torch.get_num_threads()} torch threads, device {cfg.runtime.device}; "
-        f"parameter server {ps}",
+        f"parameter server {ps if isinstance(ps, str) else ', '.join(ps)}",
         flush=True,
     )
     ctx, threads, stopping = zmq.Context(), [], threading.Event()

@@ -10,10 +10,12 @@ work at once; ``Shards.gather`` polls the K sockets, asking a slow one about its
 (CHECK) as ``Channel`` does.
 
 A server that answers ``rejoin`` (it restarted, or evicted this learner) gets a HELLO alone;
-the slice it refused is dropped, the others' replies are taken. STOP from any server ends
-the learner, which then says BYE to the servers that did not say STOP: they stop at the
-same count of gradients, but under softsync the gradient that ends server 0 may be another
-learner's than the one that ends server 1, and a server waits to tell every learner STOP.
+the slice it refused is dropped, the others' replies are taken. A server that says STOP has
+finished training; the learner goes on with the others (their ranges trained on the finished
+ones' final weights) and ends once every server has said STOP. The servers finish at the same
+count of gradients, but under softsync the gradient that ends server 0 may be another
+learner's than the one that ends server 1 (one step more), and a server restarted from a
+checkpoint counts again the gradients it lost (as many steps more).
 
 Not thread-safe: one learner thread owns its exchange and channels.
 """
@@ -31,8 +33,6 @@ from ..wire import Kind
 from .learner_exchange import Frames
 
 log = logging.getLogger("rudra_zmq.learner")
-
-BYE_WAIT_MS = 5_000  # the longest a learner told STOP waits for the other servers' ACKs
 
 
 def server_channels(ctx, cfg, endpoints, sender: int, max_bytes: int = -1) -> list[Channel]:
@@ -116,6 +116,7 @@ class ShardedPushPull:
             Frames(s.numel, chunk, wire_codec=codec.for_gradients(cfg)) for s in shards.spans
         ]
         self.stamps = [-1] * len(shards.spans)  # each server's timestamp of our weights
+        self.active = list(range(len(shards.spans)))  # the servers still training
         self.rejoins = 0
         self.on_welcome = lambda step: None  # the learner repositions its data here
 
@@ -136,9 +137,9 @@ class ShardedPushPull:
         )
 
     def start(self, which=None) -> bool:
-        """Say HELLO to the servers ``which`` (default all) and load their WELCOMEs' ranges.
-        Blocks; False if any said STOP (the run already ended)."""
-        which = range(len(self.stamps)) if which is None else which
+        """Say HELLO to the servers ``which`` (default all still training) and load their
+        WELCOMEs' ranges. Blocks; False once every server has said STOP."""
+        which = list(self.active if which is None else which)
         for k in which:
             self._hello(k)
         replies = self.shards.gather(which, {Kind.WELCOME})
@@ -163,10 +164,11 @@ class ShardedPushPull:
         weights of each range. Blocks for all K replies; False once a server said STOP."""
         backward()
         grads = self.flat.grads
-        for k, span in enumerate(self.shards.spans):
+        for k in self.active:
+            span = self.shards.spans[k]
             payloads, fields = self.carriers[k].gradient(grads[span.lo : span.hi])
             self.shards.channels[k].send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
-        replies = self.shards.gather(range(len(self.stamps)), {Kind.WEIGHTS, Kind.UPTODATE})
+        replies = self.shards.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
         if self._stopped(replies):
             return False
         loaded, rejoin = False, []
@@ -188,21 +190,20 @@ class ShardedPushPull:
         return True
 
     def _stopped(self, replies: dict) -> bool:
-        """Whether a server in ``replies`` said STOP; if so, say BYE to the others there (they
-        need not wait to tell this learner; a silent one is given up after BYE_WAIT_MS)."""
-        stop = {
-            k for k, m in replies.items() if isinstance(m, wire.Message) and m.kind == Kind.STOP
-        }
-        if not stop:
-            return False
-        others = [k for k in sorted(replies) if k not in stop]
-        for k in others:
-            self.shards.channels[k].send(Kind.BYE)
-        try:
-            self.shards.gather(others, {Kind.ACK}, timeout_ms=BYE_WAIT_MS)
-        except TimeoutError as exc:
-            log.warning("learner %d: leaving without a BYE's answer: %s", self.id, exc)
-        return True
+        """Take the servers in ``replies`` that said STOP (training over there) out of
+        ``active`` (their replies are removed); whether none is left."""
+        for k in [k for k, m in replies.items() if isinstance(m, wire.Message)]:
+            if replies[k].kind == Kind.STOP:
+                del replies[k]
+                self.active.remove(k)
+                if self.active:
+                    log.info(
+                        "learner %d: server %d finished training; going on with %s",
+                        self.id,
+                        k,
+                        self.active,
+                    )
+        return not self.active
 
     def close(self, finished: bool) -> None:
         """Release the carriers (the learner closes the channels)."""

@@ -41,12 +41,13 @@ import zmq
 from .. import codec, kernels, transport, wire
 from ..arrival_log import ArrivalLog
 from ..notices import notice
-from ..run_files import WEIGHTS_FILE
+from ..run_files import WEIGHTS_FILE, server_dir
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
 from .ps_checkpoint import CheckpointSchedule, checkpoint_dir
 from .ps_liveness import Liveness
 from .ps_report import EvalSchedule, PSReport, write_final
+from .ps_shard_files import assemble
 from .ps_start import start_state
 from .ps_weights import make_weights_out
 from .serving import Serving
@@ -72,9 +73,11 @@ class ParameterServer:
             as a new incarnation.
         span: the range of the flat vector this server serves (``span.Span``; None: the
             whole). A server of a part serves learners that say HELLO with that range
-            (``learner_shards``); it writes no run files and sends no statistics yet (the
-            statistics server does not assemble ranges): ``run_dir`` and ``stats`` must be
-            None.
+            (``learner_shards``); without ``shard`` it writes no run files and sends no
+            statistics: ``run_dir`` and ``stats`` must be None.
+        shard: server ``shard`` of ``architecture.servers`` (its range from the model's size,
+            ``ps_start.shard_span``): its files go to ``RUN/servers/server-I/``
+            (``ps_shard_files``), its records and EVALs say ``server`` and range.
     Not thread-safe: construct and serve from one thread.
     """
 
@@ -89,15 +92,23 @@ class ParameterServer:
         broadcast: str | None = None,
         resume: bool = False,
         span=None,
+        shard: int | None = None,
     ):
         if span is not None and not span.is_whole and (run_dir or stats or broadcast):
             raise ValueError(
-                f"a server of range {span} writes no run files, sends no statistics and "
-                "has no broadcast yet: run_dir, stats and broadcast must be None"
+                f"a server of range {span} given without its shard index writes no run "
+                "files, sends no statistics and has no broadcast: run_dir, stats and "
+                "broadcast must be None"
             )
-        self.span = span
+        if shard is not None and broadcast:
+            raise ValueError("a server of one range has no broadcast (architecture.kind=base)")
+        self.span, self.shard = span, shard
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
+        # where this server's weights.npy, ps_final.json and arrivals.bin go
+        self.files_dir = (
+            server_dir(self.run_dir, shard) if shard is not None and self.run_dir else self.run_dir
+        )
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         # A new server binds before it builds its model (the socket needs only the config):
@@ -131,17 +142,20 @@ class ParameterServer:
         the outputs; called with the socket bound. Blocks while torch is imported and the
         model built."""
         self.state, self.told, self.resumed_from = start_state(
-            cfg, model, self.run_dir, resume, self.span
+            cfg, model, self.run_dir, resume, self.span, self.shard
         )
+        self.span = self.state.span
+        if self.files_dir is not None:
+            self.files_dir.mkdir(parents=True, exist_ok=True)
         if self.run_dir is not None and self.state.tree is None:  # for `rudra-zmq replay`
-            self.state.log = ArrivalLog(self.run_dir, self.state.incarnation)
+            self.state.log = ArrivalLog(self.files_dir, self.state.incarnation)
         # restarted after training ended: the statistics server may have finished already
         self.over_at_start = self.state.done
         t = cfg.train
         self.checkpoints = None
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
             self.checkpoints = CheckpointSchedule(
-                t, checkpoint_dir(self.run_dir), self.state.engine.timestamp
+                t, checkpoint_dir(self.run_dir, self.span), self.state.engine.timestamp
             )
         self.stats = None
         if stats:
@@ -154,7 +168,7 @@ class ParameterServer:
                 **({"done_wait_ms": OVER_STATS_WAIT_MS} if self.over_at_start else {}),
             )
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
-        self.metrics = PSReport(self.stats)
+        self.metrics = PSReport(self.stats, self.shard, self.span)
         self.warn = ThrottledLog(log)
         self.evals = EvalSchedule(cfg.train, self.state.engine.epoch)
         self.liveness = Liveness(cfg.runtime)  # whom to evict, when to give up
@@ -371,8 +385,10 @@ class ParameterServer:
         if self.state.log is not None:
             self.state.log.close()
         if self.run_dir is not None:
-            np.save(self.run_dir / WEIGHTS_FILE, self.state.w)
-            write_final(self.run_dir, self.state)
+            np.save(self.files_dir / WEIGHTS_FILE, self.state.w)
+            write_final(self.files_dir, self.state)
+            if self.shard is not None and self.state.done:  # the last server writes the run's
+                assemble(self.run_dir, self.cfg.architecture.servers, self.cfg.train.epochs)
         self.weights_out.close()
         self.sock.close(linger=transport.LINGER_MS)
         if self._own_ctx:
@@ -386,12 +402,14 @@ def serve(
     run_dir: str | None = None,
     broadcast: str | None = None,
     resume: bool = False,
+    shard: int | None = None,
 ) -> int:
     """Entry point of ``rudra-zmq ps``: run one parameter server until training ends
-    (``resume``: from the newest valid checkpoint in ``run_dir``)."""
+    (``resume``: from the newest valid checkpoint in ``run_dir``; ``shard``: server I of
+    ``architecture.servers``)."""
     threads = cfg.runtime.ps_threads or kernels.get_num_threads()
     kernels.set_num_threads(threads)
-    ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast, resume=resume)
+    ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast, resume=resume, shard=shard)
     if ps.resumed_from is not None:
         st = ps.state
         print(
@@ -403,8 +421,9 @@ def serve(
         ps.metrics.restart(ps)
     if ps.weights_out.endpoint is not None:
         print(f"broadcast root listening on {ps.weights_out.endpoint}", flush=True)
+    which = "" if shard is None else f" {shard} of {cfg.architecture.servers} (range {ps.span})"
     print(
-        f"parameter server listening on {ps.endpoint} ({ps.state.numel:,} parameters, "
+        f"parameter server{which} listening on {ps.endpoint} ({ps.state.numel:,} parameters, "
         f"{cfg.sync.protocol}, λ={cfg.sync.learners}, {threads} kernel threads)",
         flush=True,
     )

@@ -30,10 +30,15 @@ BATCH_ITEMS = 200  # update records per message
 
 
 class PSReport:
-    """The PS's metrics stream. ``stats``: a StatsClient, or None (then nothing is kept)."""
+    """The PS's metrics stream. ``stats``: a StatsClient, or None (then nothing is kept).
+    ``server``: this server's index in a sharded run (None: the only server): every record
+    then says ``"server": I`` and every EVAL its ``span``'s range, for the statistics server
+    to tell the servers apart and join the ranges."""
 
-    def __init__(self, stats):
+    def __init__(self, stats, server: int | None = None, span=None):
         self.stats = stats
+        self._server = {} if server is None else {"server": server}
+        self._range = {} if server is None else {"range": [span.lo, span.hi]}
         self._pending: list[dict] = []
         self._last_flush = self._last_rate = time.time()
         self._counts = (0, 0)
@@ -42,7 +47,7 @@ class PSReport:
         """Record one update (sync.Update); sent with the next flush."""
         if self.stats is None:
             return
-        self._pending.append(update.record(time.time()))
+        self._pending.append({**update.record(time.time()), **self._server})
 
     def tick(self, ps, force: bool = False) -> None:
         """Send what is due (everything with ``force``); ``ps`` is the ParameterServer whose
@@ -67,6 +72,7 @@ class PSReport:
                     "updates_per_s": (upd - self._counts[0]) / dt,
                     "gradients_per_s": (grads - self._counts[1]) / dt,
                     **_counters(ps),
+                    **self._server,
                 }
             )
             self._counts = (upd, grads)
@@ -79,7 +85,12 @@ class PSReport:
         if self.stats is not None:
             eng = state.engine
             self.stats.eval_weights(
-                eng.timestamp, eng.epoch, state.w, state.chunk_bytes, final=state.done
+                eng.timestamp,
+                eng.epoch,
+                state.w,
+                state.chunk_bytes,
+                final=state.done,
+                **self._range,
             )
 
     def done(self, ps) -> None:
@@ -92,6 +103,7 @@ class PSReport:
                     "ts": ps.state.engine.timestamp,
                     "epoch": ps.state.engine.epoch,
                     **_counters(ps),
+                    **self._server,
                 }
             )
 
@@ -108,6 +120,7 @@ class PSReport:
                     "event": event,
                     "learners": len(engine.members),
                     "c": engine.gradients_per_update,
+                    **self._server,
                 }
             )
 
@@ -123,6 +136,7 @@ class PSReport:
                     "epoch": st.engine.epoch,
                     "incarnation": len(st.incarnations),
                     "checkpoint": str(ps.resumed_from),
+                    **self._server,
                 }
             )
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ..config import ConfigError
 from ..notices import notice
 from ..server_state import ServerState
+from ..span import Span, split
 from .ps_checkpoint import ToldRecord, checkpoint_dir, restore_latest
 
 log = logging.getLogger("rudra_zmq.ps")
@@ -34,28 +36,47 @@ def initial_model(cfg):
     return flat.weights.copy(), segments, flat.signature, shape
 
 
+def shard_span(cfg, numel: int, shard: int) -> Span:
+    """The range server ``shard`` of ``architecture.servers`` serves in a model of ``numel``
+    floats (``span.split``). Raises ConfigError for a shard out of range or more servers than
+    parameters. Pure."""
+    k = cfg.architecture.servers
+    if not 0 <= shard < k:
+        raise ConfigError(f"server {shard}: architecture.servers={k} numbers them 0..{k - 1}")
+    if k > numel:
+        raise ConfigError(
+            f"architecture.servers={k} is more than the model's {numel:,} parameters; "
+            "give each server at least one"
+        )
+    return split(numel, k)[shard]
+
+
 def start_state(
-    cfg, model, run_dir: Path | None, resume: bool, span=None
+    cfg, model, run_dir: Path | None, resume: bool, span=None, shard: int | None = None
 ) -> tuple[ServerState, ToldRecord | None, Path | None]:
     """(state, told, resumed_from): the state of ``model`` (weights, segments, signature) or,
     if None, of the configured model (``initial_model``); with ``resume`` and a ``run_dir``,
     restored from the newest valid checkpoint there as a new incarnation. ``told``: the record
     of who was told STOP (None without a ``run_dir``); ``resumed_from``: the checkpoint, or
-    None. ``span``: the range of the vector this server serves (None: the whole). Blocks
-    while torch is imported and the model built, or the checkpoint read."""
+    None. ``span``: the range of the vector this server serves (None: the whole), or
+    ``shard``: its index among ``architecture.servers`` (``shard_span``). Blocks while torch
+    is imported and the model built, or the checkpoint read."""
     from ..data.datasets import dataset_size
 
     weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
+    if shard is not None:
+        span = shard_span(cfg, weights.shape[0], shard)
     state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data), span=span)
     resumed_from = None
-    told = ToldRecord(checkpoint_dir(run_dir)) if run_dir else None
+    where = checkpoint_dir(run_dir, state.span) if run_dir else None
+    told = ToldRecord(where) if run_dir else None
     if resume and run_dir is not None:
-        resumed_from = restore_latest(state, checkpoint_dir(run_dir))
+        resumed_from = restore_latest(state, where)
         if resumed_from is None:  # it died before its first checkpoint
             notice(
                 log,
                 "no checkpoint in %s: starting from the initial weights",
-                checkpoint_dir(run_dir),
+                where,
             )
             state.restored_ts = 0  # what learners saw is all lost (and reported)
         elif stopped := told.restore(state):

@@ -115,9 +115,12 @@ class StatsClient:
         weights: np.ndarray,
         chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
         final: bool = False,
+        range: list[int] | None = None,  # noqa: A002 -- the wire field's name
     ) -> bool:
         """Queue ``weights`` (1-D float32) for evaluation, zero-copy, in frames of at most
         ``chunk_bytes``. Returns False if dropped (EVAL_HWM snapshots already queued).
+        ``range``: [lo, hi], the part of the vector ``weights`` are (a sharded run's server);
+        such an EVAL also says whether it is the ``final`` weights.
 
         Does not block, except for the ``final`` weights (the end of training): those wait up
         to ``done_wait_ms`` for room. ``weights`` is sent without a copy: do not modify it
@@ -136,6 +139,7 @@ class StatsClient:
             ts=ts,
             payloads=wire.chunk(weights, chunk_bytes),
             epoch=float(epoch),
+            **({} if range is None else {"range": list(range), "final": bool(final)}),
             **self._token,
         )
         try:

@@ -30,12 +30,14 @@ FINAL_FILE_GRACE_S = 2.0  # ... and how old it must be: the PS sends its "done" 
 
 
 class RunEnd:
-    """What the statistics server of the run in ``run_dir`` (training ``epochs``) knows of
-    the end of training: ``done``, the PS's ``done`` record with its arrival time and sender
-    (None until one came), and the EVALs received per sender."""
+    """What the statistics server of the run in ``run_dir`` (training ``epochs``, ``servers``
+    parameter servers) knows of the end of training: ``done``, the PS's ``done`` record with
+    its arrival time and sender (None until one came; a sharded run's: server 0's, once every
+    server's has come), and the EVALs received per sender."""
 
-    def __init__(self, run_dir, epochs: float):
-        self.run_dir, self.epochs = Path(run_dir), epochs
+    def __init__(self, run_dir, epochs: float, servers: int = 1):
+        self.run_dir, self.epochs, self.servers = Path(run_dir), epochs, servers
+        self._dones: dict[int, dict] = {}  # a sharded run: each server's first "done"
         self.done: dict | None = None
         self.evals: dict[int, int] = {}
         self._looked = 0.0  # when ps_final.json was last looked at (no "done" yet)
@@ -45,9 +47,19 @@ class RunEnd:
         self.evals[sender] = self.evals.get(sender, 0) + 1
 
     def done_received(self, rec: dict, now: float, sender: int) -> None:
-        """The first ``done`` record counts; later ones change nothing."""
-        if self.done is None:
-            self.done = {**rec, "arrived": now, "sender": sender}
+        """The first ``done`` record counts (of each server, in a sharded run: the end is
+        known once all have come); later ones change nothing."""
+        if self.done is not None:
+            return
+        if self.servers > 1:
+            server = rec.get("server")
+            if not isinstance(server, int) or not 0 <= server < self.servers:
+                return  # a sharded run's "done" that names no server of it: not counted
+            self._dones.setdefault(server, rec)
+            if len(self._dones) < self.servers:
+                return
+            rec = self._dones[0]
+        self.done = {**rec, "arrived": now, "sender": sender}
 
     def look_for_file(self, now: float, t0: float) -> bool:
         """Whether a ``done`` is known: without one, ``ps_final.json`` saying training is done

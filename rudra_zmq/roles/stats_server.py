@@ -52,6 +52,7 @@ from .stats_eval import Evaluator
 from .stats_file import MetricsFile, json_line
 from .stats_final import final_record, final_weights
 from .stats_intake import batch_items, forged, receiver, record_refusal
+from .stats_join import EvalJoin
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
 
@@ -102,7 +103,9 @@ class StatsServer:
         self.records = self.invalid = self.evals_done = self.evals_skipped = 0
         self._warned: set = set()
         self._pending: tuple[wire.Message, float] | None = None  # newest EVAL, arrival time
-        self.end = RunEnd(self.run_dir, cfg.train.epochs)  # the "done" and the EVALs seen
+        servers = cfg.architecture.servers
+        self.end = RunEnd(self.run_dir, cfg.train.epochs, servers)  # the "done"s, EVALs seen
+        self.join: EvalJoin | None = None  # a sharded run's EVAL slices (set once loaded)
         self._evaluated: set[int] = set()  # timestamps whose evaluation this server wrote
         self._last_update: tuple = (None, None)  # (ts, t) of the newest update record
         self._tb: TensorBoardLog | None = None
@@ -153,6 +156,8 @@ class StatsServer:
         """The test split and the model to evaluate (seconds: torch, the data). Blocks."""
         self.evaluator = Evaluator(cfg, dataset)
         self.flat = self.evaluator.flat
+        if cfg.architecture.servers > 1:
+            self.join = EvalJoin(self.flat.numel, cfg.architecture.servers)
 
     # ------------------------------------------------------------------ receiving
     def _drain(self) -> int:
@@ -166,7 +171,9 @@ class StatsServer:
         """Process one message. Never raises for bad input (counts and logs it)."""
         now = time.time()
         try:
-            msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL}, numel=self.flat.numel)
+            # a sharded run's EVALs are slices: the join checks their size against their range
+            numel = None if self.join is not None else self.flat.numel
+            msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL}, numel=numel)
         except wire.WireError as exc:
             self._refuse("an unknown sender", exc.code, str(exc))
             return
@@ -176,6 +183,12 @@ class StatsServer:
             return
         if msg.kind == Kind.EVAL:
             self.end.eval_received(msg.sender)
+            if self.join is not None:
+                if why := self.join.refusal(msg):
+                    self._refuse(who, "bad_eval", why)
+                    return
+                if (msg := self.join.add(msg)) is None:
+                    return  # waits for the other servers' slices
             if self._pending is not None:
                 self.evals_skipped += 1  # a newer one arrived before we got to it
             self._pending = (msg, now)
@@ -200,7 +213,7 @@ class StatsServer:
         except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
             self._refuse(f"sender {sender}", "bad_metric", f"a record JSON cannot hold: {exc}")
             return
-        if kind == "update":
+        if kind == "update" and r.get("server", 0) == 0:  # progress: server 0's clock
             self._last_update = (r.get("ts"), r["t"])
             self._print(*self.progress.update(r))
         elif kind == "members":
@@ -234,13 +247,17 @@ class StatsServer:
         msg, arrived = self._pending
         self._pending = None
         ts, epoch = msg.ts, float(msg.fields["epoch"])
+        server_ts = msg.fields.get("server_ts")  # a sharded run: every server's timestamp
         result = self.evaluate(msg.payloads, stop_event)
         del msg  # frees the weights frames
         if result is None:
             self.evals_skipped += 1
             return
         # self._pending may hold a newer EVAL now: it arrived during the evaluation.
-        self._record_eval({"ts": ts, "t": round(arrived - self.t0, 6), "epoch": epoch}, result)
+        rec = {"ts": ts, "t": round(arrived - self.t0, 6), "epoch": epoch}
+        if server_ts is not None:
+            rec["server_ts"] = server_ts
+        self._record_eval(rec, result)
 
     def _record_eval(self, rec: dict, result: tuple[float, float]) -> None:
         """Write and print the evaluation ``result`` (error, loss) of the weights ``rec``

@@ -1,0 +1,112 @@
+"""``architecture.servers`` under ``rudra-zmq run``: K parameter servers, each serving one range
+of the flat vector, their EVAL slices joined by the statistics server, their files per server
+and the run's assembled from them, a killed server restarted from its range's checkpoint."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fault_runs import FAST, ROOT, Run, records
+
+pytestmark = pytest.mark.timeout(300)
+
+HARDSYNC = ["sync.protocol=hardsync", "sync.learners=2", "train.epochs=3"]
+
+
+def run(tmp_path, name, overrides):
+    out = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs" / "quickstart.yaml")]
+        + ["--run-dir", str(tmp_path / name)]
+        + [a for o in overrides for a in ("--set", o)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return tmp_path / name, out.stdout
+
+
+def test_hardsync_with_two_servers_ends_with_one_servers_weights_and_joined_evaluations(tmp_path):
+    one, _ = run(tmp_path, "k1", HARDSYNC)
+    two, out = run(tmp_path, "k2", [*HARDSYNC, "architecture.servers=2"])
+    w1, w2 = np.load(one / "weights.npy"), np.load(two / "weights.npy")
+    assert w1.shape == w2.shape
+    # two gradients per update: their sum is the same in either order; only torch's own
+    # float order could differ between the runs
+    assert np.abs(w1 - w2).max() <= 1e-5 * np.abs(w1).max()
+    assert not np.array_equal(w1, np.load(two / "servers" / "server-0" / "weights.npy"))
+    parts = [np.load(two / "servers" / f"server-{i}" / "weights.npy") for i in range(2)]
+    np.testing.assert_array_equal(np.concatenate(parts), w2)  # the run's, joined in order
+    final = json.loads((two / "ps_final.json").read_text())
+    assert final["done"] and len(final["servers"]) == 2
+    assert {f["timestamp"] for f in final["servers"]} == {final["timestamp"]}
+    evals = records(two, "eval")
+    assert [e["epoch"] for e in evals] == pytest.approx([0, 1, 2, 3], abs=0.1)
+    assert all(len(e["server_ts"]) == 2 and e["ts"] == e["server_ts"][0] for e in evals)
+    assert {d["server"] for d in records(two, "done")} == {0, 1}
+    ups = records(two, "update")
+    assert {u["server"] for u in ups} == {0, 1}
+    assert len(ups) == 2 * len(records(one, "update"))  # each server's own records
+    ranges = sorted(p.name for p in (two / "checkpoints").iterdir())
+    assert len(ranges) == 2 and all(r.startswith("range-") for r in ranges)
+    assert "result: test error" in out and "per server 0.00, 0.00" in out
+    assert final["epoch"] >= 3 and f"{100 * evals[-1]['test_error']:.2f}%" in out
+
+
+def test_softsync_with_three_servers_trains_to_the_end_with_a_sigma_per_server(tmp_path):
+    d, out = run(tmp_path, "k3", ["train.epochs=4", "architecture.servers=3"])
+    final = json.loads((d / "ps_final.json").read_text())
+    assert len(final["servers"]) == 3 and all(f["done"] for f in final["servers"])
+    assert records(d, "eval")[-1]["test_error"] < 0.2  # it learned the digits
+    sigmas = {
+        k: [s for u in records(d, "update") if u["server"] == k for s in u["sigmas"]]
+        for k in range(3)
+    }
+    assert all(sigmas[k] for k in range(3))
+    line = next(x for x in out.splitlines() if x.startswith("result:"))
+    assert "per server " + ", ".join(f"{np.mean(sigmas[k]):.2f}" for k in range(3)) in line
+
+
+def test_a_killed_server_restarts_from_its_ranges_checkpoint_and_the_run_ends(tmp_path):
+    crash = {"PS_CRASH_AT": "checkpoint", "PS_CRASH_TS": "20", "PS_CRASH_SHARD": "1"}
+    r = Run(
+        tmp_path,
+        "killed",
+        [*FAST, *HARDSYNC, "train.epochs=4", "architecture.servers=2"]
+        + ["train.checkpoint_every_updates=10", "train.eval_every_epochs=1"],
+        crash=crash,
+    )
+    assert r.finish(timeout=240) == 0, r.out
+    assert "restarting ps1 from its newest checkpoint" in r.out, r.out
+    final = json.loads((r.dir / "ps_final.json").read_text())
+    assert [f["incarnation"] for f in final["servers"]] == [1, 2]
+    restarts = records(r.dir, "restart")
+    assert [x["server"] for x in restarts] == [1] and restarts[0]["ts"] == 20
+    assert "result: test error" in r.out
+    assert records(r.dir, "eval")[-1]["epoch"] >= 4
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["architecture.servers=0"], "architecture.servers must be >= 1, got 0"),
+        (["architecture.servers=2", "architecture.kind=adv"], "architecture.servers=2 with"),
+        (["architecture.servers=100000"], "more than the model's 9,930 parameters"),
+    ],
+)
+def test_bad_server_counts_stop_before_anything_starts(tmp_path, overrides, says):
+    out = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs" / "quickstart.yaml")]
+        + ["--run-dir", str(tmp_path / "bad")]
+        + [a for o in overrides for a in ("--set", o)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2 and says in out.stderr, out.stdout + out.stderr
+    assert not (tmp_path / "bad").exists()
