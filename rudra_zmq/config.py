@@ -280,6 +280,9 @@ REMOVED_KEYS = {
 }
 # Removed keys a run saved before they went still loads with: the value that behaves as now.
 KEPT_VALUES = {"optimizer.momentum_policy": "constant"}
+# Keys added since simulator checkpoints were fingerprinted, with the default that behaves as
+# before they came: at it they are left out of a fingerprint (sim_checkpoint.fingerprint).
+ADDED_DEFAULTS = {"architecture.servers": 1}
 
 
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:

@@ -250,7 +250,7 @@ def test_sigterm_stops_a_process_of_two_learners_without_a_failure_logged(tmp_pa
         while len(heard) < 2 and proc.poll() is None and time.monotonic() < deadline:
             for s, _ in poller.poll(100):
                 heard.add(s.recv_multipart()[0])  # a learner's first request, never answered
-        assert len(heard) == 2, "the two learners never asked their servers"
+        assert len(heard) >= 2, "the two learners never asked their servers"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:

@@ -110,3 +110,21 @@ def test_bad_server_counts_stop_before_anything_starts(tmp_path, overrides, says
     )
     assert out.returncode == 2 and says in out.stderr, out.stdout + out.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_sharded_run_resumed_trains_on_from_each_servers_checkpoint(tmp_path):
+    d, _ = run(tmp_path, "k2", [*HARDSYNC, "train.epochs=2", "architecture.servers=2"])
+    first = json.loads((d / "ps_final.json").read_text())
+    out = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", "--resume", str(d), "--set", "train.epochs=3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    final = json.loads((d / "ps_final.json").read_text())
+    assert final["epoch"] >= 3 and final["timestamp"] > first["timestamp"]
+    assert [f["incarnation"] for f in final["servers"]] == [2, 2]
+    assert {r["server"] for r in records(d, "restart")} == {0, 1}
+    assert records(d, "eval")[-1]["epoch"] >= 3 and "result: test error" in out.stdout

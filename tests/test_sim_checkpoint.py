@@ -134,7 +134,8 @@ def test_a_checkpoint_written_before_a_config_key_went_still_resumes():
     """The fingerprint cffc958 (which had optimizer.momentum_policy) gave this config and
     timing; a checkpoint it wrote must resume now. A new config field changes every
     fingerprint, and so fails this test: checkpoints of the simulations then running would no
-    longer resume (count it at its default for them, as KEPT_VALUES does for a removed key)."""
+    longer resume (leave it out at its default, config.ADDED_DEFAULTS, as KEPT_VALUES counts
+    a removed key at its)."""
     cfg = load_config(None, ["sync.protocol=softsync", "sync.learners=4", "sync.n=2"])
     got = sim_checkpoint.fingerprint(cfg, seed=0, jitter=0.1, speeds=[1.0] * 4, path="batched")
     assert got == "fa8f2e0b15ba0e4f05e32f1f4ae2506dff4fec74f9be52c285ff6cd1b1bcc432"

@@ -55,6 +55,12 @@ def _check(cfg) -> None:
             f"architecture.kind={cfg.architecture.kind}: replay takes Rudra-base runs (a "
             "tree node sums its learners' gradients before the root's engine sees them)"
         )
+    if cfg.architecture.servers > 1:
+        raise ReplayError(
+            f"architecture.servers={cfg.architecture.servers}: replay takes runs of one "
+            "server (each server of a sharded run logs its own arrivals, in "
+            "servers/server-I/arrivals.bin, which replay does not join yet)"
+        )
     if cfg.data.augment:
         raise ReplayError(
             "data.augment is on: the simulator's trainer does not augment, so it cannot "

@@ -53,9 +53,14 @@ def fingerprint(cfg, *, seed: int, jitter: float, speeds, path: str) -> str:
     """A digest of what decides a simulation's training: the config except ``runtime.*``,
     the timing ``seed``, ``jitter``, ``speeds`` and the gradient ``path`` (batched or
     per-gradient). A key removed since (``config.KEPT_VALUES``) counts at the value every
-    run now behaves as, so checkpoints written before it went still resume. Pure."""
+    run now behaves as, and a key added since (``config.ADDED_DEFAULTS``) is left out at its
+    default, so checkpoints written before either still resume. Pure."""
     data = config_mod.to_dict(cfg)
     data.pop("runtime", None)
+    for key, default in config_mod.ADDED_DEFAULTS.items():
+        section, name = key.split(".", 1)
+        if data.get(section, {}).get(name) == default:
+            del data[section][name]
     for key, value in config_mod.KEPT_VALUES.items():  # a removed key, as checkpoints hold it
         section, name = key.split(".", 1)
         data.setdefault(section, {}).setdefault(name, value)
