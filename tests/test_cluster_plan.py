@@ -67,6 +67,32 @@ def test_a_server_host_of_its_own_and_ip_addresses_bound_exactly():
     assert v6.plan.endpoints["ps"] == "tcp://[fd00::1]:29500"
 
 
+def test_sharded_servers_go_to_the_server_host_to_named_hosts_or_beside_the_learners():
+    k3 = ["sync.learners=4", "architecture.servers=3"]
+    cp = _place(k3, "a:2,b:2")
+    assert [cp.placement[x] for x in ("ps", "ps1", "ps2")] == ["a", "a", "a"]
+    assert len({cp.plan.endpoints[x] for x in ("ps", "ps1", "ps2", "data", "stats")}) == 5
+    cp = _place(k3, "a:2,b:2", ps_hosts=["learners"])
+    assert [cp.placement[x] for x in ("ps", "ps1", "ps2")] == ["a", "b", "a"]  # cycling
+    cp = _place(k3, "a:2,b:2", ps_hosts=["s1", "s2"])  # dedicated hosts
+    assert [cp.placement[x] for x in ("ps", "ps1", "ps2")] == ["s1", "s2", "s1"]
+    assert cp.learners_on("s1") == 0 and "s1 (servers only" in cluster_plan.describe(cp)
+    learner = next(s for s in cluster_plan.role_steps(cp.plan) if s.role == "learner")
+    ps = learner.args[learner.args.index("--ps") + 1].split(",")
+    assert ps == [cp.plan.endpoints[x] for x in ("ps", "ps1", "ps2")]  # in range order
+    assert {"ps", "ps1", "ps2"} <= set(learner.after)
+
+
+def test_ps_hosts_with_a_bad_name_is_refused_naming_it():
+    from rudra_zmq.launch.hostfile import HostfileError, parse_names
+
+    assert parse_names("s1,10.0.0.2,[fd00::7]", "--ps-hosts") == ["s1", "10.0.0.2", "fd00::7"]
+    with pytest.raises(HostfileError, match="--ps-hosts 's1,-x'"):
+        parse_names("s1,-x", "--ps-hosts")
+    with pytest.raises(HostfileError, match="host names only"):
+        parse_names("s1:2", "--ps-hosts")
+
+
 def test_adv_leaves_and_advstar_broadcast_sockets_sit_with_their_learners():
     cp = _place(
         [

@@ -222,8 +222,9 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 18
         # adv* with CurveZMQ asked for (base and adv get it by default across hosts): the run's
         # keys go to every host with the config
         ("quickstart_advstar.yaml", ["--set", "security.curve=true"]),
-        # two parameter servers (ps, ps1) on the first host, CurveZMQ on by default
-        ("quickstart.yaml", ["--set", "architecture.servers=2"]),
+        # three parameter servers beside the learners (ps, ps1, ps2 on the three hosts),
+        # CurveZMQ on by default
+        ("quickstart.yaml", ["--set", "architecture.servers=3", "--ps-hosts", "learners"]),
     ],
 )
 def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
@@ -256,9 +257,9 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     assert {"ps.log", "stats.log", "learner3.log"} <= {p.name for p in (run / "logs").iterdir()}
     if config != "quickstart.yaml":  # the leaf of learners 1,2 sits on their host
         assert "10.77.0.2:node1 " in out
-    if "architecture.servers=2" in extra:  # both servers ran, and the run's weights are joined
-        assert "10.77.0.1:ps1 " in out and "ps1.log" in {p.name for p in (run / "logs").iterdir()}
-        assert len(json.loads((run / "ps_final.json").read_text())["servers"]) == 2
+    if "architecture.servers=3" in extra:  # each server on its host, the weights joined
+        assert "10.77.0.2:ps1 " in out and "10.77.0.3:ps2 " in out
+        assert len(json.loads((run / "ps_final.json").read_text())["servers"]) == 3
     # across hosts CurveZMQ is on without being asked for, with the run's keys
     assert "security: CurveZMQ on every socket" in out and (run / "keys" / "server.key").exists()
     assert "PLAINTEXT" not in out

@@ -35,13 +35,14 @@ import psutil
 from .. import config as config_mod
 from .. import transport
 from ..config import ConfigError
+from ..roles.ps_shard_files import assemble
 from ..run_files import env_path, log_path
 from . import cluster_plan, hostfile, preflight
 from .children import Child, echo_lines
 from .launcher import Launcher
 from .remote_commands import Commands
 from .run_dirs import LaunchError, RemoteRunDirs, missing_dirs, remove_made
-from .run_plan import role_env
+from .run_plan import ps_labels, role_env
 
 SSH_FAILED = 255  # ssh's exit code for its own errors (not the remote command's)
 
@@ -201,10 +202,26 @@ class ClusterLauncher(Launcher):
             rc = super().run()
         finally:
             if self.all_up:
-                self.dirs.copy_back(self.cp.server_host)
+                self._copy_back()
             elif rc != 0:
                 self.dirs.discard()
         return rc
+
+    def _copy_back(self) -> None:
+        """Bring the run directory home from the parameter servers' hosts, then the server
+        host's (it wins where both wrote), where they do not share our file system; a
+        sharded run's weights.npy and ps_final.json are then joined here if no host could
+        (``ps_shard_files``). Best effort, as ``copy_back``."""
+        cp, cfg = self.cp, self.cp.plan.cfg
+        ps_hosts = {cp.placement[label] for label in ps_labels(cfg)} - {cp.server_host}
+        for host in sorted(ps_hosts):
+            self.dirs.copy_back(host)
+        self.dirs.copy_back(cp.server_host)
+        if cfg.architecture.servers > 1:
+            try:
+                assemble(cp.plan.run_dir, cfg.architecture.servers, cfg.train.epochs)
+            except (OSError, ValueError) as exc:
+                print(f"rudra-zmq launch: could not join the servers' weights: {exc}")
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -259,6 +276,9 @@ def launch(args) -> int:
         cfg,
         hosts,
         server_host=args.server_host,
+        ps_hosts=hostfile.parse_names(args.ps_hosts, "--ps-hosts")
+        if args.ps_hosts and args.ps_hosts != "learners"
+        else (["learners"] if args.ps_hosts else None),
         port=args.port,
         run_dir=args.run_dir,
         create=not args.dry_run,
@@ -317,6 +337,13 @@ def add_parser(sub) -> None:
         "--server-host",
         metavar="HOST",
         help="where the PS, data and statistics servers run (default: first host)",
+    )
+    p.add_argument(
+        "--ps-hosts",
+        metavar="HOST[,HOST...]|learners",
+        help="where the parameter servers run (architecture.servers: server I on the I-th "
+        "host, cycling), on dedicated hosts or beside the learners ('learners': on the "
+        "learners' hosts in order); default: the server host",
     )
     p.add_argument(
         "--port",

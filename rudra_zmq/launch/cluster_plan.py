@@ -4,7 +4,9 @@ Given a config and the hosts of a hostfile (:mod:`rudra_zmq.launch.hostfile`; on
 learner), :func:`place` puts
 
 - the statistics server, the data server and the PS on the server host (the first host, or
-  ``server_host``), with the inner tree nodes and the advstar broadcast root;
+  ``server_host``), with the inner tree nodes and the advstar broadcast root; the K
+  parameter servers of ``architecture.servers`` there too, or on ``ps_hosts`` (server I on
+  its I-th entry, cycling; ``["learners"]``: beside the learners, on their hosts in order);
 - learner processes (``runtime.learners_per_process`` learners each) on the hosts in order,
   filling each host's slots before the next;
 - each Rudra-adv leaf on the host of its learners, and each advstar learner's broadcast
@@ -139,11 +141,27 @@ def _place_groups(groups: list[list[int]], hosts: list[hostfile.Host]) -> list[s
     return out
 
 
+def _ps_hosts(ps_hosts, server: str, learner_hosts: list[str]):
+    """The host of each parameter server, cycling through ``ps_hosts`` (``["learners"]``: the
+    learners' hosts in order; None: the server host)."""
+    if not ps_hosts:
+        names = [server]
+    elif ps_hosts == ["learners"]:
+        names = list(dict.fromkeys(learner_hosts))  # each learner host once, in order
+    else:
+        names = ps_hosts
+    i = 0
+    while True:
+        yield names[i % len(names)]
+        i += 1
+
+
 def place(
     cfg,
     hosts: list[hostfile.Host],
     *,
     server_host: str | None = None,
+    ps_hosts: list[str] | None = None,
     port: int = DEFAULT_PORT,
     run_dir=None,
     create: bool = True,
@@ -169,8 +187,10 @@ def place(
         else learner_groups(cfg)
     )
     placement = {"stats": server, "data": server}
-    placement.update((label, server) for label in ps_labels(cfg))  # every PS on the server host
-    for ids, host in zip(groups, _place_groups(groups, hosts)):
+    learner_hosts = _place_groups(groups, hosts)
+    for label, host in zip(ps_labels(cfg), _ps_hosts(ps_hosts, server, learner_hosts)):
+        placement[label] = host
+    for ids, host in zip(groups, learner_hosts):
         placement[learner_label(ids)] = host
     host_of_learner = {i: placement[learner_label(ids)] for ids in groups for i in ids}
 

@@ -121,6 +121,21 @@ def parse_hosts_arg(text: str) -> list[Host]:
     return hosts
 
 
+def parse_names(text: str, option: str) -> list[str]:
+    """``"h1,h2,[fd00::7]"`` -> checked host names, in order (a name may repeat). Raises
+    HostfileError naming ``option`` and the bad part."""
+    names = []
+    for part in text.split(","):
+        try:
+            name, extra = _spec(part.strip())
+        except _Bad as exc:
+            raise HostfileError(f"{option} {text!r}: {exc}") from None
+        if extra is not None:
+            raise HostfileError(f"{option} {text!r}: give host names only, not {part!r}")
+        names.append(name)
+    return names
+
+
 def select(hosts: list[Host], include: str | None = None, exclude: str | None = None) -> list[Host]:
     """The hosts and slots that ``include`` keeps or ``exclude`` leaves (DeepSpeed's
     ``host1@host2:0,2``), in the order of ``hosts``; hosts left without slots are dropped.
