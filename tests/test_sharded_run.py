@@ -3,6 +3,7 @@ of the flat vector, their EVAL slices joined by the statistics server, their fil
 and the run's assembled from them, a killed server restarted from its range's checkpoint."""
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -128,3 +129,27 @@ def test_a_sharded_run_resumed_trains_on_from_each_servers_checkpoint(tmp_path):
     assert [f["incarnation"] for f in final["servers"]] == [2, 2]
     assert {r["server"] for r in records(d, "restart")} == {0, 1}
     assert records(d, "eval")[-1]["epoch"] >= 3 and "result: test error" in out.stdout
+
+
+def test_a_frozen_learner_is_evicted_by_each_server_then_rejoins_each(tmp_path):
+    """As test_fault_learners' freeze, with two servers: each evicts the two frozen learners
+    on its own (λ 4 -> 2) and takes them back when they rejoin it (λ 2 -> 4)."""
+    r = Run(
+        tmp_path,
+        "frozen",
+        [*FAST, "sync.protocol=softsync", "train.epochs=50", "architecture.servers=2"]
+        + ["runtime.learner_timeout_s=1", "runtime.learners_per_process=2"],
+    )
+    r.wait_learners({0, 1})
+    r.signal("learner0-1", signal.SIGSTOP)
+    for server in ("ps", "ps1"):
+        r.wait_log(server, ["learner 0 evicted", "learner 1 evicted"])
+    r.signal("learner0-1", signal.SIGCONT)
+    assert r.finish() == 0, r.out
+    for server in (0, 1):
+        events = [
+            (x["event"], x["learners"]) for x in records(r.dir, "members") if x["server"] == server
+        ]
+        assert events == [("evicted", 3), ("evicted", 2), ("joined", 3), ("joined", 4)], events
+    log = (r.dir / "logs" / "learner0-1.log").read_text()
+    assert "learner 0: rejoining servers [0, 1]" in log and "learner 1: rejoining servers" in log
