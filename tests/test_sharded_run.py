@@ -70,6 +70,14 @@ def test_softsync_with_three_servers_trains_to_the_end_with_a_sigma_per_server(t
     assert all(sigmas[k] for k in range(3))
     line = next(x for x in out.splitlines() if x.startswith("result:"))
     assert "per server " + ", ".join(f"{np.mean(sigmas[k]):.2f}" for k in range(3)) in line
+    report = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "report", str(d)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert " / ".join(f"{np.mean(sigmas[k]):.2f}" for k in range(3)) in report.stdout
 
 
 def test_a_killed_server_restarts_from_its_ranges_checkpoint_and_the_run_ends(tmp_path):

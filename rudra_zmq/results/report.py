@@ -32,6 +32,7 @@ from .compare import (
     mean_sigma,
     protocol_name,
     read_config,
+    server_sigmas,
 )
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,9 @@ TIME_UNIT = {"real": "s", "simulated": "sim"}
 TIME_AXIS = {"real": plots.TIME_LABEL, "simulated": "simulated time"}
 FOOTNOTES = (
     "σ: n for n-softsync, 0 for hardsync, λ for async (as Table 2 writes it); ⟨σ⟩: the mean "
-    "staleness over every gradient of the run. Error at budget: the last eval at or before the "
-    "budget epoch (the eval of the update that reached it counts).",
+    "staleness over every gradient of the run (a sharded run: each server's, server 0 "
+    "first). Error at budget: the last eval at or before the budget epoch (the eval of the "
+    "update that reached it counts).",
     "¹ the best eval up to the budget.",
     "² at the eval of the error at budget: wall seconds since training started (s; the "
     "parameter server's first update, start-up left out) for real runs, simulated time (sim; "
@@ -206,6 +208,7 @@ def table_row(run: Run, budget: float | None = None) -> dict:
         "best_error": best and best["test_error"],
         "time": at and at["wall_s"],
         "mean_sigma": mean_sigma(m),
+        "server_sigmas": server_sigmas(m),  # a sharded run: each server's (the cell shows all)
         "paper_error": round(ref.test_error_pct / 100, 6) if ref else None,
         "time_unit": TIME_UNIT[run.mode],
     }
@@ -222,7 +225,8 @@ def _cell(key: str, row: dict) -> str:
     if key == "lr_policy":
         return POLICY.get(v, str(v))
     if key == "mean_sigma":
-        return f"{v:.2f}"
+        each = row.get("server_sigmas") or [v]
+        return " / ".join("-" if x is None else f"{x:.2f}" for x in each)
     if key == "schedule":
         return f"×{v:g}"
     if isinstance(v, float):
