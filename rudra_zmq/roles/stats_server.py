@@ -378,11 +378,14 @@ class StatsServer:
             plots.plot_run(self.run_dir)
         except Exception:  # the metrics are safe on disk; plots can be redrawn from them
             log.exception("statistics server: could not write summary.csv or the plots")
-        if self.invalid or self.evals_skipped:
+        unjoined = self.join.dropped + len(self.join.open) if self.join is not None else 0
+        if self.invalid or self.evals_skipped or unjoined:
             log.info(
-                "statistics server: %d invalid messages ignored, %d evaluations skipped",
+                "statistics server: %d invalid messages ignored, %d evaluations skipped, "
+                "%d left without every server's slice",
                 self.invalid,
                 self.evals_skipped,
+                unjoined,
             )
         self._print(f"run directory: {self.run_dir}")
         if not self.sock.closed:

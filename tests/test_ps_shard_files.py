@@ -1,0 +1,33 @@
+"""A sharded run's files (roles/ps_shard_files.py): the run's weights.npy and ps_final.json
+are joined from every server's only once all K have finished this period's epochs."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+
+from rudra_zmq.roles.ps_report import write_final
+from rudra_zmq.roles.ps_shard_files import assemble
+from rudra_zmq.run_files import server_dir
+
+
+def finish(run_dir, i, w, ts, epoch, incarnation=1):
+    d = server_dir(run_dir, i)
+    d.mkdir(parents=True, exist_ok=True)
+    np.save(d / "weights.npy", np.asarray(w, np.float32))
+    engine = SimpleNamespace(timestamp=ts, epoch=epoch, updates=ts)
+    write_final(d, SimpleNamespace(engine=engine, done=True, incarnations=[0] * incarnation))
+
+
+def test_the_run_files_are_joined_once_every_server_finished_this_periods_epochs(tmp_path):
+    finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)
+    assert not assemble(tmp_path, 2, 3.0)  # server 1 has not finished
+    finish(tmp_path, 1, [3], ts=11, epoch=2.0)  # an earlier period's end (resumed since)
+    assert not assemble(tmp_path, 2, 3.0) and not (tmp_path / "weights.npy").exists()
+    finish(tmp_path, 1, [3], ts=12, epoch=3.01, incarnation=2)
+    assert assemble(tmp_path, 2, 3.0)
+    np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2, 3])
+    final = json.loads((tmp_path / "ps_final.json").read_text())
+    assert (final["timestamp"], final["epoch"], final["incarnation"]) == (10, 3.0, 2)
+    assert [f["timestamp"] for f in final["servers"]] == [10, 12] and final["done"]
+    assert not list(tmp_path.glob(".*.tmp"))  # written through temporary files, renamed

@@ -1,0 +1,59 @@
+"""The statistics server's join of a sharded run's EVAL slices (roles/stats_join.py) and its
+end of a run of K servers (roles/stats_end.py): pure logic, no sockets."""
+
+import numpy as np
+
+from rudra_zmq.roles.stats_end import RunEnd
+from rudra_zmq.roles.stats_join import MAX_OPEN, EvalJoin
+from rudra_zmq.wire import SENDER_PS, Kind, Message
+
+
+def eval_msg(lo, hi, ts, epoch, final=False, value=None, n=None):
+    n = hi - lo if n is None else n
+    payload = np.full(n, lo if value is None else value, np.float32)
+    fields = {"epoch": epoch, "range": [lo, hi], "final": final}
+    return Message(Kind.EVAL, SENDER_PS, 1, ts, 1, fields, [payload])
+
+
+def test_the_slices_of_one_epoch_join_in_range_order_whatever_their_arrival():
+    join = EvalJoin(10, 3)  # ranges [0, 4), [4, 7), [7, 10)
+    assert join.add(eval_msg(7, 10, ts=5, epoch=1.0)) is None
+    assert join.add(eval_msg(0, 4, ts=4, epoch=1.0)) is None
+    whole = join.add(eval_msg(4, 7, ts=6, epoch=1.0))
+    assert whole.ts == 4 and whole.fields == {"epoch": 1.0, "server_ts": [4, 6, 5]}
+    np.testing.assert_array_equal(np.concatenate(whole.payloads), [0] * 4 + [4] * 3 + [7] * 3)
+    assert join.open == {}
+
+
+def test_final_slices_join_whatever_their_epochs_and_other_epochs_stay_apart():
+    join = EvalJoin(4, 2)
+    assert join.add(eval_msg(0, 2, 9, 2.0, final=True)) is None
+    assert join.add(eval_msg(2, 4, 9, 1.0)) is None  # epoch 1 of server 1: not the final
+    whole = join.add(eval_msg(2, 4, 7, 2.01, final=True))  # a restarted server's end
+    assert whole is not None and whole.fields["epoch"] == 2.0
+    assert list(join.open) == [1.0]
+
+
+def test_a_slice_of_another_range_or_size_is_refused_and_old_incomplete_ones_dropped():
+    join = EvalJoin(10, 2)
+    assert "this run's 2 servers serve [[0, 5], [5, 10]]" in join.refusal(eval_msg(0, 4, 1, 0.0))
+    assert "with 3 floats, not 5" in join.refusal(eval_msg(0, 5, 1, 0.0, n=3))
+    assert join.refusal(eval_msg(5, 10, 1, 0.0)) is None
+    for e in range(MAX_OPEN + 2):
+        join.add(eval_msg(0, 5, e, float(e)))
+    assert join.dropped == 2 and list(join.open)[0] == 2.0  # the oldest went
+
+
+def test_a_run_of_three_servers_ends_once_each_servers_done_came(tmp_path):
+    end = RunEnd(tmp_path, epochs=2.0, servers=3)
+    done = {"type": "done", "ts": 40, "epoch": 2.0}
+    end.done_received({**done, "server": 1, "ts": 41}, 1.0, SENDER_PS)
+    end.done_received({**done, "server": 1}, 1.5, SENDER_PS)  # again: still one server
+    end.done_received({**done}, 1.7, SENDER_PS)  # names no server: not counted
+    assert end.done is None
+    end.done_received({**done, "server": 0}, 2.0, SENDER_PS)
+    assert end.done is None
+    end.done_received({**done, "server": 2, "ts": 39}, 3.0, SENDER_PS)
+    assert end.done["ts"] == 40 and end.done["arrived"] == 3.0  # server 0's, when all came
+    assert end.verdict(3.5, evaluated={40}) == "finished"
+    assert end.verdict(3.5, evaluated={41}) == "final"
