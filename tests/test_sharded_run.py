@@ -75,7 +75,7 @@ def test_softsync_with_three_servers_trains_to_the_end_with_a_sigma_per_server(t
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=ROOT,
+        cwd=tmp_path,  # its tables and figures go here
     )
     assert " / ".join(f"{np.mean(sigmas[k]):.2f}" for k in range(3)) in report.stdout
 
