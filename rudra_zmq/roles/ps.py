@@ -388,7 +388,10 @@ class ParameterServer:
             np.save(self.files_dir / WEIGHTS_FILE, self.state.w)
             write_final(self.files_dir, self.state)
             if self.shard is not None and self.state.done:  # the last server writes the run's
-                assemble(self.run_dir, self.cfg.architecture.servers, self.cfg.train.epochs)
+                try:
+                    assemble(self.run_dir, self.cfg.architecture.servers, self.cfg.train.epochs)
+                except (OSError, ValueError) as exc:  # its own files are saved: say, go on
+                    log.warning("could not join the servers' weights in %s: %s", self.run_dir, exc)
         self.weights_out.close()
         self.sock.close(linger=transport.LINGER_MS)
         if self._own_ctx:
