@@ -216,15 +216,17 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 18
 @pytest.mark.parametrize(
     "config,extra",
     [
-        # base through pdsh (adv, adv* and the fault tests go through ssh, the default)
-        ("quickstart.yaml", ["--launcher", "pdsh"]),
+        # base through pdsh (adv, adv* and the fault tests go through ssh, the default), with
+        # three parameter servers, one beside each host's learners (one server: the fault
+        # tests below)
+        (
+            "quickstart.yaml",
+            ["--launcher", "pdsh", "--set", "architecture.servers=3", "--ps-hosts", "learners"],
+        ),
         ("quickstart_adv.yaml", []),
         # adv* with CurveZMQ asked for (base and adv get it by default across hosts): the run's
         # keys go to every host with the config
         ("quickstart_advstar.yaml", ["--set", "security.curve=true"]),
-        # three parameter servers beside the learners (ps, ps1, ps2 on the three hosts),
-        # CurveZMQ on by default
-        ("quickstart.yaml", ["--set", "architecture.servers=3", "--ps-hosts", "learners"]),
     ],
 )
 def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):

@@ -31,7 +31,7 @@ def run(tmp_path, name, overrides):
     return tmp_path / name, out.stdout
 
 
-def test_hardsync_with_two_servers_ends_with_one_servers_weights_and_joined_evaluations(tmp_path):
+def test_hardsync_with_two_servers_ends_with_one_servers_weights_and_resumes_per_server(tmp_path):
     one, _ = run(tmp_path, "k1", HARDSYNC)
     two, out = run(tmp_path, "k2", [*HARDSYNC, "architecture.servers=2"])
     w1, w2 = np.load(one / "weights.npy"), np.load(two / "weights.npy")
@@ -56,6 +56,20 @@ def test_hardsync_with_two_servers_ends_with_one_servers_weights_and_joined_eval
     assert len(ranges) == 2 and all(r.startswith("range-") for r in ranges)
     assert "result: test error" in out and "per server 0.00, 0.00" in out
     assert final["epoch"] >= 3 and f"{100 * evals[-1]['test_error']:.2f}%" in out
+    # resumed to train on: each server from its own range's newest checkpoint
+    out = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", "--resume", str(two), "--set", "train.epochs=4"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    again = json.loads((two / "ps_final.json").read_text())
+    assert again["epoch"] >= 4 and again["timestamp"] > final["timestamp"]
+    assert [f["incarnation"] for f in again["servers"]] == [2, 2]
+    assert {r["server"] for r in records(two, "restart")} == {0, 1}
+    assert records(two, "eval")[-1]["epoch"] >= 4 and "result: test error" in out.stdout
 
 
 def test_softsync_with_three_servers_trains_to_the_end_with_a_sigma_per_server(tmp_path):
@@ -119,24 +133,6 @@ def test_bad_server_counts_stop_before_anything_starts(tmp_path, overrides, says
     )
     assert out.returncode == 2 and says in out.stderr, out.stdout + out.stderr
     assert not (tmp_path / "bad").exists()
-
-
-def test_a_sharded_run_resumed_trains_on_from_each_servers_checkpoint(tmp_path):
-    d, _ = run(tmp_path, "k2", [*HARDSYNC, "train.epochs=2", "architecture.servers=2"])
-    first = json.loads((d / "ps_final.json").read_text())
-    out = subprocess.run(
-        [sys.executable, "-m", "rudra_zmq", "run", "--resume", str(d), "--set", "train.epochs=3"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    final = json.loads((d / "ps_final.json").read_text())
-    assert final["epoch"] >= 3 and final["timestamp"] > first["timestamp"]
-    assert [f["incarnation"] for f in final["servers"]] == [2, 2]
-    assert {r["server"] for r in records(d, "restart")} == {0, 1}
-    assert records(d, "eval")[-1]["epoch"] >= 3 and "result: test error" in out.stdout
 
 
 def test_a_frozen_learner_is_evicted_by_each_server_then_rejoins_each(tmp_path):
