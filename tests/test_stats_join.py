@@ -57,3 +57,23 @@ def test_a_run_of_three_servers_ends_once_each_servers_done_came(tmp_path):
     assert end.done["ts"] == 40 and end.done["arrived"] == 3.0  # server 0's, when all came
     assert end.verdict(3.5, evaluated={40}) == "finished"
     assert end.verdict(3.5, evaluated={41}) == "final"
+
+
+def test_tensorboard_puts_other_servers_staleness_and_rates_under_their_own_tags():
+    from types import SimpleNamespace
+
+    from rudra_zmq.roles.stats_tensorboard import TensorBoardLog
+
+    written = []
+    tb = TensorBoardLog.__new__(TensorBoardLog)  # without TensorBoard: a writer that records
+    tb.writer = SimpleNamespace(add_scalar=lambda tag, v, step, walltime: written.append(tag))
+    tb.t0, tb.started, tb._early, tb._rates, tb._ts = 0.0, 0.0, {}, {}, 0
+    tb.record({"type": "update", "t": 1.0, "ts": 5, "mean_sigma": 0.5, "server": 0})
+    tb.record({"type": "update", "t": 1.0, "ts": 4, "mean_sigma": 0.7, "server": 2})
+    tb.record({"type": "ps", "t": 1.0, "ts": 4, "updates_per_s": 3.0, "server": 2})
+    assert written == [
+        "staleness/mean_sigma",
+        "server-2/staleness/mean_sigma",
+        "server-2/throughput/updates_per_s",
+    ]
+    assert tb._ts == 5  # server 0's clock only

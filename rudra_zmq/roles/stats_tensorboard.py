@@ -73,9 +73,19 @@ class TensorBoardLog:
             self._scalar("sync/learners", learners, 0, 0.0)
 
     def record(self, r: dict) -> None:
-        """Write the scalars of one record (as written to metrics.jsonl; others ignored)."""
+        """Write the scalars of one record (as written to metrics.jsonl; others ignored). A
+        sharded run's servers other than 0 write under ``server-I/`` tags (their own
+        timestamps)."""
         kind, t = r.get("type"), r.get("t")
         if not is_number(t):
+            return
+        server = r.get("server")
+        if kind in ("update", "ps") and isinstance(server, int) and server > 0:
+            step = r.get("ts")
+            tag = "staleness/mean_sigma" if kind == "update" else "throughput/updates_per_s"
+            value = r.get("mean_sigma" if kind == "update" else "updates_per_s")
+            if is_number(step):
+                self._scalar(f"server-{server}/{tag}", value, step, t)
             return
         step = r["ts"] if is_number(r.get("ts")) else self._ts
         if kind == "update":
