@@ -192,17 +192,19 @@ class ShardedPushPull:
     def _stopped(self, replies: dict) -> bool:
         """Take the servers in ``replies`` that said STOP (training over there) out of
         ``active`` (their replies are removed); whether none is left."""
-        for k in [k for k, m in replies.items() if isinstance(m, wire.Message)]:
-            if replies[k].kind == Kind.STOP:
-                del replies[k]
-                self.active.remove(k)
-                if self.active:
-                    log.info(
-                        "learner %d: server %d finished training; going on with %s",
-                        self.id,
-                        k,
-                        self.active,
-                    )
+        stop = [
+            k for k, m in replies.items() if isinstance(m, wire.Message) and m.kind == Kind.STOP
+        ]
+        for k in stop:
+            del replies[k]
+            self.active.remove(k)
+        if stop and self.active:  # once per reply, not per server
+            log.info(
+                "learner %d: servers %s finished training; going on with %s",
+                self.id,
+                sorted(stop),
+                self.active,
+            )
         return not self.active
 
     def close(self, finished: bool) -> None:
