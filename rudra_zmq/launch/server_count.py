@@ -37,10 +37,11 @@ def model_numel(cfg) -> int:
         out = subprocess.run(
             [sys.executable, "-c", _SIZE, str(path)], capture_output=True, text=True
         )
-    if out.returncode != 0 or not out.stdout.strip().isdigit():
+    last = (out.stdout.strip().splitlines() or [""])[-1]  # a user model may print first
+    if out.returncode != 0 or not last.isdigit():
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigError(f"could not build model.name={cfg.model.name!r}: {tail}")
-    return int(out.stdout.strip())
+    return int(last)
 
 
 def check_servers(cfg) -> None:
