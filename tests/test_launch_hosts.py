@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from netns_check import netns_missing
@@ -321,6 +322,8 @@ def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_re
             "sync.learners=2",
             "--set",
             "train.epochs=1",
+            "--set",
+            "architecture.servers=2",  # their files too come back, and their weights joined
             "--ssh-opts",
             f"-F {lan.tmp / 'ssh_config'} -p 2222",
             hosts=f"{HOSTS[0]}:2",
@@ -332,6 +335,8 @@ def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_re
         assert run_summary(run)["epochs"] >= 1.0
         assert (run / "throughput.png").exists() and (run / "ps_final.json").exists()
         assert (run / "logs" / "ps.log").read_text().strip()
+        parts = [np.load(run / "servers" / f"server-{i}" / "weights.npy") for i in (0, 1)]
+        np.testing.assert_array_equal(np.concatenate(parts), np.load(run / "weights.npy"))
     assert lan.leftovers() == {}
 
 
