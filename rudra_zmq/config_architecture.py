@@ -7,6 +7,17 @@ from .sync import check_protocol
 from .typed_yaml import ConfigError, one_of
 
 
+def check_servers_fit(servers: int, numel: int) -> None:
+    """Raise ConfigError unless ``architecture.servers`` can split a model of ``numel``
+    parameters: each server serves at least one. Pure; the launcher calls it before anything
+    starts (``launch/server_count.py``), a PS when it computes its range (``ps_start``)."""
+    if servers > numel:
+        raise ConfigError(
+            f"architecture.servers={servers} is more than the model's {numel:,} parameters; "
+            "give each server at least one"
+        )
+
+
 def validate_architecture(self) -> None:
     """Raise ConfigError, naming the value, unless ``self.architecture`` (a Config's) can run
     with its sync section: the tree's shape, leaves, relay, and the protocols a tree or the

@@ -69,8 +69,12 @@ def checkpoints_root(run_dir) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR
 
 
-def server_dir(run_dir, index: int) -> Path:
-    """``RUN/servers/server-I``: the files of server ``index`` of a sharded run."""
+def server_dir(run_dir, index: int | None) -> Path:
+    """Where a parameter server writes its ``weights.npy``, ``ps_final.json`` and
+    ``arrivals.bin``: ``RUN`` for the only server (``index`` None), ``RUN/servers/server-I``
+    for server ``index`` of a sharded run."""
+    if index is None:
+        return Path(run_dir)
     return Path(run_dir) / SERVERS_DIR / f"server-{index}"
 
 

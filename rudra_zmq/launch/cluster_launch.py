@@ -225,6 +225,14 @@ class ClusterLauncher(Launcher):
 
 
 # ----------------------------------------------------------------------------- entry point
+def _ps_hosts(text: str | None) -> list[str] | None:
+    """``--ps-hosts`` for ``cluster_plan.place``: None, ``["learners"]``, or checked host
+    names (HostfileError naming a bad one)."""
+    if not text or text == "learners":
+        return [text] if text else None
+    return hostfile.parse_names(text, "--ps-hosts")
+
+
 def _forwarded(names: list[str]) -> dict[str, str]:
     """``-x NAME`` (its value here) or ``-x NAME=VALUE``; raises ConfigError for an unset one."""
     out = {}
@@ -276,9 +284,7 @@ def launch(args) -> int:
         cfg,
         hosts,
         server_host=args.server_host,
-        ps_hosts=hostfile.parse_names(args.ps_hosts, "--ps-hosts")
-        if args.ps_hosts and args.ps_hosts != "learners"
-        else (["learners"] if args.ps_hosts else None),
+        ps_hosts=_ps_hosts(args.ps_hosts),
         port=args.port,
         run_dir=args.run_dir,
         create=not args.dry_run,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ipaddress
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,15 +146,10 @@ def _ps_hosts(ps_hosts, server: str, learner_hosts: list[str]):
     """The host of each parameter server, cycling through ``ps_hosts`` (``["learners"]``: the
     learners' hosts in order; None: the server host)."""
     if not ps_hosts:
-        names = [server]
-    elif ps_hosts == ["learners"]:
-        names = list(dict.fromkeys(learner_hosts))  # each learner host once, in order
-    else:
-        names = ps_hosts
-    i = 0
-    while True:
-        yield names[i % len(names)]
-        i += 1
+        return itertools.cycle([server])
+    if ps_hosts == ["learners"]:
+        return itertools.cycle(dict.fromkeys(learner_hosts))  # each learner host once, in order
+    return itertools.cycle(ps_hosts)
 
 
 def place(

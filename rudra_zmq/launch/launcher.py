@@ -46,7 +46,7 @@ from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_path,
 from . import console, preflight
 from .children import Child, accepting, echo_lines, kill_tree, log_size
 from .restarts import on_failure
-from .run_plan import Plan, make_plan, role_env, role_steps, run_keys, summary
+from .run_plan import Plan, make_plan, ps_labels, role_env, role_steps, run_keys, summary
 
 POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
@@ -265,9 +265,8 @@ class Launcher:
         cfg, run_dir = self.plan.cfg, self.plan.run_dir
         final = None
         if c.role == "ps":  # its own ps_final.json (a sharded run's server: in its folder)
-            shard = int(c.label[2:] or 0)
-            where = run_dir if cfg.architecture.servers == 1 else server_dir(run_dir, shard)
-            final = final_done(where, cfg.train.epochs)
+            shard = ps_labels(cfg).index(c.label) if cfg.architecture.servers > 1 else None
+            final = final_done(server_dir(run_dir, shard), cfg.train.epochs)
         verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final)
         if verdict.message:
             print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)

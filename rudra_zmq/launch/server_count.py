@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import config as config_mod
 from ..config import ConfigError
+from ..config_architecture import check_servers_fit
 
 _SIZE = (
     "import sys; from rudra_zmq import config; from rudra_zmq.roles.ps_start import "
@@ -47,12 +48,5 @@ def model_numel(cfg) -> int:
 def check_servers(cfg) -> None:
     """Raise ConfigError when ``architecture.servers`` exceeds the model's parameter count.
     Nothing to do (and nothing built) for one server."""
-    k = cfg.architecture.servers
-    if k <= 1:
-        return
-    numel = model_numel(cfg)
-    if k > numel:
-        raise ConfigError(
-            f"architecture.servers={k} is more than the model's {numel:,} parameters; "
-            "give each server at least one"
-        )
+    if cfg.architecture.servers > 1:
+        check_servers_fit(cfg.architecture.servers, model_numel(cfg))

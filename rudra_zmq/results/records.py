@@ -1,9 +1,10 @@
 """A run's ``metrics.jsonl`` read back: its records by type, and its clock of training time.
 
-The record types are listed in ``rudra_zmq.results.plots``; a sharded run's servers other than 0
-file their ``update`` and ``ps`` records under ``server_update``/``server_ps`` (``_kind``). ``t`` is wall seconds since the run
-started, across PS restarts and ``rudra-zmq run --resume`` (absolute Unix times are accepted
-too: they are shifted so the earliest record is 0).
+The record types are listed in ``rudra_zmq.results.plots``; a sharded run's servers other
+than 0 file their ``update`` and ``ps`` records under ``server_update``/``server_ps``
+(``other_server``). ``t`` is wall seconds since the run started, across PS restarts and
+``rudra-zmq run --resume`` (absolute Unix times are accepted too: they are shifted so the
+earliest record is 0).
 
 Training time (:class:`TrainingClock`) counts only the periods in which the parameter server
 applied updates. A run is cut into periods by its ``resume`` records (``rudra-zmq run
@@ -50,14 +51,18 @@ class Metrics(dict):
 SERVER_TYPES = ("update", "ps")  # a sharded run's: server 0's stand for the run
 
 
+def other_server(r: dict) -> bool:
+    """Whether ``r`` is a sharded run's ``update`` or ``ps`` record of a server other than 0:
+    server 0's stream stands for the run's (one timestamp, as with one server), the others'
+    are kept apart (here, in progress lines, in TensorBoard)."""
+    server = r.get("server")
+    return r.get("type") in SERVER_TYPES and isinstance(server, int) and server != 0
+
+
 def _kind(r: dict) -> str:
-    """The key a record is filed under: its type, except that a sharded run's ``update`` and
-    ``ps`` records of servers other than 0 go under ``server_update``/``server_ps``, so that
-    ``update`` is one timestamp's stream (server 0's), as in a run of one server."""
-    kind, server = r["type"], r.get("server")
-    if kind in SERVER_TYPES and server not in (None, 0):
-        return f"server_{kind}"
-    return kind
+    """The key a record is filed under: its type, or ``server_update``/``server_ps`` for
+    :func:`other_server`'s."""
+    return f"server_{r['type']}" if other_server(r) else r["type"]
 
 
 def read_metrics(path) -> Metrics:

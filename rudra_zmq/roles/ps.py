@@ -105,10 +105,7 @@ class ParameterServer:
         self.span, self.shard = span, shard
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
-        # where this server's weights.npy, ps_final.json and arrivals.bin go
-        self.files_dir = (
-            server_dir(self.run_dir, shard) if shard is not None and self.run_dir else self.run_dir
-        )
+        self.files_dir = server_dir(self.run_dir, shard) if self.run_dir else None
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         # A new server binds before it builds its model (the socket needs only the config):

@@ -49,6 +49,10 @@ class PSReport:
             return
         self._pending.append({**update.record(time.time()), **self._server})
 
+    def _metric(self, rec: dict) -> None:
+        """Send one record now, saying which server it is from (a sharded run)."""
+        self.stats.metric({**rec, **self._server})
+
     def tick(self, ps, force: bool = False) -> None:
         """Send what is due (everything with ``force``); ``ps`` is the ParameterServer whose
         counters go into the rate record. Call regularly from the serving loop."""
@@ -64,7 +68,7 @@ class PSReport:
             dt = max(now - self._last_rate, 1e-9)
             eng = ps.state.engine
             upd, grads = eng.updates, eng.gradients_received
-            self.stats.metric(
+            self._metric(
                 {
                     "type": "ps",
                     "t": now,
@@ -72,7 +76,6 @@ class PSReport:
                     "updates_per_s": (upd - self._counts[0]) / dt,
                     "gradients_per_s": (grads - self._counts[1]) / dt,
                     **_counters(ps),
-                    **self._server,
                 }
             )
             self._counts = (upd, grads)
@@ -96,21 +99,20 @@ class PSReport:
     def done(self, ps) -> None:
         """The end-of-training record."""
         if self.stats is not None:
-            self.stats.metric(
+            self._metric(
                 {
                     "type": "done",
                     "t": time.time(),
                     "ts": ps.state.engine.timestamp,
                     "epoch": ps.state.engine.epoch,
                     **_counters(ps),
-                    **self._server,
                 }
             )
 
     def members(self, learner: int, event: str, engine) -> None:
         """λ changed: ``learner`` was ``event`` (evicted | joined); sent at once."""
         if self.stats is not None:
-            self.stats.metric(
+            self._metric(
                 {
                     "type": "members",
                     "t": time.time(),
@@ -120,7 +122,6 @@ class PSReport:
                     "event": event,
                     "learners": len(engine.members),
                     "c": engine.gradients_per_update,
-                    **self._server,
                 }
             )
 
@@ -128,7 +129,7 @@ class PSReport:
         """This server resumed from a checkpoint; sent at once."""
         if self.stats is not None:
             st = ps.state
-            self.stats.metric(
+            self._metric(
                 {
                     "type": "restart",
                     "t": time.time(),
@@ -136,7 +137,6 @@ class PSReport:
                     "epoch": st.engine.epoch,
                     "incarnation": len(st.incarnations),
                     "checkpoint": str(ps.resumed_from),
-                    **self._server,
                 }
             )
 

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from ..config import ConfigError
+from ..config_architecture import check_servers_fit
 from ..notices import notice
 from ..server_state import ServerState
 from ..span import Span, split
@@ -43,11 +44,7 @@ def shard_span(cfg, numel: int, shard: int) -> Span:
     k = cfg.architecture.servers
     if not 0 <= shard < k:
         raise ConfigError(f"server {shard}: architecture.servers={k} numbers them 0..{k - 1}")
-    if k > numel:
-        raise ConfigError(
-            f"architecture.servers={k} is more than the model's {numel:,} parameters; "
-            "give each server at least one"
-        )
+    check_servers_fit(k, numel)
     return split(numel, k)[shard]
 
 

@@ -45,6 +45,7 @@ import zmq
 
 from .. import security, transport, wire
 from ..results import plots
+from ..results.records import other_server
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..wire import Kind
 from .stats_end import RunEnd
@@ -213,7 +214,7 @@ class StatsServer:
         except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
             self._refuse(f"sender {sender}", "bad_metric", f"a record JSON cannot hold: {exc}")
             return
-        if kind == "update" and r.get("server", 0) == 0:  # progress: server 0's clock
+        if kind == "update" and not other_server(r):  # progress: server 0's clock
             self._last_update = (r.get("ts"), r["t"])
             self._print(*self.progress.update(r))
         elif kind == "members":

@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import ConfigError
+from ..results.records import other_server
 from ..run_files import TB_DIR
 from .stats_progress import is_number
 
@@ -79,13 +80,12 @@ class TensorBoardLog:
         kind, t = r.get("type"), r.get("t")
         if not is_number(t):
             return
-        server = r.get("server")
-        if kind in ("update", "ps") and isinstance(server, int) and server > 0:
+        if other_server(r):
             step = r.get("ts")
             tag = "staleness/mean_sigma" if kind == "update" else "throughput/updates_per_s"
             value = r.get("mean_sigma" if kind == "update" else "updates_per_s")
             if is_number(step):
-                self._scalar(f"server-{server}/{tag}", value, step, t)
+                self._scalar(f"server-{r['server']}/{tag}", value, step, t)
             return
         step = r["ts"] if is_number(r.get("ts")) else self._ts
         if kind == "update":
