@@ -35,7 +35,6 @@ import psutil
 from .. import config as config_mod
 from .. import transport
 from ..config import ConfigError
-from ..roles.ps_shard_files import assemble
 from ..run_files import env_path, log_path
 from . import cluster_plan, hostfile, preflight
 from .children import Child, echo_lines
@@ -217,11 +216,7 @@ class ClusterLauncher(Launcher):
         for host in sorted(ps_hosts):
             self.dirs.copy_back(host)
         self.dirs.copy_back(cp.server_host)
-        if cfg.architecture.servers > 1:
-            try:
-                assemble(cp.plan.run_dir, cfg.architecture.servers, cfg.train.epochs)
-            except (OSError, ValueError) as exc:
-                print(f"rudra-zmq launch: could not join the servers' weights: {exc}")
+        self.join_servers()  # the servers' files are all here only now
 
 
 # ----------------------------------------------------------------------------- entry point

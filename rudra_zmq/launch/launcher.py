@@ -41,6 +41,7 @@ import time
 from .. import config as config_mod
 from .. import security
 from ..notices import LogNotices
+from ..roles.ps_shard_files import assemble
 from ..roles.stats_final import final_done
 from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_path, server_dir
 from . import console, preflight
@@ -329,8 +330,21 @@ class Launcher:
                 self.stop_all()
                 return 1
         self.stop_all()  # the data server, and a stats server that did not finish
+        self.join_servers()
         console.closing(self.plan.run_dir, stats[0].last_line)
         return 0
+
+    def join_servers(self) -> None:
+        """A sharded run: write the run's weights.npy and ps_final.json from the servers'
+        own (``ps_shard_files``) where no server could (one that failed after writing its
+        files, before joining them). Does nothing until every server's files are here;
+        best effort: says why it could not. Blocks for the files."""
+        cfg = self.plan.cfg
+        if cfg.architecture.servers > 1:
+            try:
+                assemble(self.plan.run_dir, cfg.architecture.servers, cfg.train.epochs)
+            except (OSError, ValueError) as exc:
+                print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
 
     def interrupt(self) -> int:
         print("interrupted", file=sys.stderr)
