@@ -2,6 +2,7 @@
 run through `rudra-zmq worker`, under stand-ins for srun and mpirun that start the processes
 on this machine with the variables the real launchers set."""
 
+import json
 import os
 import shutil
 import stat
@@ -121,23 +122,28 @@ def test_the_sbatch_example_trains_under_srun(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_the_mpirun_mpmd_example_trains_with_curve_from_a_key_directory(tmp_path):
+def test_the_mpirun_mpmd_example_trains_with_curve_and_a_server_on_a_rank_of_its_own(tmp_path):
+    """Two servers (architecture.servers=2): server 1 on a rank of its own registers with
+    rank 0's directory (CURVE: the ps key) and the learners find it there."""
     from rudra_zmq import keys
 
     env = _shim(tmp_path, "mpirun", FAKE_MPIRUN)
-    env["LEARNERS"] = "2"
+    env.update(LEARNERS="2", SERVERS="2")
     keys.make_run_keys(tmp_path / "keys", ["learner-0", "learner-1", "ps"])  # every rank's
     port = free_port_range()
+    run = tmp_path / "run"
     res = subprocess.run(
         [
             "bash",
             str(EXAMPLES / "mpirun_mpmd.sh"),
             "localhost",
-            "localhost:3",
+            "localhost:4",
             "--set",
             "sync.learners=2",
             "--set",
             "train.epochs=1",
+            "--set",
+            "architecture.servers=2",
             "--set",
             "security.curve=true",
             "--set",
@@ -145,7 +151,7 @@ def test_the_mpirun_mpmd_example_trains_with_curve_from_a_key_directory(tmp_path
             "--master-port",
             str(port),
             "--run-dir",
-            str(tmp_path / "run"),
+            str(run),
         ],
         cwd=tmp_path,
         env=env,
@@ -153,9 +159,20 @@ def test_the_mpirun_mpmd_example_trains_with_curve_from_a_key_directory(tmp_path
         text=True,
         timeout=360,
     )
-    _check_run(tmp_path / "run", res)
-    assert (res.stdout + res.stderr).count("(CurveZMQ)") == 3  # the servers, 2 learners
-    assert not (tmp_path / "run" / "keys").exists()  # the given keys, not new
+    _check_run(run, res)
+    out = res.stdout + res.stderr
+    assert out.count("(CurveZMQ)") == 4, out[-3000:]  # rank 0, server 1, 2 learners
+    assert "rank 1: server 1 of" in out and "rank 3: learners 1" in out
+    ps1 = f"tcp://127.0.0.1:{port + 3}"  # ps, data, stats, then ps1's port, on its own host
+    assert f"-> tcp://localhost:{port},{ps1}" in out
+    assert json.loads((run / "processes-ps1.json").read_text())[0]["role"] == "ps1"
+    assert [r["role"] for r in json.loads((run / "processes.json").read_text())] == [
+        "stats",
+        "data",
+        "ps",
+    ]
+    assert (run / "servers" / "server-1" / "weights.npy").exists()
+    assert not (run / "keys").exists()  # the given keys, not new
 
 
 def test_a_worker_count_that_does_not_fit_the_config_names_both(tmp_path):

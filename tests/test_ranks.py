@@ -324,11 +324,11 @@ def test_each_field_takes_the_first_variable_found(environ, field, expected):
         ({}, {"RUDRA_MASTER_PORT": "65536"}, ["RUDRA_MASTER_PORT='65536'", "1 to 65535"]),
         ({}, {"DMLC_PS_ROOT_PORT": "http"}, ["DMLC_PS_ROOT_PORT='http'", "1 to 65535"]),
         ({}, {"MASTER_ADDR": "node 1"}, ["MASTER_ADDR='node 1'", "host name"]),
-        ({}, {"RUDRA_ROLE": "server"}, ["RUDRA_ROLE='server'", "'servers' or 'learner'"]),
+        ({}, {"RUDRA_ROLE": "ps"}, ["RUDRA_ROLE='ps'", "'servers', 'server' or 'learner'"]),
         ({}, {"DMLC_ROLE": "boss"}, ["DMLC_ROLE='boss'", "'server', 'scheduler', 'worker'"]),
         ({"rank": -1}, {}, ["--rank=-1", "non-negative integer"]),
         ({"world_size": "two"}, {}, ["--world-size='two'", "positive integer"]),
-        ({"role": "ps"}, {}, ["--role='ps'", "'servers' or 'learner'"]),
+        ({"role": "ps"}, {}, ["--role='ps'", "'servers', 'server' or 'learner'"]),
         ({"master_port": 99999}, {}, ["--master-port=99999", "1 to 65535"]),
         (
             {"rank": 4},

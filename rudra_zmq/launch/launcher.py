@@ -76,6 +76,8 @@ class Launcher:
         self.restarts: dict[str, int] = {}  # label -> times restarted
         self.left_out: set[str] = set()  # learners that failed and were not restarted
         self.learners_here: int | None = None  # learners on this host (None: all λ)
+        self.local: set[str] | None = None  # the labels started here (None: the whole plan)
+        self.processes_file = PROCESSES_FILE  # another name where rank 0 writes this one
         self.heard: dict[str, tuple[float, int]] = {}  # wait_ready: a server's last progress
         self.notices: dict[str, LogNotices] = {}  # label -> its log's notices, followed
         # the run's token (the stats server knows the PS's records by it) and, with
@@ -135,9 +137,9 @@ class Launcher:
             {"role": c.label, "pid": c.proc.pid, "command": c.command, "log": str(c.log)}
             for c in self.children
         ]
-        tmp = self.plan.run_dir / (PROCESSES_FILE + ".tmp")
+        tmp = self.plan.run_dir / (self.processes_file + ".tmp")
         tmp.write_text(json.dumps(rows, indent=1) + "\n")
-        tmp.replace(self.plan.run_dir / PROCESSES_FILE)
+        tmp.replace(self.plan.run_dir / self.processes_file)
 
     def start_all(self) -> int | None:
         """Start every role as soon as the servers it sends to accept connections
@@ -149,6 +151,12 @@ class Launcher:
         conf = ["--config", str(config_path(self.plan.run_dir))]
         began = time.monotonic()
         waiting = list(role_steps(self.plan, self.resume))
+        if self.local is not None:  # only ours; another rank's servers are not waited for
+            waiting = [
+                s._replace(after=tuple(a for a in s.after if a in self.local))
+                for s in waiting
+                if s.label in self.local
+            ]
         servers = {s.label for s in waiting if s.label in self.plan.endpoints}
         listening: set[str] = set()
         while True:
@@ -304,6 +312,10 @@ class Launcher:
             if c.role == "data" and c.proc.poll() is None:
                 c.proc.send_signal(signal.SIGTERM)
         stats = [c for c in self._current() if c.role == "stats"]
+        if not stats:  # a server of its own under `rudra-zmq worker`: rank 0 reports
+            self.stop_all()
+            self.join_servers()
+            return 0
         deadline = time.monotonic() + STATS_EXIT_TIMEOUT_S
         while any(c.proc.poll() is None or (c.proc.returncode != 0 and not c.ended) for c in stats):
             if self.interrupted:

@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 
-ROLES = ("servers", "learner")
+ROLES = ("servers", "server", "learner")
 DMLC_ROLES = {"server": "servers", "scheduler": "servers", "worker": "learner"}
 MAX_HOSTS = 1_000_000  # a nodelist that expands past this is a typo, not a cluster
 NODELIST_EXAMPLE = "'node[01-03,07],gpu5'"
@@ -56,7 +56,7 @@ def addr(raw) -> str:
 def role(
     raw,
     table: Mapping[str, str] = {r: r for r in ROLES},  # noqa: B006 (read only)
-    expected: str = "'servers' or 'learner'",
+    expected: str = "'servers', 'server' or 'learner'",
 ) -> str:
     """The role ``raw`` names in ``table`` (rudra_zmq's own names by default)."""
     text = str(raw).strip()

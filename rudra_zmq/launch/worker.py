@@ -51,9 +51,18 @@ def _groups(cfg, tree) -> list[list[int]]:
     return topology.learner_groups(tree, per) if tree else learner_groups(cfg)
 
 
+def server_ranks(cfg, r: ranks.Ranks) -> int:
+    """How many ranks run one server each (ranks 1 .. K-1 of ``architecture.servers`` = K):
+    K - 1 when the world has K + (learner processes) ranks, else 0 (rank 0 runs them all)."""
+    k, world = cfg.architecture.servers, r.value("world_size")
+    n = len(_groups(cfg, topology.tree_of(cfg)))
+    return k - 1 if k > 1 and world == n + k else 0
+
+
 def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
-    """``("servers", None)`` or ``("learner", index of the learner process)`` for ranks
-    ``r``. Raises ConfigError when the ranks do not fit the config."""
+    """``("servers", None)``, ``("server", I)`` (server I of a sharded run, on a rank of its
+    own) or ``("learner", index of the learner process)`` for ranks ``r``. Raises
+    ConfigError when the ranks do not fit the config."""
     if cfg.architecture.kind == "advstar":
         raise ConfigError(
             "rudra-zmq worker plans Rudra-base and Rudra-adv; Rudra-adv* "
@@ -62,11 +71,13 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
         )
     tree = topology.tree_of(cfg)
     n = len(_groups(cfg, tree))
+    k = cfg.architecture.servers
     world, rank = r.value("world_size"), r.value("rank")
-    if world is not None and world != n + 1:
+    if world is not None and world != n + 1 and not (k > 1 and world == n + k):
+        also = f", or {n + k} to give servers 1..{k - 1} ranks of their own" if k > 1 else ""
         raise ConfigError(
             f"{world} ranks (from {r.world_size.source}) for a config with {n} learner "
-            f"processes: start {n + 1} ranks (rank 0 runs the servers), or change "
+            f"processes: start {n + 1} ranks (rank 0 runs the servers){also}, or change "
             "sync.learners / runtime.learners_per_process"
         )
     num = r.value("num_learners")
@@ -75,6 +86,7 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
             f"{num} learners (from {r.num_learners.source}) but the config plans "
             f"{n} learner processes"
         )
+    own = server_ranks(cfg, r)
     role = r.value("role")
     if role is None:
         if rank is None:
@@ -82,14 +94,22 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
                 "no rank found: run under srun, mpirun or torchrun, or set "
                 "RUDRA_RANK (see `rudra-zmq env`)"
             )
-        role = "servers" if rank == 0 else "learner"
+        role = "servers" if rank == 0 else "server" if rank <= own else "learner"
     if role == "servers":
         return "servers", None
+    if role == "server":
+        if rank is None or not 1 <= rank <= own:
+            raise ConfigError(
+                f"role server needs a rank from 1 to {k - 1} and {n + k} ranks in all "
+                f"(architecture.servers={k}, {n} learner processes); got rank {rank}, "
+                f"{world} ranks"
+            )
+        return "server", rank
     index = r.value("learner_id")
     if index is None:
-        if rank is None or rank == 0:
-            raise ConfigError("a learner needs its index: DMLC_WORKER_ID or a rank >= 1")
-        index = rank - 1
+        if rank is None or rank <= own:
+            raise ConfigError(f"a learner needs its index: DMLC_WORKER_ID or a rank >= {own + 1}")
+        index = rank - 1 - own
     if index >= n:
         raise ConfigError(f"learner process {index} does not exist: the config plans {n}")
     return "learner", index
@@ -111,7 +131,8 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
         port += 1  # torchrun's rendezvous store may listen on MASTER_PORT itself
     tree = topology.tree_of(cfg)
     labels = ["ps", "data", "stats"] + ([f"node{n.id}" for n in tree.nodes] if tree else [])
-    labels += ps_labels(cfg)[1:]  # a sharded run's other servers, on the servers' rank too
+    labels += ps_labels(cfg)[1:]  # a sharded run's other servers (on rank 0 or their own)
+    labels.append("directory")  # where ranks of their own register (server_directory.py)
     host = f"[{master}]" if ":" in master else master
     endpoints = {label: f"tcp://{host}:{port + i}" for i, label in enumerate(labels)}
     binds = {label: f"tcp://{bind_address(master)}:{port + i}" for i, label in enumerate(labels)}
@@ -150,11 +171,80 @@ def security_of(cfg, master: str):
     return dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on)), line
 
 
+def _curve(cfg):
+    """This rank's CURVE settings (the key directory every rank reads), or None."""
+    from .. import security
+
+    return security.for_role(cfg, None, None) if cfg.security.curve else None
+
+
+def _servers(cfg, r, p, args, how: str, line) -> int:
+    """Rank 0: stats, data, server 0 (every server when none has a rank of its own), tree
+    nodes, and the directory where servers of their own register. Blocks."""
+    from .. import security
+    from .launcher import Launcher
+    from .server_directory import Directory
+
+    preflight.run(cfg)  # the data checked and decoded here, before anything is made
+    p = plan(cfg, r, args.run_dir, create=True)
+    print(
+        f"rudra-zmq worker: rank {r.value('rank')}: the servers of {cfg.name!r} on "
+        f"{r.value('master_addr')} ({how}), run directory {p.run_dir}",
+        flush=True,
+    )
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    servers = Plan(p.cfg, p.run_dir, p.endpoints, [], p.tree, p.binds)  # no learners here
+    keys_dir = str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
+    launcher = Launcher(servers, keys_dir=keys_dir)
+    local = r.value("local_world_size")
+    launcher.learners_here = max(0, local - 1) if local else 0
+    if not server_ranks(cfg, r):
+        return launcher.run()
+    launcher.local = set(p.endpoints) - set(ps_labels(cfg)[1:])
+    token = launcher.secrets[security.RUN_TOKEN_ENV]
+    d = Directory(
+        cfg, p.bind("directory"), p.endpoints["ps"], p.run_dir, token, _curve(cfg)
+    ).start()
+    try:
+        return launcher.run()
+    finally:
+        d.stop()
+
+
+def _server(cfg, r, p, index: int, how: str) -> int:
+    """Rank ``index`` of a sharded run: server ``index`` on this host, registered with rank
+    0's directory, supervised (restarted from its checkpoints) as under ``run``. Blocks."""
+    from .. import security
+    from .launcher import Launcher
+    from .server_directory import advertised_address, register
+
+    label = ps_labels(cfg)[index]
+    address = advertised_address(r.value("master_addr"))
+    port = p.endpoints[label].rsplit(":", 1)[1]
+    mine = f"tcp://{f'[{address}]' if ':' in address else address}:{port}"
+    run_dir, token = register(
+        p.endpoints["directory"], index, mine, cfg.runtime.timeout_s, _curve(cfg)
+    )
+    run_dir = make_run_dir(cfg, run_dir, resume=True)  # rank 0's, or the same path here
+    if not config_path(run_dir).exists():  # no shared file system: this host's copy
+        config_mod.save(cfg, config_path(run_dir))
+    print(
+        f"rudra-zmq worker: rank {r.value('rank')}: server {index} of {cfg.name!r} at "
+        f"{mine} ({how}), run directory {run_dir}",
+        flush=True,
+    )
+    eps, binds = {**p.endpoints, label: mine}, {**(p.binds or {}), label: mine}
+    keys_dir = str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
+    launcher = Launcher(Plan(cfg, run_dir, eps, [], p.tree, binds), keys_dir=keys_dir)
+    launcher.secrets[security.RUN_TOKEN_ENV] = token  # the stats server knows rank 0's
+    launcher.local, launcher.processes_file = {label}, f"processes-{label}.json"
+    return launcher.run()
+
+
 def run(args, environ=None) -> int:
     """``rudra-zmq worker``: resolve this rank and run its part. Blocks; returns the exit
     code. Raises ConfigError / RanksError before anything starts."""
-    from .launcher import Launcher
-
     environ = os.environ if environ is None else environ
     r = ranks.resolve({k: getattr(args, k, None) for k in ranks.CLI_KEYS}, environ)
     cfg = config_mod.load_config(args.config, list(args.set))
@@ -163,23 +253,23 @@ def run(args, environ=None) -> int:
     cfg, line = security_of(cfg, r.value("master_addr"))
     how = "CurveZMQ" if cfg.security.curve else "plaintext"
     if what == "servers":
-        preflight.run(cfg)  # the data checked and decoded here, before anything is made
-        p = plan(cfg, r, args.run_dir, create=True)
-        print(
-            f"rudra-zmq worker: rank {r.value('rank')}: the servers of {cfg.name!r} on "
-            f"{r.value('master_addr')} ({how}), run directory {p.run_dir}",
-            flush=True,
-        )
-        if line:
-            print(line, file=sys.stderr, flush=True)
-        servers = Plan(p.cfg, p.run_dir, p.endpoints, [], p.tree, p.binds)  # no learners here
-        keys_dir = str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
-        launcher = Launcher(servers, keys_dir=keys_dir)
-        local = r.value("local_world_size")
-        launcher.learners_here = max(0, local - 1) if local else 0
-        return launcher.run()
+        return _servers(cfg, r, p, args, how, line)
+    p = dataclasses.replace(p, cfg=cfg)
+    if what == "server":
+        return _server(cfg, r, p, index, how)
     ids = p.learner_groups[index]
     eps = learner_endpoints(p, ids[0])
+    if server_ranks(cfg, r):  # servers on ranks of their own: ask rank 0 where
+        from .server_directory import lookup
+
+        found = lookup(
+            p.endpoints["directory"],
+            cfg.architecture.servers,
+            cfg.runtime.timeout_s,
+            _curve(cfg),
+            ids[0],
+        )
+        eps["ps"] = ",".join(found)
     local = r.value("local_world_size")
     if local:  # the ranks on this host share its cores
         os.environ[HOST_LEARNERS_ENV] = str(local * len(ids))
@@ -221,7 +311,9 @@ def add_parser(sub) -> None:
         "worker",
         help="run this rank's part of a run (under srun, mpirun, torchrun)",
         description="Start the same command once per rank: rank 0 runs the servers (stats, "
-        "data, PS, tree nodes), rank r >= 1 runs learner process r-1. The rank "
+        "data, PS, tree nodes), rank r >= 1 runs learner process r-1; with "
+        "architecture.servers=K and K-1 more ranks, ranks 1..K-1 run one server each "
+        "and the learners follow them. The rank "
         "and the master address come from the command line or the launcher's "
         "variables (`rudra-zmq env` shows what was found and where).",
     )
@@ -229,7 +321,7 @@ def add_parser(sub) -> None:
     p.add_argument("--rank", type=int, help="this process's rank")
     p.add_argument("--world-size", type=int, help="how many ranks")
     p.add_argument("--local-rank", type=int, help="rank among this host's ranks")
-    p.add_argument("--role", help="servers or learner (default: from the rank)")
+    p.add_argument("--role", help="servers, server or learner (default: from the rank)")
     p.add_argument("--master-addr", metavar="HOST", help="the servers' host")
     p.add_argument(
         "--master-port",

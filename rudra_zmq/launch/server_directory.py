@@ -1,0 +1,201 @@
+"""Where the servers of a sharded run under ``rudra-zmq worker`` are: rank 0 keeps a directory.
+
+With ``architecture.servers: K`` and K + (learner processes) ranks, ranks 1 .. K-1 each run
+one server (ps-lite's convention: the servers come after the scheduler, before the workers).
+Such a rank binds on its own host, so nobody knows its address in advance: it *registers*
+with rank 0's directory (its server index and endpoint) and gets the run directory and run
+token back; a learner rank *looks up* the K endpoints, in range order, before it starts.
+
+The directory is a REP socket on rank 0, at the port after the run's last server port; a
+request is one msgpack map (``{"op": "register", "server": I, "endpoint": "tcp://..."}`` or
+``{"op": "lookup"}``), checked before it touches anything; a lookup before every server has
+registered answers which are missing, and the client asks again. With CURVE the directory is
+a CURVE server and only the ``ps`` key may register (it gets the run token).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import msgpack
+import zmq
+
+from .. import security, wire
+from ..config import ConfigError
+
+MAX_REQUEST = 1024  # bytes: a register request is about 60
+POLL_MS = 200  # how often the directory looks at its stop flag
+RETRY_S = 0.5  # a client asks again this often while servers are missing
+
+
+def advertised_address(master: str) -> str:
+    """This host's address as the master ``master`` would reach it: the source address of
+    a route to it (no packet is sent). Blocks for a name lookup."""
+    family = socket.AF_INET6 if ":" in master else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((master, 9))
+        except OSError as exc:
+            raise ConfigError(f"no route to the master address {master!r}: {exc}") from exc
+        return s.getsockname()[0]
+
+
+def _check(req, servers: int) -> str | None:
+    """Why the decoded request ``req`` is not one we serve, or None. Pure."""
+    if not isinstance(req, dict) or req.get("op") not in ("register", "lookup"):
+        return "expected a map with op 'register' or 'lookup'"
+    if req["op"] == "lookup":
+        return None if len(req) == 1 else "a lookup has no other fields"
+    i, ep = req.get("server"), req.get("endpoint")
+    if set(req) != {"op", "server", "endpoint"}:
+        return "a register has exactly op, server and endpoint"
+    if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i < servers:
+        return f"server must be an integer from 1 to {servers - 1}, got {i!r}"
+    if not isinstance(ep, str) or not ep.startswith("tcp://") or len(ep) > 256:
+        return f"endpoint must be a tcp:// endpoint, got {ep!r}"
+    return None
+
+
+class Directory:
+    """Rank 0's directory of a sharded run's servers, served by a thread of its own.
+
+    ``first``: server 0's endpoint (rank 0 runs it). Thread-safe: ``start`` and ``stop`` from
+    the launcher's thread, the rest on the directory's."""
+
+    def __init__(self, cfg, bind: str, first: str, run_dir, token: str, curve=None):
+        self.servers = cfg.architecture.servers
+        self.endpoints: dict[int, str] = {0: first}
+        self.reply_register = {"run_dir": str(run_dir), "token": token}
+        self._ctx = zmq.Context()
+        self._curve = curve
+        self._sock = self._ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST)
+        if curve is not None:
+            curve.server(self._sock)
+        self._sock.bind(bind)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="server-directory", daemon=True)
+
+    def start(self) -> Directory:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; blocks until the thread ends."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()  # it closes the socket
+        else:
+            self._sock.close()
+        if self._curve is not None:
+            self._curve.release(self._ctx)
+        self._ctx.term()
+
+    def answer(self, data: bytes, user: str | None) -> dict:
+        """The reply to one request ``data`` from a connection with key name ``user``."""
+        try:
+            req = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+            return {"error": f"not a msgpack request: {exc}"}
+        why = _check(req, self.servers)
+        if why is not None:
+            return {"error": why}
+        if req["op"] == "lookup":
+            missing = [i for i in range(self.servers) if i not in self.endpoints]
+            if missing:
+                return {"missing": missing}
+            return {"servers": [self.endpoints[i] for i in range(self.servers)]}
+        if self._curve is not None and user != "ps":
+            return {"error": f"only the ps key may register a server, not {user!r}"}
+        self.endpoints[req["server"]] = req["endpoint"]
+        return self.reply_register
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self._sock.poll(POLL_MS):
+                continue
+            frame = self._sock.recv(copy=False)
+            if self._sock.getsockopt(zmq.RCVMORE):  # one frame only; drop the rest
+                while self._sock.getsockopt(zmq.RCVMORE):
+                    self._sock.recv()
+                self._sock.send(msgpack.packb({"error": "one frame per request"}))
+                continue
+            reply = self.answer(frame.bytes, security.user_id(frame))
+            self._sock.send(msgpack.packb(reply))
+        self._sock.close()
+
+
+def _ask(endpoint: str, req: dict, timeout_s: float, curve, sender: int, done) -> dict:
+    """Send ``req`` to the directory at ``endpoint`` until ``done(reply)`` or ``timeout_s``
+    has passed (ConfigError naming it); a fresh socket per try. Blocks."""
+    deadline = time.monotonic() + timeout_s
+    last = "no reply"
+    ctx = zmq.Context()
+    try:
+        while True:
+            sock = ctx.socket(zmq.REQ)
+            sock.setsockopt(zmq.LINGER, 0)
+            if curve is not None:
+                curve.client(sock, sender)
+            sock.connect(endpoint)
+            sock.send(msgpack.packb(req))
+            left = max(deadline - time.monotonic(), 0.0)
+            got = sock.poll(int(min(left, 2 * RETRY_S) * 1000) + 1)
+            reply = sock.recv() if got else None
+            sock.close()
+            if reply is not None:
+                try:
+                    reply = msgpack.unpackb(reply, raw=False)
+                except (ValueError, msgpack.ExtraData, msgpack.FormatError) as exc:
+                    raise ConfigError(
+                        f"the server directory at {endpoint} sent junk: {exc}"
+                    ) from None
+                if not isinstance(reply, dict):
+                    raise ConfigError(f"the server directory at {endpoint} sent {reply!r}")
+                if "error" in reply:
+                    raise ConfigError(f"the server directory at {endpoint}: {reply['error']}")
+                if done(reply):
+                    return reply
+                last = f"servers {reply.get('missing')} have not registered"
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"the server directory at {endpoint} (rank 0): {last} after "
+                    f"{timeout_s:g} s (runtime.timeout_s); is every rank started?"
+                )
+            time.sleep(RETRY_S if got else 0)
+    finally:
+        ctx.term()
+
+
+def register(endpoint: str, server: int, mine: str, timeout_s: float, curve=None):
+    """Register server ``server`` at ``mine`` with the directory at ``endpoint``; returns
+    (run directory, run token). Blocks until rank 0 answers; ConfigError after ``timeout_s``."""
+    reply = _ask(
+        endpoint,
+        {"op": "register", "server": server, "endpoint": mine},
+        timeout_s,
+        curve,
+        wire.SENDER_PS,
+        lambda r: True,
+    )
+    run_dir, token = reply.get("run_dir"), reply.get("token")
+    if not isinstance(run_dir, str) or not isinstance(token, str):
+        raise ConfigError(f"the server directory at {endpoint} sent {reply!r}")
+    return run_dir, token
+
+
+def lookup(endpoint: str, servers: int, timeout_s: float, curve=None, sender: int = 0):
+    """The ``servers`` endpoints, in range order, from the directory at ``endpoint``, once
+    every server registered. Blocks; ConfigError after ``timeout_s``."""
+    reply = _ask(endpoint, {"op": "lookup"}, timeout_s, curve, sender, lambda r: "servers" in r)
+    eps = reply["servers"]
+    if (
+        not isinstance(eps, list)
+        or len(eps) != servers
+        or not all(isinstance(e, str) and e.startswith("tcp://") for e in eps)
+    ):
+        raise ConfigError(f"the server directory at {endpoint} sent {eps!r}")
+    return eps

@@ -1,0 +1,128 @@
+"""Servers on ranks of their own under `rudra-zmq worker`: which rank runs what, and rank 0's
+directory where they register and the learners find them (launch/server_directory.py)."""
+
+import threading
+
+import msgpack
+import pytest
+
+from rudra_zmq.config import ConfigError, load_config
+from rudra_zmq.launch import ranks, server_directory, worker
+from rudra_zmq.transport import free_tcp_endpoint
+
+
+def _ranks(rank, world, **more):
+    env = {"RUDRA_RANK": str(rank), "RUDRA_WORLD_SIZE": str(world), "RUDRA_MASTER_ADDR": "n1"}
+    env.update({f"RUDRA_{k.upper()}": str(v) for k, v in more.items()})
+    return ranks.resolve({}, env)
+
+
+@pytest.mark.parametrize(
+    "world, parts",
+    [
+        # 1 + 4 ranks: every server on rank 0, as before
+        (5, [("servers", None)] + [("learner", i) for i in range(4)]),
+        # 3 + 4: servers 1 and 2 on ranks 1 and 2, the learners after them
+        (7, [("servers", None), ("server", 1), ("server", 2)] + [("learner", i) for i in range(4)]),
+    ],
+)
+def test_each_rank_takes_its_part_servers_first_then_learners(world, parts):
+    cfg = load_config(None, ["sync.learners=4", "architecture.servers=3"])
+    assert [worker.part(cfg, _ranks(r, world)) for r in range(world)] == parts
+    assert worker.server_ranks(cfg, _ranks(0, world)) == (2 if world == 7 else 0)
+
+
+def test_a_rank_count_that_fits_neither_way_names_both():
+    cfg = load_config(None, ["sync.learners=4", "architecture.servers=3"])
+    with pytest.raises(ConfigError, match="start 5 ranks .* or 7 to give servers 1..2 ranks"):
+        worker.part(cfg, _ranks(1, 6))
+
+
+def test_role_server_needs_a_rank_among_the_server_ranks():
+    cfg = load_config(None, ["sync.learners=4", "architecture.servers=2"])
+    assert worker.part(cfg, _ranks(1, 6, role="server")) == ("server", 1)
+    with pytest.raises(ConfigError, match="role server needs a rank from 1 to 1 and 6 ranks"):
+        worker.part(cfg, _ranks(1, 5, role="server"))  # 5 ranks: no server ranks
+
+
+def test_the_directory_listens_after_the_last_server_port():
+    cfg = load_config(None, ["architecture.servers=3"])
+    p = worker.plan(cfg, _ranks(0, 7))
+    assert p.endpoints["ps2"] == "tcp://n1:29504" and p.endpoints["directory"] == "tcp://n1:29505"
+
+
+def _directory(servers=3):
+    cfg = load_config(None, [f"architecture.servers={servers}"])
+    ep = free_tcp_endpoint()
+    return server_directory.Directory(cfg, ep, "tcp://n1:1", "/runs/r", "tok"), ep
+
+
+@pytest.mark.parametrize(
+    "request_, error",
+    [
+        (b"\xc1", "not a msgpack request"),
+        (msgpack.packb([1, 2]), "expected a map with op"),
+        (msgpack.packb({"op": "rm"}), "expected a map with op"),
+        (msgpack.packb({"op": "lookup", "x": 1}), "a lookup has no other fields"),
+        (msgpack.packb({"op": "register", "server": 1}), "exactly op, server and endpoint"),
+        (
+            msgpack.packb({"op": "register", "server": 0, "endpoint": "tcp://h:1"}),
+            "server must be an integer from 1 to 2, got 0",
+        ),
+        (
+            msgpack.packb({"op": "register", "server": True, "endpoint": "tcp://h:1"}),
+            "got True",
+        ),
+        (
+            msgpack.packb({"op": "register", "server": 1, "endpoint": "ipc:///x"}),
+            "endpoint must be a tcp:// endpoint, got 'ipc:///x'",
+        ),
+    ],
+)
+def test_a_bad_request_is_answered_with_why_and_changes_nothing(request_, error):
+    d, _ = _directory()
+    try:
+        assert error in d.answer(request_, None)["error"]
+        assert d.endpoints == {0: "tcp://n1:1"}
+    finally:
+        d.stop()  # never started: closes the socket
+
+
+@pytest.mark.timeout(30)
+def test_servers_register_and_a_learner_finds_them_in_range_order():
+    d, ep = _directory()
+    d.start()
+    try:
+        assert d.answer(msgpack.packb({"op": "lookup"}), None) == {"missing": [1, 2]}
+        found = []
+        looker = threading.Thread(target=lambda: found.append(server_directory.lookup(ep, 3, 20)))
+        looker.start()  # asks again until both registered
+        assert server_directory.register(ep, 2, "tcp://h2:7", 5) == ("/runs/r", "tok")
+        assert server_directory.register(ep, 1, "tcp://h1:7", 5) == ("/runs/r", "tok")
+        looker.join(25)
+        assert found == [["tcp://n1:1", "tcp://h1:7", "tcp://h2:7"]]
+    finally:
+        d.stop()
+
+
+@pytest.mark.timeout(30)
+def test_a_lookup_that_never_completes_names_the_missing_servers():
+    d, ep = _directory()
+    d.start()
+    try:
+        server_directory.register(ep, 1, "tcp://h1:7", 5)
+        with pytest.raises(ConfigError, match=r"servers \[2\] have not registered after 1 s"):
+            server_directory.lookup(ep, 3, 1)
+    finally:
+        d.stop()
+
+
+@pytest.mark.timeout(30)
+def test_no_directory_is_named_after_the_timeout():
+    ep = free_tcp_endpoint()
+    with pytest.raises(ConfigError, match=f"directory at {ep} .* no reply after 0.5 s"):
+        server_directory.register(ep, 1, "tcp://h1:7", 0.5)
+
+
+def test_the_advertised_address_is_the_one_that_reaches_the_master():
+    assert server_directory.advertised_address("127.0.0.1") == "127.0.0.1"
