@@ -38,11 +38,17 @@ def validate_architecture(self) -> None:
     ):
         if val < 1:
             raise ConfigError(f"{key} must be >= 1, got {val}")
-    if a.servers > 1 and a.kind != "base":
+    if a.servers > 1 and a.kind == "advstar":
         raise ConfigError(
-            f"architecture.servers={a.servers} with architecture.kind={a.kind}: a PS tree "
-            "and the adv* broadcast serve the whole vector (not yet one range per server); "
-            "use architecture.kind=base, or architecture.servers=1"
+            f"architecture.servers={a.servers} with architecture.kind=advstar: the adv* "
+            "broadcast sends the whole vector (not built per range); use architecture.kind="
+            "base or adv (one tree per range), or architecture.servers=1"
+        )
+    if a.servers > 1 and a.leaf_shm:
+        raise ConfigError(
+            f"architecture.leaf_shm with architecture.servers={a.servers}: a learner's "
+            "shared-memory slots hold the whole vector, and each range has its own leaf; "
+            "set architecture.leaf_shm=false, or architecture.servers=1"
         )
     if a.servers > 1 and self.sync.target_staleness is not None:
         raise ConfigError(

@@ -17,13 +17,22 @@ import numpy as np
 
 from . import codec, topology, wire
 from .relay_clock import RelayClock
+from .span import split
 from .sync import ProtocolViolation, Rejoin
 
 
 class NodeState:
-    """Tree node ``node_id`` of the config's tree (``topology.plan``)."""
+    """Tree node ``node_id`` of the config's tree (``topology.plan``); with
+    ``architecture.servers`` = K > 1, of the tree of server ``shard``'s range (one tree per
+    range, each relaying only its range)."""
 
-    def __init__(self, cfg, node_id: int):
+    def __init__(self, cfg, node_id: int, shard: int = 0):
+        self.servers, self.shard = cfg.architecture.servers, shard
+        if not 0 <= shard < self.servers:
+            raise ValueError(
+                f"tree node {node_id}: shard {shard}, but architecture.servers="
+                f"{self.servers} numbers the ranges 0..{self.servers - 1}"
+            )
         self.tree = topology.plan(cfg)
         self.spec = self.tree.node(node_id)
         self.id = node_id
@@ -32,7 +41,9 @@ class NodeState:
             cfg.sync.protocol, self.spec.subtree, gather=cfg.architecture.relay == "gather"
         )
         self.incarnation = secrets.randbits(62) + 1
-        self.numel: int | None = None  # learned from the first child's HELLO
+        self.numel: int | None = None  # floats relayed: the range's (first child's HELLO)
+        self.model_numel: int | None = None  # the model's (the same HELLO)
+        self.range: list[int] | None = None  # [lo, hi] of a sharded run's range, else None
         self.signature: str | None = None
         self.welcome: dict | None = None  # the parent's WELCOME fields, once it answered
         self.weights: list = []  # the newest weights (parent's frames, read-only)
@@ -74,14 +85,32 @@ class NodeState:
         f, who = msg.fields, wire.sender_name(msg.sender)
         below = self.tree.check_child(self.id, msg.sender, f.get("subtree"))
         first = self.signature is None
-        if not first and (f["model"], f["numel"]) != (self.signature, self.numel):
+        if not first and (f["model"], f["numel"]) != (self.signature, self.model_numel):
             raise ProtocolViolation(
                 f"{who} runs a model with {f['numel']:,} parameters (signature {f['model']}); "
-                f"tree node {self.id} relays {self.numel:,} ({self.signature}). Is {who} "
+                f"tree node {self.id} relays {self.model_numel:,} ({self.signature}). Is {who} "
                 "running another model config?"
             )
+        wanted = f.get("range")
+        if self.servers > 1:
+            if f["numel"] < self.servers:
+                raise ProtocolViolation(
+                    f"{who} runs a model of {f['numel']:,} parameters, fewer than "
+                    f"architecture.servers={self.servers}"
+                )
+            span = split(f["numel"], self.servers)[self.shard]
+            mine = [span.lo, span.hi]
+        else:
+            mine = None if wanted is None else [0, f["numel"]]
+        if wanted != mine:
+            raise ProtocolViolation(
+                f"{who} sends range {wanted} of the parameters; tree node {self.id} relays "
+                f"{'the whole vector' if mine is None else f'range {mine} (server {self.shard})'}"
+                ": does it run with the same architecture.servers, its leaves in range order?"
+            )
         if first:
-            self.signature, self.numel = f["model"], f["numel"]
+            self.signature, self.model_numel, self.range = f["model"], f["numel"], mine
+            self.numel = f["numel"] if mine is None else mine[1] - mine[0]
         self.identities[msg.sender] = ident
         self.subtrees[msg.sender] = below
         return first

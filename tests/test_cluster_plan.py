@@ -110,6 +110,21 @@ def test_adv_leaves_and_advstar_broadcast_sockets_sit_with_their_learners():
     assert len(set(ports)) == len(ports)  # no port twice
 
 
+def test_adv_with_two_servers_puts_each_ranges_leaves_by_learners_and_inner_nodes_by_server():
+    overrides = ["sync.learners=4", "architecture.kind=adv", "architecture.fanout=2"]
+    overrides += ["architecture.depth=2", "architecture.servers=2"]
+    cp = _place(overrides, "a:2,b:2", ps_hosts=["s1", "s2"])
+    assert [cp.placement[x] for x in ("node0", "node1", "node0s1", "node1s1")] == list("abab")
+    assert (cp.placement["node2"], cp.placement["node2s1"]) == ("s1", "s2")  # beside ps, ps1
+    cmds = {label: args for _, label, _, args in cluster_plan.commands(cp)}
+    assert cmds["node2s1"][-4:] == ["--parent", cp.plan.endpoints["ps1"], "--shard", "1"]
+    assert cmds["node0s1"][cmds["node0s1"].index("--parent") + 1] == cp.plan.endpoints["node2s1"]
+    learner = cmds["learner0"]
+    assert learner[learner.index("--ps") + 1] == ",".join(
+        cp.plan.endpoints[x] for x in ("node0", "node0s1")
+    )
+
+
 def test_commands_start_in_order_with_the_config_first():
     cp = _place(["sync.learners=2", "architecture.kind=adv", "architecture.fanout=2"], "a:2")
     cmds = cluster_plan.commands(cp)

@@ -38,6 +38,12 @@ def test_a_rank_count_that_fits_neither_way_names_both():
         worker.part(cfg, _ranks(1, 6))
 
 
+def test_servers_of_their_own_with_a_tree_are_refused_naming_both_ways():
+    cfg = load_config(None, ["sync.learners=4", "architecture.servers=2", "architecture.kind=adv"])
+    with pytest.raises(ConfigError, match="architecture.kind=adv does not plan .* start 5 ranks"):
+        worker.part(cfg, _ranks(5, 6))  # 4 learner processes + 2 servers
+
+
 def test_role_server_needs_a_rank_among_the_server_ranks():
     cfg = load_config(None, ["sync.learners=4", "architecture.servers=2"])
     assert worker.part(cfg, _ranks(1, 6, role="server")) == ("server", 1)

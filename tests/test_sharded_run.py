@@ -72,6 +72,27 @@ def test_hardsync_with_two_servers_ends_with_one_servers_weights_and_resumes_per
     assert records(two, "eval")[-1]["epoch"] >= 4 and "result: test error" in out.stdout
 
 
+def test_adv_trees_relay_per_range_and_hardsync_ends_with_one_servers_weights(tmp_path):
+    """Rudra-adv with two servers: one tree per range (leaves and an inner node each), each
+    relaying its range to its own server; hardsync ends where one server's tree ends."""
+    adv = [*HARDSYNC, "sync.learners=4", "architecture.kind=adv", "architecture.depth=2"]
+    adv += ["architecture.fanout=2", "train.epochs=2"]
+    one, _ = run(tmp_path, "adv1", adv)
+    two, out = run(tmp_path, "adv2", [*adv, "architecture.servers=2"])
+    w1, w2 = np.load(one / "weights.npy"), np.load(two / "weights.npy")
+    assert np.abs(w1 - w2).max() <= 1e-5 * np.abs(w1).max()
+    logs = sorted(p.stem for p in (two / "logs").glob("node*.log"))
+    assert logs == ["node0", "node0s1", "node1", "node1s1", "node2", "node2s1"]
+    relays = [
+        line
+        for name in logs
+        for line in (two / "logs" / f"{name}.log").read_text().splitlines()
+        if "relays carrying" in line and "0 refused" in line
+    ]
+    assert len(relays) == 6  # every node of both trees relayed, nothing refused
+    assert "per server 0.00, 0.00" in out and "result: test error" in out
+
+
 def test_softsync_with_three_servers_trains_to_the_end_with_a_sigma_per_server(tmp_path):
     d, out = run(tmp_path, "k3", ["train.epochs=4", "architecture.servers=3"])
     final = json.loads((d / "ps_final.json").read_text())
@@ -117,7 +138,11 @@ def test_a_killed_server_restarts_from_its_ranges_checkpoint_and_the_run_ends(tm
     "overrides, says",
     [
         (["architecture.servers=0"], "architecture.servers must be >= 1, got 0"),
-        (["architecture.servers=2", "architecture.kind=adv"], "architecture.servers=2 with"),
+        (["architecture.servers=2", "architecture.kind=advstar"], "not built per range"),
+        (
+            ["architecture.servers=2", "architecture.kind=adv", "architecture.leaf_shm=true"],
+            "architecture.leaf_shm with architecture.servers=2",
+        ),
         (["architecture.servers=100000"], "more than the model's 9,930 parameters"),
     ],
 )

@@ -152,9 +152,9 @@ def test_what_sharding_does_not_serve_yet_is_refused_up_front(ctx, tmp_path):
     part = split(_numel(cfg), 2)[1]
     with pytest.raises(ValueError, match="writes no run files"):
         ParameterServer(cfg, "tcp://127.0.0.1:0", run_dir=str(tmp_path), ctx=ctx, span=part)
-    adv = small_config("architecture.kind=adv")
+    adv = small_config("architecture.kind=advstar", "sync.protocol=softsync")
     eps = [transport.free_tcp_endpoint(), transport.free_tcp_endpoint()]
-    with pytest.raises(ValueError, match="serve Rudra-base only"):
+    with pytest.raises(ValueError, match="serve Rudra-base and Rudra-adv only"):
         Learner(adv, 0, eps, transport.free_tcp_endpoint(), None, ctx)
 
 

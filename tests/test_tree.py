@@ -303,6 +303,34 @@ def test_a_leaf_says_hello_upstream_with_its_learners_and_welcomes_its_children(
     assert not errors
 
 
+def test_a_leaf_of_range_1s_tree_relays_only_that_range_and_refuses_another(ctx):
+    """architecture.servers=2: the tree of server 1's range carries [6, 12) of the 12 floats;
+    it says that range upstream, sums 6 floats, and refuses a learner sending range 0."""
+    cfg = adv("architecture.servers=2", "sync.protocol=hardsync")
+    parent = FakeParent(ctx)
+    node = TreeNode(cfg, 0, "tcp://127.0.0.1:0", parent.endpoint, ctx=ctx, shard=1)
+    l0, l1 = (FakeLearner(ctx, node.endpoint, i) for i in (0, 1))
+    l0.send(Kind.HELLO, model=SIG, numel=NUMEL, range=[6, 12])
+    with running(node) as errors:
+        ident, hello = parent.recv()
+        assert hello.fields == {"model": SIG, "numel": NUMEL, "subtree": [0, 1], "range": [6, 12]}
+        l1.send(Kind.HELLO, model=SIG, numel=NUMEL, range=[0, 6])
+        assert "tree node 0 relays range [6, 12] (server 1)" in l1.recv().fields["error"]
+        l1.send(Kind.HELLO, model=SIG, numel=NUMEL, range=[6, 12])
+        parent.reply(
+            ident, Kind.WELCOME, 0, [np.zeros(6, np.float32)], learners=4, protocol="hardsync"
+        )
+        assert l0.recv().kind == Kind.WELCOME and l1.recv().kind == Kind.WELCOME
+        g = grads(2, 6)
+        for learner, gi in zip((l0, l1), g):
+            learner.send(Kind.PUSHPULL, 0, [gi])
+        _, relay = parent.recv()
+        assert relay.kind == Kind.RELAY
+        np.testing.assert_allclose(relay.payloads[0], g[0] + g[1], rtol=1e-6)
+        l0.close(), l1.close()
+    assert not errors
+
+
 def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_answered(ctx):
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=hardsync"))
     with running(node) as errors:

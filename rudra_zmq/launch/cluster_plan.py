@@ -199,9 +199,11 @@ def place(
                 placement[f"bcast{i}"] = host_of_learner[i]
                 servers.append(f"bcast{i}")
     if tree is not None:
-        for n in tree.nodes:
-            placement[f"node{n.id}"] = host_of_learner[n.learners[0]] if n.is_leaf else server
-            servers.append(f"node{n.id}")
+        for label, n, k in topology.tree_processes(cfg, tree):  # inner: beside its server
+            placement[label] = (
+                host_of_learner[n.learners[0]] if n.is_leaf else placement[ps_labels(cfg)[k]]
+            )
+            servers.append(label)
 
     endpoints, binds, next_port = {}, {}, {}
     for label in servers:

@@ -65,19 +65,10 @@ def cmd_ps(args) -> int:
             f"{cfg.architecture.kind!r})"
         )
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
-    servers = cfg.architecture.servers
-    if servers > 1:
-        if args.shard is None or not 0 <= args.shard < servers:
-            raise UsageError(
-                f"architecture.servers={servers}: give --shard I, the range this server "
-                f"serves, 0..{servers - 1} (got {args.shard})"
-            )
-        extra["shard"] = args.shard
-    elif args.shard not in (None, 0):
-        raise UsageError(
-            f"--shard {args.shard}: the config has one parameter server "
-            "(architecture.servers=1); --shard is 0 or absent"
-        )
+    if cfg.architecture.servers > 1:
+        extra["shard"] = _shard(cfg, args.shard, "server")
+    else:
+        _shard(cfg, args.shard, "server")
     # torch is imported later, after the PS binds (``ParameterServer``), for its initial
     # weights only: its thread count does not matter, and learners start meanwhile
     return role_process.serve(
@@ -130,11 +121,11 @@ def cmd_learner(args) -> int:
     ups, binds = _bcast_args(cfg, args)
     extra = {} if ups is None else {"bcast_upstream": ups, "bcast_bind": binds}
     servers = args.ps.split(",")
-    if len(servers) != cfg.architecture.servers and cfg.architecture.kind == "base":
+    if len(servers) != cfg.architecture.servers and cfg.architecture.kind != "advstar":
         raise UsageError(
             f"--ps names {len(servers)} parameter servers; the config has "
-            f"architecture.servers={cfg.architecture.servers}: give each server's endpoint, "
-            "in range order, separated by commas"
+            f"architecture.servers={cfg.architecture.servers}: give each server's endpoint "
+            "(Rudra-adv: the leaf of each range's tree), in range order, separated by commas"
         )
     ps = servers[0] if len(servers) == 1 else servers
     # threads: the usable cores over the learners on this host (as the launcher said, else
@@ -146,6 +137,23 @@ def cmd_learner(args) -> int:
         True,
         lambda m: m.serve(cfg, args.id, ps, args.data, args.stats, **extra),
     )
+
+
+def _shard(cfg, shard: int | None, what: str) -> int:
+    """The ``--shard`` of a server or tree node: 0..K-1 of ``architecture.servers`` = K
+    (required when K > 1; 0 or absent otherwise). Raises UsageError naming the value."""
+    servers = cfg.architecture.servers
+    if servers > 1 and (shard is None or not 0 <= shard < servers):
+        raise UsageError(
+            f"architecture.servers={servers}: give --shard I, the range this {what} "
+            f"serves, 0..{servers - 1} (got {shard})"
+        )
+    if servers == 1 and shard not in (None, 0):
+        raise UsageError(
+            f"--shard {shard}: the config has one parameter server "
+            "(architecture.servers=1); --shard is 0 or absent"
+        )
+    return shard or 0
 
 
 def cmd_node(args) -> int:
@@ -161,8 +169,9 @@ def cmd_node(args) -> int:
         plan(cfg).node(args.id)
     except ValueError as exc:
         raise UsageError(f"--id {args.id}: {exc}") from None
+    shard = _shard(cfg, args.shard, "tree node")
     return role_process.serve(
-        "tree_node", 1, False, lambda m: m.serve(cfg, args.id, args.bind, args.parent)
+        "tree_node", 1, False, lambda m: m.serve(cfg, args.id, args.bind, args.parent, shard)
     )
 
 
@@ -299,6 +308,12 @@ def add_node(sub) -> None:
         required=True,
         metavar="ENDPOINT",
         help="its parent: the parameter server or a tree node",
+    )
+    p.add_argument(
+        "--shard",
+        type=int,
+        metavar="I",
+        help="architecture.servers > 1: a node of the tree of server I's range (0..K-1)",
     )
     p.set_defaults(func=cmd_node)
 

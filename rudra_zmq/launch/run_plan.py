@@ -220,8 +220,9 @@ def learner_endpoints(plan: Plan, learner: int) -> dict:
     ep, cfg = plan.endpoints, plan.cfg
     if plan.tree is None:  # every server's endpoint, in range order
         ps = ",".join(ep[label] for label in ps_labels(cfg))
-    else:
-        ps = ep[f"node{plan.tree.leaf_of(learner).id}"]
+    else:  # its leaf in each range's tree, in range order
+        leaf = plan.tree.leaf_of(learner).id
+        ps = ",".join(ep[topology.node_label(leaf, k)] for k in range(cfg.architecture.servers))
     out = {"ps": ps, "data": ep["data"], "stats": ep["stats"], "bcast": None}
     if cfg.architecture.kind == "advstar":
         up = topology.broadcast_upstream(cfg, learner)
@@ -288,14 +289,22 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
         )
     tree = plan.tree
     for level in range(max((n.level for n in tree.nodes), default=0) if tree else 0, 0, -1):
-        for n in tree.nodes:
-            if n.level == level:
-                parent = "ps" if n.parent is None else f"node{n.parent}"
+        for label, n, k in topology.tree_processes(plan.cfg, tree):
+            if n.level == level:  # range k's tree relays to server k
+                parent = servers[k] if n.parent is None else topology.node_label(n.parent, k)
                 starts.append(
                     Start(
-                        f"node{n.id}",
+                        label,
                         "node",
-                        ["--id", str(n.id), "--bind", bind(f"node{n.id}"), "--parent", ep[parent]],
+                        [
+                            "--id",
+                            str(n.id),
+                            "--bind",
+                            bind(label),
+                            "--parent",
+                            ep[parent],
+                            *(["--shard", str(k)] if len(servers) > 1 else []),
+                        ],
                         (parent,),
                     )
                 )
@@ -319,7 +328,10 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
                 "--bcast-bind",
                 ",".join(b or "none" for _, b in eps),
             ]
-        parents = servers if plan.tree is None else [f"node{plan.tree.leaf_of(ids[0]).id}"]
+        parents = servers
+        if plan.tree is not None:  # its leaf in each range's tree
+            leaf = plan.tree.leaf_of(ids[0]).id
+            parents = [topology.node_label(leaf, k) for k in range(len(servers))]
         starts.append(Start(learner_label(ids), "learner", args, (*parents, "data", "stats")))
     return starts
 
@@ -350,6 +362,11 @@ def summary(plan: Plan) -> str:
             f"  {line}, {plan.endpoints[f'node{n.id}']}"
             for n, line in zip(plan.tree.nodes, plan.tree.describe())
         ]
+        if cfg.architecture.servers > 1:
+            lines.append(
+                f"  the same tree for each server's range: node0s1 ... relay range 1 to ps1, "
+                f"and so on ({len(plan.tree.nodes) * cfg.architecture.servers} tree nodes)"
+            )
     if cfg.architecture.kind == "advstar":
         lines += [f"  {line}" for line in topology.describe_broadcast(cfg)]
     return "\n".join(lines)

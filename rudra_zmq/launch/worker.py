@@ -87,6 +87,12 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
             f"{n} learner processes"
         )
     own = server_ranks(cfg, r)
+    if own and tree is not None:
+        raise ConfigError(
+            f"{world} ranks give servers 1..{k - 1} ranks of their own, which "
+            "architecture.kind=adv does not plan (its trees' top nodes are on rank 0, "
+            f"beside server 0): start {n + 1} ranks, or use rudra-zmq launch --ps-hosts"
+        )
     role = r.value("role")
     if role is None:
         if rank is None:
@@ -130,7 +136,8 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
     elif r.master_port.source == "MASTER_PORT":
         port += 1  # torchrun's rendezvous store may listen on MASTER_PORT itself
     tree = topology.tree_of(cfg)
-    labels = ["ps", "data", "stats"] + ([f"node{n.id}" for n in tree.nodes] if tree else [])
+    labels = ["ps", "data", "stats"]
+    labels += [label for label, _, _ in topology.tree_processes(cfg, tree)] if tree else []
     labels += ps_labels(cfg)[1:]  # a sharded run's other servers (on rank 0 or their own)
     labels.append("directory")  # where ranks of their own register (server_directory.py)
     host = f"[{master}]" if ":" in master else master

@@ -130,11 +130,11 @@ class Learner:
         times = cfg.runtime.compute_times
         self._slowdown = times[learner_id] - 1 if times else 0.0  # a straggler's extra share
         if isinstance(self.ps, Shards):
-            if cfg.architecture.kind != "base":
+            if cfg.architecture.kind == "advstar":
                 raise ValueError(
                     f"learner {learner_id}: {len(endpoints)} parameter servers, but sharded "
-                    f"servers serve Rudra-base only (architecture.kind is "
-                    f"{cfg.architecture.kind})"
+                    "servers serve Rudra-base and Rudra-adv only (architecture.kind is "
+                    "advstar)"
                 )
             self.exchange = ShardedPushPull(cfg, learner_id, self.flat, self.ps)
         else:
