@@ -13,6 +13,7 @@ import time
 import pytest
 
 from cluster import gone
+from rudra_zmq import config as config_mod
 from rudra_zmq.config import ConfigError, load_config
 from rudra_zmq.launch import launcher, run_plan
 
@@ -64,11 +65,19 @@ FAKE_ROLE = textwrap.dedent("""
             (run_dir / f"{label}.grandchild").write_text(str(child.pid))
         while True:
             time.sleep(1)
+    if action == "mark_term":   # says when SIGTERM came, then does what "ok" does
+        def _term(*_):
+            (run_dir / f"{label}.terminated").write_text(repr(time.time()))
+            os._exit(0)
+        signal.signal(signal.SIGTERM, _term)
     # "ok": what the real role does, minus the work
     if role == "stats":
         print("epoch 0.0 starting", flush=True)
         while not (run_dir / "ps.state.done").exists():
             time.sleep(0.05)
+        if action.startswith("after_ps:"):   # another server trains on this long
+            time.sleep(float(action[9:]))
+            (run_dir / "stats.finished").write_text(repr(time.time()))
         print("epoch 1.0 test error 0.5", flush=True)
         print(f"run directory: {run_dir}", flush=True)
     elif role == "data":
@@ -419,3 +428,19 @@ def test_a_learner_on_a_lost_host_is_left_out_while_the_run_can_end_without_it(
         assert "learner3 is left out; the run goes on without it" in err
     else:
         assert outcome == 1 and cl.stopped and "stopping the run" in err
+
+
+def test_with_a_server_elsewhere_the_data_server_serves_until_the_stats_server_ends(tmp_path, fake):
+    """`worker` rank 0 with server 1 on a rank of its own: server 0 finishing is not the end
+    of training (server 1 may count a few gradients more); the stats server's end is."""
+    fake({"stats": "after_ps:1.5", "data": "mark_term"})
+    cfg = load_config(write_config(tmp_path, "sync: {learners: 2}"), ["architecture.servers=2"])
+    plan = run_plan.make_plan(cfg)
+    config_mod.save(cfg, plan.run_dir / "config.yaml")
+    ours = launcher.Launcher(plan)
+    ours.local = set(plan.endpoints) - {"ps1"} | {"learner0", "learner1"}
+    assert ours.run() == 0
+    run_dir = plan.run_dir
+    assert not (run_dir / "ps1.started").exists()
+    finished = float((run_dir / "stats.finished").read_text())
+    assert float((run_dir / "data.terminated").read_text()) >= finished

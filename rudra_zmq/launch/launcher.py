@@ -255,7 +255,10 @@ class Launcher:
                 if outcome is not None:
                     return outcome
             live = [c for c in self.children if not c.ended]
-            if ended_at is None and not any(c.role in ("ps", "node") for c in live):
+            # servers elsewhere (a rank of their own) may train on after ours: the stats
+            # server ends once every server is done, and the data server serves till then
+            wait = ("ps", "node", "stats") if self._servers_elsewhere() else ("ps", "node")
+            if ended_at is None and not any(c.role in wait for c in live):
                 ended_at = time.monotonic()
             if ended_at is not None and (
                 not any(c.role == "learner" for c in live)
@@ -293,6 +296,10 @@ class Launcher:
                 print(f"rudra-zmq: could not restart {c.label}: {exc}", file=sys.stderr)
         self.stop_all()
         return 1
+
+    def _servers_elsewhere(self) -> bool:
+        """Whether some of the run's parameter servers run outside this launcher."""
+        return self.local is not None and not self.local.issuperset(ps_labels(self.plan.cfg))
 
     def _others_learning(self) -> bool:
         """Whether the run can go on without a failed learner: another learner is still
