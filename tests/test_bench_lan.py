@@ -306,6 +306,9 @@ def test_a_round_slower_than_retry_s_adds_no_byte_at_the_root():
     assert case["root_grad_msgs_total"] == case["grads_total"] == 16  # no gradient twice
     headers = case["root_rx_bytes_per_epoch"] - 8 * m  # CHECKs and request headers only
     assert 0 < headers < 8 * 1024, case
+    notes = [r["text"] for r in recs if r["type"] == "note"]
+    assert any("order: not measured" in t for t in notes)  # one case: no order claimed
+    assert not any("reproduced" in t for t in notes)
     assert namespaces(f"rzt{pid % 1_000_000}") == []
 
 
@@ -384,12 +387,13 @@ def test_sharded_servers_beside_the_learners_and_on_extra_hosts_each_take_their_
     """Issue 24 items 1 and 6: hardsync with 2 sharded servers, on the learner hosts and on
     2 hosts of their own, beside the root alone, in one run: every gradient reaches the
     servers once, a range each (bytes = one model per gradient over the two), σ = 0, each row
-    beside its link bound (speed: bench/RESULTS.md, not a test)."""
+    beside its link bound (speed: bench/RESULTS.md, not a test); Rudra-adv the same, through
+    one tree per range."""
     recs, pid = run_json(
         "lan-table1",
         # one learner per host: the root-alone row would spread them over the extra hosts
         *("--hosts", "2", "--per-host", "1", "--params", "10000", "--rate", "100mbit"),
-        *("--cases", "base-hardsync", "--epoch-gradients", "8", "--epochs", "2"),
+        *("--cases", "base-hardsync", "adv-softsync", "--epoch-gradients", "8", "--epochs", "2"),
         *("--compute-ms", "5", "--servers", "1", "2"),
         *("--server-placement", "colocated", "extra"),
     )
@@ -398,8 +402,14 @@ def test_sharded_servers_beside_the_learners_and_on_extra_hosts_each_take_their_
         "base-hardsync",
         "base-hardsync-k2-colocated",
         "base-hardsync-k2-extra",
+        "adv-softsync",
+        "adv-softsync-k2-colocated",
+        "adv-softsync-k2-extra",
     ]
-    for r in rows[1:]:
+    for r in rows[4:]:  # Rudra-adv, one tree per range: each server hears its leaves' sums
+        assert r["servers"] == 2 and r["server_numel"] == [5000, 5000]
+        assert r["grads_total"] >= 16 and r["mean_sigma"] > 0  # 1-softsync: stale ones
+    for r in rows[1:3]:
         assert r["servers"] == 2 and r["server_numel"] == [5000, 5000]
         assert r["grads_total"] == 16 and r["updates_per_epoch"] == 4 and r["mean_sigma"] == 0
         per_grad = r["root_rx_bytes_per_gradient"]  # payloads + two headers per gradient
@@ -407,7 +417,6 @@ def test_sharded_servers_beside_the_learners_and_on_extra_hosts_each_take_their_
         # the PNG's ingress panel: the busiest server's half, not the two servers' sum
         assert r["busiest_rx_bytes_per_epoch"] == pytest.approx(r["root_rx_bytes_per_epoch"] / 2)
         assert r["bound_s_per_epoch"] > 0 and r["of_bound"] > 0
-    notes = [r["text"] for r in recs if r["type"] == "note"]
-    assert any("order: not measured" in t for t in notes)  # one case: no order claimed
-    assert not any("reproduced" in t for t in notes)
+    (order,) = [r["order"] for r in recs if r["type"] == "note" and "order" in r]
+    assert sorted(order.split(" > ")) == ["adv-softsync", "base-hardsync"]  # K = 1 rows only
     assert namespaces(f"rzt{pid % 1_000_000}") == []

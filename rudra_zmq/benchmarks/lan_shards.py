@@ -95,11 +95,12 @@ def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
 
 
 def run_case(case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str) -> dict:
-    """One Rudra-base case with ``k`` sharded servers placed by ``placement``: its row, as
-    ``lan_table1.run_case``'s (the root's columns are the servers' sums). Blocks."""
+    """One Rudra-base or Rudra-adv case (one tree per range) with ``k`` sharded servers
+    placed by ``placement``: its row, as ``lan_table1.run_case``'s (the root's columns are
+    the servers' sums). Blocks."""
     arch, protocol = case.split("-")
-    if arch != "base":
-        raise ValueError(f"--servers: sharded servers serve Rudra-base only, not {case}")
+    if arch not in ("base", "adv"):
+        raise ValueError(f"--servers: sharded servers serve base and adv, not {case}")
     lam = a.hosts * a.per_host
     ov = sr.overrides(
         arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,

@@ -338,8 +338,8 @@ def add_arguments(p) -> None:
         type=int,
         default=[1],
         metavar="K",
-        help="base cases: also with K sharded servers, each over one range (default 1: the "
-        "root alone); the other cases run with the root",
+        help="base and adv cases: also with K sharded servers, each over one range (adv: one "
+        "tree per range; default 1: the root alone); the other cases run with the root",
     )
     p.add_argument(
         "--server-placement",
@@ -415,7 +415,7 @@ def run(a) -> int:
                     if case == ALLREDUCE and dtype == "bfloat16":
                         report.note(f"{ALLREDUCE} bfloat16 skipped: DDP's hook is float16 here")
                         continue
-                    for k in a.servers if case.startswith("base-") else [1]:
+                    for k in a.servers if case.startswith(("base-", "adv-")) else [1]:
                         for where in a.server_placement if k > 1 else [None]:
                             r = (
                                 run_case(case, a, lan, workdir, dtype)

@@ -172,25 +172,30 @@ def _field(text: str, key: str) -> str:
     return text.split(key, 1)[1].split()[0]
 
 
-def _tree(overrides, procs, where, root_ep, workdir) -> dict[int, str]:
-    """Start the tree nodes (parents first); return each learner's endpoint (its leaf)."""
+def _tree(overrides, procs, where, root_ep, workdir, shard=None) -> dict[int, str]:
+    """Start the tree nodes (parents first); return each learner's endpoint (its leaf).
+    ``shard``: the tree of that range of a sharded run (``--shard``; ``overrides`` then set
+    ``architecture.servers``)."""
     from ..config import load_config
-    from ..topology import plan
+    from ..topology import node_label, plan
 
     tree = plan(load_config(None, overrides))
     ep = {None: root_ep}
     common = [f"--set={o}" for o in overrides]
+    if shard is not None:
+        common += ["--shard", str(shard)]
     for node in sorted(tree.nodes, key=lambda nd: -nd.level):
         first = min(node.subtree)
         host = where[first]
-        bind = f"ipc://{workdir}/node{node.id}.sock" if node.is_leaf else f"tcp://{host.addr}:0"
+        label = node_label(node.id, shard or 0)
+        bind = f"ipc://{workdir}/{label}.sock" if node.is_leaf else f"tcp://{host.addr}:0"
         if node.is_leaf and any(where[i] != host for i in node.learners):
             raise ValueError(
                 f"leaf {node.id} has learners on several hosts; choose a fanout "
                 "that divides the learners per host"
             )
         out = procs.start(
-            f"node{node.id}",
+            label,
             "node",
             ["--id", str(node.id), "--bind", bind, "--parent", ep[node.parent], *common],
             host,
@@ -271,9 +276,9 @@ def run(
 ) -> dict:
     """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
     "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
-    ``servers`` (base only), one sharded server per host listed there, over the ranges of
-    ``span.split(params, len(servers))`` (``ps`` is then the first's report), instead of the
-    root. Blocks; stops every process it started before returning or raising."""
+    ``servers`` (base, or adv with one tree per range), one sharded server per host listed
+    there, over the ranges of ``span.split(params, len(servers))`` (``ps`` is then the
+    first's report), instead of the root. Blocks; stops every process it started before returning or raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
     procs = Processes(workdir)
     t0 = time.time()
@@ -282,8 +287,8 @@ def run(
             raise ValueError(f"unknown architecture {arch!r}: base, adv or advstar")
         common = [f"--set={o}" for o in overrides]
         if servers:
-            if arch != "base":
-                raise ValueError(f"sharded servers serve Rudra-base only, not {arch}")
+            if arch == "advstar":
+                raise ValueError("sharded servers serve Rudra-base and Rudra-adv, not advstar")
             root_ep = _sharded(servers, params, common, procs)
         else:
             bcast = ["--bcast-bind", f"tcp://{root.addr}:0"] if arch == "advstar" else []
@@ -299,6 +304,19 @@ def run(
         members = {}
         if arch == "base":
             eps = {i: root_ep for i in range(learners)}
+        elif servers:  # adv, sharded: one tree per range, to its server
+            per = [
+                _tree(
+                    [*overrides, f"architecture.servers={len(servers)}"],
+                    procs,
+                    where,
+                    ep,
+                    workdir,
+                    shard=k,
+                )  # fmt: skip
+                for k, ep in enumerate(root_ep.split("+"))
+            ]
+            eps = {i: "+".join(leaves[i] for leaves in per) for i in range(learners)}
         else:  # adv and advstar: the same tree of nodes carries the gradients
             eps = _tree(overrides, procs, where, root_ep, workdir)
         if arch == "advstar":  # ... and the weights go down the learners' broadcast

@@ -227,7 +227,7 @@ def main_node(args) -> dict:
 
     transport.tune_malloc()
     kernels.set_num_threads(1)  # as `rudra-zmq node` does
-    node = TreeNode(_cfg(args), args.id, args.bind, args.parent)
+    node = TreeNode(_cfg(args), args.id, args.bind, args.parent, shard=args.shard)
     print(f"listening on {node.endpoint}", flush=True)
     node.serve_forever()
     st = node.state
@@ -310,6 +310,7 @@ def main(argv=None) -> int:
     sub.choices["node"].add_argument("--id", type=int, required=True)
     sub.choices["node"].add_argument("--bind", required=True)
     sub.choices["node"].add_argument("--parent", required=True)
+    sub.choices["node"].add_argument("--shard", type=int, default=0, help="its range's tree")
     sub.choices["learners"].add_argument("--ids", required=True, help="e.g. 0,1,2,3")
     sub.choices["learners"].add_argument(
         "--ps",
