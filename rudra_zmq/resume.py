@@ -68,7 +68,16 @@ def resume_config(run_dir, config_path=None, overrides=()):
 def finished_note(run_dir, cfg) -> str | None:
     """The one line to print instead of resuming when the run in ``run_dir`` already trained
     ``cfg.train.epochs`` (its PS wrote ``ps_final.json`` saying training was done, at that
-    epoch or later), else None. Reads one small file."""
+    epoch or later), else None. Reads one small file. A sharded run whose servers all finished
+    but whose own files were never joined (no shared file system: each server's
+    ``servers/server-I`` copied here afterwards) is joined first
+    (``ps_shard_files.assemble``), and the line says so."""
+    joined = ""
+    if cfg.architecture.servers > 1 and not (Path(run_dir) / PS_FINAL_FILE).exists():
+        from .roles.ps_shard_files import assemble
+
+        if assemble(run_dir, cfg.architecture.servers, cfg.train.epochs):
+            joined = f"joined the {cfg.architecture.servers} servers' weights into weights.npy; "
     try:
         final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
         done, epoch = final["done"], float(final["epoch"])
@@ -77,7 +86,7 @@ def finished_note(run_dir, cfg) -> str | None:
     if done is not True or epoch < cfg.train.epochs:
         return None
     return (
-        f"rudra-zmq: nothing to do: {run_dir} already trained {epoch:.2f} epochs of "
+        f"rudra-zmq: {joined}nothing to do: {run_dir} already trained {epoch:.2f} epochs of "
         f"train.epochs={cfg.train.epochs:g}; to train on, resume with --set "
         f"train.epochs=N (N > {epoch:.2f})"
     )

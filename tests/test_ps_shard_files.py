@@ -31,3 +31,18 @@ def test_the_run_files_are_joined_once_every_server_finished_this_periods_epochs
     assert (final["timestamp"], final["epoch"], final["incarnation"]) == (10, 3.0, 2)
     assert [f["timestamp"] for f in final["servers"]] == [10, 12] and final["done"]
     assert not list(tmp_path.glob(".*.tmp"))  # written through temporary files, renamed
+
+
+def test_resume_joins_servers_files_copied_in_afterwards_and_says_nothing_to_do(tmp_path):
+    """No shared file system (servers on ranks of their own): each server's folder copied
+    into the run directory afterwards; `run --resume` joins them and trains nothing."""
+    from rudra_zmq.config import load_config
+    from rudra_zmq.resume import finished_note
+
+    cfg = load_config(None, ["architecture.servers=2", "train.epochs=3"])
+    finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)
+    assert finished_note(tmp_path, cfg) is None  # server 1's files not here: resume
+    finish(tmp_path, 1, [3], ts=10, epoch=3.0)
+    note = finished_note(tmp_path, cfg)
+    assert note.startswith("rudra-zmq: joined the 2 servers' weights into weights.npy; nothing")
+    np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2, 3])

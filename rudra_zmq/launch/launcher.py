@@ -43,7 +43,14 @@ from .. import security
 from ..notices import LogNotices
 from ..roles.ps_shard_files import assemble
 from ..roles.stats_final import final_done
-from ..run_files import PROCESSES_FILE, checkpoints_root, config_path, log_path, server_dir
+from ..run_files import (
+    PROCESSES_FILE,
+    PS_FINAL_FILE,
+    checkpoints_root,
+    config_path,
+    log_path,
+    server_dir,
+)
 from . import console, preflight
 from .children import Child, accepting, echo_lines, kill_tree, log_size
 from .restarts import on_failure
@@ -53,6 +60,7 @@ POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
 LEARNER_EXIT_S = 10.0  # after the PS finished, how long learners may take to exit
+ELSEWHERE_FILES_S = 10.0  # how long rank 0 waits for servers elsewhere to write their files
 
 
 def _role_command(role: str, args: list[str]) -> list[str]:
@@ -358,12 +366,29 @@ class Launcher:
         own (``ps_shard_files``) where no server could (one that failed after writing its
         files, before joining them). Does nothing until every server's files are here;
         best effort: says why it could not. Blocks for the files."""
-        cfg = self.plan.cfg
-        if cfg.architecture.servers > 1:
+        cfg, run_dir = self.plan.cfg, self.plan.run_dir
+        if cfg.architecture.servers <= 1:
+            return
+        elsewhere = self._servers_elsewhere() and "stats" in (self.local or ())
+        # servers elsewhere write their files just after their "done": give them a moment
+        deadline = time.monotonic() + (ELSEWHERE_FILES_S if elsewhere else 0)
+        while True:
             try:
-                assemble(self.plan.run_dir, cfg.architecture.servers, cfg.train.epochs)
+                joined = assemble(run_dir, cfg.architecture.servers, cfg.train.epochs)
             except (OSError, ValueError) as exc:
                 print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
+                return
+            if joined or (run_dir / PS_FINAL_FILE).exists() or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S)
+        if not joined and elsewhere and not (run_dir / PS_FINAL_FILE).exists():
+            print(
+                f"rudra-zmq: the servers on ranks of their own left their weights on their "
+                f"hosts ({server_dir(run_dir, 1).parent}/server-I there, not shared here): "
+                f"copy those folders here, then `rudra-zmq run --resume {run_dir}` joins "
+                "them into weights.npy",
+                file=sys.stderr,
+            )
 
     def interrupt(self) -> int:
         print("interrupted", file=sys.stderr)
