@@ -132,3 +132,36 @@ def test_no_directory_is_named_after_the_timeout():
 
 def test_the_advertised_address_is_the_one_that_reaches_the_master():
     assert server_directory.advertised_address("127.0.0.1") == "127.0.0.1"
+
+
+@pytest.mark.timeout(30)
+def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
+    from rudra_zmq import keys, security
+
+    keys.make_run_keys(tmp_path / "keys", ["learner-0", "ps"])
+    curve = security.Curve(tmp_path / "keys")
+    cfg = load_config(None, ["architecture.servers=2"])
+    ep = free_tcp_endpoint()
+    d = server_directory.Directory(cfg, ep, "tcp://n1:1", "/runs/r", "tok", curve).start()
+    try:
+        with pytest.raises(
+            ConfigError, match="only the ps key may register a server, not 'learner-0'"
+        ):
+            server_directory._ask(
+                ep,
+                {"op": "register", "server": 1, "endpoint": "tcp://h1:7"},
+                5,
+                security.Curve(tmp_path / "keys"),
+                0,  # learner 0's key
+                lambda r: True,
+            )
+        assert server_directory.register(
+            ep, 1, "tcp://h1:7", 5, security.Curve(tmp_path / "keys")
+        ) == (
+            "/runs/r",
+            "tok",
+        )
+        found = server_directory.lookup(ep, 2, 5, security.Curve(tmp_path / "keys"), sender=0)
+        assert found == ["tcp://n1:1", "tcp://h1:7"]
+    finally:
+        d.stop()
