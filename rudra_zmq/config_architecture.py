@@ -41,8 +41,10 @@ def validate_architecture(self) -> None:
     if a.servers > 1 and a.kind == "advstar":
         raise ConfigError(
             f"architecture.servers={a.servers} with architecture.kind=advstar: the adv* "
-            "broadcast sends the whole vector (not built per range); use architecture.kind="
-            "base or adv (one tree per range), or architecture.servers=1"
+            "broadcast serves one root; with K servers each one's weight traffic is already "
+            "1/K and the gradients bind, which adv* does not change (measured: "
+            "bench/RESULTS.md, Rudra-adv with one tree per range); use architecture.kind="
+            "adv (one tree per range) or base, or architecture.servers=1"
         )
     if a.servers > 1 and a.leaf_shm:
         raise ConfigError(

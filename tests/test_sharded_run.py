@@ -138,7 +138,7 @@ def test_a_killed_server_restarts_from_its_ranges_checkpoint_and_the_run_ends(tm
     "overrides, says",
     [
         (["architecture.servers=0"], "architecture.servers must be >= 1, got 0"),
-        (["architecture.servers=2", "architecture.kind=advstar"], "not built per range"),
+        (["architecture.servers=2", "architecture.kind=advstar"], "adv* broadcast serves one root"),
         (
             ["architecture.servers=2", "architecture.kind=adv", "architecture.leaf_shm=true"],
             "architecture.leaf_shm with architecture.servers=2",
