@@ -28,6 +28,10 @@ COMMANDS = {
         "bytes the root PS receives per update: Rudra-base, adv, adv*",
     ),
     "lan-table1": ("lan_table1", "the paper's Table 1 on emulated LAN hosts (root, ip netns)"),
+    "lan-overlap": (
+        "lan_overlap",
+        "raw-ZeroMQ probe: servers answering each part of their range once complete (LAN)",
+    ),
     "train-throughput": (
         "train_throughput",
         "`rudra-zmq run` training throughput beside a plain PyTorch loop",

@@ -1,42 +1,39 @@
-#!/usr/bin/env python3
-"""Would push/pull overlap within a server pay on the emulated LAN? A raw-ZeroMQ probe of
-issue 24 item 2, outside rudra_zmq's protocol: is the transport able to deliver it?
+"""A raw-ZeroMQ probe of issue 24 item 2 on emulated LAN hosts: would a server answering each
+part of its range as soon as it is complete pay? Outside rudra_zmq's protocol.
 
-K servers each own one slice of an M-float32 vector, cut into P parts. Each learner, after a
-sleep ("compute"), sends every server its slice as P messages, part-major (part 0 to every
-server, then part 1, ...), each on one DEALER per server. A server sums each part as it comes
-and, once all L learners' part p is in, sends part p of its weights to every learner at
-once, while later parts still arrive. A round ends when a learner has every server's every
-part. P = 1 is today's hardsync round (every push, then every reply); P > 1 overlaps the
-replies with the pushes. Link bound with servers on hosts of their own: 2·M/B (P = 1) and
-M/B·(1 + 1/P) (P > 1), plus the compute.
-
-    python bench/lan/overlap_probe.py run --servers 8 --parts 1 4 16   (as root: builds the LAN)
-
-Prints one JSON line per (servers, parts): the median round time over the timed rounds at
-learner 0. Needs root and bench/lan/netns.sh.
+K servers on hosts of their own each own one slice of an M-float32 vector, cut into P parts.
+Each learner (one per host), after a sleep ("compute"), sends every server its slice as P
+messages, part-major (part 0 to every server, then part 1, ...), one DEALER per server. A
+server sums each part as it comes and, once all L learners' part p is in, sends part p of its
+weights to every learner at once, while later parts still arrive. A round ends when a
+learner has every server's every part. P = 1 is today's hardsync round (every push, then every
+reply); P > 1 overlaps the replies with the pushes. Ideal with servers on hosts of their own:
+2·M/B (P = 1, all slices arriving together; one server's slices draining before another's
+can beat it) and M/B·(1 + 1/P), plus the compute. Prints one
+line per (K, P): the median round time at learner 0 over rounds 2 and later. Needs root
+(``bench/lan/netns.sh``); results: bench/RESULTS.md.
 """
 
-import argparse
 import json
-import os
 import statistics
 import struct
 import subprocess
 import sys
 import time
 
-import numpy as np
 import zmq
 
-from rudra_zmq.benchmarks.lan_link import parse_rate
+from .lan_link import parse_rate
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 HDR = struct.Struct("<iii")  # round, part, learner
 PORT = 23000
+ROLE = [sys.executable, "-m", "rudra_zmq.benchmarks.lan_overlap"]  # a server or learner
 
 
 def server(a) -> None:
+    """One server: sum each part, answer it once every learner's is in. Blocks."""
+    import numpy as np
+
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.RCVHWM, 0)
@@ -70,6 +67,10 @@ def server(a) -> None:
 
 
 def learner(a) -> None:
+    """One learner: ``rounds`` rounds of compute, P parts to every server, every reply; learner
+    0 prints its round times. Blocks."""
+    import numpy as np
+
     ctx = zmq.Context()
     socks = []
     for ep in a.connect.split(","):
@@ -112,17 +113,20 @@ def learner(a) -> None:
     ctx.term()
 
 
-def netns(*args) -> str:
-    return subprocess.run(
-        [os.path.join(HERE, "netns.sh"), *args], capture_output=True, text=True, check=True
-    ).stdout
+def run(a) -> int:
+    """Build the LAN, run every (K, P), remove the LAN (also on error or Ctrl-C); blocks.
+    Exit code 2 where the LAN cannot be built."""
+    from .lan_table1 import NETNS_SH, Lan, find_netns_sh, lan_available
 
-
-def run(a) -> None:
-    learners, prefix = a.learners, "rzprobe"
-    hosts = [ln.split()[2:4] for ln in netns("up", str(learners + max(a.servers)), a.rate,
-                                             "--prefix", prefix).splitlines()]  # fmt: skip
-    try:
+    parse_rate(a.rate)
+    netns_sh = a.netns_sh or find_netns_sh()
+    why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
+    if why:
+        print(f"lan-overlap: cannot build the emulated LAN: {why}", file=sys.stderr)
+        return 2
+    learners = a.learners
+    with Lan(learners + max(a.servers), a.rate, netns_sh) as lan:
+        hosts = [(h.ns, h.addr) for h in lan.hosts]
         for k in a.servers:
             for parts in a.parts:
                 srv = hosts[learners : learners + k]
@@ -130,7 +134,7 @@ def run(a) -> None:
                 procs = []
                 for ns, addr in srv:
                     procs.append(subprocess.Popen(
-                        ["ip", "netns", "exec", ns, sys.executable, __file__, "server",
+                        ["ip", "netns", "exec", ns, *ROLE, "server",
                          "--addr", addr, "--numel", str(numel), "--parts", str(parts),
                          "--learners", str(learners), "--rounds", str(a.rounds)]))  # fmt: skip
                 time.sleep(1.5)
@@ -139,7 +143,7 @@ def run(a) -> None:
                 outs = []
                 for i, (ns, _addr) in enumerate(hosts[:learners]):
                     outs.append(subprocess.Popen(
-                        ["ip", "netns", "exec", ns, sys.executable, __file__, "learner",
+                        ["ip", "netns", "exec", ns, *ROLE, "learner",
                          "--id", str(i), "--connect", eps, "--numel", str(numel), "--parts",
                          str(parts), "--rounds", str(a.rounds), "--compute-ms",
                          str(a.compute_ms), "--start-at", str(start_at)],
@@ -147,28 +151,34 @@ def run(a) -> None:
                 rec = json.loads(outs[0].communicate(timeout=600)[0])
                 for p in outs + procs:
                     p.wait(timeout=60)
-                timed = rec["round_s"][1:]
+                timed = rec["round_s"][1:] or rec["round_s"]
                 m = k * numel * 4 / parse_rate(a.rate)  # seconds of the whole vector
-                bound = (2 * m if parts == 1 else m * (1 + 1 / parts)) + a.compute_ms / 1000
+                ideal = (2 * m if parts == 1 else m * (1 + 1 / parts)) + a.compute_ms / 1000
                 print(json.dumps({"servers": k, "parts": parts, "numel": k * numel,
                                   "median_round_s": statistics.median(timed),
                                   "rounds_s": [round(t, 3) for t in rec["round_s"]],
-                                  "bound_s": round(bound, 3)}), flush=True)  # fmt: skip
-    finally:
-        netns("down", "--prefix", prefix)
+                                  "ideal_s": round(ideal, 3)}), flush=True)  # fmt: skip
+    return 0
+
+
+def add_arguments(p) -> None:
+    """``rudra-zmq bench lan-overlap``'s options."""
+    p.add_argument("--learners", type=int, default=8, help="learner hosts (default 8)")
+    p.add_argument("--servers", type=int, nargs="+", default=[8], help="K (default 8)")
+    p.add_argument("--parts", type=int, nargs="+", default=[1, 4, 16], help="P (1 4 16)")
+    p.add_argument("--numel", type=int, default=10_000_000, help="M (default 10,000,000)")
+    p.add_argument("--rounds", type=int, default=6, help="the first is a warm-up (6)")
+    p.add_argument("--compute-ms", type=float, default=100, help="default 100")
+    p.add_argument("--rate", default="1gbit", help="each host link's rate, both ways")
+    p.add_argument("--netns-sh", metavar="PATH", help="the LAN script (bench/lan/netns.sh)")
 
 
 def main() -> None:
+    """A server or a learner of one (K, P), started inside its host by :func:`run`."""
+    import argparse
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("--learners", type=int, default=8)
-    r.add_argument("--servers", type=int, nargs="+", default=[8])
-    r.add_argument("--parts", type=int, nargs="+", default=[1, 4, 16])
-    r.add_argument("--numel", type=int, default=10_000_000)
-    r.add_argument("--rounds", type=int, default=6)
-    r.add_argument("--compute-ms", type=float, default=100)
-    r.add_argument("--rate", default="1gbit")
     s = sub.add_parser("server")
     s.add_argument("--addr", required=True)
     for q in (s, sub.add_parser("learner")):
@@ -182,7 +192,7 @@ def main() -> None:
     le.add_argument("--compute-ms", type=float, required=True)
     le.add_argument("--start-at", type=float, required=True)
     a = p.parse_args()
-    {"run": run, "server": server, "learner": learner}[a.mode](a)
+    {"server": server, "learner": learner}[a.mode](a)
 
 
 if __name__ == "__main__":
