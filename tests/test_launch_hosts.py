@@ -270,40 +270,31 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
 
 
 @contextlib.contextmanager
-def _private_sshd(lan, tmp_path):
-    """A second sshd on host 0 (port 2222) in a mount namespace of its own, where a tmpfs
-    hides ``tmp_path/private``: what its sessions write there is not seen here. Yields the
-    folder; stops that sshd after."""
+def _private_sshd(lan, tmp_path, hosts=(0,)):
+    """A second sshd on each of ``hosts`` (port 2222), each in a mount namespace of its own
+    where a tmpfs hides ``tmp_path/private``: what its sessions write there is seen neither
+    here nor on the other hosts. Yields the folder; stops those sshds after."""
     private = tmp_path / "private"
     private.mkdir()
-    script = (
-        f"mount -t tmpfs tmpfs {private} && exec {SSHD} -p 2222 "
-        f"-f {lan.tmp / 'sshd_config'} -o ListenAddress={HOSTS[0]} "
-        f"-E {lan.tmp / 'sshd-private.log'}"
-    )
-    subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            lan.ns(0),
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-        ],
-        check=True,
-        timeout=30,
-    )
-    deadline = time.monotonic() + 20
-    while not lan.pids(0) - lan.sshd_pids:
-        assert time.monotonic() < deadline, "the private sshd did not start"
-        time.sleep(0.1)
-    extra_sshd = lan.pids(0) - lan.sshd_pids
+    extra_sshd = set()
     try:
+        for i in hosts:
+            script = (
+                f"mount -t tmpfs tmpfs {private} && exec {SSHD} -p 2222 "
+                f"-f {lan.tmp / 'sshd_config'} -o ListenAddress={HOSTS[i]} "
+                f"-E {lan.tmp / f'sshd-private{i}.log'}"
+            )
+            subprocess.run(
+                ["ip", "netns", "exec", lan.ns(i), "unshare", "-m", "--propagation", "private"]
+                + ["sh", "-c", script],
+                check=True,
+                timeout=30,
+            )
+            deadline = time.monotonic() + 20
+            while not lan.pids(i) - lan.sshd_pids:
+                assert time.monotonic() < deadline, f"the private sshd of host {i} did not start"
+                time.sleep(0.1)
+            extra_sshd |= lan.pids(i) - lan.sshd_pids
         yield private
     finally:
         for pid in extra_sshd:
@@ -313,7 +304,7 @@ def _private_sshd(lan, tmp_path):
 def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_results(
     lan, tmp_path
 ):
-    with _private_sshd(lan, tmp_path) as private:
+    with _private_sshd(lan, tmp_path, hosts=(0, 1)) as private:
         run = private / "run"
         proc = lan.launch(
             "quickstart.yaml",
@@ -323,14 +314,17 @@ def test_a_host_without_the_shared_file_system_gets_the_config_and_gives_back_re
             "--set",
             "train.epochs=1",
             "--set",
-            "architecture.servers=2",  # their files too come back, and their weights joined
+            "architecture.servers=2",  # a server on each host: both hosts' files come back
+            "--ps-hosts",
+            "learners",
             "--ssh-opts",
             f"-F {lan.tmp / 'ssh_config'} -p 2222",
-            hosts=f"{HOSTS[0]}:2",
+            hosts=f"{HOSTS[0]}:1,{HOSTS[1]}:1",
         )
         rc = _finish(proc)
         out = Path(f"{run}.out").read_text()
         assert rc == 0, out[-4000:]
+        assert f"{HOSTS[1]}:ps1 parameter server 1 of 2" in out  # in host 1's own tmpfs
         # the roles ran in the hidden folder; metrics and plots came back, logs were here
         assert run_summary(run)["epochs"] >= 1.0
         assert (run / "throughput.png").exists() and (run / "ps_final.json").exists()
