@@ -430,10 +430,13 @@ def test_a_learner_on_a_lost_host_is_left_out_while_the_run_can_end_without_it(
         assert outcome == 1 and cl.stopped and "stopping the run" in err
 
 
-def test_with_a_server_elsewhere_the_data_server_serves_until_the_stats_server_ends(tmp_path, fake):
+def test_with_a_server_elsewhere_the_data_server_serves_until_the_stats_server_ends(
+    tmp_path, fake, monkeypatch, capsys
+):
     """`worker` rank 0 with server 1 on a rank of its own: server 0 finishing is not the end
     of training (server 1 may count a few gradients more); the stats server's end is."""
     fake({"stats": "after_ps:1.5", "data": "mark_term"})
+    monkeypatch.setattr(launcher, "ELSEWHERE_FILES_S", 0.2)  # server 1's files never come
     cfg = load_config(write_config(tmp_path, "sync: {learners: 2}"), ["architecture.servers=2"])
     plan = run_plan.make_plan(cfg)
     config_mod.save(cfg, plan.run_dir / "config.yaml")
@@ -444,3 +447,4 @@ def test_with_a_server_elsewhere_the_data_server_serves_until_the_stats_server_e
     assert not (run_dir / "ps1.started").exists()
     finished = float((run_dir / "stats.finished").read_text())
     assert float((run_dir / "data.terminated").read_text()) >= finished
+    assert "left their weights on their hosts" in capsys.readouterr().err  # and how to join
