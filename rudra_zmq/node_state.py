@@ -16,9 +16,11 @@ import secrets
 import numpy as np
 
 from . import codec, topology, wire
+from .config_architecture import check_servers_fit
 from .relay_clock import RelayClock
 from .span import split
 from .sync import ProtocolViolation, Rejoin
+from .typed_yaml import ConfigError
 
 
 class NodeState:
@@ -93,11 +95,10 @@ class NodeState:
             )
         wanted = f.get("range")
         if self.servers > 1:
-            if f["numel"] < self.servers:
-                raise ProtocolViolation(
-                    f"{who} runs a model of {f['numel']:,} parameters, fewer than "
-                    f"architecture.servers={self.servers}"
-                )
+            try:
+                check_servers_fit(self.servers, f["numel"])
+            except ConfigError as exc:
+                raise ProtocolViolation(f"{who}: {exc}") from None
             span = split(f["numel"], self.servers)[self.shard]
             mine = [span.lo, span.hi]
         else:

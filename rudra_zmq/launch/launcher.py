@@ -378,10 +378,11 @@ class Launcher:
             except (OSError, ValueError) as exc:
                 print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
                 return
-            if joined or (run_dir / PS_FINAL_FILE).exists() or time.monotonic() > deadline:
+            joined = joined or (run_dir / PS_FINAL_FILE).exists()  # here, or by a server
+            if joined or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S)
-        if not joined and elsewhere and not (run_dir / PS_FINAL_FILE).exists():
+        if not joined and elsewhere:
             print(
                 f"rudra-zmq: the servers on ranks of their own left their weights on their "
                 f"hosts ({server_dir(run_dir, 1).parent}/server-I there, not shared here): "

@@ -65,10 +65,9 @@ def cmd_ps(args) -> int:
             f"{cfg.architecture.kind!r})"
         )
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
+    shard = _shard(cfg, args.shard, "server")
     if cfg.architecture.servers > 1:
-        extra["shard"] = _shard(cfg, args.shard, "server")
-    else:
-        _shard(cfg, args.shard, "server")
+        extra["shard"] = shard
     # torch is imported later, after the PS binds (``ParameterServer``), for its initial
     # weights only: its thread count does not matter, and learners start meanwhile
     return role_process.serve(

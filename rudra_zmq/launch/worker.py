@@ -178,6 +178,11 @@ def security_of(cfg, master: str):
     return dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on)), line
 
 
+def _keys_dir(cfg) -> str | None:
+    """``security.keys`` as an absolute path (the launcher's roles run elsewhere), or None."""
+    return str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
+
+
 def _curve(cfg):
     """This rank's CURVE settings (the key directory every rank reads), or None."""
     from .. import security
@@ -202,8 +207,7 @@ def _servers(cfg, r, p, args, how: str, line) -> int:
     if line:
         print(line, file=sys.stderr, flush=True)
     servers = Plan(p.cfg, p.run_dir, p.endpoints, [], p.tree, p.binds)  # no learners here
-    keys_dir = str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
-    launcher = Launcher(servers, keys_dir=keys_dir)
+    launcher = Launcher(servers, keys_dir=_keys_dir(cfg))
     local = r.value("local_world_size")
     launcher.learners_here = max(0, local - 1) if local else 0
     if not server_ranks(cfg, r):
@@ -229,7 +233,7 @@ def _server(cfg, r, p, index: int, how: str) -> int:
     label = ps_labels(cfg)[index]
     address = advertised_address(r.value("master_addr"))
     port = p.endpoints[label].rsplit(":", 1)[1]
-    mine = f"tcp://{f'[{address}]' if ':' in address else address}:{port}"
+    mine = f"tcp://{bind_address(address)}:{port}"  # an IP address: bound as itself
     run_dir, token = register(
         p.endpoints["directory"], index, mine, cfg.runtime.timeout_s, _curve(cfg)
     )
@@ -242,8 +246,7 @@ def _server(cfg, r, p, index: int, how: str) -> int:
         flush=True,
     )
     eps, binds = {**p.endpoints, label: mine}, {**(p.binds or {}), label: mine}
-    keys_dir = str(Path(cfg.security.keys).absolute()) if cfg.security.keys else None
-    launcher = Launcher(Plan(cfg, run_dir, eps, [], p.tree, binds), keys_dir=keys_dir)
+    launcher = Launcher(Plan(cfg, run_dir, eps, [], p.tree, binds), keys_dir=_keys_dir(cfg))
     launcher.secrets[security.RUN_TOKEN_ENV] = token  # the stats server knows rank 0's
     launcher.local, launcher.processes_file = {label}, f"processes-{label}.json"
     return launcher.run()
