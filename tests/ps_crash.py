@@ -15,12 +15,21 @@ on any host, where a kill from outside can land after the end on a fast one);
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 from rudra_zmq import cli
 from rudra_zmq.launch import launcher
 from rudra_zmq.roles import ps, ps_checkpoint, ps_report
 
-POINTS = ("checkpoint", "stopping", "finishing", "sending-done", "after-final")
+POINTS = (
+    "checkpoint",
+    "stopping",
+    "finishing",
+    "sending-done",
+    "after-final",
+    "after-final-unsent",
+)
 
 
 def die():
@@ -51,6 +60,33 @@ def after(cls, name, when=lambda *args: True):
     setattr(cls, name, wrapped)
 
 
+def unsent(cls, name, when=lambda *args: True):
+    """``cls.name`` does nothing when ``when(*args)`` says so: what it would have sent to
+    the statistics server is lost (as when the process dies before ZeroMQ sent it)."""
+    original = getattr(cls, name)
+
+    def wrapped(*args, **kwargs):
+        if not when(*args):
+            original(*args, **kwargs)
+
+    setattr(cls, name, wrapped)
+
+
+def wait_for_server_0(module, name):
+    """``module.name(files_dir, ...)`` first waits (at most 60 s) for server 0's final file
+    beside ``files_dir``: server 0 finished before this one, so it found nothing to join."""
+    original = getattr(module, name)
+
+    def wrapped(files_dir, *args, **kwargs):
+        other = Path(files_dir).parent / "server-0" / "ps_final.json"
+        deadline = time.monotonic() + 60
+        while not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return original(files_dir, *args, **kwargs)
+
+    setattr(module, name, wrapped)
+
+
 def arm(point: str) -> None:
     if point == "checkpoint":  # training: the checkpoint at PS_CRASH_TS just written
         ts = int(os.environ["PS_CRASH_TS"])
@@ -67,6 +103,11 @@ def arm(point: str) -> None:
     elif point == "sending-done":  # the "done" record just handed to ZeroMQ
         after(ps_report.PSReport, "done")
     elif point == "after-final":  # ps_final.json written
+        after(ps, "write_final")
+    elif point == "after-final-unsent":  # as after-final, its final EVAL and "done" lost,
+        unsent(ps_report.PSReport, "done")  # and server 0 done first (so no server joins)
+        unsent(ps_report.PSReport, "evaluate", lambda _report, state: state.done)
+        wait_for_server_0(ps, "write_final")
         after(ps, "write_final")
     else:
         raise SystemExit(f"PS_CRASH_AT={point!r}: one of {', '.join(POINTS)}")

@@ -268,6 +268,8 @@ class Launcher:
             wait = ("ps", "node", "stats") if self._servers_elsewhere() else ("ps", "node")
             if ended_at is None and not any(c.role in wait for c in live):
                 ended_at = time.monotonic()
+                if not self._servers_elsewhere():  # a server that died after its files
+                    self.join_servers()  # left them unjoined: the stats server reads these
             if ended_at is not None and (
                 not any(c.role == "learner" for c in live)
                 or time.monotonic() - ended_at > LEARNER_EXIT_S
