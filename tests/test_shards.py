@@ -16,6 +16,7 @@ import threading
 
 import numpy as np
 import pytest
+import zmq
 
 from cluster import small_config
 from rudra_zmq import transport
@@ -156,6 +157,31 @@ def test_what_sharding_does_not_serve_yet_is_refused_up_front(ctx, tmp_path):
     eps = [transport.free_tcp_endpoint(), transport.free_tcp_endpoint()]
     with pytest.raises(ValueError, match="serve Rudra-base and Rudra-adv only"):
         Learner(adv, 0, eps, transport.free_tcp_endpoint(), None, ctx)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_learner_that_fails_half_built_closes_the_sockets_it_made(monkeypatch, servers):
+    """The exchange fails after the server, data and statistics sockets exist: the learner
+    closes them, so its (shared) context's term() returns instead of waiting forever."""
+    from rudra_zmq.roles import learner
+
+    def broken(*args, **kwargs):
+        raise OSError("address already in use (made up)")
+
+    monkeypatch.setattr(learner, "make_exchange", broken)
+    monkeypatch.setattr(learner, "ShardedPushPull", broken)
+    c = zmq.Context()
+    eps = [transport.free_tcp_endpoint() for _ in range(servers)]
+    stats = transport.free_tcp_endpoint()
+    # the error kept, as learner.serve keeps it to report: its traceback holds the learner
+    with pytest.raises(OSError, match="made up") as failed:
+        Learner(small_config(), 0, eps, transport.free_tcp_endpoint(), stats, c)
+    ender = threading.Thread(target=c.term, daemon=True)
+    ender.start()
+    ender.join(20)
+    if ender.is_alive():  # sockets left open: end the context here, not at interpreter exit
+        c.destroy(linger=0)
+    assert not ender.is_alive(), f"the half-built learner left sockets open ({failed.value})"
 
 
 class ScriptedShards:

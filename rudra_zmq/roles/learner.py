@@ -85,16 +85,40 @@ class Learner:
 
         self.cfg = cfg
         self.id = learner_id
-        self._own_ctx = ctx is None
-        self.ctx = ctx or zmq.Context()
         shape = dataset_shape(cfg.data)
         self.device = learner_device(cfg.runtime.device, learner_id)
         self.model = build_model(cfg.model.name, cfg.data.num_classes, shape, seed=cfg.model.seed)
         self.prep = input_transform(cfg.model.name)
         self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
-        timeout_ms = int(cfg.runtime.timeout_s * 1000)
         endpoints = [ps] if isinstance(ps, str) else list(ps)
+        if len(endpoints) > 1 and cfg.architecture.kind == "advstar":
+            raise ValueError(
+                f"learner {learner_id}: {len(endpoints)} parameter servers, but sharded "
+                "servers serve Rudra-base and Rudra-adv only (architecture.kind is advstar)"
+            )
+        # augmentation is seeded per (seed, learner, step): a learner that resumes at a step
+        # draws what it would have drawn there
+        self.generator = torch.Generator()
+        self._aug_seed = (cfg.train.seed * 1_000_003 + learner_id) * 1_000_000_007
+        self.steps = 0
+        self.finished = False  # the PS said STOP
+        self._loss_sum = 0.0
+        times = cfg.runtime.compute_times
+        self._slowdown = times[learner_id] - 1 if times else 0.0  # a straggler's extra share
+        self.ps = self.data = self.stats = self.exchange = None
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.Context()
+        try:
+            self._connect(endpoints, data, stats, bcast, shape)
+        except BaseException:  # a socket left open would keep the context's term() waiting
+            self._close_built()
+            raise
+
+    def _connect(self, endpoints: list[str], data: str, stats, bcast, shape) -> None:
+        """Make the sockets: to the servers (one channel, or one per range), the data and
+        statistics servers, and the exchange (adv*: its broadcast link). Blocks for none."""
+        cfg, learner_id = self.cfg, self.id
         channels = server_channels(
             self.ctx,
             cfg,
@@ -110,36 +134,33 @@ class Learner:
         self._data_args = (self.ctx, data, learner_id)
         self._data_kw = dict(
             prefetch=cfg.data.prefetch,
-            timeout_ms=timeout_ms,
+            timeout_ms=int(cfg.runtime.timeout_s * 1000),
             retry_ms=int(cfg.runtime.retry_s * 1000),  # float32 at most
             max_bytes=transport.frame_limit(4 * cfg.sync.batch_size * math.prod(shape)),
         )
         self.data = DataClient(*self._data_args, **self._data_kw)
-        self.stats = None
         if stats:
             from .stats_client import StatsClient
 
             self.stats = StatsClient(self.ctx, stats, learner_id)
-        # augmentation is seeded per (seed, learner, step): a learner that resumes at a step
-        # draws what it would have drawn there
-        self.generator = torch.Generator()
-        self._aug_seed = (cfg.train.seed * 1_000_003 + learner_id) * 1_000_000_007
-        self.steps = 0
-        self.finished = False  # the PS said STOP
-        self._loss_sum = 0.0
-        times = cfg.runtime.compute_times
-        self._slowdown = times[learner_id] - 1 if times else 0.0  # a straggler's extra share
         if isinstance(self.ps, Shards):
-            if cfg.architecture.kind == "advstar":
-                raise ValueError(
-                    f"learner {learner_id}: {len(endpoints)} parameter servers, but sharded "
-                    "servers serve Rudra-base and Rudra-adv only (architecture.kind is "
-                    "advstar)"
-                )
             self.exchange = ShardedPushPull(cfg, learner_id, self.flat, self.ps)
         else:
             self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
         self.exchange.on_welcome = self._start_data_at
+
+    def _close_built(self) -> None:
+        """The constructor failed: close what ``_connect`` made before it did (and the
+        context, if this learner's own). Best effort; never raises."""
+        closers = [lambda: self.exchange.close(False)] if self.exchange is not None else []
+        closers += [x.close for x in (self.ps, self.data, self.stats) if x is not None]
+        for close in closers:
+            try:
+                close()
+            except Exception:  # already failing: the first error is the one to see
+                log.debug("learner %d: closing a half-built learner", self.id, exc_info=True)
+        if self._own_ctx:
+            self.ctx.destroy(linger=0)
 
     def _start_data_at(self, step: int | None) -> None:
         """The server says this learner's next minibatch is its ``step``-th: the data order
