@@ -2,6 +2,7 @@
 its shutdown (tests/test_ps_shutdown.py) or of training (tests/test_fault_servers.py).
 
     python tests/ps_crash.py run CONFIG --run-dir DIR [--set ...]    (the launcher)
+    python tests/ps_crash.py worker CONFIG --rank R ...              (a worker rank's)
     python tests/ps_crash.py ps ARGS...                              (the PS it starts)
 
 The launcher is the real one with its PS command pointed at this file; the PS is the real one
@@ -122,7 +123,7 @@ def shard_armed(args) -> bool:
 
 def main(argv) -> int:
     role, args = argv[0], argv[1:]
-    if role == "run":
+    if role in ("run", "worker"):  # a launcher (a server rank's too): its PS is this file
         here = os.path.abspath(__file__)
         real = launcher._role_command
         launcher._role_command = lambda r, a: (

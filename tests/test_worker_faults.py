@@ -1,0 +1,74 @@
+"""`rudra-zmq worker` with server 1 on a rank of its own (architecture.servers=2), killed in
+the last seconds of training or of its shutdown (tests/ps_crash.py): its rank's supervision
+restarts it from its range's checkpoint, it tells the learners STOP, and rank 0 still reports
+the run's final weights, evaluated."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from cluster import free_port_range
+from fault_runs import FAST, ROOT
+from rudra_zmq.results.compare import run_summary
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+SETS = [*FAST, "sync.protocol=hardsync", "sync.learners=2", "train.epochs=3"]
+SETS += ["architecture.servers=2"]
+
+
+def _start(rank: int, port: int, run_dir, crash: dict | None, restart: str) -> subprocess.Popen:
+    head = [sys.executable, str(ROOT / "tests" / "ps_crash.py")] if crash else None
+    cmd = [*(head or [sys.executable, "-m", "rudra_zmq"]), "worker"]
+    cmd += [str(ROOT / "configs" / "quickstart.yaml"), "--rank", str(rank), "--world-size", "4"]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--run-dir", str(run_dir)]
+    cmd += [a for s in [*SETS, f"runtime.restart={restart}"] for a in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.update(crash or {})
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "point,restart",
+    [("stopping", "true"), ("after-final", "true"), ("after-final-unsent", "false")],
+)
+def test_a_server_rank_killed_as_training_ends_is_restarted_and_rank_0_reports(
+    tmp_path, point, restart
+):
+    """stopping: killed at its first STOP (training over, its checkpoint written);
+    after-final: right after its final files; after-final-unsent, without restarts: so, and
+    its "done" and final EVAL never reached rank 0's statistics server."""
+    port, run_dir = free_port_range(8), tmp_path / "run"
+    crash = {"PS_CRASH_AT": point, "PS_CRASH_SHARD": "1"}
+    ranks = [_start(r, port, run_dir, crash if r == 1 else None, restart) for r in range(4)]
+    try:
+        outs = [p.communicate(timeout=240)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    said = "\n".join(
+        f"--- rank {r} (exit {p.returncode}):\n{o[-2500:]}"
+        for r, (p, o) in enumerate(zip(ranks, outs))
+    )
+    assert [p.returncode for p in ranks] == [0, 0, 0, 0], said
+    assert "rudra-zmq: ps1 (pid" in outs[1] and "exited with code -9" in outs[1], said
+    if restart == "true":
+        assert "restarting ps1 from its newest checkpoint" in outs[1], said
+    else:
+        assert "ps1 failed after training ended" in outs[1], said
+    assert "did not finish within" not in outs[0], said
+    assert "result: test error" in outs[0], said
+    summary = run_summary(run_dir)
+    assert summary["epochs"] >= 3.0 - 1e-6 and summary["final_error"] is not None, summary
