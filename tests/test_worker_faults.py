@@ -40,14 +40,14 @@ def _start(rank: int, port: int, run_dir, crash: dict | None, restart: str) -> s
 
 @pytest.mark.parametrize(
     "point,restart",
-    [("stopping", "true"), ("after-final", "true"), ("after-final-unsent", "false")],
+    [("stopping", "true"), ("after-final-unsent", "false")],
 )
 def test_a_server_rank_killed_as_training_ends_is_restarted_and_rank_0_reports(
     tmp_path, point, restart
 ):
     """stopping: killed at its first STOP (training over, its checkpoint written);
-    after-final: right after its final files; after-final-unsent, without restarts: so, and
-    its "done" and final EVAL never reached rank 0's statistics server."""
+    after-final-unsent, without restarts: right after its final files, its "done" and final
+    EVAL never having reached rank 0's statistics server."""
     port, run_dir = free_port_range(8), tmp_path / "run"
     crash = {"PS_CRASH_AT": point, "PS_CRASH_SHARD": "1"}
     ranks = [_start(r, port, run_dir, crash if r == 1 else None, restart) for r in range(4)]
