@@ -41,17 +41,15 @@ import time
 from .. import config as config_mod
 from .. import security
 from ..notices import LogNotices
-from ..roles.ps_shard_files import assemble
 from ..roles.stats_final import final_done
 from ..run_files import (
     PROCESSES_FILE,
-    PS_FINAL_FILE,
     checkpoints_root,
     config_path,
     log_path,
     server_dir,
 )
-from . import console, preflight
+from . import console, preflight, server_join
 from .children import Child, accepting, echo_lines, kill_tree, log_size
 from .restarts import on_failure
 from .run_plan import Plan, make_plan, ps_labels, role_env, role_steps, run_keys, summary
@@ -60,7 +58,6 @@ POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
 LEARNER_EXIT_S = 10.0  # after the PS finished, how long learners may take to exit
-ELSEWHERE_FILES_S = 10.0  # how long rank 0 waits for servers elsewhere to write their files
 
 
 def _role_command(role: str, args: list[str]) -> list[str]:
@@ -364,34 +361,9 @@ class Launcher:
         return 0
 
     def join_servers(self) -> None:
-        """A sharded run: write the run's weights.npy and ps_final.json from the servers'
-        own (``ps_shard_files``) where no server could (one that failed after writing its
-        files, before joining them). Does nothing until every server's files are here;
-        best effort: says why it could not. Blocks for the files."""
-        cfg, run_dir = self.plan.cfg, self.plan.run_dir
-        if cfg.architecture.servers <= 1:
-            return
+        """A sharded run: join the servers' files where no server could (``server_join``)."""
         elsewhere = self._servers_elsewhere() and "stats" in (self.local or ())
-        # servers elsewhere write their files just after their "done": give them a moment
-        deadline = time.monotonic() + (ELSEWHERE_FILES_S if elsewhere else 0)
-        while True:
-            try:
-                joined = assemble(run_dir, cfg.architecture.servers, cfg.train.epochs)
-            except (OSError, ValueError) as exc:
-                print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
-                return
-            joined = joined or (run_dir / PS_FINAL_FILE).exists()  # here, or by a server
-            if joined or time.monotonic() > deadline:
-                break
-            time.sleep(POLL_S)
-        if not joined and elsewhere:
-            print(
-                f"rudra-zmq: the servers on ranks of their own left their weights on their "
-                f"hosts ({server_dir(run_dir, 1).parent}/server-I there, not shared here): "
-                f"copy those folders here, then `rudra-zmq run --resume {run_dir}` joins "
-                "them into weights.npy",
-                file=sys.stderr,
-            )
+        server_join.join_servers(self.plan.cfg, self.plan.run_dir, elsewhere)
 
     def interrupt(self) -> int:
         print("interrupted", file=sys.stderr)
