@@ -32,27 +32,6 @@ _worker_ports()
 import pytest  # noqa: E402
 import zmq  # noqa: E402
 
-# xdist's loadfile hands out whole files in collection order (pyproject.toml turns off its
-# reorder by test count, which put these few-test files last): the longest start first, so
-# no worker runs one alone at the end. Seconds per file summed from --durations, 2026-12-04.
-LONGEST_FIRST = (
-    "test_imagenet_configs.py",  # 155
-    "test_launch_hosts.py",  # 153
-    "test_sharded_run.py",  # 110
-    "test_bench_lan.py",  # 77
-    "test_fault_servers.py",  # 65
-    "test_fault_learners.py",  # 58
-    "test_api.py",  # 55
-    "test_system.py",  # 48
-    "test_ps_shutdown.py",  # 45
-    "test_packaging.py",  # 41
-)
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: others keep theirs
-
 
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
