@@ -63,6 +63,9 @@ class Float32:
         _check_vector(self.code, vector)
         return wire.chunk(vector, chunk_bytes)
 
+    def forget(self) -> None:
+        """Nothing kept between encodes."""
+
 
 FLOAT32 = Float32()
 
@@ -97,6 +100,11 @@ class Half:
         """``vector`` (1-D contiguous float32) narrowed (:meth:`narrowed`), as frames of at
         most ``chunk_bytes``: views of the half buffer."""
         return wire.chunk(self.narrowed(vector, key), chunk_bytes)
+
+    def forget(self) -> None:
+        """The last encoded gradient was refused (the server asked this learner to rejoin):
+        drop its rounding residual, which belongs to a gradient never applied."""
+        self.residual = None
 
     def narrowed(self, vector: np.ndarray, key=None) -> np.ndarray:
         """``vector`` narrowed into a new half buffer (bfloat16 as uint16 bits). With feedback,

@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from cluster import small_config
-from rudra_zmq import transport
+from rudra_zmq import codec, transport
 from rudra_zmq.channel import Channel, ServerError
 from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.roles.learner import Learner
@@ -258,3 +258,73 @@ def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_a_finished_one_is_l
     np.testing.assert_array_equal(flat.weights, [5] * 5 + [4] * 5)
     assert not ex.step(lambda: None)  # every server has said STOP: the learner ends
     assert ex.active == []
+
+
+def test_a_refused_slice_takes_its_error_feedback_residual_with_it():
+    """float16 gradients with error feedback: server 1 answers rejoin, so the slice it refused
+    was never applied and its rounding residual is dropped; server 0's, applied, is kept."""
+    from types import SimpleNamespace
+
+    from rudra_zmq.roles.learner_shards import ShardedPushPull
+    from rudra_zmq.wire import Message
+
+    flat = SimpleNamespace(
+        weights=np.zeros(10, np.float32),
+        grads=np.full(10, 0.1, np.float32),  # 0.1 is not a float16: a rounding residual
+        signature="m",
+        numel=10,
+        weights_to_device=lambda: None,
+    )
+
+    def msg(kind, ts, **fields):
+        return Message(kind, -1, 0, ts, 0, fields, [np.zeros(5, np.float32)])
+
+    script = [
+        {0: msg(Kind.WELCOME, 1), 1: msg(Kind.WELCOME, 1)},
+        {0: msg(Kind.WEIGHTS, 2), 1: ServerError("rejoin", "evicted")},
+        {1: msg(Kind.WELCOME, 3)},
+    ]
+    ex = ShardedPushPull(
+        small_config("wire.gradient_dtype=float16"), 0, flat, ScriptedShards(split(10, 2), script)
+    )
+    assert ex.start() and ex.step(lambda: None) and ex.rejoins == 1
+    kept, dropped = (c.codec.residual for c in ex.carriers)
+    assert kept is not None and np.abs(kept).max() > 0  # applied: carried into the next
+    assert dropped is None  # refused: gone with its gradient
+
+
+def test_one_server_asking_to_rejoin_drops_the_refused_gradients_residual_too():
+    """The same for one server (PushPull): the refused push's float16 residual is dropped,
+    and the next gradient after the WELCOME starts a new one."""
+    from types import SimpleNamespace
+
+    from rudra_zmq.roles.learner_exchange import Frames, PushPull
+    from rudra_zmq.wire import Message
+
+    class Channel:
+        def __init__(self):
+            self.sent = []
+
+        def send(self, kind, ts=0, payloads=(), **fields):
+            self.sent.append(kind)
+
+        def recv(self, kinds, numel=None):
+            return Message(Kind.WELCOME, -1, 0, 7, 0, {}, [np.zeros(4, np.float32)])
+
+        def request(self, kind, ts, payloads, **fields):
+            raise ServerError("rejoin", "evicted")
+
+    flat = SimpleNamespace(
+        weights=np.zeros(4, np.float32),
+        grads=np.full(4, 0.1, np.float32),
+        signature="m",
+        numel=4,
+        weights_to_device=lambda: None,
+    )
+    carrier = Frames(
+        4, 1 << 20, wire_codec=codec.for_gradients(small_config("wire.gradient_dtype=float16"))
+    )
+    ex = PushPull(small_config(), 0, flat, Channel(), carrier)
+    assert ex.start() and ex.ts == 7
+    assert ex.step(lambda: None) and ex.rejoins == 1 and ex.ps.sent == [Kind.HELLO, Kind.HELLO]
+    assert carrier.codec.residual is None  # refused: gone with its gradient

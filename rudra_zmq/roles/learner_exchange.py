@@ -22,7 +22,8 @@ Carriers (how the bytes travel to the first hop):
 
 Rejoining: a server that answers ``rejoin`` (it restarted from a checkpoint, or evicted this
 learner for silence) gets a new HELLO with the newest timestamp this learner saw; the
-gradient it refused is dropped (at most once), and the WELCOME's weights and data step
+gradient it refused is dropped (at most once; with error feedback, its rounding residual
+too), and the WELCOME's weights and data step
 (``on_welcome``) are where the learner goes on.
 
 Not thread-safe: one learner thread owns its exchange.
@@ -68,6 +69,10 @@ class Frames:
             kernels.copy_into(self._sendbuf, grads)
             grads = self._sendbuf
         return self.codec.encode(grads, self.chunk_bytes), {}
+
+    def refused(self) -> None:
+        """The last gradient was refused (rejoin): the codec forgets what it kept of it."""
+        self.codec.forget()
 
     def load(self, msg: wire.Message, weights: np.ndarray) -> int:
         """Decode a WEIGHTS/WELCOME reply's frames into ``weights``; returns its timestamp."""
@@ -115,6 +120,10 @@ class SharedSlots:
         slot, self._next = self._next, self._next ^ 1
         kernels.copy_into(self.slots.slot(slot), grads)
         return [], {"slot": slot}
+
+    def refused(self) -> None:
+        """A slot's gradient is float32 as computed: nothing kept (the fallback's codec)."""
+        self.frames.refused()
 
     def load(self, msg: wire.Message, weights: np.ndarray) -> int:
         """Copy the weights a reply refers to (frames, or the board) into ``weights``."""
@@ -191,6 +200,7 @@ class PushPull:
         """The server asked for a new HELLO: say it (see the module docstring). Blocks."""
         self.rejoins += 1
         log.warning("learner %d: rejoining (%s)", self.id, why)
+        self.carrier.refused()  # the refused gradient's error-feedback residual goes with it
         return self.start()
 
     def _load(self, msg: wire.Message) -> None:

@@ -184,6 +184,8 @@ class ShardedPushPull:
         if loaded:
             self.flat.weights_to_device()
         if rejoin:
+            for k in rejoin:  # each refused slice's error-feedback residual goes with it
+                self.carriers[k].refused()
             self.rejoins += len(rejoin)
             log.warning("learner %d: rejoining servers %s", self.id, rejoin)
             return self.start(rejoin)
