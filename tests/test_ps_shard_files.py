@@ -46,3 +46,24 @@ def test_resume_joins_servers_files_copied_in_afterwards_and_says_nothing_to_do(
     note = finished_note(tmp_path, cfg)
     assert note.startswith("rudra-zmq: joined the 2 servers' weights into weights.npy; nothing")
     np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2, 3])
+
+
+def test_the_launcher_joins_once_and_leaves_a_join_already_made_alone(tmp_path, monkeypatch):
+    """launch/server_join: the first call joins; once the run's ps_final.json says training
+    ended at train.epochs, a later call (the run's end) reads and writes nothing again."""
+    from rudra_zmq.launch import server_join
+
+    cfg = SimpleNamespace(
+        architecture=SimpleNamespace(servers=2), train=SimpleNamespace(epochs=3.0)
+    )
+    finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)
+    finish(tmp_path, 1, [3], ts=10, epoch=3.0)
+    server_join.join_servers(cfg, tmp_path)
+    np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2, 3])
+    calls = []
+    monkeypatch.setattr(server_join, "assemble", lambda *a: calls.append(a))
+    server_join.join_servers(cfg, tmp_path)
+    assert calls == []
+    (tmp_path / "ps_final.json").unlink()  # not joined for this end: joined again
+    server_join.join_servers(cfg, tmp_path)
+    assert len(calls) == 1

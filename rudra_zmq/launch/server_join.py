@@ -9,31 +9,33 @@ import sys
 import time
 
 from ..roles.ps_shard_files import assemble
+from ..roles.stats_final import final_done
 from ..run_files import PS_FINAL_FILE, server_dir
 
 ELSEWHERE_FILES_S = 10.0  # how long rank 0 waits for servers elsewhere to write their files
-POLL_S = 0.2
+FILES_POLL_S = 0.2  # ... looking for them this often
 
 
-def join_servers(cfg, run_dir, elsewhere: bool = False) -> bool:
+def join_servers(cfg, run_dir, elsewhere: bool = False) -> None:
     """Join the servers' files of the run of ``cfg`` in ``run_dir`` once every server's are
-    there; whether the run's files exist now (joined here or by a server). ``elsewhere``:
-    some servers ran on ranks of their own and write just after their ``done``, so wait up
-    to ``ELSEWHERE_FILES_S`` for them, then say how to join them later. Best effort: says
-    why it could not. Blocks for the files."""
-    if cfg.architecture.servers <= 1:
-        return True
+    there, unless the run's ``ps_final.json`` already says training ended at
+    ``train.epochs`` (a server, or an earlier call, joined them: the K files are not read and
+    written again). ``elsewhere``: some servers ran on ranks of their own and write just
+    after their ``done``, so wait up to ``ELSEWHERE_FILES_S`` for them, then say how to join
+    them later. Best effort: says why it could not. Blocks for the files."""
+    if cfg.architecture.servers <= 1 or final_done(run_dir, cfg.train.epochs) is not None:
+        return
     deadline = time.monotonic() + (ELSEWHERE_FILES_S if elsewhere else 0)
     while True:
         try:
             joined = assemble(run_dir, cfg.architecture.servers, cfg.train.epochs)
         except (OSError, ValueError) as exc:
             print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
-            return False
+            return
         joined = joined or (run_dir / PS_FINAL_FILE).exists()  # here, or by a server
         if joined or time.monotonic() > deadline:
             break
-        time.sleep(POLL_S)
+        time.sleep(FILES_POLL_S)
     if not joined and elsewhere:
         print(
             f"rudra-zmq: the servers on ranks of their own left their weights on their "
@@ -42,4 +44,3 @@ def join_servers(cfg, run_dir, elsewhere: bool = False) -> bool:
             "them into weights.npy",
             file=sys.stderr,
         )
-    return joined
