@@ -106,10 +106,10 @@ def arm(point: str) -> None:
     elif point == "after-final":  # ps_final.json written
         after(ps, "write_final")
     elif point == "after-final-unsent":  # as after-final, its final EVAL and "done" lost,
-        unsent(ps_report.PSReport, "done")  # and server 0 done first (so no server joins)
+        unsent(ps_report.PSReport, "done")  # and server 0 done first (so no server joins);
         unsent(ps_report.PSReport, "evaluate", lambda _report, state: state.done)
-        wait_for_server_0(ps, "write_final")
-        after(ps, "write_final")
+        wait_for_server_0(ps, "write_final")  # its STOPs, queued before, get 1 s to leave
+        after(ps, "write_final", lambda *args: time.sleep(1.0) or True)
     else:
         raise SystemExit(f"PS_CRASH_AT={point!r}: one of {', '.join(POINTS)}")
 
