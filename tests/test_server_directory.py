@@ -83,13 +83,17 @@ def _directory(servers=3):
             msgpack.packb({"op": "register", "server": 1, "endpoint": "ipc:///x"}),
             "endpoint must be a tcp:// endpoint, got 'ipc:///x'",
         ),
+        (msgpack.packb({"op": "failed", "server": 1}), "exactly op, server and why"),
+        (msgpack.packb({"op": "failed", "server": 1, "why": ""}), "why must be a text of 1"),
+        (msgpack.packb({"op": "failed", "server": 1, "why": "x" * 401}), "1 to 400 characters"),
+        (msgpack.packb({"op": "failed", "server": 3, "why": "x"}), "from 1 to 2, got 3"),
     ],
 )
 def test_a_bad_request_is_answered_with_why_and_changes_nothing(request_, error):
     d, _ = _directory()
     try:
         assert error in d.answer(request_, None)["error"]
-        assert d.endpoints == {0: "tcp://n1:1"}
+        assert d.endpoints == {0: "tcp://n1:1"} and d.failure() is None
     finally:
         d.stop()  # never started: closes the socket
 
@@ -130,6 +134,22 @@ def test_no_directory_is_named_after_the_timeout():
         server_directory.register(ep, 1, "tcp://h1:7", 0.5)
 
 
+@pytest.mark.timeout(30)
+def test_a_server_rank_that_gave_up_is_known_to_rank_0_with_why():
+    d, ep = _directory()
+    d.start()
+    try:
+        assert d.failure() is None
+        assert server_directory.report_failed(ep, 2, "ps2 exited with code -9", 5)
+        assert d.failure() == (
+            "server 2 failed on its own rank and cannot go on (ps2 exited with code -9)"
+        )
+    finally:
+        d.stop()
+    # rank 0 gone (the run stopped anyway): the report gives up after its time, no error
+    assert not server_directory.report_failed(ep, 2, "ps2 exited with code -9", 0.5)
+
+
 def test_the_advertised_address_is_the_one_that_reaches_the_master():
     assert server_directory.advertised_address("127.0.0.1") == "127.0.0.1"
 
@@ -163,5 +183,17 @@ def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
         )
         found = server_directory.lookup(ep, 2, 5, security.Curve(tmp_path / "keys"), sender=0)
         assert found == ["tcp://n1:1", "tcp://h1:7"]
+        with pytest.raises(
+            ConfigError, match="only the ps key may report a server failed, not 'learner-0'"
+        ):
+            server_directory._ask(
+                ep,
+                {"op": "failed", "server": 1, "why": "a learner says so"},
+                5,
+                security.Curve(tmp_path / "keys"),
+                0,
+                lambda r: True,
+            )
+        assert d.failure() is None
     finally:
         d.stop()

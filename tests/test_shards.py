@@ -201,6 +201,9 @@ class ScriptedShards:
 
     def gather(self, which, kinds, timeout_ms=None):
         replies = self.script.pop(0)
+        if isinstance(replies, Exception):  # the servers it names stayed silent
+            assert set(replies.silent) | set(replies.replies) == set(which)
+            raise replies
         assert set(replies) == set(which)
         return replies
 
@@ -328,3 +331,53 @@ def test_one_server_asking_to_rejoin_drops_the_refused_gradients_residual_too():
     assert ex.start() and ex.ts == 7
     assert ex.step(lambda: None) and ex.rejoins == 1 and ex.ps.sent == [Kind.HELLO, Kind.HELLO]
     assert carrier.codec.residual is None  # refused: gone with its gradient
+
+
+def _two_servers_learner(script):
+    from types import SimpleNamespace
+
+    from rudra_zmq.roles.learner_shards import ShardedPushPull
+
+    flat = SimpleNamespace(
+        weights=np.zeros(10, np.float32),
+        grads=np.ones(10, np.float32),
+        signature="m",
+        numel=10,
+        weights_to_device=lambda: None,
+    )
+    return ShardedPushPull(small_config(), 0, flat, ScriptedShards(split(10, 2), script))
+
+
+@pytest.mark.parametrize("stop_first", [True, False])
+def test_a_server_silent_after_another_said_stop_ends_the_learner_without_failing(
+    caplog, stop_first
+):
+    """Server 0 said STOP (a step before, or in the same step) and server 1, dead after
+    training ended with its STOP lost, says nothing: the learner ends (no error) and names
+    it. While every server is still training, silence stays a failure."""
+    from rudra_zmq.roles.learner_shards import ServersSilent
+    from rudra_zmq.wire import Message
+
+    def msg(kind, ts, **fields):
+        return Message(kind, -1, 0, ts, 0, fields, [np.zeros(5, np.float32)])
+
+    welcome = {0: msg(Kind.WELCOME, 3), 1: msg(Kind.WELCOME, 3)}
+    stop0 = msg(Kind.STOP, 4, reason="done")
+    if stop_first:
+        script = [welcome, {0: stop0, 1: msg(Kind.WEIGHTS, 4)}, ServersSilent("quiet", [1], {})]
+    else:
+        script = [welcome, ServersSilent("quiet", [1], {0: stop0})]
+    ex = _two_servers_learner(script)
+    assert ex.start()
+    if stop_first:
+        assert ex.step(lambda: None) and ex.active == [1]
+    with caplog.at_level("WARNING", logger="rudra_zmq.learner"):
+        assert not ex.step(lambda: None)
+    assert ex.active == []
+    assert "servers [0] finished training and [1] has said nothing since" in caplog.text
+
+    silent = ServersSilent("no reply from ps1", [1], {0: msg(Kind.WEIGHTS, 4)})
+    ex = _two_servers_learner([welcome, silent])
+    assert ex.start()
+    with pytest.raises(ServersSilent, match="no reply from ps1"):
+        ex.step(lambda: None)

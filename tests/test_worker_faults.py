@@ -19,12 +19,14 @@ SETS = [*FAST, "sync.protocol=hardsync", "sync.learners=2", "train.epochs=3"]
 SETS += ["architecture.servers=2"]
 
 
-def _start(rank: int, port: int, run_dir, crash: dict | None, restart: str) -> subprocess.Popen:
+def _start(
+    rank: int, port: int, run_dir, crash: dict | None, restart: str, more=()
+) -> subprocess.Popen:
     head = [sys.executable, str(ROOT / "tests" / "ps_crash.py")] if crash else None
     cmd = [*(head or [sys.executable, "-m", "rudra_zmq"]), "worker"]
     cmd += [str(ROOT / "configs" / "quickstart.yaml"), "--rank", str(rank), "--world-size", "4"]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--run-dir", str(run_dir)]
-    cmd += [a for s in [*SETS, f"runtime.restart={restart}"] for a in ("--set", s)]
+    cmd += [a for s in [*SETS, f"runtime.restart={restart}", *more] for a in ("--set", s)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.update(crash or {})
     return subprocess.Popen(
@@ -48,9 +50,25 @@ def test_a_server_rank_killed_as_training_ends_is_restarted_and_rank_0_reports(
     """stopping: killed at its first STOP (training over, its checkpoint written);
     after-final-unsent, without restarts: right after its final files, its "done" and final
     EVAL never having reached rank 0's statistics server."""
+    ranks, outs, said = _run(tmp_path, point, restart)
+    assert [p.returncode for p in ranks] == [0, 0, 0, 0], said
+    assert "rudra-zmq: ps1 (pid" in outs[1] and "exited with code -9" in outs[1], said
+    if restart == "true":
+        assert "restarting ps1 from its newest checkpoint" in outs[1], said
+    else:
+        assert "ps1 failed after training ended" in outs[1], said
+    assert "did not finish within" not in outs[0], said
+    assert "result: test error" in outs[0], said
+    summary = run_summary(tmp_path / "run")
+    assert summary["epochs"] >= 3.0 - 1e-6 and summary["final_error"] is not None, summary
+
+
+def _run(tmp_path, point, restart, more=()):
+    """The 4 ranks, server 1's crashing at ``point``, to their end: (processes, outputs,
+    a text of both for assertion messages)."""
     port, run_dir = free_port_range(8), tmp_path / "run"
     crash = {"PS_CRASH_AT": point, "PS_CRASH_SHARD": "1"}
-    ranks = [_start(r, port, run_dir, crash if r == 1 else None, restart) for r in range(4)]
+    ranks = [_start(r, port, run_dir, crash if r == 1 else None, restart, more) for r in range(4)]
     try:
         outs = [p.communicate(timeout=240)[0] for p in ranks]
     finally:
@@ -62,13 +80,19 @@ def test_a_server_rank_killed_as_training_ends_is_restarted_and_rank_0_reports(
         f"--- rank {r} (exit {p.returncode}):\n{o[-2500:]}"
         for r, (p, o) in enumerate(zip(ranks, outs))
     )
-    assert [p.returncode for p in ranks] == [0, 0, 0, 0], said
-    assert "rudra-zmq: ps1 (pid" in outs[1] and "exited with code -9" in outs[1], said
-    if restart == "true":
-        assert "restarting ps1 from its newest checkpoint" in outs[1], said
-    else:
-        assert "ps1 failed after training ended" in outs[1], said
-    assert "did not finish within" not in outs[0], said
-    assert "result: test error" in outs[0], said
-    summary = run_summary(run_dir)
-    assert summary["epochs"] >= 3.0 - 1e-6 and summary["final_error"] is not None, summary
+    return ranks, outs, said
+
+
+def test_a_server_rank_that_fails_for_good_stops_rank_0_and_the_learners_end(tmp_path):
+    """Without restarts, server 1 killed at its first STOP (training over, no final files):
+    its rank tells rank 0, which stops the run with the reason instead of waiting for that
+    server's records forever; the learner ranks, told STOP by server 0, end without a
+    failure after runtime.timeout_s of silence from server 1."""
+    ranks, outs, said = _run(tmp_path, "stopping", "false", ["runtime.timeout_s=10"])
+    assert [p.returncode for p in ranks] == [1, 1, 0, 0], said
+    assert (
+        "rudra-zmq: server 1 failed on its own rank and cannot go on (ps1 exited with code -9)"
+        "; stopping the run" in outs[0]
+    ), said
+    for out in outs[2:]:
+        assert "finished training and [1] has said nothing since" in out, said

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from .. import config as config_mod
 from .. import security
@@ -84,6 +85,10 @@ class Launcher:
         self.local: set[str] | None = None  # the labels started here (None: the whole plan)
         self.processes_file = PROCESSES_FILE  # another name where rank 0 writes this one
         self.heard: dict[str, tuple[float, int]] = {}  # wait_ready: a server's last progress
+        # `worker`: why the run cannot go on, from another rank (None: nothing), polled; and
+        # whom to tell when this launcher stops the run for a failure of its own
+        self.watch: Callable[[], str | None] | None = None
+        self.on_give_up: Callable[[str], object] | None = None
         self.notices: dict[str, LogNotices] = {}  # label -> its log's notices, followed
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
@@ -245,6 +250,11 @@ class Launcher:
             self.echo_notices()
             if self.interrupted:
                 return self.interrupt()
+            why = self.watch() if self.watch is not None else None
+            if why is not None:
+                print(f"rudra-zmq: {why}; stopping the run", file=sys.stderr, flush=True)
+                self.stop_all()
+                return 1
             for c in list(self.children):
                 rc = c.proc.poll()
                 if rc is None or c.ended:
@@ -301,6 +311,8 @@ class Launcher:
                 return None
             except OSError as exc:
                 print(f"rudra-zmq: could not restart {c.label}: {exc}", file=sys.stderr)
+        if self.on_give_up is not None:
+            self.on_give_up(f"{c.label} exited with code {c.proc.returncode}")
         self.stop_all()
         return 1
 

@@ -11,6 +11,11 @@ request is one msgpack map (``{"op": "register", "server": I, "endpoint": "tcp:/
 ``{"op": "lookup"}``), checked before it touches anything; a lookup before every server has
 registered answers which are missing, and the client asks again. With CURVE the directory is
 a CURVE server and only the ``ps`` key may register (it gets the run token).
+
+A server rank whose server cannot go on (it failed and is not restarted) says so:
+``{"op": "failed", "server": I, "why": "..."}`` (the ``ps`` key alone, under CURVE). Rank 0's
+launcher then stops the run with that reason, where it would otherwise wait for that
+server's records forever.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from .. import security, wire
 from ..config import ConfigError
 
 MAX_REQUEST = 1024  # bytes: a register request is about 60
+MAX_WHY = 400  # characters of a failed server's reason
 POLL_MS = 200  # how often the directory looks at its stop flag
 RETRY_S = 0.5  # a client asks again this often while servers are missing
 
@@ -44,15 +50,22 @@ def advertised_address(master: str) -> str:
 
 def _check(req, servers: int) -> str | None:
     """Why the decoded request ``req`` is not one we serve, or None. Pure."""
-    if not isinstance(req, dict) or req.get("op") not in ("register", "lookup"):
-        return "expected a map with op 'register' or 'lookup'"
+    if not isinstance(req, dict) or req.get("op") not in ("register", "lookup", "failed"):
+        return "expected a map with op 'register', 'lookup' or 'failed'"
     if req["op"] == "lookup":
         return None if len(req) == 1 else "a lookup has no other fields"
-    i, ep = req.get("server"), req.get("endpoint")
-    if set(req) != {"op", "server", "endpoint"}:
+    i = req.get("server")
+    if req["op"] == "failed":
+        if set(req) != {"op", "server", "why"}:
+            return "a failed has exactly op, server and why"
+        why = req["why"]
+        if not isinstance(why, str) or not 0 < len(why) <= MAX_WHY:
+            return f"why must be a text of 1 to {MAX_WHY} characters"
+    elif set(req) != {"op", "server", "endpoint"}:
         return "a register has exactly op, server and endpoint"
     if isinstance(i, bool) or not isinstance(i, int) or not 1 <= i < servers:
         return f"server must be an integer from 1 to {servers - 1}, got {i!r}"
+    ep = req.get("endpoint", "tcp://")
     if not isinstance(ep, str) or not ep.startswith("tcp://") or len(ep) > 256:
         return f"endpoint must be a tcp:// endpoint, got {ep!r}"
     return None
@@ -61,13 +74,14 @@ def _check(req, servers: int) -> str | None:
 class Directory:
     """Rank 0's directory of a sharded run's servers, served by a thread of its own.
 
-    ``first``: server 0's endpoint (rank 0 runs it). Thread-safe: ``start`` and ``stop`` from
-    the launcher's thread, the rest on the directory's."""
+    ``first``: server 0's endpoint (rank 0 runs it). Thread-safe: ``start``, ``stop`` and
+    ``failure`` from the launcher's thread, the rest on the directory's."""
 
     def __init__(self, cfg, bind: str, first: str, run_dir, token: str, curve=None):
         self.servers = cfg.architecture.servers
         self.endpoints: dict[int, str] = {0: first}
         self.reply_register = {"run_dir": str(run_dir), "token": token}
+        self.failed: dict[int, str] = {}  # server -> why it cannot go on (written here only)
         self._ctx = zmq.Context()
         self._curve = curve
         self._sock = self._ctx.socket(zmq.REP)
@@ -109,9 +123,20 @@ class Directory:
                 return {"missing": missing}
             return {"servers": [self.endpoints[i] for i in range(self.servers)]}
         if self._curve is not None and user != "ps":
-            return {"error": f"only the ps key may register a server, not {user!r}"}
+            what = "register a server" if req["op"] == "register" else "report a server failed"
+            return {"error": f"only the ps key may {what}, not {user!r}"}
+        if req["op"] == "failed":
+            self.failed[req["server"]] = req["why"]
+            return {"ok": True}
         self.endpoints[req["server"]] = req["endpoint"]
         return self.reply_register
+
+    def failure(self) -> str | None:
+        """Why the run cannot go on (a server rank said its server failed for good), or None.
+        Does not block."""
+        for i, why in sorted(self.failed.items()):
+            return f"server {i} failed on its own rank and cannot go on ({why})"
+        return None
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -185,6 +210,18 @@ def register(endpoint: str, server: int, mine: str, timeout_s: float, curve=None
     if not isinstance(run_dir, str) or not isinstance(token, str):
         raise ConfigError(f"the server directory at {endpoint} sent {reply!r}")
     return run_dir, token
+
+
+def report_failed(endpoint: str, server: int, why: str, timeout_s: float, curve=None) -> bool:
+    """Tell rank 0's directory that server ``server`` failed for good (``why``), so that
+    rank 0 stops the run rather than wait for it; whether the directory heard it (it may be
+    gone: the run stopped anyway). Blocks at most ``timeout_s``."""
+    req = {"op": "failed", "server": server, "why": why[:MAX_WHY]}
+    try:
+        _ask(endpoint, req, timeout_s, curve, wire.SENDER_PS, lambda r: True)
+    except ConfigError:
+        return False
+    return True
 
 
 def lookup(endpoint: str, servers: int, timeout_s: float, curve=None, sender: int = 0):

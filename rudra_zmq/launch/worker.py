@@ -45,6 +45,8 @@ from .run_plan import (
     ps_labels,
 )
 
+REPORT_FAILED_S = 10.0  # a server rank tells rank 0 its server gave up, for at most this long
+
 
 def _groups(cfg, tree) -> list[list[int]]:
     per = cfg.runtime.learners_per_process
@@ -217,6 +219,7 @@ def _servers(cfg, r, p, args, how: str, line) -> int:
     d = Directory(
         cfg, p.bind("directory"), p.endpoints["ps"], p.run_dir, token, _curve(cfg)
     ).start()
+    launcher.watch = d.failure  # a server rank that gave up: stop, not wait for its records
     try:
         return launcher.run()
     finally:
@@ -228,7 +231,7 @@ def _server(cfg, r, p, index: int, how: str) -> int:
     0's directory, supervised (restarted from its checkpoints) as under ``run``. Blocks."""
     from .. import security
     from .launcher import Launcher
-    from .server_directory import advertised_address, register
+    from .server_directory import advertised_address, register, report_failed
 
     label = ps_labels(cfg)[index]
     address = advertised_address(r.value("master_addr"))
@@ -249,6 +252,9 @@ def _server(cfg, r, p, index: int, how: str) -> int:
     launcher = Launcher(Plan(cfg, run_dir, eps, [], p.tree, binds), keys_dir=_keys_dir(cfg))
     launcher.secrets[security.RUN_TOKEN_ENV] = token  # the stats server knows rank 0's
     launcher.local, launcher.processes_file = {label}, f"processes-{label}.json"
+    launcher.on_give_up = lambda why: report_failed(
+        p.endpoints["directory"], index, why, REPORT_FAILED_S, _curve(cfg)
+    )
     return launcher.run()
 
 

@@ -12,8 +12,11 @@ work at once; ``Shards.gather`` polls the K sockets, asking a slow one about its
 A server that answers ``rejoin`` (it restarted, or evicted this learner) gets a HELLO alone;
 the slice it refused is dropped, the others' replies are taken. A server that says STOP has
 finished training; the learner goes on with the others (their ranges trained on the finished
-ones' final weights) and ends once every server has said STOP. The servers finish at the same
-count of gradients, but under softsync the gradient that ends server 0 may be another
+ones' final weights) and ends once every server has said STOP, or once the others stay silent
+for ``runtime.timeout_s`` after one said it (a server that died after training ended, its
+STOP lost, with no restart to answer: the learner ends with a warning, not a failure; the
+run's result is the servers' and the statistics server's to report). The servers finish at
+the same count of gradients, but under softsync the gradient that ends server 0 may be another
 learner's than the one that ends server 1 (one step more), and a server restarted from a
 checkpoint counts again the gradients it lost (as many steps more).
 
@@ -33,6 +36,15 @@ from ..wire import Kind
 from .learner_exchange import Frames
 
 log = logging.getLogger("rudra_zmq.learner")
+
+
+class ServersSilent(TimeoutError):
+    """No reply from the servers ``silent`` within the timeout; ``replies``: what the others
+    answered meanwhile."""
+
+    def __init__(self, text: str, silent: list[int], replies: dict):
+        super().__init__(text)
+        self.silent, self.replies = silent, replies
 
 
 def server_channels(ctx, cfg, endpoints, sender: int, max_bytes: int = -1) -> list[Channel]:
@@ -70,8 +82,8 @@ class Shards:
     def gather(self, which, kinds, timeout_ms: int | None = None) -> dict:
         """The reply to the request outstanding at each server in ``which`` (indices): a
         ``wire.Message``, or the ``ServerError`` that server answered. Blocks at most
-        ``timeout_ms`` (default: the channels' timeout), then raises TimeoutError naming the
-        servers still silent."""
+        ``timeout_ms`` (default: the channels' timeout), then raises ``ServersSilent`` naming
+        the servers still silent."""
         timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
         pending, out = set(which), {}
         t0 = time.monotonic()
@@ -95,8 +107,10 @@ class Shards:
                     f"{self.channels[k].name} at {self.channels[k].endpoint}"
                     for k in sorted(pending)
                 )
-                raise TimeoutError(
-                    f"no reply from {names} within {timeout_ms / 1000:g} s (is it running?)"
+                raise ServersSilent(
+                    f"no reply from {names} within {timeout_ms / 1000:g} s (is it running?)",
+                    sorted(pending),
+                    out,
                 )
         return out
 
@@ -168,7 +182,10 @@ class ShardedPushPull:
             span = self.shards.spans[k]
             payloads, fields = self.carriers[k].gradient(grads[span.lo : span.hi])
             self.shards.channels[k].send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
-        replies = self.shards.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
+        try:
+            replies = self.shards.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
+        except ServersSilent as exc:
+            return self._silent_after_stop(exc)
         if self._stopped(replies):
             return False
         loaded, rejoin = False, []
@@ -208,6 +225,25 @@ class ShardedPushPull:
                 self.active,
             )
         return not self.active
+
+    def _silent_after_stop(self, exc: ServersSilent) -> bool:
+        """Servers silent for the whole timeout: a failure while every server is training;
+        once one has said STOP (before or among ``exc.replies``) training is over, and the
+        learner ends (False) with a warning naming the silent ones. Raises ``exc`` otherwise."""
+        said_stop = [k for k, m in exc.replies.items() if getattr(m, "kind", None) == Kind.STOP]
+        if len(self.active) == len(self.shards.spans) and not said_stop:
+            raise exc
+        self.active = [k for k in self.active if k not in said_stop]
+        log.warning(
+            "learner %d: servers %s finished training and %s has said nothing since: %s; "
+            "ending here without its STOP",
+            self.id,
+            sorted(set(range(len(self.shards.spans))) - set(self.active)),
+            exc.silent,
+            exc,
+        )
+        self.active = []
+        return False
 
     def close(self, finished: bool) -> None:
         """Release the carriers (the learner closes the channels)."""
