@@ -4,7 +4,9 @@ restarts it from its range's checkpoint, it tells the learners STOP, and rank 0 
 the run's final weights, evaluated."""
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -63,11 +65,11 @@ def test_a_server_rank_killed_as_training_ends_is_restarted_and_rank_0_reports(
     assert summary["epochs"] >= 3.0 - 1e-6 and summary["final_error"] is not None, summary
 
 
-def _run(tmp_path, point, restart, more=()):
-    """The 4 ranks, server 1's crashing at ``point``, to their end: (processes, outputs,
-    a text of both for assertion messages)."""
-    port, run_dir = free_port_range(8), tmp_path / "run"
-    crash = {"PS_CRASH_AT": point, "PS_CRASH_SHARD": "1"}
+def _run(tmp_path, point, restart, more=(), port=None):
+    """The 4 ranks, server 1's crashing at ``point`` (None: not), to their end: (processes,
+    outputs, a text of both for assertion messages)."""
+    port, run_dir = port or free_port_range(8), tmp_path / "run"
+    crash = {"PS_CRASH_AT": point, "PS_CRASH_SHARD": "1"} if point else None
     ranks = [_start(r, port, run_dir, crash if r == 1 else None, restart, more) for r in range(4)]
     try:
         outs = [p.communicate(timeout=240)[0] for p in ranks]
@@ -96,3 +98,21 @@ def test_a_server_rank_that_fails_for_good_stops_rank_0_and_the_learners_end(tmp
     ), said
     for out in outs[2:]:
         assert "finished training and [1] has said nothing since" in out, said
+
+
+def test_a_server_rank_whose_server_cannot_start_stops_rank_0(tmp_path):
+    """Server 1's port is taken on its host: its rank's server exits at start-up, the rank
+    tells rank 0, which stops the run naming it, instead of waiting for it forever."""
+    port = free_port_range(8)
+    with socket.socket() as taken:  # ps1 listens at the master port + 3
+        taken.bind(("127.0.0.1", port + 3))
+        taken.listen()
+        ranks, outs, said = _run(tmp_path, None, "false", ["runtime.timeout_s=10"], port)
+    assert ranks[0].returncode == 1 and ranks[1].returncode == 1, said
+    # ps1 exits before or after the launcher saw its (taken) port accept connections
+    why = r"\(it did not start; its rank's output says why\)|\(ps1 exited with code 1\)"
+    assert re.search(
+        rf"rudra-zmq: server 1 failed on its own rank and cannot go on ({why}); stopping the run",
+        outs[0],
+    ), said
+    assert "Address already in use" in outs[1], said

@@ -86,9 +86,10 @@ class Launcher:
         self.processes_file = PROCESSES_FILE  # another name where rank 0 writes this one
         self.heard: dict[str, tuple[float, int]] = {}  # wait_ready: a server's last progress
         # `worker`: why the run cannot go on, from another rank (None: nothing), polled; and
-        # whom to tell when this launcher stops the run for a failure of its own
+        # whom to tell when this launcher stops the run for a failure (``failure``: which)
         self.watch: Callable[[], str | None] | None = None
         self.on_give_up: Callable[[str], object] | None = None
+        self.failure: str | None = None
         self.notices: dict[str, LogNotices] = {}  # label -> its log's notices, followed
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
@@ -311,8 +312,7 @@ class Launcher:
                 return None
             except OSError as exc:
                 print(f"rudra-zmq: could not restart {c.label}: {exc}", file=sys.stderr)
-        if self.on_give_up is not None:
-            self.on_give_up(f"{c.label} exited with code {c.proc.returncode}")
+        self.failure = f"{c.label} exited with code {c.proc.returncode}"
         self.stop_all()
         return 1
 
@@ -414,7 +414,10 @@ class Launcher:
         previous = self._install_signals()
         try:
             rc = self.start_all()
-            return self.supervise() if rc is None else rc
+            rc = self.supervise() if rc is None else rc
+            if rc == 1 and self.on_give_up is not None:
+                self.on_give_up(self.failure or "it did not start; its rank's output says why")
+            return rc
         finally:
             # Signals are still ours here, so an interrupt cannot cut the cleanup short.
             self.cleanup()
