@@ -46,14 +46,13 @@ from ..roles.stats_final import final_done
 from ..run_files import (
     PROCESSES_FILE,
     checkpoints_root,
-    config_path,
     log_path,
     server_dir,
 )
-from . import console, preflight, server_join
-from .children import Child, accepting, echo_lines, kill_tree, log_size
+from . import console, preflight, server_join, startup
+from .children import Child, echo_lines, kill_tree
 from .restarts import on_failure
-from .run_plan import Plan, make_plan, ps_labels, role_env, role_steps, run_keys, summary
+from .run_plan import Plan, make_plan, ps_labels, role_env, run_keys, summary
 
 POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
@@ -153,82 +152,9 @@ class Launcher:
         tmp.replace(self.plan.run_dir / self.processes_file)
 
     def start_all(self) -> int | None:
-        """Start every role as soon as the servers it sends to accept connections
-        (``run_plan.role_steps``): stats and data at once, the PS once the stats server
-        listens, learners once their PS (or tree node), the data and the stats server listen.
-        Never earlier: a PUSH that closes before its peer is up loses its messages. Blocks
-        until all are started and every server listens; returns None then, else the run's
-        exit code (all stopped)."""
-        conf = ["--config", str(config_path(self.plan.run_dir))]
-        began = time.monotonic()
-        waiting = list(role_steps(self.plan, self.resume))
-        if self.local is not None:  # only ours; another rank's servers are not waited for
-            waiting = [
-                s._replace(after=tuple(a for a in s.after if a in self.local))
-                for s in waiting
-                if s.label in self.local
-            ]
-        servers = {s.label for s in waiting if s.label in self.plan.endpoints}
-        listening: set[str] = set()
-        while True:
-            ready = [s for s in waiting if listening.issuperset(s.after)]
-            for label, role, args, _ in ready:
-                if self.interrupted:
-                    return self.interrupt()
-                try:
-                    self.start(label, role, conf + args)
-                except OSError as exc:
-                    print(f"rudra-zmq: could not start {label}: {exc}", file=sys.stderr)
-                    self.stop_all()
-                    return 1
-            waiting = [s for s in waiting if s not in ready]
-            if ready:  # a line per batch: importing torch makes the start-up take seconds
-                console.startup([s.label for s in ready], "started", began)
-            started = [c for c in self.children if c.label in servers - listening]
-            if not waiting and not started:
-                return None
-            if not started:  # a plan error, not the user's: say it rather than wait forever
-                raise RuntimeError(
-                    f"{waiting[0].label} waits for {waiting[0].after}, which "
-                    "no role of the plan serves"
-                )
-            up, rc = self.wait_ready(started)
-            if rc is not None:
-                return rc
-            listening.update(c.label for c in up)
-            console.startup([c.label for c in up], "listening", began)
-
-    def wait_ready(self, servers: list[Child]) -> tuple[list[Child], int | None]:
-        """Block until at least one of ``servers`` accepts connections on its endpoint;
-        returns (those that do, None). Returns ([], the run's exit code), all stopped, when a
-        child exits, we are interrupted, or a server is silent for runtime.timeout_s: it
-        neither accepts connections nor writes to its log (a server decoding a dataset with
-        a progress line is never too slow, a hung one is stopped)."""
-        timeout = self.plan.cfg.runtime.timeout_s
-        heard = self.heard  # label -> (when its log last grew, its size then)
-        for c in servers:
-            heard.setdefault(c.label, (time.monotonic(), log_size(c)))
-        while True:
-            if self.interrupted:
-                return [], self.interrupt()
-            for c in self.children:
-                if c.proc.poll() is not None:
-                    self._report(c, early=c.proc.returncode == 0)
-                    self.stop_all()
-                    return [], 1
-            up = [c for c in servers if accepting(self.plan.endpoints[c.label])]
-            if up:
-                return up, None
-            now = time.monotonic()
-            for c in servers:
-                size = log_size(c)
-                if size != heard[c.label][1]:
-                    heard[c.label] = (now, size)
-                elif now - heard[c.label][0] > timeout:
-                    console.silent(c, self.plan.endpoints[c.label], timeout)
-                    self.stop_all()
-                    return [], 1
-            time.sleep(0.05)
+        """Start every role in its order and wait for each server to listen
+        (``startup.start_all``). Blocks; None once all started, else the run's exit code."""
+        return startup.start_all(self)
 
     # -- supervising ---------------------------------------------------------------------
     def _report(self, child: Child, early: bool = False) -> None:
