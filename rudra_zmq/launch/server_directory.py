@@ -57,7 +57,7 @@ def _check(req, servers: int) -> str | None:
     i = req.get("server")
     if req["op"] == "failed":
         if set(req) != {"op", "server", "why"}:
-            return "a failed has exactly op, server and why"
+            return "a 'failed' request has exactly op, server and why"
         why = req["why"]
         if not isinstance(why, str) or not 0 < len(why) <= MAX_WHY:
             return f"why must be a text of 1 to {MAX_WHY} characters"
@@ -134,9 +134,10 @@ class Directory:
     def failure(self) -> str | None:
         """Why the run cannot go on (a server rank said its server failed for good), or None.
         Does not block."""
-        for i, why in sorted(self.failed.items()):
-            return f"server {i} failed on its own rank and cannot go on ({why})"
-        return None
+        if not self.failed:
+            return None
+        first = min(self.failed)
+        return f"server {first} failed on its own rank and cannot go on ({self.failed[first]})"
 
     def _serve(self) -> None:
         while not self._stop.is_set():
