@@ -163,18 +163,15 @@ def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
     cfg = load_config(None, ["architecture.servers=2"])
     ep = free_tcp_endpoint()
     d = server_directory.Directory(cfg, ep, "tcp://n1:1", "/runs/r", "tok", curve).start()
+
+    def as_learner_0(req):  # with learner 0's key
+        server_directory._ask(ep, req, 5, security.Curve(tmp_path / "keys"), 0, lambda r: True)
+
     try:
         with pytest.raises(
             ConfigError, match="only the ps key may register a server, not 'learner-0'"
         ):
-            server_directory._ask(
-                ep,
-                {"op": "register", "server": 1, "endpoint": "tcp://h1:7"},
-                5,
-                security.Curve(tmp_path / "keys"),
-                0,  # learner 0's key
-                lambda r: True,
-            )
+            as_learner_0({"op": "register", "server": 1, "endpoint": "tcp://h1:7"})
         assert server_directory.register(
             ep, 1, "tcp://h1:7", 5, security.Curve(tmp_path / "keys")
         ) == (
@@ -186,14 +183,7 @@ def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
         with pytest.raises(
             ConfigError, match="only the ps key may report a server failed, not 'learner-0'"
         ):
-            server_directory._ask(
-                ep,
-                {"op": "failed", "server": 1, "why": "a learner says so"},
-                5,
-                security.Curve(tmp_path / "keys"),
-                0,
-                lambda r: True,
-            )
+            as_learner_0({"op": "failed", "server": 1, "why": "a learner says so"})
         assert d.failure() is None
     finally:
         d.stop()

@@ -209,19 +209,11 @@ class ScriptedShards:
 
 
 def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_a_finished_one_is_left():
-    from types import SimpleNamespace
-
     from rudra_zmq.roles.learner_shards import ShardedPushPull
     from rudra_zmq.wire import Message
 
     spans = split(10, 2)
-    flat = SimpleNamespace(
-        weights=np.zeros(10, np.float32),
-        grads=np.ones(10, np.float32),
-        signature="m",
-        numel=10,
-        weights_to_device=lambda: None,
-    )
+    flat = _flat10()
 
     def msg(kind, ts, value, **fields):
         return Message(kind, -1, 0, ts, 0, fields, [np.full(5, value, np.float32)])
@@ -333,19 +325,23 @@ def test_one_server_asking_to_rejoin_drops_the_refused_gradients_residual_too():
     assert carrier.codec.residual is None  # refused: gone with its gradient
 
 
-def _two_servers_learner(script):
+def _flat10():
+    """A learner's flat model of 10 floats, without torch."""
     from types import SimpleNamespace
 
-    from rudra_zmq.roles.learner_shards import ShardedPushPull
-
-    flat = SimpleNamespace(
+    return SimpleNamespace(
         weights=np.zeros(10, np.float32),
         grads=np.ones(10, np.float32),
         signature="m",
         numel=10,
         weights_to_device=lambda: None,
     )
-    return ShardedPushPull(small_config(), 0, flat, ScriptedShards(split(10, 2), script))
+
+
+def _two_servers_learner(script):
+    from rudra_zmq.roles.learner_shards import ShardedPushPull
+
+    return ShardedPushPull(small_config(), 0, _flat10(), ScriptedShards(split(10, 2), script))
 
 
 @pytest.mark.parametrize("stop_first", [True, False])
