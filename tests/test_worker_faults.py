@@ -96,6 +96,7 @@ def test_a_server_rank_that_fails_for_good_stops_rank_0_and_the_learners_end(tmp
         "rudra-zmq: server 1 failed on its own rank and cannot go on (ps1 exited with code -9)"
         "; stopping the run" in outs[0]
     ), said
+    assert "rank 1: told rank 0 that server 1 cannot go on (ps1 exited with code -9)" in outs[1]
     for out in outs[2:]:
         assert "finished training and [1] has said nothing since" in out, said
 

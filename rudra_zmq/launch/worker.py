@@ -252,9 +252,18 @@ def _server(cfg, r, p, index: int, how: str) -> int:
     launcher = Launcher(Plan(cfg, run_dir, eps, [], p.tree, binds), keys_dir=_keys_dir(cfg))
     launcher.secrets[security.RUN_TOKEN_ENV] = token  # the stats server knows rank 0's
     launcher.local, launcher.processes_file = {label}, f"processes-{label}.json"
-    launcher.on_give_up = lambda why: report_failed(
-        p.endpoints["directory"], index, why, REPORT_FAILED_S, _curve(cfg)
-    )
+
+    def give_up(why: str) -> None:  # rank 0 stops the run, rather than wait for this server
+        told = report_failed(p.endpoints["directory"], index, why, REPORT_FAILED_S, _curve(cfg))
+        print(
+            f"rudra-zmq worker: rank {r.value('rank')}: "
+            + ("told rank 0" if told else f"rank 0 did not answer within {REPORT_FAILED_S:g} s")
+            + f" that server {index} cannot go on ({why})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    launcher.on_give_up = give_up
     return launcher.run()
 
 
