@@ -10,7 +10,8 @@ with one method wrapped, in its first incarnation only (a restarted one has ``--
 ``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at;
 ``PS_CRASH_TS`` the timestamp whose checkpoint ``checkpoint`` dies right after (mid-training
 on any host, where a kill from outside can land after the end on a fast one);
-``PS_CRASH_SHARD``, in a sharded run, the server (``--shard I``) that dies (default: each).
+``PS_CRASH_SHARD``, in a sharded run, the server (``--shard I``) that dies (default: each);
+``PS_CRASH_PARENT=1``: its launcher (a worker rank: the whole rank) is killed first.
 """
 
 import os
@@ -34,6 +35,9 @@ POINTS = (
 
 
 def die():
+    if os.environ.get("PS_CRASH_PARENT") == "1":  # the host lost, not only the server:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (its launcher's death
+        os.kill(os.getppid(), signal.SIGKILL)  # sends a SIGTERM, which would finish it well)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

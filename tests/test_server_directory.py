@@ -2,6 +2,7 @@
 directory where they register and the learners find them (launch/server_directory.py)."""
 
 import threading
+import time
 
 import msgpack
 import pytest
@@ -57,8 +58,8 @@ def test_the_directory_listens_after_the_last_server_port():
     assert p.endpoints["ps2"] == "tcp://n1:29504" and p.endpoints["directory"] == "tcp://n1:29505"
 
 
-def _directory(servers=3):
-    cfg = load_config(None, [f"architecture.servers={servers}"])
+def _directory(servers=3, timeout_s=60):
+    cfg = load_config(None, [f"architecture.servers={servers}", f"runtime.timeout_s={timeout_s}"])
     ep = free_tcp_endpoint()
     return server_directory.Directory(cfg, ep, "tcp://n1:1", "/runs/r", "tok"), ep
 
@@ -87,13 +88,16 @@ def _directory(servers=3):
         (msgpack.packb({"op": "failed", "server": 1, "why": ""}), "why must be a text of 1"),
         (msgpack.packb({"op": "failed", "server": 1, "why": "x" * 401}), "1 to 400 characters"),
         (msgpack.packb({"op": "failed", "server": 3, "why": "x"}), "from 1 to 2, got 3"),
+        (msgpack.packb({"op": "alive"}), "'alive' has exactly op and server"),
+        (msgpack.packb({"op": "bye", "server": 1, "x": 0}), "'bye' has exactly op and server"),
+        (msgpack.packb({"op": "alive", "server": 0}), "from 1 to 2, got 0"),
     ],
 )
 def test_a_bad_request_is_answered_with_why_and_changes_nothing(request_, error):
     d, _ = _directory()
     try:
         assert error in d.answer(request_, None)["error"]
-        assert d.endpoints == {0: "tcp://n1:1"} and d.failure() is None
+        assert d.endpoints == {0: "tcp://n1:1"} and d.failure() is None and not d.heard
     finally:
         d.stop()  # never started: closes the socket
 
@@ -150,6 +154,35 @@ def test_a_server_rank_that_gave_up_is_known_to_rank_0_with_why():
     assert not server_directory.report_failed(ep, 2, "ps2 exited with code -9", 0.5)
 
 
+@pytest.mark.timeout(30)
+def test_a_server_rank_silent_for_the_timeout_stops_the_run_unless_it_said_bye(monkeypatch):
+    """Rank 1 registers and beats; rank 2 registers and then says nothing (its host lost):
+    only rank 2 is named, once silent for runtime.timeout_s. A bye ends the watch."""
+    monkeypatch.setattr(server_directory, "ALIVE_S", 0.1)
+    d, ep = _directory(timeout_s=1.5)
+    d.start()
+    try:
+        server_directory.register(ep, 1, "tcp://h1:7", 5)
+        beat = server_directory.Heartbeat(ep, 1).start()
+        server_directory.register(ep, 2, "tcp://h2:7", 5)
+        assert d.failure() is None
+        deadline = time.monotonic() + 10
+        while d.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert d.failure() == (
+            "the rank of server 2 (tcp://h2:7) has said nothing for 1.5 s (runtime.timeout_s): "
+            "its host or its launcher is gone"
+        )
+        d.gone.add(2)  # as if it had said bye: rank 1, beating, is not named
+        assert d.failure() is None
+        beat.stop()  # says bye: silence after it is no failure either
+        assert 1 in d.gone
+        time.sleep(1.7)
+        assert d.failure() is None
+    finally:
+        d.stop()
+
+
 def test_the_advertised_address_is_the_one_that_reaches_the_master():
     assert server_directory.advertised_address("127.0.0.1") == "127.0.0.1"
 
@@ -169,7 +202,7 @@ def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
 
     try:
         with pytest.raises(
-            ConfigError, match="only the ps key may register a server, not 'learner-0'"
+            ConfigError, match="only the ps key may send 'register', not 'learner-0'"
         ):
             as_learner_0({"op": "register", "server": 1, "endpoint": "tcp://h1:7"})
         assert server_directory.register(
@@ -180,10 +213,13 @@ def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
         )
         found = server_directory.lookup(ep, 2, 5, security.Curve(tmp_path / "keys"), sender=0)
         assert found == ["tcp://n1:1", "tcp://h1:7"]
-        with pytest.raises(
-            ConfigError, match="only the ps key may report a server failed, not 'learner-0'"
-        ):
+        with pytest.raises(ConfigError, match="only the ps key may send 'failed', not 'learner-0'"):
             as_learner_0({"op": "failed", "server": 1, "why": "a learner says so"})
         assert d.failure() is None
+        with pytest.raises(ConfigError, match="only the ps key may send 'alive'"):
+            as_learner_0({"op": "alive", "server": 1})
+        said = d.heard[1]  # the ps key's heartbeat is heard
+        server_directory.Heartbeat(ep, 1, security.Curve(tmp_path / "keys")).stop()  # its bye
+        assert d.heard[1] > said and 1 in d.gone
     finally:
         d.stop()

@@ -65,11 +65,14 @@ def test_a_server_rank_killed_as_training_ends_is_restarted_and_rank_0_reports(
     assert summary["epochs"] >= 3.0 - 1e-6 and summary["final_error"] is not None, summary
 
 
-def _run(tmp_path, point, restart, more=(), port=None):
-    """The 4 ranks, server 1's crashing at ``point`` (None: not), to their end: (processes,
-    outputs, a text of both for assertion messages)."""
+def _run(tmp_path, point, restart, more=(), port=None, whole_rank=False):
+    """The 4 ranks, server 1's crashing at ``point`` (None: not; ``whole_rank``: its rank's
+    launcher killed with it), to their end: (processes, outputs, a text of both for
+    assertion messages)."""
     port, run_dir = port or free_port_range(8), tmp_path / "run"
     crash = {"PS_CRASH_AT": point, "PS_CRASH_SHARD": "1"} if point else None
+    if whole_rank:
+        crash["PS_CRASH_PARENT"] = "1"
     ranks = [_start(r, port, run_dir, crash if r == 1 else None, restart, more) for r in range(4)]
     try:
         outs = [p.communicate(timeout=240)[0] for p in ranks]
@@ -117,3 +120,18 @@ def test_a_server_rank_whose_server_cannot_start_stops_rank_0(tmp_path):
         outs[0],
     ), said
     assert "Address already in use" in outs[1], said
+
+
+def test_a_server_rank_lost_whole_after_training_stops_rank_0_once_silent(tmp_path):
+    """Server 1's rank killed whole (its launcher first, then its server, at its first STOP:
+    the host lost as training ends): nobody reports it, rank 0 stops the run once that rank
+    has said nothing for runtime.timeout_s, instead of waiting for its records forever."""
+    ranks, outs, said = _run(
+        tmp_path, "stopping", "false", ["runtime.timeout_s=10"], whole_rank=True
+    )
+    assert [p.returncode for p in ranks] == [1, -9, 0, 0], said
+    assert re.search(
+        r"rudra-zmq: the rank of server 1 \(tcp://127\.0\.0\.1:\d+\) has said nothing for "
+        r"10 s \(runtime\.timeout_s\): its host or its launcher is gone; stopping the run",
+        outs[0],
+    ), said

@@ -15,7 +15,10 @@ a CURVE server and only the ``ps`` key may register (it gets the run token).
 A server rank whose server cannot go on (it failed and is not restarted) says so:
 ``{"op": "failed", "server": I, "why": "..."}`` (the ``ps`` key alone, under CURVE). Rank 0's
 launcher then stops the run with that reason, where it would otherwise wait for that
-server's records forever.
+server's records forever. A server rank also says ``{"op": "alive", "server": I}`` every
+``ALIVE_S`` (``Heartbeat``) and ``{"op": "bye", "server": I}`` when it ends: one silent for
+``runtime.timeout_s`` without a bye (its host or its launcher gone, which nobody else would
+report under a plain launch script) stops the run the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ MAX_REQUEST = 1024  # bytes: a register request is about 60
 MAX_WHY = 400  # characters of a failed server's reason
 POLL_MS = 200  # how often the directory looks at its stop flag
 RETRY_S = 0.5  # a client asks again this often while servers are missing
+ALIVE_S = 2.0  # a server rank says it is alive this often
+SERVER_OPS = ("register", "failed", "alive", "bye")  # what only a server rank may send
 
 
 def advertised_address(master: str) -> str:
@@ -50,12 +55,15 @@ def advertised_address(master: str) -> str:
 
 def _check(req, servers: int) -> str | None:
     """Why the decoded request ``req`` is not one we serve, or None. Pure."""
-    if not isinstance(req, dict) or req.get("op") not in ("register", "lookup", "failed"):
-        return "expected a map with op 'register', 'lookup' or 'failed'"
+    if not isinstance(req, dict) or req.get("op") not in ("lookup", *SERVER_OPS):
+        return "expected a map with op 'lookup', 'register', 'failed', 'alive' or 'bye'"
     if req["op"] == "lookup":
         return None if len(req) == 1 else "a lookup has no other fields"
     i = req.get("server")
-    if req["op"] == "failed":
+    if req["op"] in ("alive", "bye"):
+        if set(req) != {"op", "server"}:
+            return f"'{req['op']}' has exactly op and server"
+    elif req["op"] == "failed":
         if set(req) != {"op", "server", "why"}:
             return "a 'failed' request has exactly op, server and why"
         why = req["why"]
@@ -82,6 +90,9 @@ class Directory:
         self.endpoints: dict[int, str] = {0: first}
         self.reply_register = {"run_dir": str(run_dir), "token": token}
         self.failed: dict[int, str] = {}  # server -> why it cannot go on (written here only)
+        self.heard: dict[int, float] = {}  # server rank -> when it last said anything
+        self.gone: set[int] = set()  # server ranks that said bye
+        self.silent_s = cfg.runtime.timeout_s
         self._ctx = zmq.Context()
         self._curve = curve
         self._sock = self._ctx.socket(zmq.REP)
@@ -123,21 +134,33 @@ class Directory:
                 return {"missing": missing}
             return {"servers": [self.endpoints[i] for i in range(self.servers)]}
         if self._curve is not None and user != "ps":
-            what = "register a server" if req["op"] == "register" else "report a server failed"
-            return {"error": f"only the ps key may {what}, not {user!r}"}
+            return {"error": f"only the ps key may send {req['op']!r}, not {user!r}"}
+        i = req["server"]
+        self.heard[i] = time.monotonic()
+        if req["op"] == "register":
+            self.endpoints[i] = req["endpoint"]
+            return self.reply_register
         if req["op"] == "failed":
-            self.failed[req["server"]] = req["why"]
-            return {"ok": True}
-        self.endpoints[req["server"]] = req["endpoint"]
-        return self.reply_register
+            self.failed[i] = req["why"]
+        elif req["op"] == "bye":
+            self.gone.add(i)
+        return {"ok": True}
 
     def failure(self) -> str | None:
-        """Why the run cannot go on (a server rank said its server failed for good), or None.
-        Does not block."""
-        if not self.failed:
-            return None
-        first = min(self.failed)
-        return f"server {first} failed on its own rank and cannot go on ({self.failed[first]})"
+        """Why the run cannot go on (a server rank said its server failed for good, or has
+        been silent for ``runtime.timeout_s`` without a bye), or None. Does not block."""
+        if self.failed:
+            first = min(self.failed)
+            return f"server {first} failed on its own rank and cannot go on ({self.failed[first]})"
+        now = time.monotonic()
+        for i, t in sorted(self.heard.items()):
+            if i not in self.gone and now - t > self.silent_s:
+                return (
+                    f"the rank of server {i} ({self.endpoints.get(i, '?')}) has said nothing "
+                    f"for {self.silent_s:g} s (runtime.timeout_s): its host or its launcher "
+                    "is gone"
+                )
+        return None
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -218,6 +241,37 @@ def report_failed(endpoint: str, server: int, why: str, timeout_s: float, curve=
     rank 0 stops the run rather than wait for it; whether the directory heard it (it may be
     gone: the run stopped anyway). Blocks at most ``timeout_s``."""
     req = {"op": "failed", "server": server, "why": why[:MAX_WHY]}
+    return _quietly(endpoint, req, timeout_s, curve)
+
+
+class Heartbeat:
+    """A server rank's ``alive`` to rank 0's directory every ``ALIVE_S``, from a thread of its
+    own, and its ``bye`` on ``stop``. A request that gets no answer is not an error (rank 0
+    may be starting or gone). Thread-safe: ``stop`` from the launcher's thread."""
+
+    def __init__(self, endpoint: str, server: int, curve=None):
+        self._ask = lambda op, t: _quietly(endpoint, {"op": op, "server": server}, t, curve)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(ALIVE_S):
+            self._ask("alive", ALIVE_S)
+
+    def stop(self) -> None:
+        """Stop beating and say bye (at most ``ALIVE_S``). Blocks."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._ask("bye", ALIVE_S)
+
+
+def _quietly(endpoint: str, req: dict, timeout_s: float, curve) -> bool:
+    """``req`` to the directory, as a server rank; whether it answered within ``timeout_s``."""
     try:
         _ask(endpoint, req, timeout_s, curve, wire.SENDER_PS, lambda r: True)
     except ConfigError:

@@ -231,7 +231,7 @@ def _server(cfg, r, p, index: int, how: str) -> int:
     0's directory, supervised (restarted from its checkpoints) as under ``run``. Blocks."""
     from .. import security
     from .launcher import Launcher
-    from .server_directory import advertised_address, register, report_failed
+    from .server_directory import Heartbeat, advertised_address, register, report_failed
 
     label = ps_labels(cfg)[index]
     address = advertised_address(r.value("master_addr"))
@@ -264,7 +264,11 @@ def _server(cfg, r, p, index: int, how: str) -> int:
         )
 
     launcher.on_give_up = give_up
-    return launcher.run()
+    beat = Heartbeat(p.endpoints["directory"], index, _curve(cfg)).start()  # rank 0 hears us
+    try:
+        return launcher.run()
+    finally:
+        beat.stop()
 
 
 def run(args, environ=None) -> int:
