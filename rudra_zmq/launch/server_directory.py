@@ -16,7 +16,7 @@ A server rank whose server cannot go on (it failed and is not restarted) says so
 ``{"op": "failed", "server": I, "why": "..."}`` (the ``ps`` key alone, under CURVE). Rank 0's
 launcher then stops the run with that reason, where it would otherwise wait for that
 server's records forever. A server rank also says ``{"op": "alive", "server": I}`` every
-``ALIVE_S`` (``Heartbeat``) and ``{"op": "bye", "server": I}`` when it ends: one silent for
+``ALIVE_S`` (or a quarter of ``runtime.timeout_s``; ``Heartbeat``) and ``{"op": "bye", "server": I}`` when it ends: one silent for
 ``runtime.timeout_s`` without a bye (its host or its launcher gone, which nobody else would
 report under a plain launch script) stops the run the same way.
 """
@@ -245,12 +245,14 @@ def report_failed(endpoint: str, server: int, why: str, timeout_s: float, curve=
 
 
 class Heartbeat:
-    """A server rank's ``alive`` to rank 0's directory every ``ALIVE_S``, from a thread of its
+    """A server rank's ``alive`` to rank 0's directory every ``ALIVE_S`` (a quarter of
+    ``timeout_s``, rank 0's patience, if that is shorter), from a thread of its
     own, and its ``bye`` on ``stop``. A request that gets no answer is not an error (rank 0
     may be starting or gone). Thread-safe: ``stop`` from the launcher's thread."""
 
-    def __init__(self, endpoint: str, server: int, curve=None):
+    def __init__(self, endpoint: str, server: int, curve=None, timeout_s: float = 60.0):
         self._ask = lambda op, t: _quietly(endpoint, {"op": op, "server": server}, t, curve)
+        self.every = min(ALIVE_S, timeout_s / 4)  # several beats within rank 0's patience
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
 
@@ -259,8 +261,8 @@ class Heartbeat:
         return self
 
     def _beat(self) -> None:
-        while not self._stop.wait(ALIVE_S):
-            self._ask("alive", ALIVE_S)
+        while not self._stop.wait(self.every):
+            self._ask("alive", self.every)
 
     def stop(self) -> None:
         """Stop beating and say bye (at most ``ALIVE_S``). Blocks."""

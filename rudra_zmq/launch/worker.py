@@ -264,7 +264,8 @@ def _server(cfg, r, p, index: int, how: str) -> int:
         )
 
     launcher.on_give_up = give_up
-    beat = Heartbeat(p.endpoints["directory"], index, _curve(cfg)).start()  # rank 0 hears us
+    # rank 0 hears from us: silent for runtime.timeout_s, we would be taken for gone
+    beat = Heartbeat(p.endpoints["directory"], index, _curve(cfg), cfg.runtime.timeout_s).start()
     try:
         return launcher.run()
     finally:
