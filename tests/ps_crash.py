@@ -27,6 +27,7 @@ from rudra_zmq.roles import ps, ps_checkpoint, ps_report
 POINTS = (
     "checkpoint",
     "stopping",
+    "stopping-unsent",
     "finishing",
     "sending-done",
     "after-final",
@@ -36,8 +37,8 @@ POINTS = (
 
 def die():
     if os.environ.get("PS_CRASH_PARENT") == "1":  # the host lost, not only the server:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (its launcher's death
-        os.kill(os.getppid(), signal.SIGKILL)  # sends a SIGTERM, which would finish it well)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # (its launcher's death sends it a
+        os.kill(os.getppid(), signal.SIGKILL)  # SIGTERM, which would finish it cleanly)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -103,6 +104,10 @@ def arm(point: str) -> None:
     elif point == "stopping":  # training over (its checkpoint written); STOP number k
         calls, k = [], int(os.environ.get("PS_CRASH_STOP", "1"))
         before(ps.ParameterServer, "_stop", lambda: calls.append(1) or len(calls) >= k)
+    elif point == "stopping-unsent":  # as stopping (the first STOP), its final EVAL and
+        unsent(ps_report.PSReport, "done")  # "done" lost whatever their order: the statistics
+        unsent(ps_report.PSReport, "evaluate", lambda _report, state: state.done)  # server
+        before(ps.ParameterServer, "_stop")  # cannot end the run by itself
     elif point == "finishing":  # every learner told; before the final checkpoint
         before(ps.ParameterServer, "_finish")
     elif point == "sending-done":  # the "done" record just handed to ZeroMQ

@@ -89,11 +89,13 @@ def _run(tmp_path, point, restart, more=(), port=None, whole_rank=False):
 
 
 def test_a_server_rank_that_fails_for_good_stops_rank_0_and_the_learners_end(tmp_path):
-    """Without restarts, server 1 killed at its first STOP (training over, no final files):
-    its rank tells rank 0, which stops the run with the reason instead of waiting for that
-    server's records forever; the learner ranks, told STOP by server 0, end without a
-    failure after runtime.timeout_s of silence from server 1."""
-    ranks, outs, said = _run(tmp_path, "stopping", "false", ["runtime.timeout_s=10"])
+    """Without restarts, server 1 killed at its first STOP (training over, no final files,
+    its final EVAL lost: the statistics server cannot end the run): its rank tells rank 0,
+    which stops the run with the reason instead of waiting for that server's records
+    forever; the learner ranks, told STOP by server 0, end without a failure after
+    runtime.timeout_s of silence from server 1. (With its final EVAL sent, rank 0 may also
+    end with the result first: a truthful end too, not what this test is about.)"""
+    ranks, outs, said = _run(tmp_path, "stopping-unsent", "false", ["runtime.timeout_s=10"])
     assert [p.returncode for p in ranks] == [1, 1, 0, 0], said
     assert (
         "rudra-zmq: server 1 failed on its own rank and cannot go on (ps1 exited with code -9)"
@@ -123,11 +125,12 @@ def test_a_server_rank_whose_server_cannot_start_stops_rank_0(tmp_path):
 
 
 def test_a_server_rank_lost_whole_after_training_stops_rank_0_once_silent(tmp_path):
-    """Server 1's rank killed whole (its launcher first, then its server, at its first STOP:
-    the host lost as training ends): nobody reports it, rank 0 stops the run once that rank
-    has said nothing for runtime.timeout_s, instead of waiting for its records forever."""
+    """Server 1's rank killed whole (its launcher first, then its server, at its first STOP,
+    its final EVAL lost: the host lost as training ends): nobody reports it, rank 0 stops the
+    run once that rank has said nothing for runtime.timeout_s, instead of waiting for its
+    records forever."""
     ranks, outs, said = _run(
-        tmp_path, "stopping", "false", ["runtime.timeout_s=10"], whole_rank=True
+        tmp_path, "stopping-unsent", "false", ["runtime.timeout_s=10"], whole_rank=True
     )
     assert [p.returncode for p in ranks] == [1, -9, 0, 0], said
     assert re.search(
