@@ -16,9 +16,10 @@ A server rank whose server cannot go on (it failed and is not restarted) says so
 ``{"op": "failed", "server": I, "why": "..."}`` (the ``ps`` key alone, under CURVE). Rank 0's
 launcher then stops the run with that reason, where it would otherwise wait for that
 server's records forever. A server rank also says ``{"op": "alive", "server": I}`` every
-``ALIVE_S`` (or a quarter of ``runtime.timeout_s``; ``Heartbeat``) and ``{"op": "bye", "server": I}`` when it ends: one silent for
-``runtime.timeout_s`` without a bye (its host or its launcher gone, which nobody else would
-report under a plain launch script) stops the run the same way.
+``ALIVE_S`` (or a quarter of ``runtime.timeout_s``; ``Heartbeat``) and
+``{"op": "bye", "server": I}`` when it ends: one silent for ``runtime.timeout_s`` without a
+bye (its host or its launcher gone, which nobody else would report under a plain launch
+script) stops the run the same way.
 """
 
 from __future__ import annotations

@@ -38,6 +38,11 @@ from .learner_exchange import Frames
 log = logging.getLogger("rudra_zmq.learner")
 
 
+def _said_stop(replies: dict) -> list[int]:
+    """The servers whose reply in ``replies`` is a STOP (training over there)."""
+    return [k for k, m in replies.items() if isinstance(m, wire.Message) and m.kind == Kind.STOP]
+
+
 class ServersSilent(TimeoutError):
     """No reply from the servers ``silent`` within the timeout; ``replies``: what the others
     answered meanwhile."""
@@ -211,9 +216,7 @@ class ShardedPushPull:
     def _stopped(self, replies: dict) -> bool:
         """Take the servers in ``replies`` that said STOP (training over there) out of
         ``active`` (their replies are removed); whether none is left."""
-        stop = [
-            k for k, m in replies.items() if isinstance(m, wire.Message) and m.kind == Kind.STOP
-        ]
+        stop = _said_stop(replies)
         for k in stop:
             del replies[k]
             self.active.remove(k)
@@ -230,15 +233,14 @@ class ShardedPushPull:
         """Servers silent for the whole timeout: a failure while every server is training;
         once one has said STOP (before or among ``exc.replies``) training is over, and the
         learner ends (False) with a warning naming the silent ones. Raises ``exc`` otherwise."""
-        said_stop = [k for k, m in exc.replies.items() if getattr(m, "kind", None) == Kind.STOP]
-        if len(self.active) == len(self.shards.spans) and not said_stop:
+        said = _said_stop(exc.replies)
+        if len(self.active) == len(self.shards.spans) and not said:
             raise exc
-        self.active = [k for k in self.active if k not in said_stop]
         log.warning(
             "learner %d: servers %s finished training and %s has said nothing since: %s; "
             "ending here without its STOP",
             self.id,
-            sorted(set(range(len(self.shards.spans))) - set(self.active)),
+            [k for k in range(len(self.shards.spans)) if k not in self.active or k in said],
             exc.silent,
             exc,
         )
