@@ -19,7 +19,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from . import transport, wire
+from . import codec, transport, wire
 
 
 class Channel:
@@ -71,7 +71,8 @@ class Channel:
         self.resent = 0  # requests sent again (for tests and logs)
         self.checks = 0  # CHECKs sent (a header each)
         self.late = 0  # late answers to requests sent twice, dropped
-        self._last: tuple[int, list] | None = None  # (seq, frames) awaiting its reply
+        self._last: tuple[int, list] | None = None  # (seq, [frames]) awaiting its reply
+        self._ahead = None  # [weights view, filled up to, gap seen]: parts of its reply
         self._asked_at = 0.0  # when the request was last sent or asked about (monotonic)
         self.inc = 0  # the server incarnation we last heard from
 
@@ -79,16 +80,42 @@ class Channel:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
         seq = next(self._seq)
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
-        self._last = (seq, frames)
+        self._last, self._ahead = (seq, [frames]), None
         self._asked_at = time.monotonic()
         self.sock.send_multipart(frames, copy=False)
 
+    def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
+        """Queue one request in parts (``wire.parts``): ``parts`` is (offset, payloads) per
+        part, in order, each sent as one message x{at, more} with the request's seq. The
+        parts of the reply sent ahead (WEIGHTS x{at, more}) are decoded into ``into`` (the
+        weights of the range) as they come; the reply carries the rest (x{at})."""
+        seq = next(self._seq)
+        last = len(parts) - 1
+        msgs = [
+            wire.encode(
+                kind,
+                self.sender,
+                seq,
+                ts,
+                self.inc,
+                p,
+                at=at,
+                **({"more": True} if i < last else {}),
+            )
+            for i, (at, p) in enumerate(parts)
+        ]
+        self._last, self._ahead = (seq, msgs), [into, 0, False]
+        self._asked_at = time.monotonic()
+        for frames in msgs:
+            self.sock.send_multipart(frames, copy=False)
+
     def resend(self) -> None:
-        """Send the request awaiting its reply again, unchanged."""
+        """Send the request awaiting its reply again, unchanged (every part of it)."""
         if self._last is not None:
             self.resent += 1  # first: whoever sees the copy arrive sees it counted
             self._asked_at = time.monotonic()
-            self.sock.send_multipart(self._last[1], copy=False)
+            for frames in self._last[1]:
+                self.sock.send_multipart(frames, copy=False)
 
     def tick(self) -> None:
         """Between receives, with a request awaiting its reply: send it again if the
@@ -173,6 +200,9 @@ class Channel:
         if re is not None and re != asked:
             self.late += 1  # a late answer to a request sent twice: dropped
             return None
+        if msg.kind == wire.Kind.WEIGHTS and "at" in msg.fields:
+            if self._part(msg):
+                return None
         self._last = None  # a reply without x{re} (older servers' ERROR) is taken as it comes
         if msg.kind == wire.Kind.ERROR:
             raise ServerError(
@@ -183,6 +213,29 @@ class Channel:
         if msg.inc:
             self.inc = msg.inc
         return msg
+
+    def _part(self, msg: wire.Message) -> bool:
+        """A WEIGHTS x{at} to the request in parts: a part ahead (x{more}) is decoded into
+        its place (True: the reply is still to come); the reply itself, carrying the rest,
+        is checked to follow what came ahead (False). Raises ``ServerError`` code rejoin
+        when parts were lost (a connection that dropped): the server's WELCOME brings the
+        whole range again."""
+        at, ahead = msg.fields["at"], self._ahead
+        if msg.fields.get("more"):
+            if ahead is not None and at == ahead[1]:
+                codec.load(ahead[0][at : at + msg.payload_numel], msg.payloads)
+                ahead[1] = at + msg.payload_numel
+            elif ahead is not None:
+                ahead[2] = True
+            return True
+        if ahead is None or ahead[2] or at > ahead[1]:
+            self._last = self._ahead = None
+            raise ServerError(
+                "rejoin",
+                f"{self.name}: parts of its weights sent ahead of its reply were lost "
+                f"(the reply starts at {at:,}, {0 if ahead is None else ahead[1]:,} came)",
+            )
+        return False
 
     def request(
         self,

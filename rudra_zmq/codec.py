@@ -63,6 +63,11 @@ class Float32:
         _check_vector(self.code, vector)
         return wire.chunk(vector, chunk_bytes)
 
+    def narrowed(self, vector: np.ndarray, key=None) -> np.ndarray:
+        """``vector`` itself (1-D contiguous float32): nothing to narrow."""
+        _check_vector(self.code, vector)
+        return vector
+
     def forget(self) -> None:
         """Nothing kept between encodes."""
 
@@ -124,6 +129,14 @@ class Half:
         if key is not None:
             self._last = (key, weakref.ref(vector), out)
         return out
+
+
+def encode_parts(wire_codec, vector: np.ndarray, bounds, chunk_bytes: int) -> list[tuple]:
+    """``vector`` encoded once by ``wire_codec`` (a half codec narrows the whole, its error
+    feedback included, in one pass) and cut at ``bounds`` (``span.part_bounds``): one
+    ``(offset, frames)`` per part, the frames views of at most ``chunk_bytes``."""
+    whole = wire_codec.narrowed(vector)
+    return [(a, wire.chunk(whole[a:b], chunk_bytes)) for a, b in zip(bounds, bounds[1:])]
 
 
 def _codec(code: str, feedback: bool = False):

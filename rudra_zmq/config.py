@@ -134,6 +134,9 @@ class WireConfig:
     #                                    (the PS keeps float32 master weights; so do checkpoints)
     error_feedback: bool = True  # half gradients: each one's rounding error is added to the
     #                                    sender's next (nothing lost, only delayed a step)
+    parts: int = 1  # hardsync: each server's range in P parts, each answered once every
+    #                                    learner's part is in, while later parts still arrive
+    #                                    (push and pull overlapped on the link; docs/wire.md)
 
 
 @dataclass
@@ -282,7 +285,7 @@ REMOVED_KEYS = {
 KEPT_VALUES = {"optimizer.momentum_policy": "constant"}
 # Keys added since simulator checkpoints were fingerprinted, with the default that behaves as
 # before they came: at it they are left out of a fingerprint (sim_checkpoint.fingerprint).
-ADDED_DEFAULTS = {"architecture.servers": 1}
+ADDED_DEFAULTS = {"architecture.servers": 1, "wire.parts": 1}
 
 
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:

@@ -18,6 +18,32 @@ def check_servers_fit(servers: int, numel: int) -> None:
         )
 
 
+MAX_PARTS = 256  # parts of one server's range (each one message each way per round)
+
+
+def check_parts(self) -> None:
+    """Raise ConfigError unless ``wire.parts`` can run: 1 (whole messages), or 2..MAX_PARTS
+    under hardsync with architecture.kind=base and a protocol fixed for the run. Pure."""
+    p, s, a = self.wire.parts, self.sync, self.architecture
+    if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= MAX_PARTS:
+        raise ConfigError(f"wire.parts must be a whole number from 1 to {MAX_PARTS}, got {p!r}")
+    if p == 1:
+        return
+    why = None
+    if s.protocol != "hardsync":
+        why = (
+            f"sync.protocol={s.protocol}: a part is answered once every learner's part is in, "
+            "which only hardsync's rounds have (softsync's learners push at their own times, "
+            "so their links overlap already)"
+        )
+    elif s.schedule or s.target_staleness is not None:
+        why = "sync.schedule and sync.target_staleness leave hardsync during the run"
+    elif a.kind != "base":
+        why = f"architecture.kind={a.kind}: tree nodes and the broadcast send whole vectors"
+    if why:
+        raise ConfigError(f"wire.parts={p} needs hardsync rounds; {why}: set wire.parts=1")
+
+
 def validate_architecture(self) -> None:
     """Raise ConfigError, naming the value, unless ``self.architecture`` (a Config's) can run
     with its sync section: the tree's shape, leaves, relay, and the protocols a tree or the
@@ -38,6 +64,7 @@ def validate_architecture(self) -> None:
     ):
         if val < 1:
             raise ConfigError(f"{key} must be >= 1, got {val}")
+    check_parts(self)
     if a.servers > 1 and a.kind == "advstar":
         raise ConfigError(
             f"architecture.servers={a.servers} with architecture.kind=advstar: the adv* "

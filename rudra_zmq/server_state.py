@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import codec, topology, wire
-from .span import Span
+from .server_parts import PartedUpdates
+from .span import Span, part_bounds
 from .sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .update import Updater
 from .versions import WeightVersions
@@ -83,11 +84,25 @@ class ServerState:
         self.done = False  # the last update reached train.epochs
         self.counters = Counters()
         self.log = None  # an arrival_log.ArrivalLog: the engine's events, for replay
+        p = cfg.wire.parts  # hardsync in parts (server_parts.py), if the range has two or more
+        self.parts = (
+            PartedUpdates(self.updater, self.engine, p)
+            if len(part_bounds(self.numel, p)) > 2
+            else None
+        )
 
     @property
     def w(self) -> np.ndarray:
         """The current weights of ``span`` (never written again: safe to send zero-copy)."""
         return self.updater.w
+
+    def weights_for(self, sender: int) -> tuple[list[np.ndarray], dict]:
+        """The current weights for ``sender``'s reply: (frames, fields); only the elements
+        not sent ahead to it this round (x{at}: ``server_parts``), else the whole range."""
+        at = self.parts.round.tail(sender, self.engine.timestamp) if self.parts else 0
+        if not at:
+            return self.weight_frames(), {}
+        return self.codec.encode(self.w[at:], self.chunk_bytes), {"at": at}
 
     def weight_frames(self) -> list[np.ndarray]:
         """The current weights as payload frames of at most ``runtime.chunk_mib`` in the run's
@@ -236,6 +251,12 @@ class ServerState:
             if (now - self.last_heard[i] > timeout_s if i in self.last_heard else late)
         )
 
+    def is_sent_before(self, msg: wire.Message) -> bool:
+        """Whether ``msg`` belongs to a request this sender sent before its last one applied
+        (a part resent with its request). Pure."""
+        last = self.applied.get(msg.sender)
+        return last is not None and msg.seq <= last[0]
+
     def is_duplicate(self, msg: wire.Message) -> bool:
         """Whether a gradient was applied already (a resend of the last one: answer it as
         before, apply nothing). Raises ProtocolViolation for anything older (a replay)."""
@@ -277,11 +298,39 @@ class ServerState:
         ``sync.Arrival``: σ, the update it completed (applied) or None, and when the sender
         may have its reply. Raises ProtocolViolation before touching any weights. Does not
         block beyond the kernels."""
+        if self.parts is not None:
+            raise ProtocolViolation(
+                f"{wire.sender_name(msg.sender)} sent a whole gradient; this server takes "
+                f"them in wire.parts={self.parts.round.parts} parts: is it running another "
+                "config?"
+            )
+        return self._arrived(msg, msg.payloads)
+
+    def push_part(self, msg: wire.Message) -> Arrival | None:
+        """Account one part of a learner's gradient (PUSHPULL x{at, more}, ``server_parts``):
+        summed; the last, with every part before it in, is the gradient's arrival (returns
+        as ``push``), else None. Raises ProtocolViolation before anything changes."""
+        if self.parts is None:
+            raise ProtocolViolation(
+                f"{wire.sender_name(msg.sender)} sent a gradient in parts; this server takes "
+                "whole ones (wire.parts=1): is it running another config?"
+            )
+        self.engine.check(msg.sender, msg.ts)
+        f = msg.fields
+        if not self.parts.take(msg.sender, msg.seq, f.get("at", 0), msg.payloads, "more" in f):
+            return None
+        return self._arrived(msg, ())
+
+    def parts_ahead(self) -> list:
+        """Step the parts every member has sent (``PartedUpdates.ahead``); [] without parts."""
+        return self.parts.ahead() if self.parts is not None else []
+
+    def _arrived(self, msg: wire.Message, payloads) -> Arrival:
         arrival = self.engine.receive(msg.sender, msg.ts)
         step = self.steps.get(msg.sender, 0)  # the learner's minibatch of this gradient
         if self.log is not None:
             self.log.gradient(msg.sender, msg.ts, step)
-        self._apply(msg.payloads, arrival.scale, arrival.update, 1)
+        self._apply(payloads, arrival.scale, arrival.update, 1)
         self.applied[msg.sender] = (msg.seq, arrival.sigma)
         self.steps[msg.sender] = step + 1
         return arrival
@@ -298,7 +347,10 @@ class ServerState:
         return arrival
 
     def _apply(self, payloads, scale: float, update, count: int) -> None:
-        if payloads or update is not None:
+        if self.parts is not None:  # the parts are in the sum already
+            if update is not None:
+                self.parts.finish(update)
+        elif payloads or update is not None:
             self.updater.receive(payloads, scale, update, count)
         if update is not None and update.epoch >= self.epochs:
             self.done = True

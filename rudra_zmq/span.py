@@ -82,3 +82,12 @@ def split(numel: int, k: int) -> list[Span]:
     size, extra = divmod(numel, k)
     bounds = [i * size + min(i, extra) for i in range(k + 1)]
     return [Span(a, b, numel) for a, b in itertools.pairwise(bounds)]
+
+
+def part_bounds(numel: int, parts: int) -> list[int]:
+    """The offsets cutting a range of ``numel`` floats into ``parts`` contiguous parts as
+    :func:`split` sizes them (fewer when the range has fewer floats): ``[0, ..., numel]``.
+    Learner and server compute them alike from ``wire.parts`` (``docs/wire.md``). Pure."""
+    if not isinstance(parts, int) or parts < 1:
+        raise ValueError(f"parts must be a whole number >= 1, got {parts!r}")
+    return [s.lo for s in split(numel, min(parts, numel))] + [numel]

@@ -62,6 +62,7 @@ class Updater:
         self.acc = np.zeros_like(self.w)
         self.segments = self.span.clip(segments)
         self.optimizer = optimizer
+        self._next: np.ndarray | None = None  # the next version while parts are written
 
     @property
     def w(self) -> np.ndarray:
@@ -79,8 +80,13 @@ class Updater:
         ``[self.acc]`` with ``zero_acc``, or received frames): the new weights go to a free buffer, which then becomes the current
         version; one kernel call per piece and parameter segment they share. Does not block
         beyond the kernels."""
-        o, w, out = self.optimizer, self.w, self.versions.next_buffer()
-        off = 0
+        out = self.versions.next_buffer()
+        self._step_into(out, sources, 0, g_scale, lr, zero_acc)
+        self.versions.publish(out)
+
+    def _step_into(self, out, sources, off: int, g_scale: float, lr: float, zero_acc: bool):
+        """The update of the elements ``sources`` cover, from ``off`` on, written into ``out``."""
+        o, w = self.optimizer, self.w
         for src in sources:
             end = off + src.shape[0]
             for start, stop, lr_mult, decay_mult in self.segments:
@@ -111,7 +117,32 @@ class Updater:
                         out=out[a:b],
                     )
             off = end
-        self.versions.publish(out)
+
+    # ------------------------------------------------------------------ parts (wire.parts)
+    def add_at(self, lo: int, payloads) -> None:
+        """acc[lo:...] += the contiguous ``payloads`` (one part of a gradient)."""
+        n = sum(p.shape[0] for p in payloads)
+        codec.add(self.acc[lo : lo + n], payloads)
+
+    def step_part(self, lo: int, hi: int, g_scale: float, lr: float) -> np.ndarray:
+        """The update of elements lo..hi from ``acc`` (zeroed there), written into the next
+        version, which stays unpublished until ``publish_parts``; returns that slice of it
+        (safe to send zero-copy: the buffer is never written again once published)."""
+        if self._next is None:
+            self._next = self.versions.next_buffer()
+        self._step_into(self._next, [self.acc[lo:hi]], lo, g_scale, lr, True)
+        return self._next[lo:hi]
+
+    @property
+    def parts_pending(self) -> bool:
+        """Whether some parts of the next version are written and it is not yet published
+        (momentum there has moved on: not a state to checkpoint)."""
+        return self._next is not None
+
+    def publish_parts(self) -> None:
+        """Make the version the parts were written into current (every part was stepped)."""
+        self.versions.publish(self._next)
+        self._next = None
 
     def receive(self, payloads, scale: float, update, count: int = 1) -> None:
         """Account one message holding the sum of ``count`` gradients (contiguous pieces

@@ -47,7 +47,8 @@ from .wire_kinds import node_id as node_id
 from .wire_kinds import node_sender as node_sender
 from .wire_kinds import sender_name as sender_name
 
-PROTOCOL_VERSION = 6  # 6: CHECK/RECEIPT (a slow reply is asked about, not resent);
+PROTOCOL_VERSION = 7  # 7: PUSHPULL and WEIGHTS x{at, more} (wire.parts);
+#                               6: CHECK/RECEIPT (a slow reply is asked about, not resent);
 #                               5: no x{wait} (the server's engine decides when a reply goes);
 #                               4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
 MAX_HEADER_BYTES = 64 * 1024
@@ -389,11 +390,24 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, dtypes):
             )
         out.append(np.frombuffer(buf, dtype=dtype))
     if numel is not None and kind in MODEL_SIZED and not in_shm:
-        _check_numel(kind, sum(d[1] for d in descr), numel)
+        _check_numel(kind, sum(d[1] for d in descr), numel, fields)
     return out
 
 
-def _check_numel(kind: Kind, total: int, numel: int) -> None:
+def _check_numel(kind: Kind, total: int, numel: int, fields: dict) -> None:
+    """A whole vector carries ``numel`` floats; a part (x{at}) elements at..end, or with
+    x{more} at least one of them, not past the end."""
+    if "at" in fields or "more" in fields:
+        at, more = fields.get("at", 0), fields.get("more", False)
+        end = at + total
+        if at < 0 or end > numel or (end != numel and not more) or (more and total < 1):
+            raise WireError(
+                "bad_length",
+                f"{kind.name} carries a part of {total:,} floats at {at:,}"
+                f"{' (more to come)' if more else ' (the last)'}; the vector has {numel:,} "
+                "(is the sender running another model config or wire.parts?)",
+            )
+        return
     if total != numel:
         raise WireError(
             "bad_length",

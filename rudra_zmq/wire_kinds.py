@@ -93,8 +93,18 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.PUSH: {"slot": (_INT, False)},
     Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
     Kind.PULL: {},
-    Kind.PUSHPULL: {"slot": (_INT, False)},
-    Kind.WEIGHTS: {"sigma": (_INT, False), "board": (_BOOL, False), "re": (_INT, False)},
+    # x{at, more}: one part of a gradient (wire.parts): its payload is elements at.. of the
+    # vector; ``more`` on every part but the last, which alone is answered
+    Kind.PUSHPULL: {"slot": (_INT, False), "at": (_INT, False), "more": (_BOOL, False)},
+    # x{at}: the payload is elements at..end (the parts before went ahead); x{at, more}: one
+    # part of the reply ahead of the rest, to the request x{re} still awaiting it
+    Kind.WEIGHTS: {
+        "sigma": (_INT, False),
+        "board": (_BOOL, False),
+        "re": (_INT, False),
+        "at": (_INT, False),
+        "more": (_BOOL, False),
+    },
     Kind.UPTODATE: {"sigma": (_INT, False), "re": (_INT, False)},
     Kind.STOP: {"reason": (_STR, True), "re": (_INT, False)},
     Kind.ERROR: {"code": (_STR, True), "error": (_STR, True), "re": (_INT, False)},

@@ -37,7 +37,7 @@ class SyntheticLearner:
     ):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
         self.shards = None
-        if "+" in endpoint:  # sharded servers, in range order (learner_shards)
+        if "+" in endpoint or cfg.wire.parts > 1:  # sharded servers, or parts (learner_shards)
             self._sharded(ctx, cfg, endpoint.split("+"))
             return
         self.ch = server_channels(ctx, cfg, [endpoint], learner_id)[0]

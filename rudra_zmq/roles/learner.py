@@ -126,9 +126,9 @@ class Learner:
             learner_id,
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
         )
-        self.ps = (
+        self.ps = (  # parts (wire.parts) go through the sharded exchange, with one range
             channels[0]
-            if len(channels) == 1
+            if len(channels) == 1 and cfg.wire.parts == 1
             else Shards(channels, split(self.flat.numel, len(channels)))
         )
         self._data_args = (self.ctx, data, learner_id)

@@ -70,13 +70,19 @@ class Frames:
             grads = self._sendbuf
         return self.codec.encode(grads, self.chunk_bytes), {}
 
+    def parts(self, grads: np.ndarray, bounds) -> list[tuple]:
+        """The push's (offset, payloads) per part (``wire.parts``; ``span.part_bounds``),
+        encoded as ``gradient`` does, once for the whole."""
+        return codec.encode_parts(self.codec, grads, bounds, self.chunk_bytes)
+
     def refused(self) -> None:
         """The last gradient was refused (rejoin): the codec forgets what it kept of it."""
         self.codec.forget()
 
     def load(self, msg: wire.Message, weights: np.ndarray) -> int:
-        """Decode a WEIGHTS/WELCOME reply's frames into ``weights``; returns its timestamp."""
-        codec.load(weights, msg.payloads)
+        """Decode a WEIGHTS/WELCOME reply's frames into ``weights`` (from x{at}: the parts
+        before it came ahead); returns its timestamp."""
+        codec.load(weights[msg.fields.get("at", 0) :], msg.payloads)
         return msg.ts
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ import zmq
 
 from .. import codec, transport, wire
 from ..channel import Channel, ServerError
+from ..span import part_bounds
 from ..wire import Kind
 from .learner_exchange import Frames
 
@@ -62,7 +63,7 @@ def server_channels(ctx, cfg, endpoints, sender: int, max_bytes: int = -1) -> li
             sender,
             name="parameter server" + (f" {k}" if len(endpoints) > 1 else ""),
             timeout_ms=int(cfg.runtime.timeout_s * 1000),
-            hwm=4,
+            hwm=4 + 2 * cfg.wire.parts,  # a request's parts queue without blocking
             retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=max_bytes,
             dtypes=codec.dtypes(cfg),
@@ -135,6 +136,8 @@ class ShardedPushPull:
             Frames(s.numel, chunk, wire_codec=codec.for_gradients(cfg)) for s in shards.spans
         ]
         self.stamps = [-1] * len(shards.spans)  # each server's timestamp of our weights
+        # wire.parts: each range's part offsets (one part: whole messages)
+        self.bounds = [part_bounds(s.numel, cfg.wire.parts) for s in shards.spans]
         self.active = list(range(len(shards.spans)))  # the servers still training
         self.rejoins = 0
         self.on_welcome = lambda step: None  # the learner repositions its data here
@@ -184,9 +187,15 @@ class ShardedPushPull:
         backward()
         grads = self.flat.grads
         for k in self.active:
-            span = self.shards.spans[k]
+            span, ch, bounds = self.shards.spans[k], self.shards.channels[k], self.bounds[k]
+            if len(bounds) > 2:  # in parts: the reply's parts come ahead into the weights
+                parts = self.carriers[k].parts(grads[span.lo : span.hi], bounds)
+                ch.send_parts(
+                    Kind.PUSHPULL, self.stamps[k], parts, self.flat.weights[span.lo : span.hi]
+                )
+                continue
             payloads, fields = self.carriers[k].gradient(grads[span.lo : span.hi])
-            self.shards.channels[k].send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
+            ch.send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
         try:
             replies = self.shards.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
         except ServersSilent as exc:

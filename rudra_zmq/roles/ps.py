@@ -119,7 +119,7 @@ class ParameterServer:
         self.sock = transport.make_socket(
             self.ctx,
             zmq.ROUTER,
-            hwm=max(64, 4 * cfg.sync.learners),
+            hwm=max(64, 4 * cfg.sync.learners, 2 * cfg.wire.parts + 8),  # parts ahead queue
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
         )
         try:
@@ -186,20 +186,22 @@ class ParameterServer:
             log=log,
             heard=self.state.heard,
             dtypes=codec.dtypes(cfg),
+            parts=self.state.parts is not None,
         )
 
     # ------------------------------------------------------------------ sending
-    def send(self, ident: bytes, kind: Kind, payloads=(), **fields) -> None:
-        """Send one message to ``ident``, stamped with the current timestamp. Never blocks:
-        each peer has at most one request in flight, so a full queue means it misbehaves,
-        and the reply is dropped (and counted) rather than stalling the server."""
+    def send(self, ident: bytes, kind: Kind, payloads=(), ts: int | None = None, **fields) -> None:
+        """Send one message to ``ident``, stamped with the current timestamp (or ``ts``: parts
+        of the next version sent ahead). Never blocks: each peer has at most one request in
+        flight, so a full queue means it misbehaves, and the reply is dropped (and counted)
+        rather than stalling the server."""
         st = self.state
         st.counters.sent += 1
         frames = wire.encode(
             kind,
             wire.SENDER_PS,
             st.counters.sent,
-            st.engine.timestamp,
+            st.engine.timestamp if ts is None else ts,
             st.incarnation,
             payloads,
             **fields,
@@ -274,17 +276,28 @@ class ParameterServer:
         (the same sequence number) is answered as before and not applied again."""
         if msg.kind == Kind.PUSHPULL:
             self.weights_out.check_pull(msg)  # advstar refuses it before any state changes
+        parted = "at" in msg.fields or "more" in msg.fields  # wire.parts: one part of it
+        if parted and msg.fields.get("more") and self.state.is_sent_before(msg):
+            return  # a part of a gradient applied already: its last part is answered
         if self.state.is_duplicate(msg):
             if msg.sender in self.weights_out.waiting:
                 self.weights_out.readdress(msg.sender, ident)  # its reply is still owed
             else:
                 self.weights_out.answer(ident, msg, self.state.applied[msg.sender][1])
             return
-        step = self.state.relay if msg.kind == Kind.RELAY else self.state.push
-        arrival = step(msg)
+        if parted:
+            arrival = self.state.push_part(msg)
+            if arrival is None:  # more to come (or a part to be sent again)
+                self.weights_out.ahead(self.state.parts_ahead())
+                return
+            self.serving.saw(msg.sender, msg.seq)  # every part in: a CHECK hears "got"
+        else:
+            step = self.state.relay if msg.kind == Kind.RELAY else self.state.push
+            arrival = step(msg)
         if arrival.update is not None:
             self._after_update(arrival.update)
         else:
+            self.weights_out.ahead(self.state.parts_ahead())
             self._release()  # the engine may free a held reply between updates
         if self.state.done:  # this gradient completed training
             self._stop(ident, msg.sender, msg.seq)
@@ -357,6 +370,7 @@ class ParameterServer:
             if update is not None:
                 self._after_update(update)
             else:
+                self.weights_out.ahead(self.state.parts_ahead())  # it had sent no more parts
                 self._release()  # a rule waiting for that learner no longer does
 
     def _members_changed(self, learner: int, why: str) -> None:
@@ -372,7 +386,9 @@ class ParameterServer:
 
     def _finish(self) -> None:
         ck, st = self.checkpoints, self.state
-        if ck is not None and not (st.done and ck.last_ts == st.engine.timestamp):
+        if st.parts is not None and st.parts.open:  # its senders send those parts again
+            log.info("not checkpointing a round half in (wire.parts): the last one stands")
+        elif ck is not None and not (st.done and ck.last_ts == st.engine.timestamp):
             self.checkpoints.save(self.state)  # (the end of training was saved already)
         self.metrics.tick(self, force=True)
         if self.state.done:

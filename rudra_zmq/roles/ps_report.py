@@ -179,6 +179,8 @@ def write_final(run_dir: Path, state) -> None:
         "done": state.done,
         "incarnation": len(state.incarnations),
     }
+    if state.parts is not None:  # wire.parts: how many went ahead of their update
+        final["parts"] = state.parts.record()
     tmp = Path(run_dir) / (PS_FINAL_FILE + ".tmp")
     tmp.write_text(json.dumps(final) + "\n")
     os.replace(tmp, Path(run_dir) / PS_FINAL_FILE)

@@ -73,7 +73,8 @@ class ReplyWeights:
             return
         extra = {"re": msg.seq} if sigma is None else {"sigma": sigma, "re": msg.seq}
         if self.state.engine.timestamp > msg.ts:
-            self.send(ident, Kind.WEIGHTS, self.state.weight_frames(), **extra)
+            frames, at = self.state.weights_for(msg.sender)
+            self.send(ident, Kind.WEIGHTS, frames, **extra, **at)
         else:
             self.send(ident, Kind.UPTODATE, **extra)
 
@@ -91,9 +92,24 @@ class ReplyWeights:
             elif not self.state.engine.due(reply):
                 self.parked.append((ident, sender, seq, ts, reply))
             elif self.state.engine.timestamp > ts:
-                self.send(ident, Kind.WEIGHTS, self.state.weight_frames(), re=seq)
+                frames, at = self.state.weights_for(sender)
+                self.send(ident, Kind.WEIGHTS, frames, re=seq, **at)
             else:
                 self.send(ident, Kind.UPTODATE, re=seq)
+
+    def ahead(self, ready) -> None:
+        """Send the parts of the next version just stepped (``ServerState.parts_ahead``:
+        (part, its weights)) to the members whose request awaits them: WEIGHTS x{re, at,
+        more}, stamped with the version they belong to; each part encoded once."""
+        st = self.state
+        for i, weights in ready:
+            frames = st.codec.encode(weights, st.chunk_bytes)
+            at = st.parts.round.bounds[i]
+            for sender, seq in st.parts.round.ahead_to(i, st.engine.members):
+                ident = st.identities.get(sender)
+                if ident is not None:
+                    ts = st.engine.timestamp + 1
+                    self.send(ident, Kind.WEIGHTS, frames, ts=ts, re=seq, at=at, more=True)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -147,6 +163,9 @@ class BroadcastWeights:
 
     def release(self, stop) -> None:
         """Nothing is parked."""
+
+    def ahead(self, ready) -> None:
+        """Nothing goes ahead (wire.parts runs with architecture.kind=base only)."""
 
     def updated(self, update) -> None:
         """Publish the new version (and, at the end, STOP down the broadcast)."""

@@ -64,11 +64,12 @@ class Serving:
         heard=None,
         slots: bool = False,
         dtypes: wire.ModelDtypes = wire.FLOAT32,
+        parts: bool = False,
     ):
         self.sock, self.me, self.state = sock, me, state
         self.handlers = {**handlers, Kind.BYE: self.bye}
         self.send, self.stop, self.heard = send, stop, heard
-        self.learners, self.slots, self.dtypes = learners, slots, dtypes
+        self.learners, self.slots, self.dtypes, self.parts = learners, slots, dtypes, parts
         self.warn = ThrottledLog(log)
         self.security = transport.security()
         self.seen: dict[int, int] = {}  # sender -> the seq of its newest request received
@@ -103,7 +104,19 @@ class Serving:
         if msg.kind == Kind.CHECK:  # before the sender check: an honest answer to anyone
             self.send(ident, Kind.RECEIPT, re=msg.seq, got=self.seen.get(msg.sender, -1) >= msg.seq)
             return
-        self.seen[msg.sender] = msg.seq  # its seqs only grow (Channel), even across restarts
+        if "at" in msg.fields or "more" in msg.fields:  # a part (wire.parts)
+            if not self.parts:
+                self.refuse(
+                    ident,
+                    msg.sender,
+                    "unexpected_field",
+                    f"{msg.kind.name} x{{at, more}} (a gradient in parts): this server takes "
+                    "whole gradients (wire.parts=1; is the sender running another config?)",
+                    re=msg.seq,
+                )
+                return
+        else:  # a request in parts is seen once all of it is in (the handler's ``saw``)
+            self.saw(msg.sender, msg.seq)
         try:
             if msg.kind == Kind.HELLO:  # checked by its handler (a HELLO counts once accepted)
                 if self._in_use(ident, msg.sender):
@@ -127,6 +140,11 @@ class Serving:
         except ProtocolViolation as exc:
             code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
             self.refuse(ident, msg.sender, code, str(exc), re=msg.seq)
+
+    def saw(self, sender: int, seq: int) -> None:
+        """Request ``seq`` of ``sender`` reached this server (a CHECK about it hears "got");
+        its seqs only grow (Channel), even across restarts."""
+        self.seen[sender] = max(seq, self.seen.get(sender, -1))
 
     def _in_use(self, ident: bytes, sender: int) -> bool:
         """Whether another connection that is still up holds ``sender`` (one evicted or gone

@@ -319,6 +319,12 @@ class SyncEngine:
         after every change of the engine's state (gradient, update, leave). Pure."""
         return reply.after is None or self.timestamp >= reply.after
 
+    def next_lr(self) -> float:
+        """The learning rate of the update that completes once every member's gradient is
+        in (hardsync's round; σ = 0): what a server stepping parts ahead uses. Pure."""
+        coming = len(self.members - self._pending_learners)  # ⟨σ⟩ = 0: no staleness division
+        return self.lr.base_at(self.epoch_at(self.gradients_received + coming))
+
     def _make_update(self) -> Update:
         learners, stamps, sigmas = zip(*self._pending)
         mean_sigma = sum(sigmas) / len(sigmas)
