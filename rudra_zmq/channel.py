@@ -85,29 +85,32 @@ class Channel:
         self.sock.send_multipart(frames, copy=False)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
-        """Queue one request in parts (``wire.parts``): ``parts`` is (offset, payloads) per
-        part, in order, each sent as one message x{at, more} with the request's seq. The
-        parts of the reply sent ahead (WEIGHTS x{at, more}) are decoded into ``into`` (the
-        weights of the range) as they come; the reply carries the rest (x{at})."""
-        seq = next(self._seq)
-        last = len(parts) - 1
+        """Queue one request in parts (``wire.parts``; see ``parts``), all at once."""
+        for frames in self.parts(kind, ts, parts, into):
+            self.send_part(frames)
+
+    def parts(self, kind: wire.Kind, ts: int, parts, into) -> list:
+        """One request in parts (``wire.parts``): ``parts`` is (offset, payloads) per part,
+        in order, each one message x{at, more} with the request's seq; returns the messages
+        for ``send_part``, in order (a caller with several servers sends part 0 to each,
+        then part 1...: every server's first part completes early). The parts of the reply
+        sent ahead (WEIGHTS x{at, more}) are decoded into ``into`` (the range's weights) as
+        they come; the reply carries the rest (x{at})."""
+        seq, last = next(self._seq), len(parts) - 1
+        more = {"more": True}
         msgs = [
             wire.encode(
-                kind,
-                self.sender,
-                seq,
-                ts,
-                self.inc,
-                p,
-                at=at,
-                **({"more": True} if i < last else {}),
+                kind, self.sender, seq, ts, self.inc, p, at=at, **(more if i < last else {})
             )
             for i, (at, p) in enumerate(parts)
         ]
         self._last, self._ahead = (seq, msgs), [into, 0, False]
         self._asked_at = time.monotonic()
-        for frames in msgs:
-            self.sock.send_multipart(frames, copy=False)
+        return msgs
+
+    def send_part(self, frames) -> None:
+        """Queue one message ``parts`` made (zero-copy)."""
+        self.sock.send_multipart(frames, copy=False)
 
     def resend(self) -> None:
         """Send the request awaiting its reply again, unchanged (every part of it)."""

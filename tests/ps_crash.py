@@ -9,7 +9,8 @@ The launcher is the real one with its PS command pointed at this file; the PS is
 with one method wrapped, in its first incarnation only (a restarted one has ``--resume``).
 ``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at;
 ``PS_CRASH_TS`` the timestamp whose checkpoint ``checkpoint`` dies right after (mid-training
-on any host, where a kill from outside can land after the end on a fast one);
+on any host, where a kill from outside can land after the end on a fast one), or from which
+``part-ahead`` dies once parts of a round went ahead (``wire.parts``: the round half in);
 ``PS_CRASH_SHARD``, in a sharded run, the server (``--shard I``) that dies (default: each);
 ``PS_CRASH_PARENT=1``: its launcher (a worker rank: the whole rank) is killed first.
 """
@@ -22,10 +23,11 @@ from pathlib import Path
 
 from rudra_zmq import cli
 from rudra_zmq.launch import launcher
-from rudra_zmq.roles import ps, ps_checkpoint, ps_report
+from rudra_zmq.roles import ps, ps_checkpoint, ps_report, ps_weights
 
 POINTS = (
     "checkpoint",
+    "part-ahead",
     "stopping",
     "stopping-unsent",
     "finishing",
@@ -100,6 +102,13 @@ def arm(point: str) -> None:
             ps_checkpoint.CheckpointSchedule,
             "save",
             lambda _schedule, state: state.engine.timestamp >= ts,
+        )
+    elif point == "part-ahead":  # training, wire.parts: parts of a round just sent ahead, the
+        ts = int(os.environ["PS_CRASH_TS"])  # round open (at timestamp PS_CRASH_TS or later)
+        after(
+            ps_weights.ReplyWeights,
+            "ahead",
+            lambda out, ready: bool(ready) and out.state.engine.timestamp >= ts,
         )
     elif point == "stopping":  # training over (its checkpoint written); STOP number k
         calls, k = [], int(os.environ.get("PS_CRASH_STOP", "1"))

@@ -144,3 +144,24 @@ def test_flat_keys_are_the_dotted_keys_set_takes_and_load_back_the_same_config()
         )
         == cfg
     )
+
+
+def test_wire_parts_needs_hardsync_rounds_and_says_which_value_stops_it():
+    hs = ["sync.protocol=hardsync"]
+    assert load_config(None, [*hs, "wire.parts=16"]).wire.parts == 16
+    assert load_config(None, ["wire.parts=1"]).wire.parts == 1  # any protocol, whole messages
+    for value in ("0", "257"):
+        with pytest.raises(
+            ConfigError, match=f"wire.parts must be a whole number from 1 to 256, got {value}"
+        ):
+            load_config(None, [*hs, f"wire.parts={value}"])
+    for extra, says in (
+        (["sync.protocol=softsync"], "sync.protocol=softsync: a part is answered once every"),
+        (["sync.protocol=async"], "sync.protocol=async"),
+        ([*hs, "architecture.kind=adv"], "architecture.kind=adv: tree nodes"),
+        ([*hs, "sync.schedule=['2 softsync 2']"], "sync.schedule"),
+    ):
+        with pytest.raises(
+            ConfigError, match=f"wire.parts=4 needs hardsync rounds; {says}.*set wire.parts=1"
+        ):
+            load_config(None, [*extra, "wire.parts=4"])

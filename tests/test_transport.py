@@ -280,3 +280,44 @@ def test_a_channel_closed_as_its_server_goes_with_a_push_half_sent_does_not_abor
     assert proc.returncode == 0 and "survived" in proc.stdout, (
         f"exit {proc.returncode}: {proc.stdout[-1000:]}{proc.stderr[-3000:]}"
     )
+
+
+def test_a_request_in_parts_goes_as_one_message_per_part_and_its_reply_comes_ahead_in_parts(ctx):
+    import numpy as np
+
+    server, ch, _ = server_and_channel(ctx, 3, 5000)
+    server.setsockopt(zmq.RCVTIMEO, 5000)
+    grad, weights = np.arange(9, dtype=np.float32), np.zeros(9, np.float32)
+    parts = [(0, [grad[:3]]), (3, [grad[3:6]]), (6, [grad[6:]])]
+
+    def reply(at, values, seq, more=False, ident=None):
+        fields = {"at": at, "re": seq, **({"more": True} if more else {})}
+        frames = wire.encode(Kind.WEIGHTS, wire.SENDER_PS, 1, 5, 77, [values], **fields)
+        server.send_multipart([ident, *frames])
+
+    ch.send_parts(Kind.PUSHPULL, 4, parts, weights)
+    first = [ours(server) for _ in parts]
+    msgs = [wire.decode(f[1:], numel=9) for f in first]
+    assert [(m.fields["at"], m.fields.get("more", False)) for m in msgs] == [
+        (0, True), (3, True), (6, False)
+    ]  # fmt: skip
+    assert len({m.seq for m in msgs}) == 1 and all(m.ts == 4 for m in msgs)
+    np.testing.assert_array_equal(np.concatenate([m.payloads[0] for m in msgs]), grad)
+    ident, seq = first[0][0], msgs[0].seq
+    new = np.arange(100, 109, dtype=np.float32)
+    reply(0, new[:3], seq, more=True, ident=ident)
+    reply(3, new[3:6], seq, more=True, ident=ident)
+    reply(6, new[6:], seq, ident=ident)  # the reply: what did not go ahead
+    msg = ch.recv({Kind.WEIGHTS})
+    assert msg.fields["at"] == 6 and ch._last is None
+    np.testing.assert_array_equal(weights[:6], new[:6])  # the parts ahead, in place
+    # a part ahead lost (a dropped connection): the reply says rejoin, a WELCOME brings all
+    weights[:] = 0
+    ch.send_parts(Kind.PUSHPULL, 5, parts, weights)
+    seq = wire.decode([ours(server) for _ in parts][0][1:]).seq
+    reply(3, new[3:6], seq, more=True, ident=ident)  # part 0 never came
+    reply(6, new[6:], seq, ident=ident)
+    with pytest.raises(ServerError, match="parts of its weights sent ahead of its reply were lost"):
+        ch.recv({Kind.WEIGHTS})
+    np.testing.assert_array_equal(weights[:3], 0)
+    ch.close()

@@ -82,10 +82,10 @@ GOOD_PAYLOAD = np.zeros(4, np.float32).tobytes()
             "PULL has no field 'wait'",
         ),
         (
-            [header(v=5, k=int(Kind.PUSHPULL)), GOOD_PAYLOAD],
+            [header(v=6, k=int(Kind.PUSHPULL)), GOOD_PAYLOAD],
             "version",
-            "protocol version 5 is not 6",
-        ),  # a learner from before CHECK: it would resend a slow request whole
+            "protocol version 6 is not 7",
+        ),  # a learner from before parts: it would take a part ahead for the whole reply
         (
             [header(k=int(Kind.RECEIPT), p=[], x={"re": 1})],
             "bad_field",
@@ -170,3 +170,25 @@ def test_an_unknown_model_dtype_is_a_programming_error():
         wire.ModelDtypes("f8")
     with pytest.raises(TypeError, match="dtypes must be a wire.ModelDtypes"):
         wire.decode([header(), GOOD_PAYLOAD], dtypes="f4")
+
+
+def test_a_part_carries_its_own_floats_and_the_last_part_reaches_the_end():
+    g = np.zeros(12, np.float32)
+    ok = [
+        wire.encode(Kind.PUSHPULL, 0, 1, payloads=[g[:3]], at=0, more=True),
+        wire.encode(Kind.PUSHPULL, 0, 1, payloads=[g[9:]], at=9),
+        wire.encode(Kind.WEIGHTS, -1, 1, payloads=[g[4:]], at=4),
+        wire.encode(Kind.WEIGHTS, -1, 1, payloads=[g[4:8]], at=4, more=True, re=3),
+    ]
+    for frames in ok:
+        m = roundtrip(frames, numel=12)
+        assert m.payload_numel == len(g) - m.fields["at"] or m.fields.get("more")
+    bad = [
+        (wire.encode(Kind.PUSHPULL, 0, 1, payloads=[g[:3]], at=0), "3 floats at 0 \\(the last\\)"),
+        (wire.encode(Kind.PUSHPULL, 0, 1, payloads=[g[6:]], at=9, more=True), "6 floats at 9"),
+        (wire.encode(Kind.WEIGHTS, -1, 1, payloads=[g[:0]], at=12, more=True), "0 floats at 12"),
+        (wire.encode(Kind.WEIGHTS, -1, 1, payloads=[g[:3]], at=-3), "floats at -3"),
+    ]
+    for frames, says in bad:
+        with pytest.raises(WireError, match=says + ".*another model config or wire.parts"):
+            roundtrip(frames, numel=12)

@@ -38,10 +38,13 @@ def extra_hosts(a) -> int:
     return max(a.servers) if "extra" in a.server_placement else 0
 
 
-def bound_s_per_epoch(case: str, a, k: int, placement: str, wire_dtype: str) -> float | None:
+def bound_s_per_epoch(
+    case: str, a, k: int, placement: str, wire_dtype: str, parts: int = 1
+) -> float | None:
     """The link bound of one epoch of ``case`` (hardsync only; None otherwise, or where
-    servers share a host): per update twice the busiest link's one-way bytes, plus one
-    compute (module docstring)."""
+    servers share a host): per update twice the busiest link's one-way bytes (in P parts,
+    wire.parts: 1 + 1/P times, the replies overlapping the pushes but for the last part),
+    plus one compute (module docstring)."""
     if case != "base-hardsync" or (placement == "colocated" and k > a.hosts):
         return None
     lam, p = a.hosts * a.per_host, a.per_host
@@ -51,7 +54,7 @@ def bound_s_per_epoch(case: str, a, k: int, placement: str, wire_dtype: str) -> 
     else:  # a server's own host's learners are local; hosts without a server send all
         own = p * (k - 1) / k if k == a.hosts else p
         phase = max((lam - p) / k, own) * m
-    return a.epoch_gradients / lam * (2 * phase + a.compute_ms / 1000)
+    return a.epoch_gradients / lam * ((1 + 1 / parts) * phase + a.compute_ms / 1000)
 
 
 def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
@@ -94,7 +97,9 @@ def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
     return out
 
 
-def run_case(case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str) -> dict:
+def run_case(
+    case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str, parts: int = 1
+) -> dict:
     """One Rudra-base or Rudra-adv case (one tree per range) with ``k`` sharded servers
     placed by ``placement``: its row, as ``lan_table1.run_case``'s (the root's columns are
     the servers' sums). Blocks."""
@@ -104,7 +109,7 @@ def run_case(case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement
     lam = a.hosts * a.per_host
     ov = sr.overrides(
         arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,
-        fanout=a.per_host, depth=1, retry_s=a.retry_s, wire_dtype=wire_dtype,
+        fanout=a.per_host, depth=1, retry_s=a.retry_s, wire_dtype=wire_dtype, parts=parts,
     )  # fmt: skip
     r = sc.run(
         arch, ov, params=a.params, learners=lam, root=lan.hosts[0],
@@ -119,10 +124,11 @@ def run_case(case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement
     ep = epochs_across(servers, a.epoch_gradients, a.epochs)
     timed = ep[1:] or ep
     s = statistics.median(e["s"] for e in timed)
-    bound = bound_s_per_epoch(case, a, k, placement, wire_dtype)
+    bound = bound_s_per_epoch(case, a, k, placement, wire_dtype, parts)
     name = f"{case}-k{k}-{placement}" + (
         "" if wire_dtype == "float32" else f"-{wire.WIRE_DTYPES[wire_dtype]}"
     )
+    name += f"-p{parts}" if parts > 1 else ""
     row_traffic = traffic(timed, a.epoch_gradients * len(timed))  # summed over the servers
     share = max(ps["rx_grad_bytes"] for ps in servers) / sum(ps["rx_grad_bytes"] for ps in servers)
     return {
@@ -131,6 +137,7 @@ def run_case(case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement
         "protocol": protocol,
         "servers": k,
         "placement": placement,
+        "parts": parts,
         **row_traffic,
         # the busiest server's ingress: its measured share of the gradient bytes
         "busiest_rx_bytes_per_epoch": row_traffic["root_rx_bytes_per_epoch"] * share,

@@ -33,6 +33,7 @@ import tempfile
 
 from .. import wire
 from ..config import RuntimeConfig
+from ..config_architecture import MAX_PARTS
 from . import common, lan_shards
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
@@ -138,10 +139,11 @@ def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
     return out
 
 
-def bound_s_per_epoch(case: str, a, wire_dtype: str) -> float | None:
+def bound_s_per_epoch(case: str, a, wire_dtype: str, parts: int = 1) -> float | None:
     """The link bound of one epoch (payload bytes only, no TCP/IP headers; None where none
     is stated): a hardsync update moves λ gradients in, then λ replies out, through the
-    root's link (no overlap), plus one compute; 1-softsync keeps the root's ingress busy
+    root's link, plus one compute; in P parts (wire.parts) the replies overlap the pushes
+    but for the last part's (λ·M·(1 + 1/P)); 1-softsync keeps the root's ingress busy
     (every gradient in once) unless a learner's own round is slower; a ring allreduce moves
     2(λ-1)/λ of the gradient through every link per step, plus one compute."""
     lam = a.hosts * a.per_host
@@ -149,7 +151,7 @@ def bound_s_per_epoch(case: str, a, wire_dtype: str) -> float | None:
     c = a.compute_ms / 1000
     steps = a.epoch_gradients / lam
     if case == "base-hardsync":
-        return steps * (2 * lam * m + c)
+        return steps * ((1 + 1 / parts) * lam * m + c)
     if case == "base-softsync":
         return max(a.epoch_gradients * m, steps * (c + 2 * m * a.per_host))
     if case == ALLREDUCE:
@@ -176,12 +178,16 @@ def run_allreduce_case(a, lan: Lan, workdir: str, wire_dtype: str) -> dict:
     return _row(ALLREDUCE, a, wire_dtype, statistics.median(timed), epoch_s)
 
 
-def _row(case: str, a, wire_dtype: str, s: float, epoch_s: list) -> dict:
+def _row(case: str, a, wire_dtype: str, s: float, epoch_s: list, parts: int = 1) -> dict:
     name = case if wire_dtype == "float32" else f"{case}-{wire.WIRE_DTYPES[wire_dtype]}"
-    return row_head(name, a, wire_dtype, s, epoch_s, bound_s_per_epoch(case, a, wire_dtype))
+    name += f"-p{parts}" if parts > 1 else ""
+    bound = bound_s_per_epoch(case, a, wire_dtype, parts)
+    return {**row_head(name, a, wire_dtype, s, epoch_s, bound), "parts": parts}
 
 
-def run_case(case: str, a, lan: Lan, workdir: str, wire_dtype: str = "float32") -> dict:
+def run_case(
+    case: str, a, lan: Lan, workdir: str, wire_dtype: str = "float32", parts: int = 1
+) -> dict:
     if case == ALLREDUCE:
         return run_allreduce_case(a, lan, workdir, wire_dtype)
     arch, protocol = case.split("-")
@@ -197,6 +203,7 @@ def run_case(case: str, a, lan: Lan, workdir: str, wire_dtype: str = "float32") 
         depth=1,
         retry_s=a.retry_s,
         wire_dtype=wire_dtype,
+        parts=parts,
     )
     r = sc.run(
         arch,
@@ -217,7 +224,7 @@ def run_case(case: str, a, lan: Lan, workdir: str, wire_dtype: str = "float32") 
     timed = ep[1:] or ep
     s = statistics.median(e["s"] for e in timed)
     return {
-        **_row(case, a, wire_dtype, s, [e["s"] for e in ep]),
+        **_row(case, a, wire_dtype, s, [e["s"] for e in ep], parts),
         "arch": arch,
         "protocol": protocol,
         **traffic(timed, sum(e["grads"] for e in timed)),
@@ -349,12 +356,32 @@ def add_arguments(p) -> None:
         help="K > 1: servers on the learner hosts (colocated), or on K extra hosts",
     )
     p.add_argument(
+        "--parts",
+        nargs="+",
+        type=int,
+        default=[1],
+        metavar="P",
+        help="base-hardsync: also with each range in P parts, each answered as soon as every "
+        "learner's part is in (wire.parts; default 1: whole messages)",
+    )
+    p.add_argument(
         "--netns-sh",
         metavar="PATH",
         help=f"the LAN script (default: {NETNS_SH} of the source tree or the current directory)",
     )
     p.add_argument("--quick", action="store_true", help="2 hosts x 2 learners, 10k, seconds")
     common.add_output_args(p)
+
+
+def _variants(case: str, a) -> list[tuple]:
+    """(K servers, placement, parts) of each run of ``case``: --servers for base and adv,
+    each K > 1 in each --server-placement; --parts for base-hardsync."""
+    ks = a.servers if case.startswith(("base-", "adv-")) else [1]
+    parts = a.parts if case == "base-hardsync" else [1]
+    return [
+        (k, where, p) for k in ks for where in (a.server_placement if k > 1 else [None])
+        for p in parts
+    ]  # fmt: skip
 
 
 def run(a) -> int:
@@ -370,6 +397,8 @@ def run(a) -> int:
     parse_rate(a.rate)  # a bad rate stops here, not after a case ran (each row's bound)
     if min(a.servers) < 1 or max(a.servers) > a.params:
         raise ValueError(f"--servers {a.servers}: each K must be 1 to --params")
+    if min(a.parts) < 1 or max(a.parts) > MAX_PARTS:
+        raise ValueError(f"--parts {a.parts}: each P must be 1 to {MAX_PARTS} (wire.parts)")
     netns_sh = a.netns_sh or find_netns_sh()
     why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
     if why:
@@ -415,14 +444,13 @@ def run(a) -> int:
                     if case == ALLREDUCE and dtype == "bfloat16":
                         report.note(f"{ALLREDUCE} bfloat16 skipped: DDP's hook is float16 here")
                         continue
-                    for k in a.servers if case.startswith(("base-", "adv-")) else [1]:
-                        for where in a.server_placement if k > 1 else [None]:
-                            r = (
-                                run_case(case, a, lan, workdir, dtype)
-                                if k == 1
-                                else lan_shards.run_case(case, a, lan, workdir, dtype, k, where)
-                            )
-                            report.case(r, line(r))
+                    for k, where, parts in _variants(case, a):
+                        r = (
+                            run_case(case, a, lan, workdir, dtype, parts)
+                            if k == 1
+                            else lan_shards.run_case(case, a, lan, workdir, dtype, k, where, parts)
+                        )
+                        report.case(r, line(r))
     finally:
         signal.signal(signal.SIGTERM, old)
         signal.signal(signal.SIGINT, old_int)

@@ -58,6 +58,7 @@ def overrides(
     relay: str = "eager",
     retry_s: float = RuntimeConfig.retry_s,
     wire_dtype: str = "float32",
+    parts: int = 1,
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
@@ -80,6 +81,7 @@ def overrides(
         f"architecture.kind={arch}",
         f"wire.gradient_dtype={wire_dtype}",  # gradients and weights alike
         f"wire.weights_dtype={wire_dtype}",
+        f"wire.parts={parts}",
     ]
     if arch != "base":
         out += [
@@ -105,7 +107,7 @@ def counting_ps_class():
 
         ``rx_bytes``: every frame of every message after the routing id (headers included);
         ``rx_grad_bytes``/``rx_grad_msgs``: gradient payloads of PUSH/PUSHPULL/RELAY and how
-        many messages carried them; ``tx_bytes``: payloads it sends (WELCOME/WEIGHTS);
+        many requests carried them (a gradient in parts, wire.parts, counts once); ``tx_bytes``: payloads it sends (WELCOME/WEIGHTS);
         ``bcast_bytes()``: what its Rudra-adv* broadcast root sent (advstar);
         ``log``: one row per update (see ``LOG_FIELDS``). Same threading rules as the base.
         """
@@ -137,7 +139,7 @@ def counting_ps_class():
         def on_gradient(self, ident, msg) -> None:
             if self.t_first_grad is None:
                 self.t_first_grad = time.time()
-            self.rx_grad_msgs += 1
+            self.rx_grad_msgs += not msg.fields.get("more")  # a gradient in parts: once
             self.rx_grad_bytes += sum(p.nbytes for p in msg.payloads)
             super().on_gradient(ident, msg)
 

@@ -186,16 +186,20 @@ class ShardedPushPull:
         weights of each range. Blocks for all K replies; False once a server said STOP."""
         backward()
         grads = self.flat.grads
+        queued = []  # in parts: the reply's parts come ahead into the weights
         for k in self.active:
             span, ch, bounds = self.shards.spans[k], self.shards.channels[k], self.bounds[k]
-            if len(bounds) > 2:  # in parts: the reply's parts come ahead into the weights
+            if len(bounds) > 2:
                 parts = self.carriers[k].parts(grads[span.lo : span.hi], bounds)
-                ch.send_parts(
-                    Kind.PUSHPULL, self.stamps[k], parts, self.flat.weights[span.lo : span.hi]
-                )
+                w = self.flat.weights[span.lo : span.hi]
+                queued.append((ch, ch.parts(Kind.PUSHPULL, self.stamps[k], parts, w)))
                 continue
             payloads, fields = self.carriers[k].gradient(grads[span.lo : span.hi])
             ch.send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
+        for i in range(max((len(m) for _, m in queued), default=0)):  # part-major
+            for ch, msgs in queued:
+                if i < len(msgs):
+                    ch.send_part(msgs[i])
         try:
             replies = self.shards.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
         except ServersSilent as exc:

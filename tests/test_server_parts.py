@@ -1,0 +1,261 @@
+"""Hardsync in parts (``wire.parts``) at the server's state: no sockets, messages built with
+wire.encode. A part is stepped once every member's part is in; the round's update steps the
+rest; per element the result is the whole-message update's."""
+
+import numpy as np
+import pytest
+
+from cluster import small_config
+from rudra_zmq import wire
+from rudra_zmq.server_parts import PartRound
+from rudra_zmq.server_state import ServerState
+from rudra_zmq.span import part_bounds
+from rudra_zmq.sync import ProtocolViolation
+from rudra_zmq.wire import Kind
+from test_ps import expected_step
+
+N, SIG = 12, "sig"
+SEG = [(0, N, 1.0, 1.0)]
+
+
+def state(*overrides):
+    cfg = small_config("sync.protocol=hardsync", *overrides)
+    w0 = np.linspace(-1, 1, N, dtype=np.float32)
+    st = ServerState(cfg, w0, SEG, SIG, epoch_size=64)
+    for i in range(cfg.sync.learners):
+        st.register(str(i).encode(), msg(Kind.HELLO, i, model=SIG, numel=N))
+    return cfg, st, w0
+
+
+def msg(kind, sender, ts=0, payloads=(), seq=1, **fields):
+    return wire.decode(wire.encode(kind, sender, seq, ts, 0, list(payloads), **fields), numel=N)
+
+
+def parts_of(grad, parts, sender, ts=0, seq=1):
+    b = part_bounds(N, parts)
+    last = len(b) - 2
+    return [
+        msg(
+            Kind.PUSHPULL,
+            sender,
+            ts,
+            [grad[lo:hi]],
+            seq,
+            at=lo,
+            **({"more": True} if i < last else {}),
+        )
+        for i, (lo, hi) in enumerate(zip(b, b[1:]))
+    ]
+
+
+def grads(n=2, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(N).astype(np.float32) for _ in range(n)]
+
+
+def test_part_bounds_cut_like_split_and_never_more_parts_than_floats():
+    assert part_bounds(12, 4) == [0, 3, 6, 9, 12]
+    assert part_bounds(10, 4) == [0, 3, 6, 8, 10]
+    assert part_bounds(3, 8) == [0, 1, 2, 3]
+    assert part_bounds(5, 1) == [0, 5]
+    with pytest.raises(ValueError, match="parts must be"):
+        part_bounds(5, 0)
+
+
+def test_a_round_in_parts_steps_each_part_once_both_are_in_and_ends_with_the_whole_update():
+    cfg, st, w0 = state("wire.parts=4")
+    g = grads()
+    a, b = parts_of(g[0], 4, 0), parts_of(g[1], 4, 1)
+    assert st.push_part(a[0]) is None and st.parts_ahead() == []  # learner 1's part 0 missing
+    assert st.push_part(b[0]) is None
+    ahead = st.parts_ahead()  # part 0 is complete: stepped into the next version, not published
+    w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, SEG)
+    assert [i for i, _ in ahead] == [0] and st.engine.timestamp == 0
+    np.testing.assert_allclose(ahead[0][1], w1[0:3], rtol=1e-6)
+    np.testing.assert_array_equal(st.w, w0)  # the current version is untouched meanwhile
+    assert st.parts.round.ahead_to(0, st.engine.members) == [(0, 1), (1, 1)]
+    for m in a[1:3] + b[1:3]:
+        assert st.push_part(m) is None
+    assert [i for i, _ in st.parts_ahead()] == [1, 2]
+    for sender in (0, 1):
+        st.parts.round.ahead_to(1, {sender}), st.parts.round.ahead_to(2, {sender})
+    assert st.push_part(a[3]).update is None
+    arrival = st.push_part(b[3])
+    assert arrival.update is not None and st.engine.timestamp == 1
+    np.testing.assert_allclose(st.w, w1, rtol=1e-6)
+    assert st.parts.record() == {"parts": 4, "stepped_ahead": 3, "dropped": 0, "rate_changed": 0}
+    # the replies carry what did not go ahead: from part 3 on
+    frames, at = st.weights_for(0)
+    assert at == {"at": 9} and sum(f.shape[0] for f in frames) == 3
+    assert st.weights_for(0)[1] == {}  # once: a reply sent again carries the whole range
+
+
+def test_parts_end_bit_identical_to_whole_messages_with_two_learners():
+    """Two gradients sum alike in either order, so parts change nothing at all."""
+    _, whole, _ = state()
+    _, parted, _ = state("wire.parts=3")
+    for t in range(5):
+        g = grads(seed=t)
+        for i in (1, 0):
+            whole.push(msg(Kind.PUSHPULL, i, t, [g[i]], seq=t + 1))
+        ms = [parts_of(g[0], 3, 0, t, t + 1), parts_of(g[1], 3, 1, t, t + 1)]
+        for k in range(3):  # interleaved, learner 0 first
+            for m in (ms[0][k], ms[1][k]):
+                parted.push_part(m)
+                parted.parts_ahead()
+    np.testing.assert_array_equal(parted.w, whole.w)
+    np.testing.assert_array_equal(parted.updater.v, whole.updater.v)
+    assert parted.parts.stepped_ahead == 5 * 2
+
+
+def test_a_part_that_is_not_one_of_the_servers_parts_is_refused_before_anything_changes():
+    _, st, w0 = state("wire.parts=4")
+    g = np.ones(N, np.float32)
+    bad = [
+        msg(Kind.PUSHPULL, 0, 0, [g[0:4]], at=0, more=True),  # parts of 3 here
+        msg(Kind.PUSHPULL, 0, 0, [g[8:]], at=8),  # a last part, of 4 floats
+        msg(Kind.PUSHPULL, 0, 0, [g[1:4]], at=1, more=True),
+    ]
+    for m in bad:
+        with pytest.raises(ProtocolViolation, match="another wire.parts"):
+            st.push_part(m)
+    assert not st.parts.open
+    np.testing.assert_array_equal(st.updater.acc, 0)
+    with pytest.raises(ProtocolViolation, match="takes them in wire.parts=4 parts"):
+        st.push(msg(Kind.PUSHPULL, 0, 0, [g]))
+    _, whole, _ = state()
+    with pytest.raises(ProtocolViolation, match="whole ones"):
+        whole.push_part(parts_of(g, 4, 0)[0])
+
+
+def test_a_part_from_a_stale_or_unknown_learner_is_refused_before_it_is_summed():
+    _, st, _ = state("wire.parts=4")
+    g = np.ones(N, np.float32)
+    with pytest.raises(ProtocolViolation, match="newer than the server"):
+        st.push_part(parts_of(g, 4, 0, ts=3)[0])
+    st.evict(1)
+    with pytest.raises(ProtocolViolation, match="not a member"):
+        st.push_part(parts_of(g, 4, 1)[0])
+    np.testing.assert_array_equal(st.updater.acc, 0)
+
+
+def test_a_resent_request_adds_nothing_twice_and_a_gap_waits_for_the_resend():
+    _, st, _ = state("wire.parts=4")
+    g = np.ones(N, np.float32)
+    a = parts_of(g, 4, 0)
+    st.push_part(a[0]), st.push_part(a[1])
+    assert st.push_part(a[0]) is None and st.push_part(a[1]) is None  # copies: not summed
+    np.testing.assert_array_equal(st.updater.acc[:6], 1.0)
+    assert st.push_part(a[3]) is None  # part 2 lost: the last is not taken out of order
+    np.testing.assert_array_equal(st.updater.acc[6:], 0.0)
+    assert st.engine.pending == 0
+    for m in a:  # the request sent again whole
+        st.push_part(m)
+    assert st.engine.pending == 1 and st.engine.pending_learners == {0}
+    np.testing.assert_array_equal(st.updater.acc, 1.0)
+
+
+def test_a_learner_evicted_mid_round_keeps_its_parts_and_each_part_is_averaged_over_its_own():
+    cfg, st, w0 = state("wire.parts=4")
+    g = grads()
+    a, b = parts_of(g[0], 4, 0), parts_of(g[1], 4, 1)
+    for m in a:
+        st.push_part(m)
+    st.push_part(b[0]), st.push_part(b[1])
+    assert [i for i, _ in st.parts_ahead()] == [0, 1]
+    update = st.evict(1)  # learner 1 sent half of its gradient
+    assert update is not None and st.engine.timestamp == 1
+    both, _ = expected_step(w0, np.zeros_like(w0), g, cfg, SEG)
+    alone, _ = expected_step(w0, np.zeros_like(w0), g[:1], cfg, SEG)
+    np.testing.assert_allclose(st.w[:6], both[:6], rtol=1e-6)
+    np.testing.assert_allclose(st.w[6:], alone[6:], rtol=1e-6)
+    assert not st.parts.open
+
+
+def test_a_learner_that_rejoins_mid_round_has_the_parts_stepped_without_it_dropped():
+    _, st, _ = state("wire.parts=4", "sync.learners=3")
+    g = np.ones(N, np.float32)
+    st.evict(2)
+    for s in (0, 1):
+        st.push_part(parts_of(g, 4, s)[0])
+    assert [i for i, _ in st.parts_ahead()] == [0]
+    st.register(b"2", msg(Kind.HELLO, 2, seq=5, model=SIG, numel=N))
+    st.join(2, 0.0)
+    late = parts_of(g, 4, 2, seq=6)
+    st.push_part(late[0])  # its part 0 was stepped without it
+    assert st.parts.round.dropped == 1 and 2 not in st.parts.round.contrib[0]
+    st.push_part(late[1])
+    assert 2 in st.parts.round.contrib[1]
+
+
+def test_parts_complete_in_order_and_go_ahead_only_to_whom_has_every_part_before():
+    r = PartRound(12, 4)
+    for s in (0, 1):
+        assert r.arrive(s, 7, 0) == "add"
+    assert r.complete({0, 1}) == [0]
+    r.stepped[0] = True
+    assert r.ahead_to(0, {0, 1}) == [(0, 7), (1, 7)]
+    r.sent[1] = 0  # as if learner 1 had missed part 0: part 1 must not go ahead to it
+    r.stepped[1] = True
+    assert r.ahead_to(1, {0, 1}) == [(0, 7)]
+    r.finished(5)
+    assert r.tail(0, 5) == 6 and r.tail(1, 5) == 0 and r.tail(0, 5) == 0
+    assert r.complete({0}) == [] and not any(r.contrib)
+
+
+def test_a_server_answers_each_part_ahead_and_a_check_mid_request_hears_not_got(ctx):
+    """Over sockets: learner 0's part 0 goes ahead once learner 1's is in, while learner 0's
+    later parts are still to come; a CHECK about a request half in says "not got" (so a lost
+    part is sent again); the reply carries the rest; a server of whole messages refuses
+    parts, naming wire.parts."""
+    from cluster import FakeLearner, running
+    from test_ps import make_ps
+
+    cfg, ps = make_ps(ctx, "sync.protocol=hardsync", "wire.parts=4")
+    with running(ps) as errors:
+        a, b = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        n = ps.state.numel
+        w0, ts = a.hello(ps.state.signature, n)
+        b.hello(ps.state.signature, n)
+        bounds = part_bounds(n, 4)
+        g = [np.full(n, v, np.float32) for v in (0.5, 1.5)]
+
+        def part(who, i, seq):
+            lo, hi = bounds[i], bounds[i + 1]
+            more = {"more": True} if i < 3 else {}
+            frames = wire.encode(
+                Kind.PUSHPULL, who.id, seq, ts, 0, [g[who.id][lo:hi]], at=lo, **more
+            )
+            who.send_raw(frames)
+
+        part(a, 0, 10)
+        a.send_raw(wire.encode(Kind.CHECK, 0, 10, 0, 0))
+        receipt = a.recv()
+        assert receipt.kind == Kind.RECEIPT and receipt.fields == {"re": 10, "got": False}
+        part(b, 0, 20)
+        ahead = a.recv()  # part 0 of the next version, before a's other parts were sent
+        assert ahead.kind == Kind.WEIGHTS and ahead.ts == 1
+        assert ahead.fields == {"re": 10, "at": 0, "more": True}
+        w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.state.updater.segments)
+        np.testing.assert_allclose(np.concatenate(ahead.payloads), w1[: bounds[1]], rtol=1e-6, atol=1e-7)
+        for i in (1, 2, 3):
+            part(a, i, 10), part(b, i, 20)
+        got = [a.recv() for _ in range(3)]  # parts 1 and 2 ahead, then the reply
+        assert [m.fields.get("at") for m in got] == bounds[1:4]
+        assert got[-1].fields == {"re": 10, "at": bounds[3]}  # the reply: what is left
+        np.testing.assert_allclose(np.concatenate(got[-1].payloads), w1[bounds[3] :], rtol=1e-6, atol=1e-7)
+        a.send_raw(wire.encode(Kind.CHECK, 0, 10, 0, 0))
+        assert a.recv().fields == {"re": 10, "got": True}
+        a.close(), b.close()
+    assert not errors
+    _, whole = make_ps(ctx, "sync.protocol=hardsync")
+    with running(whole) as errors:
+        c = FakeLearner(ctx, whole.endpoint, 0)
+        c.hello(whole.state.signature, whole.state.numel)
+        frames = wire.encode(Kind.PUSHPULL, 0, 5, 0, 0, [np.zeros(3, np.float32)], at=0, more=True)
+        c.send_raw(frames)
+        refusal = c.recv()
+        assert refusal.kind == Kind.ERROR and refusal.fields["code"] == "unexpected_field"
+        assert "wire.parts=1" in refusal.fields["error"]
+        c.close()
+    assert not errors
