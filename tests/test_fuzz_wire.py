@@ -66,12 +66,14 @@ VALUES = {
     "subtree": st.lists(st.integers(0, 7), min_size=1, max_size=4),
     "clock": st.lists(st.lists(st.integers(0, 7), min_size=2, max_size=2), min_size=1, max_size=4),
     "slot": st.sampled_from([0, 1]),
+    "at": st.integers(0, 20),  # a part's first element (wire.parts): numel is drawn to fit
     str: st.text(max_size=12),
     int: I64,
     bool: st.booleans(),
     list: st.lists(st.integers(0, 99), max_size=4),
     dict: st.dictionaries(st.text(max_size=6), st.floats(), max_size=3),
 }
+PART_FIELDS = {"at", "more"}
 PS_VALUES = {"model": st.sampled_from([SIG, "other"]), "numel": st.sampled_from([N, N - 1])}
 
 
@@ -88,7 +90,7 @@ def valid(draw, kinds=tuple(Kind), ps=False):
             else VALUES.get(types[0], st.floats() | I64)
         )
         for name, (types, required) in wire.KIND_FIELDS[kind].items()
-        if required or draw(st.booleans())
+        if required or (draw(st.booleans()) and not (ps and name in PART_FIELDS))
     }
     counts = []
     if kind in MODEL and not ("slot" in fields or fields.get("board") is True):
@@ -109,9 +111,14 @@ def valid(draw, kinds=tuple(Kind), ps=False):
     frames = wire.encode(kind, *head[:3], 0 if ps else head[3], payloads, **fields)
     ids = [e[0] for e in fields.get("clock", [])] + fields.get("subtree", [])
     low = max([len(ids), *(i + 1 for i in ids)], default=1)
+    numel = sum(counts)
+    if PART_FIELDS & fields.keys():  # a part: elements at.. of a vector, more to come or not
+        numel += fields.get("at", 0)
+        if fields.get("more"):
+            numel += draw(st.integers(0, 3)) if sum(counts) else -1  # (-1: none fits)
     kw = dict(
         kinds=draw(st.none() | st.sets(st.sampled_from(list(Kind))).map({kind}.union)),
-        numel=sum(counts) if counts and draw(st.booleans()) else None,
+        numel=numel if counts and numel >= 0 and draw(st.booleans()) else None,
         learners=draw(st.none() | st.integers(low, low + 3)),
         slots="slot" in fields or draw(st.booleans()),
     )
@@ -223,7 +230,10 @@ def check_decode(frames, **kw):
         assert code == "f4" or msg.kind not in MODEL | {Kind.BCAST}
         assert arr.flags.writeable == raw.flags.writeable
     if kw.get("numel") is not None and msg.kind in MODEL and not msg.in_shm:
-        assert msg.payload_numel == kw["numel"]
+        at, more = msg.fields.get("at", 0), msg.fields.get("more", False)
+        assert at + msg.payload_numel <= kw["numel"] and (
+            more or at + msg.payload_numel == kw["numel"]
+        )
     return msg
 
 

@@ -15,8 +15,10 @@ HALF = ["wire.gradient_dtype=float16", "wire.weights_dtype=float16"]
 
 
 def test_hardsync_in_parts_ends_with_the_weights_of_whole_messages(tmp_path):
-    whole, _ = run(tmp_path, "whole", HARDSYNC)
-    parted, out = run(tmp_path, "parts", [*HARDSYNC, "wire.parts=4"])
+    """Half precision both ways: gradients narrowed once for all parts (error feedback
+    whole), weights ahead narrowed per part. (Two or more servers in parts: test_shards.)"""
+    whole, _ = run(tmp_path, "whole", [*HARDSYNC, *HALF])
+    parted, out = run(tmp_path, "parts", [*HARDSYNC, *HALF, "wire.parts=4"])
     # two gradients per update sum alike in either order: parts change no bit
     np.testing.assert_array_equal(np.load(parted / "weights.npy"), np.load(whole / "weights.npy"))
     final = json.loads((parted / "ps_final.json").read_text())
@@ -26,25 +28,13 @@ def test_hardsync_in_parts_ends_with_the_weights_of_whole_messages(tmp_path):
     assert "result: test error" in out
 
 
-def test_parts_with_two_servers_and_half_precision_on_the_wire(tmp_path):
-    one, _ = run(tmp_path, "f16", [*HARDSYNC, *HALF])
-    two, out = run(
-        tmp_path, "f16-k2-p4", [*HARDSYNC, *HALF, "architecture.servers=2", "wire.parts=4"]
-    )
-    w1, w2 = np.load(one / "weights.npy"), np.load(two / "weights.npy")
-    assert np.abs(w1 - w2).max() <= 1e-5 * np.abs(w1).max()  # torch's own float order aside
-    final = json.loads((two / "ps_final.json").read_text())
-    assert [s["parts"]["stepped_ahead"] for s in final["servers"]] == [3 * final["updates"]] * 2
-    assert "result: test error" in out
-
-
 def test_a_server_killed_with_a_round_half_in_restarts_and_the_run_ends(tmp_path):
     """Parts of the round went ahead (some learners hold part of the next version): after
     the restart every learner rejoins at the checkpoint's weights and training goes on."""
     r = Run(
         tmp_path,
         "killed",
-        [*FAST, *HARDSYNC, "train.epochs=4", "wire.parts=4"]
+        [*FAST, *HARDSYNC, "train.epochs=2", "wire.parts=4"]
         + ["train.checkpoint_every_updates=10", "train.eval_every_epochs=1"],
         crash={"PS_CRASH_AT": "part-ahead", "PS_CRASH_TS": "25"},
     )
@@ -55,4 +45,4 @@ def test_a_server_killed_with_a_round_half_in_restarts_and_the_run_ends(tmp_path
     final = json.loads((r.dir / "ps_final.json").read_text())
     assert final["incarnation"] == 2 and final["done"]
     assert final["parts"]["stepped_ahead"] > 0
-    assert "result: test error" in r.out and records(r.dir, "eval")[-1]["epoch"] >= 4
+    assert "result: test error" in r.out and records(r.dir, "eval")[-1]["epoch"] >= 2

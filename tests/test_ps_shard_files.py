@@ -16,7 +16,8 @@ def finish(run_dir, i, w, ts, epoch, incarnation=1):
     d.mkdir(parents=True, exist_ok=True)
     np.save(d / "weights.npy", np.asarray(w, np.float32))
     engine = SimpleNamespace(timestamp=ts, epoch=epoch, updates=ts)
-    write_final(d, SimpleNamespace(engine=engine, done=True, incarnations=[0] * incarnation))
+    state = SimpleNamespace(engine=engine, done=True, incarnations=[0] * incarnation, parts=None)
+    write_final(d, state)
 
 
 def test_the_run_files_are_joined_once_every_server_finished_this_periods_epochs(tmp_path):

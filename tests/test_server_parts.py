@@ -237,13 +237,17 @@ def test_a_server_answers_each_part_ahead_and_a_check_mid_request_hears_not_got(
         assert ahead.kind == Kind.WEIGHTS and ahead.ts == 1
         assert ahead.fields == {"re": 10, "at": 0, "more": True}
         w1, _ = expected_step(w0, np.zeros_like(w0), g, cfg, ps.state.updater.segments)
-        np.testing.assert_allclose(np.concatenate(ahead.payloads), w1[: bounds[1]], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            np.concatenate(ahead.payloads), w1[: bounds[1]], rtol=1e-6, atol=1e-7
+        )
         for i in (1, 2, 3):
             part(a, i, 10), part(b, i, 20)
         got = [a.recv() for _ in range(3)]  # parts 1 and 2 ahead, then the reply
         assert [m.fields.get("at") for m in got] == bounds[1:4]
         assert got[-1].fields == {"re": 10, "at": bounds[3]}  # the reply: what is left
-        np.testing.assert_allclose(np.concatenate(got[-1].payloads), w1[bounds[3] :], rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(
+            np.concatenate(got[-1].payloads), w1[bounds[3] :], rtol=1e-6, atol=1e-7
+        )
         a.send_raw(wire.encode(Kind.CHECK, 0, 10, 0, 0))
         assert a.recv().fields == {"re": 10, "got": True}
         a.close(), b.close()

@@ -4,7 +4,7 @@ loading each server's weights into that range (``roles/learner_shards.py``).
 
 - hardsync with K = 2 and 3 servers ends with the one server's weights (each element's
   update is the same; only the gradient sums' float order may differ), every server at the
-  same timestamp with σ = 0;
+  same timestamp with σ = 0; so do one and two servers with their ranges in parts;
 - 2-softsync with K = 2: each server keeps its own timestamp and staleness;
 - a learner that expects another range is refused at HELLO, naming both; a sharded learner
   outside Rudra-base and a server of a part asked for run files are refused up front;
@@ -96,11 +96,16 @@ def weights_of(servers):
     return np.concatenate([s.state.w for s in servers])
 
 
-@pytest.mark.parametrize("k", [2, 3])
-def test_sharded_hardsync_ends_with_the_one_servers_weights(ctx, k):
+@pytest.mark.parametrize("k, parts", [(2, 1), (3, 1), (1, 4), (2, 4)])
+def test_sharded_hardsync_ends_with_the_one_servers_weights(ctx, k, parts):
+    """... and so do K servers with their ranges in parts (wire.parts), one server's too."""
     cfg = small_config("sync.protocol=hardsync", "train.epochs=0.25")
     one = run_sharded(cfg, 1, ctx)
-    many = run_sharded(cfg, k, ctx)
+    many = run_sharded(
+        small_config("sync.protocol=hardsync", "train.epochs=0.25", f"wire.parts={parts}"), k, ctx
+    )
+    for s in many if parts > 1 else ():  # every part but the last went ahead of its update
+        assert s.state.parts.stepped_ahead == (parts - 1) * s.state.engine.updates
     ts = {s.state.engine.timestamp for s in many}
     assert ts == {one[0].state.engine.timestamp} and ts.pop() > 10
     assert [s.state.span.numel for s in many] == [x.numel for x in split(_numel(cfg), k)]
