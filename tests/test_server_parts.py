@@ -263,3 +263,33 @@ def test_a_server_answers_each_part_ahead_and_a_check_mid_request_hears_not_got(
         assert "wire.parts=1" in refusal.fields["error"]
         c.close()
     assert not errors
+
+
+def test_once_training_is_over_a_request_in_parts_is_told_stop_once_at_its_last_part():
+    import logging
+
+    from rudra_zmq import codec
+    from rudra_zmq.roles.serving import Serving
+
+    cfg, st, _ = state("wire.parts=4")
+    did = []
+    serving = Serving(
+        None,
+        wire.SENDER_PS,
+        st,
+        {k: lambda ident, m: did.append(("handler", m.kind)) for k in (Kind.PUSHPULL,)},
+        send=lambda ident, kind, payloads=(), **f: did.append(("send", kind, f.get("code"))),
+        stop=lambda ident, sender, seq: did.append(("stop", sender, seq)),
+        learners=st.learners,
+        log=logging.getLogger("test_server_parts"),
+        dtypes=codec.dtypes(cfg),
+        parts=True,
+    )
+    g = np.ones(N, np.float32)
+    for m in parts_of(g, 4, 0, seq=9)[:2]:
+        serving.handle([b"0", *wire.encode(Kind.PUSHPULL, 0, 9, 0, 0, m.payloads, **m.fields)])
+    assert did == [("handler", Kind.PUSHPULL)] * 2
+    st.done, did[:] = True, []
+    for m in parts_of(g, 4, 0, seq=10):
+        serving.handle([b"0", *wire.encode(Kind.PUSHPULL, 0, 10, 0, 0, m.payloads, **m.fields)])
+    assert did == [("stop", 0, 10)]

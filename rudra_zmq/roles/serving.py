@@ -133,8 +133,9 @@ class Serving:
                 self.state.check_sender(ident, msg)
                 if self.heard is not None:
                     self.heard(msg.sender, time.time())
-                if self.state.done:
-                    self.stop(ident, msg.sender, msg.seq)
+                if self.state.done:  # (a request in parts is told once, at its last part)
+                    if not msg.fields.get("more"):
+                        self.stop(ident, msg.sender, msg.seq)
                     return
             self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
