@@ -2,7 +2,8 @@
 # Issue 24's LAN figures on a many-core machine (the `device` tool's 16 cores; root needed for
 # the network namespaces), so that CPU is not what binds: K = 8 servers beside the learners and
 # on 8 extra hosts, float32 and float16, the gloo allreduce beside them, and the in-stream
-# overlap probe; then the GPU tests. Needs pyzmq (wheels in .whl/ on a machine without network).
+# overlap probe; then the GPU tests. PARTS="1 16" also runs hardsync in parts (wire.parts; the
+# lan-table1 step then takes about twice as long: give it TABLE_S=600). Needs pyzmq (wheels in .whl/ on a machine without network).
 # Without iproute2 there, .whl/iproute/bin/{ip,tc} are used (Debian's iproute2 and its libraries,
 # unpacked with dpkg -x, run through the system's loader). Logs, CSV, PNG go to $OUT.
 #
@@ -26,9 +27,10 @@ ip netns add rzchk && ip -n rzchk link add rzva type veth peer name rzvb && ip -
 ok=$?; ip netns del rzchk 2>/dev/null; [ $ok = 0 ] || { echo "no emulated LAN here"; exit 1; }
 vmstat 5 > "$OUT/vmstat.log" 2>&1 &
 VM=$!
-timeout 300 $PY -m rudra_zmq bench lan-table1 --hosts 8 --per-host 1 --params 10000000 \
-    --compute-ms 100 --epoch-gradients 64 --cases base-hardsync gloo-allreduce --servers 8 \
-    --server-placement extra colocated --wire-dtypes float32 float16 \
+timeout "${TABLE_S:-300}" $PY -m rudra_zmq bench lan-table1 --hosts 8 --per-host 1 \
+    --params 10000000 --compute-ms 100 --epoch-gradients 64 --cases base-hardsync \
+    gloo-allreduce --servers 8 --server-placement extra colocated --parts ${PARTS:-1} \
+    --wire-dtypes float32 float16 \
     --csv "$OUT/lan24.csv" --png "$OUT/lan24.png" > "$OUT/lan24.log" 2>&1
 echo "lan-table1 rc $?"; tail -25 "$OUT/lan24.log"
 timeout 120 $PY -m rudra_zmq bench lan-overlap --servers 8 --parts 1 4 16 > "$OUT/overlap.log" 2>&1
