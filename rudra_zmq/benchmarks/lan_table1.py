@@ -433,11 +433,9 @@ def run(a) -> int:
     # ... and SIGINT is Ctrl-C even where it was inherited ignored (a shell starts background
     # jobs that way, and Python then installs no handler): the namespaces must go either way
     old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    workdir = tempfile.mkdtemp(prefix="rzt-")  # removed unless a case fails: its logs stay
     try:
-        with (
-            tempfile.TemporaryDirectory(prefix="rzt-") as workdir,
-            Lan(a.hosts + 1 + lan_shards.extra_hosts(a), a.rate, netns_sh) as lan,
-        ):
+        with Lan(a.hosts + 1 + lan_shards.extra_hosts(a), a.rate, netns_sh) as lan:
             os.chmod(workdir, 0o755)
             for case in cases:
                 for dtype in a.wire_dtypes:
@@ -451,6 +449,11 @@ def run(a) -> int:
                             else lan_shards.run_case(case, a, lan, workdir, dtype, k, where, parts)
                         )
                         report.case(r, line(r))
+    except BaseException:
+        print(f"table1: the roles' logs of the failed case are kept in {workdir}", file=sys.stderr)
+        raise
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     finally:
         signal.signal(signal.SIGTERM, old)
         signal.signal(signal.SIGINT, old_int)
