@@ -434,6 +434,7 @@ def run(a) -> int:
     # jobs that way, and Python then installs no handler): the namespaces must go either way
     old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     workdir = tempfile.mkdtemp(prefix="rzt-")  # removed unless a case fails: its logs stay
+    kept = False
     try:
         with Lan(a.hosts + 1 + lan_shards.extra_hosts(a), a.rate, netns_sh) as lan:
             os.chmod(workdir, 0o755)
@@ -449,12 +450,13 @@ def run(a) -> int:
                             else lan_shards.run_case(case, a, lan, workdir, dtype, k, where, parts)
                         )
                         report.case(r, line(r))
-    except BaseException:
+    except Exception:  # a case failed (Ctrl-C and SIGTERM leave nothing behind)
+        kept = True
         print(f"table1: the roles' logs of the failed case are kept in {workdir}", file=sys.stderr)
         raise
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
     finally:
+        if not kept:
+            shutil.rmtree(workdir, ignore_errors=True)
         signal.signal(signal.SIGTERM, old)
         signal.signal(signal.SIGINT, old_int)
     table1 = [r for r in report.rows if r["wire_dtype"] == "float32" and r["case"] in CASES]
