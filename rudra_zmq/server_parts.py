@@ -147,10 +147,10 @@ class PartedUpdates:
         senders are not saved, and they send them again after a restart)."""
         return any(self.round.contrib)
 
-    def take(self, sender: int, seq: int, at: int, payloads, more: bool) -> bool:
-        """Sum one part (checked against this server's parts first: ProtocolViolation, with
-        nothing changed); True if it was the request's last part with all before it in."""
-        count = sum(p.shape[0] for p in payloads)
+    def take(self, sender: int, seq: int, at: int, payloads, more: bool, count: int) -> bool:
+        """Sum one part of ``count`` floats (checked against this server's parts first:
+        ProtocolViolation, with nothing changed); True if it was the request's last part with
+        all before it in."""
         i = self.round.index(sender, at, count, more)
         what = self.round.arrive(sender, seq, i)
         if what == "add":

@@ -316,7 +316,9 @@ class ServerState:
             )
         self.engine.check(msg.sender, msg.ts)
         f = msg.fields
-        if not self.parts.take(msg.sender, msg.seq, f.get("at", 0), msg.payloads, "more" in f):
+        if not self.parts.take(
+            msg.sender, msg.seq, f.get("at", 0), msg.payloads, "more" in f, msg.payload_numel
+        ):
             return None
         return self._arrived(msg, ())
 

@@ -128,6 +128,11 @@ class Message:
         return _in_shm(self.kind, self.fields)
 
     @property
+    def is_part(self) -> bool:
+        """One part of a model-sized vector (x{at} or x{more}: ``wire.parts``; validated)."""
+        return _is_part(self.fields)
+
+    @property
     def clock(self) -> list[tuple[int, int]]:
         """A RELAY's vector clock as (learner, gradient timestamp) pairs (validated)."""
         return [(e[0], e[1]) for e in self.fields.get("clock", ())]
@@ -337,6 +342,10 @@ def _check_learner_lists(kind: Kind, fields: dict, learners: int | None) -> None
         )
 
 
+def _is_part(fields: dict) -> bool:
+    return "at" in fields or "more" in fields
+
+
 def _in_shm(kind: Kind, fields: dict) -> bool:
     return (kind in (Kind.PUSH, Kind.PUSHPULL) and "slot" in fields) or (
         kind == Kind.WEIGHTS and fields.get("board", False)
@@ -397,7 +406,7 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, dtypes):
 def _check_numel(kind: Kind, total: int, numel: int, fields: dict) -> None:
     """A whole vector carries ``numel`` floats; a part (x{at}) elements at..end, or with
     x{more} at least one of them, not past the end."""
-    if "at" in fields or "more" in fields:
+    if _is_part(fields):
         at, more = fields.get("at", 0), fields.get("more", False)
         end = at + total
         if at < 0 or end > numel or (end != numel and not more) or (more and total < 1):

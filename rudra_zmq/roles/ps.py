@@ -276,7 +276,7 @@ class ParameterServer:
         (the same sequence number) is answered as before and not applied again."""
         if msg.kind == Kind.PUSHPULL:
             self.weights_out.check_pull(msg)  # advstar refuses it before any state changes
-        parted = "at" in msg.fields or "more" in msg.fields  # wire.parts: one part of it
+        parted = msg.is_part  # wire.parts: one part of the gradient
         if parted and msg.fields.get("more") and self.state.is_sent_before(msg):
             return  # a part of a gradient applied already: its last part is answered
         if self.state.is_duplicate(msg):

@@ -104,7 +104,7 @@ class Serving:
         if msg.kind == Kind.CHECK:  # before the sender check: an honest answer to anyone
             self.send(ident, Kind.RECEIPT, re=msg.seq, got=self.seen.get(msg.sender, -1) >= msg.seq)
             return
-        if "at" in msg.fields or "more" in msg.fields:  # a part (wire.parts)
+        if msg.is_part:  # one part of a request (wire.parts)
             if not self.parts:
                 self.refuse(
                     ident,
