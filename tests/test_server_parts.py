@@ -244,7 +244,9 @@ def test_a_server_answers_each_part_ahead_and_a_check_mid_request_hears_not_got(
             part(a, i, 10), part(b, i, 20)
         got = [a.recv() for _ in range(3)]  # parts 1 and 2 ahead, then the reply
         assert [m.fields.get("at") for m in got] == bounds[1:4]
-        assert got[-1].fields == {"re": 10, "at": bounds[3]}  # the reply: what is left
+        reply = got[-1].fields  # the reply: what is left (with σ when a's part came last)
+        assert {k: reply[k] for k in ("re", "at")} == {"re": 10, "at": bounds[3]}
+        assert "more" not in reply and reply.get("sigma", 0) == 0
         np.testing.assert_allclose(
             np.concatenate(got[-1].payloads), w1[bounds[3] :], rtol=1e-6, atol=1e-7
         )
