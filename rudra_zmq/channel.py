@@ -74,6 +74,8 @@ class Channel:
         self._last: tuple[int, list] | None = None  # (seq, [frames]) awaiting its reply
         self._ahead = None  # [weights view, filled up to, gap seen]: parts of its reply
         self._asked_at = 0.0  # when the request was last sent or asked about (monotonic)
+        self._sent_at = 0.0  # when the request awaiting its reply was first sent (monotonic)
+        self.asked = [0, 0, 0]  # this request's CHECKs, RECEIPTs saying got, not got
         self.inc = 0  # the server incarnation we last heard from
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
@@ -81,7 +83,8 @@ class Channel:
         seq = next(self._seq)
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
         self._last, self._ahead = (seq, [frames]), None
-        self._asked_at = time.monotonic()
+        self._asked_at = self._sent_at = time.monotonic()
+        self.asked = [0, 0, 0]
         self.sock.send_multipart(frames, copy=False)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
@@ -105,7 +108,8 @@ class Channel:
             for i, (at, p) in enumerate(parts)
         ]
         self._last, self._ahead = (seq, msgs), [into, 0, False]
-        self._asked_at = time.monotonic()
+        self._asked_at = self._sent_at = time.monotonic()
+        self.asked = [0, 0, 0]
         return msgs
 
     def send_part(self, frames) -> None:
@@ -133,8 +137,28 @@ class Channel:
         elif time.monotonic() - self._asked_at >= self.retry_ms / 1000:
             self._asked_at = time.monotonic()
             self.checks += 1  # first: whoever sees it arrive sees it counted
+            self.asked[0] += 1
             if not send_check(self.sock, self.sender, self._last[0], self.inc):
                 self.checks -= 1  # not connected, or the queue is full: the next tick asks
+                self.asked[0] -= 1
+
+    def waiting(self) -> str:
+        """What this channel awaits, for a timeout's message: the request, its parts' replies
+        come ahead, the CHECKs and what their RECEIPTs said. Pure."""
+        if self._last is None:
+            return "no request outstanding"
+        seq, msgs = self._last
+        text = f"request {seq} sent {time.monotonic() - self._sent_at:.1f} s ago"
+        if len(msgs) > 1:
+            text += f" in {len(msgs)} parts"
+            if self._ahead is not None:
+                text += f", {self._ahead[1]:,} floats of its reply came ahead"
+                text += " (with a gap)" if self._ahead[2] else ""
+        checks, got, lost = self.asked
+        return (
+            f"{text}; asked about {checks} times (the server said got {got}, not got {lost}); "
+            f"on this channel {self.resent} resends, {self.late} late answers dropped"
+        )
 
     def drop_late(self) -> int:
         """Drop what is queued while no request is outstanding (late answers to a request
@@ -169,7 +193,7 @@ class Channel:
                     raise TimeoutError(
                         f"no reply from the {self.name} at {self.endpoint} "
                         f"within {self.timeout_ms / 1000:g} s (is it "
-                        f"running?{hint})"
+                        f"running?{hint}); {self.waiting()}"
                     ) from None
                 self.tick()
                 continue
@@ -196,8 +220,10 @@ class Channel:
         msg = wire.decode(frames, numel=numel, dtypes=self.dtypes)
         asked = None if self._last is None else self._last[0]
         if msg.kind == wire.Kind.RECEIPT:
-            if msg.fields["re"] == asked and not msg.fields["got"]:
-                self.resend()  # lost on the way (a dropped connection, a restarted server)
+            if msg.fields["re"] == asked:
+                self.asked[1 if msg.fields["got"] else 2] += 1
+                if not msg.fields["got"]:
+                    self.resend()  # lost on the way (a dropped connection, a restarted server)
             return None
         re = msg.fields.get("re")
         if re is not None and re != asked:

@@ -306,6 +306,9 @@ def test_a_round_slower_than_retry_s_adds_no_byte_at_the_root():
     assert case["root_grad_msgs_total"] == case["grads_total"] == 16  # no gradient twice
     headers = case["root_rx_bytes_per_epoch"] - 8 * m  # CHECKs and request headers only
     assert 0 < headers < 8 * 1024, case
+    # the row says so: the learners asked, nothing was sent again or lost
+    assert case["checks"] > 0 and case["resent"] == case["duplicates"] == 0, case
+    assert case["undelivered"] == case["late"] == case["rejoins"] == 0, case
     notes = [r["text"] for r in recs if r["type"] == "note"]
     assert any("order: not measured" in t for t in notes)  # one case: no order claimed
     assert not any("reproduced" in t for t in notes)
@@ -420,3 +423,26 @@ def test_sharded_servers_beside_the_learners_and_on_extra_hosts_each_take_their_
     (order,) = [r["order"] for r in recs if r["type"] == "note" and "order" in r]
     assert sorted(order.split(" > ")) == ["adv-softsync", "base-hardsync"]  # K = 1 rows only
     assert namespaces(f"rzt{pid % 1_000_000}") == []
+
+
+def test_a_case_row_sums_what_went_slow_or_was_lost_and_its_line_names_only_what_happened():
+    from rudra_zmq.benchmarks.lan_link import retries, retries_text
+
+    servers = [{"undelivered": 1, "duplicates": 0}, {"undelivered": 2, "duplicates": 3}]
+    learners = [
+        {
+            "learners": [
+                {"checks": 4, "resent": 0, "late": 0},
+                {"checks": 1, "resent": 1, "late": 0},
+            ]
+        },
+        {"learners": [{"checks": 0, "resent": 0, "late": 2, "rejoins": 1}]},
+    ]
+    r = retries(servers, learners)
+    assert r == {
+        "undelivered": 3, "duplicates": 3, "checks": 5, "resent": 1, "late": 2, "rejoins": 1
+    }  # fmt: skip
+    assert retries_text(r) == (
+        "  [undelivered 3, duplicates 3, checks 5, resent 1, late 2, rejoins 1]"
+    )
+    assert retries_text(retries([{}], [{"learners": [{}]}])) == ""

@@ -1,5 +1,6 @@
 """channel.Channel: a silent server is a TimeoutError naming it, never a hang."""
 
+import re
 import subprocess
 import sys
 import time
@@ -37,6 +38,47 @@ def test_a_silent_server_is_a_timeout_error_naming_it(ctx):
     ):
         ch.request(Kind.PULL, 0)
     assert time.monotonic() - t < 10  # bounded, not a hang (generous: the box is shared)
+    ch.close()
+
+
+def test_a_timeout_says_what_the_request_awaited_and_what_the_checks_heard(ctx):
+    """A server that says "got it" to every CHECK and never answers (a reply lost on its
+    way): the TimeoutError says so, so a stalled run's log tells a lost reply from a
+    server that never got the request."""
+    import threading
+
+    server, ch, _ = server_and_channel(ctx, 3, 1500, retry_ms=100)
+    server.setsockopt(zmq.RCVTIMEO, 100)
+    done = threading.Event()
+
+    def says_got():
+        while not done.is_set():
+            try:
+                ident, *frames = server.recv_multipart()
+            except zmq.Again:
+                continue
+            msg = wire.decode(frames)
+            if msg.kind == Kind.CHECK:
+                receipt = wire.encode(Kind.RECEIPT, wire.SENDER_PS, 1, 0, 77, re=msg.seq, got=True)
+                server.send_multipart([ident, *receipt])
+
+    t = threading.Thread(target=says_got, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(TimeoutError) as err:
+            ch.request(Kind.PULL, 0)
+    finally:
+        done.set()
+        t.join(5)
+    said = str(err.value)
+    m = re.search(
+        r"request \d+ sent [\d.]+ s ago; asked about (\d+) times \(the server said "
+        r"got (\d+), not got 0\); on this channel 0 resends",
+        said,
+    )
+    assert m, said
+    assert int(m[1]) >= 2 and 1 <= int(m[2]) <= int(m[1]), said
+    assert ch.waiting() != "no request outstanding"
     ch.close()
 
 

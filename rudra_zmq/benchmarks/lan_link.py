@@ -55,6 +55,25 @@ def traffic(timed: list[dict], grads: int) -> dict:
     }
 
 
+RETRIES = ("checks", "resent", "late", "rejoins")  # the learners' counts (synthetic_learner)
+
+
+def retries(servers: list[dict], learners: list[dict]) -> dict:
+    """What went slow or was lost in a case, summed: the servers' ``undelivered`` replies
+    and ``duplicates``, the learners' CHECKs, resends, late answers and rejoins (each
+    learner process's report holds its learners'). Pure."""
+    out = {k: sum(ps.get(k, 0) for ps in servers) for k in ("undelivered", "duplicates")}
+    each = [s for proc in learners for s in proc["learners"]]
+    out.update({k: sum(s.get(k, 0) for s in each) for k in RETRIES})
+    return out
+
+
+def retries_text(r: dict) -> str:
+    """``retries``' counts that are not 0, for a result line ("" when none). Pure."""
+    said = [f"{k} {r[k]}" for k in ("undelivered", "duplicates", *RETRIES) if r.get(k)]
+    return f"  [{', '.join(said)}]" if said else ""
+
+
 def parse_rate(rate: str) -> float:
     """A tc rate ("1gbit", "20mbit", "500kbit", "10mbps") in bytes per second. Raises
     ValueError naming the rate where it is not one."""

@@ -17,7 +17,7 @@ import statistics
 from .. import wire
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
-from .lan_link import parse_rate, row_head, traffic, wire_bytes
+from .lan_link import parse_rate, retries, row_head, traffic, wire_bytes
 
 PLACEMENTS = ("colocated", "extra")
 
@@ -146,4 +146,5 @@ def run_case(
         "server_numel": [ps["numel"] for ps in servers],
         "server_cpu_s": [ps["cpu_s"] for ps in servers],
         "wall_s": r["wall_s"],
+        **retries(servers, r["learners"]),
     }

@@ -38,7 +38,7 @@ from . import common, lan_shards
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
 from .lan_allreduce import run as run_allreduce
-from .lan_link import parse_rate, row_head, traffic, wire_bytes
+from .lan_link import parse_rate, retries, retries_text, row_head, traffic, wire_bytes
 
 HOSTS = 4  # learner hosts (the root is one more)
 PER_HOST = 4  # learners per host = the tree's fan-out
@@ -234,6 +234,7 @@ def run_case(
         "root_grad_bytes_total": ps["rx_grad_bytes"],
         "root_cpu_s": ps["cpu_s"],
         "wall_s": r["wall_s"],
+        **retries([ps], r["learners"]),
     }
 
 
@@ -253,7 +254,7 @@ def line(r: dict) -> str:
         f"({r['root_rx_bytes_per_gradient'] / MIB:.2f} MiB/grad) out "
         f"{r['root_tx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch  {r['updates_per_epoch']:.0f} "
         f"upd/epoch  <σ> {r['mean_sigma']:.2f}  root cpu {r['root_cpu_s']:.1f} s  "
-        f"wall {r['wall_s']:.1f} s{bound}"
+        f"wall {r['wall_s']:.1f} s{bound}{retries_text(r)}"
     )
 
 

@@ -101,6 +101,7 @@ class SyntheticLearner:
             s["steps"] += 1
             s["up_bytes"] += self._step_bytes
         s["t_end"] = time.time()
+        s.update(channel_counts(self.shards.channels), rejoins=self.exchange.rejoins)
         self.shards.close()
         return s
 
@@ -158,6 +159,7 @@ class SyntheticLearner:
             s["comm_s"] += time.perf_counter() - t1
             s["steps"] += 1
         s["t_end"] = time.time()
+        s.update(channel_counts([self.ch]))
         self.ch.close()
         return s
 
@@ -194,5 +196,12 @@ class SyntheticLearner:
             self.member.close(stop_reason="training finished" if finished else None)
         s["t_end"] = time.time()
         s["bcast_versions"] = self.member.versions
+        s.update(channel_counts([self.ch]))
         self.ch.close()
         return s
+
+
+def channel_counts(channels) -> dict:
+    """What a learner's channels count of slow and lost requests (summed): CHECKs sent,
+    requests sent again, late answers dropped. Pure."""
+    return {k: sum(getattr(ch, k) for ch in channels) for k in ("checks", "resent", "late")}

@@ -188,6 +188,8 @@ def counting_ps_class():
                 "grads": engine.gradients_received,
                 "t_first_grad": self.t_first_grad,
                 "invalid": self.state.counters.invalid,
+                "undelivered": self.state.counters.undelivered,  # replies ZeroMQ refused
+                "duplicates": self.state.counters.duplicates,  # gradients sent again
                 "bcast_bytes": self.bcast_bytes(),
                 "log_fields": list(self.LOG_FIELDS),
                 "log": self.log,

@@ -110,7 +110,8 @@ class Shards:
                 self.channels[k].tick()  # CHECK a slow request; resend one that was lost
             if pending and 0 <= timeout_ms <= (time.monotonic() - t0) * 1000:
                 names = ", ".join(
-                    f"{self.channels[k].name} at {self.channels[k].endpoint}"
+                    f"{self.channels[k].name} at {self.channels[k].endpoint} "
+                    f"[{self.channels[k].waiting()}]"
                     for k in sorted(pending)
                 )
                 raise ServersSilent(
