@@ -370,7 +370,7 @@ def test_table1_runs_the_gloo_allreduce_on_the_learner_hosts_beside_its_bound():
 def test_a_bad_rate_stops_lan_table1_before_any_host_is_built():
     """The bound of each row needs the rate in bytes/s: a rate that is not a tc rate is an
     error up front, naming it, not after a case ran (no root or namespaces needed)."""
-    from rudra_zmq.benchmarks.lan_table1 import parse_rate
+    from rudra_zmq.benchmarks.lan_link import parse_rate
 
     assert parse_rate("1gbit") == 125e6 and parse_rate("20mbit") == 2.5e6
     assert parse_rate("10mbps") == 10e6  # tc's bytes-per-second unit
@@ -446,3 +446,11 @@ def test_a_case_row_sums_what_went_slow_or_was_lost_and_its_line_names_only_what
         "  [undelivered 3, duplicates 3, checks 5, resent 1, late 2, rejoins 1]"
     )
     assert retries_text(retries([{}], [{"learners": [{}]}])) == ""
+
+
+def test_a_case_may_run_ten_times_its_link_bound_before_it_is_called_hung():
+    from rudra_zmq.benchmarks.lan_link import deadline_s
+
+    assert deadline_s(None, 3) == 600  # no bound stated: the old fixed limit
+    assert deadline_s(2.0, 3) == 600  # short runs keep it
+    assert deadline_s(22.6, 30) == 6780  # 30 epochs of one server in parts: no false "hung"

@@ -8,6 +8,9 @@ import statistics
 
 from .. import wire
 
+ALLREDUCE = "gloo-allreduce"  # what a user would run instead (lan_allreduce.py); not Table 1
+MIB = 2**20
+
 
 def wire_bytes(wire_dtype: str) -> int:
     """Bytes per parameter on the wire for a ``wire.*_dtype`` value."""
@@ -41,6 +44,12 @@ def row_head(case: str, a, wire_dtype: str, s: float, epoch_s: list, bound) -> d
         "bound_s_per_epoch": bound,
         "of_bound": None if bound is None else bound / s,
     }
+
+
+def deadline_s(bound_s_per_epoch: float | None, epochs: int) -> float:
+    """How long a case may run before the bench stops it as hung: ten times its link bound
+    over every epoch, and never less than 600 s (a long ``--epochs`` run is not a hang). Pure."""
+    return max(600.0, 10 * epochs * (bound_s_per_epoch or 0.0))
 
 
 def traffic(timed: list[dict], grads: int) -> dict:

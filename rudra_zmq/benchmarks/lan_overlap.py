@@ -116,7 +116,7 @@ def learner(a) -> None:
 def run(a) -> int:
     """Build the LAN, run every (K, P), remove the LAN (also on error or Ctrl-C); blocks.
     Exit code 2 where the LAN cannot be built."""
-    from .lan_table1 import NETNS_SH, Lan, find_netns_sh, lan_available
+    from .lan_hosts import NETNS_SH, Lan, find_netns_sh, lan_available
 
     parse_rate(a.rate)
     netns_sh = a.netns_sh or find_netns_sh()

@@ -17,7 +17,7 @@ import statistics
 from .. import wire
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
-from .lan_link import parse_rate, retries, row_head, traffic, wire_bytes
+from .lan_link import deadline_s, parse_rate, retries, row_head, traffic, wire_bytes
 
 PLACEMENTS = ("colocated", "extra")
 
@@ -111,10 +111,12 @@ def run_case(
         arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,
         fanout=a.per_host, depth=1, retry_s=a.retry_s, wire_dtype=wire_dtype, parts=parts,
     )  # fmt: skip
+    bound = bound_s_per_epoch(case, a, k, placement, wire_dtype, parts)
     r = sc.run(
         arch, ov, params=a.params, learners=lam, root=lan.hosts[0],
         hosts=lan.hosts[1 : 1 + a.hosts], workdir=workdir, compute_ms=a.compute_ms,
         per_process=a.per_host, servers=server_hosts(lan, a, k, placement),
+        timeout_s=deadline_s(bound, a.epochs),
     )  # fmt: skip
     servers = r["servers"]
     per = wire_bytes(wire_dtype)
@@ -124,7 +126,6 @@ def run_case(
     ep = epochs_across(servers, a.epoch_gradients, a.epochs)
     timed = ep[1:] or ep
     s = statistics.median(e["s"] for e in timed)
-    bound = bound_s_per_epoch(case, a, k, placement, wire_dtype, parts)
     name = f"{case}-k{k}-{placement}" + (
         "" if wire_dtype == "float32" else f"-{wire.WIRE_DTYPES[wire_dtype]}"
     )

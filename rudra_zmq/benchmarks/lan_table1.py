@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -38,7 +37,9 @@ from . import common, lan_shards
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
 from .lan_allreduce import run as run_allreduce
-from .lan_link import parse_rate, retries, retries_text, row_head, traffic, wire_bytes
+from .lan_hosts import NETNS_SH, Lan, find_netns_sh, lan_available
+from .lan_link import ALLREDUCE, deadline_s, parse_rate, retries, row_head, traffic, wire_bytes
+from .lan_report import line, ordering, write_png
 
 HOSTS = 4  # learner hosts (the root is one more)
 PER_HOST = 4  # learners per host = the tree's fan-out
@@ -48,7 +49,6 @@ EPOCH_GRADIENTS = 128  # one "epoch" (8 gradients per learner)
 EPOCHS = 3  # the first is a warm-up
 RATE = "1gbit"
 CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
-ALLREDUCE = "gloo-allreduce"  # what a user would run instead (lan_allreduce.py); not Table 1
 DEFAULTS = dict(
     hosts=HOSTS,
     per_host=PER_HOST,
@@ -58,58 +58,6 @@ DEFAULTS = dict(
     epochs=EPOCHS,
 )
 QUICK = dict(hosts=2, per_host=2, params=10_000, compute_ms=5.0, epoch_gradients=16, epochs=2)
-NETNS_SH = os.path.join("bench", "lan", "netns.sh")  # in the source tree
-
-
-def find_netns_sh() -> str | None:
-    """``bench/lan/netns.sh`` of the source tree this package runs from, or under the current
-    directory; None if neither exists."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for path in (os.path.join(repo, NETNS_SH), os.path.abspath(NETNS_SH)):
-        if os.path.isfile(path):
-            return path
-    return None
-
-
-MIB = 2**20
-
-
-def lan_available() -> str | None:
-    """None if this machine can build the emulated LAN, else why not."""
-    if os.geteuid() != 0:
-        return "needs root (ip netns, tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` (iproute2) is not installed"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
-        return "`ip netns` does not work here"
-    return None
-
-
-class Lan:
-    """``netns.sh up`` on enter, ``down`` on exit (also after an error or Ctrl-C)."""
-
-    def __init__(self, n_hosts: int, rate: str, netns_sh: str):
-        self.n, self.rate, self.sh = n_hosts, rate, netns_sh
-        self.prefix = f"rzt{os.getpid() % 1_000_000}"
-        self.hosts: list[sc.Host] = []
-
-    def __enter__(self):
-        res = subprocess.run(
-            [self.sh, "up", str(self.n), self.rate, "--prefix", self.prefix],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if res.returncode != 0:
-            raise RuntimeError(f"netns.sh up failed (exit {res.returncode}): {res.stderr}")
-        for ln in res.stdout.splitlines():
-            _, _i, ns, addr = ln.split()
-            self.hosts.append(sc.Host(ns, addr))
-        return self
-
-    def __exit__(self, *exc):
-        subprocess.run([self.sh, "down", "--prefix", self.prefix], timeout=120)
 
 
 def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
@@ -215,6 +163,7 @@ def run_case(
         workdir=workdir,
         compute_ms=a.compute_ms,
         per_process=a.per_host,
+        timeout_s=deadline_s(bound_s_per_epoch(case, a, wire_dtype, parts), a.epochs),
     )
     ps = r["ps"]
     per = wire_bytes(wire_dtype)
@@ -236,69 +185,6 @@ def run_case(
         "wall_s": r["wall_s"],
         **retries([ps], r["learners"]),
     }
-
-
-def line(r: dict) -> str:
-    eps = " ".join(f"{x:.2f}" for x in r["epoch_s"])
-    bound = "" if r["of_bound"] is None else f"  {r['of_bound']:.2f} of its bound"
-    head = (
-        f"table1 {r['case']:<17} λ={r['learners']} ({r['hosts']} hosts x {r['per_host']}) "
-        f"n={common.fmt_count(r['params'])} {r['rate']}  {r['s_per_epoch']:7.2f} s/epoch "
-        f"[epochs {eps}]"
-    )
-    if r["case"].startswith(ALLREDUCE):
-        step = r["s_per_epoch"] * r["learners"] / r["epoch_gradients"]
-        return f"{head}  {step:.3f} s/step{bound}"
-    return (
-        f"{head}  root in {r['root_rx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch "
-        f"({r['root_rx_bytes_per_gradient'] / MIB:.2f} MiB/grad) out "
-        f"{r['root_tx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch  {r['updates_per_epoch']:.0f} "
-        f"upd/epoch  <σ> {r['mean_sigma']:.2f}  root cpu {r['root_cpu_s']:.1f} s  "
-        f"wall {r['wall_s']:.1f} s{bound}{retries_text(r)}"
-    )
-
-
-def ordering(rows: list[dict], cases: list[str]) -> tuple[str, bool]:
-    """The measured order (slowest first) and whether it is the expected one (CASES' order:
-    each case faster than the one before it)."""
-    measured = [r["case"] for r in sorted(rows, key=lambda r: -r["s_per_epoch"])]
-    expected = [c for c in cases if c in measured]
-    return " > ".join(measured), measured == expected
-
-
-def write_png(path: str, rows: list[dict]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.2), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    for ax, (key, scale, label) in zip(
-        fig.subplots(1, 2),
-        [
-            ("s_per_epoch", 1, "seconds per epoch"),
-            ("busiest_rx_bytes_per_epoch", MIB, "busiest server's ingress per epoch (MiB)"),
-        ],
-    ):
-        names = [r["case"] for r in rows]
-        # one root: its ingress; sharded servers: the busiest one's, not their sum
-        vals = [r.get(key, r.get("root_rx_bytes_per_epoch")) or 0 for r in rows]
-        ax.bar(names, [v / scale for v in vals])
-        if key == "s_per_epoch":  # each case's link bound, where one is stated
-            pts = [(n, r["bound_s_per_epoch"]) for n, r in zip(names, rows)]
-            pts = [(n, b) for n, b in pts if b is not None]
-            if pts:
-                ax.scatter(*zip(*pts), marker="_", s=400, color="k", label="link bound")
-                ax.legend(fontsize=8)
-        ax.set_ylabel(label)
-        ax.tick_params(axis="x", labelsize=7, rotation=30)
-        ax.grid(True, axis="y", alpha=0.3)
-    r0 = rows[0]
-    fig.suptitle(
-        f"rudra_zmq Table 1 on emulated hosts: λ={r0['learners']} ({r0['hosts']} "
-        f"hosts), {common.fmt_count(r0['params'])} parameters, {r0['rate']} links"
-    )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, format="png")
 
 
 def _interrupt(*_):
