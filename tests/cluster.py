@@ -61,10 +61,12 @@ def running(server, serve_kwargs=None):
 class FakeLearner:
     """A raw DEALER speaking the wire protocol, to poke the PS directly."""
 
-    def __init__(self, ctx, endpoint, learner_id, timeout_ms=5000):
+    def __init__(self, ctx, endpoint, learner_id, timeout_ms=5000, sockopts=None):
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTING_ID, str(learner_id).encode())
+        for opt, value in (sockopts or {}).items():  # before connect: e.g. a small RCVBUF
+            self.sock.setsockopt(opt, value)
         self.sock.connect(endpoint)
         self.id = learner_id
         self.seq = 0

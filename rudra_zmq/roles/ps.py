@@ -406,7 +406,11 @@ class ParameterServer:
                 except (OSError, ValueError) as exc:  # its own files are saved: say, go on
                     log.warning("could not join the servers' weights in %s: %s", self.run_dir, exc)
         self.weights_out.close()
-        self.sock.close(linger=transport.LINGER_MS)
+        over = self.state.done  # the STOPs just queued get time to leave
+        rt = self.cfg.runtime
+        self.sock.close(
+            linger=transport.closing_linger_ms(rt.retry_s) if over else transport.LINGER_MS
+        )
         if self._own_ctx:
             transport.term(self.ctx)
 

@@ -326,7 +326,11 @@ class TreeNode:
         """Close the sockets and unmap shared memory."""
         self.shared.close()
         self.parent.close()
-        self.sock.close(linger=transport.LINGER_MS)
+        over = self.state.stop_reason is not None  # the STOPs just queued get time to leave
+        retry_s = self.cfg.runtime.retry_s
+        self.sock.close(
+            linger=transport.closing_linger_ms(retry_s) if over else transport.LINGER_MS
+        )
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
             try:
                 os.unlink(self.endpoint[len("ipc://") :])
