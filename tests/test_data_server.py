@@ -71,7 +71,8 @@ def running_server(cfg, dataset=None):
 
 @contextlib.contextmanager
 def clients(ctx, endpoint, ids, **kw):
-    made = [DataClient(ctx, endpoint, i, timeout_ms=5000, **kw) for i in ids]
+    # retry_ms under the timeout: a minibatch dropped under load is asked for again
+    made = [DataClient(ctx, endpoint, i, timeout_ms=5000, retry_ms=1000, **kw) for i in ids]
     try:
         yield made
     finally:
@@ -328,3 +329,35 @@ def test_serve_prints_its_endpoint_and_exits_cleanly_on_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class _DropsOneBatch:
+    """The data server's socket, but the first BATCH it sends finds the queue full (EAGAIN),
+    as under load in CI once."""
+
+    def __init__(self, sock):
+        self._sock, self.dropped = sock, 0
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    def send_multipart(self, frames, *a, **kw):
+        if not self.dropped and wire.decode(frames[1:]).kind == Kind.BATCH:
+            self.dropped += 1
+            raise zmq.Again()
+        return self._sock.send_multipart(frames, *a, **kw)
+
+
+def test_a_minibatch_the_server_could_not_queue_is_asked_for_again_not_waited_for(dataset):
+    """A BATCH reply dropped at the server (its queue to that learner full): the client's
+    CHECK hears "not got", it asks again for every step it awaits, and gets them in order
+    (before, the CHECK heard "got" and the learner waited out its timeout)."""
+    with running_server(make_cfg(1, 8), dataset) as (server, ctx):
+        drops = server.sock = _DropsOneBatch(server.sock)
+        c = DataClient(ctx, server.endpoint, 0, prefetch=2, timeout_ms=20_000, retry_ms=300)
+        try:
+            steps = [c.next_batch()[3] for _ in range(4)]
+        finally:
+            c.close()
+    assert drops.dropped == 1 and server.undelivered == 1
+    assert steps == [0, 1, 2, 3] and c.checks >= 1 and c.resent >= 1

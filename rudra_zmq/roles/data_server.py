@@ -70,6 +70,7 @@ class DataServer:
         self._warned: set = set()
         self._seq = 0
         self._seen: dict[bytes, int] = {}  # connection -> the seq of its newest request
+        self._lost: set[bytes] = set()  # connections a minibatch could not be queued to
         self.security = transport.security()  # CURVE: who may ask for whose minibatches
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
@@ -120,9 +121,12 @@ class DataServer:
             return
         if msg.kind == Kind.CHECK:  # did request q of this connection arrive?
             self._seq += 1
-            got = self._seen.get(ident, -1) >= msg.seq
+            # a minibatch dropped here counts as never got: the client asks again for every
+            # step it awaits (and drops the answers to steps it has); else it would wait for it
+            got = ident not in self._lost and self._seen.get(ident, -1) >= msg.seq
             receipt = wire.encode(Kind.RECEIPT, wire.SENDER_DATA, self._seq, re=msg.seq, got=got)
-            self._send(ident, receipt, f"learner {learner}")
+            if self._send(ident, receipt, f"learner {learner}") and not got:
+                self._lost.discard(ident)
             return
         self._seen[ident] = msg.seq  # per connection: a client numbers its requests from 1
         if not 0 <= learner < self.learners:
@@ -169,6 +173,7 @@ class DataServer:
         if not self._send(ident, frames, f"learner {learner}"):
             self.samples_served -= self.batch_size
             self.batches_served -= 1
+            self._lost.add(ident)  # its next CHECK hears "not got"
 
     def _send(self, ident: bytes, frames, who: str) -> bool:
         try:
