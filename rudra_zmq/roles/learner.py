@@ -279,7 +279,7 @@ def serve(
         if transport.security() is not None:
             transport.security().release(ctx)
         if any(t.is_alive() for t in threads):
-            _end_threads(ctx, stopping)
+            _end_threads(ctx, stopping, threads)
         else:
             # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is
             # still being built, before run()'s finally closes its sockets; term() would then
@@ -287,18 +287,25 @@ def serve(
             ctx.destroy(linger=transport.LINGER_MS)
 
 
-def _end_threads(ctx, stopping: threading.Event) -> None:
+def _end_threads(ctx, stopping: threading.Event, threads) -> None:
     """Stop learner threads still running (SIGTERM, or another learner failed) without
     closing their sockets from this thread: a libzmq socket closed while another thread waits
     on it aborts the process. ``ctx.term()`` makes their blocking calls raise; they close their
     sockets as they unwind and term returns. A socket left open (a learner stopped while being
-    built) keeps term waiting: after ``_END_THREADS_S`` the process exits without it. Blocks."""
+    built) keeps term waiting: after ``_END_THREADS_S`` the process exits without it. Then
+    the threads are joined (within the same ``_END_THREADS_S``): one still unwinding (freeing
+    its model) as the interpreter finalizes may be ended inside torch's C++ code, which
+    aborts the process ("terminate called without an active exception", seen twice at
+    SIGTERM in the suite). Blocks."""
+    deadline = time.monotonic() + _END_THREADS_S
     stopping.set()  # what the threads raise now is this stop, not a failure
     ender = threading.Thread(target=ctx.term, name="ctx-term", daemon=True)
     ender.start()
     ender.join(_END_THREADS_S)
     if ender.is_alive():
         log.warning("the learners' sockets were not closed %.0f s after the stop", _END_THREADS_S)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _serve_in(
