@@ -337,6 +337,12 @@ def write_png(
         ax.grid(True, which="both", alpha=0.3)
     if labels:
         axes[0].legend(fontsize=7)
+    save_png(fig, title, path)
+
+
+def save_png(fig, title: str, path: str) -> None:
+    """Title ``fig`` and write it to ``path`` as PNG, making its folder if needed (every
+    bench's plot ends so)."""
     fig.suptitle(title)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, format="png")

@@ -4,8 +4,6 @@ Pure but for ``write_png``, which writes its file."""
 
 from __future__ import annotations
 
-import os
-
 from . import common
 from .lan_link import ALLREDUCE, MIB, retries_text
 
@@ -70,9 +68,8 @@ def write_png(path: str, rows: list[dict]) -> None:
         ax.grid(True, axis="x", alpha=0.3)
     ax.invert_yaxis()  # shared: the first case on top in both panels
     r0 = rows[0]
-    fig.suptitle(
+    title = (
         f"rudra_zmq Table 1 on emulated hosts: λ={r0['learners']} ({r0['hosts']} "
         f"hosts), {common.fmt_count(r0['params'])} parameters, {r0['rate']} links"
     )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, format="png")
+    common.save_png(fig, title, path)

@@ -21,7 +21,6 @@ learner: a leaf relays once all its learners contributed, so the root gets λ/fa
 
 from __future__ import annotations
 
-import os
 import tempfile
 
 from . import common
@@ -201,12 +200,11 @@ def write_png(path: str, rows: list[dict]) -> None:
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].legend()
     r0 = rows[0]
-    fig.suptitle(
+    title = (
         f"rudra_zmq root ingress: λ={r0['learners']}, "
         f"{common.fmt_count(r0['params'])} parameters, tcp loopback"
     )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, format="png")
+    common.save_png(fig, title, path)
 
 
 def add_arguments(p) -> None:
