@@ -75,16 +75,15 @@ class Channel:
         self._ahead = None  # [weights view, filled up to, gap seen]: parts of its reply
         self._asked_at = 0.0  # when the request was last sent or asked about (monotonic)
         self._sent_at = 0.0  # when the request awaiting its reply was first sent (monotonic)
-        self.asked = [0, 0, 0]  # this request's CHECKs, RECEIPTs saying got, not got
+        self._checks_before = 0  # ``checks`` when it was sent: the rest asked about it
+        self.receipts = [0, 0]  # its RECEIPTs saying got, not got
         self.inc = 0  # the server incarnation we last heard from
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
         seq = next(self._seq)
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
-        self._last, self._ahead = (seq, [frames]), None
-        self._asked_at = self._sent_at = time.monotonic()
-        self.asked = [0, 0, 0]
+        self._begin(seq, [frames], None)
         self.sock.send_multipart(frames, copy=False)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
@@ -107,10 +106,15 @@ class Channel:
             )
             for i, (at, p) in enumerate(parts)
         ]
-        self._last, self._ahead = (seq, msgs), [into, 0, False]
-        self._asked_at = self._sent_at = time.monotonic()
-        self.asked = [0, 0, 0]
+        self._begin(seq, msgs, [into, 0, False])
         return msgs
+
+    def _begin(self, seq: int, msgs: list, ahead) -> None:
+        """A new request awaits its reply: its messages, its parts' ahead state, its clocks
+        and counts (for ``tick`` and ``waiting``)."""
+        self._last, self._ahead = (seq, msgs), ahead
+        self._asked_at = self._sent_at = time.monotonic()
+        self._checks_before, self.receipts = self.checks, [0, 0]
 
     def send_part(self, frames) -> None:
         """Queue one message ``parts`` made (zero-copy)."""
@@ -137,10 +141,8 @@ class Channel:
         elif time.monotonic() - self._asked_at >= self.retry_ms / 1000:
             self._asked_at = time.monotonic()
             self.checks += 1  # first: whoever sees it arrive sees it counted
-            self.asked[0] += 1
             if not send_check(self.sock, self.sender, self._last[0], self.inc):
                 self.checks -= 1  # not connected, or the queue is full: the next tick asks
-                self.asked[0] -= 1
 
     def waiting(self) -> str:
         """What this channel awaits, for a timeout's message: the request, its parts' replies
@@ -154,9 +156,9 @@ class Channel:
             if self._ahead is not None:
                 text += f", {self._ahead[1]:,} floats of its reply came ahead"
                 text += " (with a gap)" if self._ahead[2] else ""
-        checks, got, lost = self.asked
+        got, lost = self.receipts
         return (
-            f"{text}; asked about {checks} times (the server said got {got}, not got {lost}); "
+            f"{text}; asked about {self.checks - self._checks_before} times (the server said got {got}, not got {lost}); "
             f"on this channel {self.resent} resends, {self.late} late answers dropped"
         )
 
@@ -221,7 +223,7 @@ class Channel:
         asked = None if self._last is None else self._last[0]
         if msg.kind == wire.Kind.RECEIPT:
             if msg.fields["re"] == asked:
-                self.asked[1 if msg.fields["got"] else 2] += 1
+                self.receipts[0 if msg.fields["got"] else 1] += 1
                 if not msg.fields["got"]:
                     self.resend()  # lost on the way (a dropped connection, a restarted server)
             return None

@@ -243,12 +243,12 @@ def connect(sock: zmq.Socket, endpoint: str, sender: int) -> None:
     sock.connect(endpoint)
 
 
-def closing_linger_ms(retry_s: float) -> int:
-    """The linger of a server's socket once training is over (``runtime.retry_s``, at least
-    ``LINGER_MS``): the STOPs it queued last may wait behind weights still leaving on a slow
-    link (parts sent ahead), and with 0.2 s they were lost. Costs nothing with peers that
-    read: ``term`` returns once everything is sent. Pure."""
-    return max(LINGER_MS, int(retry_s * 1000))
+def closing_linger_ms(retry_s: float, training_over: bool) -> int:
+    """The linger of a server's socket at close: ``LINGER_MS``, or once training is over
+    ``runtime.retry_s`` (at least ``LINGER_MS``): the STOPs it queued last may wait behind
+    weights still leaving on a slow link (parts sent ahead), and with 0.2 s they were lost.
+    Costs nothing with peers that read: ``term`` returns once everything is sent. Pure."""
+    return max(LINGER_MS, int(retry_s * 1000)) if training_over else LINGER_MS
 
 
 def term(ctx: zmq.Context) -> None:

@@ -406,10 +406,9 @@ class ParameterServer:
                 except (OSError, ValueError) as exc:  # its own files are saved: say, go on
                     log.warning("could not join the servers' weights in %s: %s", self.run_dir, exc)
         self.weights_out.close()
-        over = self.state.done  # the STOPs just queued get time to leave
-        rt = self.cfg.runtime
+        # the STOPs just queued get time to leave
         self.sock.close(
-            linger=transport.closing_linger_ms(rt.retry_s) if over else transport.LINGER_MS
+            linger=transport.closing_linger_ms(self.cfg.runtime.retry_s, self.state.done)
         )
         if self._own_ctx:
             transport.term(self.ctx)

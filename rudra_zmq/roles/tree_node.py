@@ -327,10 +327,7 @@ class TreeNode:
         self.shared.close()
         self.parent.close()
         over = self.state.stop_reason is not None  # the STOPs just queued get time to leave
-        retry_s = self.cfg.runtime.retry_s
-        self.sock.close(
-            linger=transport.closing_linger_ms(retry_s) if over else transport.LINGER_MS
-        )
+        self.sock.close(linger=transport.closing_linger_ms(self.cfg.runtime.retry_s, over))
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
             try:
                 os.unlink(self.endpoint[len("ipc://") :])
