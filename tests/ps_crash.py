@@ -122,12 +122,12 @@ def arm(point: str) -> None:
     elif point == "sending-done":  # the "done" record just handed to ZeroMQ
         after(ps_report.PSReport, "done")
     elif point == "after-final":  # ps_final.json written
-        after(ps, "write_final")
+        after(ps, "write_end_files")
     elif point == "after-final-unsent":  # as after-final, its final EVAL and "done" lost,
         unsent(ps_report.PSReport, "done")  # and server 0 done first (so no server joins);
         unsent(ps_report.PSReport, "evaluate", lambda _report, state: state.done)
-        wait_for_server_0(ps, "write_final")  # its STOPs, queued before, get 1 s to leave
-        after(ps, "write_final", lambda *args: time.sleep(1.0) or True)
+        wait_for_server_0(ps, "write_end_files")  # its STOPs, queued before, get 1 s to leave
+        after(ps, "write_end_files", lambda *args: time.sleep(1.0) or True)
     else:
         raise SystemExit(f"PS_CRASH_AT={point!r}: one of {', '.join(POINTS)}")
 

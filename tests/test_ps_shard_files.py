@@ -5,8 +5,10 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from rudra_zmq.roles.ps_report import write_final
+from rudra_zmq.roles import ps_report
+from rudra_zmq.roles.ps_report import write_end_files
 from rudra_zmq.roles.ps_shard_files import assemble
 from rudra_zmq.run_files import server_dir
 
@@ -14,10 +16,39 @@ from rudra_zmq.run_files import server_dir
 def finish(run_dir, i, w, ts, epoch, incarnation=1):
     d = server_dir(run_dir, i)
     d.mkdir(parents=True, exist_ok=True)
-    np.save(d / "weights.npy", np.asarray(w, np.float32))
+    write_end_files(d, _state(w, ts, epoch, incarnation))
+
+
+def _state(w, ts, epoch, incarnation=1, done=True):
     engine = SimpleNamespace(timestamp=ts, epoch=epoch, updates=ts)
-    state = SimpleNamespace(engine=engine, done=True, incarnations=[0] * incarnation, parts=None)
-    write_final(d, state)
+    w = np.asarray(w, np.float32)
+    return SimpleNamespace(
+        w=w, engine=engine, done=done, incarnations=[0] * incarnation, parts=None
+    )
+
+
+def test_a_server_killed_while_writing_its_weights_leaves_no_final_of_another_period(
+    tmp_path, monkeypatch
+):
+    """A resumed period's end: the earlier period's ps_final.json goes before the new weights
+    are written, so a crash between the two leaves old weights without a final (resume trains
+    on), never new weights under the old period's final (a result line for the wrong epoch)."""
+    write_end_files(tmp_path, _state([1, 2], ts=10, epoch=2.0))
+    assert ps_report.read_final(tmp_path)["epoch"] == 2.0
+
+    def dies(*args):
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(ps_report.np, "save", dies)
+    with pytest.raises(KeyboardInterrupt):
+        write_end_files(tmp_path, _state([5, 6], ts=20, epoch=4.0))
+    assert ps_report.read_final(tmp_path) is None
+    np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2])  # whole
+    monkeypatch.undo()
+    write_end_files(tmp_path, _state([5, 6], ts=20, epoch=4.0))
+    np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [5, 6])
+    assert ps_report.read_final(tmp_path)["timestamp"] == 20
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ps_final.json", "weights.npy"]
 
 
 def test_the_run_files_are_joined_once_every_server_finished_this_periods_epochs(tmp_path):

@@ -35,18 +35,17 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
 import zmq
 
 from .. import codec, kernels, transport, wire
 from ..arrival_log import ArrivalLog
 from ..notices import notice
-from ..run_files import WEIGHTS_FILE, server_dir
+from ..run_files import server_dir
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
 from .ps_checkpoint import CheckpointSchedule, checkpoint_dir
 from .ps_liveness import Liveness
-from .ps_report import EvalSchedule, PSReport, write_final
+from .ps_report import EvalSchedule, PSReport, write_end_files
 from .ps_shard_files import assemble
 from .ps_start import start_state
 from .ps_weights import make_weights_out
@@ -398,8 +397,7 @@ class ParameterServer:
         if self.state.log is not None:
             self.state.log.close()
         if self.run_dir is not None:
-            np.save(self.files_dir / WEIGHTS_FILE, self.state.w)
-            write_final(self.files_dir, self.state)
+            write_end_files(self.files_dir, self.state)
             if self.shard is not None and self.state.done:  # the last server writes the run's
                 try:
                     assemble(self.run_dir, self.cfg.architecture.servers, self.cfg.train.epochs)

@@ -9,7 +9,7 @@
 - a ``done`` record when training finished;
 - its weights, to be evaluated (an EVAL), at the start and when ``EvalSchedule`` says;
 
-and, in the run directory, ``ps_final.json`` (``write_final``).
+and, in the run directory, ``weights.npy`` and ``ps_final.json`` (``write_end_files``).
 
 Sends go through ``StatsClient``, which never blocks (a full queue drops and counts). Not
 thread-safe: owned by the parameter server's thread.
@@ -22,7 +22,9 @@ import os
 import time
 from pathlib import Path
 
-from ..run_files import PS_FINAL_FILE
+import numpy as np
+
+from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 
 FLUSH_S = 0.5  # update records are batched this long
 RATE_EVERY_S = 1.0  # a "ps" record this often
@@ -165,6 +167,20 @@ class EvalSchedule:
         while update.epoch >= self.next_epoch:
             self.next_epoch += self.every_epochs
         return True
+
+
+def write_end_files(files_dir: Path, state) -> None:
+    """The server's weights (``weights.npy``), then ``ps_final.json``, in ``files_dir``, each
+    replaced atomically; an older ``ps_final.json`` (a period before a resume) goes first, so
+    that a crash between the two never pairs these weights with another period's end. Blocks
+    for the writes."""
+    files_dir = Path(files_dir)
+    (files_dir / PS_FINAL_FILE).unlink(missing_ok=True)
+    tmp = files_dir / (WEIGHTS_FILE + ".tmp")
+    with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the name
+        np.save(f, state.w)
+    os.replace(tmp, files_dir / WEIGHTS_FILE)
+    write_final(files_dir, state)
 
 
 def write_final(run_dir: Path, state) -> None:
