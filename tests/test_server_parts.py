@@ -373,3 +373,36 @@ def test_the_last_stop_reaches_a_learner_slow_to_read_behind_the_weights_sent_ah
         b.close()
     assert out == "WEIGHTS:10:0 STOP:10:None\n", out
     assert not errors
+
+
+def test_a_request_refused_at_a_part_gets_one_error_and_its_resend_one_more():
+    """A learner this server does not know (a restarted server: "rejoin") sends a gradient in
+    4 parts: one ERROR and one refusal counted for the request, not one per part; the same
+    request sent again (from part 0, as Channel.resend does) is answered again."""
+    import logging
+
+    from rudra_zmq import codec
+    from rudra_zmq.roles.serving import Serving
+
+    cfg, st, _ = state("wire.parts=4")
+    did = []
+    serving = Serving(
+        None,
+        wire.SENDER_PS,
+        st,
+        {Kind.PUSHPULL: lambda ident, m: did.append(("handler", m.kind))},
+        send=lambda ident, kind, payloads=(), **f: did.append((kind, f.get("code"), f["re"])),
+        stop=lambda ident, sender, seq: did.append(("stop", sender, seq)),
+        learners=st.learners,
+        log=logging.getLogger("test_server_parts"),
+        dtypes=codec.dtypes(cfg),
+        parts=True,
+    )
+    g = np.ones(N, np.float32)
+    for _ in range(2):  # sent, then sent again
+        for m in parts_of(g, 4, 0, seq=9):
+            serving.handle([b"7", *wire.encode(Kind.PUSHPULL, 0, 9, 0, 0, m.payloads, **m.fields)])
+    for m in parts_of(g, 4, 0, seq=10):  # its next request
+        serving.handle([b"7", *wire.encode(Kind.PUSHPULL, 0, 10, 0, 0, m.payloads, **m.fields)])
+    assert did == [(Kind.ERROR, "rejoin", 9)] * 2 + [(Kind.ERROR, "rejoin", 10)]
+    assert st.counters.invalid == 3

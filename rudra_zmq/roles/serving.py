@@ -73,6 +73,7 @@ class Serving:
         self.warn = ThrottledLog(log)
         self.security = transport.security()
         self.seen: dict[int, int] = {}  # sender -> the seq of its newest request received
+        self.refused_parts: dict[int, int] = {}  # sender -> its request refused at a part
 
     def handle(self, frames) -> None:
         """Take one ROUTER message (routing id first) down the request path. Never raises for
@@ -106,13 +107,12 @@ class Serving:
             return
         if msg.is_part:  # one part of a request (wire.parts)
             if not self.parts:
-                self.refuse(
+                self._refuse_request(
                     ident,
-                    msg.sender,
+                    msg,
                     "unexpected_field",
                     f"{msg.kind.name} x{{at, more}} (a gradient in parts): this server takes "
                     "whole gradients (wire.parts=1; is the sender running another config?)",
-                    re=msg.seq,
                 )
                 return
         else:  # a request in parts is seen once all of it is in (the handler's ``saw``)
@@ -140,7 +140,17 @@ class Serving:
             self.handlers[msg.kind](ident, msg)
         except ProtocolViolation as exc:
             code = "rejoin" if isinstance(exc, Rejoin) else "protocol"
-            self.refuse(ident, msg.sender, code, str(exc), re=msg.seq)
+            self._refuse_request(ident, msg, code, str(exc))
+
+    def _refuse_request(self, ident: bytes, msg: wire.Message, code: str, message: str) -> None:
+        """``refuse`` once per request: the later parts of a request refused at an earlier
+        part are dropped (one ERROR and one count, not one per part); a resend starts again
+        at part 0 and is answered again."""
+        if msg.is_part:
+            if msg.fields.get("at", 0) and self.refused_parts.get(msg.sender) == msg.seq:
+                return
+            self.refused_parts[msg.sender] = msg.seq
+        self.refuse(ident, msg.sender, code, message, re=msg.seq)
 
     def saw(self, sender: int, seq: int) -> None:
         """Request ``seq`` of ``sender`` reached this server (a CHECK about it hears "got");
