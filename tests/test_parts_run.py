@@ -48,4 +48,4 @@ def test_a_server_killed_with_a_round_half_in_restarts_and_the_run_ends(tmp_path
     assert "result: test error" in r.out and records(r.dir, "eval")[-1]["epoch"] >= 2
     # each learner's request to the old incarnation refused once ("rejoin"), not once per
     # part (2 learners x 4 parts = 8 before); a resend after the reconnect may add one each
-    assert 2 <= records(r.dir, "done")[-1]["invalid"] <= 4, records(r.dir, "done")
+    assert 1 <= records(r.dir, "done")[-1]["invalid"] <= 4, records(r.dir, "done")
