@@ -230,3 +230,48 @@ def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
         assert a.recv().kind == Kind.STOP
         a.close(), b.close()
     assert ps.state.done and ps.state.stopped == {0, 1}
+
+
+def drop_first_answer(sock, seq: int) -> list:
+    """Make the first answer ``sock`` (a server's ROUTER) sends to request ``seq`` find its
+    queue full (EAGAIN), on the socket itself (a stand-in object would break a Poller);
+    returns a list that gets an item when it drops it."""
+    import zmq
+
+    real, dropped = sock.send_multipart, []
+
+    def send_multipart(frames, *args, **kwargs):
+        if not dropped and wire.decode(frames[1:]).fields.get("re") == seq:
+            dropped.append(seq)
+            raise zmq.Again()
+        return real(frames, *args, **kwargs)
+
+    sock.send_multipart = send_multipart
+    return dropped
+
+
+def test_a_reply_the_server_could_not_queue_is_asked_for_again_not_waited_for(ctx):
+    """A reply dropped at the PS (its queue to that learner full): the learner's CHECK hears
+    "not got", it sends the gradient again, and that copy is answered as before and not
+    applied twice (before, the CHECK heard "got" and the learner waited for its timeout)."""
+    cfg, ps = make_ps(ctx, "sync.protocol=softsync", "sync.n=1")
+    dropped = drop_first_answer(ps.sock, 2)
+    with running(ps) as errors:
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        a.hello(ps.state.signature, ps.state.numel)
+        g = np.ones(ps.state.numel, np.float32)
+        push = wire.encode(Kind.PUSHPULL, 0, 2, 0, 0, [g])
+        a.send_raw(push)
+        assert not a.has_reply(500)  # dropped
+        a.send_raw(wire.encode(Kind.CHECK, 0, 2, 0, 0))
+        assert a.recv().fields == {"re": 2, "got": False}
+        a.send_raw(push)  # Channel.resend: the same request
+        reply = a.recv()  # UPTODATE: c = 2 gradients make an update
+        assert (reply.kind, reply.fields["re"]) == (Kind.UPTODATE, 2)
+        a.send_raw(wire.encode(Kind.CHECK, 0, 2, 0, 0))  # heard once: "got" again after
+        assert a.recv().fields == {"re": 2, "got": True}
+        a.close()
+    assert not errors and dropped == [2]
+    c = ps.state.counters
+    # applied once: c = 2, so a second copy applied would have made update 1
+    assert (ps.state.engine.timestamp, c.duplicates, c.undelivered) == (0, 1, 1)

@@ -479,3 +479,30 @@ def test_a_depth_two_tree_gives_the_flat_hardsync_update(ctx):
         for learner in ls:
             learner.close()
     assert not (e0 or e1 or e2 or e3)
+
+
+def test_a_reply_a_leaf_could_not_queue_is_asked_for_again_and_relayed_once(ctx):
+    """A leaf's answer to learner 0 dropped (its queue full, EAGAIN): the learner's CHECK hears
+    "not got", the copy it sends again is answered as before and not relayed again."""
+    from test_ps import drop_first_answer
+
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=softsync", "sync.n=2"))
+    dropped = drop_first_answer(node.sock, 2)
+    with running(node):
+        ident, _ = parent.recv()
+        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
+        parent.reply(
+            ident, Kind.WELCOME, 4, [np.zeros(NUMEL, np.float32)], learners=4, protocol="softsync"
+        )
+        l0.recv(), l1.recv()
+        push = wire.encode(Kind.PUSHPULL, 0, 2, 4, 0, [grads(1)[0]])
+        l0.send_raw(push)
+        parent.recv()
+        parent.reply(ident, Kind.UPTODATE, 4)
+        assert not l0.has_reply(500) and dropped == [2]
+        l0.send_raw(wire.encode(Kind.CHECK, 0, 2, 0, 0))
+        assert l0.recv().fields == {"re": 2, "got": False}
+        l0.send_raw(push)  # Channel.resend: the same request
+        assert (msg := l0.recv()).kind == Kind.UPTODATE and msg.fields["re"] == 2
+        assert parent.quiet()  # not relayed twice
+        l0.close(), l1.close()

@@ -209,6 +209,8 @@ class ParameterServer:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
             st.counters.undelivered += 1
+            if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
+                self.serving.lost.add(ident)
             self.warn.warning(
                 ("undelivered", ident), "could not reply %s to %r: %s", kind.name, ident, exc
             )

@@ -74,6 +74,7 @@ class Serving:
         self.security = transport.security()
         self.seen: dict[int, int] = {}  # sender -> the seq of its newest request received
         self.refused_parts: dict[int, int] = {}  # sender -> its request refused at a part
+        self.lost: set[bytes] = set()  # connections a reply could not be queued to (EAGAIN)
 
     def handle(self, frames) -> None:
         """Take one ROUTER message (routing id first) down the request path. Never raises for
@@ -103,7 +104,11 @@ class Serving:
             )
             return
         if msg.kind == Kind.CHECK:  # before the sender check: an honest answer to anyone
-            self.send(ident, Kind.RECEIPT, re=msg.seq, got=self.seen.get(msg.sender, -1) >= msg.seq)
+            # a reply this connection could not be given counts as never got: the sender asks
+            # again and is answered as before (a duplicate), instead of waiting for it
+            got = ident not in self.lost and self.seen.get(msg.sender, -1) >= msg.seq
+            self.lost.discard(ident)
+            self.send(ident, Kind.RECEIPT, re=msg.seq, got=got)
             return
         if msg.is_part:  # one part of a request (wire.parts)
             if not self.parts:

@@ -134,6 +134,8 @@ class TreeNode:
         try:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
+            if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
+                self.serving.lost.add(ident)
             self.warn.warning(
                 ("undelivered", ident), "could not send %s to %r: %s", kind.name, ident, exc
             )
