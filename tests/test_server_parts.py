@@ -267,20 +267,23 @@ def test_a_server_answers_each_part_ahead_and_a_check_mid_request_hears_not_got(
     assert not errors
 
 
-def test_once_training_is_over_a_request_in_parts_is_told_stop_once_at_its_last_part():
+def recording_serving(*overrides):
+    """A request path (``Serving``) over a parts state, recording what it does in ``did``
+    (the PUSHPULL handler, each send with its code and ``re``, each STOP); ``push(ident, seq,
+    upto)`` hands it parts of a gradient from learner 0."""
     import logging
 
     from rudra_zmq import codec
     from rudra_zmq.roles.serving import Serving
 
-    cfg, st, _ = state("wire.parts=4")
+    cfg, st, _ = state("wire.parts=4", *overrides)
     did = []
     serving = Serving(
         None,
         wire.SENDER_PS,
         st,
-        {k: lambda ident, m: did.append(("handler", m.kind)) for k in (Kind.PUSHPULL,)},
-        send=lambda ident, kind, payloads=(), **f: did.append(("send", kind, f.get("code"))),
+        {Kind.PUSHPULL: lambda ident, m: did.append(("handler", m.kind))},
+        send=lambda ident, kind, payloads=(), **f: did.append((kind, f.get("code"), f["re"])),
         stop=lambda ident, sender, seq: did.append(("stop", sender, seq)),
         learners=st.learners,
         log=logging.getLogger("test_server_parts"),
@@ -288,12 +291,22 @@ def test_once_training_is_over_a_request_in_parts_is_told_stop_once_at_its_last_
         parts=True,
     )
     g = np.ones(N, np.float32)
-    for m in parts_of(g, 4, 0, seq=9)[:2]:
-        serving.handle([b"0", *wire.encode(Kind.PUSHPULL, 0, 9, 0, 0, m.payloads, **m.fields)])
+
+    def push(ident: bytes, seq: int, upto: int = 4) -> None:
+        for m in parts_of(g, 4, 0, seq=seq)[:upto]:
+            serving.handle(
+                [ident, *wire.encode(Kind.PUSHPULL, 0, seq, 0, 0, m.payloads, **m.fields)]
+            )
+
+    return st, did, push
+
+
+def test_once_training_is_over_a_request_in_parts_is_told_stop_once_at_its_last_part():
+    st, did, push = recording_serving()
+    push(b"0", 9, upto=2)
     assert did == [("handler", Kind.PUSHPULL)] * 2
     st.done, did[:] = True, []
-    for m in parts_of(g, 4, 0, seq=10):
-        serving.handle([b"0", *wire.encode(Kind.PUSHPULL, 0, 10, 0, 0, m.payloads, **m.fields)])
+    push(b"0", 10)
     assert did == [("stop", 0, 10)]
 
 
@@ -379,30 +392,9 @@ def test_a_request_refused_at_a_part_gets_one_error_and_its_resend_one_more():
     """A learner this server does not know (a restarted server: "rejoin") sends a gradient in
     4 parts: one ERROR and one refusal counted for the request, not one per part; the same
     request sent again (from part 0, as Channel.resend does) is answered again."""
-    import logging
-
-    from rudra_zmq import codec
-    from rudra_zmq.roles.serving import Serving
-
-    cfg, st, _ = state("wire.parts=4")
-    did = []
-    serving = Serving(
-        None,
-        wire.SENDER_PS,
-        st,
-        {Kind.PUSHPULL: lambda ident, m: did.append(("handler", m.kind))},
-        send=lambda ident, kind, payloads=(), **f: did.append((kind, f.get("code"), f["re"])),
-        stop=lambda ident, sender, seq: did.append(("stop", sender, seq)),
-        learners=st.learners,
-        log=logging.getLogger("test_server_parts"),
-        dtypes=codec.dtypes(cfg),
-        parts=True,
-    )
-    g = np.ones(N, np.float32)
-    for _ in range(2):  # sent, then sent again
-        for m in parts_of(g, 4, 0, seq=9):
-            serving.handle([b"7", *wire.encode(Kind.PUSHPULL, 0, 9, 0, 0, m.payloads, **m.fields)])
-    for m in parts_of(g, 4, 0, seq=10):  # its next request
-        serving.handle([b"7", *wire.encode(Kind.PUSHPULL, 0, 10, 0, 0, m.payloads, **m.fields)])
+    st, did, push = recording_serving()
+    push(b"7", 9)
+    push(b"7", 9)  # sent again
+    push(b"7", 10)  # its next request
     assert did == [(Kind.ERROR, "rejoin", 9)] * 2 + [(Kind.ERROR, "rejoin", 10)]
     assert st.counters.invalid == 3

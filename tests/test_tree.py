@@ -70,6 +70,16 @@ def welcome_leaf(ctx, cfg, node_id=0, learner_ids=(0, 1)):
     return parent, node, learners
 
 
+def both_welcomed(parent, l1, ts: int, protocol: str) -> bytes:
+    """The leaf's HELLO upstream answered (WELCOME at ``ts``) once learner 1 said HELLO too;
+    returns the leaf's identity at the parent (each learner's WELCOME is left to read)."""
+    ident, _ = parent.recv()
+    l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
+    weights = [np.zeros(NUMEL, np.float32)]
+    parent.reply(ident, Kind.WELCOME, ts, weights, learners=4, protocol=protocol)
+    return ident
+
+
 # ----------------------------------------------------------------------------- the plan
 def test_the_plan_groups_learners_into_leaves_and_leaves_into_levels():
     t = topology.plan(adv(learners=5, fanout=2, depth=2))
@@ -334,11 +344,7 @@ def test_a_leaf_of_range_1s_tree_relays_only_that_range_and_refuses_another(ctx)
 def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_answered(ctx):
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=hardsync"))
     with running(node) as errors:
-        ident, _ = parent.recv()
-        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-        parent.reply(
-            ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4, protocol="hardsync"
-        )
+        ident = both_welcomed(parent, l1, 0, "hardsync")
         l0.recv(), l1.recv()
         for step in range(2):  # the buffers swap each round
             g0, g1 = grads(2, seed=step)
@@ -363,11 +369,7 @@ def test_a_hardsync_leaf_relays_the_sum_with_its_clock_and_parks_children_until_
 def test_a_softsync_leaf_relays_at_once_and_sends_what_arrived_meanwhile_next(ctx):
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=softsync", "sync.n=2"))
     with running(node):
-        ident, _ = parent.recv()
-        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-        parent.reply(
-            ident, Kind.WELCOME, 4, [np.zeros(NUMEL, np.float32)], learners=4, protocol="softsync"
-        )
+        ident = both_welcomed(parent, l1, 4, "softsync")
         l0.recv(), l1.recv()
         g0, g1 = grads(2)
         l0.send(Kind.PUSHPULL, 4, [g0])
@@ -420,11 +422,7 @@ def test_a_leaf_refuses_bad_gradients_and_its_sum_stays_unchanged(ctx):
 def stop_after_one_push(parent, l0, l1):
     """In a running async leaf (:func:`welcome_leaf`): welcome both learners, relay one push
     of learner 0's, then the parent says STOP, which learner 0 is told at once."""
-    ident, _ = parent.recv()
-    l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-    parent.reply(
-        ident, Kind.WELCOME, 0, [np.zeros(NUMEL, np.float32)], learners=4, protocol="async"
-    )
+    ident = both_welcomed(parent, l1, 0, "async")
     l0.recv(), l1.recv()
     l0.send(Kind.PUSHPULL, 0, [np.ones(NUMEL, np.float32)])
     parent.recv()
@@ -489,11 +487,7 @@ def test_a_reply_a_leaf_could_not_queue_is_asked_for_again_and_relayed_once(ctx)
     parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=softsync", "sync.n=2"))
     dropped = drop_first_answer(node.sock, 2)
     with running(node):
-        ident, _ = parent.recv()
-        l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
-        parent.reply(
-            ident, Kind.WELCOME, 4, [np.zeros(NUMEL, np.float32)], learners=4, protocol="softsync"
-        )
+        ident = both_welcomed(parent, l1, 4, "softsync")
         l0.recv(), l1.recv()
         push = wire.encode(Kind.PUSHPULL, 0, 2, 4, 0, [grads(1)[0]])
         l0.send_raw(push)
