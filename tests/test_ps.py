@@ -1,5 +1,7 @@
 """The parameter server against hand-driven fake learners (real ZeroMQ sockets)."""
 
+import time
+
 import msgpack
 import numpy as np
 
@@ -275,3 +277,28 @@ def test_a_reply_the_server_could_not_queue_is_asked_for_again_not_waited_for(ct
     c = ps.state.counters
     # applied once: c = 2, so a second copy applied would have made update 1
     assert (ps.state.engine.timestamp, c.duplicates, c.undelivered) == (0, 1, 1)
+
+
+def test_a_last_stop_the_server_could_not_queue_is_told_again_before_it_ends(ctx):
+    """The gradient that ends training is answered STOP, and that STOP finds the learner's
+    queue full (EAGAIN): the PS stays runtime.retry_s + 1 s for the learner's CHECK ("not
+    got") and tells it STOP again when it sends the gradient again (before, the PS ended at
+    once and the learner waited out its timeout)."""
+    cfg, ps = make_ps(ctx, "sync.learners=1", "train.epochs=0.001", "runtime.retry_s=1")
+    dropped = drop_first_answer(ps.sock, 2)
+    with running(ps) as errors:
+        a = FakeLearner(ctx, ps.endpoint, 0)
+        a.hello(ps.state.signature, ps.state.numel)
+        push = wire.encode(Kind.PUSHPULL, 0, 2, 0, 0, [np.ones(ps.state.numel, np.float32)])
+        a.send_raw(push)
+        deadline = time.monotonic() + 10
+        while not dropped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dropped == [2] and ps.state.done  # the last update; its STOP dropped
+        a.send_raw(wire.encode(Kind.CHECK, 0, 2, 0, 0))
+        assert a.recv().fields == {"re": 2, "got": False}
+        a.send_raw(push)
+        stop = a.recv()
+        assert (stop.kind, stop.fields["re"]) == (Kind.STOP, 2)
+        a.close()
+    assert not errors and dropped == [2]
