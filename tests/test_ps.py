@@ -234,16 +234,20 @@ def test_training_end_answers_stop_to_every_learner_and_the_server_returns(ctx):
     assert ps.state.done and ps.state.stopped == {0, 1}
 
 
-def drop_first_answer(sock, seq: int) -> list:
-    """Make the first answer ``sock`` (a server's ROUTER) sends to request ``seq`` find its
-    queue full (EAGAIN), on the socket itself (a stand-in object would break a Poller);
-    returns a list that gets an item when it drops it."""
+def drop_first_answer(sock, seq: int, to: bytes | None = None) -> list:
+    """Make the first answer ``sock`` (a server's ROUTER) sends to request ``seq`` (of the
+    peer ``to``, or any) find its queue full (EAGAIN), on the socket itself (a stand-in
+    object would break a Poller); returns a list that gets an item when it drops it."""
     import zmq
 
     real, dropped = sock.send_multipart, []
 
     def send_multipart(frames, *args, **kwargs):
-        if not dropped and wire.decode(frames[1:]).fields.get("re") == seq:
+        if (
+            not dropped
+            and to in (None, bytes(frames[0]))
+            and wire.decode(frames[1:]).fields.get("re") == seq
+        ):
             dropped.append(seq)
             raise zmq.Again()
         return real(frames, *args, **kwargs)

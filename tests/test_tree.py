@@ -503,3 +503,28 @@ def test_a_reply_a_leaf_could_not_queue_is_asked_for_again_and_relayed_once(ctx)
         assert (msg := l0.recv()).kind == Kind.UPTODATE and msg.fields["re"] == 2
         assert parent.quiet()  # not relayed twice
         l0.close(), l1.close()
+
+
+def test_a_last_stop_a_leaf_could_not_queue_is_told_again_before_it_returns(ctx):
+    """The STOP to the last learner below finds its queue full (EAGAIN): the leaf stays
+    runtime.retry_s + 1 s for that learner's CHECK ("not got") and tells it STOP again when
+    it sends again (before, the leaf returned at once and the learner waited out its
+    timeout)."""
+    from test_ps import drop_first_answer
+
+    parent, node, (l0, l1) = welcome_leaf(ctx, adv("sync.protocol=async", "runtime.retry_s=1"))
+    dropped = drop_first_answer(node.sock, 2, to=b"1")
+    with running(node) as errors:
+        stop_after_one_push(parent, l0, l1)
+        push = wire.encode(Kind.PUSHPULL, 1, 2, 0, 0, [np.ones(NUMEL, np.float32)])
+        l1.send_raw(push)
+        deadline = time.monotonic() + 10
+        while not dropped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dropped == [2]
+        l1.send_raw(wire.encode(Kind.CHECK, 1, 2, 0, 0))
+        assert l1.recv().fields == {"re": 2, "got": False}
+        l1.send_raw(push)
+        assert (msg := l1.recv()).kind == Kind.STOP and msg.fields["re"] == 2
+        l0.close(), l1.close()
+    assert not errors
