@@ -147,7 +147,6 @@ class ParameterServer:
             self.state.log = ArrivalLog(self.files_dir, self.state.incarnation)
         # restarted after training ended: the statistics server may have finished already
         self.over_at_start = self.state.done
-        self.stay_until = 0.0  # serve_forever stays at least this long (time.time())
         t = cfg.train
         self.checkpoints = None
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
@@ -211,8 +210,7 @@ class ParameterServer:
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
             st.counters.undelivered += 1
             if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
-                self.serving.lost.add(ident)  # (were it a STOP: stay for that CHECK)
-                self.stay_until = max(self.stay_until, time.time() + self.cfg.runtime.retry_s + 1)
+                self.serving.not_queued(ident, self.cfg.runtime.retry_s)
             self.warn.warning(
                 ("undelivered", ident), "could not reply %s to %r: %s", kind.name, ident, exc
             )
@@ -339,16 +337,15 @@ class ParameterServer:
         st = self.state
         last_msg = started = time.time()
         self.liveness.start(started)
-        # a learner whose STOP was lost (in a crash before a restart after training, or not
-        # queued: ``send``) asks again within runtime.retry_s; stay that long to tell it
-        self.stay_until = started + self.cfg.runtime.retry_s + 1 if self.over_at_start else 0
+        if self.over_at_start:  # a learner whose STOP the crash lost asks again within
+            self.serving.stay_until = started + self.cfg.runtime.retry_s + 1  # retry_s
         self.metrics.evaluate(st)  # test error of the initial weights (epoch 0)
         # One blocking receive per message (libzmq waits with the GIL released, at most
         # WAIT_MS): no Poller and no zmq.Again per message.
         self.sock.setsockopt(zmq.RCVTIMEO, WAIT_MS)
         try:
             while not (stop_event is not None and stop_event.is_set()) and not (
-                st.all_stopped and time.time() >= self.stay_until
+                st.all_stopped and time.time() >= self.serving.stay_until
             ):
                 try:
                     self.handle(self.sock.recv_multipart(copy=False))

@@ -75,6 +75,7 @@ class Serving:
         self.seen: dict[int, int] = {}  # sender -> the seq of its newest request received
         self.refused_parts: dict[int, int] = {}  # sender -> its request refused at a part
         self.lost: set[bytes] = set()  # connections a reply could not be queued to (EAGAIN)
+        self.stay_until = 0.0  # the server serves at least until then (time.time())
 
     def handle(self, frames) -> None:
         """Take one ROUTER message (routing id first) down the request path. Never raises for
@@ -156,6 +157,13 @@ class Serving:
                 return
             self.refused_parts[msg.sender] = msg.seq
         self.refuse(ident, msg.sender, code, message, re=msg.seq)
+
+    def not_queued(self, ident: bytes, retry_s: float) -> None:
+        """A reply to ``ident`` found its queue full (EAGAIN): that connection's next CHECK
+        hears "not got", and the server stays ``retry_s`` + 1 s for it (were it a STOP, the
+        learner asks again within ``retry_s``)."""
+        self.lost.add(ident)
+        self.stay_until = max(self.stay_until, time.time() + retry_s + 1)
 
     def saw(self, sender: int, seq: int) -> None:
         """Request ``seq`` of ``sender`` reached this server (a CHECK about it hears "got");

@@ -94,7 +94,6 @@ class TreeNode:
         self.shared = make_shared(cfg, self.spec, self.state.advstar)
         self.children_out = make_children_out(self.state, self._send, self.shared)
         self._asked: float | None = None  # when the request to the parent in flight was sent
-        self.stay_until = 0.0  # serve_forever stays at least this long (time.time()): ``_send``
         self._seq = 0
         self.warn = ThrottledLog(log)
         self.serving = Serving(
@@ -136,8 +135,7 @@ class TreeNode:
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
         except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
             if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
-                self.serving.lost.add(ident)  # (were it a STOP: stay for that CHECK)
-                self.stay_until = max(self.stay_until, time.time() + self.cfg.runtime.retry_s + 1)
+                self.serving.not_queued(ident, self.cfg.runtime.retry_s)
             self.warn.warning(
                 ("undelivered", ident), "could not send %s to %r: %s", kind.name, ident, exc
             )
@@ -284,7 +282,7 @@ class TreeNode:
         st = self.state
         try:
             while not (stop_event is not None and stop_event.is_set()) and not (
-                st.finished and time.time() >= self.stay_until
+                st.finished and time.time() >= self.serving.stay_until
             ):
                 events = dict(poller.poll(100))
                 if self.parent.sock in events:
