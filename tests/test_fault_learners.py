@@ -67,8 +67,16 @@ def test_a_frozen_learner_is_evicted_then_rejoins(tmp_path):
     run.wait_log("ps", ["learner 0 evicted", "learner 1 evicted"])
     run.signal("learner0-1", signal.SIGCONT)
     assert run.finish() == 0, run.out
-    events = [(r["event"], r["learners"]) for r in records(run.dir, "members")]
-    assert events == [("evicted", 3), ("evicted", 2), ("joined", 3), ("joined", 4)], events
+    members = [(r["learner"], r["event"], r["learners"]) for r in records(run.dir, "members")]
+    evicted = {m[0] for m in members if m[1] == "evicted"}
+    # both frozen ones evicted (λ 4 -> 2) and every evicted learner back (λ 4): a learner not
+    # frozen may be evicted too, and rejoin the same way, when a loaded host leaves it silent
+    # for the 1 s timeout (a fresh-clone suite: learners 0, 1 and one more, λ 4 -> 1 -> 4)
+    assert {0, 1} <= evicted and min(m[2] for m in members) <= 2, members
+    for learner in evicted:
+        last = max(i for i, m in enumerate(members) if m[:2] == (learner, "evicted"))
+        assert (learner, "joined") in [m[:2] for m in members[last:]], members
+    assert members[-1][2] == 4, members
     assert records(run.dir, "done")[0]["invalid"] >= 2  # the stale pushes, refused
     log = (run.dir / "logs" / "learner0-1.log").read_text()
     assert "learner 0: rejoining" in log and "learner 1: rejoining" in log
