@@ -176,11 +176,28 @@ def write_end_files(files_dir: Path, state) -> None:
     for the writes."""
     files_dir = Path(files_dir)
     (files_dir / PS_FINAL_FILE).unlink(missing_ok=True)
-    tmp = files_dir / (WEIGHTS_FILE + ".tmp")
-    with open(tmp, "wb") as f:  # a file object: np.save would append ".npy" to the name
-        np.save(f, state.w)
-    os.replace(tmp, files_dir / WEIGHTS_FILE)
+    write_atomically(files_dir / WEIGHTS_FILE, npy_writer(state.w))
     write_final(files_dir, state)
+
+
+def write_atomically(path: Path, write) -> None:
+    """``write(tmp)`` to a hidden file beside ``path`` named by this process (two servers
+    may write the run's files at once), then rename it to ``path``: a reader or a crash sees
+    the old file or the new one, never half of one. Blocks for the write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def npy_writer(arr: np.ndarray):
+    """A ``write`` for :func:`write_atomically` saving ``arr`` as .npy (through a file
+    object: given a name, np.save would append ".npy" to the temporary one)."""
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as f:
+            np.save(f, arr)
+
+    return write
 
 
 def write_final(run_dir: Path, state) -> None:
@@ -197,9 +214,9 @@ def write_final(run_dir: Path, state) -> None:
     }
     if state.parts is not None:  # wire.parts: how many went ahead of their update
         final["parts"] = state.parts.record()
-    tmp = Path(run_dir) / (PS_FINAL_FILE + ".tmp")
-    tmp.write_text(json.dumps(final) + "\n")
-    os.replace(tmp, Path(run_dir) / PS_FINAL_FILE)
+    write_atomically(
+        Path(run_dir) / PS_FINAL_FILE, lambda p: p.write_text(json.dumps(final) + "\n")
+    )
 
 
 def read_final(run_dir) -> dict | None:

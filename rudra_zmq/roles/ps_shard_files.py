@@ -14,19 +14,12 @@ blocks for them; no sockets.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE, server_dir
-from .ps_report import read_final
-
-
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+from .ps_report import npy_writer, read_final, write_atomically
 
 
 def finals(run_dir, servers: int, epochs: float) -> list[dict] | None:
@@ -56,13 +49,7 @@ def assemble(run_dir, servers: int, epochs: float) -> bool:
         if w.dtype != np.float32 or w.ndim != 1:
             raise ValueError(f"{server_dir(run_dir, i) / WEIGHTS_FILE} holds {w.dtype} {w.shape}")
         parts.append(w)
-    whole = np.concatenate(parts)
-
-    def save(path: Path) -> None:
-        with open(path, "wb") as f:
-            np.save(f, whole)
-
-    _atomic(run_dir / WEIGHTS_FILE, save)
+    write_atomically(run_dir / WEIGHTS_FILE, npy_writer(np.concatenate(parts)))
     final = {
         "timestamp": done[0]["timestamp"],
         "epoch": min(f["epoch"] for f in done),
@@ -71,5 +58,5 @@ def assemble(run_dir, servers: int, epochs: float) -> bool:
         "incarnation": max(f.get("incarnation", 1) for f in done),
         "servers": done,
     }
-    _atomic(run_dir / PS_FINAL_FILE, lambda p: p.write_text(json.dumps(final) + "\n"))
+    write_atomically(run_dir / PS_FINAL_FILE, lambda p: p.write_text(json.dumps(final) + "\n"))
     return True
