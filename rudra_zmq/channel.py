@@ -156,9 +156,9 @@ class Channel:
             if self._ahead is not None:
                 text += f", {self._ahead[1]:,} floats of its reply came ahead"
                 text += " (with a gap)" if self._ahead[2] else ""
-        got, lost = self.receipts
+        (got, lost), asked = self.receipts, self.checks - self._checks_before
         return (
-            f"{text}; asked about {self.checks - self._checks_before} times (the server said got {got}, not got {lost}); "
+            f"{text}; asked about {asked} times (the server said got {got}, not got {lost}); "
             f"on this channel {self.resent} resends, {self.late} late answers dropped"
         )
 

@@ -337,8 +337,10 @@ class ParameterServer:
         st = self.state
         last_msg = started = time.time()
         self.liveness.start(started)
-        if self.over_at_start:  # a learner whose STOP the crash lost asks again within
-            self.serving.stay_until = started + self.cfg.runtime.retry_s + 1  # retry_s
+        # restarted after training ended: a learner whose STOP the crash lost asks again
+        # within runtime.retry_s; stay that long to tell it (``send`` stays so too)
+        if self.over_at_start:
+            self.serving.stay_until = started + self.cfg.runtime.retry_s + 1
         self.metrics.evaluate(st)  # test error of the initial weights (epoch 0)
         # One blocking receive per message (libzmq waits with the GIL released, at most
         # WAIT_MS): no Poller and no zmq.Again per message.
