@@ -16,6 +16,7 @@ from pathlib import Path
 from . import config as config_mod
 from .config import ConfigError
 from .run_files import CONFIG_FILE, PS_FINAL_FILE
+from .server.end_files import assemble
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
 RESUMABLE = (
@@ -71,11 +72,9 @@ def finished_note(run_dir, cfg) -> str | None:
     epoch or later), else None. Reads one small file. A sharded run whose servers all finished
     but whose own files were never joined (no shared file system: each server's
     ``servers/server-I`` copied here afterwards) is joined first
-    (``ps_shard_files.assemble``), and the line says so."""
+    (``end_files.assemble``), and the line says so."""
     joined = ""
     if cfg.architecture.servers > 1 and not (Path(run_dir) / PS_FINAL_FILE).exists():
-        from .roles.ps_shard_files import assemble
-
         if assemble(run_dir, cfg.architecture.servers, cfg.train.epochs):
             joined = f"joined the {cfg.architecture.servers} servers' weights into weights.npy; "
     try:

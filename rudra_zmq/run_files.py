@@ -6,10 +6,10 @@ What a run directory holds (``RUN`` below), and who writes it:
 - ``metrics.jsonl``: every record of the run, one JSON line each (the statistics server, the
   simulator); ``summary.csv`` and the PNG plots are made from it (``plots``);
 - ``weights.npy``: the final weights, then ``ps_final.json``: where training ended, in the
-  parameter server's own words (the PS, ``roles/ps_report.py``);
+  parameter server's own words (the PS, ``server/end_files.py``);
 - ``servers/server-I/``: with ``architecture.servers`` > 1, server I's own ``weights.npy``
   (its range), ``ps_final.json`` and ``arrivals.bin``; the last server to finish writes the
-  run's ``weights.npy`` and ``ps_final.json`` from them (``roles/ps_shard_files.py``);
+  run's ``weights.npy`` and ``ps_final.json`` from them (``server/end_files.py``);
 - ``checkpoints/``: the PS's checkpoints, and ``checkpoints/told.json``: the learners told
   STOP once training was over (``roles/ps_checkpoint.py``);
 - ``logs/ROLE.log``: each role's output, and ``processes.json``: every pid and command line

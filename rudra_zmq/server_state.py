@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import codec, server_snapshot, topology, wire
+from . import codec, topology, wire
 from .server_parts import PartedUpdates
 from .span import Span, part_bounds
 from .sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .update import Updater
+from .versions import WeightVersions
 
 
 @dataclass
@@ -362,9 +363,69 @@ class ServerState:
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> tuple[dict, dict]:
-        """(arrays, meta) for ``checkpoint.save``: ``server_snapshot.snapshot``. Pure."""
-        return server_snapshot.snapshot(self)
+        """(arrays, meta): everything a restarted server needs, for ``checkpoint.save``. The
+        arrays are the live buffers of ``span`` (no copy): save them before the next update;
+        meta ``numel`` is the model's size and ``range`` the span [lo, hi]. Pure."""
+        u, c = self.updater, self.counters
+        meta = {
+            "numel": self.model_numel,
+            "range": [self.span.lo, self.span.hi],
+            "signature": self.signature,
+            "engine": self.engine.state_dict(),
+            "incarnations": self.incarnations,
+            "applied": {str(k): list(v) for k, v in self.applied.items()},
+            "steps": {str(k): v for k, v in self.steps.items()},
+            "done": self.done,
+            "counters": {
+                "invalid": c.invalid,
+                "duplicates": c.duplicates,
+                "evictions": c.evictions,
+                "lost_updates": c.lost_updates,
+            },
+        }
+        return {"w": u.w, "v": u.v, "acc": u.acc}, meta
 
     def restore(self, arrays: dict, meta: dict) -> None:
-        """Continue from a ``snapshot`` as a new incarnation: ``server_snapshot.restore``."""
-        server_snapshot.restore(self, arrays, meta)
+        """Continue from a ``snapshot`` (a checkpoint), as a new incarnation: every learner
+        must say HELLO again. A checkpoint without a ``range`` (written before servers had
+        ranges) holds the whole vector. Raises ValueError if the checkpoint holds another
+        model or another range of it."""
+        if meta["numel"] != self.model_numel or meta["signature"] != self.signature:
+            raise ValueError(
+                f"the checkpoint holds a model of {meta['numel']:,} parameters "
+                f"({meta['signature']}); this run's model has "
+                f"{self.model_numel:,} ({self.signature}): was the model config "
+                "changed?"
+            )
+        saved = Span.from_meta(meta.get("range"), meta["numel"])
+        if saved != self.span:
+            raise ValueError(
+                f"the checkpoint holds range {saved} of the model's parameters; "
+                f"this server serves range {self.span}: restore each server from "
+                "its own range's checkpoints (was the number of servers changed?)"
+            )
+        for name in ("w", "v", "acc"):
+            if arrays[name].shape != (self.numel,) or arrays[name].dtype != np.float32:
+                raise ValueError(
+                    f"checkpoint array {name!r} is {arrays[name].dtype} "
+                    f"{arrays[name].shape}, expected float32 ({self.numel},)"
+                )
+        u = self.updater
+        u.versions = WeightVersions(np.ascontiguousarray(arrays["w"]))
+        u.v[:] = arrays["v"]
+        u.acc[:] = arrays["acc"]
+        self.engine.load_state(meta["engine"])
+        self.incarnations = [int(i) for i in meta["incarnations"]] + [self.incarnation]
+        self.applied = {
+            int(k): (int(v[0]), None if v[1] is None else int(v[1]))
+            for k, v in meta["applied"].items()
+        }
+        self.steps = {int(k): int(v) for k, v in meta["steps"].items()}
+        # every learner says HELLO again (and is told STOP then, if training is over); a run
+        # resumed with more train.epochs goes on
+        self.stopped = set()
+        self.done = self.engine.epoch >= self.epochs
+        for k, v in meta["counters"].items():
+            setattr(self.counters, k, int(v))
+        self.restored_ts = self.engine.timestamp
+        self.lost_base, self.lost_now = self.counters.lost_updates, 0

@@ -15,7 +15,7 @@ import pytest
 from cluster import gone
 from rudra_zmq import config as config_mod
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.launch import launcher, run_plan, server_join
+from rudra_zmq.launch import launcher, run_plan
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -436,7 +436,7 @@ def test_with_a_server_elsewhere_the_data_server_serves_until_the_stats_server_e
     """`worker` rank 0 with server 1 on a rank of its own: server 0 finishing is not the end
     of training (server 1 may count a few gradients more); the stats server's end is."""
     fake({"stats": "after_ps:1.5", "data": "mark_term"})
-    monkeypatch.setattr(server_join, "ELSEWHERE_FILES_S", 0.2)  # server 1's files never come
+    monkeypatch.setattr(launcher, "ELSEWHERE_FILES_S", 0.2)  # server 1's files never come
     cfg = load_config(write_config(tmp_path, "sync: {learners: 2}"), ["architecture.servers=2"])
     plan = run_plan.make_plan(cfg)
     config_mod.save(cfg, plan.run_dir / "config.yaml")

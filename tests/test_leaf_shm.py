@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cluster import FakeLearner, running, small_config
-from rudra_zmq import shm, shm_lifecycle, topology, wire
+from rudra_zmq import shm, topology, wire
 from rudra_zmq.config import ConfigError
 from rudra_zmq.roles.leaf_shm import LeafShm, NoShm, make_shared
 from rudra_zmq.roles.ps import ParameterServer
@@ -35,11 +35,11 @@ def leaked(before: set[str]) -> set[str]:
     for name in ours() - before:
         try:
             with open(os.path.join(shm.SHM_DIR, name), "rb") as f:
-                if shm_lifecycle.HEADER.unpack(f.read(shm_lifecycle.HEADER.size))[3] == os.getpid():
+                if shm.HEADER.unpack(f.read(shm.HEADER.size))[3] == os.getpid():
                     mine.add(name)
         except (OSError, ValueError):
             continue
-    return mine | (set(shm_lifecycle.stale_segments()) - before)
+    return mine | (set(shm.stale_segments()) - before)
 
 
 def tree_config(*overrides, depth=1):

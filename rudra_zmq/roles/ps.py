@@ -41,12 +41,12 @@ from .. import codec, kernels, transport, wire
 from ..arrival_log import ArrivalLog
 from ..notices import notice
 from ..run_files import server_dir
+from ..server.end_files import assemble, write_end_files
 from ..throttled_log import ThrottledLog
 from ..wire import Kind
 from .ps_checkpoint import CheckpointSchedule, checkpoint_dir
 from .ps_liveness import Liveness
-from .ps_report import EvalSchedule, PSReport, write_end_files
-from .ps_shard_files import assemble
+from .ps_report import EvalSchedule, PSReport
 from .ps_start import start_state
 from .ps_weights import make_weights_out
 from .serving import Serving
@@ -76,7 +76,7 @@ class ParameterServer:
             statistics: ``run_dir`` and ``stats`` must be None.
         shard: server ``shard`` of ``architecture.servers`` (its range from the model's size,
             ``ps_start.shard_span``): its files go to ``RUN/servers/server-I/``
-            (``ps_shard_files``), its records and EVALs say ``server`` and range.
+            (``end_files``), its records and EVALs say ``server`` and range.
     Not thread-safe: construct and serve from one thread.
     """
 

@@ -7,9 +7,9 @@
 - a ``members`` record whenever λ changes (a learner evicted or rejoining), with λ and c;
 - a ``restart`` record when a restarted server resumed from a checkpoint;
 - a ``done`` record when training finished;
-- its weights, to be evaluated (an EVAL), at the start and when ``EvalSchedule`` says;
+- its weights, to be evaluated (an EVAL), at the start and when ``EvalSchedule`` says.
 
-and, in the run directory, ``weights.npy`` and ``ps_final.json`` (``write_end_files``).
+What it leaves in the run directory at the end is ``end_files.py``'s.
 
 Sends go through ``StatsClient``, which never blocks (a full queue drops and counts). Not
 thread-safe: owned by the parameter server's thread.
@@ -17,14 +17,7 @@ thread-safe: owned by the parameter server's thread.
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from pathlib import Path
-
-import numpy as np
-
-from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 
 FLUSH_S = 0.5  # update records are batched this long
 RATE_EVERY_S = 1.0  # a "ps" record this often
@@ -167,77 +160,6 @@ class EvalSchedule:
         while update.epoch >= self.next_epoch:
             self.next_epoch += self.every_epochs
         return True
-
-
-def write_end_files(files_dir: Path, state) -> None:
-    """The server's weights (``weights.npy``), then ``ps_final.json``, in ``files_dir``, each
-    replaced atomically; an older ``ps_final.json`` (a period before a resume) goes first, so
-    that a crash between the two never pairs these weights with another period's end. Blocks
-    for the writes."""
-    files_dir = Path(files_dir)
-    (files_dir / PS_FINAL_FILE).unlink(missing_ok=True)
-    write_atomically(files_dir / WEIGHTS_FILE, npy_writer(state.w))
-    write_final(files_dir, state)
-
-
-def write_atomically(path: Path, write) -> None:
-    """``write(tmp)`` to a hidden file beside ``path`` named by this process (two servers
-    may write the run's files at once), then rename it to ``path``: a reader or a crash sees
-    the old file or the new one, never half of one. Blocks for the write."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def npy_writer(arr: np.ndarray):
-    """A ``write`` for :func:`write_atomically` saving ``arr`` as .npy (through a file
-    object: given a name, np.save would append ".npy" to the temporary one)."""
-
-    def write(path: Path) -> None:
-        with open(path, "wb") as f:
-            np.save(f, arr)
-
-    return write
-
-
-def write_final(run_dir: Path, state) -> None:
-    """``RUN_DIR/ps_final.json``: where training ended, from the server's own ``state`` (the
-    launcher's result line reads it, not what the statistics server was told). Atomic;
-    blocks for a small write."""
-    eng = state.engine
-    final = {
-        "timestamp": eng.timestamp,
-        "epoch": eng.epoch,
-        "updates": eng.updates,
-        "done": state.done,
-        "incarnation": len(state.incarnations),
-    }
-    if state.parts is not None:  # wire.parts: how many went ahead of their update
-        final["parts"] = state.parts.record()
-    write_atomically(
-        Path(run_dir) / PS_FINAL_FILE, lambda p: p.write_text(json.dumps(final) + "\n")
-    )
-
-
-def read_final(run_dir) -> dict | None:
-    """``RUN_DIR/ps_final.json`` when it says training is done (``done`` true, an int
-    ``timestamp``, a number ``epoch``); None when it is missing, unreadable or says anything
-    else. Reads one small file."""
-    try:
-        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(final, dict) or final.get("done") is not True:
-        return None
-    ts, epoch = final.get("timestamp"), final.get("epoch")
-    if (
-        not isinstance(ts, int)
-        or isinstance(ts, bool)
-        or isinstance(epoch, bool)
-        or not isinstance(epoch, (int, float))
-    ):
-        return None
-    return final
 
 
 def _counters(ps) -> dict:

@@ -2,7 +2,7 @@
 passed in (no sockets, no clock of its own) and one small file read.
 
 A run ends with the PS's ``done`` record or, when none came (it went to a server that has
-gone), with ``RUN/ps_final.json`` saying training is done (``stats_final.final_done``), looked
+gone), with ``RUN/ps_final.json`` saying training is done (``end_files.final_done``), looked
 at every ``FINAL_FILE_EVERY_S`` once it is ``FINAL_FILE_GRACE_S`` old. The server then keeps reading for ``DONE_QUIET_S``
 (stragglers: learner records), and finishes once the final weights (at the ``done``'s ts) are
 evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or after ``DONE_WAIT_S``. A
@@ -16,8 +16,8 @@ import logging
 from pathlib import Path
 
 from .. import wire
-from ..run_files import PS_FINAL_FILE
-from .stats_final import final_done
+from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
+from ..server.end_files import final_done
 from .stats_progress import is_number
 
 log = logging.getLogger("rudra_zmq.stats")
@@ -109,3 +109,11 @@ class RunEnd:
     def waited_out(self, now: float) -> bool:
         """Whether the final weights were waited for long enough (``DONE_WAIT_S``)."""
         return now - self.done["arrived"] >= DONE_WAIT_S
+
+
+def final_record(done: dict, last_ts, last_t) -> dict:
+    """The ``eval`` record's place of final weights read from the file, for the ``done``
+    record ``done`` (its ts, t and epoch on the run's clock): at the time of the final update
+    when the newest update record (``last_ts``, ``last_t``) is it, else of ``done``."""
+    t = last_t if last_ts == done["ts"] else done["t"]
+    return {"ts": done["ts"], "t": t, "epoch": float(done["epoch"]), "weights": WEIGHTS_FILE}

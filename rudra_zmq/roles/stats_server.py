@@ -27,8 +27,10 @@ also goes to TensorBoard (``stats_tensorboard``).
 
 Senders must never be slowed by statistics: their :class:`~.stats_client.StatsClient` sends with
 NOBLOCK and small high-water marks and drops (and counts) what does not fit. The server
-validates everything with ``wire.decode`` and ``stats_intake`` (who may send what); a bad
-message is counted and logged once per sender and reason, never fatal.
+validates everything with ``wire.decode`` and the checks below (who may send what: the
+parameter server, the only sender of EVALs, proves itself by its CURVE key or the run's token;
+which records a METRIC may carry); a bad message is counted and logged once per sender and
+reason, never fatal.
 """
 
 from __future__ import annotations
@@ -47,12 +49,11 @@ from .. import security, transport, wire
 from ..results import plots
 from ..results.records import other_server
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
+from ..server.end_files import final_weights
 from ..wire import Kind
-from .stats_end import RunEnd
+from .stats_end import RunEnd, final_record
 from .stats_eval import Evaluator
 from .stats_file import MetricsFile, json_line
-from .stats_final import final_record, final_weights
-from .stats_intake import batch_items, forged, receiver, record_refusal
 from .stats_join import EvalJoin
 from .stats_progress import Progress, is_number
 from .stats_tensorboard import TensorBoardLog, check_tensorboard
@@ -61,6 +62,59 @@ log = logging.getLogger("rudra_zmq.stats")
 
 POLL_MS = 100
 DRAIN_MAX = 1000  # messages taken per wake-up before the loop looks at clocks again
+RECV_HWM = 2  # per connection on the server; adds to the sender's queue
+OWN_RECORDS = {"eval", "start", "resume"}  # written by this server only
+PS_RECORDS = {"done", "update", "ps", "members", "restart"}  # by the parameter server only
+
+
+# ------------------------------------------------------------------ what it takes in
+def receiver(ctx: zmq.Context, cfg) -> zmq.Socket:
+    """The statistics server's PULL socket (not bound). EVALs come in chunks of
+    ``runtime.chunk_mib``. No keepalive probes: a server that only receives needs no news of
+    dead senders (and no socket sends ZMTP heartbeats: docs/wire.md, "Liveness")."""
+    sock = transport.make_socket(
+        ctx, zmq.PULL, hwm=RECV_HWM, max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20)
+    )
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 0)
+    return sock
+
+
+def forged(frames, msg: wire.Message, curve, token) -> str | None:
+    """Why ``msg`` (decoded from ``frames``) cannot be from the sender it names, or None. With
+    CURVE (``curve``: ``transport.security()``) its key must be allowed to speak as that
+    sender; without, what claims to be the PS (and every EVAL) must carry the run's ``token``
+    when the server has one (``rudra-zmq run``)."""
+    if curve is not None:
+        if not curve.may_speak(frames[0], msg.sender):
+            return f"its key may not speak as {wire.sender_name(msg.sender)}"
+    elif token is not None and (msg.sender == wire.SENDER_PS or msg.kind == Kind.EVAL):
+        if not security.token_matches(msg.fields.get("token"), token):
+            return "it claims to be the parameter server without the run's token"
+    if msg.kind == Kind.EVAL and msg.sender != wire.SENDER_PS:
+        return "only the parameter server sends weights to evaluate"
+    return None
+
+
+def batch_items(rec: dict) -> list | None:
+    """The records one METRIC's ``rec`` carries: a ``batch``'s ``items``, else ``[rec]``; None
+    when a batch holds no list."""
+    items = rec.get("items") if rec.get("type") == "batch" else [rec]
+    return items if isinstance(items, list) else None
+
+
+def record_refusal(r, sender: int) -> tuple[str, str] | None:
+    """(code, message) when the record ``r`` from ``sender`` is refused: not a map with a
+    string ``type`` (``bad_metric``), or a kind only this server or the PS writes
+    (``forged``); None when it may be written."""
+    if not isinstance(r, dict) or not isinstance(r.get("type"), str) or r["type"] == "batch":
+        return "bad_metric", f"a record that is not a map with a string 'type': {r!r:.80}"
+    kind = r["type"]
+    if kind in OWN_RECORDS or (kind in PS_RECORDS and sender != wire.SENDER_PS):
+        writer = "this server" if kind in OWN_RECORDS else "the PS"
+        return "forged", (
+            f"a {kind!r} record from {wire.sender_name(sender)}: only {writer} writes those"
+        )
+    return None
 
 
 class StatsServer:
@@ -280,7 +334,7 @@ class StatsServer:
 
     def _evaluate_final_file(self, stop_event) -> bool:
         """Evaluate the final weights from ``weights.npy`` when they are there
-        (``stats_final``); returns whether it did. Blocks for the evaluation."""
+        (``end_files.final_weights``); returns whether it did. Blocks for the evaluation."""
         try:
             w = final_weights(self.run_dir, self.end.done["ts"], self.flat.numel)
         except ValueError as exc:

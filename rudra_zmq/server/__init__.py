@@ -1,0 +1,1 @@
+"""The parameter server: its serve loop and the pieces of its state."""
