@@ -11,7 +11,7 @@ What a run directory holds (``RUN`` below), and who writes it:
   (its range), ``ps_final.json`` and ``arrivals.bin``; the last server to finish writes the
   run's ``weights.npy`` and ``ps_final.json`` from them (``server/end_files.py``);
 - ``checkpoints/``: the PS's checkpoints, and ``checkpoints/told.json``: the learners told
-  STOP once training was over (``roles/ps_checkpoint.py``);
+  STOP once training was over (``server/checkpointing.py``);
 - ``logs/ROLE.log``: each role's output, and ``processes.json``: every pid and command line
   (the launchers);
 - ``keys/``: the run's own CurveZMQ keys (``run_plan.run_keys``); ``tensorboard/``: the
@@ -33,7 +33,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.csv"
 WEIGHTS_FILE = "weights.npy"  # the final weights, saved before PS_FINAL_FILE
 PS_FINAL_FILE = "ps_final.json"  # where training ended, in the PS's own words
-ARRIVALS_FILE = "arrivals.bin"  # the PS's engine events, for replay (arrival_log.py)
+ARRIVALS_FILE = "arrivals.bin"  # the PS's engine events, for replay (server/arrival_log.py)
 CHECKPOINT_DIR = "checkpoints"
 SERVERS_DIR = "servers"  # architecture.servers > 1: each server's own files, server-I/
 TOLD_FILE = "told.json"  # in CHECKPOINT_DIR: learners told STOP (ToldRecord)
@@ -65,7 +65,7 @@ def sim_checkpoint_path(run_dir) -> Path:
 
 def checkpoints_root(run_dir) -> Path:
     """``RUN/checkpoints``: where a run keeps its checkpoints (a server of a range of the
-    vector in a folder below it: ``roles.ps_checkpoint.checkpoint_dir``)."""
+    vector in a folder below it: ``server.checkpointing.checkpoint_dir``)."""
     return Path(run_dir) / CHECKPOINT_DIR
 
 

@@ -381,7 +381,7 @@ class FakeNode:
 
 def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
     from cluster import running
-    from rudra_zmq.roles.ps import ParameterServer
+    from rudra_zmq.server.ps import ParameterServer
 
     w0 = np.arange(SMALL, dtype=np.float32)
     ps = ParameterServer(

@@ -113,12 +113,18 @@ def test_learner_ids_must_be_below_lambda_and_well_formed(tmp_path):
     assert res.returncode == 2 and "learner ids separated by commas" in res.stderr
 
 
+ROLE_MODULES = {  # what each role command runs
+    "ps": "rudra_zmq.server.ps",
+    "learner": "rudra_zmq.roles.learner",
+    "data_server": "rudra_zmq.roles.data_server",
+    "stats_server": "rudra_zmq.roles.stats_server",
+}
+
+
 @pytest.fixture
 def fake_roles(monkeypatch):
-    """Fake rudra_zmq.roles.* modules whose serve() records its arguments; no torch."""
+    """Fake role modules whose serve() records its arguments; no torch."""
     calls = {}
-    package = types.ModuleType("rudra_zmq.roles")
-    monkeypatch.setitem(sys.modules, "rudra_zmq.roles", package)
 
     def recorder(name):
         def serve(*args, **kwargs):
@@ -127,8 +133,8 @@ def fake_roles(monkeypatch):
 
         return serve
 
-    for name in ("ps", "learner", "data_server", "stats_server"):
-        module = types.ModuleType(f"rudra_zmq.roles.{name}")
+    for name, path in ROLE_MODULES.items():
+        module = types.ModuleType(path)
         module.serve = recorder(name)
         monkeypatch.setitem(sys.modules, module.__name__, module)
     threads = []
@@ -201,12 +207,11 @@ def test_sigterm_stops_a_role_command_with_exit_code_143(tmp_path):
     ready = tmp_path / "ready"
     driver = textwrap.dedent(f"""
         import sys, time, types
-        mod = types.ModuleType("rudra_zmq.roles.data_server")
+        mod = types.ModuleType({ROLE_MODULES["data_server"]!r})
         def serve(cfg, bind):
             open({str(ready)!r}, "w").close()
             time.sleep(60)
         mod.serve = serve
-        sys.modules["rudra_zmq.roles"] = types.ModuleType("rudra_zmq.roles")
         sys.modules[mod.__name__] = mod
         from rudra_zmq.cli import main
         sys.exit(main(["data", "--config", {cfg!r}, "--bind", "tcp://127.0.0.1:1"]))

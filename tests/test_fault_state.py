@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from cluster import small_config
-from rudra_zmq import checkpoint, wire
-from rudra_zmq.server_state import ServerState
+from rudra_zmq import wire
+from rudra_zmq.server import checkpoint
+from rudra_zmq.server.state import ServerState
 from rudra_zmq.sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine
 from rudra_zmq.wire import Kind
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rudra_zmq.roles.ps_liveness import EVICT_CHECK_S, WAIT_NOTE_S, Liveness
+from rudra_zmq.server.liveness import EVICT_CHECK_S, WAIT_NOTE_S, Liveness
 
 
 def runtime(learner_timeout_s=2.0, timeout_s=20.0):

@@ -3,7 +3,7 @@
 
 from types import SimpleNamespace
 
-from rudra_zmq.roles.ps_report import EvalSchedule
+from rudra_zmq.server.report import EvalSchedule
 
 
 def train(every_updates=0, every_epochs=0):

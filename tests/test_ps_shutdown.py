@@ -22,8 +22,8 @@ import pytest
 
 from fault_runs import ROOT, records
 from rudra_zmq import security
-from rudra_zmq.roles.ps_checkpoint import ToldRecord
 from rudra_zmq.run_files import TOLD_FILE
+from rudra_zmq.server.checkpointing import ToldRecord
 
 pytestmark = pytest.mark.timeout(300)
 BOUND_S = 240  # far below runtime.timeout_s (600): a stall fails the run's wait

@@ -6,7 +6,8 @@ import logging
 import pytest
 import zmq
 
-from rudra_zmq import security, throttled_log, transport
+from rudra_zmq import security, transport
+from rudra_zmq.server import throttled_log
 
 
 def test_a_libzmq_older_than_4_3_5_is_refused_saying_how_to_upgrade(monkeypatch):

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from cluster import small_config
-from rudra_zmq import checkpoint, wire
-from rudra_zmq.roles.ps_checkpoint import checkpoint_dir, restore_latest
-from rudra_zmq.server_state import ServerState
+from rudra_zmq import wire
+from rudra_zmq.server import checkpoint
+from rudra_zmq.server.checkpointing import checkpoint_dir, restore_latest
+from rudra_zmq.server.state import ServerState
 from rudra_zmq.span import Span, split
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind

@@ -188,9 +188,9 @@ def test_a_frozen_learner_is_evicted_by_each_server_then_rejoins_each(tmp_path):
 
 
 def test_the_model_size_comes_from_a_child_process_when_it_is_not_cached(monkeypatch):
-    from rudra_zmq import initial_weights
     from rudra_zmq.config import ConfigError, load_config
     from rudra_zmq.launch import preflight
+    from rudra_zmq.server import initial_weights
 
     cfg = load_config(ROOT / "configs" / "quickstart.yaml")
     monkeypatch.setattr(initial_weights, "read", lambda *a: None)

@@ -23,7 +23,7 @@ from rudra_zmq import codec, transport
 from rudra_zmq.channel import Channel, ServerError
 from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.roles.learner import Learner
-from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.server.ps import ParameterServer
 from rudra_zmq.span import split
 from rudra_zmq.wire import Kind
 
@@ -83,7 +83,7 @@ def run_sharded(cfg, k, ctx):
 
 
 def initial_weights(cfg):
-    from rudra_zmq.roles.ps_start import initial_model
+    from rudra_zmq.server.start import initial_model
 
     return initial_model(cfg)[0]
 

@@ -81,7 +81,7 @@ def _learner(ctx, endpoint, i, numel, until, out):
 def arm(numel: int, curve, seconds: float, learners: int) -> dict:
     """One arm (``curve``: a ``security.Curve``, or None for plaintext). Blocks."""
     from .. import transport
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     transport.set_security(curve)
     ctx = zmq.Context()

@@ -255,7 +255,7 @@ def advstar_available() -> bool:
 
     if importlib.util.find_spec("rudra_zmq.roles.broadcast") is None:
         return False
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     return "broadcast" in inspect.signature(ParameterServer.__init__).parameters
 

@@ -4,7 +4,7 @@ Three roles, each a process started as ``python -m rudra_zmq.benchmarks.syntheti
 (by :mod:`.synthetic_cluster`, optionally inside a network namespace), all loading the same
 config overrides (``--set``) so that they plan the same tree:
 
-- ``ps``: the real :class:`~rudra_zmq.roles.ps.ParameterServer` on a synthetic model of
+- ``ps``: the real :class:`~rudra_zmq.server.ps.ParameterServer` on a synthetic model of
   ``--params`` float32 parameters (``model=``, no torch), subclassed as :class:`CountingPS` to
   count what reaches the root's handler: every frame after the routing id, the gradient
   payloads of PUSH/PUSHPULL/RELAY, and the payloads it sends; one record per update.
@@ -100,7 +100,7 @@ def _usage() -> dict:
 # ----------------------------------------------------------------------------- the root
 def counting_ps_class():
     """:class:`CountingPS`, defined on first use so that importing this module stays light."""
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     class CountingPS(ParameterServer):
         """A ParameterServer that counts the bytes reaching (and leaving) its handler.

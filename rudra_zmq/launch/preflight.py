@@ -30,16 +30,16 @@ import time
 from pathlib import Path
 
 from .. import config as config_mod
-from .. import initial_weights
 from ..config import ConfigError, DataConfig
 from ..config_architecture import check_servers_fit
 from ..data import dataset_cache, datasets, images
+from ..server import initial_weights
 from ..user_code import is_import_path
 from .run_plan import usable_cores
 
 # model_numel: the model built in a child process, which fills the initial-weights cache
 _SIZE = (
-    "import sys; from rudra_zmq import config; from rudra_zmq.roles.ps_start import "
+    "import sys; from rudra_zmq import config; from rudra_zmq.server.start import "
     "initial_model; print(initial_model(config.load_config(sys.argv[1]))[0].shape[0])"
 )
 

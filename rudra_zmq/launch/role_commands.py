@@ -71,7 +71,7 @@ def cmd_ps(args) -> int:
     # torch is imported later, after the PS binds (``ParameterServer``), for its initial
     # weights only: its thread count does not matter, and learners start meanwhile
     return role_process.serve(
-        "ps",
+        "rudra_zmq.server.ps",
         ps_threads(cfg),
         False,
         lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir, resume=args.resume, **extra),
@@ -131,7 +131,7 @@ def cmd_learner(args) -> int:
     # this process's own learners)
     threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
     return role_process.serve(
-        "learner",
+        "rudra_zmq.roles.learner",
         threads,
         True,
         lambda m: m.serve(cfg, args.id, ps, args.data, args.stats, **extra),
@@ -170,19 +170,24 @@ def cmd_node(args) -> int:
         raise UsageError(f"--id {args.id}: {exc}") from None
     shard = _shard(cfg, args.shard, "tree node")
     return role_process.serve(
-        "tree_node", 1, False, lambda m: m.serve(cfg, args.id, args.bind, args.parent, shard)
+        "rudra_zmq.roles.tree_node",
+        1,
+        False,
+        lambda m: m.serve(cfg, args.id, args.bind, args.parent, shard),
     )
 
 
 def cmd_data(args) -> int:
     cfg = config_of(args)
-    return role_process.serve("data_server", 1, False, lambda m: m.serve(cfg, args.bind))
+    return role_process.serve(
+        "rudra_zmq.roles.data_server", 1, False, lambda m: m.serve(cfg, args.bind)
+    )
 
 
 def cmd_stats(args) -> int:
     cfg = config_of(args)
     return role_process.serve(
-        "stats_server",
+        "rudra_zmq.roles.stats_server",
         1,
         False,
         lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume),

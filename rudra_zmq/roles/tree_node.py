@@ -34,11 +34,11 @@ import zmq
 from .. import codec, transport, wire
 from ..channel import Channel, ServerError
 from ..node_state import NodeState
-from ..throttled_log import ThrottledLog
+from ..server.serving import Serving
+from ..server.throttled_log import ThrottledLog
 from ..wire import Kind
 from .leaf_shm import make_shared
 from .node_weights import make_children_out
-from .serving import Serving
 
 log = logging.getLogger("rudra_zmq.tree_node")
 

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import arrival_log
 from ..config import ConfigError, load_config
 from ..run_files import WEIGHTS_FILE, config_path
+from ..server import arrival_log
+from ..server.update import Updater
 from ..sync import SyncEngine
-from ..update import Updater
 
 GRADIENT, LEAVE, JOIN = arrival_log.GRADIENT, arrival_log.LEAVE, arrival_log.JOIN
 

@@ -4,7 +4,7 @@ Weights (immutable versions), momentum and gradient sum (``update.Updater``) of 
 the model's flat vector this server serves (``span.Span``: the whole vector unless sharded),
 the sync engine (timestamp, pending gradients, learning-rate schedule), who registered on
 which connection, the server's incarnation, who was told to stop, and counters. Pure data and
-the rules that change it: no sockets, no sends. The serving role (``roles/ps.py``) decodes a
+the rules that change it: no sockets, no sends. The serving role (``server/ps.py``) decodes a
 message, calls one method here and sends what it returns.
 
 Not thread-safe: owned by the parameter server's thread.
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import codec, topology, wire
-from .server_parts import PartedUpdates
-from .span import Span, part_bounds
-from .sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
+from .. import codec, topology, wire
+from ..span import Span, part_bounds
+from ..sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
+from .parts import PartedUpdates
 from .update import Updater
 from .versions import WeightVersions
 
@@ -84,7 +84,7 @@ class ServerState:
         self.done = False  # the last update reached train.epochs
         self.counters = Counters()
         self.log = None  # an arrival_log.ArrivalLog: the engine's events, for replay
-        p = cfg.wire.parts  # hardsync in parts (server_parts.py), if the range has two or more
+        p = cfg.wire.parts  # hardsync in parts (server/parts.py), if the range has two or more
         self.parts = (
             PartedUpdates(self.updater, self.engine, p)
             if len(part_bounds(self.numel, p)) > 2

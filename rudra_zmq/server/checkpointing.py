@@ -6,7 +6,7 @@ A checkpoint is written after an update once ``train.checkpoint_every_s`` second
 off), when training completes (before the first STOP), and at the end if anything changed
 since. Which learners were told STOP after that is kept beside it (``ToldRecord``): a PS
 restarted by the same launcher does not wait for learners that have already gone. It is the
-``ServerState.snapshot()``; ``checkpoint.py`` makes it atomic and verified. Writing blocks the
+``ServerState.snapshot()``; ``server/checkpoint.py`` makes it atomic and verified. Writing blocks the
 serving thread (the weights must not change while they are written): its cost is measured in
 ``bench/RESULTS.md`` (checkpoint cost).
 
@@ -29,9 +29,10 @@ import re
 import time
 from pathlib import Path
 
-from .. import checkpoint, security
+from .. import security
 from ..run_files import TOLD_FILE, checkpoints_root
 from ..span import Span
+from . import checkpoint
 
 log = logging.getLogger("rudra_zmq.ps")
 

@@ -38,18 +38,18 @@ from pathlib import Path
 import zmq
 
 from .. import codec, kernels, transport, wire
-from ..arrival_log import ArrivalLog
 from ..notices import notice
 from ..run_files import server_dir
-from ..server.end_files import assemble, write_end_files
-from ..throttled_log import ThrottledLog
 from ..wire import Kind
-from .ps_checkpoint import CheckpointSchedule, checkpoint_dir
-from .ps_liveness import Liveness
-from .ps_report import EvalSchedule, PSReport
-from .ps_start import start_state
-from .ps_weights import make_weights_out
+from .arrival_log import ArrivalLog
+from .checkpointing import CheckpointSchedule, checkpoint_dir
+from .end_files import assemble, write_end_files
+from .liveness import Liveness
+from .report import EvalSchedule, PSReport
 from .serving import Serving
+from .start import start_state
+from .throttled_log import ThrottledLog
+from .weights import make_weights_out
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -155,7 +155,7 @@ class ParameterServer:
             )
         self.stats = None
         if stats:
-            from .stats_client import StatsClient
+            from ..roles.stats_client import StatsClient
 
             self.stats = StatsClient(
                 self.ctx,

@@ -1,7 +1,7 @@
 """The parameter server's optimizer state and update: weights, momentum, gradient sum.
 
 Pure computation on flat float32 buffers with the compiled kernels (GIL released): no
-sockets, no protocol. The parameter server (``roles/ps.py``) decides *when* to update (the
+sockets, no protocol. The parameter server (``server/ps.py``) decides *when* to update (the
 sync engine) and sends the results; this module does the arithmetic:
 
 - ``add``: one message's gradient frames summed into ``acc`` in place, each at its offset
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import codec, kernels
-from .span import Span
+from .. import codec, kernels
+from ..span import Span
 from .versions import WeightVersions
 
 

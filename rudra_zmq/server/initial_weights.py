@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .data.dataset_cache import save_npz
-from .data.datasets import default_cache_dir
-from .user_code import is_import_path
+from ..data.dataset_cache import save_npz
+from ..data.datasets import default_cache_dir
+from ..user_code import is_import_path
 
 CACHE_VERSION = 1
 _SOURCES = ("models.py", "flat.py")  # what builds the weights and lays them out
@@ -41,7 +41,7 @@ def cache_path(cfg, shape) -> Path | None:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the package: models.py, flat.py
     source = hashlib.sha256(b"".join((here / f).read_bytes() for f in _SOURCES)).hexdigest()
     key = repr(
         (

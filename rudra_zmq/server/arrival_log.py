@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .run_files import ARRIVALS_FILE
+from ..run_files import ARRIVALS_FILE
 
 MAGIC = b"RZARRIV1"
 HEADER = struct.Struct("<8sq")

@@ -25,8 +25,8 @@ import time
 
 from .. import transport, wire
 from ..sync import ProtocolViolation, Rejoin
-from ..throttled_log import ThrottledLog
 from ..wire import Kind
+from .throttled_log import ThrottledLog
 
 REQUESTS = frozenset(
     {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.PUSHPULL, Kind.BYE, Kind.RELAY, Kind.CHECK}

@@ -21,8 +21,8 @@ drives it with the updater. Not thread-safe: owned by the server's thread.
 
 from __future__ import annotations
 
-from .span import part_bounds
-from .sync import ProtocolViolation
+from ..span import part_bounds
+from ..sync import ProtocolViolation
 
 
 class PartRound:

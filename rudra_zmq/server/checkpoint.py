@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .notices import notice
+from ..notices import notice
 
 log = logging.getLogger("rudra_zmq.checkpoint")
 

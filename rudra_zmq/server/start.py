@@ -11,9 +11,9 @@ from pathlib import Path
 from ..config import ConfigError
 from ..config_architecture import check_servers_fit
 from ..notices import notice
-from ..server_state import ServerState
 from ..span import Span, split
-from .ps_checkpoint import ToldRecord, checkpoint_dir, restore_latest
+from .checkpointing import ToldRecord, checkpoint_dir, restore_latest
+from .state import ServerState
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -21,8 +21,8 @@ log = logging.getLogger("rudra_zmq.ps")
 def initial_model(cfg):
     """The configured model's initial state: (weights copy, segments, signature, input shape),
     from the cache (``initial_weights``: no torch) or built, then cached. Blocks."""
-    from .. import initial_weights
     from ..data.datasets import dataset_shape
+    from . import initial_weights
 
     shape = dataset_shape(cfg.data)
     cached = initial_weights.read(cfg, shape)
