@@ -27,8 +27,8 @@ def run_in_threads(config, overrides, run_dir):
     from rudra_zmq.roles.data_server import DataServer
     from rudra_zmq.roles.learner import Learner
     from rudra_zmq.roles.stats_server import StatsServer
-    from rudra_zmq.roles.tree_node import TreeNode
     from rudra_zmq.server.ps import ParameterServer
+    from rudra_zmq.tree.node import TreeNode
 
     cfg = load_config(config, list(overrides))
     plan = make_plan(cfg, run_dir)

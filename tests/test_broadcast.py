@@ -422,7 +422,7 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
 
 def test_an_advstar_leaf_relays_pushes_answers_ack_and_serves_no_weights(ctx):
     from cluster import FakeLearner, running
-    from rudra_zmq.roles.tree_node import TreeNode
+    from rudra_zmq.tree.node import TreeNode
 
     parent = ctx.socket(zmq.ROUTER)
     parent.setsockopt(zmq.LINGER, 0)

@@ -14,9 +14,9 @@ import pytest
 from cluster import FakeLearner, running, small_config
 from rudra_zmq import shm, topology, wire
 from rudra_zmq.config import ConfigError
-from rudra_zmq.roles.leaf_shm import LeafShm, NoShm, make_shared
-from rudra_zmq.roles.tree_node import TreeNode
 from rudra_zmq.server.ps import ParameterServer
+from rudra_zmq.tree.leaf_shm import LeafShm, NoShm, make_shared
+from rudra_zmq.tree.node import TreeNode
 from rudra_zmq.wire import Kind, WireError
 from test_ps import expected_step
 from test_system import DIGITS, ROOT, threaded_run

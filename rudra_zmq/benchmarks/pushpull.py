@@ -2,7 +2,7 @@
 
 The passive side (``--bind``; :mod:`.pushpull_server`) runs per case a real
 :class:`~rudra_zmq.server.ps.ParameterServer` on a synthetic model of n float32 parameters (no
-torch), optionally under a tree of :class:`~rudra_zmq.roles.tree_node.TreeNode` processes
+torch), optionally under a tree of :class:`~rudra_zmq.tree.node.TreeNode` processes
 (``--arch adv``), an echo server (the PS's protocol, answering from a preallocated array with no
 update) and a raw ZeroMQ server (a ROUTER answering with a preallocated buffer, zero-copy). The
 measuring side (:mod:`.pushpull_client`) starts λ client processes that speak the wire protocol

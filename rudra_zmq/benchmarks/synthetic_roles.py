@@ -8,7 +8,7 @@ config overrides (``--set``) so that they plan the same tree:
   ``--params`` float32 parameters (``model=``, no torch), subclassed as :class:`CountingPS` to
   count what reaches the root's handler: every frame after the routing id, the gradient
   payloads of PUSH/PUSHPULL/RELAY, and the payloads it sends; one record per update.
-- ``node``: the real :class:`~rudra_zmq.roles.tree_node.TreeNode` (it never imports torch).
+- ``node``: the real :class:`~rudra_zmq.tree.node.TreeNode` (it never imports torch).
 - ``learners``: :class:`~.synthetic_learner.SyntheticLearner` threads, one per ``--ids``
   entry: HELLO, then (after a start barrier, ``--go``) until STOP: "compute" (sleep
   ``--compute-ms``, ±10 % seeded jitter, standing in for forward and backward), PUSHPULL of a
@@ -227,7 +227,7 @@ def main_ps(args) -> dict:
 
 
 def main_node(args) -> dict:
-    from ..roles.tree_node import TreeNode
+    from ..tree.node import TreeNode
 
     transport.tune_malloc()
     kernels.set_num_threads(1)  # as `rudra-zmq node` does

@@ -170,7 +170,7 @@ def cmd_node(args) -> int:
         raise UsageError(f"--id {args.id}: {exc}") from None
     shard = _shard(cfg, args.shard, "tree node")
     return role_process.serve(
-        "rudra_zmq.roles.tree_node",
+        "rudra_zmq.tree.node",
         1,
         False,
         lambda m: m.serve(cfg, args.id, args.bind, args.parent, shard),

@@ -1,14 +1,15 @@
 """A Rudra-adv tree node's side of the sync protocol: what its sum holds, and when to relay it.
 
-Pure logic like the ``sync`` package, whose protocol rules it applies (``sync.barrier``): no sockets,
-threads or clocks. ``node_state.NodeState`` owns one; ``docs/architecture.md`` draws the tree.
+Pure logic like the rest of the ``sync`` package, whose protocol rules it applies
+(``rules.barrier``): no sockets, threads or clocks. A tree node's state (``tree/state.py``'s
+``NodeState``) owns one; ``docs/architecture.md`` draws the tree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .sync import NOW, ProtocolViolation, Reply, barrier
+from .rules import NOW, ProtocolViolation, Reply, barrier
 
 
 @dataclass

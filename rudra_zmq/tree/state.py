@@ -4,7 +4,7 @@ The sum of the children's gradients being built and the one in flight to the par
 vector clock of each (``relay_clock.RelayClock``), who waits for which relay, the parent's newest
 weights (its received frames, never written), registrations, incarnation, who was told to
 stop, and counters. Pure data and the rules that change it: no sockets, no sends
-(``roles/tree_node.py`` does the talking, and changes this state only through its methods).
+(``tree/node.py`` does the talking, and changes this state only through its methods).
 
 Not thread-safe: owned by the tree node's thread.
 """
@@ -15,12 +15,12 @@ import secrets
 
 import numpy as np
 
-from . import codec, topology, wire
-from .config_architecture import check_servers_fit
-from .relay_clock import RelayClock
-from .span import split
-from .sync import ProtocolViolation, Rejoin
-from .typed_yaml import ConfigError
+from .. import codec, topology, wire
+from ..config_architecture import check_servers_fit
+from ..span import split
+from ..sync import ProtocolViolation, Rejoin
+from ..sync.relay_clock import RelayClock
+from ..typed_yaml import ConfigError
 
 
 class NodeState:

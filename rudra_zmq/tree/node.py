@@ -7,7 +7,7 @@ sockets (ROUTER to the children, DEALER to the parent), polled together.
 
 - Every HELLO is checked against the tree the config plans (``topology``); the model's size and
   signature come from the first child, so the node never imports torch.
-- Gradients are checked by a :class:`~rudra_zmq.relay_clock.RelayClock` and summed in place.
+- Gradients are checked by a :class:`~rudra_zmq.sync.relay_clock.RelayClock` and summed in place.
   A child is answered when the relay carrying its gradient is answered: WEIGHTS or UPTODATE, or
   ACK under advstar, where PULL and PUSHPULL are refused. PULLs are served from the cached
   weights when the clock says (``RelayClock.reply``).
@@ -33,12 +33,12 @@ import zmq
 
 from .. import codec, transport, wire
 from ..channel import Channel, ServerError
-from ..node_state import NodeState
 from ..server.serving import Serving
 from ..server.throttled_log import ThrottledLog
 from ..wire import Kind
 from .leaf_shm import make_shared
-from .node_weights import make_children_out
+from .state import NodeState
+from .weights import make_children_out
 
 log = logging.getLogger("rudra_zmq.tree_node")
 

@@ -14,9 +14,9 @@ Both send through the node's ``send(ident, kind, payloads=(), **fields)`` and re
 from __future__ import annotations
 
 from .. import wire
-from ..node_state import NodeState
 from ..sync import ProtocolViolation
 from ..wire import Kind
+from .state import NodeState
 
 
 def make_children_out(state: NodeState, send, shared):
