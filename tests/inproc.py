@@ -24,8 +24,8 @@ def run_in_threads(config, overrides, run_dir):
     role does not end. Blocks."""
     import torch
 
-    from rudra_zmq.roles.data_server import DataServer
-    from rudra_zmq.roles.learner import Learner
+    from rudra_zmq.data.server import DataServer
+    from rudra_zmq.learner.learner import Learner
     from rudra_zmq.roles.stats_server import StatsServer
     from rudra_zmq.server.ps import ParameterServer
     from rudra_zmq.tree.node import TreeNode

@@ -11,8 +11,10 @@ import zmq
 
 from cluster import small_config
 from rudra_zmq import topology, wire
+from rudra_zmq.broadcast.link import default_window
+from rudra_zmq.broadcast.member import BroadcastMember
+from rudra_zmq.broadcast.root import BroadcastRoot
 from rudra_zmq.config import ConfigError
-from rudra_zmq.roles.broadcast import BroadcastMember, BroadcastRoot, default_window
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(60)

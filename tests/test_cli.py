@@ -115,8 +115,8 @@ def test_learner_ids_must_be_below_lambda_and_well_formed(tmp_path):
 
 ROLE_MODULES = {  # what each role command runs
     "ps": "rudra_zmq.server.ps",
-    "learner": "rudra_zmq.roles.learner",
-    "data_server": "rudra_zmq.roles.data_server",
+    "learner": "rudra_zmq.learner.learner",
+    "data_server": "rudra_zmq.data.server",
     "stats_server": "rudra_zmq.roles.stats_server",
 }
 

@@ -55,7 +55,7 @@ def tree_config(*overrides, depth=1):
 
 
 class ShmLearner:
-    """A FakeLearner that offers shared gradient slots in its HELLO, as roles/learner.py does."""
+    """A FakeLearner that offers shared gradient slots in its HELLO, as learner/learner.py does."""
 
     def __init__(self, ctx, endpoint, learner, leaf, numel):
         self.fake, self.leaf, self.numel = FakeLearner(ctx, endpoint, learner), leaf, numel

@@ -37,9 +37,9 @@ from cluster import running, small_config
 from rudra_zmq import keys, security, transport, wire
 from rudra_zmq.channel import Channel
 from rudra_zmq.data.data_order import load_data
+from rudra_zmq.data.server import DataServer
 from rudra_zmq.results import compare
 from rudra_zmq.results.compare import result_line
-from rudra_zmq.roles.data_server import DataServer
 from rudra_zmq.roles.stats_end import DONE_QUIET_S
 from rudra_zmq.roles.stats_server import StatsServer
 from rudra_zmq.server.ps import ParameterServer

@@ -75,7 +75,7 @@ def test_the_digits_split_is_cached_and_read_back_without_scikit_learn(tmp_path,
     # a data server of another process: the split from the cache, no torch, no sklearn
     code = (
         "from rudra_zmq.config import load_config\n"
-        "from rudra_zmq.roles.data_server import DataServer\n"
+        "from rudra_zmq.data.server import DataServer\n"
         "s = DataServer(load_config(overrides=['data.dataset=digits']), 'tcp://127.0.0.1:0')\n"
         "s.close()"
     )

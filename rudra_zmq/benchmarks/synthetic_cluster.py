@@ -253,7 +253,7 @@ def advstar_available() -> bool:
     import importlib.util
     import inspect
 
-    if importlib.util.find_spec("rudra_zmq.roles.broadcast") is None:
+    if importlib.util.find_spec("rudra_zmq.broadcast.root") is None:
         return False
     from ..server.ps import ParameterServer
 

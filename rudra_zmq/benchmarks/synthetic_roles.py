@@ -12,10 +12,10 @@ config overrides (``--set``) so that they plan the same tree:
 - ``learners``: :class:`~.synthetic_learner.SyntheticLearner` threads, one per ``--ids``
   entry: HELLO, then (after a start barrier, ``--go``) until STOP: "compute" (sleep
   ``--compute-ms``, ±10 % seeded jitter, standing in for forward and backward), PUSHPULL of a
-  fixed gradient (zero-copy, as ``roles/learner.py``), and the copy of new weights into its
+  fixed gradient (zero-copy, as ``learner/learner.py``), and the copy of new weights into its
   own buffer (as its ``_load``). With ``architecture.kind: advstar`` it does what
-  ``roles/learner.py`` does for Rudra-adv*: weights come by its
-  :class:`~rudra_zmq.roles.broadcast.BroadcastMember` (adopted between steps), gradients go to
+  ``learner/learner.py`` does for Rudra-adv*: weights come by its
+  :class:`~rudra_zmq.broadcast.member.BroadcastMember` (adopted between steps), gradients go to
   its leaf as PUSH without waiting for the reply (collected before the next push).
 
 Servers print ``listening on ENDPOINT`` once bound (an advstar root first prints ``broadcast

@@ -131,7 +131,7 @@ def cmd_learner(args) -> int:
     # this process's own learners)
     threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
     return role_process.serve(
-        "rudra_zmq.roles.learner",
+        "rudra_zmq.learner.learner",
         threads,
         True,
         lambda m: m.serve(cfg, args.id, ps, args.data, args.stats, **extra),
@@ -179,9 +179,7 @@ def cmd_node(args) -> int:
 
 def cmd_data(args) -> int:
     cfg = config_of(args)
-    return role_process.serve(
-        "rudra_zmq.roles.data_server", 1, False, lambda m: m.serve(cfg, args.bind)
-    )
+    return role_process.serve("rudra_zmq.data.server", 1, False, lambda m: m.serve(cfg, args.bind))
 
 
 def cmd_stats(args) -> int:

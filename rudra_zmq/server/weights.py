@@ -119,7 +119,7 @@ class BroadcastWeights:
     """Rudra-adv*: each version goes down the broadcast; gradients are answered ACK."""
 
     def __init__(self, state, send, ctx, bind: str, children):
-        from ..roles.broadcast import BroadcastRoot
+        from ..broadcast.root import BroadcastRoot
 
         self.state, self.send = state, send
         self.root = BroadcastRoot(

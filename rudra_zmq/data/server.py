@@ -30,8 +30,8 @@ import numpy as np
 import zmq
 
 from .. import transport, wire
-from ..data.data_order import SampleStream, load_data
 from ..wire import Kind
+from .data_order import SampleStream, load_data
 
 log = logging.getLogger("rudra_zmq.data")
 

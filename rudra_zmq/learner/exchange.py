@@ -7,7 +7,7 @@ Exchanges (what goes up and what comes back):
   the model) or UPTODATE, sent when the server's sync engine says: under hardsync after its
   update, so every learner starts the next step on the same weights.
 - :class:`BroadcastPush` (``advstar``): push without waiting; weights arrive by the learners'
-  broadcast on a :class:`~rudra_zmq.roles.broadcast.BroadcastMember` I/O thread, and the
+  broadcast on a :class:`~rudra_zmq.broadcast.member.BroadcastMember` I/O thread, and the
   newest complete version is adopted between steps.
 
 Carriers (how the bytes travel to the first hop):
@@ -305,7 +305,7 @@ def broadcast_member(cfg, ctx, bcast, numel: int, learner_id: int):
     """Learner ``learner_id``'s place in Rudra-adv*'s broadcast, started: ``bcast`` is its
     (upstream, bind) endpoints; its children and upstream come from the run's topology. Raises
     ValueError naming the missing option. Used by the learner and the synthetic learner."""
-    from .broadcast import BroadcastMember
+    from ..broadcast.member import BroadcastMember
 
     if not bcast or not bcast[0]:
         raise ValueError(

@@ -33,8 +33,8 @@ import zmq
 from .. import transport
 from ..span import split
 from .data_client import DataClient
-from .learner_exchange import make_exchange
-from .learner_shards import ShardedPushPull, Shards, server_channels
+from .exchange import make_exchange
+from .shards import ShardedPushPull, Shards, server_channels
 
 log = logging.getLogger("rudra_zmq.learner")
 
@@ -140,7 +140,7 @@ class Learner:
         )
         self.data = DataClient(*self._data_args, **self._data_kw)
         if stats:
-            from .stats_client import StatsClient
+            from ..roles.stats_client import StatsClient
 
             self.stats = StatsClient(self.ctx, stats, learner_id)
         if isinstance(self.ps, Shards):

@@ -1,24 +1,8 @@
-"""Rudra-adv*: each weight version travels once from the root PS through the learners.
-
-With ``architecture.kind: advstar`` the root publishes every new version into a broadcast tree
-of the learners (``architecture.broadcast_fanout`` = k, k = 1 a chain; learner i's children are
-k(i+1) .. k(i+1)+k-1, ``topology.broadcast_children``). A version is sent as ``total`` BCAST
-chunks; a member forwards each chunk the moment it arrives (the received frames, zero-copy),
-so the chain pipelines.
-
-- Flow control is credit-based per link, in chunks: a sender starts a version on a link only if
-  the link has credit for all of it; otherwise the link later gets the newest complete version,
-  whole. A slow member only misses superseded versions, and nobody waits for it.
-- Every chunk is validated before anything is forwarded or kept; a refused chunk changes nothing.
-- A complete version is an immutable :class:`Version` of the received frames (never written, no
-  copy) that becomes the newest by one reference assignment, so no reader sees half of one. The
-  learner copies the newest into its model between steps (``copy_latest_into``).
-
-The sending side of each hop is ``broadcast_link.Fanout``. Threads: :class:`BroadcastRoot` and
-:class:`BroadcastMember` each run one I/O thread that owns their sockets after ``start()``; the
-owner talks to it over an inproc PAIR pipe (``publish``, ``close``). No torch here. Windows and
-validation: ``docs/architecture.md``; the messages: ``docs/wire.md``.
-"""
+"""A learner's place in a Rudra-adv* broadcast: receives each version's BCAST chunks from its
+upstream (the root or another member), checks every chunk before anything is kept or
+forwarded, passes each on to its own children the moment it arrives (``link.Fanout``), and
+keeps the newest complete version for the learner to copy between steps. The protocol:
+``broadcast/__init__.py``."""
 
 from __future__ import annotations
 
@@ -29,128 +13,16 @@ import time
 import numpy as np
 import zmq
 
-from .. import codec, kernels, transport, wire
+from .. import codec, transport, wire
 from ..wire import Kind
-from .broadcast_link import Fanout, IOThread, Version, default_window, drain, pipe, router
+from .link import POLL_MS, Fanout, IOThread, Version, default_window, drain, pipe, router
 
 log = logging.getLogger("rudra_zmq.broadcast")
 
 MAX_CHUNKS = 1 << 16  # chunks in one version
-_POLL_MS = 100
 # a member closed once STOP went down waits this long for planned children that have not
 # connected yet (a learner that started after training ended), to tell them STOP too
 STOP_LINGER_S = 3.0
-
-
-class BroadcastRoot(IOThread):
-    """The root's end: binds ``bind``; ``publish`` hands each new version to the I/O thread.
-
-    ``children``: the member ids allowed to connect (None: any). ``window`` caps the credit a
-    child may grant. ``publish`` and ``close`` are for one owner thread (the PS's).
-    """
-
-    def __init__(
-        self,
-        ctx: zmq.Context,
-        bind: str,
-        numel: int,
-        *,
-        children=None,
-        chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES,
-        window: int | None = None,
-        wire_codec=codec.FLOAT32,
-    ):
-        self.numel, self.chunk_bytes, self.codec = numel, chunk_bytes, wire_codec
-        self.window = window or default_window(numel, chunk_bytes)
-        self._down, self.endpoint = router(ctx, bind, 2 * self.window + 8)
-        self._fan = Fanout(self._down, children, "the broadcast root", 2 * self.window)
-        self._ctl, self._ctl_io = pipe(ctx, "bcast-root")
-        self._name = "bcast-root"
-        self._slot: tuple[int, np.ndarray] | None = None  # newest published (ts, snapshot)
-        self.current: Version | None = None  # newest the I/O thread sends
-        self.published = 0
-        self._seq = itertools.count(1)
-
-    def _sockets(self):
-        return (self._down, self._ctl_io)
-
-    def publish(
-        self,
-        ts: int,
-        weights: np.ndarray,
-        done: bool = False,
-        reason: str = "training finished",
-        copy: bool = True,
-    ) -> None:
-        """Broadcast version ``ts`` of ``weights``: copied first (one pass, kernels.copy_into;
-        the caller may then write ``weights``; narrowed instead on a half wire,
-        ``wire.weights_dtype``), or with ``copy=False`` sent as it is, for a
-        caller that never writes that array again while anyone refers to it (the parameter
-        server's weight versions, ``versions.WeightVersions``). ``done``: then STOP the
-        members. Never waits for the network; a version superseded before a link had room is
-        skipped on that link."""
-        if self.codec.copies:  # a half wire: the narrowed copy is the snapshot
-            snap = self.codec.narrowed(weights)
-        elif copy:
-            snap = np.empty(self.numel, np.float32)
-            kernels.copy_into(snap, weights)
-        else:
-            snap = weights
-        self._slot = (ts, snap)  # one reference assignment: the I/O thread takes the newest
-        self.published += 1
-        try:
-            self._ctl.send(b"new", zmq.NOBLOCK)
-            if done:
-                self._ctl.send_multipart([b"stop", reason.encode()], zmq.NOBLOCK)
-        except zmq.Again:  # 1000 wake-ups queued: the I/O thread will see the newest anyway
-            pass
-
-    def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._down, zmq.POLLIN)
-        poller.register(self._ctl_io, zmq.POLLIN)
-        while not self._closing:
-            events = dict(poller.poll(_POLL_MS))
-            if self._ctl_io in events:
-                drain(self._ctl_io, self._command)
-            if self._down in events:
-                drain(self._down, self._fan.on_message, copy=False)  # User-Id (CURVE)
-                self._fan.catch_up(self.current)
-
-    def _command(self, cmd) -> None:
-        if cmd[0] == b"close":
-            self._closing = True
-        elif cmd[0] == b"stop":
-            self._fan.stop(
-                wire.encode(Kind.STOP, wire.SENDER_PS, next(self._seq), reason=cmd[1].decode())
-            )
-        else:
-            self._take()
-
-    def _take(self) -> None:
-        slot = self._slot
-        if self._closing or slot is None or (self.current and slot[0] <= self.current.ts):
-            return
-        ts, snap = slot
-        chunks = tuple(wire.chunk(snap, self.chunk_bytes))
-        offs = np.cumsum([0] + [c.shape[0] for c in chunks])
-        frames = tuple(
-            tuple(
-                wire.encode(
-                    Kind.BCAST,
-                    wire.SENDER_PS,
-                    next(self._seq),
-                    ts,
-                    payloads=[c],
-                    chunk=i,
-                    offset=int(offs[i]),
-                    total=len(chunks),
-                )
-            )
-            for i, c in enumerate(chunks)
-        )
-        self.current = Version(ts, len(chunks), chunks, frames)
-        self._fan.catch_up(self.current)
 
 
 class BroadcastMember(IOThread):
@@ -258,7 +130,7 @@ class BroadcastMember(IOThread):
         self._credit(self.window, reset=True)
         last = time.monotonic()
         while not self._closing:
-            events = dict(poller.poll(_POLL_MS))
+            events = dict(poller.poll(POLL_MS))
             if self._ctl_io in events:
                 drain(self._ctl_io, self._command)
             if self._down is not None and self._down in events:

@@ -34,7 +34,7 @@ from .. import codec, transport, wire
 from ..channel import Channel, ServerError
 from ..span import part_bounds
 from ..wire import Kind
-from .learner_exchange import Frames
+from .exchange import Frames
 
 log = logging.getLogger("rudra_zmq.learner")
 

@@ -1,7 +1,7 @@
 """The sending side of one broadcast hop, shared by the root and every member.
 
-A sender (the root PS's :class:`~rudra_zmq.roles.broadcast.BroadcastRoot`, or a learner's
-:class:`~rudra_zmq.roles.broadcast.BroadcastMember`) binds a ROUTER; each child connects a
+A sender (the root PS's :class:`~rudra_zmq.broadcast.root.BroadcastRoot`, or a learner's
+:class:`~rudra_zmq.broadcast.member.BroadcastMember`) binds a ROUTER; each child connects a
 DEALER and grants credit in chunks (CREDIT x{credit, reset}). :class:`Fanout` keeps, per
 child, its credit and which version it has, and decides what to send:
 
@@ -33,6 +33,7 @@ from ..wire import Kind
 log = logging.getLogger("rudra_zmq.broadcast")
 
 _DRAIN = 256  # messages handled per socket before looking at the others
+POLL_MS = 100  # an I/O thread looks at its commands and clocks at least this often
 
 
 def default_window(numel: int, chunk_bytes: int = wire.DEFAULT_CHUNK_BYTES) -> int:
