@@ -26,8 +26,8 @@ def run_in_threads(config, overrides, run_dir):
 
     from rudra_zmq.data.server import DataServer
     from rudra_zmq.learner.learner import Learner
-    from rudra_zmq.roles.stats_server import StatsServer
     from rudra_zmq.server.ps import ParameterServer
+    from rudra_zmq.stats.server import StatsServer
     from rudra_zmq.tree.node import TreeNode
 
     cfg = load_config(config, list(overrides))

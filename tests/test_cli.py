@@ -117,7 +117,7 @@ ROLE_MODULES = {  # what each role command runs
     "ps": "rudra_zmq.server.ps",
     "learner": "rudra_zmq.learner.learner",
     "data_server": "rudra_zmq.data.server",
-    "stats_server": "rudra_zmq.roles.stats_server",
+    "stats_server": "rudra_zmq.stats.server",
 }
 
 

@@ -1,4 +1,4 @@
-"""When the parameter server stops waiting for learners (roles/ps_liveness.Liveness), driven
+"""When the parameter server stops waiting for learners (server/liveness.Liveness), driven
 directly with made-up times and a stand-in state: no sockets, no clock."""
 
 import logging

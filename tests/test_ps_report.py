@@ -1,5 +1,5 @@
 """Which updates' weights the parameter server sends to be evaluated
-(roles/ps_report.EvalSchedule), driven directly."""
+(server/report.EvalSchedule), driven directly."""
 
 from types import SimpleNamespace
 

@@ -76,7 +76,7 @@ def test_a_ps_killed_during_its_shutdown_is_restarted_and_the_run_ends(tmp_path,
     final = json.loads((run_dir / "ps_final.json").read_text())
     assert final["done"] and final["epoch"] >= 2 and final["incarnation"] == 2
     # the PS's "done", or ps_final.json standing for it where the killed PS's "done" was lost
-    # and the statistics server finished before the restarted PS's came (stats_end)
+    # and the statistics server finished before the restarted PS's came (stats/run_end.py)
     assert records(run_dir, "done"), "the metrics do not record the end of training"
     assert np.isfinite(np.load(run_dir / "weights.npy")).all()
 

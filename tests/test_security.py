@@ -40,9 +40,9 @@ from rudra_zmq.data.data_order import load_data
 from rudra_zmq.data.server import DataServer
 from rudra_zmq.results import compare
 from rudra_zmq.results.compare import result_line
-from rudra_zmq.roles.stats_end import DONE_QUIET_S
-from rudra_zmq.roles.stats_server import StatsServer
 from rudra_zmq.server.ps import ParameterServer
+from rudra_zmq.stats.run_end import DONE_QUIET_S
+from rudra_zmq.stats.server import StatsServer
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(90)

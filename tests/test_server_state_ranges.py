@@ -40,7 +40,7 @@ def state(span=None, *overrides, cfg=None):
 
 def hello(st, learner, seq=1, numel=N, **fields):
     """A learner's HELLO: the model's size, and (a range server's learner) the range it
-    expects, as ``learner_shards`` says it."""
+    expects, as ``learner/shards.py`` says it."""
     if not st.span.is_whole and "range" not in fields:
         fields["range"] = [st.span.lo, st.span.hi]
     st.register(

@@ -190,7 +190,7 @@ def test_a_learner_that_fails_half_built_closes_the_sockets_it_made(monkeypatch,
 
 
 class ScriptedShards:
-    """``learner_shards.Shards`` without sockets: records what is sent to which server and
+    """``learner.shards.Shards`` without sockets: records what is sent to which server and
     answers ``gather`` from a script (one dict of replies per call)."""
 
     def __init__(self, spans, script):

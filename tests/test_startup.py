@@ -15,9 +15,9 @@ from rudra_zmq import transport
 from rudra_zmq.config import load_config
 from rudra_zmq.data import data_order, datasets
 from rudra_zmq.launch.children import accepting
-from rudra_zmq.roles.stats_server import StatsServer
 from rudra_zmq.server import ps as ps_module
 from rudra_zmq.server import start
+from rudra_zmq.stats.server import StatsServer
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(60)

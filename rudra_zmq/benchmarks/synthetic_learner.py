@@ -37,7 +37,7 @@ class SyntheticLearner:
     ):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
         self.shards = None
-        if "+" in endpoint or cfg.wire.parts > 1:  # sharded servers, or parts (learner_shards)
+        if "+" in endpoint or cfg.wire.parts > 1:  # sharded servers, or parts (learner/shards.py)
             self._sharded(ctx, cfg, endpoint.split("+"))
             return
         self.ch = server_channels(ctx, cfg, [endpoint], learner_id)[0]
@@ -66,7 +66,7 @@ class SyntheticLearner:
             self._sendbuf = np.empty_like(self.grad)
 
     def _sharded(self, ctx, cfg, endpoints) -> None:
-        """Push each server its slice through ``learner_shards``, as learner/learner.py does."""
+        """Push each server its slice through ``learner/shards.py``, as learner/learner.py does."""
         from types import SimpleNamespace
 
         channels = server_channels(ctx, cfg, endpoints, self.id)

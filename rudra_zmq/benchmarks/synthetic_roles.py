@@ -211,7 +211,7 @@ def main_ps(args) -> dict:
     kernels.set_num_threads(1)
     weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}  # advstar only
-    if args.range:  # a sharded server: one range of the vector (learner_shards)
+    if args.range:  # a sharded server: one range of the vector (learner/shards.py)
         from ..span import Span
 
         lo, hi = (int(x) for x in args.range.split(":"))

@@ -185,7 +185,7 @@ def cmd_data(args) -> int:
 def cmd_stats(args) -> int:
     cfg = config_of(args)
     return role_process.serve(
-        "rudra_zmq.roles.stats_server",
+        "rudra_zmq.stats.server",
         1,
         False,
         lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume),

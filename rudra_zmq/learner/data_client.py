@@ -4,7 +4,7 @@
 them when no batch came for ``retry_ms`` (CHECK, a header) and sends them again only when it
 did not (a restarted server) or the connection dropped and came back, drops late duplicates
 and checks each BATCH (the wire traffic is described in
-``data_server.py``). Copies, and why: each batch is copied once out of ZeroMQ's read-only
+``data/server.py``). Copies, and why: each batch is copied once out of ZeroMQ's read-only
 receive buffer (see ``DataClient.next_batch``).
 """
 

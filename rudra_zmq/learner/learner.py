@@ -12,7 +12,7 @@ Loop (one learner)::
     -> until the PS answers STOP.
 
 How gradients and weights travel (push/pull, Rudra-adv* push + broadcast, shared-memory
-slots with the leaf) is chosen once at start: ``learner_exchange.py``.
+slots with the leaf) is chosen once at start: ``exchange.py``.
 
 On a GPU (``runtime.device``, ``devices.py``) the model and its flat buffers live on the GPU:
 each minibatch goes there after augmentation, the flat gradient comes back to a pinned host
@@ -75,7 +75,7 @@ class Learner:
         bcast: tuple[str, str | None] | None = None,
     ):
         """``ps``: the parameter server's endpoint, or (sharded, Rudra-base) the endpoints of
-        the servers of ``span.split(numel, K)``'s ranges in order (``learner_shards``).
+        the servers of ``span.split(numel, K)``'s ranges in order (``shards.py``).
         ``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
         children or None)."""
         from ..data.datasets import dataset_shape
@@ -140,7 +140,7 @@ class Learner:
         )
         self.data = DataClient(*self._data_args, **self._data_kw)
         if stats:
-            from ..roles.stats_client import StatsClient
+            from ..stats.client import StatsClient
 
             self.stats = StatsClient(self.ctx, stats, learner_id)
         if isinstance(self.ps, Shards):

@@ -12,7 +12,7 @@ gets an ERROR reply and leaves the weights bit-identical. Handlers:
   with the weights;
 - PUSH / PUSHPULL: one learner's gradient, read in place from its frames; RELAY: a tree
   node's sum with its vector clock (Rudra-adv). The sync engine decides whether it completes
-  an update; the reply comes from the way this run hands out weights (``ps_weights.py``):
+  an update; the reply comes from the way this run hands out weights (``weights.py``):
   weights in replies, or ACK and the learners' broadcast (Rudra-adv*);
 - PULL: weights if newer, else UPTODATE, when the sync engine says (hardsync: parked until
   the update the puller's gradient is in);
@@ -21,9 +21,9 @@ gets an ERROR reply and leaves the weights bit-identical. Handlers:
 
 Failures (``docs/fault-tolerance.md``): a gradient sent again (same sequence number) is
 answered as before and applied once; a learner silent for ``runtime.learner_timeout_s`` is
-evicted (``ps_liveness.py``) and the protocol goes on with the others (λ and c are reported),
-and it rejoins with a HELLO; the state is checkpointed (``ps_checkpoint.py``) and a restarted
-server continues from the newest valid checkpoint as a new incarnation (``ps_start.py``).
+evicted (``liveness.py``) and the protocol goes on with the others (λ and c are reported),
+and it rejoins with a HELLO; the state is checkpointed (``checkpointing.py``) and a restarted
+server continues from the newest valid checkpoint as a new incarnation (``start.py``).
 
 Weights are never copied: replies send the current version zero-copy, and the update writes
 the next version into another buffer (``versions.WeightVersions``).
@@ -72,10 +72,10 @@ class ParameterServer:
             as a new incarnation.
         span: the range of the flat vector this server serves (``span.Span``; None: the
             whole). A server of a part serves learners that say HELLO with that range
-            (``learner_shards``); without ``shard`` it writes no run files and sends no
+            (``learner/shards.py``); without ``shard`` it writes no run files and sends no
             statistics: ``run_dir`` and ``stats`` must be None.
         shard: server ``shard`` of ``architecture.servers`` (its range from the model's size,
-            ``ps_start.shard_span``): its files go to ``RUN/servers/server-I/``
+            ``start.shard_span``): its files go to ``RUN/servers/server-I/``
             (``end_files``), its records and EVALs say ``server`` and range.
     Not thread-safe: construct and serve from one thread.
     """
@@ -134,7 +134,7 @@ class ParameterServer:
             raise
 
     def _build(self, cfg, model, resume: bool, stats: str | None, broadcast: str | None) -> None:
-        """The state (the model built, or the newest checkpoint restored: ``ps_start``) and
+        """The state (the model built, or the newest checkpoint restored: ``start``) and
         the outputs; called with the socket bound. Blocks while torch is imported and the
         model built."""
         self.state, self.told, self.resumed_from = start_state(
@@ -155,7 +155,7 @@ class ParameterServer:
             )
         self.stats = None
         if stats:
-            from ..roles.stats_client import StatsClient
+            from ..stats.client import StatsClient
 
             self.stats = StatsClient(
                 self.ctx,

@@ -1,5 +1,5 @@
 """The request path of the servers learners talk to: the PS (``ps.py``) and the tree node
-(``tree_node.py``), each of which holds one :class:`Serving` and gives it its handlers.
+(``tree/node.py``), each of which holds one :class:`Serving` and gives it its handlers.
 
 One ROUTER message goes::
 

@@ -1,6 +1,6 @@
 """Where a parameter server's state comes from: the configured model's initial weights (from
 the cache, or built with torch and then cached) or, with ``resume``, the newest valid
-checkpoint, with the learners told STOP before the restart (``ps_checkpoint``).
+checkpoint, with the learners told STOP before the restart (``checkpointing``).
 """
 
 from __future__ import annotations

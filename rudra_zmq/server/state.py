@@ -98,7 +98,7 @@ class ServerState:
 
     def weights_for(self, sender: int) -> tuple[list[np.ndarray], dict]:
         """The current weights for ``sender``'s reply: (frames, fields); only the elements
-        not sent ahead to it this round (x{at}: ``server_parts``), else the whole range."""
+        not sent ahead to it this round (x{at}: ``parts``), else the whole range."""
         at = self.parts.round.tail(sender, self.engine.timestamp) if self.parts else 0
         if not at:
             return self.weight_frames(), {}
@@ -307,7 +307,7 @@ class ServerState:
         return self._arrived(msg, msg.payloads)
 
     def push_part(self, msg: wire.Message) -> Arrival | None:
-        """Account one part of a learner's gradient (PUSHPULL x{at, more}, ``server_parts``):
+        """Account one part of a learner's gradient (PUSHPULL x{at, more}, ``parts``):
         summed; the last, with every part before it in, is the gradient's arrival (returns
         as ``push``), else None. Raises ProtocolViolation before anything changes."""
         if self.parts is None:

@@ -18,8 +18,8 @@ Copies: none for weights (the parent's frames are kept as the cache, never writt
 zero-copy). Gradients are summed into one of two buffers; the other is the relay in flight,
 written again only after the parent answers. Never hangs: a parent silent for
 ``runtime.timeout_s`` while a request is in flight, or children silent that long, raises. State:
-``node_state.NodeState`` (changed through its methods only); requests: ``serving.py``; answers to
-children: ``node_weights.py``; shared memory or payloads: ``leaf_shm.py`` (one strategy, chosen
+``state.NodeState`` (changed through its methods only); requests: ``server/serving.py``; answers to
+children: ``weights.py``; shared memory or payloads: ``leaf_shm.py`` (one strategy, chosen
 at start); relay rules: ``docs/architecture.md``.
 """
 

@@ -1,5 +1,5 @@
 """How a tree node answers its children: one class per architecture, chosen at start, as
-``ps_weights.py`` is for the parameter server.
+``server/weights.py`` is for the parameter server.
 
 - :class:`ChildWeights` (``adv``): a child's gradient or pull is answered with the weights
   the parent returned (frames, or the leaf's board for a learner that pushed by shared

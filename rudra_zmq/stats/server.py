@@ -8,24 +8,24 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   ``{"type": "batch", "items": [record, ...]}``, expanded here. Records carry an absolute
   ``"t"`` (``time.time()``); they are written to ``RUN/metrics.jsonl``, one JSON line each, with
   ``t`` made relative to the server's start ``t0``, and flushed at least every 0.5 s
-  (``stats_file``).
+  (``metrics_file``).
 - EVAL (weights payload at ts) x{epoch}: the weights are evaluated on the whole test split
-  (``stats_eval``) and an ``eval`` record is written. When several EVALs queue up, only the
+  (``evaluator``) and an ``eval`` record is written. When several EVALs queue up, only the
   newest is evaluated (the others are counted in ``evals_skipped``). Metrics keep flowing
   during a long evaluation: the socket is drained between test batches.
 - ``{"type": "done", "ts", "epoch", "evals_sent": n}`` from the parameter server (or, when
   none came, ``RUN/ps_final.json`` saying training is done, recorded as a ``done`` with
   ``"source": "ps_final.json"``) ends the run once the final
   weights are evaluated -- from their EVAL, or from ``RUN/weights.npy`` -- or waited for
-  long enough (``stats_end``); then it writes ``summary.csv`` and the plots
+  long enough (``run_end``); then it writes ``summary.csv`` and the plots
   (``rudra_zmq.results.plots``), prints ``run directory: RUN`` and returns.
 
 It prints a line when training starts (the PS's first update, with the start-up time) and one
 per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
-training so far and an ETA (``stats_progress``). With ``logging.tensorboard`` every record
-also goes to TensorBoard (``stats_tensorboard``).
+training so far and an ETA (``progress``). With ``logging.tensorboard`` every record
+also goes to TensorBoard (``tensorboard_log``).
 
-Senders must never be slowed by statistics: their :class:`~.stats_client.StatsClient` sends with
+Senders must never be slowed by statistics: their :class:`~.client.StatsClient` sends with
 NOBLOCK and small high-water marks and drops (and counts) what does not fit. The server
 validates everything with ``wire.decode`` and the checks below (who may send what: the
 parameter server, the only sender of EVALs, proves itself by its CURVE key or the run's token;
@@ -51,12 +51,12 @@ from ..results.records import other_server
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..server.end_files import final_weights
 from ..wire import Kind
-from .stats_end import RunEnd, final_record
-from .stats_eval import Evaluator
-from .stats_file import MetricsFile, json_line
-from .stats_join import EvalJoin
-from .stats_progress import Progress, is_number
-from .stats_tensorboard import TensorBoardLog, check_tensorboard
+from .eval_join import EvalJoin
+from .evaluator import Evaluator
+from .metrics_file import MetricsFile, json_line
+from .progress import Progress, is_number
+from .run_end import RunEnd, final_record
+from .tensorboard_log import TensorBoardLog, check_tensorboard
 
 log = logging.getLogger("rudra_zmq.stats")
 
@@ -401,7 +401,7 @@ class StatsServer:
     def _finished(self, stop_event=None) -> bool:
         """Training is over and its final weights are evaluated -- from their EVAL, or from
         ``weights.npy`` (blocks for that evaluation) -- or waited for long enough. A ``done``
-        without ``ts`` waits for the EVALs it announced instead (``stats_end``)."""
+        without ``ts`` waits for the EVALs it announced instead (``run_end``)."""
         now = time.time()
         if not self.end.look_for_file(now, self.t0):
             return False

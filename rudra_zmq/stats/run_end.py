@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import wire
 from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 from ..server.end_files import final_done
-from .stats_progress import is_number
+from .progress import is_number
 
 log = logging.getLogger("rudra_zmq.stats")
 

@@ -1,5 +1,5 @@
 """The statistics client every role uses to report to the statistics server
-(``roles/stats_server.py``), one-way and never blocking training.
+(``stats/server.py``), one-way and never blocking training.
 
 Two PUSH sockets: small metric records, and model-sized EVAL snapshots of the weights, each
 with a small high-water mark; what does not fit is dropped and counted, never waited for

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..results.records import TrainingClock, read_metrics
-from .stats_progress import is_number
+from .progress import is_number
 
 FLUSH_S = 0.5  # metrics.jsonl is flushed at least this often
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..config import ConfigError
 from ..results.records import other_server
 from ..run_files import TB_DIR
-from .stats_progress import is_number
+from .progress import is_number
 
 FLUSH_S = 5  # events reach the disk at least this often
 MAX_QUEUE = 1000  # ... or when this many wait
