@@ -13,7 +13,8 @@ import zmq
 
 from rudra_zmq import kernels, transport
 from rudra_zmq.config import load_config
-from rudra_zmq.launch.run_plan import learner_endpoints, learner_threads, make_plan, summary
+from rudra_zmq.devices import learner_threads
+from rudra_zmq.launch.run_plan import learner_endpoints, make_plan, summary
 
 JOIN_S = 300  # the longest a role may take to end after training did (a hang guard only)
 

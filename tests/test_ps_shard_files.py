@@ -73,7 +73,7 @@ def test_resume_joins_servers_files_copied_in_afterwards_and_says_nothing_to_do(
     """No shared file system (servers on ranks of their own): each server's folder copied
     into the run directory afterwards; `run --resume` joins them and trains nothing."""
     from rudra_zmq.config import load_config
-    from rudra_zmq.resume import finished_note
+    from rudra_zmq.launch.resume import finished_note
 
     cfg = load_config(None, ["architecture.servers=2", "train.epochs=3"])
     finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)

@@ -1,4 +1,4 @@
-"""Shipped configs, grids and examples are found by name from any folder (rudra_zmq.launch.shipped);
+"""Shipped configs, grids and examples are found by name from any folder (rudra_zmq.shipped);
 the installed-wheel side of the same is in test_packaging.py."""
 
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rudra_zmq import shipped
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.launch import shipped
 from rudra_zmq.launch.sweep import load_grid
 
 REPO = Path(__file__).resolve().parents[1]

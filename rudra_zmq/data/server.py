@@ -109,7 +109,7 @@ class DataServer:
             self._refuse(ident, f"peer {ident.hex()}", exc.code, str(exc))
             return
         learner, step = msg.sender, msg.fields.get("step")
-        # With CURVE a key gets only its own learners' minibatches (the PS's rule, security.py)
+        # With CURVE a key gets only its own learners' minibatches (the PS's rule, security/auth.py)
         if self.security is not None and not self.security.may_speak(frames[1], learner):
             self._refuse(
                 ident,

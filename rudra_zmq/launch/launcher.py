@@ -40,7 +40,6 @@ import time
 from collections.abc import Callable
 
 from .. import config as config_mod
-from .. import security
 from ..notices import LogNotices
 from ..run_files import (
     PROCESSES_FILE,
@@ -49,6 +48,7 @@ from ..run_files import (
     log_path,
     server_dir,
 )
+from ..security import auth
 from ..server.end_files import assemble, final_done
 from . import console, preflight, startup
 from .children import Child, echo_lines, kill_tree
@@ -95,9 +95,9 @@ class Launcher:
         self.notices: dict[str, LogNotices] = {}  # label -> its log's notices, followed
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
-        self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
+        self.secrets = {auth.RUN_TOKEN_ENV: auth.new_run_token()}
         if plan.cfg.security.curve:  # keys_dir: the user's (worker), else per-run keys
-            self.secrets[security.KEYS_ENV] = keys_dir or str(run_keys(plan))
+            self.secrets[auth.KEYS_ENV] = keys_dir or str(run_keys(plan))
 
     # -- signals -----------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -396,7 +396,7 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     run directory is made) for a bad config, data (:mod:`rudra_zmq.launch.preflight`, which also
     decodes image data once for every role), run directory or endpoint."""
     if resume is not None:
-        from ..resume import finished_note, resume_config
+        from .resume import finished_note, resume_config
 
         cfg = resume_config(resume, config_path, list(overrides))
         note = finished_note(resume, cfg)

@@ -33,9 +33,9 @@ from .. import config as config_mod
 from ..config import ConfigError, DataConfig
 from ..config_architecture import check_servers_fit
 from ..data import dataset_cache, datasets, images
+from ..devices import usable_cores
 from ..server import initial_weights
 from ..user_code import is_import_path
-from .run_plan import usable_cores
 
 # model_numel: the model built in a child process, which fills the initial-weights cache
 _SIZE = (

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 from ..config import ConfigError, load_config
+from ..devices import host_learners, learner_threads, ps_threads
 from . import role_process
-from .run_plan import host_learners, learner_threads, ps_threads
 
 
 class UsageError(Exception):
@@ -31,11 +31,11 @@ def config_of(args):
         raise UsageError(str(exc)) from None
     transport.set_heartbeat(cfg.runtime.heartbeat_s)  # every socket this role makes
     if hasattr(args, "keys") and cfg.security.curve:  # a role: CURVE on every socket
-        from .. import security
+        from ..security import auth
 
         try:
-            transport.set_security(security.for_role(cfg, args.keys, args.key))
-        except (security.SecurityError, OSError, ValueError) as exc:
+            transport.set_security(auth.for_role(cfg, args.keys, args.key))
+        except (auth.SecurityError, OSError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     return cfg
 
@@ -201,14 +201,12 @@ def config_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
         p.add_argument(
             "--keys",
             metavar="DIR",
-            help="security.curve: the key directory "
-            "(`rudra-zmq keys init DIR`; default: security.keys)",
+            help="security.curve: the key directory (`rudra-zmq keys init DIR`; default: security.keys)",
         )
         p.add_argument(
             "--key",
             metavar="NAME",
-            help="security.curve: the client key to use "
-            "(default: learner-N, node-N or ps, by role)",
+            help="security.curve: the client key to use (default: learner-N, node-N or ps, by role)",
         )
     p.add_argument(
         "--set",

@@ -29,8 +29,8 @@ import re
 import time
 from pathlib import Path
 
-from .. import security
 from ..run_files import TOLD_FILE, checkpoints_root
+from ..security import auth
 from ..span import Span
 from . import checkpoint
 
@@ -125,7 +125,7 @@ def restore_latest(state, directory: Path) -> Path | None:
 def launch_session() -> str | None:
     """Which ``rudra-zmq run``/``launch`` started this process: a hash of its run token (never
     the token), or None for a role started by hand."""
-    token = security.run_token()
+    token = auth.run_token()
     return None if token is None else hashlib.sha256(token.encode()).hexdigest()[:16]
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import ConfigError, load_config
+from ..devices import learner_threads
 from ..run_files import WEIGHTS_FILE, config_path
 from ..server import arrival_log
 from ..server.update import Updater
@@ -99,7 +100,6 @@ def replay(run_dir, until: int | None = None, threads: int | None = None) -> Rep
     Blocks (computes every gradient); raises ReplayError, ConfigError or FileNotFoundError."""
     import torch
 
-    from ..launch.run_plan import learner_threads
     from .sim_trainer import Trainer
 
     run_dir = Path(run_dir)

@@ -15,7 +15,8 @@ import logging
 import numpy as np
 import zmq
 
-from .. import security, transport, wire
+from .. import transport, wire
+from ..security import auth
 from ..wire import Kind
 
 log = logging.getLogger("rudra_zmq.stats")
@@ -57,8 +58,8 @@ class StatsClient:
         self._done_sent = False
         self._seq = 0
         self._warned: set = set()
-        # the PS proves its records are its own with the run's token (security.run_token)
-        token = security.run_token() if sender == wire.SENDER_PS else None
+        # the PS proves its records are its own with the run's token (auth.run_token)
+        token = auth.run_token() if sender == wire.SENDER_PS else None
         self._token = {} if token is None else {"token": token}
         self._metrics = transport.make_socket(ctx, zmq.PUSH, hwm=METRIC_HWM)
         self._evals = transport.make_socket(ctx, zmq.PUSH, hwm=EVAL_HWM)

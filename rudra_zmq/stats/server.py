@@ -45,10 +45,11 @@ from pathlib import Path
 
 import zmq
 
-from .. import security, transport, wire
+from .. import transport, wire
 from ..results import plots
 from ..results.records import other_server
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
+from ..security import auth
 from ..server.end_files import final_weights
 from ..wire import Kind
 from .eval_join import EvalJoin
@@ -88,7 +89,7 @@ def forged(frames, msg: wire.Message, curve, token) -> str | None:
         if not curve.may_speak(frames[0], msg.sender):
             return f"its key may not speak as {wire.sender_name(msg.sender)}"
     elif token is not None and (msg.sender == wire.SENDER_PS or msg.kind == Kind.EVAL):
-        if not security.token_matches(msg.fields.get("token"), token):
+        if not auth.token_matches(msg.fields.get("token"), token):
             return "it claims to be the parameter server without the run's token"
     if msg.kind == Kind.EVAL and msg.sender != wire.SENDER_PS:
         return "only the parameter server sends weights to evaluate"
@@ -165,7 +166,7 @@ class StatsServer:
         self._last_update: tuple = (None, None)  # (ts, t) of the newest update record
         self._tb: TensorBoardLog | None = None
         self._file: MetricsFile | None = None
-        self.security, self._token = transport.security(), security.run_token()
+        self.security, self._token = transport.security(), auth.run_token()
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
         self.sock = receiver(self.ctx, cfg)

@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent  # the package
+HERE = Path(__file__).resolve().parent  # the package
 # kind -> its folder's parts below the package (a wheel) or the source tree's root
 KINDS = {"config": ("configs",), "grid": ("configs", "grids"), "example": ("examples",)}
 _YAML = (".yaml", ".yml")

@@ -2,7 +2,7 @@
 
 The server roles (PS, tree nodes, data and statistics servers, the adv* broadcast senders)
 share one key pair; each client has its own, allow-listed in the key directory
-(``keys.py``: ``rudra-zmq keys init/add/revoke/list``). In each process a ZAP handler
+(``security/keys.py``: ``rudra-zmq keys init/add/revoke/list``). In each process a ZAP handler
 (pyzmq's authenticator) admits only allow-listed keys and names each connection by its key's
 name: the ZMTP ``User-Id`` of every message it sends. Roles check that name against the
 sender id each message claims (``may_speak``): a key made for learner 1 cannot speak as
@@ -27,7 +27,8 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from . import keys, wire
+from .. import wire
+from . import keys
 
 MIN_LIBZMQ = (4, 3, 5)  # CURVE fixes: CVE-2019-6250 (4.3.1), CVE-2019-13132 (4.3.2), 4.3.5
 ZAP_DOMAIN = b"rudra"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zmq.auth
 
-from . import wire
+from .. import wire
 
 NAME_RULE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 _NAME_RE = re.compile(NAME_RULE)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import config as config_mod
-from .config import ConfigError
-from .run_files import CONFIG_FILE, PS_FINAL_FILE
-from .server.end_files import assemble
+from .. import config as config_mod
+from ..config import ConfigError
+from ..run_files import CONFIG_FILE, PS_FINAL_FILE
+from ..server.end_files import assemble
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
 RESUMABLE = (
