@@ -54,7 +54,7 @@ def test_an_unknown_grid_name_is_refused_with_the_shipped_names(tmp_path, monkey
     with pytest.raises(
         ConfigError,
         match=r"grid 'tabel2' is not a file and not a built-in "
-        r"grid; .*figure3, hardsync, lag, table2",
+        r"grid; .*figure3, hardsync, lag, step_size, table2",
     ):
         load_grid("tabel2")
     with pytest.raises(FileNotFoundError, match="grid file 'elsewhere/table2.yaml' does not exist"):
