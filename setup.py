@@ -1,16 +1,21 @@
-"""Build rudra_zmq and its compiled Cython extension, the update kernels
-(``rudra_zmq._kernels``).
+"""Build rudra_zmq and its compiled Cython extensions: the update kernels, once per
+instruction-set variant (``rudra_zmq.kernels._baseline``, ``._avx2``, ``._avx512``), and the CPU
+probe that picks one at import (``rudra_zmq.kernels._cpu``).
 
-The extension is required: a missing compiler or Cython fails the install with a clear
-message instead of falling back to pure Python. OpenMP is used on Linux when the compiler
-accepts ``-fopenmp`` (set ``RUDRA_ZMQ_NO_OPENMP=1`` to build without it). The kernels are
-built for ``-march=x86-64-v2`` unless ``RUDRA_ZMQ_MARCH`` says otherwise (``native`` for the
-build host's full instruction set); see docs/install.md.
+The extensions are required: a missing compiler or Cython fails the install with a clear
+message instead of falling back to pure Python. The variants and their ``-march`` are the table
+of ``rudra_zmq/kernels/variants.py``; a variant whose ``-march`` the compiler rejects is not
+built (said here, and the dispatcher then picks the best variant that was), except the
+baseline, which is built without ``-march`` instead. Other architectures build only the
+baseline, without ``-march``. ``RUDRA_ZMQ_MARCH`` replaces the baseline's ``-march``. OpenMP is
+used on Linux when the compiler accepts ``-fopenmp`` (``RUDRA_ZMQ_NO_OPENMP=1``: without it).
+See docs/install.md.
 """
 
 import os
 import platform
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -69,11 +74,12 @@ def _openmp_flags():
     return [], []
 
 
-def _flags_stamp(flags):
-    """build/kernel-flags.txt, rewritten only when the flags change. The extension depends on
-    it, so a rebuild with other flags (RUDRA_ZMQ_MARCH=native after a default build) compiles
-    again instead of reusing the extension that build/ or an editable install already holds."""
-    path = os.path.join("build", "kernel-flags.txt")
+def _flags_stamp(variant, flags):
+    """build/kernel-flags-<variant>.txt, rewritten only when the flags change. The extension
+    depends on it, so a rebuild with other flags (RUDRA_ZMQ_MARCH=native after a default build)
+    compiles again instead of reusing the extension that build/ or an editable install already
+    holds."""
+    path = os.path.join("build", f"kernel-flags-{variant}.txt")
     text = " ".join(flags) + "\n"
     try:
         with open(path) as f:
@@ -87,43 +93,78 @@ def _flags_stamp(flags):
     return path
 
 
-omp_compile, omp_link = _openmp_flags()
-# -O3 vectorises the one-pass loops. -march: the default x86-64-v2 (SSE4.2/POPCNT: Intel since
-# 2008, AMD since 2011, and what numpy>=2.4 itself requires) keeps a wheel, or a venv on
-# NFS shared by mixed nodes, from dying with SIGILL on another host. Measured against an AVX2
-# -march=native build (bench/RESULTS.md, "Kernel build flags"): 1-8 % slower on 10M floats
-# (memory-bound), up to about 25 % on cache-resident 100K-1M buffers. RUDRA_ZMQ_MARCH=native
-# opts into the build host's whole instruction set (for a build used on that host only); any
-# other value is passed as -march=VALUE; empty passes none (gcc's default, x86-64 = SSE2). A
-# value the compiler rejects is dropped with a message. Other architectures get no -march.
-DEFAULT_MARCH = "x86-64-v2" if platform.machine().lower() in ("x86_64", "amd64") else ""
-extra_compile = ["-O3", *omp_compile]
-march = os.environ.get("RUDRA_ZMQ_MARCH", DEFAULT_MARCH)
-if march and _compiler_works([f"-march={march}"]):
-    extra_compile.append(f"-march={march}")
-elif march:
-    print(
-        f"rudra_zmq: the compiler rejected -march={march}; building without -march", file=sys.stderr
-    )
-# Each loop starts on a 64-byte boundary: without it the same 5-instruction `scale` loop ran
-# 1.6-1.9x slower in the x86-64-v2 build than in the SSE2 one, only because it straddled a
-# cache line there (most of what once looked like native's 2x on cache-resident buffers).
-if _compiler_works(["-falign-loops=64"]):
-    extra_compile.append("-falign-loops=64")
+def _variants():
+    """{variant: -march or None} to build, from rudra_zmq/kernels/variants.py (read as a file:
+    importing the package would need the extensions this script is about to build)."""
+    table = runpy.run_path(os.path.join("rudra_zmq", "kernels", "variants.py"))
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {table["BASELINE"]: os.environ.get("RUDRA_ZMQ_MARCH") or None}
+    out = {}
+    for name, (march, _needs) in table["VARIANTS"].items():
+        if name == table["BASELINE"]:
+            march = os.environ.get("RUDRA_ZMQ_MARCH", march)
+        if not march or _compiler_works([f"-march={march}"]):
+            out[name] = march or None
+        elif name == table["BASELINE"]:
+            print(
+                f"rudra_zmq: the compiler rejected -march={march}; building the baseline "
+                "kernels without -march",
+                file=sys.stderr,
+            )
+            out[name] = None
+        else:
+            print(
+                f"rudra_zmq: the compiler rejected -march={march}; not building the {name} "
+                "kernels (the dispatcher picks the best variant that was built)",
+                file=sys.stderr,
+            )
+    return out
 
-ext = Extension(
-    "rudra_zmq._kernels",
-    sources=["csrc/_kernels.pyx"],
-    depends=[_flags_stamp(extra_compile + omp_link)],
-    extra_compile_args=extra_compile,
-    extra_link_args=omp_link,
-    define_macros=[
-        ("RZ_CYTHON_VERSION", f'"{Cython.__version__}"'),
-        ("RZ_NUMPY_BUILD_VERSION", f'"{NUMPY_VERSION}"'),
-        ("RZ_COMPILE_ARGS", '"' + " ".join(extra_compile) + '"'),
-        ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
-    ],
-)
+
+omp_compile, omp_link = _openmp_flags()
+# Flags of every variant; only -march differs between them (rudra_zmq/kernels/variants.py).
+# -O3 vectorises the one-pass loops.
+# -ffp-contract=off: every variant computes bit for bit what the baseline does. Without it the
+# AVX2 and AVX-512 builds fuse m*v + a*acc into FMA instructions (one rounding fewer), so the
+# same run would end with other weights on another CPU; the kernels are memory-bound, so the
+# FMAs bought no time (bench/RESULTS.md, "Kernels").
+# -fno-trapping-math: the half-precision conversions branch on NaN, overflow and subnormals;
+# this lets the compiler compute both sides and select (if-conversion), so their loops
+# vectorise in every variant, not only under AVX-512 masking. Nothing reads the floating-point
+# exception flags, and no value changes (the tests compare every variant bit for bit).
+# -falign-loops=64: each loop starts on a 64-byte boundary. Without it the same 5-instruction
+# `scale` loop ran 1.6-1.9x slower in the x86-64-v2 build than in the SSE2 one, only because it
+# straddled a cache line there.
+COMMON = ["-O3", *omp_compile]
+for flag in ("-ffp-contract=off", "-fno-trapping-math", "-falign-loops=64"):
+    if _compiler_works([flag]):
+        COMMON.append(flag)
+
+
+def _kernel_extension(variant, march):
+    """rudra_zmq.kernels._<variant>: csrc/_kernels_<variant>.pyx (which includes the one kernel
+    source, csrc/_kernels.pxi) compiled with COMMON and -march=march."""
+    args = COMMON + ([f"-march={march}"] if march else [])
+    return Extension(
+        f"rudra_zmq.kernels._{variant}",
+        sources=[f"csrc/_kernels_{variant}.pyx"],
+        depends=[_flags_stamp(variant, args + omp_link)],
+        extra_compile_args=args,
+        extra_link_args=omp_link,
+        define_macros=[
+            ("RZ_VARIANT", f'"{variant}"'),
+            ("RZ_CYTHON_VERSION", f'"{Cython.__version__}"'),
+            ("RZ_NUMPY_BUILD_VERSION", f'"{NUMPY_VERSION}"'),
+            ("RZ_COMPILE_ARGS", '"' + " ".join(args) + '"'),
+            ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+        ],
+    )
+
+
+extensions = [_kernel_extension(v, march) for v, march in _variants().items()]
+# the CPU probe runs before any variant is chosen: compiled with no -march (the compiler's
+# default), so it loads on any CPU of the architecture
+extensions.append(Extension("rudra_zmq.kernels._cpu", sources=["csrc/_cpu.pyx"]))
 
 
 def _version():
@@ -163,7 +204,7 @@ setup(
         "rudra_zmq.examples": ["*"],
     },
     ext_modules=cythonize(
-        [ext],
+        extensions,
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,

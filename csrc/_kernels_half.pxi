@@ -1,4 +1,4 @@
-# Included by _kernels.pyx (same module: shares its thread settings and checks).
+# Included by _kernels.pxi (same module: shares its thread settings and checks).
 #
 # Half-precision kernels: float16 and bfloat16 payloads against float32 buffers, the seam for a
 # compressed wire (rudra_zmq/codec.py). The float32 side is always the accumulator or the
@@ -6,11 +6,21 @@
 # patterns because NumPy has no bfloat16 dtype; float16 arrays are viewed as uint16 too (a new
 # array object over the same memory, no copy), so one typed loop serves both formats.
 #
-# Conversions are exact bit manipulations, written out in C so that the kernels need neither
-# F16C (not in the default -march=x86-64-v2) nor a compiler's _Float16:
+# Conversions are exact bit manipulations, written out in C so that the baseline needs neither
+# F16C (not in x86-64-v2) nor a compiler's _Float16:
 # - widening (half -> float32) is exact for every value, subnormals, infinities and NaNs;
 # - narrowing (float32 -> half) rounds to nearest, ties to even, as NumPy's astype(float16)
 #   and torch's .to(torch.bfloat16) do; values beyond the half range become infinities.
+# A variant compiled with F16C (avx2, avx512) converts float16 with the CPU's own instructions
+# (vcvtph2ps, vcvtps2ph with round-to-nearest-even): the same IEEE rule, 8 values per
+# instruction instead of some 20 instructions per value. They differ from the rule above only
+# in a NaN's payload (the CPU makes a signalling NaN quiet), so a group of 8 holding a NaN goes
+# through the C rule instead: every variant writes the same bits (tests/test_kernels_half.py).
+#
+# Each kernel works through its arrays a block of BLOCK values at a time, and writes its float32
+# arithmetic once for every variant: a variant that converts float16 a block at a time does so
+# into a buffer on the stack (it stays in L1) that the arithmetic reads (rz_half_at), the others
+# convert each value where the arithmetic reads it. Every loop is simple enough to vectorise.
 from libc.stdint cimport uint16_t
 
 cdef extern from *:
@@ -24,20 +34,17 @@ cdef extern from *:
         const uint32_t shifted_exp = 0x7c00u << 13;
         uint32_t o = (uint32_t)(h & 0x7fffu) << 13;
         uint32_t e = shifted_exp & o;
-        float f;
+        const uint32_t magic_bits = 113u << 23;
+        float f, magic;
         o += (uint32_t)(127 - 15) << 23;
-        if (e == shifted_exp) {
+        if (e == shifted_exp)
             o += (uint32_t)(128 - 16) << 23;
-            memcpy(&f, &o, 4);
-        } else if (e == 0) {
-            const uint32_t magic_bits = 113u << 23;
-            float magic;
-            memcpy(&magic, &magic_bits, 4);
+        else if (e == 0)
             o += 1u << 23;
-            memcpy(&f, &o, 4);
+        memcpy(&f, &o, 4);
+        if (e == 0) {
+            memcpy(&magic, &magic_bits, 4);
             f -= magic;
-        } else {
-            memcpy(&f, &o, 4);
         }
         memcpy(&o, &f, 4);
         o |= (uint32_t)(h & 0x8000u) << 16;
@@ -79,11 +86,108 @@ cdef extern from *:
         x += 0x7fffu + ((x >> 16) & 1u);      /* round to nearest even */
         return (uint16_t)(x >> 16);
     }
+
+    #if defined(__F16C__) && defined(__AVX__)
+    #include <immintrin.h>
+    #define RZ_F16C 1
+    #else
+    #define RZ_F16C 0
+    #endif
+    #if RZ_F16C && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    #define RZ_AVX512 1   /* 16 values per instruction; the 8-wide F16C loop takes the rest */
+    #else
+    #define RZ_AVX512 0
+    #endif
+    /* d[0:n] = s[0:n] widened (bfloat16 bits if bf16, else float16 bits) */
+    static inline void rz_widen_n(float *d, const uint16_t *s, Py_ssize_t n, int bf16) {
+        Py_ssize_t i = 0;
+        if (bf16) {
+            for (; i < n; i++) d[i] = rz_bf16_to_f32(s[i]);
+            return;
+        }
+    #if RZ_AVX512
+        for (; i + 16 <= n; i += 16) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(s + i));
+            if (_mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                        _mm256_set1_epi16(0x7c00))) {
+                for (Py_ssize_t j = i; j < i + 16; j++) d[j] = rz_f16_to_f32(s[j]);
+                continue;
+            }
+            _mm512_storeu_ps(d + i, _mm512_cvtph_ps(h));
+        }
+    #endif
+    #if RZ_F16C
+        for (; i + 8 <= n; i += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)),
+                                          _mm_set1_epi16(0x7c00));
+            if (_mm_movemask_epi8(nan)) {   /* keep a NaN's payload as the C rule does */
+                for (Py_ssize_t j = i; j < i + 8; j++) d[j] = rz_f16_to_f32(s[j]);
+                continue;
+            }
+            _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+        }
+    #endif
+        for (; i < n; i++) d[i] = rz_f16_to_f32(s[i]);
+    }
+    /* d[0:n] = s[0:n] narrowed, to nearest even (bfloat16 bits if bf16, else float16 bits) */
+    static inline void rz_narrow_n(uint16_t *d, const float *s, Py_ssize_t n, int bf16) {
+        Py_ssize_t i = 0;
+        if (bf16) {
+            for (; i < n; i++) d[i] = rz_f32_to_bf16(s[i]);
+            return;
+        }
+    #if RZ_AVX512
+        for (; i + 16 <= n; i += 16) {
+            __m512 x = _mm512_loadu_ps(s + i);
+            if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)) {   /* a NaN: C rule */
+                for (Py_ssize_t j = i; j < i + 16; j++) d[j] = rz_f32_to_f16(s[j]);
+                continue;
+            }
+            _mm256_storeu_si256((__m256i *)(d + i),
+                                _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+    #endif
+    #if RZ_F16C
+        for (; i + 8 <= n; i += 8) {
+            __m256 x = _mm256_loadu_ps(s + i);
+            if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) {   /* a NaN: C rule */
+                for (Py_ssize_t j = i; j < i + 8; j++) d[j] = rz_f32_to_f16(s[j]);
+                continue;
+            }
+            _mm_storeu_si128((__m128i *)(d + i),
+                             _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        }
+    #endif
+        for (; i < n; i++) d[i] = rz_f32_to_f16(s[i]);
+    }
+    /* The half operand of a kernel's arithmetic. Where the CPU converts a block at a time
+       (float16 with F16C), rz_widen_block fills x[0:n] first and rz_half_at reads x[j];
+       elsewhere (bfloat16's shift, the C rule) rz_widen_block does nothing and rz_half_at
+       converts s[j] where it is read, so that loop stays a single pass. */
+    static inline int rz_blockwise(int bf16) { return RZ_F16C && !bf16; }
+    static inline void rz_widen_block(float *x, const uint16_t *s, Py_ssize_t n, int bf16) {
+        if (rz_blockwise(bf16)) rz_widen_n(x, s, n, bf16);
+    }
+    static inline float rz_half_at(const float *x, const uint16_t *s, Py_ssize_t j, int bf16) {
+        if (rz_blockwise(bf16)) return x[j];
+        return bf16 ? rz_bf16_to_f32(s[j]) : rz_f16_to_f32(s[j]);
+    }
     """
     float rz_f16_to_f32(uint16_t h) noexcept nogil
     float rz_bf16_to_f32(uint16_t b) noexcept nogil
     uint16_t rz_f32_to_f16(float f) noexcept nogil
     uint16_t rz_f32_to_bf16(float f) noexcept nogil
+    int RZ_F16C
+    void rz_widen_n(float *d, const uint16_t *s, Py_ssize_t n, int bf16) noexcept nogil
+    void rz_narrow_n(uint16_t *d, const float *s, Py_ssize_t n, int bf16) noexcept nogil
+    void rz_widen_block(float *x, const uint16_t *s, Py_ssize_t n, int bf16) noexcept nogil
+    float rz_half_at(const float *x, const uint16_t *s, Py_ssize_t j, int bf16) noexcept nogil
+
+# Values converted at a time (see the top): 2 KiB of float32 per buffer, in L1 with room to
+# spare, and long enough that the loops over it run at full vector width.
+cdef enum:
+    BLOCK = 512
 
 _F16 = np.dtype(np.float16)
 _U16 = np.dtype(np.uint16)
@@ -112,75 +216,88 @@ cdef object _check_half(str op, str fname, f, str hname, h, object hdtype, bint 
     return h if hdtype == _U16 else h.view(np.uint16)
 
 
+cdef inline Py_ssize_t _blocks(Py_ssize_t n) noexcept nogil:
+    return (n + BLOCK - 1) // BLOCK
+
+
+cdef inline Py_ssize_t _block_len(Py_ssize_t lo, Py_ssize_t n) noexcept nogil:
+    return BLOCK if n - lo > BLOCK else n - lo
+
+
+cdef void _accumulate_block(float *acc, const uint16_t *g, float s, Py_ssize_t n,
+                            bint bf16) noexcept nogil:
+    # acc + s*x with s = 1 is exactly acc + x, so one loop serves both calls
+    cdef float x[BLOCK]
+    cdef Py_ssize_t j
+    rz_widen_block(x, g, n, bf16)
+    for j in range(n):
+        acc[j] = acc[j] + s * rz_half_at(x, g, j, bf16)
+
+
 cdef int _accumulate_half(float[::1] acc, const uint16_t[::1] g, double s,
                           bint bf16) except -1:
-    # acc + s_*x with s_ = 1 is exactly acc + x, so one loop serves both calls
-    cdef Py_ssize_t i, n = acc.shape[0]
+    cdef Py_ssize_t b, lo, n = acc.shape[0]
     cdef int nt = _threads_for(n)
     cdef float s_ = <float>s
     with nogil:
-        if bf16:
-            for i in prange(n, schedule="static", num_threads=nt):
-                acc[i] = acc[i] + s_ * rz_bf16_to_f32(g[i])
-        else:
-            for i in prange(n, schedule="static", num_threads=nt):
-                acc[i] = acc[i] + s_ * rz_f16_to_f32(g[i])
+        for b in prange(_blocks(n), schedule="static", num_threads=nt):
+            lo = b * BLOCK
+            _accumulate_block(&acc[lo], &g[lo], s_, _block_len(lo, n), bf16)
     return 0
 
 
 cdef int _widen(float[::1] dst, const uint16_t[::1] src, bint bf16) except -1:
-    cdef Py_ssize_t i, n = dst.shape[0]
+    cdef Py_ssize_t b, lo, n = dst.shape[0]
     cdef int nt = _threads_for(n)
     with nogil:
-        if bf16:
-            for i in prange(n, schedule="static", num_threads=nt):
-                dst[i] = rz_bf16_to_f32(src[i])
-        else:
-            for i in prange(n, schedule="static", num_threads=nt):
-                dst[i] = rz_f16_to_f32(src[i])
+        for b in prange(_blocks(n), schedule="static", num_threads=nt):
+            lo = b * BLOCK
+            rz_widen_n(&dst[lo], &src[lo], _block_len(lo, n), bf16)
     return 0
 
 
 cdef int _narrow(uint16_t[::1] dst, const float[::1] src, bint bf16) except -1:
-    cdef Py_ssize_t i, n = dst.shape[0]
+    cdef Py_ssize_t b, lo, n = dst.shape[0]
     cdef int nt = _threads_for(n)
     with nogil:
-        if bf16:
-            for i in prange(n, schedule="static", num_threads=nt):
-                dst[i] = rz_f32_to_bf16(src[i])
-        else:
-            for i in prange(n, schedule="static", num_threads=nt):
-                dst[i] = rz_f32_to_f16(src[i])
+        for b in prange(_blocks(n), schedule="static", num_threads=nt):
+            lo = b * BLOCK
+            rz_narrow_n(&dst[lo], &src[lo], _block_len(lo, n), bf16)
     return 0
 
 
-cdef int _narrow_feedback(uint16_t[::1] dst, const float[::1] src, float[::1] res,
-                          bint bf16) except -1:
+cdef void _narrow_feedback_block(uint16_t *dst, const float *src, float *res, Py_ssize_t n,
+                                 bint bf16) noexcept nogil:
     # v = src + res; dst = half(v); res = v - float(half(v)): the rounding error is kept,
     # to be added to the next vector (error feedback). A finite v beyond the half range
     # saturates to the largest finite half (not infinity, whose residual inf - inf = NaN
     # would poison every later vector); the excess stays in the residual.
-    cdef Py_ssize_t i, n = dst.shape[0]
-    cdef int nt = _threads_for(n)
-    cdef float v
+    cdef float v[BLOCK]
+    cdef float back[BLOCK]
+    cdef Py_ssize_t j
     cdef uint16_t h
+    cdef uint16_t inf = 0x7f80u if bf16 else 0x7c00u  # the largest finite half is inf - 1
+    for j in range(n):
+        v[j] = src[j] + res[j]
+    rz_narrow_n(dst, v, n, bf16)
+    for j in range(n):
+        # a finite v rounded to infinity; written as a select (`&`, and a store on both
+        # sides), not a branch, so that the loop vectorises without AVX-512's masked stores
+        h = dst[j]
+        dst[j] = ((h & 0x8000u) | (inf - 1)) if ((h & 0x7fffu) == inf) & (v[j] - v[j] == 0) else h
+    rz_widen_block(back, dst, n, bf16)
+    for j in range(n):
+        res[j] = v[j] - rz_half_at(back, dst, j, bf16)
+
+
+cdef int _narrow_feedback(uint16_t[::1] dst, const float[::1] src, float[::1] res,
+                          bint bf16) except -1:
+    cdef Py_ssize_t b, lo, n = dst.shape[0]
+    cdef int nt = _threads_for(n)
     with nogil:
-        if bf16:
-            for i in prange(n, schedule="static", num_threads=nt):
-                v = src[i] + res[i]
-                h = rz_f32_to_bf16(v)
-                if (h & 0x7fffu) == 0x7f80u and v - v == 0:
-                    h = (h & 0x8000u) | 0x7f7fu  # finite v rounded to infinity
-                dst[i] = h
-                res[i] = v - rz_bf16_to_f32(h)
-        else:
-            for i in prange(n, schedule="static", num_threads=nt):
-                v = src[i] + res[i]
-                h = rz_f32_to_f16(v)
-                if (h & 0x7fffu) == 0x7c00u and v - v == 0:
-                    h = (h & 0x8000u) | 0x7bffu  # finite v beyond 65504: saturate
-                dst[i] = h
-                res[i] = v - rz_f16_to_f32(h)
+        for b in prange(_blocks(n), schedule="static", num_threads=nt):
+            lo = b * BLOCK
+            _narrow_feedback_block(&dst[lo], &src[lo], &res[lo], _block_len(lo, n), bf16)
     return 0
 
 

@@ -237,7 +237,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument(
         "--version",
         action="version",
-        version=f"{PROG} {__version__} (kernels: {build_info()['compile_args']})",
+        version=f"{PROG} {__version__} (kernels: {build_info()['variant']} variant, "
+        f"{build_info()['compile_args']})",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 

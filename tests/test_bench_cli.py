@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from rudra_zmq import kernels
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]  # hang guards, not timings
 QUICK = ["--seconds", "0.05", "--warmup", "0.02", "--repeat", "2"]
@@ -241,11 +243,16 @@ def test_kernels_benchmark_reports_bytes_and_bandwidth_of_every_implementation(t
         "0.05",
     )
     assert [c["kernel"] for c in cases] == ["sgd_momentum_step", "accumulate"]
+    variants = kernels.available_variants()
     for c in cases:
         assert c["bytes"] == {"sgd_momentum_step": 5, "accumulate": 3}[c["kernel"]] * 4 * c["n"]
+        assert c["default_variant"] == kernels.VARIANT
         for impl, ms in c["median_ms"].items():
             assert ms > 0 and close(c["gb_per_s"][impl], c["bytes"] / (ms * 1e-3) / 1e9)
-    assert {r["impl"] for r in rows} >= {"ours", "numpy", "torch", "np.copyto", "copy_into"}
+        for v in variants:  # a variant's ratio is the floor's time over its own
+            assert close(c["ratio"][v], c["floor_ms"] / c["median_ms"][v])
+        assert close(c["ratio"]["numpy"], c["median_ms"]["numpy"] / c["median_ms"][kernels.VARIANT])
+    assert {r["impl"] for r in rows} == {*variants, "numpy", "torch", "torch fused"}
 
 
 def test_a_bind_side_serves_a_connect_side_like_two_hosts(tmp_path):

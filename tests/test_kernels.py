@@ -1,36 +1,51 @@
-"""Every compiled kernel against its NumPy twin (tests/oracles.py)."""
+"""Every compiled kernel, in every variant this CPU runs, against its NumPy twin
+(tests/oracles.py)."""
 
 import numpy as np
 import pytest
 
 import oracles
 import rudra_zmq
+import variants
 from rudra_zmq import kernels
 
-SIZES = [0, 1, 7, 1001, 70_001, 1_000_003]  # the last above the kernels' parallel minimum (2**18)
+SIZES = [0, 1, 7, 1001, 70_001, 300_007]  # the last above the kernels' parallel minimum (2**18)
 DTYPES = [np.float32, np.float64]
 TOL = {np.float32: dict(rtol=2e-6, atol=2e-6), np.float64: dict(rtol=1e-13, atol=1e-13)}
 
 
-def _arrays(n, dtype, k, seed=0):
+def _arrays(n, dtype, count, seed=0):
     rng = np.random.default_rng(seed + n)
-    return [rng.standard_normal(n).astype(dtype) for _ in range(k)]
+    return [rng.standard_normal(n).astype(dtype) for _ in range(count)]
+
+
+@pytest.fixture(params=variants.PARAMS)
+def k(request):
+    """The kernels of one variant (the tests taking it run once per variant)."""
+    return variants.load(request.param)
 
 
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    old = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
+def threads(request, k):
+    old = k.get_num_threads()
+    k.set_num_threads(request.param)
     yield request.param
-    kernels.set_num_threads(old)
+    k.set_num_threads(old)
 
 
-def test_extension_is_the_compiled_module():
-    from rudra_zmq import _kernels
+@pytest.fixture(params=variants.OTHERS)
+def other(request):
+    """The kernels of each variant but the baseline."""
+    return variants.load(request.param)
 
-    assert _kernels.__file__.endswith((".so", ".pyd")), _kernels.__file__
+
+def test_extension_is_the_compiled_module_of_the_chosen_variant():
     info = rudra_zmq.build_info()
-    assert info["module_file"] == _kernels.__file__
+    module = kernels.load_variant(info["variant"])
+    assert module.__file__.endswith((".so", ".pyd")), module.__file__
+    assert info["module_file"] == module.__file__
+    assert module.compile_info()["variant"] == info["variant"]
+    assert kernels.accumulate is module.accumulate
     assert info["cython_version"].startswith("3")
     assert info["num_threads"] >= 1
     assert isinstance(info["openmp"], bool)
@@ -38,52 +53,52 @@ def test_extension_is_the_compiled_module():
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_accumulate_matches_numpy(n, dtype, threads):
+def test_accumulate_matches_numpy(n, dtype, k, threads):
     acc, g = _arrays(n, dtype, 2)
     ref = acc.copy()
     oracles.accumulate(ref, g)
-    kernels.accumulate(acc, g)
+    k.accumulate(acc, g)
     np.testing.assert_allclose(acc, ref, **TOL[dtype])
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_accumulate_scaled_matches_numpy(n, dtype, threads):
+def test_accumulate_scaled_matches_numpy(n, dtype, k, threads):
     acc, g = _arrays(n, dtype, 2)
     ref = acc.copy()
     oracles.accumulate_scaled(ref, g, 0.37)
-    kernels.accumulate_scaled(acc, g, 0.37)
+    k.accumulate_scaled(acc, g, 0.37)
     np.testing.assert_allclose(acc, ref, **TOL[dtype])
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_scale_matches_numpy(n, dtype, threads):
+def test_scale_matches_numpy(n, dtype, k, threads):
     (x,) = _arrays(n, dtype, 1)
     ref = x.copy()
     oracles.scale(ref, -1.5)
-    kernels.scale(x, -1.5)
+    k.scale(x, -1.5)
     np.testing.assert_allclose(x, ref, **TOL[dtype])
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_copy_into_is_exact(n, dtype, threads):
+def test_copy_into_is_exact(n, dtype, k, threads):
     dst, src = _arrays(n, dtype, 2)
-    kernels.copy_into(dst, src)
+    k.copy_into(dst, src)
     assert np.array_equal(dst, src)
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_acc", [False, True])
-def test_sgd_momentum_step_matches_numpy(n, dtype, zero_acc, threads):
+def test_sgd_momentum_step_matches_numpy(n, dtype, zero_acc, k, threads):
     w, v, acc = _arrays(n, dtype, 3)
     rw, rv, racc = w.copy(), v.copy(), acc.copy()
     args = dict(lr=0.01, momentum=0.9, weight_decay=0.004, g_scale=0.25, zero_acc=zero_acc)
     for _ in range(3):  # several steps so momentum carries over
         oracles.sgd_momentum_step(rw, rv, racc, **args)
-        kernels.sgd_momentum_step(w, v, acc, **args)
+        k.sgd_momentum_step(w, v, acc, **args)
         if zero_acc:
             acc += 1.0
             racc += 1.0
@@ -95,12 +110,12 @@ def test_sgd_momentum_step_matches_numpy(n, dtype, zero_acc, threads):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_acc", [False, True])
-def test_sgd_step_matches_numpy(n, dtype, zero_acc, threads):
+def test_sgd_step_matches_numpy(n, dtype, zero_acc, k, threads):
     w, acc = _arrays(n, dtype, 2)
     rw, racc = w.copy(), acc.copy()
     args = dict(lr=0.05, weight_decay=0.004, g_scale=0.5, zero_acc=zero_acc)
     oracles.sgd_step(rw, racc, **args)
-    kernels.sgd_step(w, acc, **args)
+    k.sgd_step(w, acc, **args)
     np.testing.assert_allclose(w, rw, **TOL[dtype])
     np.testing.assert_array_equal(acc, racc)
 
@@ -108,7 +123,9 @@ def test_sgd_step_matches_numpy(n, dtype, zero_acc, threads):
 @pytest.mark.parametrize("n", [1, 1001, 300_000])
 @pytest.mark.parametrize("zero_acc", [False, True])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, momentum, threads):
+def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(
+    n, zero_acc, momentum, k, threads
+):
     """The PS writes the next weight version into another buffer (out=) while the current
     one is being sent: the result must be bit-identical to the in-place step, and the
     input weights (read-only here, like a buffer in flight) must not change."""
@@ -117,11 +134,11 @@ def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, m
     w_in.flags.writeable = False
     v2, acc2, out = v.copy(), acc.copy(), np.full(n, np.nan, np.float32)
     if momentum:
-        kernels.sgd_momentum_step(w, v, acc, 0.01, momentum, 0.004, 0.5, zero_acc)
-        kernels.sgd_momentum_step(w_in, v2, acc2, 0.01, momentum, 0.004, 0.5, zero_acc, out=out)
+        k.sgd_momentum_step(w, v, acc, 0.01, momentum, 0.004, 0.5, zero_acc)
+        k.sgd_momentum_step(w_in, v2, acc2, 0.01, momentum, 0.004, 0.5, zero_acc, out=out)
     else:
-        kernels.sgd_step(w, acc, 0.01, 0.004, 0.5, zero_acc)
-        kernels.sgd_step(w_in, acc2, 0.01, 0.004, 0.5, zero_acc, out=out)
+        k.sgd_step(w, acc, 0.01, 0.004, 0.5, zero_acc)
+        k.sgd_step(w_in, acc2, 0.01, 0.004, 0.5, zero_acc, out=out)
     np.testing.assert_array_equal(out, w)
     np.testing.assert_array_equal(v2, v)
     np.testing.assert_array_equal(acc2, acc)
@@ -131,7 +148,7 @@ def test_out_of_place_step_equals_in_place_and_leaves_w_untouched(n, zero_acc, m
 @pytest.mark.parametrize("n", [1, 1001, 300_000])
 @pytest.mark.parametrize("zero_acc", [False, True])
 def test_momentum_into_separate_buffers_equals_in_place_and_leaves_v_untouched(
-    n, zero_acc, threads
+    n, zero_acc, k, threads
 ):
     """An update computed aside (out=, v_out=) writes the new weights and the new momentum
     into spare buffers: bit-identical to the in-place step, with w and v (read-only here)
@@ -141,10 +158,8 @@ def test_momentum_into_separate_buffers_equals_in_place_and_leaves_v_untouched(
     w_in.flags.writeable = v_in.flags.writeable = False
     acc2 = acc.copy()
     out, v_out = np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
-    kernels.sgd_momentum_step(w, v, acc, 0.01, 0.9, 0.004, 0.5, zero_acc)
-    kernels.sgd_momentum_step(
-        w_in, v_in, acc2, 0.01, 0.9, 0.004, 0.5, zero_acc, out=out, v_out=v_out
-    )
+    k.sgd_momentum_step(w, v, acc, 0.01, 0.9, 0.004, 0.5, zero_acc)
+    k.sgd_momentum_step(w_in, v_in, acc2, 0.01, 0.9, 0.004, 0.5, zero_acc, out=out, v_out=v_out)
     np.testing.assert_array_equal(out, w)
     np.testing.assert_array_equal(v_out, v)
     np.testing.assert_array_equal(acc2, acc)
@@ -185,17 +200,17 @@ def test_out_must_be_writable_same_shape_and_not_partly_overlap_w():
     assert not np.array_equal(w, before)
 
 
-def test_read_only_zmq_like_inputs_are_accepted():
+def test_read_only_zmq_like_inputs_are_accepted(k):
     g = np.arange(10, dtype=np.float32)
     frame = np.frombuffer(g.tobytes(), dtype=np.float32)  # read-only, as from a zmq.Frame
     assert not frame.flags.writeable
     acc = np.ones(10, np.float32)
-    kernels.accumulate(acc, frame)
-    kernels.accumulate_scaled(acc, frame, 2.0)
+    k.accumulate(acc, frame)
+    k.accumulate_scaled(acc, frame, 2.0)
     w, v = np.zeros(10, np.float32), np.zeros(10, np.float32)
-    kernels.sgd_momentum_step(w, v, frame, lr=1.0, momentum=0.0)
-    kernels.sgd_step(w, frame, lr=1.0)
-    kernels.copy_into(acc, frame)
+    k.sgd_momentum_step(w, v, frame, lr=1.0, momentum=0.0)
+    k.sgd_step(w, frame, lr=1.0)
+    k.copy_into(acc, frame)
     np.testing.assert_array_equal(w, -2 * g)
     np.testing.assert_array_equal(acc, g)
 
@@ -242,3 +257,31 @@ def test_thread_settings_are_validated():
         kernels.set_num_threads(0)
     with pytest.raises(ValueError, match="n >= 0"):
         kernels.set_parallel_threshold(-1)
+
+
+STEPS = {
+    "accumulate": lambda k, a: k.accumulate(a[0], a[1]),
+    "accumulate_scaled": lambda k, a: k.accumulate_scaled(a[0], a[1], 0.37),
+    "scale": lambda k, a: k.scale(a[0], -1.5),
+    "sgd_momentum_step": lambda k, a: k.sgd_momentum_step(*a, 0.01, 0.9, 0.004, 0.25),
+    "sgd_momentum_step(zero_acc)": lambda k, a: k.sgd_momentum_step(
+        *a, 0.01, 0.9, 0.004, 0.25, zero_acc=True
+    ),
+    "sgd_step": lambda k, a: k.sgd_step(a[0], a[1], 0.05, 0.004, 0.5),
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_variant_computes_the_baseline_bits(other, step, dtype):
+    """Variants differ in speed only: the same update on another CPU ends with the same
+    weights, bit for bit (setup.py's -ffp-contract=off keeps FMA contraction out of the AVX2
+    and AVX-512 builds). 300,007 elements: both threads and a vector loop's scalar tail."""
+    base = variants.load("baseline")
+    mine = _arrays(300_007, dtype, 3, seed=5)
+    ref = [a.copy() for a in mine]
+    for _ in range(3):
+        STEPS[step](base, ref)
+        STEPS[step](other, mine)
+    for got, want in zip(mine, ref):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))

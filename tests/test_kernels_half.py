@@ -1,13 +1,16 @@
-"""The half-precision kernels (float16, bfloat16 as uint16 bits, against float32) against their
-NumPy twins (tests/oracles.py), and bfloat16 against torch as a second, independent oracle."""
+"""The half-precision kernels (float16, bfloat16 as uint16 bits, against float32), in every
+variant this CPU runs, against their NumPy twins (tests/oracles.py), and bfloat16 against torch
+as a second, independent oracle."""
 
 import numpy as np
 import pytest
 
 import oracles
+import variants
 from rudra_zmq import kernels
 
-SIZES = [0, 1, 7, 1001, 70_001, 1_000_003]  # the last above the kernels' parallel minimum (2**18)
+# the last above the kernels' parallel minimum (2**18); 1001 and 70,001 end in a part block
+SIZES = [0, 1, 7, 1001, 70_001, 300_007]
 HALVES = ["f16", "bf16"]
 # Widening is exact, so what is left is float32 arithmetic in the accumulator (s*g, then +).
 TOL = {"f16": {"rtol": 2e-6, "atol": 2e-6}, "bf16": {"rtol": 2e-6, "atol": 2e-6}}
@@ -30,42 +33,54 @@ def _widened(fmt, h):
     return h.astype(np.float32) if fmt == "f16" else oracles.bf16_to_f32(h)
 
 
-def _kernel(name, fmt):
-    return getattr(kernels, f"{name}_{fmt}")
+def _kernel(name, fmt, k=kernels):
+    return getattr(k, f"{name}_{fmt}")
 
 
 def _bits(a):
     return a.view(np.uint16 if a.itemsize == 2 else np.uint32)
 
 
+@pytest.fixture(params=variants.PARAMS)
+def k(request):
+    """The kernels of one variant (the tests taking it run once per variant)."""
+    return variants.load(request.param)
+
+
+@pytest.fixture(params=variants.OTHERS)
+def other(request):
+    """The kernels of each variant but the baseline."""
+    return variants.load(request.param)
+
+
 @pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    old = kernels.get_num_threads()
-    kernels.set_num_threads(request.param)
+def threads(request, k):
+    old = k.get_num_threads()
+    k.set_num_threads(request.param)
     yield request.param
-    kernels.set_num_threads(old)
+    k.set_num_threads(old)
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("fmt", HALVES)
 @pytest.mark.parametrize("s", [1.0, 0.37])
-def test_accumulate_half_matches_numpy(n, fmt, s, threads):
+def test_accumulate_half_matches_numpy(n, fmt, s, k, threads):
     g = _half(fmt, n)
     acc = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     ref = acc.copy()
     getattr(oracles, f"accumulate_{fmt}")(ref, g, s)
-    _kernel("accumulate", fmt)(acc, g, s)
+    _kernel("accumulate", fmt, k)(acc, g, s)
     np.testing.assert_allclose(acc, ref, **TOL[fmt])
     if s == 1.0:  # acc + widened g: one float32 addition, bit for bit
         np.testing.assert_array_equal(acc, ref)
 
 
 @pytest.mark.parametrize("fmt", HALVES)
-def test_widen_is_exact_for_every_bit_pattern(fmt, threads):
+def test_widen_is_exact_for_every_bit_pattern(fmt, k, threads):
     bits = np.arange(1 << 16, dtype=np.uint16)
     src = bits.view(np.float16) if fmt == "f16" else bits
     dst = np.full(bits.shape[0], 7.0, np.float32)
-    _kernel("widen", fmt)(dst, src)
+    _kernel("widen", fmt, k)(dst, src)
     ref = _widened(fmt, src)
     nan = np.isnan(ref)
     np.testing.assert_array_equal(np.isnan(dst), nan)
@@ -103,10 +118,10 @@ def _awkward_floats(n, seed=1):
 
 
 @pytest.mark.parametrize("fmt", HALVES)
-def test_narrow_rounds_like_numpy_bit_for_bit(fmt, threads):
+def test_narrow_rounds_like_numpy_bit_for_bit(fmt, k, threads):
     x = _awkward_floats(300_000)
     dst = np.empty(x.shape[0], np.float16 if fmt == "f16" else np.uint16)
-    _kernel("narrow", fmt)(dst, x)
+    _kernel("narrow", fmt, k)(dst, x)
     with np.errstate(over="ignore"):
         ref = _narrow_ref(fmt, x)
     np.testing.assert_array_equal(_bits(dst), _bits(ref))
@@ -181,7 +196,7 @@ def test_bad_arguments_name_the_problem_and_write_nothing(fmt):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("fmt", HALVES)
-def test_narrow_with_feedback_matches_numpy_bit_for_bit(n, fmt, threads):
+def test_narrow_with_feedback_matches_numpy_bit_for_bit(n, fmt, k, threads):
     """v = src + residual (float32), dst = v narrowed (nearest even), residual = v - dst."""
     rng = np.random.default_rng(n)
     src = (rng.standard_normal(n) * 3).astype(np.float32)
@@ -191,20 +206,20 @@ def test_narrow_with_feedback_matches_numpy_bit_for_bit(n, fmt, threads):
     want_res = v - _widened(fmt, want_dst)
     dst = np.empty(n, want_dst.dtype)
     src_before = src.copy()
-    getattr(kernels, f"narrow_{fmt}_feedback")(dst, src, res)
+    getattr(k, f"narrow_{fmt}_feedback")(dst, src, res)
     np.testing.assert_array_equal(_bits(dst), _bits(want_dst))
     np.testing.assert_array_equal(_bits(res), _bits(want_res))
     np.testing.assert_array_equal(src, src_before)  # src is only read
 
 
 @pytest.mark.parametrize("fmt", HALVES)
-def test_narrow_with_feedback_saturates_instead_of_poisoning_the_residual(fmt):
+def test_narrow_with_feedback_saturates_instead_of_poisoning_the_residual(fmt, k):
     """A finite value past the half range goes out as the largest finite half and the excess
     stays in the residual, to follow: plain narrowing's infinity would leave inf - inf = NaN
     in the residual and every later vector NaN."""
     big = 1e5 if fmt == "f16" else 3.4e38
     top = 65504.0 if fmt == "f16" else float(_widened("bf16", np.array([0x7F7F], np.uint16))[0])
-    k = getattr(kernels, f"narrow_{fmt}_feedback")
+    k = getattr(k, f"narrow_{fmt}_feedback")
     src = np.array([big, -big, 1.0], np.float32)
     res = np.zeros(3, np.float32)
     dst = np.empty(3, np.float16 if fmt == "f16" else np.uint16)
@@ -251,3 +266,31 @@ def test_every_kernel_says_it_releases_the_gil():
     }
     for name in sorted(set(kernels.__all__) - settings):
         assert "Releases the GIL" in getattr(kernels, name).__doc__, name
+
+
+@pytest.mark.parametrize("fmt", HALVES)
+def test_every_variant_writes_the_baseline_bits(other, fmt):
+    """The AVX2 and AVX-512 variants convert float16 with the CPU's instructions: the same
+    rounding, and a NaN keeps the payload the C rule gives it (a group of values holding a NaN
+    takes the C rule). Every bit pattern in a shuffled order, so NaNs sit among ordinary values
+    in the groups; the float32 side: random bit patterns, edges and ordinary values."""
+    base = variants.load("baseline")
+    rng = np.random.default_rng(7)
+    bits = rng.permutation(np.arange(1 << 16, dtype=np.uint16))
+    half = bits.view(np.float16) if fmt == "f16" else bits
+    x = rng.permutation(_awkward_floats(200_000, seed=8))
+
+    def run(k):
+        widened = np.empty(half.shape[0], np.float32)
+        _kernel("widen", fmt, k)(widened, half)
+        acc = np.linspace(-3, 3, half.shape[0], dtype=np.float32)
+        _kernel("accumulate", fmt, k)(acc, half, 0.37)
+        narrowed = np.empty(x.shape[0], half.dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _kernel("narrow", fmt, k)(narrowed, x)
+            dst, res = np.empty(x.shape[0], half.dtype), np.full(x.shape[0], 1e-3, np.float32)
+            getattr(k, f"narrow_{fmt}_feedback")(dst, x, res)
+        return widened, acc, narrowed, dst, res
+
+    for got, want in zip(run(other), run(base)):
+        np.testing.assert_array_equal(_bits(got), _bits(want))

@@ -9,6 +9,7 @@ torch again) but not its editable rudra_zmq: the wheel is installed there with `
 
 import ast
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import rudra_zmq
+from rudra_zmq.kernels.variants import VARIANTS
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "rudra_zmq"
@@ -43,8 +45,10 @@ def _needs_compiler():
 
 def _env(**extra):
     """The environment of a build or a user's shell: no RUDRA_ZMQ_MARCH (the default build is
-    what is tested), no PYTHONPATH (nothing may leak in from the repository)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RUDRA_ZMQ_MARCH", "PYTHONPATH")}
+    what is tested), no RUDRA_ZMQ_KERNELS (the default choice is), no PYTHONPATH (nothing may
+    leak in from the repository)."""
+    unset = ("RUDRA_ZMQ_MARCH", "RUDRA_ZMQ_KERNELS", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     return {**env, "COLUMNS": "200", **extra}  # COLUMNS: argparse wraps --version to it
 
 
@@ -135,12 +139,15 @@ def fresh_venv(wheel, tmp_path_factory):
 def test_the_sdist_carries_the_kernel_sources_configs_and_build_files(sdist):
     with tarfile.open(sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    wanted = {"README.md", "setup.py", "pyproject.toml", "MANIFEST.in", "csrc/_kernels.pyx"}
+    wanted = {"README.md", "setup.py", "pyproject.toml", "MANIFEST.in", "csrc/_kernels.pxi"}
+    wanted |= {"csrc/_cpu.pyx", "rudra_zmq/kernels/variants.py"}  # setup.py reads the table
+    wanted |= {str(p.relative_to(REPO)) for p in REPO.glob("csrc/*.pyx")}
     wanted |= {str(p.relative_to(REPO)) for p in REPO.glob("csrc/*.pxi")}
+    assert "csrc/_kernels_baseline.pyx" in wanted
     wanted |= {str(p.relative_to(REPO)) for p in REPO.glob("configs/**/*.yaml")}
     assert "configs/quickstart.yaml" in wanted and "configs/grids/table2.yaml" in wanted
     assert wanted <= names, f"missing from the sdist: {sorted(wanted - names)}"
-    stray = [n for n in names if n.endswith((".so", ".pyc")) or n == "csrc/_kernels.c"]
+    stray = [n for n in names if n.endswith((".so", ".pyc", ".c"))]
     assert not stray, f"build products in the sdist: {stray}"
 
 
@@ -148,7 +155,13 @@ def test_the_sdist_carries_the_kernel_sources_configs_and_build_files(sdist):
 def test_the_wheel_holds_the_compiled_kernels_and_the_configs_as_package_data(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-    assert any(re.fullmatch(r"rudra_zmq/_kernels\..*\.so", n) for n in names), sorted(names)
+    built = {
+        m.group(1) for n in names if (m := re.fullmatch(r"rudra_zmq/kernels/_(\w+)\..*\.so", n))
+    }
+    # every variant on x86-64 (gcc and clang have known -march=x86-64-v4 for years), the
+    # baseline elsewhere; and the CPU probe
+    wanted = set(VARIANTS) if platform.machine().lower() in ("x86_64", "amd64") else {"baseline"}
+    assert built == wanted | {"cpu"}, sorted(names)
     configs = {
         f"rudra_zmq/configs/{p.relative_to(REPO / 'configs')}"
         for p in REPO.glob("configs/**/*.yaml")
@@ -171,7 +184,11 @@ def test_the_wheel_in_a_fresh_venv_runs_the_quickstart_by_name(fresh_venv, tmp_p
     assert Path(where).is_relative_to(fresh_venv.parent), where
 
     version = _check([fresh_venv / "rudra-zmq", "--version"], cwd=tmp_path).stdout
-    assert version.startswith(f"rudra-zmq {VERSION} (kernels: -O3"), version
+    best = _check(
+        [fresh_venv / "python", "-c", "import rudra_zmq; print(rudra_zmq.kernels.VARIANT)"],
+        cwd=tmp_path,
+    ).stdout.strip()
+    assert version.startswith(f"rudra-zmq {VERSION} (kernels: {best} variant, -O3"), version
     assert "-march=native" not in version, "the default build must run on any x86-64-v2 host"
 
     run_dir = tmp_path / "run"

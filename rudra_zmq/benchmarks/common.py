@@ -33,6 +33,7 @@ DEFAULT_SECONDS = 1.0  # timed seconds per case and repeat
 DEFAULT_WARMUP_S = 0.2  # untimed seconds per case
 DEFAULT_REPEAT = 3  # timed repeats per case (min / median / max)
 ENV_KEYS = (
+    "RUDRA_ZMQ_KERNELS",
     "OMP_NUM_THREADS",
     "OMP_WAIT_POLICY",
     "MALLOC_ARENA_MAX",
@@ -252,8 +253,9 @@ def header_text(title: str, facts: dict, notes=()) -> str:
         f"# cpu: {facts['cpu_model']} x{facts['nproc']}  loadavg: "
         + " ".join(f"{x:.2f}" for x in facts["loadavg"]),
         f"# {libs}",
-        f"# kernels: openmp={bi.get('openmp')} threads={bi.get('num_threads')} "
-        f"compile_args='{bi.get('compile_args')}'",
+        f"# kernels: {bi.get('variant')} variant (this CPU runs "
+        f"{', '.join(bi.get('variants_available', ()))}) openmp={bi.get('openmp')} "
+        f"threads={bi.get('num_threads')} compile_args='{bi.get('compile_args')}'",
         "# env: " + " ".join(f"{k}={v}" for k, v in facts["env"].items()),
     ]
     return "\n".join(lines + [f"# {n}" for n in notes])

@@ -1,18 +1,20 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""In-place update kernels of rudra_zmq's parameter server (compiled; see rudra_zmq.kernels).
-
-Every kernel:
-- works in place on 1-D C-contiguous float32 or float64 NumPy arrays (all arguments of one call
-  share the dtype and length), except the half-precision kernels of ``_kernels_half.pxi``
-  (float16 or bfloat16 against float32, see there); inputs are ``const`` so read-only buffers, such as
-  ``np.frombuffer(zmq_frame, np.float32)``, are accepted;
-- checks its arguments with the GIL held and raises ``ValueError``/``TypeError`` naming the bad
-  size, dtype or flag before anything is written;
-- then releases the GIL and runs one pass over memory, split statically over OpenMP threads
-  (``set_num_threads``) when the buffer is large enough to amortise starting them;
-- never allocates.
-Kernels are thread-safe as long as two threads do not write the same array at once.
-"""
+# The update kernels: the one source every variant module (csrc/_kernels_<variant>.pyx) includes.
+# setup.py compiles it once per instruction-set variant (-march=x86-64-v2, -v3, -v4: "baseline",
+# "avx2", "avx512"); rudra_zmq/kernels.py imports the best one this CPU runs. Nothing here may
+# depend on the variant except through the compiler: a rule is written once, here.
+#
+# Every kernel:
+# - works in place on 1-D C-contiguous float32 or float64 NumPy arrays (all arguments of one
+#   call share the dtype and length), except the half-precision kernels of
+#   ``_kernels_half.pxi`` (float16 or bfloat16 against float32, see there); inputs are
+#   ``const`` so read-only buffers, such as ``np.frombuffer(zmq_frame, np.float32)``, are
+#   accepted;
+# - checks its arguments with the GIL held and raises ``ValueError``/``TypeError`` naming the
+#   bad size, dtype or flag before anything is written;
+# - then releases the GIL and runs one pass over memory, split statically over OpenMP threads
+#   (``set_num_threads``) when the buffer is large enough to amortise starting them;
+# - never allocates.
+# Kernels are thread-safe as long as two threads do not write the same array at once.
 from cython.parallel cimport prange
 from libc.string cimport memcpy
 
@@ -36,12 +38,16 @@ cdef extern from *:
     #ifndef RZ_COMPILE_ARGS
     #define RZ_COMPILE_ARGS ""
     #endif
+    #ifndef RZ_VARIANT
+    #define RZ_VARIANT "unknown"
+    #endif
     """
     int RZ_OPENMP
     int omp_get_max_threads() noexcept nogil
     const char* RZ_CYTHON_VERSION
     const char* RZ_NUMPY_BUILD_VERSION
     const char* RZ_COMPILE_ARGS
+    const char* RZ_VARIANT
 
 ctypedef fused real:
     float
@@ -94,8 +100,10 @@ def get_parallel_threshold():
 
 
 def compile_info():
-    """Compile-time facts for ``rudra_zmq.build_info()``."""
+    """Compile-time facts for ``rudra_zmq.build_info()``: the variant's name (setup.py's
+    ``RZ_VARIANT``), OpenMP, the Cython and NumPy versions and the compiler flags."""
     return {
+        "variant": RZ_VARIANT.decode(),
         "openmp": bool(RZ_OPENMP),
         "cython_version": RZ_CYTHON_VERSION.decode(),
         "numpy_build_version": RZ_NUMPY_BUILD_VERSION.decode(),
