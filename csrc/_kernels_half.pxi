@@ -17,10 +17,13 @@
 # in a NaN's payload (the CPU makes a signalling NaN quiet), so a group of 8 holding a NaN goes
 # through the C rule instead: every variant writes the same bits (tests/test_kernels_half.py).
 #
-# Each kernel works through its arrays a block of BLOCK values at a time, and writes its float32
-# arithmetic once for every variant: a variant that converts float16 a block at a time does so
-# into a buffer on the stack (it stays in L1) that the arithmetic reads (rz_half_at), the others
-# convert each value where the arithmetic reads it. Every loop is simple enough to vectorise.
+# Each kernel is one pass over its arrays, a block of BLOCK values at a time (blocks split over
+# the threads). Per block, one C function per kernel and format does the whole arithmetic: for
+# bfloat16 (a shift, and integer rounding) and in the baseline, a plain loop of the C rule that
+# the compiler vectorises at the variant's width; for float16 with F16C, the same arithmetic on
+# 8 (AVX2) or 16 (AVX-512) values per instruction, a group holding a NaN by the C rule. The
+# float32 arithmetic is written in the same order on both sides (and setup.py keeps FMA
+# contraction out), so every variant writes the same bits.
 from libc.stdint cimport uint16_t
 
 cdef extern from *:
@@ -87,6 +90,23 @@ cdef extern from *:
         return (uint16_t)(x >> 16);
     }
 
+    /* A finite v beyond the half range saturates to the largest finite half (not infinity,
+       whose residual inf - inf = NaN would poison every later vector); the excess stays in the
+       residual. The C rule of narrow-with-feedback for one value: *d = half(v), returns
+       v - float(*d). Written as selects, not branches, so that its loops vectorise. */
+    static inline float rz_fb_f16_1(uint16_t *d, float v) {
+        uint16_t h = rz_f32_to_f16(v);
+        h = ((h & 0x7fffu) == 0x7c00u) & (v - v == 0) ? (uint16_t)((h & 0x8000u) | 0x7bffu) : h;
+        *d = h;
+        return v - rz_f16_to_f32(h);
+    }
+    static inline float rz_fb_bf16_1(uint16_t *d, float v) {
+        uint16_t h = rz_f32_to_bf16(v);
+        h = ((h & 0x7fffu) == 0x7f80u) & (v - v == 0) ? (uint16_t)((h & 0x8000u) | 0x7f7fu) : h;
+        *d = h;
+        return v - rz_bf16_to_f32(h);
+    }
+
     #if defined(__F16C__) && defined(__AVX__)
     #include <immintrin.h>
     #define RZ_F16C 1
@@ -98,18 +118,33 @@ cdef extern from *:
     #else
     #define RZ_AVX512 0
     #endif
-    /* d[0:n] = s[0:n] widened (bfloat16 bits if bf16, else float16 bits) */
-    static inline void rz_widen_n(float *d, const uint16_t *s, Py_ssize_t n, int bf16) {
+    #define RZ_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
+    /* The F16C loops below leave a group of values holding a NaN to the C rule: the CPU makes
+       a signalling NaN quiet, the C rule keeps its payload as NumPy does. */
+    #if RZ_AVX512
+    static inline __mmask16 rz_nan16_h(__m256i h) {   /* float16 NaNs among 16 */
+        return _mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
+                                       _mm256_set1_epi16(0x7c00));
+    }
+    #endif
+    #if RZ_F16C
+    static inline int rz_nan8_h(__m128i h) {          /* float16 NaNs among 8 */
+        return _mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)),
+                                                 _mm_set1_epi16(0x7c00)));
+    }
+    #endif
+
+    /* d[0:n] = s[0:n] widened */
+    static inline void rz_widen_bf16_n(float *d, const uint16_t *s, Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = rz_bf16_to_f32(s[i]);
+    }
+    static inline void rz_widen_f16_n(float *d, const uint16_t *s, Py_ssize_t n) {
         Py_ssize_t i = 0;
-        if (bf16) {
-            for (; i < n; i++) d[i] = rz_bf16_to_f32(s[i]);
-            return;
-        }
     #if RZ_AVX512
         for (; i + 16 <= n; i += 16) {
             __m256i h = _mm256_loadu_si256((const __m256i *)(s + i));
-            if (_mm256_cmpgt_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                                        _mm256_set1_epi16(0x7c00))) {
+            if (rz_nan16_h(h)) {
                 for (Py_ssize_t j = i; j < i + 16; j++) d[j] = rz_f16_to_f32(s[j]);
                 continue;
             }
@@ -119,9 +154,7 @@ cdef extern from *:
     #if RZ_F16C
         for (; i + 8 <= n; i += 8) {
             __m128i h = _mm_loadu_si128((const __m128i *)(s + i));
-            __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)),
-                                          _mm_set1_epi16(0x7c00));
-            if (_mm_movemask_epi8(nan)) {   /* keep a NaN's payload as the C rule does */
+            if (rz_nan8_h(h)) {
                 for (Py_ssize_t j = i; j < i + 8; j++) d[j] = rz_f16_to_f32(s[j]);
                 continue;
             }
@@ -130,62 +163,134 @@ cdef extern from *:
     #endif
         for (; i < n; i++) d[i] = rz_f16_to_f32(s[i]);
     }
-    /* d[0:n] = s[0:n] narrowed, to nearest even (bfloat16 bits if bf16, else float16 bits) */
-    static inline void rz_narrow_n(uint16_t *d, const float *s, Py_ssize_t n, int bf16) {
+
+    /* d[0:n] = s[0:n] narrowed, to nearest even */
+    static inline void rz_narrow_bf16_n(uint16_t *d, const float *s, Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = rz_f32_to_bf16(s[i]);
+    }
+    static inline void rz_narrow_f16_n(uint16_t *d, const float *s, Py_ssize_t n) {
         Py_ssize_t i = 0;
-        if (bf16) {
-            for (; i < n; i++) d[i] = rz_f32_to_bf16(s[i]);
-            return;
-        }
     #if RZ_AVX512
         for (; i + 16 <= n; i += 16) {
             __m512 x = _mm512_loadu_ps(s + i);
-            if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)) {   /* a NaN: C rule */
+            if (_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)) {
                 for (Py_ssize_t j = i; j < i + 16; j++) d[j] = rz_f32_to_f16(s[j]);
                 continue;
             }
-            _mm256_storeu_si256((__m256i *)(d + i),
-                                _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(x, RZ_RNE));
         }
     #endif
     #if RZ_F16C
         for (; i + 8 <= n; i += 8) {
             __m256 x = _mm256_loadu_ps(s + i);
-            if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) {   /* a NaN: C rule */
+            if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q))) {
                 for (Py_ssize_t j = i; j < i + 8; j++) d[j] = rz_f32_to_f16(s[j]);
                 continue;
             }
-            _mm_storeu_si128((__m128i *)(d + i),
-                             _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, RZ_RNE));
         }
     #endif
         for (; i < n; i++) d[i] = rz_f32_to_f16(s[i]);
     }
-    /* The half operand of a kernel's arithmetic. Where the CPU converts a block at a time
-       (float16 with F16C), rz_widen_block fills x[0:n] first and rz_half_at reads x[j];
-       elsewhere (bfloat16's shift, the C rule) rz_widen_block does nothing and rz_half_at
-       converts s[j] where it is read, so that loop stays a single pass. */
-    static inline int rz_blockwise(int bf16) { return RZ_F16C && !bf16; }
-    static inline void rz_widen_block(float *x, const uint16_t *s, Py_ssize_t n, int bf16) {
-        if (rz_blockwise(bf16)) rz_widen_n(x, s, n, bf16);
+
+    /* acc[0:n] += s * g[0:n] widened (s = 1: exactly acc + g) */
+    static inline void rz_accumulate_bf16_n(float *acc, const uint16_t *g, float s,
+                                            Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) acc[i] = acc[i] + s * rz_bf16_to_f32(g[i]);
     }
-    static inline float rz_half_at(const float *x, const uint16_t *s, Py_ssize_t j, int bf16) {
-        if (rz_blockwise(bf16)) return x[j];
-        return bf16 ? rz_bf16_to_f32(s[j]) : rz_f16_to_f32(s[j]);
+    static inline void rz_accumulate_f16_n(float *acc, const uint16_t *g, float s,
+                                           Py_ssize_t n) {
+        Py_ssize_t i = 0;
+    #if RZ_AVX512
+        const __m512 s16 = _mm512_set1_ps(s);
+        for (; i + 16 <= n; i += 16) {
+            __m256i h = _mm256_loadu_si256((const __m256i *)(g + i));
+            if (rz_nan16_h(h)) {
+                for (Py_ssize_t j = i; j < i + 16; j++) acc[j] = acc[j] + s * rz_f16_to_f32(g[j]);
+                continue;
+            }
+            __m512 x = _mm512_mul_ps(s16, _mm512_cvtph_ps(h));
+            _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), x));
+        }
+    #endif
+    #if RZ_F16C
+        const __m256 s8 = _mm256_set1_ps(s);
+        for (; i + 8 <= n; i += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(g + i));
+            if (rz_nan8_h(h)) {
+                for (Py_ssize_t j = i; j < i + 8; j++) acc[j] = acc[j] + s * rz_f16_to_f32(g[j]);
+                continue;
+            }
+            __m256 x = _mm256_mul_ps(s8, _mm256_cvtph_ps(h));
+            _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), x));
+        }
+    #endif
+        for (; i < n; i++) acc[i] = acc[i] + s * rz_f16_to_f32(g[i]);
+    }
+
+    /* v = src + res; dst = half(v) (saturated, above); res = v - float(dst): the rounding
+       error is kept, to be added to the next vector (error feedback) */
+    static inline void rz_narrow_fb_bf16_n(uint16_t *d, const float *src, float *res,
+                                           Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) res[i] = rz_fb_bf16_1(d + i, src[i] + res[i]);
+    }
+    static inline void rz_narrow_fb_f16_n(uint16_t *d, const float *src, float *res,
+                                          Py_ssize_t n) {
+        Py_ssize_t i = 0;
+        /* saturation as a clamp to +-65504 of the finite values: a value in (65504, 65520)
+           rounds to 65504 anyway, one at or past 65520 to infinity, which the rule saturates */
+    #if RZ_AVX512
+        const __m512 top16 = _mm512_set1_ps(65504.0f), inf16 = _mm512_set1_ps(INFINITY);
+        for (; i + 16 <= n; i += 16) {
+            __m512 v = _mm512_add_ps(_mm512_loadu_ps(src + i), _mm512_loadu_ps(res + i));
+            if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) {
+                for (Py_ssize_t j = i; j < i + 16; j++) res[j] = rz_fb_f16_1(d + j, src[j] + res[j]);
+                continue;
+            }
+            __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(v), inf16, _CMP_LT_OQ);
+            __m512 c = _mm512_mask_mov_ps(
+                v, finite, _mm512_max_ps(_mm512_min_ps(v, top16), _mm512_sub_ps(_mm512_setzero_ps(), top16)));
+            __m256i h = _mm512_cvtps_ph(c, RZ_RNE);
+            _mm256_storeu_si256((__m256i *)(d + i), h);
+            _mm512_storeu_ps(res + i, _mm512_sub_ps(v, _mm512_cvtph_ps(h)));
+        }
+    #endif
+    #if RZ_F16C
+        const __m256 top8 = _mm256_set1_ps(65504.0f), inf8 = _mm256_set1_ps(INFINITY);
+        const __m256 sign8 = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_add_ps(_mm256_loadu_ps(src + i), _mm256_loadu_ps(res + i));
+            if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
+                for (Py_ssize_t j = i; j < i + 8; j++) res[j] = rz_fb_f16_1(d + j, src[j] + res[j]);
+                continue;
+            }
+            __m256 finite = _mm256_cmp_ps(_mm256_andnot_ps(sign8, v), inf8, _CMP_LT_OQ);
+            __m256 clamped = _mm256_max_ps(_mm256_min_ps(v, top8), _mm256_xor_ps(top8, sign8));
+            __m128i h = _mm256_cvtps_ph(_mm256_blendv_ps(v, clamped, finite), RZ_RNE);
+            _mm_storeu_si128((__m128i *)(d + i), h);
+            _mm256_storeu_ps(res + i, _mm256_sub_ps(v, _mm256_cvtph_ps(h)));
+        }
+    #endif
+        for (; i < n; i++) res[i] = rz_fb_f16_1(d + i, src[i] + res[i]);
     }
     """
     float rz_f16_to_f32(uint16_t h) noexcept nogil
     float rz_bf16_to_f32(uint16_t b) noexcept nogil
     uint16_t rz_f32_to_f16(float f) noexcept nogil
     uint16_t rz_f32_to_bf16(float f) noexcept nogil
-    int RZ_F16C
-    void rz_widen_n(float *d, const uint16_t *s, Py_ssize_t n, int bf16) noexcept nogil
-    void rz_narrow_n(uint16_t *d, const float *s, Py_ssize_t n, int bf16) noexcept nogil
-    void rz_widen_block(float *x, const uint16_t *s, Py_ssize_t n, int bf16) noexcept nogil
-    float rz_half_at(const float *x, const uint16_t *s, Py_ssize_t j, int bf16) noexcept nogil
+    void rz_widen_f16_n(float *d, const uint16_t *s, Py_ssize_t n) noexcept nogil
+    void rz_widen_bf16_n(float *d, const uint16_t *s, Py_ssize_t n) noexcept nogil
+    void rz_narrow_f16_n(uint16_t *d, const float *s, Py_ssize_t n) noexcept nogil
+    void rz_narrow_bf16_n(uint16_t *d, const float *s, Py_ssize_t n) noexcept nogil
+    void rz_accumulate_f16_n(float *acc, const uint16_t *g, float s, Py_ssize_t n) noexcept nogil
+    void rz_accumulate_bf16_n(float *acc, const uint16_t *g, float s, Py_ssize_t n) noexcept nogil
+    void rz_narrow_fb_f16_n(uint16_t *d, const float *src, float *res,
+                            Py_ssize_t n) noexcept nogil
+    void rz_narrow_fb_bf16_n(uint16_t *d, const float *src, float *res,
+                             Py_ssize_t n) noexcept nogil
 
-# Values converted at a time (see the top): 2 KiB of float32 per buffer, in L1 with room to
-# spare, and long enough that the loops over it run at full vector width.
+# Values per block (see the top): a multiple of 16, so that only an array's last block has a
+# scalar tail; long enough that a call's overhead vanishes beside its pass over memory.
 cdef enum:
     BLOCK = 512
 
@@ -224,16 +329,6 @@ cdef inline Py_ssize_t _block_len(Py_ssize_t lo, Py_ssize_t n) noexcept nogil:
     return BLOCK if n - lo > BLOCK else n - lo
 
 
-cdef void _accumulate_block(float *acc, const uint16_t *g, float s, Py_ssize_t n,
-                            bint bf16) noexcept nogil:
-    # acc + s*x with s = 1 is exactly acc + x, so one loop serves both calls
-    cdef float x[BLOCK]
-    cdef Py_ssize_t j
-    rz_widen_block(x, g, n, bf16)
-    for j in range(n):
-        acc[j] = acc[j] + s * rz_half_at(x, g, j, bf16)
-
-
 cdef int _accumulate_half(float[::1] acc, const uint16_t[::1] g, double s,
                           bint bf16) except -1:
     cdef Py_ssize_t b, lo, n = acc.shape[0]
@@ -242,7 +337,10 @@ cdef int _accumulate_half(float[::1] acc, const uint16_t[::1] g, double s,
     with nogil:
         for b in prange(_blocks(n), schedule="static", num_threads=nt):
             lo = b * BLOCK
-            _accumulate_block(&acc[lo], &g[lo], s_, _block_len(lo, n), bf16)
+            if bf16:
+                rz_accumulate_bf16_n(&acc[lo], &g[lo], s_, _block_len(lo, n))
+            else:
+                rz_accumulate_f16_n(&acc[lo], &g[lo], s_, _block_len(lo, n))
     return 0
 
 
@@ -252,7 +350,10 @@ cdef int _widen(float[::1] dst, const uint16_t[::1] src, bint bf16) except -1:
     with nogil:
         for b in prange(_blocks(n), schedule="static", num_threads=nt):
             lo = b * BLOCK
-            rz_widen_n(&dst[lo], &src[lo], _block_len(lo, n), bf16)
+            if bf16:
+                rz_widen_bf16_n(&dst[lo], &src[lo], _block_len(lo, n))
+            else:
+                rz_widen_f16_n(&dst[lo], &src[lo], _block_len(lo, n))
     return 0
 
 
@@ -262,32 +363,11 @@ cdef int _narrow(uint16_t[::1] dst, const float[::1] src, bint bf16) except -1:
     with nogil:
         for b in prange(_blocks(n), schedule="static", num_threads=nt):
             lo = b * BLOCK
-            rz_narrow_n(&dst[lo], &src[lo], _block_len(lo, n), bf16)
+            if bf16:
+                rz_narrow_bf16_n(&dst[lo], &src[lo], _block_len(lo, n))
+            else:
+                rz_narrow_f16_n(&dst[lo], &src[lo], _block_len(lo, n))
     return 0
-
-
-cdef void _narrow_feedback_block(uint16_t *dst, const float *src, float *res, Py_ssize_t n,
-                                 bint bf16) noexcept nogil:
-    # v = src + res; dst = half(v); res = v - float(half(v)): the rounding error is kept,
-    # to be added to the next vector (error feedback). A finite v beyond the half range
-    # saturates to the largest finite half (not infinity, whose residual inf - inf = NaN
-    # would poison every later vector); the excess stays in the residual.
-    cdef float v[BLOCK]
-    cdef float back[BLOCK]
-    cdef Py_ssize_t j
-    cdef uint16_t h
-    cdef uint16_t inf = 0x7f80u if bf16 else 0x7c00u  # the largest finite half is inf - 1
-    for j in range(n):
-        v[j] = src[j] + res[j]
-    rz_narrow_n(dst, v, n, bf16)
-    for j in range(n):
-        # a finite v rounded to infinity; written as a select (`&`, and a store on both
-        # sides), not a branch, so that the loop vectorises without AVX-512's masked stores
-        h = dst[j]
-        dst[j] = ((h & 0x8000u) | (inf - 1)) if ((h & 0x7fffu) == inf) & (v[j] - v[j] == 0) else h
-    rz_widen_block(back, dst, n, bf16)
-    for j in range(n):
-        res[j] = v[j] - rz_half_at(back, dst, j, bf16)
 
 
 cdef int _narrow_feedback(uint16_t[::1] dst, const float[::1] src, float[::1] res,
@@ -297,7 +377,10 @@ cdef int _narrow_feedback(uint16_t[::1] dst, const float[::1] src, float[::1] re
     with nogil:
         for b in prange(_blocks(n), schedule="static", num_threads=nt):
             lo = b * BLOCK
-            _narrow_feedback_block(&dst[lo], &src[lo], &res[lo], _block_len(lo, n), bf16)
+            if bf16:
+                rz_narrow_fb_bf16_n(&dst[lo], &src[lo], &res[lo], _block_len(lo, n))
+            else:
+                rz_narrow_fb_f16_n(&dst[lo], &src[lo], &res[lo], _block_len(lo, n))
     return 0
 
 
