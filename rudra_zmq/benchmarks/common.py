@@ -240,6 +240,20 @@ def machine_facts(env_keys=ENV_KEYS, **extra) -> dict:
     }
 
 
+def kernels_line(bi: dict | None = None) -> str:
+    """``# kernels: <variant> variant (this CPU runs ...) ...``: the kernels in use, from
+    ``rudra_zmq.build_info()`` (or ``bi``), for every benchmark's header. Does not block."""
+    if bi is None:
+        import rudra_zmq
+
+        bi = rudra_zmq.build_info()
+    return (
+        f"# kernels: {bi.get('variant')} variant (this CPU runs "
+        f"{', '.join(bi.get('variants_available', ()))}) openmp={bi.get('openmp')} "
+        f"threads={bi.get('num_threads')} compile_args='{bi.get('compile_args')}'"
+    )
+
+
 def header_text(title: str, facts: dict, notes=()) -> str:
     """The ``# ...`` header lines printed above a benchmark's cases."""
     bi = facts["build_info"]
@@ -253,9 +267,7 @@ def header_text(title: str, facts: dict, notes=()) -> str:
         f"# cpu: {facts['cpu_model']} x{facts['nproc']}  loadavg: "
         + " ".join(f"{x:.2f}" for x in facts["loadavg"]),
         f"# {libs}",
-        f"# kernels: {bi.get('variant')} variant (this CPU runs "
-        f"{', '.join(bi.get('variants_available', ()))}) openmp={bi.get('openmp')} "
-        f"threads={bi.get('num_threads')} compile_args='{bi.get('compile_args')}'",
+        kernels_line(bi),
         "# env: " + " ".join(f"{k}={v}" for k, v in facts["env"].items()),
     ]
     return "\n".join(lines + [f"# {n}" for n in notes])

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from ..run_files import metrics_path
+from . import common
 
 EPOCHS = 0.25
 SKIP = 0.2
@@ -52,6 +53,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     """Run each config in turn (blocks until all end); exit code 1 if any failed."""
+    print(common.kernels_line(), flush=True)
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for i, path in enumerate(args.configs):

@@ -22,6 +22,7 @@ import statistics
 import time
 
 from .. import kernels
+from . import common
 
 CONFIG = os.path.join("configs", "cifar10_baseline.yaml")  # in the source tree
 SAMPLES = 8000  # per measurement
@@ -165,6 +166,7 @@ def run(args) -> int:
         if any(n.startswith(c + " ") for c in wanted)
     ]
     ds = load_data(base)
+    print(common.kernels_line())
     print(
         f"cifar10_full, {args.samples} samples per measurement, {threads} threads, "
         f"{args.repeat} rounds; samples/s in wall time [in CPU time] (ratios to the baseline "

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ..run_files import metrics_path
+from . import common
 
 CONFIG = "configs/quickstart.yaml"  # a checkout's path; a shipped name where there is none
 REPEATS = 5
@@ -95,6 +96,7 @@ def run(args) -> int:
     quickstart runs of one epoch)."""
     if not (args.against / "rudra_zmq").is_dir():
         raise ValueError(f"--against {str(args.against)!r} is not a rudra_zmq checkout")
+    print(common.kernels_line(), flush=True)
     sides = {"base": args.against.resolve(), "new": None}
     times: dict[str, list[float]] = {name: [] for name in sides}
     cpus: dict[str, list[float]] = {name: [] for name in sides}

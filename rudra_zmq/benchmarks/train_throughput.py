@@ -57,6 +57,24 @@ CASES = {
     "lambda1": (["sync.learners=1"], {}, False),  # one learner on 2 threads
     # where per-message cost binds most: async, µ = 4, λ = 8
     "async_mu4_l8": (["sync.learners=8", "sync.protocol=async", "sync.batch_size=4"], {}, False),
+    # the half-precision wire (float16 gradients and weights): the codec's kernels on every
+    # message, at the paper's workload and where per-message cost binds most
+    "float16": (
+        ["sync.learners=2", "wire.gradient_dtype=float16", "wire.weights_dtype=float16"],
+        {},
+        False,
+    ),
+    "async_mu4_l8_float16": (
+        [
+            "sync.learners=8",
+            "sync.protocol=async",
+            "sync.batch_size=4",
+            "wire.gradient_dtype=float16",
+            "wire.weights_dtype=float16",
+        ],
+        {},
+        False,
+    ),
     # the same two with CurveZMQ on every socket (per-run keys): what encryption costs
     "curve": (["sync.learners=2", "security.curve=true"], {}, False),
     "async_mu4_l8_curve": (
