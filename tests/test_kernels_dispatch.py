@@ -130,3 +130,17 @@ def test_version_names_the_variant_in_use():
     )
     assert rc == 0, err
     assert out.startswith(f"rudra-zmq {rudra_zmq.__version__} (kernels: baseline variant, -O3")
+
+
+def test_a_process_that_configures_logging_after_import_logs_the_choice_once():
+    """A role process imports the package before it configures logging (role_process.serve):
+    log_choice() then logs the choice, once however often it is called."""
+    rc, _, err = _python(
+        "import logging, rudra_zmq\n"
+        "logging.basicConfig(level=logging.INFO, format='%(name)s %(message)s')\n"
+        "rudra_zmq.kernels.log_choice(); rudra_zmq.kernels.log_choice()",
+        RUDRA_ZMQ_KERNELS="baseline",
+    )
+    assert rc == 0, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("rudra_zmq.kernels ")]
+    assert lines == ["rudra_zmq.kernels kernels: baseline variant (forced by RUDRA_ZMQ_KERNELS)"]

@@ -4,7 +4,8 @@ The kernels are written once (``csrc/_kernels.pxi``) and compiled once per varia
 (``rudra_zmq/kernels/variants.py``: ``avx512``, ``avx2``, ``baseline``) into
 ``rudra_zmq.kernels._<variant>``. Importing this package asks the CPU what it supports
 (``rudra_zmq.kernels._cpu``, built for any CPU), imports the best variant that was built and that the
-CPU runs, and logs the choice once (logger ``rudra_zmq.kernels``, INFO). Every variant computes
+CPU runs, and logs the choice once (logger ``rudra_zmq.kernels``, INFO: at import when logging
+is configured, else when a role process configures it, :func:`log_choice`). Every variant computes
 the same bits (setup.py: ``-ffp-contract=off``); only the speed differs.
 
 ``RUDRA_ZMQ_KERNELS=baseline|avx2|avx512`` forces a variant (``auto`` or empty: the best). A
@@ -153,7 +154,22 @@ except ImportError as exc:
     if _reason.startswith("forced"):
         raise ImportError(f"{kv.ENV}={VARIANT}: {exc}") from None
     raise
-log.info("kernels: %s variant (%s)", VARIANT, _reason)
+_logged = False
+
+
+def log_choice() -> None:
+    """Log the variant in use and why (logger ``rudra_zmq.kernels``, INFO), once per process:
+    at import when logging is already configured for INFO, else at the first call (a role
+    process calls this after configuring its logging). Does not block; not thread-safe (call
+    it from the main thread)."""
+    global _logged
+    if not _logged:
+        _logged = True
+        log.info("kernels: %s variant (%s)", VARIANT, _reason)
+
+
+if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+    log_choice()
 
 accumulate = _module.accumulate
 accumulate_scaled = _module.accumulate_scaled

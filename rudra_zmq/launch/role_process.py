@@ -106,6 +106,9 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",
     )
+    from .. import kernels
+
+    kernels.log_choice()  # the variant in use, once: nothing could log it at import
     module = importlib.import_module(role_module)
     set_threads(threads, torch_too=torch_too)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
