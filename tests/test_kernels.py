@@ -285,3 +285,35 @@ def test_every_variant_computes_the_baseline_bits(other, step, dtype):
         STEPS[step](other, mine)
     for got, want in zip(mine, ref):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def _shifted(arrays, offset):
+    """Copies of ``arrays``, the i-th placed ``offset + i`` elements into a buffer of its own:
+    each at another distance from a 64-byte boundary."""
+    out = []
+    for i, a in enumerate(arrays):
+        buf = np.empty(a.shape[0] + 32, a.dtype)
+        out.append(buf[offset + i : offset + i + a.shape[0]])
+        out[-1][...] = a
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3, 13])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_wherever_the_arrays_lie_the_bits_are_the_same(k, threads, step, offset):
+    """The kernels split their work at a 64-byte boundary of the array they write, wherever
+    NumPy placed it (a head before it, each thread's part after it aligned): arrays at other
+    offsets, on one or two threads, end with the bits of the baseline on one thread."""
+    base = variants.load("baseline")
+    old = base.get_num_threads()
+    arrays = _arrays(300_007, np.float32, 3, seed=11)
+    ref = [a.copy() for a in arrays]
+    try:
+        base.set_num_threads(1)
+        STEPS[step](base, ref)
+    finally:
+        base.set_num_threads(old)
+    mine = _shifted(arrays, offset)
+    STEPS[step](k, mine)
+    for got, want in zip(mine, ref):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

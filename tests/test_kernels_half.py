@@ -294,3 +294,46 @@ def test_every_variant_writes_the_baseline_bits(other, fmt):
 
     for got, want in zip(run(other), run(base)):
         np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def _placed(a, offset):
+    """A copy of ``a`` ``offset`` elements into a buffer of its own."""
+    buf = np.empty(a.shape[0] + 32, a.dtype)
+    out = buf[offset : offset + a.shape[0]]
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("offset", [(0, 0), (1, 3), (5, 2), (13, 30)])
+@pytest.mark.parametrize("fmt", HALVES)
+@pytest.mark.parametrize("op", ["accumulate", "widen", "narrow", "narrow_feedback"])
+def test_wherever_the_arrays_lie_the_bits_are_the_same(k, threads, op, fmt, offset):
+    """The kernels' blocks start at a 64-byte boundary of the array they write, wherever NumPy
+    placed it: the float32 and the half array at other offsets (in elements), on one or two
+    threads, end with the bits of the baseline on one thread."""
+    n = 300_007
+    base = variants.load("baseline")
+    f32 = (np.random.default_rng(3).standard_normal(n) * 3).astype(np.float32)
+    half, res = _half(fmt, n, seed=4), np.full(n, 1e-3, np.float32)
+
+    def call(mod, f, h, r):
+        if op == "accumulate":
+            _kernel(op, fmt, mod)(f, h, 0.37)
+        elif op == "widen":
+            _kernel(op, fmt, mod)(f, h)
+        elif op == "narrow":
+            _kernel(op, fmt, mod)(h, f)
+        else:
+            getattr(mod, f"narrow_{fmt}_feedback")(h, f, r)
+
+    ref = [f32.copy(), half.copy(), res.copy()]
+    old = base.get_num_threads()
+    try:
+        base.set_num_threads(1)
+        call(base, *ref)
+    finally:
+        base.set_num_threads(old)
+    mine = [_placed(f32, offset[0]), _placed(half, offset[1]), _placed(res, offset[0] + 1)]
+    call(k, *mine)
+    for got, want in zip(mine, ref):
+        np.testing.assert_array_equal(_bits(got), _bits(want))

@@ -16,9 +16,10 @@ writes w, v: 20 bytes per element), is the floor time. STREAM's own triad writes
 (``a = b + s*c``) and so also pays for reading the lines it overwrites; it is printed per size
 for reference ("stream triad"), never used as the floor (it is the slower, easier one).
 
-Implementations are timed round-robin (A B C A B C ...) after a warm-up, so load from other
-users hits all alike; the number of rounds is calibrated to ``--seconds`` per case (``--reps``
-fixes it). At the end the issue's goals for 10M float32 on 2 threads are printed as PASS/MISS.
+Implementations are timed round-robin, the order rotated every round (A B C, B C A, ...),
+after a warm-up, so load from other users hits all alike and none always follows the same
+one; the number of rounds is calibrated to ``--seconds`` per case (``--reps`` fixes it). At
+the end the issue's goals for 10M float32 on 2 threads are printed as PASS/MISS.
 
     rudra-zmq bench kernels                               # 1M 10M, 1 and 2 threads
     rudra-zmq bench kernels --sizes 10M --threads 2 --seconds 3 --against ../prev-checkout
@@ -144,6 +145,12 @@ KERNELS = {
         lambda a: twins.widen_f16(a["w"], a["f16"]),
         lambda t: t["p"].detach().copy_(t["f16"]),
     ),
+    "widen_bf16": (
+        6,
+        lambda k, a: k.widen_bf16(a["w"], a["bf16"]),
+        lambda a: twins.widen_bf16(a["w"], a["bf16"]),
+        lambda t: t["p"].detach().copy_(t["bf16"]),
+    ),
     "narrow_f16": (
         6,
         lambda k, a: k.narrow_f16(a["f16_out"], a["acc"]),
@@ -200,8 +207,10 @@ def time_round_robin(calls: dict, reps: int | None, seconds: float, warmup: int 
     """({name: (median s, min s, max s)}, rounds) per call of each fn(arg) in ``calls``.
 
     Each implementation gets ``warmup`` untimed calls; the number of timed rounds is ``reps``
-    or what fits ``seconds`` at the warm-up's pace (at least MIN_REPS). Rounds go A B C A B C
-    so that load from other users of a shared box hits all implementations alike.
+    or what fits ``seconds`` at the warm-up's pace (at least MIN_REPS). Rounds go A B C, B C A,
+    C A B, ...: load from other users of a shared box hits all implementations alike, and each
+    takes every place in a round equally often (what the call before leaves behind, torch's
+    OpenMP threads still spinning, caches, slowed whichever came first).
     """
     t0 = time.perf_counter()
     for fn, arg in calls.values():
@@ -210,8 +219,10 @@ def time_round_robin(calls: dict, reps: int | None, seconds: float, warmup: int 
     per_round = (time.perf_counter() - t0) / warmup
     reps = reps or common.calibrate(per_round, seconds, lo=MIN_REPS, hi=10_000)
     times = {name: [] for name in calls}
-    for _ in range(reps):
-        for name, (fn, arg) in calls.items():
+    names = list(calls)
+    for r in range(reps):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn, arg = calls[name]
             t = time.perf_counter()
             fn(arg)
             times[name].append(time.perf_counter() - t)
