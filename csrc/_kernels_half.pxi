@@ -17,8 +17,8 @@
 # in a NaN's payload (the CPU makes a signalling NaN quiet), so a group of 8 holding a NaN goes
 # through the C rule instead: every variant writes the same bits (tests/test_kernels_half.py).
 #
-# Each kernel is one pass over its arrays, a block of BLOCK values at a time (blocks split over
-# the threads). Per block, one C function per kernel and format does the whole arithmetic: for
+# Each kernel is one pass over its arrays, one call per thread over its part (the drivers
+# below). One C function per kernel and format does the whole arithmetic: for
 # bfloat16 (a shift, and integer rounding) and in the baseline, a plain loop of the C rule that
 # the compiler vectorises at the variant's width; for float16 with F16C, the same arithmetic on
 # 8 (AVX2) or 16 (AVX-512) values per instruction, a group holding a NaN by the C rule. The
@@ -234,11 +234,6 @@ cdef extern from *:
                                            Py_ssize_t n) {
         for (Py_ssize_t i = 0; i < n; i++) res[i] = rz_fb_bf16_1(d + i, src[i] + res[i]);
     }
-    /* Without F16C the loop of the C rule stays scalar: vectorised (both conversions computed
-       whole, then selected) it ran 1.4x slower than the branches a scalar loop predicts. */
-    #if !RZ_F16C && defined(__GNUC__) && !defined(__clang__)
-    __attribute__((optimize("no-tree-vectorize")))
-    #endif
     static inline void rz_narrow_fb_f16_n(uint16_t *d, const float *src, float *res,
                                           Py_ssize_t n) {
         Py_ssize_t i = 0;
@@ -276,10 +271,18 @@ cdef extern from *:
             _mm256_storeu_ps(res + i, _mm256_sub_ps(v, _mm256_cvtph_ps(h)));
         }
     #endif
+        /* Without F16C this loop stays scalar: vectorised (both conversions computed whole,
+           then selected) it ran 1.3x slower than the branches a scalar loop predicts. The
+           empty asm keeps GCC's vectoriser off it (GCC 12 has no `novector` pragma). */
     #if !RZ_F16C && defined(__clang__)
         #pragma clang loop vectorize(disable)
     #endif
-        for (; i < n; i++) res[i] = rz_fb_f16_1(d + i, src[i] + res[i]);
+        for (; i < n; i++) {
+    #if !RZ_F16C && defined(__GNUC__) && !defined(__clang__)
+            __asm__ volatile ("");
+    #endif
+            res[i] = rz_fb_f16_1(d + i, src[i] + res[i]);
+        }
     }
     """
     float rz_f16_to_f32(uint16_t h) noexcept nogil
@@ -296,11 +299,6 @@ cdef extern from *:
                             Py_ssize_t n) noexcept nogil
     void rz_narrow_fb_bf16_n(uint16_t *d, const float *src, float *res,
                              Py_ssize_t n) noexcept nogil
-
-# Values per block (see the top): a multiple of 16, so that only an array's last block has a
-# scalar tail; long enough that a call's overhead vanishes beside its pass over memory.
-cdef enum:
-    BLOCK = 512
 
 _F16 = np.dtype(np.float16)
 _U16 = np.dtype(np.uint16)
@@ -329,87 +327,102 @@ cdef object _check_half(str op, str fname, f, str hname, h, object hdtype, bint 
     return h if hdtype == _U16 else h.view(np.uint16)
 
 
-# Blocks start on a 64-byte boundary of the array a kernel writes (_kernels.pxi's _head says
-# why): block 0 is the head up to that boundary, block b >= 1 the BLOCK values from
-# head + (b-1)*BLOCK.
-cdef inline Py_ssize_t _blocks(Py_ssize_t n, Py_ssize_t head) noexcept nogil:
-    return 1 + (n - head + BLOCK - 1) // BLOCK
-
-
-cdef inline Py_ssize_t _block_lo(Py_ssize_t b, Py_ssize_t head) noexcept nogil:
-    return 0 if b == 0 else head + (b - 1) * BLOCK
-
-
-cdef inline Py_ssize_t _block_len(Py_ssize_t b, Py_ssize_t head, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t lo = _block_lo(b, head)
-    cdef Py_ssize_t hi = head + b * BLOCK
-    return (hi if hi < n else n) - lo
-
-
+# Each thread takes one contiguous part and makes one call over it, its vectors starting on a
+# 64-byte boundary of the array the kernel writes (_kernels.pxi's _head and _part say why and
+# how); thread 0 first runs the head before that boundary apart. (Calls over blocks of 512
+# values had cost 10-20 % on two threads: the calls and each loop's set-up.)
 cdef int _accumulate_half(float[::1] acc, const uint16_t[::1] g, double s,
                           bint bf16) except -1:
-    cdef Py_ssize_t b, lo, head, n = acc.shape[0]
+    cdef Py_ssize_t t, lo, hi, head, n = acc.shape[0]
     cdef int nt = _threads_for(n)
     cdef float s_ = <float>s
     if n == 0:
         return 0
     head = _head(&acc[0], 4, n)
     with nogil:
-        for b in prange(_blocks(n, head), schedule="static", num_threads=nt):
-            lo = _block_lo(b, head)
+        for t in prange(nt, schedule="static", num_threads=nt):
+            lo = _part(n, head, t, nt)
+            hi = _part(n, head, t + 1, nt)
+            if t == 0:
+                if bf16:
+                    rz_accumulate_bf16_n(&acc[0], &g[0], s_, head)
+                else:
+                    rz_accumulate_f16_n(&acc[0], &g[0], s_, head)
+                lo = head
             if bf16:
-                rz_accumulate_bf16_n(&acc[lo], &g[lo], s_, _block_len(b, head, n))
+                rz_accumulate_bf16_n(&acc[lo], &g[lo], s_, hi - lo)
             else:
-                rz_accumulate_f16_n(&acc[lo], &g[lo], s_, _block_len(b, head, n))
+                rz_accumulate_f16_n(&acc[lo], &g[lo], s_, hi - lo)
     return 0
 
 
 cdef int _widen(float[::1] dst, const uint16_t[::1] src, bint bf16) except -1:
-    cdef Py_ssize_t b, lo, head, n = dst.shape[0]
+    cdef Py_ssize_t t, lo, hi, head, n = dst.shape[0]
     cdef int nt = _threads_for(n)
     if n == 0:
         return 0
     head = _head(&dst[0], 4, n)
     with nogil:
-        for b in prange(_blocks(n, head), schedule="static", num_threads=nt):
-            lo = _block_lo(b, head)
+        for t in prange(nt, schedule="static", num_threads=nt):
+            lo = _part(n, head, t, nt)
+            hi = _part(n, head, t + 1, nt)
+            if t == 0:
+                if bf16:
+                    rz_widen_bf16_n(&dst[0], &src[0], head)
+                else:
+                    rz_widen_f16_n(&dst[0], &src[0], head)
+                lo = head
             if bf16:
-                rz_widen_bf16_n(&dst[lo], &src[lo], _block_len(b, head, n))
+                rz_widen_bf16_n(&dst[lo], &src[lo], hi - lo)
             else:
-                rz_widen_f16_n(&dst[lo], &src[lo], _block_len(b, head, n))
+                rz_widen_f16_n(&dst[lo], &src[lo], hi - lo)
     return 0
 
 
 cdef int _narrow(uint16_t[::1] dst, const float[::1] src, bint bf16) except -1:
-    cdef Py_ssize_t b, lo, head, n = dst.shape[0]
+    cdef Py_ssize_t t, lo, hi, head, n = dst.shape[0]
     cdef int nt = _threads_for(n)
     if n == 0:
         return 0
     head = _head(&dst[0], 2, n)
     with nogil:
-        for b in prange(_blocks(n, head), schedule="static", num_threads=nt):
-            lo = _block_lo(b, head)
+        for t in prange(nt, schedule="static", num_threads=nt):
+            lo = _part(n, head, t, nt)
+            hi = _part(n, head, t + 1, nt)
+            if t == 0:
+                if bf16:
+                    rz_narrow_bf16_n(&dst[0], &src[0], head)
+                else:
+                    rz_narrow_f16_n(&dst[0], &src[0], head)
+                lo = head
             if bf16:
-                rz_narrow_bf16_n(&dst[lo], &src[lo], _block_len(b, head, n))
+                rz_narrow_bf16_n(&dst[lo], &src[lo], hi - lo)
             else:
-                rz_narrow_f16_n(&dst[lo], &src[lo], _block_len(b, head, n))
+                rz_narrow_f16_n(&dst[lo], &src[lo], hi - lo)
     return 0
 
 
 cdef int _narrow_feedback(uint16_t[::1] dst, const float[::1] src, float[::1] res,
                           bint bf16) except -1:
-    cdef Py_ssize_t b, lo, head, n = dst.shape[0]
+    cdef Py_ssize_t t, lo, hi, head, n = dst.shape[0]
     cdef int nt = _threads_for(n)
     if n == 0:
         return 0
     head = _head(&res[0], 4, n)
     with nogil:
-        for b in prange(_blocks(n, head), schedule="static", num_threads=nt):
-            lo = _block_lo(b, head)
+        for t in prange(nt, schedule="static", num_threads=nt):
+            lo = _part(n, head, t, nt)
+            hi = _part(n, head, t + 1, nt)
+            if t == 0:
+                if bf16:
+                    rz_narrow_fb_bf16_n(&dst[0], &src[0], &res[0], head)
+                else:
+                    rz_narrow_fb_f16_n(&dst[0], &src[0], &res[0], head)
+                lo = head
             if bf16:
-                rz_narrow_fb_bf16_n(&dst[lo], &src[lo], &res[lo], _block_len(b, head, n))
+                rz_narrow_fb_bf16_n(&dst[lo], &src[lo], &res[lo], hi - lo)
             else:
-                rz_narrow_fb_f16_n(&dst[lo], &src[lo], &res[lo], _block_len(b, head, n))
+                rz_narrow_fb_f16_n(&dst[lo], &src[lo], &res[lo], hi - lo)
     return 0
 
 
