@@ -318,7 +318,7 @@ def test_a_leaf_of_range_1s_tree_relays_only_that_range_and_refuses_another(ctx)
     it says that range upstream, sums 6 floats, and refuses a learner sending range 0."""
     cfg = adv("architecture.servers=2", "sync.protocol=hardsync")
     parent = FakeParent(ctx)
-    node = TreeNode(cfg, 0, "tcp://127.0.0.1:0", parent.endpoint, ctx=ctx, shard=1)
+    node = TreeNode(cfg, 0, "tcp://127.0.0.1:0", parent.endpoint, ctx=ctx, server=1)
     l0, l1 = (FakeLearner(ctx, node.endpoint, i) for i in (0, 1))
     l0.send(Kind.HELLO, model=SIG, numel=NUMEL, range=[6, 12])
     with running(node) as errors:
