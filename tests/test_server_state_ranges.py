@@ -9,8 +9,7 @@ from rudra_zmq import wire
 from rudra_zmq.server import checkpoint
 from rudra_zmq.server.checkpointing import restore_latest
 from rudra_zmq.server.state import ServerState
-from rudra_zmq.shape import ClusterShape
-from rudra_zmq.span import Span, split
+from rudra_zmq.shape import ClusterShape, Span, split
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
 

@@ -8,8 +8,7 @@ import pytest
 
 from cluster import small_config
 from rudra_zmq.config import ConfigError
-from rudra_zmq.shape import ClusterShape
-from rudra_zmq.span import Span, split
+from rudra_zmq.shape import ClusterShape, Span, split
 
 
 def test_the_servers_ranges_are_the_split_of_the_vector_and_one_server_serves_it_whole():

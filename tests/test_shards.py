@@ -27,8 +27,7 @@ from rudra_zmq.channel import Channel, ServerError
 from rudra_zmq.data.server import DataServer
 from rudra_zmq.learner.learner import Learner
 from rudra_zmq.server.ps import ParameterServer
-from rudra_zmq.shape import ClusterShape
-from rudra_zmq.span import split
+from rudra_zmq.shape import ClusterShape, split
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(180)

@@ -1,5 +1,5 @@
 """Sharded parameter servers on the emulated LAN (``bench lan-table1 --servers K``): Rudra-base
-with K servers, each over one range of ``span.split(params, K)``, placed beside the learners
+with K servers, each over one range of ``shape.split(params, K)``, placed beside the learners
 (server k on learner host k mod HOSTS, ``colocated``) or on K hosts of their own (``extra``),
 the synthetic learners pushing each server its slice (``learner/shards.py``).
 

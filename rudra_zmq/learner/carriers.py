@@ -51,7 +51,7 @@ class Frames:
         return self.codec.encode(grads, self.chunk_bytes), {}
 
     def parts(self, grads: np.ndarray, bounds) -> list[tuple]:
-        """The push's (offset, payloads) per part (``wire.parts``; ``span.part_bounds``),
+        """The push's (offset, payloads) per part (``wire.parts``; ``shape.part_bounds``),
         encoded as ``gradient`` does, once for the whole."""
         return codec.encode_parts(self.codec, grads, bounds, self.chunk_bytes)
 
