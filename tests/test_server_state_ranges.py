@@ -50,7 +50,7 @@ def state(span=None, *overrides, cfg=None):
 
 def hello(st, learner, seq=1, numel=N, **fields):
     """A learner's HELLO: the model's size, and (a range server's learner) the range it
-    expects, as ``learner/shards.py`` says it."""
+    expects, as ``learner/exchange.py`` says it."""
     if not st.span.is_whole and "range" not in fields:
         fields["range"] = [st.span.lo, st.span.hi]
     st.register(

@@ -158,14 +158,13 @@ class TreeNode:
             return
         if first:  # x{had}: what its first child saw (a restarted root)
             had = {"had": msg.fields["had"]} if "had" in msg.fields else {}
-            rng = {"range": st.range} if st.range is not None else {}
             self.parent.send(
                 Kind.HELLO,
                 model=st.signature,
                 numel=st.model_numel,
+                range=st.range,  # its range, from the plan
                 subtree=sorted(self.spec.subtree),
                 **had,
-                **rng,
             )
             self._asked = time.time()
         self.shared.hello(msg, st.numel, st.weights if st.welcome is not None else None, st.ts)

@@ -40,7 +40,7 @@ class NodeState:
         self.incarnation = secrets.randbits(62) + 1
         self.numel: int | None = None  # floats relayed: the range's (first child's HELLO)
         self.model_numel: int | None = None  # the model's (the same HELLO)
-        self.range: list[int] | None = None  # [lo, hi] as the first child said it (or None)
+        self.range: list[int] | None = None  # [lo, hi]: its range (the first child's HELLO)
         self.signature: str | None = None
         self.welcome: dict | None = None  # the parent's WELCOME fields, once it answered
         self.weights: list = []  # the newest weights (parent's frames, read-only)
@@ -88,20 +88,22 @@ class NodeState:
                 f"tree node {self.id} relays {self.model_numel:,} ({self.signature}). Is {who} "
                 "running another model config?"
             )
-        try:  # the range the plan gives this node's server in the child's model
-            span = self.shape.sized(f["numel"]).server(self.place.index).span
-        except ConfigError as exc:  # more servers than the model has parameters
-            raise ProtocolViolation(f"{who}: {exc}") from None
-        wanted, mine = f.get("range"), [span.lo, span.hi]
+        place = self.place
+        if first:  # the model's size is the first child's: the plan gives this node's range in it
+            try:
+                place = self.shape.sized(f["numel"]).server(place.index)
+            except ConfigError as exc:  # more servers than the model has parameters
+                raise ProtocolViolation(f"{who}: {exc}") from None
+        wanted, mine = f.get("range"), [place.span.lo, place.span.hi]
         if (wanted or [0, f["numel"]]) != mine:  # none: the whole vector
             raise ProtocolViolation(
                 f"{who} sends range {wanted} of the parameters; tree node {self.id} relays "
-                f"range {mine} (server {self.place.index}): does it run with the same "
+                f"range {mine} (server {place.index}): does it run with the same "
                 "architecture.servers, its leaves in range order?"
             )
         if first:
-            self.signature, self.model_numel, self.range = f["model"], f["numel"], wanted
-            self.numel = span.numel
+            self.place, self.range, self.numel = place, mine, place.span.numel
+            self.signature, self.model_numel = f["model"], f["numel"]
         self.identities[msg.sender] = ident
         self.subtrees[msg.sender] = below
         return first
