@@ -6,6 +6,7 @@ import pytest
 
 from cluster import small_config
 from rudra_zmq import wire
+from rudra_zmq.run_files import checkpoints_root
 from rudra_zmq.server import checkpoint
 from rudra_zmq.server.checkpointing import restore_latest
 from rudra_zmq.server.state import ServerState
@@ -196,4 +197,4 @@ def test_a_server_with_no_checkpoints_of_its_range_refuses_other_ranges_checkpoi
         restore_latest(state(), checkpoint_dir(tmp_path))
     checkpoint.save(checkpoint_dir(tmp_path), *state().snapshot())
     with pytest.raises(ValueError, match=r"whole vector, \[0, 6\) but none of range \[6, 12\)"):
-        restore_latest(state(second), checkpoint_dir(tmp_path, second))
+        restore_latest(state(second), checkpoint_dir(tmp_path, second), checkpoints_root(tmp_path))

@@ -90,17 +90,18 @@ class CheckpointSchedule:
         return path
 
 
-def restore_latest(state, directory: Path) -> Path | None:
+def restore_latest(state, directory: Path, root: Path | None = None) -> Path | None:
     """Continue ``state`` from the newest valid checkpoint in ``directory`` (its range's
     ``Server.checkpoint_dir``); returns its path, or None if the run has no checkpoints. Raises
     checkpoint.CheckpointError if none is valid, ValueError if it holds another model or
-    range, or if there are none for ``state.span`` but some for other ranges of the run (a
-    resumed run sharded otherwise would silently start afresh). Blocks (reads the files)."""
+    range, or if there are none for ``state.span`` but some for other ranges of the run under
+    ``root`` (the run's checkpoint directory, ``run_files.checkpoints_root``; None: ``directory``)
+    (a resumed run split otherwise would silently start afresh). Blocks (reads the files)."""
     ck = checkpoint.load_latest(directory)
     if ck is not None:
         state.restore(ck.arrays, ck.meta)
         return ck.path
-    root = directory.parent if _RANGE_DIR.fullmatch(directory.name) else directory
+    root = directory if root is None else root
     others = saved_ranges(root)
     if others:
         names = ", ".join(

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from ..notices import notice
+from ..run_files import checkpoints_root
 from ..shape import ClusterShape, Server
 from .checkpointing import ToldRecord, restore_latest
 from .state import ServerState
@@ -55,7 +56,7 @@ def start_state(
     where = place.checkpoint_dir(run_dir) if run_dir else None
     told = ToldRecord(where) if run_dir else None
     if resume and run_dir is not None:
-        resumed_from = restore_latest(state, where)
+        resumed_from = restore_latest(state, where, checkpoints_root(run_dir))
         if resumed_from is None:  # it died before its first checkpoint
             notice(
                 log,
