@@ -275,7 +275,7 @@ def run(
         server_eps = []
         for srv, host in zip(shape.servers, homes):
             bcast = ["--bcast-bind", f"tcp://{host.addr}:0"] if arch == "advstar" else []
-            args = ["--bind", f"tcp://{host.addr}:0", *bcast, "--server", str(srv.index)]
+            args = ["--bind", f"tcp://{host.addr}:0", *bcast, *srv.args]
             out = procs.start(
                 srv.label, "ps", [*args, "--params", str(params), *common], host, server=True
             )

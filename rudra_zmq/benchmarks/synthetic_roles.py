@@ -215,7 +215,7 @@ def main_ps(args) -> dict:
         _cfg(args),
         args.bind,
         model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE),
-        server=args.server,  # its range: the shape's (architecture.servers in --set)
+        server=args.shard,  # its range: the shape's (architecture.servers in --set)
         **extra,
     )
     if ps.weights_out.endpoint is not None:  # advstar: before "listening on"
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
     sub.choices["ps"].add_argument("--bind", required=True)
     sub.choices["ps"].add_argument("--bcast-bind", help="advstar: the broadcast root's endpoint")
     sub.choices["ps"].add_argument(
-        "--server", type=int, default=0, help="which of architecture.servers (its range)"
+        "--shard", type=int, default=0, help="which of architecture.servers (its range)"
     )
     sub.choices["node"].add_argument("--id", type=int, required=True)
     sub.choices["node"].add_argument("--bind", required=True)
