@@ -121,7 +121,7 @@ def role_env(
     # The PS shares this machine with the learners: by default give its kernels the cores the
     # learners leave (at least 1, at most 4 — memory bandwidth saturates before that). Two
     # kernel threads on a box the learners keep busy were 1.7x slower than one and burned
-    # 1.8-3.4x the CPU per update (bench/RESULTS.md, push+pull).
+    # 1.8-3.4x the CPU per update (`git show ec5276f:bench/RESULTS.md`, push+pull).
     ps = cfg.runtime.ps_threads or max(1, min(4, cores - busy))
     threads = {"learner": devices.learner_threads(cfg, max(here, 1)), "ps": ps}.get(role, 1)
     env = dict(os.environ if base is None else base)
