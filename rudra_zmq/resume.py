@@ -10,12 +10,17 @@ no processes; reads the run directory only.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from . import checkpoint, server_snapshot
 from . import config as config_mod
 from .config import ConfigError
-from .run_files import CONFIG_FILE, PS_FINAL_FILE
+from .record_fields import DamagedRecord
+from .results.records import read_metrics
+from .roles.ps_checkpoint import meta_check
+from .roles.ps_report import load_final
+from .roles.ps_shard_files import assemble
+from .run_files import CONFIG_FILE, PS_FINAL_FILE, checkpoints_root, metrics_path, server_dir
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
 RESUMABLE = (
@@ -65,25 +70,44 @@ def resume_config(run_dir, config_path=None, overrides=()):
     return cfg
 
 
+def check_records(run_dir, cfg) -> None:
+    """Refuse, before anything starts, a run whose records a resumed run would read back
+    damaged: ``metrics.jsonl`` (``records.read_metrics``), or a checkpoint directory whose
+    every checkpoint is damaged (files, or a manifest's state: ``server_snapshot.check_meta``
+    against ``cfg``'s λ;
+    the servers would skip a damaged newer one for the one before, and say so). Raises
+    record_fields.DamagedRecord naming the file, the record, the field and the value.
+    Reads every checkpoint's arrays (their sha256)."""
+    if metrics_path(run_dir).is_file():
+        read_metrics(run_dir)
+    root = checkpoints_root(run_dir)
+    for directory in [root, *sorted(root.glob("range-*"))] if root.is_dir() else ():
+        check = meta_check(directory, cfg.sync.learners)
+        try:
+            checkpoint.load_latest(directory, check, server_snapshot.ARRAYS, quiet=True)
+        except checkpoint.CheckpointError as exc:
+            raise DamagedRecord(str(exc)) from None
+
+
 def finished_note(run_dir, cfg) -> str | None:
     """The one line to print instead of resuming when the run in ``run_dir`` already trained
     ``cfg.train.epochs`` (its PS wrote ``ps_final.json`` saying training was done, at that
     epoch or later), else None. Reads one small file. A sharded run whose servers all finished
     but whose own files were never joined (no shared file system: each server's
     ``servers/server-I`` copied here afterwards) is joined first
-    (``ps_shard_files.assemble``), and the line says so."""
+    (``ps_shard_files.assemble``), and the line says so. Raises record_fields.DamagedRecord
+    for a damaged ``ps_final.json`` (``ps_report.load_final``), the run's or a server's."""
     joined = ""
     if cfg.architecture.servers > 1 and not (Path(run_dir) / PS_FINAL_FILE).exists():
-        from .roles.ps_shard_files import assemble
-
+        for i in range(cfg.architecture.servers):
+            load_final(server_dir(run_dir, i))  # a damaged one is refused, not skipped
         if assemble(run_dir, cfg.architecture.servers, cfg.train.epochs):
             joined = f"joined the {cfg.architecture.servers} servers' weights into weights.npy; "
-    try:
-        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
-        done, epoch = final["done"], float(final["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
+    final = load_final(run_dir)
+    if final is None:
         return None  # no final state (it stopped early): resume from the checkpoint
-    if done is not True or epoch < cfg.train.epochs:
+    epoch = final["epoch"]
+    if not final["done"] or epoch < cfg.train.epochs:
         return None
     return (
         f"rudra-zmq: {joined}nothing to do: {run_dir} already trained {epoch:.2f} epochs of "

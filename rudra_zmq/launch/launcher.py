@@ -358,15 +358,17 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     its newest checkpoint (``config_path`` optional; ``resume.resume_config`` checks what may
     change). Raises ConfigError / FileNotFoundError (before any process starts, and before the
     run directory is made) for a bad config, data (:mod:`rudra_zmq.launch.preflight`, which also
-    decodes image data once for every role), run directory or endpoint."""
+    decodes image data once for every role), run directory or endpoint; resumed,
+    record_fields.DamagedRecord for a damaged record of the run (``resume.check_records``)."""
     if resume is not None:
-        from ..resume import finished_note, resume_config
+        from ..resume import check_records, finished_note, resume_config
 
         cfg = resume_config(resume, config_path, list(overrides))
         note = finished_note(resume, cfg)
         if note is not None:  # a finished run with nothing to do: start nothing
             print(note, flush=True)
             return 0
+        check_records(resume, cfg)
     else:
         cfg = config_mod.load_config(config_path, list(overrides))
     preflight.run(cfg)  # the data and extras checked, images decoded: before anything exists

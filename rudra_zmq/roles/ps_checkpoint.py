@@ -29,7 +29,8 @@ import re
 import time
 from pathlib import Path
 
-from .. import checkpoint, security
+from .. import checkpoint, security, server_snapshot
+from ..record_fields import DamagedRecord
 from ..run_files import TOLD_FILE, checkpoints_root
 from ..span import Span
 
@@ -44,6 +45,25 @@ def checkpoint_dir(run_dir, span: Span | None = None) -> Path:
     checkpoints in ``run_dir``."""
     root = checkpoints_root(run_dir)
     return root if span is None or span.is_whole else root / f"range-{span.lo}-{span.hi}"
+
+
+def meta_check(directory: Path, learners: int):
+    """The check of a checkpoint's meta in ``directory`` for ``checkpoint.load_latest``:
+    ``server_snapshot.check_meta`` (λ = ``learners``), and its range the one the directory
+    holds (``range-LO-HI``, else the whole vector). Raises record_fields.DamagedRecord."""
+    named = _RANGE_DIR.fullmatch(Path(directory).name)
+
+    def check(meta) -> None:
+        server_snapshot.check_meta(meta, learners)
+        held = [int(named[1]), int(named[2])] if named else [0, meta["numel"]]
+        saved = meta.get("range") or [0, meta["numel"]]
+        if saved != held:
+            raise DamagedRecord(
+                f"meta.range is {saved}; {Path(directory).name} holds the checkpoints of "
+                f"range [{held[0]}, {held[1]})"
+            )
+
+    return check
 
 
 def saved_ranges(root: Path) -> list[tuple[int, int] | None]:
@@ -103,9 +123,14 @@ def restore_latest(state, directory: Path) -> Path | None:
     checkpoint.CheckpointError if none is valid, ValueError if it holds another model or
     range, or if there are none for ``state.span`` but some for other ranges of the run (a
     resumed run sharded otherwise would silently start afresh). Blocks (reads the files)."""
-    ck = checkpoint.load_latest(directory)
+    ck = checkpoint.load_latest(
+        directory, meta_check(directory, state.learners), server_snapshot.ARRAYS
+    )
     if ck is not None:
-        state.restore(ck.arrays, ck.meta)
+        try:
+            state.restore(ck.arrays, ck.meta)
+        except ValueError as exc:  # another model's or range's: say which checkpoint
+            raise ValueError(f"{ck.path / checkpoint.MANIFEST}: {exc}") from None
         return ck.path
     root = directory if state.span.is_whole else directory.parent
     others = saved_ranges(root)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import record_fields as fields
 from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 
 FLUSH_S = 0.5  # update records are batched this long
@@ -219,25 +220,53 @@ def write_final(run_dir: Path, state) -> None:
     )
 
 
-def read_final(run_dir) -> dict | None:
-    """``RUN_DIR/ps_final.json`` when it says training is done (``done`` true, an int
-    ``timestamp``, a number ``epoch``); None when it is missing, unreadable or says anything
-    else. Reads one small file."""
+# ps_final.json as the PS (``write_final``) and a sharded run's last server (``assemble``:
+# every server's own under "servers") write it.
+FINAL_FIELDS = {
+    "timestamp": fields.integer(),
+    "epoch": fields.number(),
+    "updates": fields.integer().optional(),
+    "done": fields.flag(),
+    "incarnation": fields.integer(1).optional(),
+    "parts": fields.mapping().optional(),
+}
+
+
+def load_final(run_dir) -> dict | None:
+    """``RUN_DIR/ps_final.json`` checked (``FINAL_FIELDS``, and each entry of a sharded
+    run's ``servers`` alike); None when there is none. Raises record_fields.DamagedRecord
+    naming the file, the field and its value for a damaged one. Reads one small file."""
+    path = Path(run_dir) / PS_FINAL_FILE
     try:
-        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
-    except (OSError, ValueError):
+        raw = path.read_bytes()
+    except FileNotFoundError:
         return None
-    if not isinstance(final, dict) or final.get("done") is not True:
-        return None
-    ts, epoch = final.get("timestamp"), final.get("epoch")
-    if (
-        not isinstance(ts, int)
-        or isinstance(ts, bool)
-        or isinstance(epoch, bool)
-        or not isinstance(epoch, (int, float))
-    ):
-        return None
+    except OSError as exc:
+        raise fields.DamagedRecord(f"{path} cannot be read: {exc}") from None
+    try:
+        final = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise fields.DamagedRecord(f"{path} is not JSON ({exc}): truncated or damaged") from None
+    fields.check(final, FINAL_FIELDS, str(path))
+    servers = final.get("servers", [])
+    if "servers" in final and not (isinstance(servers, list) and servers):
+        raise fields.DamagedRecord(
+            f"{path}: servers is {fields.shown(servers)}; expected a list of each server's "
+            "final state"
+        )
+    for i, each in enumerate(servers):
+        fields.check(each, FINAL_FIELDS, f"{path}, servers[{i}]")
     return final
+
+
+def read_final(run_dir) -> dict | None:
+    """``RUN_DIR/ps_final.json`` when it says training is done (``load_final``, with ``done``
+    true); None when it is missing, damaged or says anything else. Reads one small file."""
+    try:
+        final = load_final(run_dir)
+    except fields.DamagedRecord:
+        return None
+    return final if final is not None and final["done"] else None
 
 
 def _counters(ps) -> dict:

@@ -44,13 +44,14 @@ from pathlib import Path
 import zmq
 
 from .. import security, transport, wire
+from ..record_fields import DamagedRecord
 from ..results import plots
-from ..results.records import other_server
+from ..results.records import check_record, other_server
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..wire import Kind
 from .stats_end import RunEnd
 from .stats_eval import Evaluator
-from .stats_file import MetricsFile, json_line
+from .stats_file import MetricsFile, finite, json_line
 from .stats_final import final_record, final_weights
 from .stats_intake import batch_items, forged, receiver, record_refusal
 from .stats_join import EvalJoin
@@ -209,6 +210,11 @@ class StatsServer:
         t = r.get("t")
         rel = (t if is_number(t) else now) - self.t0
         r = {**r, "t": round(rel, 6)}
+        try:  # as it will be written: what read_metrics would refuse is refused here
+            check_record(finite(r), f"a record from {wire.sender_name(sender)}")
+        except DamagedRecord as exc:
+            self._refuse(f"sender {sender}", "bad_metric", str(exc))
+            return
         try:
             line = json_line(r)
         except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
