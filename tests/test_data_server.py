@@ -364,3 +364,34 @@ def test_a_minibatch_the_server_could_not_queue_is_asked_for_again_not_waited_fo
             c.close()
     assert drops.dropped == 1 and undelivered == 1
     assert steps == [0, 1, 2, 3] and c.checks >= 1 and c.resent >= 1
+
+
+def test_a_connection_silent_for_the_timeout_is_forgotten_and_its_late_check_hears_not_got(
+    dataset, monkeypatch
+):
+    """A long run's connections (learners restarted, links dropped and made again) are not
+    all remembered: one silent for runtime.timeout_s is forgotten. Its CHECK, should it come,
+    hears "not got" (its client asks again: a minibatch depends only on learner and step),
+    while a connection still talking keeps its answer."""
+    from rudra_zmq.roles import data_server
+
+    cfg = make_cfg(2, 4)
+    clock = [1000.0]
+    monkeypatch.setattr(data_server.time, "monotonic", lambda: clock[0])
+    server = DataServer(cfg, "tcp://127.0.0.1:0", dataset=dataset)
+    replies = []
+    server._send = lambda ident, frames, who: replies.append((ident, frames)) or True
+    try:
+        for i in range(1000):
+            server.handle([b"conn-%d" % i, *wire.encode(Kind.BATCH_REQ, i % 2, 7, step=0)])
+        assert len(server.peers) == 1000
+        clock[0] += cfg.runtime.timeout_s + 1
+        live = b"conn-999"
+        server.handle([live, *wire.encode(Kind.BATCH_REQ, 1, 8, step=1)])
+        assert list(server.peers) == [live]
+        for ident, seq, got in ((b"conn-5", 7, False), (live, 8, True)):
+            server.handle([ident, *wire.encode(Kind.CHECK, 1, seq)])
+            receipt = wire.decode(replies[-1][1])
+            assert replies[-1][0] == ident and receipt.fields == {"re": seq, "got": got}
+    finally:
+        server.close()
