@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 
 from .. import config as config_mod
-from .. import security
+from .. import security, transport
 from ..notices import LogNotices
 from ..roles.stats_final import final_done
 from ..run_files import (
@@ -52,7 +52,15 @@ from ..run_files import (
 from . import console, preflight, server_join, startup
 from .children import Child, echo_lines, kill_tree
 from .restarts import on_failure
-from .run_plan import Plan, make_plan, ps_labels, role_env, run_keys, summary
+from .run_plan import (
+    Plan,
+    make_plan,
+    plaintext_warning,
+    ps_labels,
+    role_env,
+    run_keys,
+    summary,
+)
 
 POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
@@ -95,6 +103,8 @@ class Launcher:
         self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
         if plan.cfg.security.curve:  # keys_dir: the user's (worker), else per-run keys
             self.secrets[security.KEYS_ENV] = keys_dir or str(run_keys(plan))
+        elif plaintext_warning("run", plan) is not None:  # said on the terminal by `run`:
+            self.secrets[transport.PLAINTEXT_NAMED_ENV] = "1"  # the roles keep quiet
 
     # -- signals -----------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -374,6 +384,8 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     preflight.run(cfg)  # the data and extras checked, images decoded: before anything exists
     plan = make_plan(cfg, resume, resume=True) if resume is not None else make_plan(cfg, run_dir)
     print(summary(plan), flush=True)
+    if (line := plaintext_warning("run", plan)) is not None:  # security.curve: false
+        print(line, file=sys.stderr, flush=True)
     if resume is not None:
         print(f"  resuming from {checkpoints_root(plan.run_dir)}", flush=True)
     return Launcher(plan, resume=resume is not None).run()

@@ -35,10 +35,11 @@ from .. import topology
 from ..config import ConfigError
 from ..run_files import config_path
 from . import preflight, ranks
-from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
+from .cluster_plan import DEFAULT_PORT, bind_address
 from .run_plan import (
     HOST_LEARNERS_ENV,
     Plan,
+    is_loopback_host,
     learner_endpoints,
     learner_groups,
     make_run_dir,
