@@ -24,10 +24,10 @@ import sys
 import time
 
 from .config import ConfigError, scale_schedule
+from .devices import usable_cores
 from .launch import role_process
 from .launch.role_commands import PARSERS, UsageError, config_args, config_of
-from .launch.run_plan import usable_cores
-from .record_fields import DamagedRecord
+from .results.record_fields import DamagedRecord
 
 PROG = "rudra-zmq"
 
@@ -209,11 +209,11 @@ TOOLS = {
     "compare": "results.compare",
     "sweep": "launch.sweep",
     "report": "results.report",
-    "keys": "keys",
+    "keys": "security.keys",
     "launch": "launch.cluster_launch",
     "env": "launch.ranks",
     "worker": "launch.worker",
-    "examples": "launch.shipped",
+    "examples": "shipped",
     "bench": "benchmarks.cli",
     "replay": "sim.replay",
 }

@@ -218,7 +218,7 @@ def _refusals():
 
     types = [ConfigError, CompareError, ReplayError, FileNotFoundError]
     with contextlib.suppress(ImportError):
-        from rudra_zmq.record_fields import DamagedRecord
+        from rudra_zmq.results.record_fields import DamagedRecord
 
         types.append(DamagedRecord)
     return tuple(types)
@@ -246,9 +246,9 @@ def run_resume(run: Path, plots: bool) -> None:
     the launcher's checks, then the PS's state from its checkpoint and the statistics
     server's clock from the metrics."""
     from rudra_zmq import resume
-    from rudra_zmq.roles.ps_start import start_state
-    from rudra_zmq.roles.stats_file import run_clock
     from rudra_zmq.run_files import metrics_path
+    from rudra_zmq.server.start import start_state
+    from rudra_zmq.stats.metrics_file import run_clock
 
     try:
         cfg = resume.resume_config(run, None, ["train.epochs=3"])
@@ -357,7 +357,7 @@ def fuzz(source: Path, cases: int, seed: int, plots: bool = False, targets=TARGE
     returns ``Counter((target, outcome))`` and the first few ``BAD`` outcomes as
     ``(target, damage, detail)``. Blocks; writes in a temporary directory only."""
     from rudra_zmq.config import load_config
-    from rudra_zmq.roles.ps_start import initial_model
+    from rudra_zmq.server.start import initial_model
 
     rng = random.Random(seed)
     counts, bad = Counter(), []

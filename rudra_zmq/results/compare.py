@@ -21,11 +21,11 @@ from pathlib import Path
 
 import yaml
 
-from ..record_fields import DamagedRecord
-from ..roles.ps_report import load_final
 from ..run_files import METRICS_FILE, SWEEP_FILE
 from ..sync import protocol_label
 from . import plots
+from .record_fields import DamagedRecord
+from .records import load_final
 
 COLUMNS = (
     "run",

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..record_fields import DamagedRecord
+from .record_fields import DamagedRecord
 from .records import (
     KNOWN_TYPES,
     Metrics,

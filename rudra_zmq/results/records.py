@@ -25,20 +25,20 @@ import json
 import logging
 from pathlib import Path
 
-from .. import record_fields as fields
 from ..config import ConfigError, load_config, to_dict
-from ..run_files import METRICS_FILE, config_path
+from ..run_files import METRICS_FILE, PS_FINAL_FILE, config_path
+from . import record_fields as fields
 
 log = logging.getLogger(__name__)
 
 KNOWN_TYPES = ("update", "eval", "learner", "ps", "members", "restart", "resume")
 
-# What each known record carries, as its writers write it (the PS: ``ps_report``,
+# What each known record carries, as its writers write it (the PS: ``server.report``,
 # ``sync.Update.record``; the statistics server: eval, start, resume; learners: learner; the
 # simulator: update, eval); ``plots`` lists them. A record must carry the fields it means
 # nothing without (an update's or an eval's ts, an eval's test error, ...); any field it
 # carries must hold what its writer writes. A float a writer could not make finite is
-# written as null (``stats_file.json_line``). ``t`` may be negative (a sender's clock behind
+# written as null (``stats.metrics_file.json_line``). ``t`` may be negative (a sender's clock behind
 # the statistics server's, on another host) or a Unix time. The statistics server refuses a
 # record that breaks these before writing it; ``read_metrics`` refuses a file that holds one.
 _T = fields.number(-fields.NUMBER_MAX).optional()
@@ -215,6 +215,45 @@ def read_metrics(path) -> Metrics:
     if out.malformed - out.truncated > 5:
         log.warning("%s: skipped %d malformed lines in all", path, out.malformed - out.truncated)
     return out
+
+
+# ps_final.json as the PS (``server.end_files.write_final``) and a sharded run's last server
+# (``end_files.assemble``: every server's own under "servers") write it.
+FINAL_FIELDS = {
+    "timestamp": fields.integer(),
+    "epoch": fields.number(),
+    "updates": fields.integer().optional(),
+    "done": fields.flag(),
+    "incarnation": fields.integer(1).optional(),
+    "parts": fields.mapping().optional(),
+}
+
+
+def load_final(run_dir) -> dict | None:
+    """``RUN_DIR/ps_final.json`` checked (``FINAL_FIELDS``, and each entry of a sharded
+    run's ``servers`` alike); None when there is none. Raises record_fields.DamagedRecord
+    naming the file, the field and its value for a damaged one. Reads one small file."""
+    path = Path(run_dir) / PS_FINAL_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise fields.DamagedRecord(f"{path} cannot be read: {exc}") from None
+    try:
+        final = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise fields.DamagedRecord(f"{path} is not JSON ({exc}): truncated or damaged") from None
+    fields.check(final, FINAL_FIELDS, str(path))
+    servers = final.get("servers", [])
+    if "servers" in final and not (isinstance(servers, list) and servers):
+        raise fields.DamagedRecord(
+            f"{path}: servers is {fields.shown(servers)}; expected a list of each server's "
+            "final state"
+        )
+    for i, each in enumerate(servers):
+        fields.check(each, FINAL_FIELDS, f"{path}, servers[{i}]")
+    return final
 
 
 def read_config(run_dir) -> dict | None:

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import arrival_log
 from ..config import ConfigError, load_config
-from ..record_fields import DamagedRecord
-from ..roles.ps_report import load_final
+from ..devices import learner_threads
+from ..results.record_fields import DamagedRecord
+from ..results.records import load_final
 from ..run_files import ARRIVALS_FILE, PS_FINAL_FILE, WEIGHTS_FILE, config_path
+from ..server import arrival_log
+from ..server.update import Updater
 from ..sync import SyncEngine
-from ..update import Updater
 
 GRADIENT, LEAVE, JOIN = arrival_log.GRADIENT, arrival_log.LEAVE, arrival_log.JOIN
 
@@ -145,7 +146,6 @@ def replay(run_dir, until: int | None = None, threads: int | None = None) -> Rep
     ReplayError, ConfigError or FileNotFoundError."""
     import torch
 
-    from ..launch.run_plan import learner_threads
     from .sim_trainer import Trainer
 
     run_dir = Path(run_dir)
