@@ -9,17 +9,28 @@ then doubled the bytes on the busiest link. The evidence is the server's RECEIPT
 false`` to a CHECK (a header sent after ``retry_ms`` without a reply: a restarted server, or
 a connection that dropped the request), or the socket's monitor seeing the connection drop
 and come back (the reply may have been lost with it; the server answers a resend as before).
+
+A server that answers neither the request nor ``SILENT_CHECKS`` CHECKs sent ``retry_ms``
+apart (stopped, hung, its host frozen: TCP keepalive sees nothing wrong while the kernel
+still answers) is said to be silent, on the terminal (a notice), within a few ``retry_ms``
+instead of only when ``timeout_ms`` runs out; the channel waits on, and says when it answers
+again (a RECEIPT counts: a server busy with a long round still answers CHECKs).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import codec, transport, wire
+from .notices import notice
+
+log = logging.getLogger("rudra_zmq.channel")
+SILENT_CHECKS = 2  # CHECKs unanswered, retry_ms apart, before a server is said to be silent
 
 
 class Channel:
@@ -78,6 +89,9 @@ class Channel:
         self._checks_before = 0  # ``checks`` when it was sent: the rest asked about it
         self.receipts = [0, 0]  # its RECEIPTs saying got, not got
         self.inc = 0  # the server incarnation we last heard from
+        self._heard_at = time.monotonic()  # when the server last said anything
+        self._unanswered = 0  # CHECKs sent since then
+        self.silent_since: float | None = None  # when it was said to be silent (monotonic)
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
@@ -140,8 +154,23 @@ class Channel:
             self.resend()
         elif time.monotonic() - self._asked_at >= self.retry_ms / 1000:
             self._asked_at = time.monotonic()
+            if self._unanswered >= SILENT_CHECKS and self.silent_since is None:
+                self.silent_since = self._asked_at
+                notice(
+                    log,
+                    "the %s at %s has answered nothing for %.1f s (a request and %d CHECKs, "
+                    "runtime.retry_s apart): is it stopped or hung? Waiting on (at most "
+                    "runtime.timeout_s, %g s)",
+                    self.name,
+                    self.endpoint,
+                    self._asked_at - max(self._heard_at, self._sent_at),
+                    self._unanswered,
+                    self.timeout_ms / 1000,
+                )
             self.checks += 1  # first: whoever sees it arrive sees it counted
-            if not send_check(self.sock, self.sender, self._last[0], self.inc):
+            if send_check(self.sock, self.sender, self._last[0], self.inc):
+                self._unanswered += 1
+            else:
                 self.checks -= 1  # not connected, or the queue is full: the next tick asks
 
     def waiting(self) -> str:
@@ -220,6 +249,7 @@ class Channel:
         """The reply in ``frames``, validated; None for a RECEIPT (resending the request if
         the server never got it) or a late answer."""
         msg = wire.decode(frames, numel=numel, dtypes=self.dtypes)
+        self._heard()
         asked = None if self._last is None else self._last[0]
         if msg.kind == wire.Kind.RECEIPT:
             if msg.fields["re"] == asked:
@@ -244,6 +274,21 @@ class Channel:
         if msg.inc:
             self.inc = msg.inc
         return msg
+
+    def _heard(self) -> None:
+        """The server said something: it is not silent (and is said to answer again if it
+        was)."""
+        now = time.monotonic()
+        if self.silent_since is not None:
+            notice(
+                log,
+                "the %s at %s answers again, after %.1f s of silence",
+                self.name,
+                self.endpoint,
+                now - max(self._heard_at, self._sent_at),
+            )
+            self.silent_since = None
+        self._heard_at, self._unanswered = now, 0
 
     def _part(self, msg: wire.Message) -> bool:
         """A WEIGHTS x{at} to the request in parts: a part ahead (x{more}) is decoded into

@@ -3,6 +3,7 @@ and resumed.
 Each run takes ~15-25 s on 2 cores; each test states its bound."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -138,3 +139,30 @@ def test_a_statistics_server_killed_near_the_end_still_reports_the_final_weights
         f"result: test error {100 * at_end[-1]['test_error']:.2f}% (best "
     ), run.out
     assert f"after {final['epoch']:.2f} epochs in " in result[0]
+
+
+@pytest.mark.parametrize(
+    "config,label",
+    [("quickstart.yaml", "ps"), ("quickstart_adv.yaml", "node0")],
+)
+def test_a_stopped_server_is_said_silent_within_a_few_retries_and_the_run_recovers(
+    tmp_path, config, label
+):
+    """SIGSTOP of the PS (or of a tree node) for 6 s with runtime.retry_s = 1: its learners
+    say on the terminal that it answers nothing after two unanswered CHECKs (~3 s), not after
+    runtime.timeout_s (60 s here), wait on, say it answers again after SIGCONT, and the run
+    ends with its result."""
+    run = Run(tmp_path, "stop", [*FAST, "train.epochs=12"], config=config)
+    run.wait_ts(60)
+    pid = run.signal(label, signal.SIGSTOP)
+    try:
+        time.sleep(6)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert run.finish() == 0, run.out
+    silent = [line for line in run.out.splitlines() if "has answered nothing for" in line]
+    again = [line for line in run.out.splitlines() if "answers again, after" in line]
+    assert silent and again, run.out
+    waited = [float(line.split("answered nothing for ")[1].split(" s")[0]) for line in silent]
+    assert all(2 <= w < 6 for w in waited), silent  # ~3 x retry_s, not timeout_s
+    assert "result: test error" in run.out

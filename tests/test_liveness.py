@@ -153,3 +153,47 @@ def test_a_host_whose_cable_is_pulled_is_dropped_after_the_keepalive_probes(
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_server_that_answers_nothing_is_said_silent_within_three_retries_then_answering(caplog):
+    """A stopped or hung server (its kernel still answers keepalive) answers neither the
+    request nor the CHECKs: the channel says so (a notice, on the terminal under `run`) after
+    two CHECKs went unanswered, i.e. within 3 x runtime.retry_s, not runtime.timeout_s; it
+    waits on, and says when the server answers again."""
+    import logging
+    import threading
+
+    from rudra_zmq import wire
+    from rudra_zmq.channel import Channel
+    from rudra_zmq.wire import Kind
+
+    ctx = zmq.Context()
+    router = transport.make_socket(ctx, zmq.ROUTER)
+    endpoint = transport.bind(router, "tcp://127.0.0.1:0")
+    ch = Channel(ctx, endpoint, 0, name="parameter server", timeout_ms=20_000, retry_ms=200)
+    got = []
+    t = threading.Thread(target=lambda: got.append(ch.request(Kind.PULL)), daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rudra_zmq.channel"):
+            t.start()
+            heard, t0 = [], time.monotonic()
+            while not any("answered nothing" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() - t0 < 5, "the silence was never said"
+                if router.poll(20):
+                    heard.append(router.recv_multipart())
+            said_after = time.monotonic() - t0
+            request = wire.decode(heard[0][1:])
+            checks = [m for m in heard[1:] if wire.decode(m[1:]).kind == Kind.CHECK]
+            assert 0.4 <= said_after < 1.5 and len(checks) >= 2, (said_after, len(checks))
+            router.send_multipart(
+                [heard[0][0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, re=request.seq)]
+            )
+            t.join(5)
+        assert got and got[0].kind == Kind.UPTODATE
+        said = [r.getMessage() for r in caplog.records if r.name == "rudra_zmq.channel"]
+        assert len(said) == 2 and "[notice]" in said[0] and "a request and 2 CHECKs" in said[0]
+        assert "answers again" in said[1], said
+    finally:
+        ch.close()
+        router.close(linger=0)
+        ctx.term()
