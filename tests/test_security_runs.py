@@ -118,7 +118,7 @@ def test_run_on_a_network_address_plans_curve_unless_told_false_and_then_says_so
     saved = yaml.safe_load((tmp_path / "lan" / "config.yaml").read_text())
     assert saved["security"]["curve"] is True  # what --resume goes on with
     local = make_plan(load_config(quickstart), tmp_path / "local")
-    assert local.cfg.security.curve is False and plaintext_warning("run", local) is None
+    assert not local.cfg.security.curve and plaintext_warning("run", local) is None
     told = ["runtime.host=0.0.0.0", "security.curve=false"]
     plain = make_plan(load_config(quickstart, told), tmp_path / "plain")
     line = plaintext_warning("run", plain)

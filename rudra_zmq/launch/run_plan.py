@@ -81,14 +81,14 @@ def exposed(binds: dict[str, str], hosts) -> bool:
 
 
 def decide_curve(cfg, binds: dict[str, str], hosts=("localhost",)):
-    """``cfg`` with ``security.curve`` decided where the config leaves it unset (null): on
-    whenever others could reach the roles (``exposed``: a role on another host, or a server
-    listening beyond loopback), for ``rudra-zmq run`` bound to a network address as for
-    ``launch`` across hosts; an explicit true or false stands. Pure."""
-    if cfg.security.curve is not None:
+    """``cfg`` with ``security.curve`` on where the config leaves it unset (null) and others
+    could reach the roles (``exposed``: a role on another host, or a server listening beyond
+    loopback), for ``rudra-zmq run`` bound to a network address as for ``launch`` across
+    hosts; unset stays unset (plaintext) on loopback, and an explicit true or false stands.
+    Pure."""
+    if cfg.security.curve is not None or not exposed(binds, hosts):
         return cfg
-    on = exposed(binds, hosts)
-    return dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on))
+    return dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=True))
 
 
 def plaintext_warning(command: str, plan: Plan, hosts=("localhost",)) -> str | None:
