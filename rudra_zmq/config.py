@@ -195,6 +195,7 @@ class Config:
         for key, val, most in (
             ("sync.batch_size", s.batch_size, MAX_BATCH),
             ("sync.learners", s.learners, MAX_LEARNERS),
+            ("data.num_classes", d.num_classes, MAX_CLASSES),
         ):
             if val > most:
                 raise ConfigError(f"{key} is {val:,}: more than any run takes (at most {most:,})")
@@ -294,6 +295,7 @@ class Config:
 MAX_THREADS = 4096  # threads per process: beyond any machine (torch takes an int32)
 MAX_BATCH = 2**20  # samples per minibatch (µ): a larger one is a damaged config, not a run
 MAX_LEARNERS = 2**16  # λ
+MAX_CLASSES = 2**20  # a model's outputs: more is a damaged config (the last layer would not fit)
 
 # Keys of earlier releases, and why they went (bench/RESULTS.md has the measurements).
 REMOVED_KEYS = {

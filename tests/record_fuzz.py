@@ -245,7 +245,7 @@ def run_resume(run: Path, plots: bool) -> None:
     """What ``run --resume RUN --set train.epochs=3`` reads before and as its roles start:
     the launcher's checks, then the PS's state from its checkpoint and the statistics
     server's clock from the metrics."""
-    from rudra_zmq import resume
+    from rudra_zmq.launch import resume
     from rudra_zmq.run_files import metrics_path
     from rudra_zmq.server.start import start_state
     from rudra_zmq.stats.metrics_file import run_clock
@@ -254,8 +254,7 @@ def run_resume(run: Path, plots: bool) -> None:
         cfg = resume.resume_config(run, None, ["train.epochs=3"])
         if resume.finished_note(run, cfg) is not None:
             return
-        if hasattr(resume, "check_records"):
-            resume.check_records(run, cfg)
+        resume.check_records(run, cfg)
     except _refusals() as exc:
         raise Refused(str(exc)) from None
     try:  # the PS's own refusal: a checkpoint of another model or range (one line)

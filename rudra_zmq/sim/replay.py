@@ -117,9 +117,10 @@ def _final_weights(run_dir: Path, numel: int, timestamp: int) -> np.ndarray:
         )
     if final["timestamp"] != timestamp:
         raise ReplayError(
-            f"{run_dir / ARRIVALS_FILE} ends at timestamp {timestamp} but "
-            f"{run_dir / PS_FINAL_FILE} says training ended at {final['timestamp']}: the log "
-            "is truncated or damaged, or one of the files is another run's"
+            f"{run_dir / ARRIVALS_FILE}, replayed with {config_path(run_dir)}, ends at "
+            f"timestamp {timestamp} but {run_dir / PS_FINAL_FILE} says training ended at "
+            f"{final['timestamp']}: the log is truncated or damaged, or one of the three "
+            "files is another run's (the sync settings decide when an update is made)"
         )
     path = run_dir / WEIGHTS_FILE
     try:
@@ -156,7 +157,10 @@ def replay(run_dir, until: int | None = None, threads: int | None = None) -> Rep
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
     torch.set_num_threads(threads or learner_threads(cfg))
-    trainer = Trainer(cfg)
+    try:
+        trainer = Trainer(cfg)
+    except ValueError as exc:  # a model or data set the config names that is not one
+        raise ReplayError(f"{config_path(run_dir)}: {exc}") from None
     last, uses, reached = _last_updates(cfg, events, trainer.n, run_dir)
     o = cfg.optimizer
     w0 = trainer.flat.weights
