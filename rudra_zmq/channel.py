@@ -28,6 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from . import codec, transport, wire
 from .notices import notice
+from .outbox import Outbox
 
 log = logging.getLogger("rudra_zmq.channel")
 SILENT_CHECKS = 2  # CHECKs unanswered, retry_ms apart, before a server is said to be silent
@@ -75,6 +76,7 @@ class Channel:
             zmq.RCVTIMEO,
             transport.WAKE_MS if timeout_ms < 0 else min(timeout_ms, transport.WAKE_MS),
         )
+        self.out = Outbox(self.sock)  # its sends, a model in chunks tracked until taken whole
         self.link = LinkWatch(self.sock)  # before connect: it must see every connection
         transport.connect(self.sock, endpoint, sender)
         self._seq = itertools.count(time.time_ns() // 1000)
@@ -98,7 +100,7 @@ class Channel:
         seq = next(self._seq)
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
         self._begin(seq, [frames], None)
-        self.sock.send_multipart(frames, copy=False)
+        self.out.send(frames)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
         """Queue one request in parts (``wire.parts``; see ``parts``), all at once."""
@@ -132,7 +134,7 @@ class Channel:
 
     def send_part(self, frames) -> None:
         """Queue one message ``parts`` made (zero-copy)."""
-        self.sock.send_multipart(frames, copy=False)
+        self.out.send(frames)
 
     def resend(self) -> None:
         """Send the request awaiting its reply again, unchanged (every part of it)."""
@@ -140,7 +142,7 @@ class Channel:
             self.resent += 1  # first: whoever sees the copy arrive sees it counted
             self._asked_at = time.monotonic()
             for frames in self._last[1]:
-                self.sock.send_multipart(frames, copy=False)
+                self.out.send(frames)
 
     def tick(self) -> None:
         """Between receives, with a request awaiting its reply: send it again if the
@@ -328,11 +330,14 @@ class Channel:
         return self.recv(reply_kinds, numel)
 
     def close(self) -> None:
-        """Close the socket; a request still being sent gets ``LINGER_MS`` more. Never 0: libzmq
-        4.3.5 aborts if the connection ends just as a half-sent multipart message is dropped
-        (docs/wire.md, "Half-sent messages"); with 0, that happens as a run ends."""
+        """Close the socket; a request still being sent gets ``LINGER_MS`` more, and one that
+        libzmq may hold half-sent after that (a server that reads nothing) is never dropped
+        half (``outbox``: libzmq 4.3.5 aborts if the connection ends just as one is;
+        docs/wire.md, "Half-sent messages"). Blocks up to ``LINGER_MS``."""
+        self.out.wait(transport.LINGER_MS)
+        up = self.link.up()  # after the wait: a connection that ended meanwhile took its part
         self.link.close()
-        self.sock.close(linger=transport.LINGER_MS)
+        self.out.close(transport.LINGER_MS, connected=up, wait=False)
 
 
 def send_check(sock: zmq.Socket, sender: int, seq: int, inc: int = 0) -> bool:
@@ -355,19 +360,32 @@ class LinkWatch:
         self._sock = sock
         self._monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._dropped = False  # a drop seen, the reconnect not yet
+        self._up = False  # a connection is up (as of the events read)
+        self._back = False  # it came back since ``reconnected`` last said so
 
-    def reconnected(self) -> bool:
-        """Whether the connection dropped and came back since the last call."""
-        back = False
+    def _read(self) -> None:
         while True:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
             except zmq.Again:
-                return back
+                return
             if event == zmq.EVENT_DISCONNECTED:
-                self._dropped = True
-            elif event == zmq.EVENT_CONNECTED and self._dropped:
-                self._dropped, back = False, True
+                self._dropped, self._up = True, False
+            elif event == zmq.EVENT_CONNECTED:
+                self._up = True
+                if self._dropped:
+                    self._dropped, self._back = False, True
+
+    def reconnected(self) -> bool:
+        """Whether the connection dropped and came back since the last call."""
+        self._read()
+        back, self._back = self._back, False
+        return back
+
+    def up(self) -> bool:
+        """Whether the socket's connection is up, as far as the events so far say."""
+        self._read()
+        return self._up
 
     def close(self) -> None:
         """Stop the monitor and close its socket; never raises on a terminated context (the

@@ -332,20 +332,20 @@ def test_serve_prints_its_endpoint_and_exits_cleanly_on_sigterm():
 
 
 class _DropsOneBatch:
-    """The data server's socket, but the first BATCH it sends finds the queue full (EAGAIN),
-    as under load in CI once."""
+    """The data server's sends (its ``Outbox``), but the first BATCH it sends finds the queue
+    full (EAGAIN), as under load in CI once."""
 
-    def __init__(self, sock):
-        self._sock, self.dropped = sock, 0
+    def __init__(self, out):
+        self._out, self.dropped = out, 0
 
     def __getattr__(self, name):
-        return getattr(self._sock, name)
+        return getattr(self._out, name)
 
-    def send_multipart(self, frames, *a, **kw):
+    def send(self, frames, *a, **kw):
         if not self.dropped and wire.decode(frames[1:]).kind == Kind.BATCH:
             self.dropped += 1
             raise zmq.Again()
-        return self._sock.send_multipart(frames, *a, **kw)
+        return self._out.send(frames, *a, **kw)
 
 
 def test_a_minibatch_the_server_could_not_queue_is_asked_for_again_not_waited_for(dataset):
@@ -353,7 +353,7 @@ def test_a_minibatch_the_server_could_not_queue_is_asked_for_again_not_waited_fo
     CHECK hears "not got", it asks again for every step it awaits, and gets them in order
     (before, the CHECK heard "got" and the learner waited out its timeout)."""
     with running_server(make_cfg(1, 8), dataset) as (server, ctx):
-        drops = server.sock = _DropsOneBatch(server.sock)
+        drops = server.out = _DropsOneBatch(server.out)
         c = DataClient(ctx, server.endpoint, 0, prefetch=2, timeout_ms=20_000, retry_ms=300)
         try:
             steps = [c.next_batch()[3] for _ in range(4)]

@@ -42,6 +42,7 @@ import numpy as np
 import zmq
 
 from .. import transport, wire
+from ..outbox import Outbox
 from ..server.throttled_log import ThrottledLog
 from ..wire import Kind
 from .data_order import SampleStream, load_data
@@ -106,6 +107,7 @@ class DataServer:
             hwm=max(16, 4 * cfg.data.prefetch),
             max_bytes=transport.frame_limit(0),
         )
+        self.out = Outbox(self.sock, head=2)  # replies: images and labels tracked (outbox)
         try:
             self.endpoint = transport.bind(self.sock, bind)
         except BaseException:  # e.g. address in use: leave no socket or context behind
@@ -218,7 +220,7 @@ class DataServer:
     def _send(self, ident: bytes, frames, who: str) -> bool:
         try:
             # NOBLOCK: a learner that stopped reading must not stall the others.
-            self.sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+            self.out.send([ident, *frames], zmq.NOBLOCK)
             return True
         except zmq.ZMQError as exc:  # EAGAIN: its queue is full; EHOSTUNREACH: it is gone
             self.undelivered += 1
@@ -264,7 +266,7 @@ class DataServer:
         """Close the socket (queued replies get ``transport.LINGER_MS``, then are dropped; not 0:
         docs/wire.md, "Half-sent messages") and a private ctx."""
         if not self.sock.closed:
-            self.sock.close(linger=transport.LINGER_MS)
+            self.out.close(transport.LINGER_MS)
         if self._own_ctx and not self.ctx.closed:
             transport.term(self.ctx)
 

@@ -163,7 +163,7 @@ class Learner:
             except Exception:  # already failing: the first error is the one to see
                 log.debug("learner %d: closing a half-built learner", self.id, exc_info=True)
         if self._own_ctx:
-            self.ctx.destroy(linger=0)
+            transport.destroy(self.ctx, 0)
 
     def _start_data_at(self, step: int | None) -> None:
         """The server says this learner's next minibatch is its ``step``-th: the data order
@@ -288,7 +288,7 @@ def serve(
             # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is
             # still being built, before run()'s finally closes its sockets; term() would then
             # wait for them forever and the process would outlive the run.
-            ctx.destroy(linger=transport.LINGER_MS)
+            transport.destroy(ctx, transport.LINGER_MS)
 
 
 def _end_threads(ctx, stopping: threading.Event, threads) -> bool:
