@@ -157,12 +157,17 @@ def _wait_learner_logs(run, text, timeout=60):
 
 @pytest.mark.parametrize("wake", [signal.SIGCONT, signal.SIGKILL], ids=["woken", "restarted"])
 @pytest.mark.parametrize(
-    "config,label", [("quickstart.yaml", "ps"), ("quickstart_adv.yaml", "node0")]
+    "config,label,shape",
+    [
+        ("quickstart.yaml", "ps", []),
+        ("quickstart.yaml", "ps1", ["architecture.servers=2"]),
+        ("quickstart_adv.yaml", "node0", []),
+    ],
 )
 def test_a_stopped_server_is_said_silent_by_its_learners_and_the_run_recovers(
-    tmp_path, config, label, wake
+    tmp_path, config, label, shape, wake
 ):
-    """SIGSTOP of the PS (or of a tree node), runtime.retry_s 1 and runtime.timeout_s 60: its
+    """SIGSTOP of the PS (of server 1 of two, of a tree node), runtime.retry_s 1 and runtime.timeout_s 60: its
     learners say on the terminal that it answers nothing once two CHECKs went unanswered --
     the server is woken only after that was said, so it was said before any learner gave up
     at runtime.timeout_s -- and wait on. Woken (SIGCONT) it is said to answer again; killed
@@ -170,7 +175,7 @@ def test_a_stopped_server_is_said_silent_by_its_learners_and_the_run_recovers(
     run = Run(
         tmp_path,
         "stop",
-        [*FAST, "train.epochs=12", "train.checkpoint_every_updates=20"],
+        [*FAST, "train.epochs=12", "train.checkpoint_every_updates=20", *shape],
         config=config,
     )
     run.wait_ts(60)
