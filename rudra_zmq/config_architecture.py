@@ -6,18 +6,6 @@ from __future__ import annotations
 from .sync import check_protocol
 from .typed_yaml import ConfigError, one_of
 
-
-def check_servers_fit(servers: int, numel: int) -> None:
-    """Raise ConfigError unless ``architecture.servers`` can split a model of ``numel``
-    parameters: each server serves at least one. Pure; the launcher calls it before anything
-    starts (``launch/preflight.check_servers``), a PS when it computes its range (``server/start.py``)."""
-    if servers > numel:
-        raise ConfigError(
-            f"architecture.servers={servers} is more than the model's {numel:,} parameters; "
-            "give each server at least one"
-        )
-
-
 MAX_PARTS = 256  # parts of one server's range (each one message each way per round)
 
 

@@ -16,11 +16,12 @@ from .. import config as config_mod
 from ..config import ConfigError
 from ..results.record_fields import DamagedRecord
 from ..results.records import load_final, read_metrics
-from ..run_files import CONFIG_FILE, PS_FINAL_FILE, checkpoints_root, metrics_path, server_dir
+from ..run_files import CONFIG_FILE, PS_FINAL_FILE, checkpoints_root, metrics_path
 from ..server import checkpoint
 from ..server.checkpointing import meta_check
 from ..server.end_files import assemble
 from ..server.state import ARRAYS
+from ..shape import ClusterShape
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
 RESUMABLE = (
@@ -92,17 +93,19 @@ def check_records(run_dir, cfg) -> None:
 def finished_note(run_dir, cfg) -> str | None:
     """The one line to print instead of resuming when the run in ``run_dir`` already trained
     ``cfg.train.epochs`` (its PS wrote ``ps_final.json`` saying training was done, at that
-    epoch or later), else None. Reads one small file. A sharded run whose servers all finished
-    but whose own files were never joined (no shared file system: each server's
-    ``servers/server-I`` copied here afterwards) is joined first
-    (``end_files.assemble``), and the line says so. Raises record_fields.DamagedRecord
-    for a damaged ``ps_final.json`` (``records.load_final``), the run's or a server's."""
+    epoch or later), else None. Reads one small file. A run of several servers that all
+    finished but whose own files were never joined (no shared file system: each server's
+    ``servers/server-I`` copied here afterwards) is joined first (``end_files.assemble``
+    over the shape's ``joined_dirs``), and the line says so. Raises
+    record_fields.DamagedRecord for a damaged ``ps_final.json`` (``records.load_final``),
+    the run's or a server's."""
     joined = ""
-    if cfg.architecture.servers > 1 and not (Path(run_dir) / PS_FINAL_FILE).exists():
-        for i in range(cfg.architecture.servers):
-            load_final(server_dir(run_dir, i))  # a damaged one is refused, not skipped
-        if assemble(run_dir, cfg.architecture.servers, cfg.train.epochs):
-            joined = f"joined the {cfg.architecture.servers} servers' weights into weights.npy; "
+    if not (Path(run_dir) / PS_FINAL_FILE).exists():
+        dirs = ClusterShape.of(cfg).joined_dirs(run_dir)
+        for d in dirs:
+            load_final(d)  # a damaged one is refused, not skipped
+        if assemble(run_dir, dirs, cfg.train.epochs):
+            joined = f"joined the {len(dirs)} servers' weights into weights.npy; "
     final = load_final(run_dir)
     if final is None:
         return None  # no final state (it stopped early): resume from the checkpoint

@@ -1,8 +1,8 @@
 """The parameter server's state: what a checkpoint saves and restores, and nothing else.
 
 Weights (immutable versions), momentum and gradient sum (``update.Updater``) of the range of
-the model's flat vector this server serves (``span.Span``: the whole vector unless sharded),
-the sync engine (timestamp, pending gradients, learning-rate schedule), who registered on
+the model's flat vector this server serves (``shape.Span``: the whole vector when the run has
+one server), the sync engine (timestamp, pending gradients, learning-rate schedule), who registered on
 which connection, the server's incarnation, who was told to stop, and counters. Pure data and
 the rules that change it: no sockets, no sends. The serving role (``server/ps.py``) decodes a
 message, calls one method here and sends what it returns.
@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import codec, topology, wire
 from ..results import record_fields as fields
-from ..span import Span, part_bounds
+from ..shape import Span, part_bounds
 from ..sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .parts import PartedUpdates
 from .update import Updater

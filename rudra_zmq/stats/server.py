@@ -54,6 +54,7 @@ from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..security import auth
 from ..server.end_files import final_weights
 from ..server.throttled_log import ThrottledLog
+from ..shape import ClusterShape
 from ..wire import Kind
 from .eval_join import EvalJoin
 from .evaluator import Evaluator
@@ -164,9 +165,9 @@ class StatsServer:
         self._warned: set = set()  # what was said once: "diverged", "final_file"
         self.warn = ThrottledLog(log)
         self._pending: tuple[wire.Message, float] | None = None  # newest EVAL, arrival time
-        servers = cfg.architecture.servers
-        self.end = RunEnd(self.run_dir, cfg.train.epochs, servers)  # the "done"s, EVALs seen
-        self.join: EvalJoin | None = None  # a sharded run's EVAL slices (set once loaded)
+        shape = ClusterShape.of(cfg)
+        self.end = RunEnd(self.run_dir, cfg.train.epochs, shape)  # the "done"s, EVALs seen
+        self.join: EvalJoin | None = None  # the servers' EVAL slices (set once loaded)
         # the timestamps of the newest evaluations written (the final weights' is the last
         # asked for: a run's length of them is not needed)
         self._evaluated: collections.deque = collections.deque(maxlen=RECENT_EVALS)
@@ -219,8 +220,7 @@ class StatsServer:
         """The test split and the model to evaluate (seconds: torch, the data). Blocks."""
         self.evaluator = Evaluator(cfg, dataset)
         self.flat = self.evaluator.flat
-        if cfg.architecture.servers > 1:
-            self.join = EvalJoin(self.flat.numel, cfg.architecture.servers)
+        self.join = EvalJoin(ClusterShape.of(cfg, self.flat.numel))
 
     # ------------------------------------------------------------------ receiving
     def _drain(self) -> int:
@@ -234,9 +234,8 @@ class StatsServer:
         """Process one message. Never raises for bad input (counts and logs it)."""
         now = time.time()
         try:
-            # a sharded run's EVALs are slices: the join checks their size against their range
-            numel = None if self.join is not None else self.flat.numel
-            msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL}, numel=numel)
+            # EVALs are the servers' slices: the join checks each one's size against its range
+            msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL})
         except wire.WireError as exc:
             self._refuse("an unknown sender", exc.code, str(exc))
             return
@@ -246,12 +245,11 @@ class StatsServer:
             return
         if msg.kind == Kind.EVAL:
             self.end.eval_received(msg.sender)
-            if self.join is not None:
-                if why := self.join.refusal(msg):
-                    self._refuse(who, "bad_eval", why)
-                    return
-                if (msg := self.join.add(msg)) is None:
-                    return  # waits for the other servers' slices
+            if why := self.join.refusal(msg):
+                self._refuse(who, "bad_eval", why)
+                return
+            if (msg := self.join.add(msg)) is None:
+                return  # waits for the other servers' slices
             if self._pending is not None:
                 self.evals_skipped += 1  # a newer one arrived before we got to it
             self._pending = (msg, now)
