@@ -44,12 +44,15 @@ import numpy as np
 import yaml
 
 TARGETS = ("replay", "resume", "report", "compare")
-FILES = {  # the files of a run directory each target reads, and damages one of
+SERVER_FINALS = tuple(f"servers/server-{i}/ps_final.json" for i in range(4))  # a sharded run's
+FILES = {  # the files of a run directory each target reads, and damages one of (those it has)
     "replay": ("config.yaml", "arrivals.bin", "ps_final.json", "weights.npy"),
-    "resume": ("config.yaml", "ps_final.json", "metrics.jsonl", "manifest.json", "w.npy"),
+    "resume": (
+        "config.yaml", "ps_final.json", "metrics.jsonl", "manifest.json", "w.npy", *SERVER_FINALS
+    ),
     "report": ("config.yaml", "metrics.jsonl", "point.json", "processes.json"),
     "compare": ("config.yaml", "metrics.jsonl", "ps_final.json"),
-}
+}  # fmt: skip
 DAMAGED = {"processes.json": ()}  # read for its presence only: copied, never damaged
 NAN, INF = float("nan"), float("inf")
 JSON_VALUES = (
@@ -183,13 +186,17 @@ def damage_npy(path: Path, rng: random.Random) -> str:
 
 
 def damage(run: Path, name: str, rng: random.Random) -> str:
-    """Damage the file ``name`` of the run directory ``run`` (a copy); what was done."""
+    """Damage the file ``name`` of the run directory ``run`` (a copy); what was done. A run's
+    ``ps_final.json`` is sometimes removed instead (a sharded run's servers' are then read)."""
     if name == "manifest.json":
-        path = newest_checkpoint(run) / name
+        path = newest_checkpoint(run, rng) / name
         return f"{name}: {damage_json(path, rng, 'meta' if rng.random() < 0.85 else None)}"
     if name == "w.npy":
-        return f"{name}: {damage_bytes(newest_checkpoint(run) / name, rng)}"
+        return f"{name}: {damage_bytes(newest_checkpoint(run, rng) / name, rng)}"
     path = run / name
+    if name == "ps_final.json" and rng.random() < 0.1:
+        path.unlink()
+        return f"{name}: removed"
     how = {
         ".jsonl": damage_jsonl,
         ".json": damage_json,
@@ -200,8 +207,11 @@ def damage(run: Path, name: str, rng: random.Random) -> str:
     return f"{name}: {how(path, rng)}"
 
 
-def newest_checkpoint(run: Path) -> Path:
-    return sorted((run / "checkpoints").glob("ckpt-*"))[-1]
+def newest_checkpoint(run: Path, rng: random.Random) -> Path:
+    """The newest checkpoint of the run's only server, or of one of its ranges (sharded)."""
+    root = run / "checkpoints"
+    dirs = [root] if list(root.glob("ckpt-*")) else sorted(root.glob("range-*"))
+    return sorted(rng.choice(dirs).glob("ckpt-*"))[-1]
 
 
 # ----------------------------------------------------------------------------- targets
@@ -257,18 +267,21 @@ def run_resume(run: Path, plots: bool) -> None:
         resume.check_records(run, cfg)
     except _refusals() as exc:
         raise Refused(str(exc)) from None
-    try:  # the PS's own refusal: a checkpoint of another model or range (one line)
-        state = start_state(cfg, MODEL["source"], run, True)[0]
-    except ValueError as exc:
-        raise Refused(str(exc)) from None
+    for server in range(cfg.architecture.servers):  # each server from its range's checkpoint
+        try:  # the server's own refusal: a checkpoint of another model or range (one line)
+            state = start_state(cfg, MODEL["source"], run, True, server)[0]
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        eng = state.engine
+        if not (
+            eng.timestamp >= 0
+            and all(0 <= m < cfg.sync.learners for m in eng.members)
+            and all(0 <= k < cfg.sync.learners and v >= 0 for k, v in state.steps.items())
+        ):
+            raise Wrong(
+                f"server {server} restored timestamp {eng.timestamp}, members {sorted(eng.members)}"
+            )
     run_clock(metrics_path(run))
-    eng = state.engine
-    if not (
-        eng.timestamp >= 0
-        and all(0 <= m < cfg.sync.learners for m in eng.members)
-        and all(0 <= k < cfg.sync.learners and v >= 0 for k, v in state.steps.items())
-    ):
-        raise Wrong(f"the PS restored timestamp {eng.timestamp}, members {sorted(eng.members)}")
 
 
 class Wrong(Exception):
@@ -373,13 +386,25 @@ def fuzz(source: Path, cases: int, seed: int, plots: bool = False, targets=TARGE
             target = targets[n % len(targets)]
             run = Path(tmp) / f"case{n}"
             run.mkdir()
+            held = []  # the files of FILES[target] this run has
             for name in FILES[target]:
                 if name in ("manifest.json", "w.npy"):
+                    if not (source / "checkpoints").exists():
+                        continue
                     if not (run / "checkpoints").exists():
                         shutil.copytree(source / "checkpoints", run / "checkpoints")
                 elif (source / name).exists():
+                    (run / name).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(source / name, run / name)
-            name = rng.choice([f for f in FILES[target] if f not in DAMAGED])
+                else:
+                    continue
+                held.append(name)
+            if target == "resume" and (source / "servers").is_dir():  # the joined weights
+                for d in (source / "servers").iterdir():  # of a run whose own were removed
+                    if (d / "weights.npy").exists():
+                        (run / "servers" / d.name).mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(d / "weights.npy", run / "servers" / d.name / "weights.npy")
+            name = rng.choice([f for f in held if f not in DAMAGED])
             what = damage(run, name, rng)
             kind, detail = outcome(target, run, name, plots)
             counts[target, kind] += 1

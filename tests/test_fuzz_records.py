@@ -1,7 +1,7 @@
 """Damaged records handed back to ``replay``, ``run --resume``, ``report`` and ``compare`` are
 refused in one line that names the file, the record and the field, with the documented exit
-code (2), never a traceback: a seeded fuzzer (``record_fuzz``) over a real small run's files,
-and the case that was reported (an arrivals event with step -7)."""
+code (2), never a traceback: a seeded fuzzer (``record_fuzz``) over a real small run's files
+(one server, and two), and the case that was reported (an arrivals event with step -7)."""
 
 import os
 import subprocess
@@ -15,7 +15,8 @@ from fault_runs import ROOT
 from rudra_zmq.server import arrival_log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-CASES = 4000  # 1,000 per command: about 40 s here
+CASES = 3000  # 750 per command: about 35 s here
+SHARDED_CASES = 1200  # 400 per command (resume, report, compare)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,36 @@ def test_every_damaged_record_is_refused_in_one_line_or_read_never_a_traceback(r
     shown = "\n".join(f"{t}: {what}\n{detail}" for t, what, detail in bad[:5])
     assert not bad, "\n".join(record_fuzz.summary(counts)) + "\n" + shown
     for target in record_fuzz.TARGETS:  # the fuzzer reached every command, both ways
+        assert counts[target, "refused"] > 0 and counts[target, "ok"] > 0, counts
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    """A real run of the quickstart model with two servers (``rudra-zmq run``): range
+    checkpoints, each server's ``ps_final.json`` and the run's joined one."""
+    tmp = tmp_path_factory.mktemp("sharded")
+    overrides = ["train.epochs=1", "sync.learners=2", "runtime.retry_s=1"]
+    out = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml")]
+        + ["--run-dir", str(tmp / "run"), "--set", "architecture.servers=2"]
+        + [a for o in overrides for a in ("--set", o)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return record_fuzz.prepare(tmp / "run", tmp / "fuzzed")
+
+
+def test_every_damaged_record_of_a_sharded_run_is_refused_in_one_line_or_read(sharded_run):
+    """The same for resume, report and compare over a run of two servers (replay takes runs
+    of one): its range checkpoints, its servers' ps_final.json, the joined one removed."""
+    targets = ("resume", "report", "compare")
+    counts, bad = record_fuzz.fuzz(sharded_run, SHARDED_CASES, seed=46, targets=targets)
+    shown = "\n".join(f"{t}: {what}\n{detail}" for t, what, detail in bad[:5])
+    assert not bad, "\n".join(record_fuzz.summary(counts)) + "\n" + shown
+    for target in targets:
         assert counts[target, "refused"] > 0 and counts[target, "ok"] > 0, counts
 
 

@@ -18,7 +18,7 @@ from ..results.record_fields import DamagedRecord
 from ..results.records import load_final, read_metrics
 from ..run_files import CONFIG_FILE, PS_FINAL_FILE, checkpoints_root, metrics_path
 from ..server import checkpoint
-from ..server.checkpointing import meta_check
+from ..server.checkpointing import meta_check, saved_ranges
 from ..server.end_files import assemble
 from ..server.state import ARRAYS
 from ..shape import ClusterShape
@@ -76,12 +76,24 @@ def check_records(run_dir, cfg) -> None:
     damaged: ``metrics.jsonl`` (``records.read_metrics``), or a checkpoint directory whose
     every checkpoint is damaged (files, or a manifest's state: ``state.check_meta``
     against ``cfg``'s λ;
-    the servers would skip a damaged newer one for the one before, and say so). Raises
+    the servers would skip a damaged newer one for the one before, and say so), or
+    checkpoints of another number of servers than ``cfg``'s (a damaged ``config.yaml``; a
+    server without checkpoints of its range yet is no mismatch). Raises
     record_fields.DamagedRecord naming the file, the record, the field and the value.
     Reads every checkpoint's arrays (their sha256)."""
     if metrics_path(run_dir).is_file():
         read_metrics(run_dir)
     root = checkpoints_root(run_dir)
+    ranges, k = saved_ranges(root), cfg.architecture.servers
+    split = [r for r in ranges if r is not None]
+    if (k == 1 and split and None not in ranges) or (
+        k > 1 and (len(split) > k or (None in ranges and not split))
+    ):
+        held = ", ".join("the whole vector" if r is None else f"[{r[0]}, {r[1]})" for r in ranges)
+        raise DamagedRecord(
+            f"{Path(run_dir) / CONFIG_FILE} says architecture.servers={k}, but {root} holds "
+            f"checkpoints of {held}: the config is damaged, or not this run's"
+        )
     for directory in [root, *sorted(root.glob("range-*"))] if root.is_dir() else ():
         check = meta_check(directory, cfg.sync.learners)
         try:
