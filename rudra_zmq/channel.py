@@ -365,10 +365,12 @@ class LinkWatch:
         self._back = False  # it came back since ``reconnected`` last said so
 
     def _read(self) -> None:
+        """Take the monitor's events so far. Never blocks; never raises on a terminated
+        context (the process is stopping: nothing more is learnt)."""
         while True:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
-            except zmq.Again:
+            except zmq.ZMQError:  # Again: no more; ETERM: the context is terminating
                 return
             if event == zmq.EVENT_DISCONNECTED:
                 self._dropped, self._up = True, False
