@@ -9,17 +9,29 @@ then doubled the bytes on the busiest link. The evidence is the server's RECEIPT
 false`` to a CHECK (a header sent after ``retry_ms`` without a reply: a restarted server, or
 a connection that dropped the request), or the socket's monitor seeing the connection drop
 and come back (the reply may have been lost with it; the server answers a resend as before).
+
+A server that answers neither the request nor ``SILENT_CHECKS`` CHECKs sent ``retry_ms``
+apart (stopped, hung, its host frozen: TCP keepalive sees nothing wrong while the kernel
+still answers) is said to be silent, on the terminal (a notice), within a few ``retry_ms``
+instead of only when ``timeout_ms`` runs out; the channel waits on, and says when it answers
+again (a RECEIPT counts: a server busy with a long round still answers CHECKs).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import codec, transport, wire
+from .notices import notice
+from .outbox import Outbox
+
+log = logging.getLogger("rudra_zmq.channel")
+SILENT_CHECKS = 2  # CHECKs unanswered, retry_ms apart, before a server is said to be silent
 
 
 class Channel:
@@ -64,6 +76,7 @@ class Channel:
             zmq.RCVTIMEO,
             transport.WAKE_MS if timeout_ms < 0 else min(timeout_ms, transport.WAKE_MS),
         )
+        self.out = Outbox(self.sock)  # its sends, a model in chunks tracked until taken whole
         self.link = LinkWatch(self.sock)  # before connect: it must see every connection
         transport.connect(self.sock, endpoint, sender)
         self._seq = itertools.count(time.time_ns() // 1000)
@@ -78,13 +91,16 @@ class Channel:
         self._checks_before = 0  # ``checks`` when it was sent: the rest asked about it
         self.receipts = [0, 0]  # its RECEIPTs saying got, not got
         self.inc = 0  # the server incarnation we last heard from
+        self._heard_at = time.monotonic()  # when the server last said anything
+        self._unanswered = 0  # CHECKs sent since then
+        self.silent_since: float | None = None  # when it was said to be silent (monotonic)
 
     def send(self, kind: wire.Kind, ts: int = 0, payloads=(), **fields) -> None:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
         seq = next(self._seq)
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
         self._begin(seq, [frames], None)
-        self.sock.send_multipart(frames, copy=False)
+        self.out.send(frames)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
         """Queue one request in parts (``wire.parts``; see ``parts``), all at once."""
@@ -118,7 +134,7 @@ class Channel:
 
     def send_part(self, frames) -> None:
         """Queue one message ``parts`` made (zero-copy)."""
-        self.sock.send_multipart(frames, copy=False)
+        self.out.send(frames)
 
     def resend(self) -> None:
         """Send the request awaiting its reply again, unchanged (every part of it)."""
@@ -126,7 +142,7 @@ class Channel:
             self.resent += 1  # first: whoever sees the copy arrive sees it counted
             self._asked_at = time.monotonic()
             for frames in self._last[1]:
-                self.sock.send_multipart(frames, copy=False)
+                self.out.send(frames)
 
     def tick(self) -> None:
         """Between receives, with a request awaiting its reply: send it again if the
@@ -140,8 +156,23 @@ class Channel:
             self.resend()
         elif time.monotonic() - self._asked_at >= self.retry_ms / 1000:
             self._asked_at = time.monotonic()
+            if self._unanswered >= SILENT_CHECKS and self.silent_since is None:
+                self.silent_since = self._asked_at
+                notice(
+                    log,
+                    "the %s at %s has answered nothing for %.1f s (a request and %d CHECKs, "
+                    "runtime.retry_s apart): is it stopped or hung? Waiting on (at most "
+                    "runtime.timeout_s, %g s)",
+                    self.name,
+                    self.endpoint,
+                    self._asked_at - max(self._heard_at, self._sent_at),
+                    self._unanswered,
+                    self.timeout_ms / 1000,
+                )
             self.checks += 1  # first: whoever sees it arrive sees it counted
-            if not send_check(self.sock, self.sender, self._last[0], self.inc):
+            if send_check(self.sock, self.sender, self._last[0], self.inc):
+                self._unanswered += 1
+            else:
                 self.checks -= 1  # not connected, or the queue is full: the next tick asks
 
     def waiting(self) -> str:
@@ -221,6 +252,7 @@ class Channel:
         """The reply in ``frames``, validated; None for a RECEIPT (resending the request if
         the server never got it) or a late answer."""
         msg = wire.decode(frames, numel=numel, dtypes=self.dtypes)
+        self._heard()
         asked = None if self._last is None else self._last[0]
         if msg.kind == wire.Kind.RECEIPT:
             if msg.fields["re"] == asked:
@@ -245,6 +277,21 @@ class Channel:
         if msg.inc:
             self.inc = msg.inc
         return msg
+
+    def _heard(self) -> None:
+        """The server said something: it is not silent (and is said to answer again if it
+        was)."""
+        now = time.monotonic()
+        if self.silent_since is not None:
+            notice(
+                log,
+                "the %s at %s answers again, after %.1f s of silence",
+                self.name,
+                self.endpoint,
+                now - max(self._heard_at, self._sent_at),
+            )
+            self.silent_since = None
+        self._heard_at, self._unanswered = now, 0
 
     def _part(self, msg: wire.Message) -> bool:
         """A WEIGHTS x{at} to the request in parts: a part ahead (x{more}) is decoded into
@@ -284,11 +331,14 @@ class Channel:
         return self.recv(reply_kinds, numel)
 
     def close(self) -> None:
-        """Close the socket; a request still being sent gets ``LINGER_MS`` more. Never 0: libzmq
-        4.3.5 aborts if the connection ends just as a half-sent multipart message is dropped
-        (docs/wire.md, "Half-sent messages"); with 0, that happens as a run ends."""
+        """Close the socket; a request still being sent gets ``LINGER_MS`` more, and one that
+        libzmq may hold half-sent after that (a server that reads nothing) is never dropped
+        half (``outbox``: libzmq 4.3.5 aborts if the connection ends just as one is;
+        docs/wire.md, "Half-sent messages"). Blocks up to ``LINGER_MS``."""
+        self.out.wait(transport.LINGER_MS)
+        up = self.link.up()  # after the wait: a connection that ended meanwhile took its part
         self.link.close()
-        self.sock.close(linger=transport.LINGER_MS)
+        self.out.close(transport.LINGER_MS, connected=up, wait=False)
 
 
 def send_check(sock: zmq.Socket, sender: int, seq: int, inc: int = 0) -> bool:
@@ -311,19 +361,34 @@ class LinkWatch:
         self._sock = sock
         self._monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._dropped = False  # a drop seen, the reconnect not yet
+        self._up = False  # a connection is up (as of the events read)
+        self._back = False  # it came back since ``reconnected`` last said so
 
-    def reconnected(self) -> bool:
-        """Whether the connection dropped and came back since the last call."""
-        back = False
+    def _read(self) -> None:
+        """Take the monitor's events so far. Never blocks; never raises on a terminated
+        context (the process is stopping: nothing more is learnt)."""
         while True:
             try:
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
-            except zmq.Again:
-                return back
+            except zmq.ZMQError:  # Again: no more; ETERM: the context is terminating
+                return
             if event == zmq.EVENT_DISCONNECTED:
-                self._dropped = True
-            elif event == zmq.EVENT_CONNECTED and self._dropped:
-                self._dropped, back = False, True
+                self._dropped, self._up = True, False
+            elif event == zmq.EVENT_CONNECTED:
+                self._up = True
+                if self._dropped:
+                    self._dropped, self._back = False, True
+
+    def reconnected(self) -> bool:
+        """Whether the connection dropped and came back since the last call."""
+        self._read()
+        back, self._back = self._back, False
+        return back
+
+    def up(self) -> bool:
+        """Whether the socket's connection is up, as far as the events so far say."""
+        self._read()
+        return self._up
 
     def close(self) -> None:
         """Stop the monitor and close its socket; never raises on a terminated context (the

@@ -27,6 +27,7 @@ from .config import ConfigError, scale_schedule
 from .devices import usable_cores
 from .launch import role_process
 from .launch.role_commands import PARSERS, UsageError, config_args, config_of
+from .results.record_fields import DamagedRecord
 
 PROG = "rudra-zmq"
 
@@ -44,7 +45,7 @@ def cmd_run(args) -> int:
                 "there: give one of them"
             )
         return launcher.run(args.config, args.set, run_dir=args.run_dir, resume=args.resume)
-    except (ConfigError, FileNotFoundError) as exc:  # raised before any process starts
+    except (ConfigError, FileNotFoundError, DamagedRecord) as exc:  # before any process starts
         raise UsageError(str(exc)) from None
 
 

@@ -18,7 +18,7 @@ import yaml
 from . import shipped
 from .config_architecture import validate_architecture
 from .devices import check_device_name
-from .sync import LR_POLICIES, check_protocol
+from .sync import LR_POLICIES, LRSchedule, check_protocol
 from .sync.stages import check_target, parse_schedule
 from .typed_yaml import ConfigError, apply_override, build, one_of, read_mapping
 from .user_code import UserCodeError, is_import_path
@@ -168,8 +168,10 @@ class Config:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
-    def validate(self) -> Config:
-        """Cross-field checks; raises ConfigError naming the value and what to do."""
+    def validate(self, user_code: bool = True) -> Config:
+        """Cross-field checks; raises ConfigError naming the value and what to do. With
+        ``user_code`` false, a model or dataset named by import path is not imported (a
+        saved run's config read back by ``compare`` or ``report``)."""
         s, o, r, d = self.sync, self.optimizer, self.runtime, self.data
         one_of("optimizer.lr_policy", o.lr_policy, LR_POLICIES)
         one_of("runtime.transport", r.transport, ("tcp", "ipc"))
@@ -187,8 +189,16 @@ class Config:
             if s.target_staleness is not None:
                 check_target(s.target_staleness, s.protocol, s.learners, s.schedule)
             check_device_name(r.device)
+            LRSchedule(o.lr, o.lr_policy, tuple(o.lr_steps), o.lr_gamma)  # its own checks
         except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"optimizer: {exc}" if "lr" in str(exc) else str(exc)) from None
+        for key, val, most in (
+            ("sync.batch_size", s.batch_size, MAX_BATCH),
+            ("sync.learners", s.learners, MAX_LEARNERS),
+            ("data.num_classes", d.num_classes, MAX_CLASSES),
+        ):
+            if val > most:
+                raise ConfigError(f"{key} is {val:,}: more than any run takes (at most {most:,})")
         for key, val in (
             ("sync.batch_size", s.batch_size),
             ("data.num_classes", d.num_classes),
@@ -217,11 +227,19 @@ class Config:
         if r.timeout_s <= 0:
             raise ConfigError(f"runtime.timeout_s must be > 0, got {r.timeout_s}")
         for key, val in (
+            ("runtime.threads_per_learner", r.threads_per_learner),
+            ("runtime.ps_threads", r.ps_threads),
+        ):
+            if not 0 <= val <= MAX_THREADS:
+                raise ConfigError(f"{key} must be in 0..{MAX_THREADS} (0 = automatic), got {val}")
+        for key, val in (
             ("runtime.learner_timeout_s", r.learner_timeout_s),
             ("runtime.heartbeat_s", r.heartbeat_s),
             ("runtime.max_restarts", r.max_restarts),
             ("train.checkpoint_every_s", self.train.checkpoint_every_s),
             ("train.checkpoint_every_updates", self.train.checkpoint_every_updates),
+            ("train.eval_every_epochs", self.train.eval_every_epochs),
+            ("train.eval_every_updates", self.train.eval_every_updates),
         ):
             if val < 0:
                 raise ConfigError(f"{key} must be >= 0 (0 = off), got {val}")
@@ -235,7 +253,8 @@ class Config:
                 f"learners (or be [] for none), got {list(r.compute_times)}"
             )
         validate_architecture(self)
-        self._validate_user_code()
+        if user_code:
+            self._validate_user_code()
         return self
 
     def _validate_user_code(self) -> None:
@@ -273,6 +292,11 @@ class Config:
             raise ConfigError(str(exc)) from exc
 
 
+MAX_THREADS = 4096  # threads per process: beyond any machine (torch takes an int32)
+MAX_BATCH = 2**20  # samples per minibatch (µ): a larger one is a damaged config, not a run
+MAX_LEARNERS = 2**16  # λ
+MAX_CLASSES = 2**20  # a model's outputs: more is a damaged config (the last layer would not fit)
+
 # Keys of earlier releases, and why they went (bench/RESULTS.md has the measurements).
 REMOVED_KEYS = {
     "runtime.hot_path": "the compiled PS path gave 1.08x end to end, under the 1.2x it had to earn",
@@ -288,21 +312,30 @@ KEPT_VALUES = {"optimizer.momentum_policy": "constant"}
 ADDED_DEFAULTS = {"architecture.servers": 1, "wire.parts": 1}
 
 
-def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
+def load_config(
+    path: str | os.PathLike | None = None, overrides=(), *, user_code: bool = True
+) -> Config:
     """Load a YAML config (or the defaults when ``path`` is None), apply ``key=value``
-    overrides, type-check and validate it. A bare name (no ``/``, no ``.yaml``) that is not a
-    file here is a built-in config, as is ``configs/NAME.yaml`` where no such file is here
-    (:mod:`rudra_zmq.shipped`). Raises ConfigError /
-    FileNotFoundError."""
+    overrides, type-check and validate it (``user_code`` false: without importing a model or
+    dataset named by import path, ``Config.validate``). A bare name (no ``/``, no ``.yaml``)
+    that is not a file here is a built-in config, as is ``configs/NAME.yaml`` where no such
+    file is here (:mod:`rudra_zmq.shipped`). Raises ConfigError /
+    FileNotFoundError (a ConfigError names the file, and the overrides given with it)."""
     if path is not None:
         text = os.fspath(path)
         path = shipped.resolve("config", text)
         if path is None:
             raise ConfigError(shipped.unknown("config", text))
     data = read_mapping(path, "config file", "configs/") if path is not None else {}
-    for item in overrides:
-        apply_override(Config, data, item, REMOVED_KEYS)
-    return build(Config, data, "", REMOVED_KEYS, KEPT_VALUES).validate()
+    try:
+        for item in overrides:
+            apply_override(Config, data, item, REMOVED_KEYS)
+        return build(Config, data, "", REMOVED_KEYS, KEPT_VALUES).validate(user_code)
+    except ConfigError as exc:  # say which file (a run's saved config.yaml, handed back)
+        if path is None:
+            raise
+        given = f" with --set {' '.join(overrides)}" if overrides else ""
+        raise ConfigError(f"{path}{given}: {exc}") from None
 
 
 def to_dict(config: Config) -> dict:

@@ -30,11 +30,12 @@ import logging
 import os
 import random
 import socket as _pysocket
+import threading
 import time
 
 import zmq
 
-from . import wire
+from . import outbox, wire
 
 LINGER_MS = 200
 # The longest a blocking wait stays inside libzmq before returning to Python. A signal sent to
@@ -251,12 +252,41 @@ def closing_linger_ms(retry_s: float, training_over: bool) -> int:
     return max(LINGER_MS, int(retry_s * 1000)) if training_over else LINGER_MS
 
 
-def term(ctx: zmq.Context) -> None:
+TERM_WAIT_S = 10.0  # the longest ``term`` waits once a socket was closed with a message half-sent
+
+
+def term(ctx: zmq.Context) -> bool:
     """Stop ``ctx``'s ZAP handler, if any, then ``ctx.term()`` (which would wait for it).
-    Blocks until every socket of ``ctx`` is closed."""
+    Blocks until every socket of ``ctx`` is closed and has delivered what its linger allows.
+    Once this process closed a socket with a message half-sent (``outbox.Outbox.close``: an
+    infinite linger, the peer reading nothing), it waits at most ``TERM_WAIT_S`` and returns
+    False if the context is still terminating then (in a thread of its own, which a process
+    that ends leaves behind); True otherwise."""
     if _SECURITY is not None:
         _SECURITY.release(ctx)
-    ctx.term()
+    if not outbox.held():
+        ctx.term()
+        return True
+    ender = threading.Thread(target=ctx.term, name="zmq-term", daemon=True)
+    ender.start()
+    ender.join(TERM_WAIT_S)
+    if ender.is_alive():
+        log.warning(
+            "a peer has not read a message half-sent to it for %.0f s; not waiting for it",
+            TERM_WAIT_S,
+        )
+        return False
+    return True
+
+
+def destroy(ctx: zmq.Context, linger_ms: int) -> bool:
+    """``ctx.destroy(linger=linger_ms)`` with ``term``'s bound: close every socket of ``ctx``
+    still open (those of threads that are gone; not thread-safe otherwise), then ``term``.
+    Returns what ``term`` does."""
+    for sock in list(ctx._sockets):
+        if sock is not None and not sock.closed:
+            sock.close(linger=linger_ms)
+    return term(ctx)
 
 
 _warned_exposed: set = set()

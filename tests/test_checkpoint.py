@@ -128,7 +128,7 @@ def test_one_flipped_bit_in_the_newest_array_falls_back_to_the_previous(tmp_path
             ["manifest.json", "format 2"],
         ),
         (lambda c: (c / "n.npy").unlink(), ["n.npy", "missing"]),
-        (lambda c: _fix_manifest(c, "n", shape=[3]), ["n.npy", "the manifest says int64 [3]"]),
+        (lambda c: _fix_manifest(c, "n", shape=[3]), ["n.npy", "manifest.json says int64 [3]"]),
     ],
     ids=[
         "manifest-missing",

@@ -63,14 +63,18 @@ def test_an_unknown_config_key_exits_2_with_the_message_and_no_traceback(tmp_pat
     }[command]
     res = rudra(command, *args)
     assert res.returncode == 2
-    assert res.stderr.startswith("rudra-zmq: error: unknown key(s) 'lerners' in section 'sync'")
+    assert res.stderr.startswith(
+        f"rudra-zmq: error: {cfg}: unknown key(s) 'lerners' in section 'sync'"
+    )  # the file named: a run's saved config.yaml handed back is read the same way
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_bad_override_and_a_missing_file_exit_2(tmp_path):
     res = rudra("run", write_config(tmp_path), "--set", "sync.lerners=3")
-    assert res.returncode == 2 and "rudra-zmq: error: override 'sync.lerners'" in res.stderr
+    assert (
+        res.returncode == 2 and "with --set sync.lerners=3: override 'sync.lerners'" in res.stderr
+    )
     res = rudra("run", str(tmp_path / "nope.yaml"))
     assert res.returncode == 2 and "rudra-zmq: error: config file" in res.stderr
     assert "Traceback" not in res.stderr

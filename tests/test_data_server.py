@@ -332,20 +332,20 @@ def test_serve_prints_its_endpoint_and_exits_cleanly_on_sigterm():
 
 
 class _DropsOneBatch:
-    """The data server's socket, but the first BATCH it sends finds the queue full (EAGAIN),
-    as under load in CI once."""
+    """The data server's sends (its ``Outbox``), but the first BATCH it sends finds the queue
+    full (EAGAIN), as under load in CI once."""
 
-    def __init__(self, sock):
-        self._sock, self.dropped = sock, 0
+    def __init__(self, out):
+        self._out, self.dropped = out, 0
 
     def __getattr__(self, name):
-        return getattr(self._sock, name)
+        return getattr(self._out, name)
 
-    def send_multipart(self, frames, *a, **kw):
+    def send(self, frames, *a, **kw):
         if not self.dropped and wire.decode(frames[1:]).kind == Kind.BATCH:
             self.dropped += 1
             raise zmq.Again()
-        return self._sock.send_multipart(frames, *a, **kw)
+        return self._out.send(frames, *a, **kw)
 
 
 def test_a_minibatch_the_server_could_not_queue_is_asked_for_again_not_waited_for(dataset):
@@ -353,7 +353,7 @@ def test_a_minibatch_the_server_could_not_queue_is_asked_for_again_not_waited_fo
     CHECK hears "not got", it asks again for every step it awaits, and gets them in order
     (before, the CHECK heard "got" and the learner waited out its timeout)."""
     with running_server(make_cfg(1, 8), dataset) as (server, ctx):
-        drops = server.sock = _DropsOneBatch(server.sock)
+        drops = server.out = _DropsOneBatch(server.out)
         c = DataClient(ctx, server.endpoint, 0, prefetch=2, timeout_ms=20_000, retry_ms=300)
         try:
             steps = [c.next_batch()[3] for _ in range(4)]
@@ -364,3 +364,34 @@ def test_a_minibatch_the_server_could_not_queue_is_asked_for_again_not_waited_fo
             c.close()
     assert drops.dropped == 1 and undelivered == 1
     assert steps == [0, 1, 2, 3] and c.checks >= 1 and c.resent >= 1
+
+
+def test_a_connection_silent_for_the_timeout_is_forgotten_and_its_late_check_hears_not_got(
+    dataset, monkeypatch
+):
+    """A long run's connections (learners restarted, links dropped and made again) are not
+    all remembered: one silent for runtime.timeout_s is forgotten. Its CHECK, should it come,
+    hears "not got" (its client asks again: a minibatch depends only on learner and step),
+    while a connection still talking keeps its answer."""
+    from rudra_zmq.data import server as data_server
+
+    cfg = make_cfg(2, 4)
+    clock = [1000.0]
+    monkeypatch.setattr(data_server.time, "monotonic", lambda: clock[0])
+    server = DataServer(cfg, "tcp://127.0.0.1:0", dataset=dataset)
+    replies = []
+    server._send = lambda ident, frames, who: replies.append((ident, frames)) or True
+    try:
+        for i in range(1000):
+            server.handle([b"conn-%d" % i, *wire.encode(Kind.BATCH_REQ, i % 2, 7, step=0)])
+        assert len(server.peers) == 1000
+        clock[0] += cfg.runtime.timeout_s + 1
+        live = b"conn-999"
+        server.handle([live, *wire.encode(Kind.BATCH_REQ, 1, 8, step=1)])
+        assert list(server.peers) == [live]
+        for ident, seq, got in ((b"conn-5", 7, False), (live, 8, True)):
+            server.handle([ident, *wire.encode(Kind.CHECK, 1, seq)])
+            receipt = wire.decode(replies[-1][1])
+            assert replies[-1][0] == ident and receipt.fields == {"re": seq, "got": got}
+    finally:
+        server.close()

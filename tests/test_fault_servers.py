@@ -2,7 +2,9 @@
 and resumed.
 Each run takes ~15-25 s on 2 cores; each test states its bound."""
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -138,3 +140,59 @@ def test_a_statistics_server_killed_near_the_end_still_reports_the_final_weights
         f"result: test error {100 * at_end[-1]['test_error']:.2f}% (best "
     ), run.out
     assert f"after {final['epoch']:.2f} epochs in " in result[0]
+
+
+SILENT = "has answered nothing for"
+
+
+def _wait_learner_logs(run, text, timeout=60):
+    """Block until some learner's log holds ``text`` (at most ``timeout`` s: a bound against
+    hanging, not a measured figure)."""
+    deadline = time.time() + timeout
+    while not any(text in f.read_text() for f in (run.dir / "logs").glob("learner*.log")):
+        assert run.proc.poll() is None, run.proc.communicate()[0]
+        assert time.time() < deadline, f"no learner log says {text!r} after {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("wake", [signal.SIGCONT, signal.SIGKILL], ids=["woken", "restarted"])
+@pytest.mark.parametrize(
+    "config,label,shape",
+    [
+        ("quickstart.yaml", "ps", []),
+        ("quickstart.yaml", "ps1", ["architecture.servers=2"]),
+        ("quickstart_adv.yaml", "node0", []),
+    ],
+)
+def test_a_stopped_server_is_said_silent_by_its_learners_and_the_run_recovers(
+    tmp_path, config, label, shape, wake
+):
+    """SIGSTOP of the PS (of server 1 of two, of a tree node), runtime.retry_s 1 and runtime.timeout_s 60: its
+    learners say on the terminal that it answers nothing once two CHECKs went unanswered --
+    the server is woken only after that was said, so it was said before any learner gave up
+    at runtime.timeout_s -- and wait on. Woken (SIGCONT) it is said to answer again; killed
+    while stopped it is restarted; either way the run ends with its result."""
+    run = Run(
+        tmp_path,
+        "stop",
+        [*FAST, "train.epochs=12", "train.checkpoint_every_updates=20", *shape],
+        config=config,
+    )
+    run.wait_ts(60)
+    pid = run.signal(label, signal.SIGSTOP)
+    try:
+        _wait_learner_logs(run, SILENT)
+        os.kill(pid, wake)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # never leave a stopped process behind
+    assert run.finish() == 0, run.out
+    lines = run.out.splitlines()
+    silent = [n for n, line in enumerate(lines) if SILENT in line]
+    again = [n for n, line in enumerate(lines) if "answers again, after" in line]
+    assert silent and again and min(silent) < max(again), run.out
+    assert all("a request and 2 CHECKs" in lines[n] for n in silent), run.out
+    assert "no reply from" not in run.out  # no learner waited out runtime.timeout_s
+    restarted = f"restarting {label}"
+    assert (restarted in run.out) == (wake == signal.SIGKILL), run.out
+    assert "result: test error" in run.out

@@ -94,7 +94,11 @@ ALLOWED = {
         "rudra_zmq.broadcast.member",  # Rudra-adv*: a learner is a member of the broadcast
         "rudra_zmq.stats.client",
     },
-    "stats": {"rudra_zmq.server.end_files"},  # the final weights as the PS left them
+    "stats": {
+        "rudra_zmq.server.end_files",  # the final weights as the PS left them
+        "rudra_zmq.server.throttled_log",  # it warns about its senders as the PS does
+    },
+    "data-server": {"rudra_zmq.server.throttled_log"},  # ... and so does the data server
     "broadcast": set(),
 }
 

@@ -7,9 +7,11 @@ restarted statistics server loading its data as the learners finished. Keepalive
 are the kernel's, so that abort has no timer left to fire, and a vanished host is still found.
 """
 
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,7 +19,9 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from netns_check import netns_missing
-from rudra_zmq import transport
+from rudra_zmq import transport, wire
+from rudra_zmq.channel import Channel
+from rudra_zmq.wire import Kind
 
 SCENE = """
 import sys, time, zmq
@@ -153,3 +157,57 @@ def test_a_host_whose_cable_is_pulled_is_dropped_after_the_keepalive_probes(
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_server_that_answers_nothing_is_said_silent_after_two_checks_then_answering(caplog):
+    """A stopped or hung server (its kernel still answers keepalive) answers neither the
+    request nor the CHECKs: the channel says so (a notice, on the terminal under `run`) once
+    two CHECKs sent runtime.retry_s apart went unanswered -- the CHECKs the server received
+    are the clock, long before runtime.timeout_s (100 retries here) -- waits on, and says
+    when the server answers again."""
+    ctx = zmq.Context()
+    router = transport.make_socket(ctx, zmq.ROUTER)
+    endpoint = transport.bind(router, "tcp://127.0.0.1:0")
+    ch = Channel(ctx, endpoint, 0, name="parameter server", timeout_ms=20_000, retry_ms=200)
+    got, failed = [], []
+
+    def ask():
+        try:
+            got.append(ch.request(Kind.PULL))
+        except Exception as exc:  # noqa: BLE001 -- the test says what went wrong
+            failed.append(exc)
+
+    def said(text):
+        return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+    t = threading.Thread(target=ask, daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="rudra_zmq.channel"):
+            t.start()
+            heard, deadline = [], time.monotonic() + 15  # a bound against hanging only
+            while not said("answered nothing"):
+                assert not failed and time.monotonic() < deadline, (failed, heard)
+                if router.poll(20):
+                    heard.append(router.recv_multipart())
+            while router.poll(0):
+                heard.append(router.recv_multipart())
+            request = wire.decode(heard[0][1:])
+            checks = [m for m in heard[1:] if wire.decode(m[1:]).kind == Kind.CHECK]
+            assert request.kind == Kind.PULL and all(c[0] == heard[0][0] for c in checks)
+            # said as the third CHECK goes out (two unanswered before it), not after 100
+            assert len(checks) in (2, 3), len(checks)
+            assert not failed and not got  # it waits on
+            router.send_multipart(
+                [heard[0][0], *wire.encode(Kind.UPTODATE, wire.SENDER_PS, 1, 0, re=request.seq)]
+            )
+            t.join(15)
+        assert got and got[0].kind == Kind.UPTODATE and not failed
+        notices = [r.getMessage() for r in caplog.records if r.name == "rudra_zmq.channel"]
+        assert len(notices) == 2, notices
+        assert "[notice]" in notices[0] and "a request and 2 CHECKs" in notices[0]
+        assert "answers again" in notices[1]
+    finally:
+        t.join(25)  # a request never answered ends at its timeout (20 s): then close
+        ch.close()
+        router.close(linger=0)
+        ctx.term()

@@ -100,3 +100,57 @@ def test_tree_and_broadcast_runs_use_curve_on_every_socket(tmp_path, arch, confi
     # the root) connected with their own keys
     assert {f"learner-{i}" for i in range(4)} | {"node-0", "node-1"} <= set(seen.asked)
     assert np.isfinite(np.load(run_dir / "weights.npy")).all()
+
+
+def test_run_on_a_network_address_plans_curve_unless_told_false_and_then_says_so(tmp_path):
+    """`run` decides security.curve as `launch` across hosts does: unset is on once a server
+    listens beyond loopback (runtime.host), off on loopback; an explicit false stands and is
+    named in one terminal line."""
+    import yaml
+
+    from rudra_zmq.config import load_config
+    from rudra_zmq.launch.run_plan import make_plan, plaintext_warning, summary
+
+    quickstart = ROOT / "configs/quickstart.yaml"
+    lan = make_plan(load_config(quickstart, ["runtime.host=0.0.0.0"]), tmp_path / "lan")
+    assert lan.cfg.security.curve is True and plaintext_warning("run", lan) is None
+    assert "security: CurveZMQ on every socket" in summary(lan)
+    saved = yaml.safe_load((tmp_path / "lan" / "config.yaml").read_text())
+    assert saved["security"]["curve"] is True  # what --resume goes on with
+    local = make_plan(load_config(quickstart), tmp_path / "local")
+    assert not local.cfg.security.curve and plaintext_warning("run", local) is None
+    told = ["runtime.host=0.0.0.0", "security.curve=false"]
+    plain = make_plan(load_config(quickstart, told), tmp_path / "plain")
+    line = plaintext_warning("run", plain)
+    assert (
+        line.startswith("rudra-zmq run: warning: security.curve is false") and "PLAINTEXT" in line
+    )
+    assert "security: PLAINTEXT beyond this machine" in summary(plain)
+
+
+@pytest.mark.parametrize("curve", [None, False])
+def test_run_bound_to_every_interface_trains_encrypted_or_names_false_once(tmp_path, curve):
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    sets = ["runtime.host=0.0.0.0", "train.epochs=1", "runtime.learners_per_process=2"]
+    sets += [] if curve is None else ["security.curve=false"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", str(ROOT / "configs/quickstart.yaml")]
+        + ["--run-dir", str(run_dir), *(a for s in sets for a in ("--set", s))],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "result: test error" in proc.stdout
+    roles_said = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert "without encryption" not in roles_said  # said once by `run`, or not at all
+    if curve is None:
+        assert {k.name for k in keys.list_keys(run_dir / "keys")} >= {"ps", "learner-0"}
+        assert "PLAINTEXT" not in proc.stderr
+    else:
+        assert not (run_dir / "keys").exists()
+        assert proc.stderr.count("PLAINTEXT") == 1 and "security.curve is false" in proc.stderr

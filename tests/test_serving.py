@@ -125,3 +125,19 @@ def test_a_gradient_in_another_wire_dtype_than_the_runs_is_refused_before_any_ha
         ("heard", 0),
         ("handler", Kind.PUSHPULL, 0),
     ]
+
+
+def test_connections_gone_since_a_reply_to_them_was_dropped_are_forgotten(monkeypatch):
+    """A reply that found its connection's queue full marks that connection (its CHECK hears
+    "not got"); connections that went away meanwhile are forgotten, not kept for a run's
+    length. One still there keeps its mark."""
+    from rudra_zmq import transport
+
+    serving, _, _ = path("sync.learners=2")
+    live = {b"still-there"}
+    monkeypatch.setattr(transport, "peer_connected", lambda sock, ident, me: ident in live)
+    for i in range(500):
+        serving.not_queued(b"gone-%d" % i, 1.0)
+    serving.not_queued(b"still-there", 1.0)
+    serving.not_queued(b"newest", 1.0)
+    assert serving.lost == {b"still-there", b"newest"}

@@ -478,6 +478,18 @@ def test_the_progress_line_gives_elapsed_time_and_an_eta_once_training_started()
     assert p.flush()[0].endswith("<σ> -  samples/s -  elapsed 3m34s  ETA 0.0 s")  # at the end
 
 
+def test_progress_keeps_a_bounded_number_of_updates_between_lines_and_its_sigma_exact():
+    """With evaluations off (or far apart) every update record waited for the next line: a
+    long run's worth. The older ones are summed: the line's <σ> is still over every update."""
+    p = Progress(epochs=10.0, batch_size=32)
+    n = 100_007
+    for ts in range(1, n + 1):
+        p.update(update(10.0 + ts / 1000, ts, ts / n, sigma=float(ts % 5)))
+    assert len(p._updates) < n // 2
+    (line,) = p.evaluated(10.0 + n / 1000, n, 1.0, 0.5, 1.0)
+    assert f"<σ> {sum(ts % 5 for ts in range(1, n + 1)) / n:.2f}" in line, line
+
+
 def test_a_resumed_runs_progress_counts_training_time_only():
     """Resumed 600 s after the run began, with 30 s of training before: elapsed goes on from
     30 s, start-up counts from the resume."""

@@ -1,4 +1,4 @@
-"""Peak memory of whole runs: ``rudra-zmq run`` sampled every 0.2 s, beside the machine's RAM.
+"""Memory of whole runs: peaks beside the machine's RAM, and (``--drift``) each role over time.
 
 Each case launches ``rudra-zmq run`` as a subprocess (a user's command, in a temporary run
 directory) and samples the launcher and all its descendants with psutil every ``--interval``
@@ -11,10 +11,25 @@ peaks beside the machine's total RAM (the baseline: it must fit) and the run's w
 
     rudra-zmq bench memory                              # defaults below, ~4-6 minutes
     rudra-zmq bench memory --cases quickstart --csv bench/out/memory.csv
+
+``--drift MINUTES`` asks instead whether a long run stays flat: one ``rudra-zmq run`` of the
+case (default ``K=2, parts, float16``: the quickstart model with two servers, hardsync in 4
+parts, half precision on the wire, epochs enough for any length) is sampled every ``--every``
+seconds (default 60) for MINUTES, then stopped as Ctrl-C would (SIGINT: the run's result is
+not the point, and none is printed). Each role's process, named as the launcher names it in
+``RUN/processes.json`` (a restarted one keeps its name), gives its RSS, its open file
+descriptors and its sockets (``/proc/PID/fd`` links to ``socket:``: TCP, IPC, and libzmq's
+own). ``--out DIR`` gets ``drift.csv`` (one row per role and sample), ``drift.png`` (the three
+against minutes) and the run directory; one line per role says whether it was flat after
+``--warmup`` minutes: RSS within ``--flat-pct`` percent (default 5) of its first sample
+after warm-up, descriptors and sockets within 2.
+
+    rudra-zmq bench memory --drift 30 --out bench/out/drift      # ~31 minutes
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import subprocess
@@ -34,6 +49,20 @@ CASES = {  # name -> --set overrides on configs/quickstart.yaml
     "30 learners, 5/process": THIRTY + ["runtime.learners_per_process=5"],
     "30 learners, 10/process": THIRTY + ["runtime.learners_per_process=10"],
 }
+LONG = [  # --drift's default case: every moving part of a sharded, half-precision run
+    "architecture.servers=2",
+    "sync.protocol=hardsync",
+    "wire.parts=4",
+    "wire.gradient_dtype=float16",
+    "wire.weights_dtype=float16",
+    "train.epochs=1000000",  # stopped by the bench, never by running out
+]
+PEAK_CASES = list(CASES)  # the peak cases, run by default (LONG trains until stopped)
+CASES["K=2, parts, float16"] = LONG
+DRIFT_EVERY_S = 60.0
+WARMUP_MIN = 5.0
+FLAT_PCT = 5.0
+FLAT_COUNT = 2  # descriptors and sockets may differ by this much (a reconnect in flight)
 GOAL_GIB = 24.0  # must fit in the machine's 24 GiB
 GIB = 2**30
 
@@ -143,12 +172,186 @@ def measure(name, overrides, interval, config, keep):
     }
 
 
+def role_sample(pid: int) -> tuple[int, int, int] | None:
+    """(RSS bytes, open file descriptors, sockets) of process ``pid``, None once it is gone.
+    Sockets are the descriptors that link to ``socket:[inode]``. Reads /proc."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        rss, fds = p.memory_info().rss, p.num_fds()
+        sockets = 0
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):  # closed between the listing and the link
+                sockets += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, OSError):
+        return None
+    return rss, fds, sockets
+
+
+def drift(overrides, minutes: float, every: float, config: str, out_dir: str) -> tuple:
+    """Run one ``rudra-zmq run`` (its directory ``OUT/run``) for ``minutes`` and sample each
+    role every ``every`` seconds (module docstring); then stop it with SIGINT. Returns (rows:
+    dicts of minute, role, pid, rss, fds, sockets; the launcher's exit code). Blocks."""
+    import json
+    import signal
+
+    run_dir = os.path.join(out_dir, "run")
+    cmd = [
+        sys.executable, "-m", "rudra_zmq", "run", config, "--run-dir", run_dir,
+        *(a for o in overrides for a in ("--set", o)),
+    ]  # fmt: skip
+    rows = []
+    with open(os.path.join(out_dir, "launcher.log"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        try:
+            for k in range(int(minutes * 60 / every) + 1):
+                time.sleep(max(0.0, t0 + k * every - time.monotonic()))
+                if proc.poll() is not None:
+                    break
+                try:
+                    with open(os.path.join(run_dir, "processes.json")) as f:
+                        roles = [(p["role"], p["pid"]) for p in json.load(f)]
+                except (OSError, ValueError, KeyError, TypeError):
+                    roles = []  # not written yet, or being rewritten
+                minute = (time.monotonic() - t0) / 60
+                for role, pid in [("launcher", proc.pid), *roles]:
+                    got = role_sample(pid)
+                    if got is not None:
+                        rss, fds, sockets = got
+                        rows.append(dict(minute=round(minute, 3), role=role, pid=pid, rss=rss,
+                                         fds=fds, sockets=sockets))  # fmt: skip
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # the launcher stops its roles, as on Ctrl-C
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    return rows, proc.returncode
+
+
+def flatness(rows, warmup: float, flat_pct: float) -> list[dict]:
+    """Per role, after ``warmup`` minutes: its first and last sample and the largest RSS,
+    descriptors and sockets seen, and whether it stayed flat (RSS within ``flat_pct``
+    percent of the first sample after warm-up, descriptors and sockets within
+    ``FLAT_COUNT``). Pure."""
+    out = []
+    for role in dict.fromkeys(r["role"] for r in rows):
+        mine = [r for r in rows if r["role"] == role and r["minute"] >= warmup]
+        if len(mine) < 2:
+            continue
+        first, last = mine[0], mine[-1]
+        top = {k: max(r[k] for r in mine) for k in ("rss", "fds", "sockets")}
+        low = {k: min(r[k] for r in mine) for k in ("rss", "fds", "sockets")}
+        rss_pct = 100 * (top["rss"] - first["rss"]) / first["rss"]
+        flat = (
+            rss_pct <= flat_pct
+            and top["fds"] - low["fds"] <= FLAT_COUNT
+            and top["sockets"] - low["sockets"] <= FLAT_COUNT
+        )
+        out.append(dict(role=role, first=first, last=last, top=top, low=low, rss_pct=rss_pct,
+                        samples=len(mine), pids=len({r["pid"] for r in mine}), flat=flat))  # fmt: skip
+    return out
+
+
+def write_drift(rows, out_dir: str, warmup: float) -> tuple[str, str]:
+    """``drift.csv`` and ``drift.png`` (each role's RSS as a change from its first sample
+    after warm-up, its descriptors and sockets, against minutes; the warm-up shaded) in
+    ``out_dir``; returns their paths."""
+    from pathlib import Path
+
+    from ..results.plots import _figure, _save
+
+    path_csv = os.path.join(out_dir, "drift.csv")
+    with open(path_csv, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["minute", "role", "pid", "rss", "fds", "sockets"])
+        w.writeheader()
+        w.writerows(rows)
+    fig, ax = _figure(nrows=3, size=(8.0, 3.0), sharex=True)
+    for role in dict.fromkeys(r["role"] for r in rows):
+        mine = [r for r in rows if r["role"] == role]
+        x = [r["minute"] for r in mine]
+        base = next((r["rss"] for r in mine if r["minute"] >= warmup), mine[-1]["rss"])
+        label = f"{role} ({base / 2**20:.0f} MiB)"
+        ax[0, 0].plot(x, [100 * (r["rss"] - base) / base for r in mine], ".-", lw=1, label=label)
+        ax[1, 0].plot(x, [r["fds"] for r in mine], ".-", lw=1)
+        ax[2, 0].plot(x, [r["sockets"] for r in mine], ".-", lw=1)
+    ax[0, 0].set_ylim(-10, 10)
+    labels = ("RSS change after warm-up (%)", "open descriptors", "sockets")
+    for a, label in zip(ax[:, 0], labels):
+        a.set_ylabel(label)
+        a.axvspan(0, warmup, color="0.9")
+        a.grid(True, alpha=0.3)
+    ax[0, 0].legend(fontsize="small", ncol=3)
+    ax[0, 0].set_title(f"each role over a long run (warm-up shaded: first {warmup:g} min)")
+    ax[-1, 0].set_xlabel("minutes")
+    return path_csv, str(_save(fig, Path(out_dir) / "drift.png"))
+
+
+def run_drift(args) -> int:
+    """``--drift``: one long run of ``args.cases[0]``, sampled; the table of roles."""
+    case = args.cases[0] if args.cases else "K=2, parts, float16"
+    os.makedirs(args.out, exist_ok=True)
+    facts = common.machine_facts()
+    print(
+        common.header_text(
+            "memory drift",
+            facts,
+            notes=[
+                f"case {case!r}: {os.path.relpath(args.config)} --set {' '.join(CASES[case])}",
+                f"sampled every {args.every:g} s for {args.drift:g} min; flat = RSS within "
+                f"{args.flat_pct:g} % of its first sample after {args.warmup:g} min of warm-up, "
+                f"descriptors and sockets within {FLAT_COUNT}",
+            ],
+        ),
+        flush=True,
+    )
+    rows, rc = drift(CASES[case], args.drift, args.every, args.config, args.out)
+    paths = write_drift(rows, args.out, args.warmup) if rows else ()
+    flat_all = True
+    for r in flatness(rows, args.warmup, args.flat_pct):
+        f, la, t = r["first"], r["last"], r["top"]
+        flat_all &= r["flat"]
+        print(
+            f"drift {r['role']:<12} RSS {f['rss'] / 2**20:7.1f} -> {la['rss'] / 2**20:7.1f} MiB "
+            f"(max {t['rss'] / 2**20:7.1f}, {r['rss_pct']:+5.1f} %)  fds {f['fds']} -> "
+            f"{la['fds']} (max {t['fds']})  sockets {f['sockets']} -> {la['sockets']} (max "
+            f"{t['sockets']})  {r['samples']} samples"
+            + (f", {r['pids']} processes" if r["pids"] > 1 else "")
+            + f"  {'FLAT' if r['flat'] else 'GROWS'}",
+            flush=True,
+        )
+    print(f"# launcher exit {rc} (130: stopped by the bench with SIGINT); " + ", ".join(paths))
+    return 0 if flat_all and rows else 1
+
+
 def add_arguments(ap) -> None:
-    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument(
+        "--cases",
+        nargs="+",
+        choices=list(CASES),
+        help=f"default: {', '.join(PEAK_CASES)}; with --drift, 'K=2, parts, float16'",
+    )
     ap.add_argument("--config", help=f"the run's config (default {CONFIG} of the source tree)")
     ap.add_argument("--interval", type=float, default=INTERVAL_S, help="seconds between samples")
     ap.add_argument("--keep", action="store_true", help="keep the temporary run directories")
     ap.add_argument("--csv", metavar="PATH", help="also write one row per case here")
+    ap.add_argument(
+        "--drift",
+        type=float,
+        metavar="MINUTES",
+        help="one long run of the first case given (default 'K=2, parts, float16'), each "
+        "role sampled every --every s: RSS, descriptors, sockets (drift.csv, drift.png)",
+    )
+    ap.add_argument(
+        "--every", type=float, default=DRIFT_EVERY_S, help="--drift: seconds per sample"
+    )
+    ap.add_argument("--warmup", type=float, default=WARMUP_MIN, help="--drift: minutes left out")
+    ap.add_argument("--flat-pct", type=float, default=FLAT_PCT, help="--drift: RSS tolerance, %%")
+    ap.add_argument("--out", default=os.path.join("bench", "out", "drift"), help="--drift: where")
 
 
 def run(args) -> int:
@@ -156,6 +359,11 @@ def run(args) -> int:
     import psutil
 
     args.config = find_config(args.config)
+    if args.drift:
+        return run_drift(args)
+    args.cases = args.cases or PEAK_CASES
+    if "K=2, parts, float16" in args.cases:
+        raise ValueError("the case 'K=2, parts, float16' trains until stopped: give --drift")
     mem = psutil.virtual_memory()
     total = mem.total
     facts = common.machine_facts(psutil=psutil.__version__)

@@ -14,6 +14,16 @@ With CURVE (``transport.set_security``) a connection's key gets only the minibat
 learners it may speak as (``security.Curve.may_speak``, the PS's rule); others get
 ERROR forbidden.
 
+What it remembers of each connection -- the seq of its newest request (a CHECK asks whether
+it arrived) and whether a minibatch could not be queued to it since its last CHECK -- is
+forgotten once the connection has been silent for ``runtime.timeout_s``: a client waiting for
+a minibatch asks about it every ``runtime.retry_s`` and gives up after ``runtime.timeout_s``,
+so only a frozen or gone client can ask later, and a forgotten connection's CHECK hears "not
+got", which costs it its outstanding requests sent again (the answer depends only on (learner,
+step), and the client drops the answers to steps it has). So the memory follows the
+connections of the last ``runtime.timeout_s``, not every connection a long run has seen
+(learners restarted, connections dropped and made again).
+
 Copies, and why: the server gathers each batch into a fresh array (one ``np.take``) and sends
 it zero-copy; a fresh array, not a reused one, because ZeroMQ may still be sending the previous
 reply. The learner's side, ``data_client.DataClient``, copies each batch once out of ZeroMQ's
@@ -25,11 +35,15 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
 from .. import transport, wire
+from ..outbox import Outbox
+from ..server.throttled_log import ThrottledLog
 from ..wire import Kind
 from .data_order import SampleStream, load_data
 
@@ -37,6 +51,17 @@ log = logging.getLogger("rudra_zmq.data")
 
 POLL_MS = 100  # how often serve_forever looks at its stop event
 DRAIN_MAX = 256  # requests handled per wake-up before looking at the stop event again
+
+
+@dataclass(slots=True)
+class Peer:
+    """What the data server keeps of one connection: the seq of its newest request, whether
+    a minibatch could not be queued to it since its last CHECK, and when it was last heard
+    from (``time.monotonic``)."""
+
+    seq: int = -1
+    lost: bool = False
+    heard: float = 0.0
 
 
 class DataServer:
@@ -67,10 +92,11 @@ class DataServer:
         self.batch_size = cfg.sync.batch_size
         self.stream = SampleStream(self.n, cfg.train.seed)
         self.samples_served = self.batches_served = self.invalid = self.undelivered = 0
-        self._warned: set = set()
+        self.warn = ThrottledLog(log)
         self._seq = 0
-        self._seen: dict[bytes, int] = {}  # connection -> the seq of its newest request
-        self._lost: set[bytes] = set()  # connections a minibatch could not be queued to
+        self.peers: dict[bytes, Peer] = {}  # connection -> what a CHECK from it asks about
+        self.forget_s = cfg.runtime.timeout_s  # a connection silent this long is forgotten
+        self._swept = time.monotonic()
         self.security = transport.security()  # CURVE: who may ask for whose minibatches
         self._own_ctx = ctx is None
         self.ctx = ctx if ctx is not None else zmq.Context()
@@ -81,6 +107,7 @@ class DataServer:
             hwm=max(16, 4 * cfg.data.prefetch),
             max_bytes=transport.frame_limit(0),
         )
+        self.out = Outbox(self.sock, head=2)  # replies: images and labels tracked (outbox)
         try:
             self.endpoint = transport.bind(self.sock, bind)
         except BaseException:  # e.g. address in use: leave no socket or context behind
@@ -103,6 +130,8 @@ class DataServer:
             self._count_invalid(("empty",), "a message without a header frame")
             return
         ident = bytes(frames[0].buffer if hasattr(frames[0], "buffer") else frames[0])
+        now = time.monotonic()
+        self._forget(now)
         try:
             msg = wire.decode(frames[1:], kinds={Kind.BATCH_REQ, Kind.CHECK})
         except wire.WireError as exc:
@@ -119,16 +148,20 @@ class DataServer:
                 "minibatches (is the learner using another learner's key?)",
             )
             return
+        peer = self.peers.get(ident)
+        if peer is None:
+            peer = self.peers[ident] = Peer()
+        peer.heard = now
         if msg.kind == Kind.CHECK:  # did request q of this connection arrive?
             self._seq += 1
             # a minibatch dropped here counts as never got: the client asks again for every
             # step it awaits (and drops the answers to steps it has); else it would wait for it
-            got = ident not in self._lost and self._seen.get(ident, -1) >= msg.seq
+            got = not peer.lost and peer.seq >= msg.seq
             receipt = wire.encode(Kind.RECEIPT, wire.SENDER_DATA, self._seq, re=msg.seq, got=got)
             if self._send(ident, receipt, f"learner {learner}") and not got:
-                self._lost.discard(ident)
+                peer.lost = False
             return
-        self._seen[ident] = msg.seq  # per connection: a client numbers its requests from 1
+        peer.seq = msg.seq  # per connection: a client numbers its requests from 1
         if not 0 <= learner < self.learners:
             self._refuse(
                 ident,
@@ -173,21 +206,35 @@ class DataServer:
         if not self._send(ident, frames, f"learner {learner}"):
             self.samples_served -= self.batch_size
             self.batches_served -= 1
-            self._lost.add(ident)  # its next CHECK hears "not got"
+            self.peers[ident].lost = True  # its next CHECK hears "not got"
+
+    def _forget(self, now: float) -> None:
+        """Forget the connections silent for ``forget_s`` (module docstring); looks at most
+        twice per ``forget_s``, so a message costs O(1) amortised."""
+        if now - self._swept < self.forget_s / 2:
+            return
+        self._swept = now
+        for ident in [i for i, p in self.peers.items() if now - p.heard > self.forget_s]:
+            del self.peers[ident]
 
     def _send(self, ident: bytes, frames, who: str) -> bool:
         try:
             # NOBLOCK: a learner that stopped reading must not stall the others.
-            self.sock.send_multipart([ident, *frames], flags=zmq.NOBLOCK, copy=False)
+            self.out.send([ident, *frames], zmq.NOBLOCK)
             return True
         except zmq.ZMQError as exc:  # EAGAIN: its queue is full; EHOSTUNREACH: it is gone
             self.undelivered += 1
-            if ("undelivered", ident) not in self._warned:
-                self._warned.add(("undelivered", ident))
-                # A learner that left with prefetched requests outstanding is the normal end
-                # of a run; one that does not read its replies is not.
-                level = logging.DEBUG if exc.errno == zmq.EHOSTUNREACH else logging.WARNING
-                log.log(level, "data server: could not deliver a reply to %s: %s", who, exc)
+            # A learner that left with prefetched requests outstanding is the normal end of
+            # a run; one that does not read its replies is not.
+            if exc.errno == zmq.EHOSTUNREACH:
+                log.debug("data server: could not deliver a reply to %s: %s", who, exc)
+            else:
+                self.warn.warning(
+                    ("undelivered", who),
+                    "data server: could not deliver a reply to %s: %s",
+                    who,
+                    exc,
+                )
             return False
 
     def _refuse(self, ident: bytes, who: str, code: str, message: str) -> None:
@@ -201,9 +248,7 @@ class DataServer:
 
     def _count_invalid(self, key, text: str) -> None:
         self.invalid += 1
-        if key not in self._warned:  # log once per sender and reason, count all
-            self._warned.add(key)
-            log.warning("data server: %s", text)
+        self.warn.warning(key, "data server: %s", text)  # at a bounded rate, count all
 
     # ------------------------------------------------------------------ loop
     def serve_forever(self, stop_event: threading.Event | None = None) -> None:
@@ -221,7 +266,7 @@ class DataServer:
         """Close the socket (queued replies get ``transport.LINGER_MS``, then are dropped; not 0:
         docs/wire.md, "Half-sent messages") and a private ctx."""
         if not self.sock.closed:
-            self.sock.close(linger=transport.LINGER_MS)
+            self.out.close(transport.LINGER_MS)
         if self._own_ctx and not self.ctx.closed:
             transport.term(self.ctx)
 

@@ -36,7 +36,7 @@ from .. import config as config_mod
 from .. import transport
 from ..config import ConfigError
 from ..run_files import env_path, log_path
-from . import cluster_plan, hostfile, preflight
+from . import cluster_plan, hostfile, preflight, run_plan
 from .children import Child, echo_lines
 from .launcher import Launcher
 from .remote_commands import Commands
@@ -84,7 +84,7 @@ class ClusterLauncher(Launcher):
         self.cp, self.via, self.forward = cp, via, dict(forward or {})
         self.dirs = RemoteRunDirs(cp.plan.run_dir, self.commands, cp.host_names())
         self.all_up = False  # every role started and listening
-        if not cp.plan.cfg.security.curve and cluster_plan.exposed(cp.plan.binds, cp.host_names()):
+        if plaintext_warning(cp) is not None:
             # `launch` said it once on the terminal (plaintext_warning): the roles keep quiet
             self.secrets[transport.PLAINTEXT_NAMED_ENV] = "1"
 
@@ -245,15 +245,8 @@ def _forwarded(names: list[str]) -> dict[str, str]:
 
 def plaintext_warning(cp: cluster_plan.ClusterPlan) -> str | None:
     """The one terminal line for a launch that others could reach in plaintext (the config
-    said ``security.curve: false``), else None."""
-    if cp.plan.cfg.security.curve or not cluster_plan.exposed(cp.plan.binds, cp.host_names()):
-        return None
-    return (
-        "rudra-zmq launch: warning: security.curve is false, so the roles talk in "
-        "PLAINTEXT beyond this machine: anyone who can reach them can read the weights "
-        "and the training data and push gradients; remove `security.curve: false` to "
-        "encrypt (docs/security.md)"
-    )
+    said ``security.curve: false``), else None (``run_plan.plaintext_warning``)."""
+    return run_plan.plaintext_warning("launch", cp.plan, cp.host_names())
 
 
 def launch(args) -> int:

@@ -24,7 +24,6 @@ with ``create`` it makes the run directory here and saves the resolved config, a
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import ipaddress
 from dataclasses import dataclass
@@ -36,8 +35,10 @@ from ..config import ConfigError
 from ..run_files import KEYS_DIR, config_path
 from ..shape import ClusterShape
 from . import hostfile
-from .run_plan import (
+from .run_plan import (  # the loopback rules: `run` decides CurveZMQ by them too
     Plan,
+    decide_curve,
+    exposed,
     learner_groups,
     learner_label,
     make_run_dir,
@@ -93,33 +94,6 @@ def bind_address(host: str) -> str:
     except ValueError:
         return "0.0.0.0"
     return _address(host)
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` is a loopback address (127/8, ::1; IPv6 bare or in brackets) or
-    ``localhost``. No DNS lookups."""
-    host = host.strip("[]")
-    if host.rstrip(".").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def is_loopback(endpoint: str) -> bool:
-    """Whether a ``tcp://HOST:PORT`` endpoint's HOST is loopback (ipc: True)."""
-    if not endpoint.startswith("tcp://"):
-        return True
-    return is_loopback_host(endpoint[len("tcp://") :].rsplit(":", 1)[0])
-
-
-def exposed(binds: dict[str, str], hosts) -> bool:
-    """Whether others could reach servers that bind ``binds`` with roles on ``hosts``: a host
-    that is not this machine, or a server listening beyond loopback."""
-    return not all(hostfile.is_local(h) for h in hosts) or not all(
-        is_loopback(ep) for ep in binds.values()
-    )
 
 
 def _place_groups(groups: list[list[int]], hosts: list[hostfile.Host]) -> list[str]:
@@ -201,9 +175,7 @@ def place(
         endpoints[label] = f"tcp://{_address(host)}:{p}"
         binds[label] = f"tcp://{bind_address(host)}:{p}"
     given = cfg.security.curve
-    if given is None:  # unset: encrypt whenever someone else could reach the roles
-        on = exposed(binds, placement.values())
-        cfg = dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=on))
+    cfg = decide_curve(cfg, binds, placement.values())
     if create:
         path = make_run_dir(cfg, run_dir)
         config_mod.save(cfg, config_path(path))

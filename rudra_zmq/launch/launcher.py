@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 
 from .. import config as config_mod
+from .. import transport
 from ..notices import LogNotices
 from ..run_files import (
     PROCESSES_FILE,
@@ -53,7 +54,7 @@ from ..shape import ClusterShape
 from . import console, preflight, startup
 from .children import Child, echo_lines, kill_tree
 from .restarts import on_failure
-from .run_plan import Plan, make_plan, role_env, run_keys, summary
+from .run_plan import Plan, make_plan, plaintext_warning, role_env, run_keys, summary
 
 POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
@@ -98,6 +99,8 @@ class Launcher:
         self.secrets = {auth.RUN_TOKEN_ENV: auth.new_run_token()}
         if plan.cfg.security.curve:  # keys_dir: the user's (worker), else per-run keys
             self.secrets[auth.KEYS_ENV] = keys_dir or str(run_keys(plan))
+        elif plaintext_warning("run", plan) is not None:  # said on the terminal by `run`:
+            self.secrets[transport.PLAINTEXT_NAMED_ENV] = "1"  # the roles keep quiet
 
     # -- signals -----------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -396,20 +399,24 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     its newest checkpoint (``config_path`` optional; ``resume.resume_config`` checks what may
     change). Raises ConfigError / FileNotFoundError (before any process starts, and before the
     run directory is made) for a bad config, data (:mod:`rudra_zmq.launch.preflight`, which also
-    decodes image data once for every role), run directory or endpoint."""
+    decodes image data once for every role), run directory or endpoint; resumed,
+    record_fields.DamagedRecord for a damaged record of the run (``resume.check_records``)."""
     if resume is not None:
-        from .resume import finished_note, resume_config
+        from .resume import check_records, finished_note, resume_config
 
         cfg = resume_config(resume, config_path, list(overrides))
         note = finished_note(resume, cfg)
         if note is not None:  # a finished run with nothing to do: start nothing
             print(note, flush=True)
             return 0
+        check_records(resume, cfg)
     else:
         cfg = config_mod.load_config(config_path, list(overrides))
     preflight.run(cfg)  # the data and extras checked, images decoded: before anything exists
     plan = make_plan(cfg, resume, resume=True) if resume is not None else make_plan(cfg, run_dir)
     print(summary(plan), flush=True)
+    if (line := plaintext_warning("run", plan)) is not None:  # security.curve: false
+        print(line, file=sys.stderr, flush=True)
     if resume is not None:
         print(f"  resuming from {checkpoints_root(plan.run_dir)}", flush=True)
     return Launcher(plan, resume=resume is not None).run()

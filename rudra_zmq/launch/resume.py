@@ -10,13 +10,17 @@ no processes; reads the run directory only.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .. import config as config_mod
 from ..config import ConfigError
-from ..run_files import CONFIG_FILE, PS_FINAL_FILE
+from ..results.record_fields import DamagedRecord
+from ..results.records import load_final, read_metrics
+from ..run_files import CONFIG_FILE, PS_FINAL_FILE, checkpoints_root, metrics_path
+from ..server import checkpoint
+from ..server.checkpointing import meta_check, saved_ranges
 from ..server.end_files import assemble
+from ..server.state import ARRAYS
 from ..shape import ClusterShape
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
@@ -67,24 +71,58 @@ def resume_config(run_dir, config_path=None, overrides=()):
     return cfg
 
 
+def check_records(run_dir, cfg) -> None:
+    """Refuse, before anything starts, a run whose records a resumed run would read back
+    damaged: ``metrics.jsonl`` (``records.read_metrics``), or a checkpoint directory whose
+    every checkpoint is damaged (files, or a manifest's state: ``state.check_meta``
+    against ``cfg``'s λ;
+    the servers would skip a damaged newer one for the one before, and say so), or
+    checkpoints of another number of servers than ``cfg``'s (a damaged ``config.yaml``; a
+    server without checkpoints of its range yet is no mismatch). Raises
+    record_fields.DamagedRecord naming the file, the record, the field and the value.
+    Reads every checkpoint's arrays (their sha256)."""
+    if metrics_path(run_dir).is_file():
+        read_metrics(run_dir)
+    root = checkpoints_root(run_dir)
+    ranges, k = saved_ranges(root), cfg.architecture.servers
+    split = [r for r in ranges if r is not None]
+    if (k == 1 and split and None not in ranges) or (
+        k > 1 and (len(split) > k or (None in ranges and not split))
+    ):
+        held = ", ".join("the whole vector" if r is None else f"[{r[0]}, {r[1]})" for r in ranges)
+        raise DamagedRecord(
+            f"{Path(run_dir) / CONFIG_FILE} says architecture.servers={k}, but {root} holds "
+            f"checkpoints of {held}: the config is damaged, or not this run's"
+        )
+    for directory in [root, *sorted(root.glob("range-*"))] if root.is_dir() else ():
+        check = meta_check(directory, cfg.sync.learners)
+        try:
+            checkpoint.load_latest(directory, check, ARRAYS, quiet=True)
+        except checkpoint.CheckpointError as exc:
+            raise DamagedRecord(str(exc)) from None
+
+
 def finished_note(run_dir, cfg) -> str | None:
     """The one line to print instead of resuming when the run in ``run_dir`` already trained
     ``cfg.train.epochs`` (its PS wrote ``ps_final.json`` saying training was done, at that
     epoch or later), else None. Reads one small file. A run of several servers that all
     finished but whose own files were never joined (no shared file system: each server's
     ``servers/server-I`` copied here afterwards) is joined first (``end_files.assemble``
-    over the shape's ``joined_dirs``), and the line says so."""
+    over the shape's ``joined_dirs``), and the line says so. Raises
+    record_fields.DamagedRecord for a damaged ``ps_final.json`` (``records.load_final``),
+    the run's or a server's."""
     joined = ""
     if not (Path(run_dir) / PS_FINAL_FILE).exists():
         dirs = ClusterShape.of(cfg).joined_dirs(run_dir)
+        for d in dirs:
+            load_final(d)  # a damaged one is refused, not skipped
         if assemble(run_dir, dirs, cfg.train.epochs):
             joined = f"joined the {len(dirs)} servers' weights into weights.npy; "
-    try:
-        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
-        done, epoch = final["done"], float(final["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
+    final = load_final(run_dir)
+    if final is None:
         return None  # no final state (it stopped early): resume from the checkpoint
-    if done is not True or epoch < cfg.train.epochs:
+    epoch = final["epoch"]
+    if not final["done"] or epoch < cfg.train.epochs:
         return None
     return (
         f"rudra-zmq: {joined}nothing to do: {run_dir} already trained {epoch:.2f} epochs of "

@@ -6,7 +6,9 @@ creates the run directory and probes for free ports, and starts nothing
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import ipaddress
 import math
 import os
 import shutil
@@ -21,6 +23,7 @@ from ..config import ConfigError
 from ..run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
 from ..shape import ClusterShape
 from ..sync import protocol_label
+from . import hostfile
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
 # message, measured with pyzmq 27 / libzmq 4.3.5); these make it reuse heap memory instead, from
@@ -55,6 +58,57 @@ class Plan:
     def shape(self) -> ClusterShape:
         """The cluster's shape: the parameter servers, their labels and tree plan."""
         return ClusterShape.of(self.cfg)
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127/8, ::1; IPv6 bare or in brackets) or
+    ``localhost``. No DNS lookups."""
+    host = host.strip("[]")
+    if host.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback(endpoint: str) -> bool:
+    """Whether a ``tcp://HOST:PORT`` endpoint's HOST is loopback (ipc: True)."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    return is_loopback_host(endpoint[len("tcp://") :].rsplit(":", 1)[0])
+
+
+def exposed(binds: dict[str, str], hosts) -> bool:
+    """Whether others could reach servers that bind ``binds`` with roles on ``hosts``: a host
+    that is not this machine, or a server listening beyond loopback."""
+    return not all(hostfile.is_local(h) for h in hosts) or not all(
+        is_loopback(ep) for ep in binds.values()
+    )
+
+
+def decide_curve(cfg, binds: dict[str, str], hosts=("localhost",)):
+    """``cfg`` with ``security.curve`` on where the config leaves it unset (null) and others
+    could reach the roles (``exposed``: a role on another host, or a server listening beyond
+    loopback), for ``rudra-zmq run`` bound to a network address as for ``launch`` across
+    hosts; unset stays unset (plaintext) on loopback, and an explicit true or false stands.
+    Pure."""
+    if cfg.security.curve is not None or not exposed(binds, hosts):
+        return cfg
+    return dataclasses.replace(cfg, security=dataclasses.replace(cfg.security, curve=True))
+
+
+def plaintext_warning(command: str, plan: Plan, hosts=("localhost",)) -> str | None:
+    """The one terminal line of a run that others could reach in plaintext (its config said
+    ``security.curve: false``), else None; ``command``: ``run`` or ``launch``."""
+    if plan.cfg.security.curve or not exposed(plan.binds or plan.endpoints, hosts):
+        return None
+    return (
+        f"rudra-zmq {command}: warning: security.curve is false, so the roles talk in "
+        "PLAINTEXT beyond this machine: anyone who can reach them can read the weights "
+        "and the training data and push gradients; remove `security.curve: false` to "
+        "encrypt (docs/security.md)"
+    )
 
 
 def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
@@ -146,10 +200,14 @@ def role_env(
 
 def make_plan(cfg, run_dir=None, resume: bool = False) -> Plan:
     """Create the run directory (with the resolved ``config.yaml``) and plan every endpoint
-    and learner group of the run (``resume``: of the run already in ``run_dir``). Raises
-    ConfigError for a bad directory or endpoint, before the directory exists where it can."""
+    and learner group of the run (``resume``: of the run already in ``run_dir``), with
+    ``security.curve`` decided (``decide_curve``: unset is on when ``runtime.host`` is not
+    loopback). Raises ConfigError for a bad directory or endpoint, before the directory
+    exists where it can."""
     # tcp ports need no directory: a bad runtime.host or $RUDRA_ZMQ_PORTS then leaves none
     eps = None if cfg.runtime.transport == "ipc" else endpoints(cfg, None)
+    if eps is not None:  # runtime.host beyond loopback: encrypted unless told otherwise
+        cfg = decide_curve(cfg, eps)
     fresh = run_dir is None or not Path(run_dir).exists()
     path = make_run_dir(cfg, run_dir, resume)
     try:  # ipc paths need the directory's name: one too long removes the directory made here
@@ -316,6 +374,12 @@ def summary(plan: Plan) -> str:
         lines += [f"  {line}" for line in plan.shape.describe_trees()]
     if cfg.architecture.kind == "advstar":
         lines += [f"  {line}" for line in topology.describe_broadcast(cfg)]
+    if cfg.security.curve:
+        lines.append(
+            f"  security: CurveZMQ on every socket; the run's keys in {plan.run_dir / KEYS_DIR}"
+        )
+    elif exposed(plan.binds or plan.endpoints, ("localhost",)):
+        lines.append("  security: PLAINTEXT beyond this machine (security.curve: false)")
     return "\n".join(lines)
 
 

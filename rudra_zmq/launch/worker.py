@@ -37,9 +37,10 @@ from ..devices import HOST_LEARNERS_ENV
 from ..run_files import config_path
 from ..shape import ClusterShape
 from . import preflight, ranks
-from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
+from .cluster_plan import DEFAULT_PORT, bind_address
 from .run_plan import (
     Plan,
+    is_loopback_host,
     learner_endpoints,
     learner_groups,
     make_run_dir,

@@ -23,8 +23,11 @@ go to the GPU in one transfer once the reply is complete.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import sys
 import threading
 import time
 
@@ -151,7 +154,7 @@ class Learner:
             except Exception:  # already failing: the first error is the one to see
                 log.debug("learner %d: closing a half-built learner", self.id, exc_info=True)
         if self._own_ctx:
-            self.ctx.destroy(linger=0)
+            transport.destroy(self.ctx, 0)
 
     def _start_data_at(self, step: int | None) -> None:
         """The server says this learner's next minibatch is its ``step``-th: the data order
@@ -270,24 +273,24 @@ def serve(
         if transport.security() is not None:
             transport.security().release(ctx)
         if any(t.is_alive() for t in threads):
-            _end_threads(ctx, stopping, threads)
+            if not _end_threads(ctx, stopping, threads):
+                _exit_unfinalized(sys.exc_info()[1])
         else:
             # destroy, not term: a SIGTERM (KeyboardInterrupt) can land while a Learner is
             # still being built, before run()'s finally closes its sockets; term() would then
             # wait for them forever and the process would outlive the run.
-            ctx.destroy(linger=transport.LINGER_MS)
+            transport.destroy(ctx, transport.LINGER_MS)
 
 
-def _end_threads(ctx, stopping: threading.Event, threads) -> None:
+def _end_threads(ctx, stopping: threading.Event, threads) -> bool:
     """Stop learner threads still running (SIGTERM, or another learner failed) without
     closing their sockets from this thread: a libzmq socket closed while another thread waits
     on it aborts the process. ``ctx.term()`` makes their blocking calls raise; they close their
     sockets as they unwind and term returns. A socket left open (a learner stopped while being
     built) keeps term waiting: after ``_END_THREADS_S`` the process exits without it. Then
-    the threads are joined (within the same ``_END_THREADS_S``): one still unwinding (freeing
-    its model) as the interpreter finalizes may be ended inside torch's C++ code, which
-    aborts the process ("terminate called without an active exception", seen twice at
-    SIGTERM in the suite). Blocks."""
+    the threads are joined (within the same ``_END_THREADS_S``). Returns whether every
+    thread (and the term) ended; if not, the caller must not let the interpreter finalize
+    (``_exit_unfinalized``). Blocks."""
     deadline = time.monotonic() + _END_THREADS_S
     stopping.set()  # what the threads raise now is this stop, not a failure
     ender = threading.Thread(target=ctx.term, name="ctx-term", daemon=True)
@@ -297,6 +300,35 @@ def _end_threads(ctx, stopping: threading.Event, threads) -> None:
         log.warning("the learners' sockets were not closed %.0f s after the stop", _END_THREADS_S)
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
+    return not ender.is_alive() and not any(t.is_alive() for t in threads)
+
+
+def _exit_unfinalized(exc: BaseException | None) -> None:
+    """End the process now, without finalizing the interpreter, with the exit code
+    ``rudra-zmq`` gives ``exc`` (128 + the signal for a SIGTERM or Ctrl-C, 1 for a failure, 0).
+
+    A learner thread still in a step (inside torch, GIL released) when the interpreter
+    finalizes is a daemon thread that CPython ends with ``pthread_exit`` once it comes back
+    for the GIL; that unwinding through torch's C++ frames calls ``std::terminate``: the
+    process aborts ("terminate called without an active exception", SIGABRT) instead of
+    exiting (``tests/sigterm_stress.py`` SIGTERMs a learner process in 10-second steps).
+    The logs and stdio are flushed first; the sockets and the model go with the process.
+    Never returns."""
+    if isinstance(exc, KeyboardInterrupt):
+        code = 128 + (exc.args[0] if exc.args and isinstance(exc.args[0], int) else 2)
+    else:
+        code = 0 if exc is None else 1
+    log.warning(
+        "learner threads still in a step %.0f s after the stop: the process ends without "
+        "finalizing the interpreter (exit %d), which would abort it inside torch",
+        _END_THREADS_S,
+        code,
+    )
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _serve_in(

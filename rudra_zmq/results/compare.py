@@ -15,16 +15,17 @@ too).
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 from pathlib import Path
 
 import yaml
 
-from ..run_files import CONFIG_FILE, METRICS_FILE, PS_FINAL_FILE, SWEEP_FILE
+from ..run_files import METRICS_FILE, SWEEP_FILE
 from ..sync import protocol_label
 from . import plots
+from .record_fields import DamagedRecord
+from .records import load_final
 
 COLUMNS = (
     "run",
@@ -45,16 +46,14 @@ log = logging.getLogger(__name__)
 
 
 class CompareError(ValueError):
-    """A run directory that cannot be compared (the message names it and says why)."""
+    """A run directory that cannot be compared (the message names it and says why). A
+    damaged record in it is record_fields.DamagedRecord."""
 
 
 def read_config(run_dir: Path) -> dict:
-    """The run's ``config.yaml`` as a plain dict ({} when missing or unreadable); reads only."""
-    try:
-        data = yaml.safe_load((run_dir / CONFIG_FILE).read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The run's ``config.yaml`` as a plain dict ({} when there is none), checked
+    (``records.read_config``: raises record_fields.DamagedRecord for a damaged one)."""
+    return plots.read_config(run_dir) or {}
 
 
 def config_value(cfg: dict, section: str, key: str):
@@ -180,10 +179,9 @@ def ps_final(run_dir, metrics) -> dict | None:
     """Where training ended -- the PS's final timestamp and epoch, from ``ps_final.json`` (its
     own state), else from its ``done`` record -- with the test error of the evaluation of those
     final weights (None when they were never evaluated); None where the run did not finish.
-    Raises OSError/ValueError for an unreadable file."""
-    path = Path(run_dir) / PS_FINAL_FILE
-    if path.exists():
-        final = json.loads(path.read_text())
+    Raises record_fields.DamagedRecord for a damaged ``ps_final.json``."""
+    final = load_final(run_dir)
+    if final is not None:
         ts, epoch = final["timestamp"], final["epoch"]
     else:
         done = [
@@ -215,7 +213,8 @@ def run_summary(run_dir, label: str | None = None) -> dict:
     run's idle gap and start-up left out) up to the end of training, or to the last
     evaluation of a run that did not finish; ``startup_s``: of start-up, resumes' included
     (None for a simulation); ``resumes``, and ``between_runs_s`` idle between them (left out
-    of both). Raises CompareError if it holds no ``metrics.jsonl``."""
+    of both). Raises CompareError if it holds no ``metrics.jsonl``, DamagedRecord if a file
+    it reads is damaged."""
     run_dir = _checked(run_dir)
     metrics = plots.read_metrics(run_dir)
     cfg = read_config(run_dir)
@@ -257,6 +256,8 @@ def result_line(run_dir) -> str | None:
     launcher prints it at the end of a run."""
     try:
         r = run_summary(run_dir)
+    except DamagedRecord as exc:
+        return f"result: none shown, a record it would come from is damaged: {exc}"
     except (OSError, ValueError):
         return None
     if r["final_error"] is None and r["last_error"] is None:
@@ -348,13 +349,14 @@ def format_table(rows: list[dict]) -> str:
 
 def cmd_compare(args) -> int:
     """Print the table, write the PNG (and the CSV if asked). Returns 0, or 2 on a bad
-    run directory (named in the message)."""
+    run directory or a damaged file in one (named in the message, with the record, the
+    field and its value)."""
     import sys
 
     try:
         run_dirs = expand_run_dirs(args.run_dirs)  # every path checked before any is read
         rows = [run_summary(d, lab) for d, lab in zip(run_dirs, plots.run_labels(run_dirs))]
-    except CompareError as exc:
+    except (CompareError, DamagedRecord) as exc:
         print(f"rudra-zmq compare: error: {exc}", file=sys.stderr)
         return 2
     print(format_table(rows))

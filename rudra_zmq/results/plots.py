@@ -43,11 +43,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..run_files import config_path
+from .record_fields import DamagedRecord
 from .records import (
     KNOWN_TYPES,
     Metrics,
     TrainingClock,
+    read_config,
     read_metrics,
     sigma_sum,
     startup_s,
@@ -237,7 +238,7 @@ def plot_run(run_dir, out_dir=None) -> list[Path]:
     out_dir = Path(out_dir) if out_dir is not None else run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     m = read_metrics(run_dir)
-    run_cfg = _run_config(run_dir)
+    run_cfg = read_config(run_dir)
     name = run_label(run_dir, run_cfg)
     clock = TrainingClock(m)
     written = []
@@ -351,25 +352,15 @@ def _total_rate(records, clock: TrainingClock):
     return np.array(xs), np.array(ys)
 
 
-def _run_config(run_dir) -> dict | None:
-    """The run's ``config.yaml`` as a dict, or None (missing or unreadable: said once)."""
-    cfg = config_path(run_dir)
-    if not cfg.is_file():
-        return None
-    import yaml
-
-    try:
-        data = yaml.safe_load(cfg.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        log.warning("%s: cannot read the run's config (%s); using the folder name", cfg, exc)
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def run_label(run_dir, run_cfg: dict | None = None) -> str:
     """The run's config ``name`` from ``config.yaml`` in its directory (or ``run_cfg``, read
     already), else the folder name."""
-    data = run_cfg if run_cfg is not None else _run_config(run_dir)
+    if run_cfg is None:
+        try:
+            run_cfg = read_config(run_dir)
+        except DamagedRecord:  # a label only: the commands that read the config refuse it
+            run_cfg = None
+    data = run_cfg
     if isinstance(data, dict) and isinstance(data.get("name"), str) and data["name"]:
         return data["name"]
     return Path(run_dir).resolve().name
@@ -386,6 +377,7 @@ def run_labels(run_dirs) -> list[str]:
 
 
 __all__ = [
+    "read_config",
     "read_metrics",
     "summary_rows",
     "write_summary_csv",

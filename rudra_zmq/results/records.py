@@ -25,11 +25,113 @@ import json
 import logging
 from pathlib import Path
 
-from ..run_files import METRICS_FILE
+from ..config import ConfigError, load_config, to_dict
+from ..run_files import METRICS_FILE, PS_FINAL_FILE, config_path
+from . import record_fields as fields
 
 log = logging.getLogger(__name__)
 
 KNOWN_TYPES = ("update", "eval", "learner", "ps", "members", "restart", "resume")
+
+# What each known record carries, as its writers write it (the PS: ``server.report``,
+# ``sync.Update.record``; the statistics server: eval, start, resume; learners: learner; the
+# simulator: update, eval); ``plots`` lists them. A record must carry the fields it means
+# nothing without (an update's or an eval's ts, an eval's test error, ...); any field it
+# carries must hold what its writer writes. A float a writer could not make finite is
+# written as null (``stats.metrics_file.json_line``). ``t`` may be negative (a sender's clock behind
+# the statistics server's, on another host) or a Unix time. The statistics server refuses a
+# record that breaks these before writing it; ``read_metrics`` refuses a file that holds one.
+_T = fields.number(-fields.NUMBER_MAX).optional()
+_TS = fields.integer().optional()
+_EPOCH = fields.number().optional()
+_RATE = fields.number().or_null().optional()
+_INT = fields.integer().optional()
+_COUNTERS = {
+    k: _INT
+    for k in ("invalid", "duplicates", "evictions", "lost_updates", "too_stale", "evals_sent")
+}
+_SERVER = {"server": _INT}
+RECORD_FIELDS = {
+    "update": {
+        "ts": fields.integer(),
+        "t": _T,
+        "epoch": _EPOCH,
+        "mean_sigma": _RATE,
+        "sigmas": fields.numbers().optional(),  # integers, as the engine counts them
+        "lr": _RATE,
+        "n_grads": _INT,
+        "protocol": fields.text().optional(),
+        **_SERVER,
+    },
+    "eval": {
+        "ts": fields.integer(),
+        "t": _T,
+        "epoch": _EPOCH,
+        "test_error": fields.number(0.0, 1.0),
+        "test_loss": fields.number(-fields.NUMBER_MAX).or_null().optional(),
+        "weights": fields.text().optional(),
+        "server_ts": fields.integers().optional(),
+    },
+    "learner": {
+        "learner": fields.integer(),
+        "t": _T,
+        "step": _INT,
+        "ts": _INT,
+        "samples_per_s": _RATE,
+        "loss": fields.number(-fields.NUMBER_MAX).or_null().optional(),
+    },
+    "ps": {
+        "t": _T,
+        "ts": _TS,
+        "updates_per_s": _RATE,
+        "gradients_per_s": _RATE,
+        **_COUNTERS,
+        **_SERVER,
+    },
+    "members": {
+        "t": _T,
+        "ts": _TS,
+        "epoch": _EPOCH,
+        "learner": _INT,
+        "event": fields.text("evicted", "joined"),
+        "learners": _INT,
+        "c": _INT,
+        **_SERVER,
+    },
+    "restart": {
+        "t": _T,
+        "ts": _TS,
+        "epoch": _EPOCH,
+        "incarnation": fields.integer(1).optional(),
+        "checkpoint": fields.text().or_null().optional(),
+        **_SERVER,
+    },
+    "resume": {"t": _T},
+    "start": {"t": _T, "unix": fields.number()},
+    "done": {
+        "t": _T,
+        "ts": _TS,
+        "epoch": _EPOCH,
+        "source": fields.text().optional(),
+        **_COUNTERS,
+        **_SERVER,
+    },
+}
+
+
+def check_record(r: dict, where: str) -> dict:
+    """``r`` (a record with a string ``type``) when its fields are what ``RECORD_FIELDS``
+    says of its type (a type not listed there is not looked at); raises
+    record_fields.DamagedRecord naming ``where``, the field and its value. Pure."""
+    kind = r["type"]
+    declared = RECORD_FIELDS.get(kind)
+    if declared is None:
+        return r
+    return fields.check(
+        r, declared, f"{where} ({'an' if kind[0] in 'aeiou' else 'a'} {kind} record)"
+    )
+
+
 _ABSOLUTE_T = 1e9  # t values beyond this are Unix times (after 2001), not seconds since start
 REAL_RUN_TYPES = ("start", "ps", "learner", "done")  # a simulation writes update and eval only
 END_TYPES = ("update", "eval")  # the last of these ends a period of training
@@ -68,9 +170,13 @@ def _kind(r: dict) -> str:
 def read_metrics(path) -> Metrics:
     """Parse ``metrics.jsonl`` (or the one inside a run directory) into records by type.
 
-    Tolerates a truncated last line and skips malformed lines, counting them (and logging a
-    warning) rather than failing: a crashed run's metrics are still worth plotting. Records of
-    type ``batch`` (``{"type": "batch", "items": [...]}``) are unpacked into their items.
+    Tolerates a truncated last line and skips malformed lines (not JSON, not an object, no
+    string ``type``: what a writer killed mid-line leaves), counting them (and logging a
+    warning) rather than failing: a crashed run's metrics are still worth plotting. A record
+    whose fields are not what its writer writes (``RECORD_FIELDS``: a negative, huge, NaN,
+    missing or mistyped value) is no crash's doing: it raises record_fields.DamagedRecord
+    naming the file, the line, the field and the value. Records of type ``batch``
+    (``{"type": "batch", "items": [...]}``) are unpacked into their items.
     """
     path = Path(path)
     if path.is_dir():
@@ -102,12 +208,68 @@ def read_metrics(path) -> Metrics:
                 elif out.malformed <= 5:
                     log.warning("%s:%d: skipping a malformed metrics line: %.80r", path, i + 1, raw)
                 continue
+            check_record(r, f"{path} line {i + 1}")
             out.setdefault(_kind(r), []).append(r)
     if out.truncated:
         log.warning("%s: the last line is truncated (did the run crash?); skipped it", path)
     if out.malformed - out.truncated > 5:
         log.warning("%s: skipped %d malformed lines in all", path, out.malformed - out.truncated)
     return out
+
+
+# ps_final.json as the PS (``server.end_files.write_final``) and a sharded run's last server
+# (``end_files.assemble``: every server's own under "servers") write it.
+FINAL_FIELDS = {
+    "timestamp": fields.integer(),
+    "epoch": fields.number(),
+    "updates": fields.integer().optional(),
+    "done": fields.flag(),
+    "incarnation": fields.integer(1).optional(),
+    "parts": fields.mapping().optional(),
+}
+
+
+def load_final(run_dir) -> dict | None:
+    """``RUN_DIR/ps_final.json`` checked (``FINAL_FIELDS``, and each entry of a sharded
+    run's ``servers`` alike); None when there is none. Raises record_fields.DamagedRecord
+    naming the file, the field and its value for a damaged one. Reads one small file."""
+    path = Path(run_dir) / PS_FINAL_FILE
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise fields.DamagedRecord(f"{path} cannot be read: {exc}") from None
+    try:
+        final = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise fields.DamagedRecord(f"{path} is not JSON ({exc}): truncated or damaged") from None
+    fields.check(final, FINAL_FIELDS, str(path))
+    servers = final.get("servers", [])
+    if "servers" in final and not (isinstance(servers, list) and servers):
+        raise fields.DamagedRecord(
+            f"{path}: servers is {fields.shown(servers)}; expected a list of each server's "
+            "final state"
+        )
+    for i, each in enumerate(servers):
+        fields.check(each, FINAL_FIELDS, f"{path}, servers[{i}]")
+    return final
+
+
+def read_config(run_dir) -> dict | None:
+    """The run's ``config.yaml`` as a plain dict (every key, defaults included), None when
+    there is none. It is checked as ``rudra-zmq run`` checks a config (``config.load_config``:
+    every key known, every value of its type and range), without importing a model or
+    dataset named by import path, so a damaged one raises record_fields.DamagedRecord naming
+    the file, the key and the value. Reads one file; imports no torch."""
+    path = config_path(run_dir)
+    if not path.is_file():
+        return None
+    try:
+        return to_dict(load_config(path, user_code=False))
+    except (ConfigError, OSError) as exc:
+        text = str(exc)
+        raise fields.DamagedRecord(text if str(path) in text else f"{path}: {text}") from None
 
 
 def num(x) -> float | None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from ..run_files import METRICS_FILE, POINT_FILE, PROCESSES_FILE
 from ..sync import PROTOCOLS, nominal_staleness
 from . import gaps, paper, plots
+from . import record_fields as fields
 from .compare import (
     CompareError,
     add_run_dirs_argument,
@@ -98,16 +99,27 @@ class Run:
     metrics: plots.Metrics
 
 
+# point.json as ``sweep`` writes it (what the report reads of it).
+POINT_FIELDS = {
+    "point": fields.text(),
+    "mode": fields.text("run", "simulate"),
+    "status": fields.text("done", "failed"),
+    "exit_code": fields.integer(-255, 255),
+    "wall_s": fields.number().optional(),
+}
+
+
 def read_point(run_dir: Path) -> dict:
-    """The sweep's ``point.json`` of a run directory ({} when there is none or it is bad)."""
+    """The sweep's ``point.json`` of a run directory ({} when there is none), checked
+    (``POINT_FIELDS``): raises record_fields.DamagedRecord for a damaged one."""
+    path = run_dir / POINT_FILE
     try:
-        data = json.loads((run_dir / POINT_FILE).read_text())
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        log.warning("%s: unreadable (%s); ignored", run_dir / POINT_FILE, exc)
-        return {}
-    return data if isinstance(data, dict) else {}
+        raise fields.DamagedRecord(f"{path} is not JSON ({exc}): truncated or damaged") from None
+    return fields.check(data, POINT_FIELDS, str(path))
 
 
 def run_mode(run_dir: Path, point: dict) -> str:
@@ -120,7 +132,8 @@ def run_mode(run_dir: Path, point: dict) -> str:
 
 def load_runs(run_dirs) -> list[Run]:
     """Read every run directory (a missing ``metrics.jsonl`` reads as no records). Labels are
-    sweep point names, else ``plots.run_labels``; a repeated one gets its parent's name."""
+    sweep point names, else ``plots.run_labels``; a repeated one gets its parent's name.
+    Raises record_fields.DamagedRecord for a damaged file in one."""
     dirs = [Path(d) for d in run_dirs]
     points = [read_point(d) for d in dirs]
     labels = [str(p.get("point") or lab) for p, lab in zip(points, plots.run_labels(dirs))]
@@ -372,16 +385,17 @@ def write_figures(runs: list[Run], rows: list[dict], out_dir: Path) -> list[Path
 
 def cmd_report(args) -> int:
     """Print the table; write report.md, report.csv and the figures into --out. Returns 0,
-    or 2 on a path that is neither a run nor a parent of runs (named in the message)."""
+    or 2 on a path that is neither a run nor a parent of runs, or a damaged file in a run
+    (named in the message, with the record, the field and its value)."""
     try:
         run_dirs = expand_run_dirs(args.paths, RUN_MARKERS)  # all checked before any is read
-    except CompareError as exc:
+        runs = load_runs(run_dirs)
+    except (CompareError, fields.DamagedRecord) as exc:
         print(f"rudra-zmq report: error: {exc}", file=sys.stderr)
         return 2
     one_parent = len(args.paths) == 1 and not is_run_dir(args.paths[0], RUN_MARKERS)
     out = Path(args.out) if args.out else Path(args.paths[0]) if one_parent else Path(".")
     out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(run_dirs)
     rows = [table_row(run, args.budget) for run in runs]
     text = format_markdown(rows)
     figures = write_figures(runs, rows, out)

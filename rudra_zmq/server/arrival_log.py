@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..results.record_fields import DamagedRecord
 from ..run_files import ARRIVALS_FILE
 
 MAGIC = b"RZARRIV1"
@@ -61,9 +62,10 @@ class ArrivalLog:
 
 
 def read(run_dir) -> np.ndarray:
-    """The events of ``run_dir/arrivals.bin`` (a structured array of ``RECORD``). Raises
-    FileNotFoundError without a log, ValueError for a damaged one or one a restarted PS
-    appended to (what a replay cannot reproduce). Reads the file."""
+    """The events of ``run_dir/arrivals.bin`` (a structured array of ``RECORD``), each checked
+    against what the PS writes (:func:`check_events`). Raises FileNotFoundError without a
+    log, ValueError (``record_fields.DamagedRecord`` for a damaged event) for a damaged one
+    or one a restarted PS appended to (what a replay cannot reproduce). Reads the file."""
     path = Path(run_dir) / ARRIVALS_FILE
     if not path.is_file():
         raise FileNotFoundError(
@@ -75,7 +77,10 @@ def read(run_dir) -> np.ndarray:
         raise ValueError(f"{path} is not an arrivals log (no {MAGIC!r} header)")
     body = data[HEADER.size :]
     if len(body) % RECORD.itemsize:
-        raise ValueError(f"{path} ends inside a record ({len(body)} bytes of events)")
+        raise ValueError(
+            f"{path} ends inside a record ({len(body)} bytes of events, not a multiple of "
+            f"{RECORD.itemsize}): the file is truncated or damaged"
+        )
     events = np.frombuffer(body, RECORD)
     bad = np.flatnonzero(~np.isin(events["kind"], (GRADIENT, LEAVE, JOIN)))
     if len(bad):
@@ -85,7 +90,52 @@ def read(run_dir) -> np.ndarray:
                 f"{path}: the PS restarted during the run (a second header); the updates it "
                 "lost since its checkpoint cannot be replayed"
             )
-        raise ValueError(
-            f"{path} is damaged: event {int(bad[0])} has kind {events['kind'][bad[0]]}"
-        )
+    check_events(events, path)
     return events
+
+
+_KIND_NAMES = {GRADIENT: "a gradient", LEAVE: "an eviction", JOIN: "a HELLO"}
+
+
+def check_events(events: np.ndarray, path) -> None:
+    """Raise DamagedRecord naming ``path``, the first event that is not what one PS
+    incarnation writes, its field and value: a kind other than 0-2, a negative learner, an
+    eviction or HELLO whose ts and step are not -1, a gradient whose timestamp is negative or
+    whose step is not its learner's count of gradients before it (the PS records step k of a
+    learner as its k-th accepted gradient, from 0). Pure; vectorised."""
+
+    def refuse(i: int, field: str, expected: str) -> None:
+        e = events[i]
+        kind = _KIND_NAMES.get(int(e["kind"]), f"kind {int(e['kind'])}")
+        raise DamagedRecord(
+            f"{path} event {i} ({kind}, learner {int(e['learner'])}): {field} is "
+            f"{int(e[field])}; expected {expected}"
+        )
+
+    kind = events["kind"]
+    for i in np.flatnonzero(~np.isin(kind, (GRADIENT, LEAVE, JOIN)))[:1]:
+        refuse(int(i), "kind", "0 (a gradient), 1 (an eviction) or 2 (a HELLO)")
+    for i in np.flatnonzero(events["learner"] < 0)[:1]:
+        refuse(int(i), "learner", "a learner id >= 0")
+    others = kind != GRADIENT
+    for field in ("ts", "step"):
+        for i in np.flatnonzero(others & (events[field] != -1))[:1]:
+            refuse(int(i), field, "-1 (the PS writes no timestamp or step for it)")
+    grads = np.flatnonzero(~others)
+    for i in grads[events["ts"][grads] < 0][:1]:
+        refuse(int(i), "ts", "the timestamp it was computed on, >= 0")
+    # each learner's gradients carry steps 0, 1, 2, ... in log order
+    learner = events["learner"][grads].astype(np.int64)
+    order = np.argsort(learner, kind="stable")
+    ranked = learner[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    sizes = np.diff(np.r_[starts, len(ranked)])
+    rank = np.empty(len(grads), np.int64)
+    rank[order] = np.arange(len(grads)) - np.repeat(starts, sizes)
+    for j in np.flatnonzero(events["step"][grads] != rank)[:1]:
+        refuse(
+            int(grads[j]),
+            "step",
+            f"{int(rank[j])} (the learner's gradients before it in the log; the PS records "
+            "each learner's steps in order from 0)",
+        )

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..notices import notice
+from ..results import record_fields as fields
 
 log = logging.getLogger("rudra_zmq.checkpoint")
 
@@ -39,6 +40,16 @@ _NAME = re.compile(r"[A-Za-z0-9_]+")
 _CKPT = re.compile(r"ckpt-(\d{8,})")
 _TMP_PREFIX = ".tmp-"
 _NUMERIC_KINDS = "biufc"  # bool, int, uint, float, complex: nothing that needs pickle
+
+
+# One array's entry in a manifest, as ``_write_array`` writes it.
+_ENTRY = {
+    "file": fields.text(),
+    "dtype": fields.text(),
+    "shape": fields.integers(),
+    "bytes": fields.integer(),
+    "sha256": fields.text(),
+}
 
 
 class CheckpointError(RuntimeError):
@@ -142,27 +153,32 @@ def save(directory, arrays: dict[str, np.ndarray], meta: dict, *, keep: int = 2)
     return final
 
 
-def load_latest(directory) -> Checkpoint | None:
+def load_latest(directory, check_meta=None, arrays=(), *, quiet: bool = False) -> Checkpoint | None:
     """The newest checkpoint in ``directory`` that verifies (every file present, of the right
-    size and sha256, loadable without pickle, of the dtype and shape in the manifest). Each
-    damaged newer one is skipped with a warning. None if there are no checkpoints (or no
-    directory); CheckpointError if there are some but none verifies.
+    size and sha256, loadable without pickle, of the dtype and shape in the manifest, every
+    array named in ``arrays`` there, and its meta accepted by ``check_meta(meta)``, which
+    raises ValueError naming what is wrong).
+    Each damaged newer one is skipped with a warning (a notice; none with ``quiet``). None if
+    there are no checkpoints (or no directory); CheckpointError, in one line, if there are
+    some but none verifies.
     Blocks (reads and hashes every array of each checkpoint tried). Thread-safe, but a
     concurrent save() may prune the checkpoint being read (it then falls back, warning)."""
     problems = []
     for path in list_checkpoints(directory):
         try:
-            return _load(path)
+            return _load(path, check_meta, arrays)
         except _Invalid as e:
-            notice(log, "checkpoint %s is damaged: %s; falling back to the previous one", path, e)
-            problems.append(f"  {path}: {e}")
+            if not quiet:
+                notice(
+                    log, "checkpoint %s is damaged: %s; falling back to the previous one", path, e
+                )
+            problems.append(f"{path}: {e}")
     if not problems:
         return None
     raise CheckpointError(
-        f"no valid checkpoint in {directory}; every one is damaged:\n"
-        + "\n".join(problems)
-        + "\nStart a new run (with an empty checkpoint directory), or restore a copy of a "
-        "checkpoint directory into it."
+        f"no valid checkpoint in {directory}, every one is damaged ({'; '.join(problems)}). "
+        "Start a new run (with an empty checkpoint directory), or restore a copy of a "
+        "checkpoint directory into it"
     )
 
 
@@ -199,8 +215,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _load(path: Path) -> Checkpoint:
-    """Read and verify one checkpoint; raises _Invalid naming the first problem found."""
+def _load(path: Path, check_meta=None, names=()) -> Checkpoint:
+    """Read and verify one checkpoint (its meta by ``check_meta`` and the arrays ``names``
+    there, before any array is hashed); raises _Invalid naming the first problem found."""
     try:
         manifest = json.loads((path / MANIFEST).read_bytes())
     except FileNotFoundError:
@@ -210,13 +227,22 @@ def _load(path: Path) -> Checkpoint:
     fmt = manifest.get("format") if isinstance(manifest, dict) else None
     if fmt != FORMAT or not isinstance(manifest.get("arrays"), dict):
         raise _Invalid(f"{MANIFEST} is not a format-{FORMAT} manifest (format {fmt!r})")
+    for name in names:
+        if name not in manifest["arrays"]:
+            raise _Invalid(f"{MANIFEST} lists no array {name!r}")
+    if check_meta is not None:
+        try:
+            check_meta(manifest.get("meta"))
+        except ValueError as e:
+            raise _Invalid(f"{MANIFEST}: {e}") from None
     arrays = {}
     for name, entry in manifest["arrays"].items():
         try:
+            fields.check(entry, _ENTRY, f"{MANIFEST} arrays.{name}")
             file, size, sha = entry["file"], entry["bytes"], entry["sha256"]
-            dtype, shape = np.dtype(entry["dtype"]), list(entry["shape"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise _Invalid(f"{MANIFEST} has a bad entry for {name!r} ({e!r})") from None
+            dtype, shape = np.dtype(entry["dtype"]), entry["shape"]
+        except (TypeError, ValueError) as e:  # DamagedRecord; np.dtype of a bad name
+            raise _Invalid(f"{MANIFEST} has a bad entry for {name!r} ({e})") from None
         if not _NAME.fullmatch(name) or file != f"{name}.npy":  # never read outside `path`
             raise _Invalid(f"{MANIFEST} names file {file!r} for array {name!r}")
         arrays[name] = _load_array(path / file, size, sha, dtype, shape)
@@ -231,15 +257,18 @@ def _load_array(file: Path, size: int, sha: str, dtype: np.dtype, shape: list) -
         raise _Invalid(f"{file.name} missing") from None
     if actual != size:
         what = "truncated" if actual < size else "too long"
-        raise _Invalid(f"{file.name} {what}: {actual} bytes, the manifest says {size}")
+        raise _Invalid(f"{file.name} {what}: {actual} bytes, {MANIFEST} says {size}")
     with open(file, "rb") as f:
         if hashlib.file_digest(f, "sha256").hexdigest() != sha:
-            raise _Invalid(f"{file.name} sha256 mismatch (the file's bytes changed)")
+            raise _Invalid(
+                f"{file.name} sha256 mismatch (the file's bytes, or its record in {MANIFEST}, "
+                "changed)"
+            )
     try:
         arr = np.load(file, allow_pickle=False)
     except (ValueError, EOFError, OSError) as e:
         raise _Invalid(f"{file.name} refused by np.load(allow_pickle=False): {e}") from None
     if not isinstance(arr, np.ndarray) or arr.dtype != dtype or list(arr.shape) != shape:
         got = f"{arr.dtype} {list(arr.shape)}" if isinstance(arr, np.ndarray) else "no array"
-        raise _Invalid(f"{file.name} holds {got}, the manifest says {dtype} {shape}")
+        raise _Invalid(f"{file.name} holds {got}, {MANIFEST} says {dtype} {shape}")
     return arr

@@ -29,14 +29,35 @@ import re
 import time
 from pathlib import Path
 
+from ..results.record_fields import DamagedRecord
 from ..run_files import TOLD_FILE
 from ..security import auth
 from . import checkpoint
+from .state import ARRAYS, check_meta
 
 log = logging.getLogger("rudra_zmq.ps")
 
 
 _RANGE_DIR = re.compile(r"range-(\d+)-(\d+)")
+
+
+def meta_check(directory: Path, learners: int):
+    """The check of a checkpoint's meta in ``directory`` for ``checkpoint.load_latest``:
+    ``state.check_meta`` (λ = ``learners``), and its range the one the directory
+    holds (``range-LO-HI``, else the whole vector). Raises record_fields.DamagedRecord."""
+    named = _RANGE_DIR.fullmatch(Path(directory).name)
+
+    def check(meta) -> None:
+        check_meta(meta, learners)
+        held = [int(named[1]), int(named[2])] if named else [0, meta["numel"]]
+        saved = meta.get("range") or [0, meta["numel"]]
+        if saved != held:
+            raise DamagedRecord(
+                f"meta.range is {saved}; {Path(directory).name} holds the checkpoints of "
+                f"range [{held[0]}, {held[1]})"
+            )
+
+    return check
 
 
 def saved_ranges(root: Path) -> list[tuple[int, int] | None]:
@@ -97,9 +118,12 @@ def restore_latest(state, directory: Path, root: Path | None = None) -> Path | N
     range, or if there are none for ``state.span`` but some for other ranges of the run under
     ``root`` (the run's checkpoint directory, ``run_files.checkpoints_root``; None: ``directory``)
     (a resumed run split otherwise would silently start afresh). Blocks (reads the files)."""
-    ck = checkpoint.load_latest(directory)
+    ck = checkpoint.load_latest(directory, meta_check(directory, state.learners), ARRAYS)
     if ck is not None:
-        state.restore(ck.arrays, ck.meta)
+        try:
+            state.restore(ck.arrays, ck.meta)
+        except ValueError as exc:  # another model's or range's: say which checkpoint
+            raise ValueError(f"{ck.path / checkpoint.MANIFEST}: {exc}") from None
         return ck.path
     root = directory if root is None else root
     others = saved_ranges(root)

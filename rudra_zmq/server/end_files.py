@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..results.record_fields import DamagedRecord
+from ..results.records import load_final
 from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 
 
@@ -84,24 +86,14 @@ def write_final(run_dir: Path, state) -> None:
 
 
 def read_final(run_dir) -> dict | None:
-    """``RUN_DIR/ps_final.json`` when it says training is done (``done`` true, an int
-    ``timestamp``, a number ``epoch``); None when it is missing, unreadable or says anything
-    else. Reads one small file."""
+    """``RUN_DIR/ps_final.json`` when it says training is done (``records.load_final``, with
+    ``done`` true); None when it is missing, damaged or says anything else. Reads one small
+    file."""
     try:
-        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
-    except (OSError, ValueError):
+        final = load_final(run_dir)
+    except DamagedRecord:
         return None
-    if not isinstance(final, dict) or final.get("done") is not True:
-        return None
-    ts, epoch = final.get("timestamp"), final.get("epoch")
-    if (
-        not isinstance(ts, int)
-        or isinstance(ts, bool)
-        or isinstance(epoch, bool)
-        or not isinstance(epoch, (int, float))
-    ):
-        return None
-    return final
+    return final if final is not None and final["done"] else None
 
 
 def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:

@@ -39,6 +39,7 @@ import zmq
 
 from .. import codec, kernels, transport, wire
 from ..notices import notice
+from ..outbox import Outbox
 from ..shape import ClusterShape
 from ..wire import Kind
 from .arrival_log import ArrivalLog
@@ -110,6 +111,7 @@ class ParameterServer:
             hwm=max(64, 4 * cfg.sync.learners, 2 * cfg.wire.parts + 8),  # parts ahead queue
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
         )
+        self.out = Outbox(self.sock, head=2)  # replies; weights in chunks tracked (outbox)
         try:
             if not resume:
                 self.endpoint = transport.bind(self.sock, bind)
@@ -194,7 +196,7 @@ class ParameterServer:
             **fields,
         )
         try:
-            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
+            self.out.send([ident, *frames], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
             st.counters.undelivered += 1
             if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
@@ -397,9 +399,7 @@ class ParameterServer:
                     log.warning("could not join the servers' weights in %s: %s", self.run_dir, exc)
         self.weights_out.close()
         # the STOPs just queued get time to leave
-        self.sock.close(
-            linger=transport.closing_linger_ms(self.cfg.runtime.retry_s, self.state.done)
-        )
+        self.out.close(transport.closing_linger_ms(self.cfg.runtime.retry_s, self.state.done))
         if self._own_ctx:
             transport.term(self.ctx)
 

@@ -161,7 +161,11 @@ class Serving:
     def not_queued(self, ident: bytes, retry_s: float) -> None:
         """A reply to ``ident`` found its queue full (EAGAIN): that connection's next CHECK
         hears "not got", and the server stays ``retry_s`` + 1 s for it (were it a STOP, the
-        learner asks again within ``retry_s``)."""
+        learner asks again within ``retry_s``). Connections marked so earlier that are gone
+        (``transport.peer_connected``) are forgotten: only one still there can ask, so the set
+        follows the live connections, not every one a long run has seen."""
+        gone = [i for i in self.lost if not transport.peer_connected(self.sock, i, self.me)]
+        self.lost.difference_update(gone)
         self.lost.add(ident)
         self.stay_until = max(self.stay_until, time.time() + retry_s + 1)
 

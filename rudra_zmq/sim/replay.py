@@ -26,7 +26,9 @@ import numpy as np
 
 from ..config import ConfigError, load_config
 from ..devices import learner_threads
-from ..run_files import WEIGHTS_FILE, config_path
+from ..results.record_fields import DamagedRecord
+from ..results.records import load_final
+from ..run_files import ARRIVALS_FILE, PS_FINAL_FILE, WEIGHTS_FILE, config_path
 from ..server import arrival_log
 from ..server.update import Updater
 from ..shape import ClusterShape
@@ -42,13 +44,15 @@ class ReplayError(ValueError):
 @dataclass
 class Replayed:
     """What a replay reached: the weights after the update of ``timestamp`` (the last one,
-    or ``--until``'s), that update (None at timestamp 0), and the events and gradients used."""
+    or ``--until``'s), that update (None at timestamp 0), and the events and gradients used;
+    ``final``: the run's own final weights (``weights.npy``; None with ``until``)."""
 
     weights: np.ndarray
     timestamp: int
     update: object
     events: int
     gradients: int
+    final: np.ndarray | None = None
 
 
 def _check(cfg) -> None:
@@ -64,11 +68,12 @@ def _check(cfg) -> None:
         )
 
 
-def _last_updates(cfg, events, n) -> tuple[int, dict]:
+def _last_updates(cfg, events, n, run_dir: Path) -> tuple[int, dict, int]:
     """A first pass of the engine alone over ``events``: the index of the last event that
-    completes an update (gradients after it never reached the weights) and, per weights
-    timestamp, the index of the last gradient computed on it. Raises ReplayError for events
-    the engine refuses (a damaged log, or another run's config)."""
+    completes an update (gradients after it never reached the weights), per weights
+    timestamp the index of the last gradient computed on it, and the timestamp the log ends
+    at. Raises ReplayError for events the engine refuses (a damaged log, or another run's
+    config)."""
     engine, last, uses = SyncEngine.of(cfg, n), -1, {}
     for i, (kind, learner, ts, _) in enumerate(events.tolist()):
         try:
@@ -82,17 +87,59 @@ def _last_updates(cfg, events, n) -> tuple[int, dict]:
                 update = None
         except ValueError as exc:
             raise ReplayError(
-                f"event {i} of the arrivals log is refused by the engine: {exc}"
+                f"{run_dir / ARRIVALS_FILE} event {i} is refused by the sync engine of "
+                f"{config_path(run_dir)}: {exc} (the log is damaged, or the config is not "
+                "the run's)"
             ) from None
         if update is not None:
             last = i
-    return last, uses
+    return last, uses, engine.timestamp
+
+
+def _final_weights(run_dir: Path, numel: int, timestamp: int) -> np.ndarray:
+    """The run's final weights (``weights.npy``), once ``ps_final.json`` says they are at
+    ``timestamp``, where the arrivals log ends. Raises ReplayError naming the file and what
+    is wrong with it: missing, damaged, not ``numel`` float32 values, or a log that ends
+    elsewhere (truncated, or another run's). Reads two files."""
+    try:
+        final = load_final(run_dir)
+    except DamagedRecord as exc:
+        raise ReplayError(str(exc)) from None
+    if final is None:
+        raise ReplayError(
+            f"{run_dir / PS_FINAL_FILE} does not exist: the run did not finish, so there are "
+            "no final weights to compare with (replay --until TS shows the weights at TS)"
+        )
+    if final["timestamp"] != timestamp:
+        raise ReplayError(
+            f"{run_dir / ARRIVALS_FILE}, replayed with {config_path(run_dir)}, ends at "
+            f"timestamp {timestamp} but {run_dir / PS_FINAL_FILE} says training ended at "
+            f"{final['timestamp']}: the log is truncated or damaged, or one of the three "
+            "files is another run's (the sync settings decide when an update is made)"
+        )
+    path = run_dir / WEIGHTS_FILE
+    try:
+        w = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ReplayError(f"{path} does not exist: the run's final weights are missing") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise ReplayError(f"{path} cannot be read as .npy ({exc}): damaged") from None
+    if not isinstance(w, np.ndarray) or w.dtype != np.float32 or w.shape != (numel,):
+        what = f"{w.dtype} {w.shape}" if isinstance(w, np.ndarray) else type(w).__name__
+        raise ReplayError(
+            f"{path} holds {what}, not the model's {numel:,} float32 values (damaged, or "
+            "another model's)"
+        )
+    return w
 
 
 def replay(run_dir, until: int | None = None, threads: int | None = None) -> Replayed:
     """Recompute the run in ``run_dir`` up to the update of timestamp ``until`` (default: its
     last). ``threads``: torch threads per gradient (default: the run's learners' count).
-    Blocks (computes every gradient); raises ReplayError, ConfigError or FileNotFoundError."""
+    Everything it reads is checked before the first gradient is computed: the config, the
+    arrivals log (``arrival_log.read``, then the engine), and without ``until`` the run's
+    ``ps_final.json`` and ``weights.npy``. Blocks (computes every gradient); raises
+    ReplayError, ConfigError or FileNotFoundError."""
     import torch
 
     from .sim_trainer import Trainer
@@ -112,14 +159,18 @@ def replay(run_dir, until: int | None = None, threads: int | None = None) -> Rep
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
     torch.set_num_threads(threads or learner_threads(cfg))
-    trainer = Trainer(cfg)
-    last, uses = _last_updates(cfg, events, trainer.n)
+    try:
+        trainer = Trainer(cfg)
+    except ValueError as exc:  # a model or data set the config names that is not one
+        raise ReplayError(f"{config_path(run_dir)}: {exc}") from None
+    last, uses, reached = _last_updates(cfg, events, trainer.n, run_dir)
     o = cfg.optimizer
     w0 = trainer.flat.weights
+    final = None if until is not None else _final_weights(run_dir, w0.size, reached)
     segments = trainer.flat.segments() if o.param_multipliers else [(0, w0.size, 1.0, 1.0)]
     updater, engine = Updater(w0, segments, o), SyncEngine.of(cfg, trainer.n)
     versions = {0: updater.w.copy()}
-    done = Replayed(updater.w, 0, None, 0, 0)
+    done = Replayed(updater.w, 0, None, 0, 0, final)
     for i, (kind, learner, ts, step) in enumerate(events[: last + 1].tolist()):
         update = None
         if kind == GRADIENT:
@@ -183,7 +234,7 @@ def cmd_replay(args) -> int:
             f"epoch {u.epoch:.3f}"
         )
         return 0
-    final = np.load(Path(args.run_dir) / WEIGHTS_FILE)
+    final = r.final
     if np.array_equal(final, r.weights):
         print(f"the same weights as {WEIGHTS_FILE}, bit for bit ({final.size:,} values)")
         return 0

@@ -16,6 +16,8 @@ import numpy as np
 import zmq
 
 from .. import transport, wire
+from ..channel import LinkWatch
+from ..outbox import Outbox
 from ..security import auth
 from ..wire import Kind
 
@@ -63,6 +65,8 @@ class StatsClient:
         self._token = {} if token is None else {"token": token}
         self._metrics = transport.make_socket(ctx, zmq.PUSH, hwm=METRIC_HWM)
         self._evals = transport.make_socket(ctx, zmq.PUSH, hwm=EVAL_HWM)
+        self._evals_out = Outbox(self._evals)  # weights in chunks tracked (outbox)
+        self._evals_link = LinkWatch(self._evals)  # before connect: whether it is up at close
         for sock in (self._metrics, self._evals):
             transport.connect(sock, endpoint, sender)
 
@@ -144,7 +148,7 @@ class StatsClient:
             **self._token,
         )
         try:
-            self._evals.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            self._evals_out.send(frames, zmq.NOBLOCK)
         except zmq.Again:
             self.evals_dropped += 1
             return False
@@ -154,11 +158,16 @@ class StatsClient:
     def close(self, linger_ms: int = CLOSE_LINGER_MS) -> None:
         """Close both sockets, giving ZeroMQ up to ``linger_ms`` (in ``ctx.term()``) to deliver
         what is queued; after a "done" record, up to ``done_wait_ms`` (a statistics
-        server being restarted must still get it and the final weights)."""
+        server being restarted must still get it and the final weights). Blocks that long
+        only while an EVAL of several frames is still being taken (``outbox``)."""
         linger_end = max(linger_ms, self.done_wait_ms) if self._done_sent else linger_ms
-        for sock, linger in ((self._metrics, linger_end), (self._evals, linger_end)):
-            if not sock.closed:
-                sock.close(linger=linger)
+        if not self._metrics.closed:
+            self._metrics.close(linger=linger_end)
+        if not self._evals.closed:  # an EVAL half-sent is never dropped half (outbox)
+            self._evals_out.wait(linger_end)
+            up = self._evals_link.up()
+            self._evals_link.close()
+            self._evals_out.close(linger_end, connected=up, wait=False)
 
 
 __all__ = ["StatsClient"]

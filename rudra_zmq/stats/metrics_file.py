@@ -103,14 +103,16 @@ def json_line(rec: dict) -> str:
     try:
         return json.dumps(rec, separators=(",", ":"), allow_nan=False)
     except ValueError:  # rare (a diverged run): copy the record only then
-        return json.dumps(_finite(rec), separators=(",", ":"), allow_nan=False)
+        return json.dumps(finite(rec), separators=(",", ":"), allow_nan=False)
 
 
-def _finite(x):
+def finite(x):
+    """``x`` as ``json_line`` writes it: a copy in which every NaN or infinite float (in
+    dicts and lists too) is None. Pure."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_finite(v) for v in x]
+        return [finite(v) for v in x]
     return x

@@ -43,6 +43,9 @@ def duration(s: float) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+MAX_UPDATES = 2**15  # update records kept apart until their line is printed
+
+
 class Progress:
     """The progress lines of a run of ``epochs`` epochs, µ = ``batch_size`` samples per
     gradient.
@@ -80,6 +83,8 @@ class Progress:
             return []
         s, n = sigma_sum(r)
         self._updates.append((ts, t, s, n))
+        if len(self._updates) > MAX_UPDATES:
+            self._merge_oldest()
         self._upto = ts
         self._at(t, epoch)
         lines = []
@@ -90,6 +95,18 @@ class Progress:
                 f"after {t - self.begun:.1f} s of start-up"
             )
         return lines + self._due()
+
+    def _merge_oldest(self) -> None:
+        """Sum the older half of the updates not yet on a line into one entry (their newest
+        ts and t, Σσ and gradient count): memory stays bounded when evaluations are far apart
+        or off, and the next line's ⟨σ⟩ stays exact (its samples/s is then measured from the
+        end of the merged updates). The newer half stays apart for an evaluation of a
+        timestamp among them, arriving late."""
+        half = len(self._updates) // 2
+        old, self._updates = self._updates[:half], self._updates[half:]
+        newest = max(old, key=lambda u: u[1])
+        merged = (max(u[0] for u in old), newest[1], sum(u[2] for u in old), sum(u[3] for u in old))
+        self._updates.insert(0, merged)
 
     def members(self, r: dict) -> list[str]:
         """Take one ``members`` record (λ changed); returns its line."""

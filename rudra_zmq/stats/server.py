@@ -35,6 +35,7 @@ reason, never fatal.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import signal
@@ -47,20 +48,23 @@ import zmq
 
 from .. import transport, wire
 from ..results import plots
-from ..results.records import other_server
+from ..results.record_fields import DamagedRecord
+from ..results.records import check_record, other_server
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..security import auth
 from ..server.end_files import final_weights
+from ..server.throttled_log import ThrottledLog
 from ..shape import ClusterShape
 from ..wire import Kind
 from .eval_join import EvalJoin
 from .evaluator import Evaluator
-from .metrics_file import MetricsFile, json_line
+from .metrics_file import MetricsFile, finite, json_line
 from .progress import Progress, is_number
 from .run_end import RunEnd, final_record
 from .tensorboard_log import TensorBoardLog, check_tensorboard
 
 log = logging.getLogger("rudra_zmq.stats")
+RECENT_EVALS = 16  # evaluated timestamps remembered
 
 POLL_MS = 100
 DRAIN_MAX = 1000  # messages taken per wake-up before the loop looks at clocks again
@@ -158,12 +162,15 @@ class StatsServer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.out = out if out is not None else sys.stdout
         self.records = self.invalid = self.evals_done = self.evals_skipped = 0
-        self._warned: set = set()
+        self._warned: set = set()  # what was said once: "diverged", "final_file"
+        self.warn = ThrottledLog(log)
         self._pending: tuple[wire.Message, float] | None = None  # newest EVAL, arrival time
         shape = ClusterShape.of(cfg)
         self.end = RunEnd(self.run_dir, cfg.train.epochs, shape)  # the "done"s, EVALs seen
         self.join: EvalJoin | None = None  # the servers' EVAL slices (set once loaded)
-        self._evaluated: set[int] = set()  # timestamps whose evaluation this server wrote
+        # the timestamps of the newest evaluations written (the final weights' is the last
+        # asked for: a run's length of them is not needed)
+        self._evaluated: collections.deque = collections.deque(maxlen=RECENT_EVALS)
         self._last_update: tuple = (None, None)  # (ts, t) of the newest update record
         self._tb: TensorBoardLog | None = None
         self._file: MetricsFile | None = None
@@ -262,6 +269,11 @@ class StatsServer:
         t = r.get("t")
         rel = (t if is_number(t) else now) - self.t0
         r = {**r, "t": round(rel, 6)}
+        try:  # as it will be written: what read_metrics would refuse is refused here
+            check_record(finite(r), f"a record from {wire.sender_name(sender)}")
+        except DamagedRecord as exc:
+            self._refuse(f"sender {sender}", "bad_metric", str(exc))
+            return
         try:
             line = json_line(r)
         except (TypeError, ValueError) as exc:  # e.g. a bytes key: msgpack allows, JSON not
@@ -286,9 +298,10 @@ class StatsServer:
 
     def _refuse(self, who: str, code: str, message: str) -> None:
         self.invalid += 1
-        if (who, code) not in self._warned:  # log once per sender and reason, count all
-            self._warned.add((who, code))
-            log.warning("statistics server: ignored a message from %s: %s", who, message)
+        # logged at a bounded rate per sender and reason (a bounded number of them), count all
+        self.warn.warning(
+            (who, code), "statistics server: ignored a message from %s: %s", who, message
+        )
 
     # ------------------------------------------------------------------ evaluating
     def evaluate(self, weights_parts, stop_event=None) -> tuple[float, float] | None:
@@ -320,7 +333,7 @@ class StatsServer:
         rec = {"type": "eval", **rec, "test_error": error, "test_loss": loss}
         self._write(rec, json_line(rec))
         self.evals_done += 1
-        self._evaluated.add(rec["ts"])
+        self._evaluated.append(rec["ts"])
         self._file.flush()
         self._print(*self.progress.evaluated(rec["t"], rec["ts"], rec["epoch"], error, loss))
         if not math.isfinite(loss) and "diverged" not in self._warned:  # say it once

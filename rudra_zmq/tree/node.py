@@ -33,6 +33,7 @@ import zmq
 
 from .. import codec, transport, wire
 from ..channel import Channel, ServerError
+from ..outbox import Outbox
 from ..server.serving import Serving
 from ..server.throttled_log import ThrottledLog
 from ..wire import Kind
@@ -75,6 +76,7 @@ class TreeNode:
             hwm=max(64, 4 * len(self.spec.subtree)),
             max_bytes=transport.frame_limit(self.chunk_bytes),
         )
+        self.out = Outbox(self.sock, head=2)  # to its children; chunked sums tracked (outbox)
         self.endpoint = transport.bind(self.sock, bind)
         up = "the root" if self.spec.parent is None else f"tree node {self.spec.parent}"
         up += self.state.place.of_range
@@ -131,7 +133,7 @@ class TreeNode:
             **fields,
         )
         try:
-            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK, copy=False)
+            self.out.send([ident, *frames], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
             if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
                 self.serving.not_queued(ident, self.cfg.runtime.retry_s)
@@ -329,7 +331,7 @@ class TreeNode:
         self.shared.close()
         self.parent.close()
         over = self.state.stop_reason is not None  # the STOPs just queued get time to leave
-        self.sock.close(linger=transport.closing_linger_ms(self.cfg.runtime.retry_s, over))
+        self.out.close(transport.closing_linger_ms(self.cfg.runtime.retry_s, over))
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the socket file behind
             try:
                 os.unlink(self.endpoint[len("ipc://") :])
