@@ -19,7 +19,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from . import codec, transport, wire
+from . import codec, timeline, transport, wire
 
 
 class Channel:
@@ -55,7 +55,11 @@ class Channel:
         self.name = name
         self.timeout_ms = timeout_ms
         self.sock = transport.make_socket(
-            ctx, zmq.DEALER, hwm=hwm, identity=transport.new_routing_id(), max_bytes=max_bytes
+            ctx,
+            zmq.DEALER,
+            hwm=hwm,
+            identity=transport.new_routing_id(),
+            max_bytes=max_bytes,
         )
         # A receive timeout instead of poll() before each recv: Socket.poll builds a Poller
         # per call, Python work on every round trip of the hot path. At most WAKE_MS, so a
@@ -85,6 +89,7 @@ class Channel:
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
         self._begin(seq, [frames], None)
         self.sock.send_multipart(frames, copy=False)
+        timeline.sent(self.name, frames)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
         """Queue one request in parts (``wire.parts``; see ``parts``), all at once."""
@@ -119,6 +124,7 @@ class Channel:
     def send_part(self, frames) -> None:
         """Queue one message ``parts`` made (zero-copy)."""
         self.sock.send_multipart(frames, copy=False)
+        timeline.sent(self.name, frames)
 
     def resend(self) -> None:
         """Send the request awaiting its reply again, unchanged (every part of it)."""
@@ -220,6 +226,7 @@ class Channel:
         """The reply in ``frames``, validated; None for a RECEIPT (resending the request if
         the server never got it) or a late answer."""
         msg = wire.decode(frames, numel=numel, dtypes=self.dtypes)
+        timeline.received(self.name, msg)
         asked = None if self._last is None else self._last[0]
         if msg.kind == wire.Kind.RECEIPT:
             if msg.fields["re"] == asked:
