@@ -87,6 +87,7 @@ def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
             {
                 "epoch": e + 1,
                 "s": t - prev_t,
+                "t_end": t,
                 "rx_bytes": rx,
                 "tx_bytes": tx,
                 "updates": ends[0][e] - prev_k[0],
@@ -98,11 +99,12 @@ def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
 
 
 def run_case(
-    case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str, parts: int = 1
-) -> dict:
+    case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str, parts: int = 1,
+    timeline: str | None = None,
+) -> dict:  # fmt: skip
     """One Rudra-base or Rudra-adv case (one tree per range) with ``k`` sharded servers
     placed by ``placement``: its row, as ``lan_table1.run_case``'s (the root's columns are
-    the servers' sums). Blocks."""
+    the servers' sums; ``timeline`` as there). Blocks."""
     arch, protocol = case.split("-")
     if arch not in ("base", "adv"):
         raise ValueError(f"--servers: sharded servers serve base and adv, not {case}")
@@ -116,7 +118,7 @@ def run_case(
         arch, ov, params=a.params, learners=lam, root=lan.hosts[0],
         hosts=lan.hosts[1 : 1 + a.hosts], workdir=workdir, compute_ms=a.compute_ms,
         per_process=a.per_host, servers=server_hosts(lan, a, k, placement),
-        timeout_s=deadline_s(bound, a.epochs),
+        timeout_s=deadline_s(bound, a.epochs), timeline=timeline,
     )  # fmt: skip
     servers = r["servers"]
     per = wire_bytes(wire_dtype)
@@ -147,5 +149,9 @@ def run_case(
         "server_numel": [ps["numel"] for ps in servers],
         "server_cpu_s": [ps["cpu_s"] for ps in servers],
         "wall_s": r["wall_s"],
+        "timed_window": [
+            ep[0]["t_end"] if len(ep) > 1 else min(ps["t_first_grad"] for ps in servers),
+            ep[-1]["t_end"],
+        ],
         **retries(servers, r["learners"]),
     }

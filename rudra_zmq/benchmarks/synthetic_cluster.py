@@ -27,6 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from ..timeline import ENV as TIMELINE_ENV
+
 MODULE = "rudra_zmq.benchmarks.synthetic_roles"
 
 
@@ -42,8 +44,9 @@ class Processes:
     """The processes of one run. ``start`` blocks until a server printed its endpoint;
     ``wait`` until all exited; ``close`` stops the rest (TERM, then KILL). Not thread-safe."""
 
-    def __init__(self, workdir: str):
-        self.workdir = workdir
+    def __init__(self, workdir: str, env: dict | None = None):
+        """``env``: variables added to every process's environment (``start`` adds more)."""
+        self.workdir, self.env = workdir, dict(env or {})
         self.procs: list[tuple[str, subprocess.Popen, str, str]] = []
 
     def start(
@@ -77,6 +80,7 @@ class Processes:
             OMP_NUM_THREADS="1",
             OMP_WAIT_POLICY="PASSIVE",
             PYTHONUNBUFFERED="1",
+            **self.env,
             **(env or {}),
         )
         with open(out, "w") as fo, open(log, "w") as fe:
@@ -273,14 +277,17 @@ def run(
     per_process: int = 1,
     timeout_s: float = 600,
     servers: list[Host] | None = None,
+    timeline: str | None = None,
 ) -> dict:
     """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
     "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
     ``servers`` (base, or adv with one tree per range), one sharded server per host listed
     there, over the ranges of ``span.split(params, len(servers))`` (``ps`` is then the
-    first's report), instead of the root. Blocks; stops every process it started before returning or raising."""
+    first's report), instead of the root. ``timeline``: every role records its part of that
+    timeline (``timeline.start_from_env``; the caller merges them). Blocks; stops every
+    process it started before returning or raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
-    procs = Processes(workdir)
+    procs = Processes(workdir, {TIMELINE_ENV: timeline} if timeline else None)
     t0 = time.time()
     try:
         if arch not in ("base", "adv", "advstar"):

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import zmq
 
-from .. import codec, kernels, wire
+from .. import codec, kernels, timeline, wire
 from ..roles.learner_shards import ShardedPushPull, Shards, server_channels
 from ..span import split
 from ..wire import Kind
@@ -89,15 +89,19 @@ class SyntheticLearner:
     def _run_sharded(self) -> dict:
         s = self.stats
         s["t_start"] = time.time()
-        alive = True
+        alive, tl = True, timeline.current()
         while alive:
             t0 = time.perf_counter()
+            c0 = timeline.now_us()
             if self.compute_s > 0:
                 time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
             t1 = time.perf_counter()
+            c1 = timeline.now_us()
             alive = self.exchange.step(lambda: None)
             s["compute_s"] += t1 - t0
             s["comm_s"] += time.perf_counter() - t1
+            tl.complete("compute", c0, c1)
+            tl.complete("exchange", c1, timeline.now_us(), "wire")
             s["steps"] += 1
             s["up_bytes"] += self._step_bytes
         s["t_end"] = time.time()
@@ -140,13 +144,17 @@ class SyntheticLearner:
         s["t_start"] = time.time()
         if self.member is not None:
             return self._run_advstar(msg)
+        tl = timeline.current()
         while msg.kind != Kind.STOP:
             if msg.kind in (Kind.WELCOME, Kind.WEIGHTS):
                 self._load(msg)
             t0 = time.perf_counter()
+            c0 = timeline.now_us()
             if self.compute_s > 0:
                 time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
             t1 = time.perf_counter()
+            c1 = timeline.now_us()
+            tl.complete("compute", c0, c1)
             msg = None  # release the previous reply's frames before the next round trip
             msg = self.ch.request(
                 Kind.PUSHPULL,
@@ -155,6 +163,7 @@ class SyntheticLearner:
                 numel=self.numel,
                 reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
             )
+            tl.complete("exchange", c1, timeline.now_us(), "wire")
             s["compute_s"] += t1 - t0
             s["comm_s"] += time.perf_counter() - t1
             s["steps"] += 1

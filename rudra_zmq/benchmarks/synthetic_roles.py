@@ -36,7 +36,7 @@ import time
 import numpy as np
 import zmq
 
-from .. import kernels, transport
+from .. import kernels, timeline, transport
 from ..config import RuntimeConfig
 from .synthetic_learner import SIGNATURE, SyntheticLearner
 
@@ -137,6 +137,11 @@ def counting_ps_class():
             super().handle(frames)
 
         def on_gradient(self, ident, msg) -> None:
+            if timeline.current().enabled:
+                nbytes = sum(p.nbytes for p in msg.payloads)
+                at = msg.fields.get("at", 0)
+                timeline.mark("recv", peer=f"learner {msg.sender}", kind=msg.kind.name,
+                              bytes=nbytes, at=at, seq=msg.seq, ts=msg.ts)  # fmt: skip
             if self.t_first_grad is None:
                 self.t_first_grad = time.time()
             self.rx_grad_msgs += not msg.fields.get("more")  # a gradient in parts: once
@@ -146,8 +151,14 @@ def counting_ps_class():
         def send(self, ident, kind, payloads=(), **fields) -> None:
             self.tx_bytes += sum(p.nbytes for p in payloads)
             super().send(ident, kind, payloads, **fields)
+            if timeline.current().enabled and payloads:
+                peer = next((s for s, i in self.state.identities.items() if i == ident), "?")
+                timeline.mark("send", peer=f"learner {peer}", kind=kind.name,
+                              bytes=sum(p.nbytes for p in payloads), at=fields.get("at", 0),
+                              ts=fields.get("ts", self.state.engine.timestamp))  # fmt: skip
 
         def _after_update(self, update) -> None:
+            timeline.current().instant("update", "server", ts=update.timestamp)
             self.log.append(
                 (
                     time.time(),
@@ -287,7 +298,10 @@ def main_learners(args) -> dict:
         except BaseException as exc:  # re-raised by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(ids))]
+    threads = [
+        threading.Thread(target=work, args=(k,), name=f"learner {i}", daemon=True)
+        for k, i in enumerate(ids)
+    ]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads) and not errors:
@@ -336,7 +350,11 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     exit_with_parent()
-    report = {"ps": main_ps, "node": main_node, "learners": main_learners}[args.role](args)
+    timeline.start_from_env(os.path.splitext(os.path.basename(args.report))[0])
+    try:
+        report = {"ps": main_ps, "node": main_node, "learners": main_learners}[args.role](args)
+    finally:
+        timeline.stop()  # this role's part of the timeline (lan-table1 --timeline)
     with open(args.report, "w") as f:
         json.dump(report, f)
     return 0
