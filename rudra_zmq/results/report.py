@@ -4,6 +4,9 @@ One table row per run (a sweep's point, or any run directory): protocol, σ as T
 µ, λ, µ·λ, learning-rate policy, the test error at an epoch budget, ⟨σ⟩, and the paper's own
 140-epoch error for the same Table 2 row (``paper.TABLE2``). Written as ``report.md`` (also
 printed) and ``report.csv``, with ``fig3_error_vs_epoch.png`` and ``fig4_error_vs_time.png``.
+Where the runs hold the µ = 128, λ = 1 baseline and another setting, also the gap of each
+setting to the baseline over seeds and schedule lengths (``gaps``: ``gaps.md``, ``gaps.csv``,
+``gap_vs_length.png``, ``gap_vs_step.png``).
 Reads only what runs wrote (``config.yaml``, ``metrics.jsonl``, a sweep's ``point.json``,
 a real run's ``processes.json``), so failed and unfinished runs are listed too; every
 function here blocks on file I/O only, and nothing is imported from torch.
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from ..run_files import METRICS_FILE, POINT_FILE, PROCESSES_FILE
 from ..sync import PROTOCOLS, nominal_staleness
-from . import paper, plots
+from . import gaps, paper, plots
 from .compare import (
     CompareError,
     add_run_dirs_argument,
@@ -364,10 +367,16 @@ def cmd_report(args) -> int:
     rows = [table_row(run, args.budget) for run in runs]
     text = format_markdown(rows)
     figures = write_figures(runs, rows, out)
+    gap_text, gap_files = gaps.write_gaps(runs, rows, out)
+    figures += [p for p in gap_files if p.suffix == ".png"]
     links = "".join(f"\n![{p.stem}]({p.name})\n" for p in figures)
-    (out / "report.md").write_text(f"# rudra-zmq report\n\n{text}{links}")
+    more = f"\n## The gap to the baseline\n\n{gap_text}" if gap_text else ""
+    (out / "report.md").write_text(f"# rudra-zmq report\n\n{text}{more}{links}")
     write_csv(rows, out / "report.csv")
     print(text)
+    if gap_text:
+        print(gap_text)
+        print(f"gaps: {out / 'gaps.md'}, {out / 'gaps.csv'}")
     print(f"report: {out / 'report.md'}, {out / 'report.csv'}")
     print("figures: " + (", ".join(map(str, figures)) or "none (no run has test-error records)"))
     return 0
