@@ -48,6 +48,7 @@ class Channel:
         retry_ms: int = 5_000,
         max_bytes: int = -1,
         dtypes: wire.ModelDtypes = wire.FLOAT32,
+        sndbuf: int = 0,
     ):
         self.endpoint = endpoint
         self.dtypes = dtypes  # the run's wire dtypes, which replies are checked against
@@ -60,6 +61,7 @@ class Channel:
             hwm=hwm,
             identity=transport.new_routing_id(),
             max_bytes=max_bytes,
+            sndbuf=sndbuf,
         )
         # A receive timeout instead of poll() before each recv: Socket.poll builds a Poller
         # per call, Python work on every round trip of the hot path. At most WAKE_MS, so a

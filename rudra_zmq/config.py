@@ -92,6 +92,8 @@ class RuntimeConfig:
     ps_threads: int = 0  # kernel OpenMP threads on the PS; 0 = all cores for a
     #                                    PS started by hand, what the learners leave under run
     chunk_mib: int = 8  # max payload frame size for model-sized messages
+    sndbuf_kib: int = 0  # the kernel send buffer of each learner-server TCP connection
+    #                                    (both ends); 0 = the kernel's autotuning (docs/wire.md)
     timeout_s: float = 120.0  # a peer silent this long is an error, not a hang
     learner_timeout_s: float = 60.0  # the PS evicts a learner silent this long (0 = never);
     #                                    set above the slowest step; it rejoins with a HELLO
@@ -197,6 +199,10 @@ class Config:
         ):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
+        if r.sndbuf_kib < 0:
+            raise ConfigError(
+                f"runtime.sndbuf_kib must be >= 0 (0: the kernel sizes it), got {r.sndbuf_kib}"
+            )
         if not o.lr > 0:
             raise ConfigError(f"optimizer.lr must be > 0, got {o.lr}")
         if not 0 <= o.momentum < 1:

@@ -505,3 +505,26 @@ def test_table1_timeline_traces_every_part_each_link_and_real_ddp_beside(tmp_pat
         "t-base-hardsync-p2.json", "t-base-hardsync-p2.png", "t-ddp.json", "t-ddp.png",
     ]  # fmt: skip
     assert namespaces(f"rzt{pid % 1_000_000}") == []
+
+
+def test_parts_lower_the_hardsync_bound_only_where_pushes_and_replies_use_different_directions():
+    """A server on a host of its own takes the pushes in and sends the replies out, so parts
+    overlap them: M(1 + 1/P). A server beside a learner sends its replies out of the link its
+    learner pushes out of: that direction carries both, 2(λ-1)/λ·M, with or without parts."""
+    from types import SimpleNamespace
+
+    from rudra_zmq.benchmarks.lan_shards import bound_s_per_epoch, link_phases
+
+    assert link_phases(8, 1, 8, "extra") == (1.0, 1.0, 1.0)
+    assert link_phases(8, 1, 8, "colocated") == (0.875, 0.875, 1.75)
+    assert link_phases(8, 1, 4, "colocated") == (1.75, 1.75, 2.5)  # 7 learners into M/4
+    a = SimpleNamespace(hosts=8, per_host=1, params=10_000_000, rate="250mbit", compute_ms=100,
+                        epoch_gradients=8)  # fmt: skip
+    m = 40e6 / 31.25e6  # one float32 model through a 250 Mbit/s link, s
+
+    def bound(placement, parts):
+        return bound_s_per_epoch("base-hardsync", a, 8, placement, "float32", parts)
+
+    assert bound("extra", 1) == pytest.approx(2 * m + 0.1)
+    assert bound("extra", 16) == pytest.approx(m * 17 / 16 + 0.1)
+    assert bound("colocated", 1) == bound("colocated", 16) == pytest.approx(1.75 * m + 0.1)

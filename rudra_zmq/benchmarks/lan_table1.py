@@ -23,6 +23,7 @@ Needs root and ``ip netns``.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import signal
@@ -150,6 +151,7 @@ def run_baseline_case(case, a, lan: Lan, workdir: str, wire_dtype: str, timeline
 def _row(case: str, a, wire_dtype: str, s: float, epoch_s: list, parts: int = 1) -> dict:
     name = case if wire_dtype == "float32" else f"{case}-{wire.WIRE_DTYPES[wire_dtype]}"
     name += f"-p{parts}" if parts > 1 else ""
+    name += f"-sb{a.sndbuf_kib}" if a.sndbuf_kib else ""
     bound = bound_s_per_epoch(case, a, wire_dtype, parts)
     return {**row_head(name, a, wire_dtype, s, epoch_s, bound), "parts": parts}
 
@@ -176,6 +178,7 @@ def run_case(
         retry_s=a.retry_s,
         wire_dtype=wire_dtype,
         parts=parts,
+        sndbuf_kib=a.sndbuf_kib,
     )
     r = sc.run(
         arch,
@@ -293,6 +296,15 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--quick", action="store_true", help="2 hosts x 2 learners, 10k, seconds")
     p.add_argument(
+        "--sndbuf-kib",
+        nargs="+",
+        type=int,
+        default=[0],
+        metavar="KIB",
+        help="runtime.sndbuf_kib: run the PS cases with each of these kernel send buffers on "
+        "the learner-server connections, side by side (default 0: the kernel sizes them)",
+    )
+    p.add_argument(
         "--timeline",
         metavar="FILE",
         help="write each case's Chrome/Perfetto trace (compute spans, every part sent and "
@@ -314,7 +326,10 @@ def _variants(case: str, a) -> list[tuple]:
 
 
 def _n_runs(a) -> int:
-    return sum(len(_variants(c, a)) for c in a.cases) * len(a.wire_dtypes)
+    per = len(a.sndbuf_kib)
+    return sum(len(_variants(c, a)) * (1 if c in BASELINES else per) for c in a.cases) * len(
+        a.wire_dtypes
+    )
 
 
 def _sampled(a, lan, workdir, case, dtype, k, where, parts, traces) -> dict:
@@ -371,6 +386,9 @@ def run(a) -> int:
         raise ValueError(f"--servers {a.servers}: each K must be 1 to --params")
     if min(a.parts) < 1 or max(a.parts) > MAX_PARTS:
         raise ValueError(f"--parts {a.parts}: each P must be 1 to {MAX_PARTS} (wire.parts)")
+    sndbufs = a.sndbuf_kib
+    if min(sndbufs) < 0:
+        raise ValueError(f"--sndbuf-kib {sndbufs}: each must be >= 0 (0: the kernel sizes it)")
     traces = timeline.Output(a.timeline, _n_runs(a)) if a.timeline else None
     netns_sh = a.netns_sh or find_netns_sh()
     why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
@@ -417,8 +435,11 @@ def run(a) -> int:
                         report.note(f"{case} bfloat16 skipped: DDP's hook is float16 here")
                         continue
                     for k, where, parts in _variants(case, a):
-                        r = _sampled(a, lan, workdir, case, dtype, k, where, parts, traces)
-                        report.case(r, line(r))
+                        for sb in [0] if case in BASELINES else sndbufs:
+                            b = copy.copy(a)
+                            b.sndbuf_kib = sb
+                            r = _sampled(b, lan, workdir, case, dtype, k, where, parts, traces)
+                            report.case(r, line(r))
     except Exception:  # a case failed (Ctrl-C and SIGTERM leave nothing behind)
         kept = True
         print(f"table1: the roles' logs of the failed case are kept in {workdir}", file=sys.stderr)

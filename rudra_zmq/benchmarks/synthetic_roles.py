@@ -59,6 +59,7 @@ def overrides(
     retry_s: float = RuntimeConfig.retry_s,
     wire_dtype: str = "float32",
     parts: int = 1,
+    sndbuf_kib: int = 0,
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
@@ -82,6 +83,7 @@ def overrides(
         f"wire.gradient_dtype={wire_dtype}",  # gradients and weights alike
         f"wire.weights_dtype={wire_dtype}",
         f"wire.parts={parts}",
+        f"runtime.sndbuf_kib={sndbuf_kib}",
     ]
     if arch != "base":
         out += [

@@ -67,6 +67,7 @@ def server_channels(ctx, cfg, endpoints, sender: int, max_bytes: int = -1) -> li
             retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=max_bytes,
             dtypes=codec.dtypes(cfg),
+            sndbuf=cfg.runtime.sndbuf_kib << 10,
         )
         for k, ep in enumerate(endpoints)
     ]

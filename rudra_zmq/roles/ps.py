@@ -120,6 +120,7 @@ class ParameterServer:
             zmq.ROUTER,
             hwm=max(64, 4 * cfg.sync.learners, 2 * cfg.wire.parts + 8),  # parts ahead queue
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
+            sndbuf=cfg.runtime.sndbuf_kib << 10,
         )
         try:
             if not resume:
