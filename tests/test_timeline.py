@@ -2,7 +2,10 @@
 process, joined at the end. No sockets but the wire hooks' own messages; no timing asserted."""
 
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,3 +171,56 @@ def test_the_wire_hooks_mark_each_message_sent_and_received_with_its_bytes(tmp_p
         "peer": "parameter server 1", "kind": "WEIGHTS", "bytes": 1024, "at": 256,
         "more": False, "ts": 4, "re": 5,
     }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- rudra-zmq run
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rudra(*args, timeout):
+    return subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def test_run_refuses_an_unwritable_timeline_with_one_line_and_starts_nothing(tmp_path):
+    bad = tmp_path / "missing" / "t.json"
+    res = rudra(
+        "run", "configs/quickstart.yaml", "--run-dir", str(tmp_path / "r"), "--timeline", str(bad),
+        timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        f"rudra-zmq: error: --timeline {bad}: the folder {bad.parent} does not exist"
+    )
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.timeout(180)
+def test_a_run_with_a_timeline_traces_each_learners_steps_and_every_message_per_server(tmp_path):
+    trace_path = tmp_path / "t.json"
+    res = rudra(
+        "run", "configs/quickstart.yaml", "--run-dir", str(tmp_path / "r"),
+        "--set", "train.epochs=1", "--set", "sync.learners=2", "--set", "train.eval_every_epochs=0",
+        "--timeline", str(trace_path), timeout=170,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"timeline: {trace_path} (" in res.stdout
+    trace = load(trace_path)
+    events = trace["traceEvents"]
+    procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert {"learner", "ps", "data_server", "stats_server"} <= procs
+    steps = [e for e in events if e["ph"] == "X" and e["name"] == "step"]
+    computes = [e for e in events if e["ph"] == "X" and e["name"] == "compute"]
+    assert len(steps) == len(computes) > 0
+    assert {e["args"]["learner"] for e in steps} == {0, 1}
+    pushes = [e for e in events if e["name"] == "send" and e["args"]["peer"] == "parameter server"]
+    replies = [e for e in events if e["name"] == "recv" and e["args"]["peer"] == "parameter server"]
+    assert len(pushes) >= len(steps) and replies
+    assert {e["args"]["kind"] for e in replies} >= {"WELCOME", "WEIGHTS"}
+    assert trace["otherData"]["dropped"] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r", "t.json"]  # parts joined, gone

@@ -96,7 +96,7 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
     SIGTERM raises KeyboardInterrupt here, like Ctrl-C, so the role's ``finally`` blocks close
     their sockets when a launcher stops it (a role may install its own handler instead).
     """
-    from .. import transport
+    from .. import timeline, transport
 
     transport.tune_malloc()
     logging.basicConfig(
@@ -108,9 +108,11 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
     set_threads(threads, torch_too=torch_too)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     follow_launcher()
+    timeline.start_from_env(role_module)  # rudra-zmq run --timeline: this role's part
     try:
         return call(module)
     finally:
+        timeline.stop()
         signal.signal(signal.SIGTERM, previous)
 
 

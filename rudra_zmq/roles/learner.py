@@ -30,7 +30,7 @@ import time
 import torch
 import zmq
 
-from .. import transport
+from .. import timeline, transport
 from ..span import split
 from .data_client import DataClient
 from .learner_exchange import make_exchange
@@ -176,7 +176,8 @@ class Learner:
 
     def _backward(self) -> None:
         t0 = time.perf_counter()
-        self._compute()
+        with timeline.current().span("compute", learner=self.id):
+            self._compute()
         if self._slowdown:  # runtime.compute_times: a straggler sleeps the rest of its time
             time.sleep(self._slowdown * (time.perf_counter() - t0))
 
@@ -196,7 +197,8 @@ class Learner:
 
     def step(self) -> bool:
         """One minibatch: gradient, push, newer weights. Returns False once the PS said STOP."""
-        alive = self.exchange.step(self._backward)
+        with timeline.current().span("step", "wire", learner=self.id):
+            alive = self.exchange.step(self._backward)
         if alive:
             self.steps += 1
         return alive
