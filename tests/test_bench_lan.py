@@ -486,9 +486,15 @@ def test_table1_timeline_traces_every_part_each_link_and_real_ddp_beside(tmp_pat
         assert any(e["ph"] == "C" and e["name"] == "link host 1" for e in traces[name])
     ps = traces["base-hardsync-p2"]
     part_bytes = 10_000 // 2 * 4
-    pushed = [
-        e for e in ps if e["ph"] == "i" and e["name"] == "send" and e["args"]["bytes"] == part_bytes
+    pushed = [  # the learners' sends with a payload (the server's are to "learner N")
+        e
+        for e in ps
+        if e["ph"] == "i"
+        and e["name"] == "send"
+        and e["args"]["peer"] == "parameter server"
+        and e["args"]["bytes"]
     ]
+    assert {e["args"]["bytes"] for e in pushed} == {part_bytes}
     taken = [
         e
         for e in ps
