@@ -12,6 +12,7 @@ process read every link at once, every ``interval_s``, without entering the name
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -144,42 +145,79 @@ class LinkSampler:
         return out
 
 
-def write_png(path: str, sampler: LinkSampler, names: list[str], rate_bytes_s: float, title: str,
+def series_of(sampler: LinkSampler, names: list[str]) -> dict[str, list[tuple]]:
+    """Per host name, (µs, sent B/s, received B/s) between consecutive samples. Pure."""
+    return dict(zip(names, sampler.rates()))
+
+
+def series_from_trace(path) -> dict[str, list[tuple]]:
+    """The same series read back from a timeline's ``link HOST`` counters (Mbit/s), so a
+    trace's PNG can be drawn again from the trace alone. Blocks for the read."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    out: dict[str, list[tuple]] = {}
+    for e in events:
+        if e["ph"] == "C" and e["name"].startswith("link "):
+            a = e["args"]
+            out.setdefault(e["name"][5:], []).append(
+                (e["ts"], a["sent Mbit/s"] * 125_000, a["received Mbit/s"] * 125_000)
+            )
+    return out
+
+
+def write_png(path: str, series: dict[str, list[tuple]], rate_bytes_s: float, title: str,
               bin_s: float = 0.1, spans=()) -> None:  # fmt: skip
-    """One panel per host: the share of its link's rate used sending and receiving over
-    time (``bin_s`` bins), with ``spans`` ((t0 µs, t1 µs, label) on the wall clock) shaded
-    in every panel (e.g. the timed epochs). Writes ``path``."""
+    """One panel per host that carried traffic (over 1 % of the busiest one's): the share of its link's rate used sending
+    and receiving over time (``bin_s`` bins) from ``series`` (``series_of`` or
+    ``series_from_trace``), with ``spans`` ((t0 µs, t1 µs, label), the series' clock)
+    shaded in every panel (e.g. the timed epochs). Writes ``path``."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from . import common
 
-    if not sampler.samples:
+    moved = {h: sum(tx + rx for _, tx, rx in pts) for h, pts in series.items()}
+    most = max(moved.values(), default=0)
+    busy = {h: pts for h, pts in series.items() if most and moved[h] >= 0.01 * most}
+    if not busy:  # (a host with 1 % of the busiest one's bytes or less is left out)
         return
-    t0 = sampler.samples[0][0]
-    series = sampler.rates()
-    n = sampler.hosts
-    fig = Figure(figsize=(12, 0.9 * n + 1.2), dpi=100, layout="constrained")
+    t0 = min(pts[0][0] for pts in busy.values())
+    fig = Figure(figsize=(10, 0.6 * len(busy) + 1.0), dpi=80, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
-    for h, ax in enumerate(axes):
+    axes = fig.subplots(len(busy), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (name, pts) in zip(axes, busy.items()):
         bins: dict[int, list[float]] = {}
-        for t, tx, rx in series[h]:
+        for t, tx, rx in pts:
             b = bins.setdefault(int((t - t0) / 1e6 / bin_s), [0.0, 0.0, 0])
             b[0], b[1], b[2] = b[0] + tx, b[1] + rx, b[2] + 1
         xs = sorted(bins)
-        ax.plot([x * bin_s for x in xs], [bins[x][0] / bins[x][2] / rate_bytes_s for x in xs],
-                lw=0.8, label="sent")  # fmt: skip
-        ax.plot([x * bin_s for x in xs], [bins[x][1] / bins[x][2] / rate_bytes_s for x in xs],
-                lw=0.8, label="received")  # fmt: skip
+        for j, label in ((0, "sent"), (1, "received")):
+            ys = [bins[x][j] / bins[x][2] / rate_bytes_s for x in xs]
+            ax.plot([x * bin_s for x in xs], ys, lw=0.8, label=label, antialiased=False)
         for a, b, _label in spans:
             ax.axvspan((a - t0) / 1e6, (b - t0) / 1e6, color="0.9", zorder=0)
         ax.set_ylim(0, 1.1)
-        ax.set_ylabel(names[h], rotation=0, ha="right", fontsize=8)
-        ax.grid(True, alpha=0.3)
+        ax.set_yticks([0, 1])
+        ax.set_ylabel(name, rotation=0, ha="right", fontsize=7)
     axes[0].legend(fontsize=7, loc="upper right", ncols=2)
     axes[-1].set_xlabel("seconds (share of each link's rate; shaded: timed)")
     common.save_png(fig, title, path)
+
+
+def main(argv=None) -> None:
+    """``python -m rudra_zmq.benchmarks.lan_links TRACE RATE PNG``: draw a timeline's links."""
+    import argparse
+
+    from .lan_link import parse_rate
+
+    p = argparse.ArgumentParser(prog="python -m rudra_zmq.benchmarks.lan_links")
+    p.add_argument("trace")
+    p.add_argument("rate", help="the links' tc rate, e.g. 250mbit")
+    p.add_argument("png")
+    p.add_argument("--title", help="the figure's title (default: the trace's path)")
+    a = p.parse_args(argv)
+    title = a.title or f"{a.trace}: each link's use"
+    write_png(a.png, series_from_trace(a.trace), parse_rate(a.rate), title)
 
 
 def summary(
@@ -229,3 +267,7 @@ def _dropped(tc_text: str) -> int:
     """The ``dropped N`` of every qdisc in ``tc -s qdisc show``'s output, summed. Pure."""
     words = tc_text.replace(",", " ").replace("(", " ").split()
     return sum(int(words[i + 1]) for i, w in enumerate(words[:-1]) if w == "dropped")
+
+
+if __name__ == "__main__":
+    main()

@@ -138,7 +138,7 @@ def run_case(
         arch, ov, params=a.params, learners=lam, root=lan.hosts[0],
         hosts=lan.hosts[1 : 1 + a.hosts], workdir=workdir, compute_ms=a.compute_ms,
         per_process=a.per_host, servers=server_hosts(lan, a, k, placement),
-        timeout_s=deadline_s(bound, a.epochs), timeline=timeline,
+        timeout_s=deadline_s(bound, a.epochs), timeline=timeline, local_ipc=a.local == "ipc",
     )  # fmt: skip
     servers = r["servers"]
     per = wire_bytes(wire_dtype)
@@ -153,6 +153,7 @@ def run_case(
     )
     name += f"-p{parts}" if parts > 1 else ""
     name += f"-sb{a.sndbuf_kib}" if a.sndbuf_kib else ""
+    name += "-ipc" if a.local == "ipc" and placement == "colocated" else ""
     row_traffic = traffic(timed, a.epoch_gradients * len(timed))  # summed over the servers
     share = max(ps["rx_grad_bytes"] for ps in servers) / sum(ps["rx_grad_bytes"] for ps in servers)
     return {

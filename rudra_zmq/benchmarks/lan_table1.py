@@ -305,6 +305,14 @@ def add_arguments(p) -> None:
         "the learner-server connections, side by side (default 0: the kernel sizes them)",
     )
     p.add_argument(
+        "--local",
+        nargs="+",
+        default=["tcp"],
+        choices=["tcp", "ipc"],
+        help="servers beside the learners (colocated): how a learner reaches the server on "
+        "its own host, each side by side (default tcp, as launch does; ipc: rows ...-ipc)",
+    )
+    p.add_argument(
         "--timeline",
         metavar="FILE",
         help="write each case's Chrome/Perfetto trace (compute spans, every part sent and "
@@ -325,10 +333,21 @@ def _variants(case: str, a) -> list[tuple]:
     ]  # fmt: skip
 
 
+def _transports(case: str, a, where) -> list[tuple[int, str]]:
+    """(runtime.sndbuf_kib, local) of each run of one variant: --sndbuf-kib for the PS
+    cases, each with every --local for servers beside the learners."""
+    if case in BASELINES:
+        return [(0, "tcp")]
+    return [
+        (sb, local)
+        for sb in a.sndbuf_kib
+        for local in (a.local if where == "colocated" else ["tcp"])
+    ]
+
+
 def _n_runs(a) -> int:
-    per = len(a.sndbuf_kib)
-    return sum(len(_variants(c, a)) * (1 if c in BASELINES else per) for c in a.cases) * len(
-        a.wire_dtypes
+    return len(a.wire_dtypes) * sum(
+        len(_transports(c, a, where)) for c in a.cases for _, where, _ in _variants(c, a)
     )
 
 
@@ -364,9 +383,8 @@ def _sampled(a, lan, workdir, case, dtype, k, where, parts, traces) -> dict:
         path, other = traces.finish(trace, r["case"], sampler.counter_events(names, pid=0))
         png = traces.paths(r["case"])[1]
         title = f"{r['case']}: each host link's use ({a.rate}; host 0 the root)"
-        lan_links.write_png(
-            str(png), sampler, names, parse_rate(a.rate), title, spans=[(t0, t1, "timed")]
-        )
+        series = lan_links.series_of(sampler, names)
+        lan_links.write_png(str(png), series, parse_rate(a.rate), title, spans=[(t0, t1, "timed")])
         r.update(timeline=str(path), timeline_png=str(png), timeline_dropped=other["dropped"])
     return r
 
@@ -435,9 +453,9 @@ def run(a) -> int:
                         report.note(f"{case} bfloat16 skipped: DDP's hook is float16 here")
                         continue
                     for k, where, parts in _variants(case, a):
-                        for sb in [0] if case in BASELINES else sndbufs:
+                        for sb, local in _transports(case, a, where):
                             b = copy.copy(a)
-                            b.sndbuf_kib = sb
+                            b.sndbuf_kib, b.local = sb, local
                             r = _sampled(b, lan, workdir, case, dtype, k, where, parts, traces)
                             report.case(r, line(r))
     except Exception:  # a case failed (Ctrl-C and SIGTERM leave nothing behind)

@@ -237,19 +237,23 @@ def _advstar(overrides, where, bcast_root, first_port=21000):
     return {i: (ups[i], binds[i]) for i in range(len(where))}
 
 
-def _sharded(servers: list[Host], params: int, common: list[str], procs) -> str:
+def _sharded(servers: list[Host], params: int, common: list[str], procs, local_ipc=()) -> list:
     """Start one server per host of ``servers`` over ``span.split(params, K)``; returns
-    their endpoints in range order joined by ``+`` (a synthetic learner's ``--ps``)."""
+    each one's (tcp endpoint, ipc endpoint or None), in range order. A server on a host of
+    ``local_ipc`` also binds an ipc endpoint for the learners of its own host."""
     from ..span import split
 
     eps = []
     for k, (host, span) in enumerate(zip(servers, split(params, len(servers)))):
         args = ["--bind", f"tcp://{host.addr}:0", "--range", f"{span.lo}:{span.hi}"]
+        if host in local_ipc:
+            args += ["--local-bind", f"ipc://{procs.workdir}/ps{k}.sock"]
         out = procs.start(
             f"ps{k}", "ps", [*args, "--params", str(params), *common], host, server=True
         )
-        eps.append(_field(out, "listening on "))
-    return "+".join(eps)
+        local = _field(out, "local on ") if host in local_ipc else None
+        eps.append((_field(out, "listening on "), local))
+    return eps
 
 
 def advstar_available() -> bool:
@@ -278,12 +282,14 @@ def run(
     timeout_s: float = 600,
     servers: list[Host] | None = None,
     timeline: str | None = None,
+    local_ipc: bool = False,
 ) -> dict:
     """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
     "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
     ``servers`` (base, or adv with one tree per range), one sharded server per host listed
     there, over the ranges of ``span.split(params, len(servers))`` (``ps`` is then the
-    first's report), instead of the root. ``timeline``: every role records its part of that
+    first's report), instead of the root; with ``local_ipc`` a learner reaches a server on
+    its own host over ipc instead of tcp. ``timeline``: every role records its part of that
     timeline (``timeline.start_from_env``; the caller merges them). Blocks; stops every
     process it started before returning or raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
@@ -296,7 +302,9 @@ def run(
         if servers:
             if arch == "advstar":
                 raise ValueError("sharded servers serve Rudra-base and Rudra-adv, not advstar")
-            root_ep = _sharded(servers, params, common, procs)
+            where = _learner_hosts(learners, hosts)
+            shards = _sharded(servers, params, common, procs, set(where) if local_ipc else ())
+            root_ep = "+".join(tcp for tcp, _ in shards)
         else:
             bcast = ["--bcast-bind", f"tcp://{root.addr}:0"] if arch == "advstar" else []
             out = procs.start(
@@ -309,7 +317,13 @@ def run(
             root_ep = _field(out, "listening on ")
         where = _learner_hosts(learners, hosts)
         members = {}
-        if arch == "base":
+        if arch == "base" and servers and local_ipc:  # a learner reaches its host's server by ipc
+            eps = {
+                i: "+".join(ipc if ipc and s == where[i] else tcp
+                            for (tcp, ipc), s in zip(shards, servers))
+                for i in range(learners)
+            }  # fmt: skip
+        elif arch == "base":
             eps = {i: root_ep for i in range(learners)}
         elif servers:  # adv, sharded: one tree per range, to its server
             per = [

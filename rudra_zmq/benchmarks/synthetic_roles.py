@@ -234,6 +234,8 @@ def main_ps(args) -> dict:
     )
     if ps.weights_out.endpoint is not None:  # advstar: before "listening on"
         print(f"broadcast on {ps.weights_out.endpoint}", flush=True)
+    if args.local_bind:  # for the learners of its own host (before "listening on")
+        print(f"local on {transport.bind(ps.sock, args.local_bind)}", flush=True)
     print(f"listening on {ps.endpoint}", flush=True)
     ps.serve_forever()
     return ps.report()
@@ -327,6 +329,9 @@ def main(argv=None) -> int:
     sub.choices["ps"].add_argument("--bind", required=True)
     sub.choices["ps"].add_argument("--bcast-bind", help="advstar: the broadcast root's endpoint")
     sub.choices["ps"].add_argument("--range", metavar="LO:HI", help="serve elements [LO, HI)")
+    sub.choices["ps"].add_argument(
+        "--local-bind", metavar="EP", help="also bind EP (ipc) for the learners of its host"
+    )
     sub.choices["node"].add_argument("--id", type=int, required=True)
     sub.choices["node"].add_argument("--bind", required=True)
     sub.choices["node"].add_argument("--parent", required=True)
