@@ -140,7 +140,7 @@ def _version():
 # configs/quickstart.yaml) and become the data-only package rudra_zmq.configs through
 # package_dir: build_py copies configs/*.yaml and configs/grids/*.yaml into the wheel as
 # rudra_zmq/configs/..., and the sdist carries them (MANIFEST.in), without a second copy in git.
-# An editable install has no rudra_zmq/configs/ folder: rudra_zmq.launch.shipped then finds the
+# An editable install has no rudra_zmq/configs/ folder: rudra_zmq.shipped then finds the
 # source tree's configs/ next to the package. examples/ becomes rudra_zmq.examples the same
 # way (`rudra-zmq examples` lists them in an installed copy).
 setup(

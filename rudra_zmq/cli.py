@@ -25,9 +25,9 @@ import time
 
 from . import timeline
 from .config import ConfigError, scale_schedule
+from .devices import usable_cores
 from .launch import role_process
 from .launch.role_commands import PARSERS, UsageError, config_args, config_of
-from .launch.run_plan import usable_cores
 
 PROG = "rudra-zmq"
 
@@ -238,11 +238,11 @@ TOOLS = {
     "compare": "results.compare",
     "sweep": "launch.sweep",
     "report": "results.report",
-    "keys": "keys",
+    "keys": "security.keys",
     "launch": "launch.cluster_launch",
     "env": "launch.ranks",
     "worker": "launch.worker",
-    "examples": "launch.shipped",
+    "examples": "shipped",
     "bench": "benchmarks.cli",
     "replay": "sim.replay",
 }

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from . import shipped
 from .config_architecture import validate_architecture
 from .devices import check_device_name
-from .launch import shipped
 from .sync import LR_POLICIES, check_protocol
 from .sync.stages import check_target, parse_schedule
 from .typed_yaml import ConfigError, apply_override, build, one_of, read_mapping
@@ -298,7 +298,7 @@ def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:
     """Load a YAML config (or the defaults when ``path`` is None), apply ``key=value``
     overrides, type-check and validate it. A bare name (no ``/``, no ``.yaml``) that is not a
     file here is a built-in config, as is ``configs/NAME.yaml`` where no such file is here
-    (:mod:`rudra_zmq.launch.shipped`). Raises ConfigError /
+    (:mod:`rudra_zmq.shipped`). Raises ConfigError /
     FileNotFoundError."""
     if path is not None:
         text = os.fspath(path)

@@ -10,7 +10,7 @@ from .typed_yaml import ConfigError, one_of
 def check_servers_fit(servers: int, numel: int) -> None:
     """Raise ConfigError unless ``architecture.servers`` can split a model of ``numel``
     parameters: each server serves at least one. Pure; the launcher calls it before anything
-    starts (``launch/server_count.py``), a PS when it computes its range (``ps_start``)."""
+    starts (``launch/preflight.check_servers``), a PS when it computes its range (``server/start.py``)."""
     if servers > numel:
         raise ConfigError(
             f"architecture.servers={servers} is more than the model's {numel:,} parameters; "

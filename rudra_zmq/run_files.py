@@ -6,12 +6,12 @@ What a run directory holds (``RUN`` below), and who writes it:
 - ``metrics.jsonl``: every record of the run, one JSON line each (the statistics server, the
   simulator); ``summary.csv`` and the PNG plots are made from it (``plots``);
 - ``weights.npy``: the final weights, then ``ps_final.json``: where training ended, in the
-  parameter server's own words (the PS, ``roles/ps_report.py``);
+  parameter server's own words (the PS, ``server/end_files.py``);
 - ``servers/server-I/``: with ``architecture.servers`` > 1, server I's own ``weights.npy``
   (its range), ``ps_final.json`` and ``arrivals.bin``; the last server to finish writes the
-  run's ``weights.npy`` and ``ps_final.json`` from them (``roles/ps_shard_files.py``);
+  run's ``weights.npy`` and ``ps_final.json`` from them (``server/end_files.py``);
 - ``checkpoints/``: the PS's checkpoints, and ``checkpoints/told.json``: the learners told
-  STOP once training was over (``roles/ps_checkpoint.py``);
+  STOP once training was over (``server/checkpointing.py``);
 - ``logs/ROLE.log``: each role's output, and ``processes.json``: every pid and command line
   (the launchers);
 - ``keys/``: the run's own CurveZMQ keys (``run_plan.run_keys``); ``tensorboard/``: the
@@ -33,7 +33,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.csv"
 WEIGHTS_FILE = "weights.npy"  # the final weights, saved before PS_FINAL_FILE
 PS_FINAL_FILE = "ps_final.json"  # where training ended, in the PS's own words
-ARRIVALS_FILE = "arrivals.bin"  # the PS's engine events, for replay (arrival_log.py)
+ARRIVALS_FILE = "arrivals.bin"  # the PS's engine events, for replay (server/arrival_log.py)
 CHECKPOINT_DIR = "checkpoints"
 SERVERS_DIR = "servers"  # architecture.servers > 1: each server's own files, server-I/
 TOLD_FILE = "told.json"  # in CHECKPOINT_DIR: learners told STOP (ToldRecord)
@@ -65,7 +65,7 @@ def sim_checkpoint_path(run_dir) -> Path:
 
 def checkpoints_root(run_dir) -> Path:
     """``RUN/checkpoints``: where a run keeps its checkpoints (a server of a range of the
-    vector in a folder below it: ``roles.ps_checkpoint.checkpoint_dir``)."""
+    vector in a folder below it: ``server.checkpointing.checkpoint_dir``)."""
     return Path(run_dir) / CHECKPOINT_DIR
 
 

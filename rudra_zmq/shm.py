@@ -15,24 +15,26 @@ learners). Layout, measurements and why not ``multiprocessing.shared_memory``:
   the board refuses to exist there (:class:`ShmUnavailable`).
 - Lifecycle: the creator unlinks the name on ``close()`` and at interpreter exit (atexit);
   ``unlink()`` early, once every peer has mapped a segment, and not even SIGKILL leaves it.
-  Segments whose creator died are removed by ``shm_lifecycle.sweep_stale``, which each
-  ``create`` runs first (``shm_lifecycle.py`` owns the creator header and these removals).
+  Segments whose creator died are removed by :func:`sweep_stale`, which each ``create`` runs
+  first: every segment's header names its creator (pid, start time, pid namespace), and the
+  names this process made are unlinked at interpreter exit (:func:`own`).
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import mmap
 import os
 import platform
 import re
 import secrets
+import struct
 import time
 
 import numpy as np
 
-from . import codec, kernels, shm_lifecycle, wire
-from .shm_lifecycle import HEADER, LAYOUT, MAGIC, PREFIX, SHM_DIR
+from . import codec, kernels, wire
 
 _BOARD_DTYPES = tuple(wire.PAYLOAD_DTYPES[c] for c in wire.MODEL_DTYPES)  # what publish widens
 KIND_SLOTS, KIND_BOARD = 1, 2
@@ -41,6 +43,93 @@ _SEQ, _TS, _BOARD_DATA = 64, 72, 128  # board: seq and ts on their own cache lin
 _TOKEN = re.compile(r"[A-Za-z0-9]{1,32}\Z")
 _X86 = {"x86_64", "amd64"}  # 64-bit: seq is one aligned 8-byte access
 _USE_IPC = "use ipc:// instead (architecture.leaf_shm: false)"
+
+
+# ---------------------------------------------------------------- who made each segment
+SHM_DIR = "/dev/shm"
+PREFIX = "rudra_zmq_"
+MAGIC, LAYOUT = b"RUDRASHM", 1
+HEADER = struct.Struct("<8sIIIxxxxQQQ")  # magic, layout, kind, pid, start, pid ns, numel
+_OWNED: dict[str, int] = {}  # path -> pid of the process that created it
+
+
+def _remove(path: str) -> bool:
+    """Remove ``path``; False if it could not be (gone already). Blocks for unlink(2)."""
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None: no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pid_ns() -> int:
+    """This process's pid namespace (the inode of /proc/self/ns/pid; 0: cannot tell)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def header(kind: int, numel: int) -> bytes:
+    """The header of a segment of ``kind`` and ``numel`` floats made by this process now."""
+    me = os.getpid()
+    return HEADER.pack(MAGIC, LAYOUT, kind, me, start_time(me) or 0, pid_ns(), numel)
+
+
+def own(path: str) -> None:
+    """Record that this process created ``path``: it is unlinked at interpreter exit."""
+    _OWNED[path] = os.getpid()
+
+
+def disown(path: str) -> None:
+    """Forget ``path`` (its name was unlinked already). Idempotent."""
+    _OWNED.pop(path, None)
+
+
+def stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
+    """Names of rudra_zmq segments whose creator process is gone (same pid and start time:
+    a reused pid does not count). Leaves out one without a header yet (being created) and one
+    from another pid namespace (another container sharing /dev/shm). Unlinks nothing; blocks
+    briefly (a listing, 64 bytes read each); thread-safe."""
+    me = pid_ns()
+    if not me or start_time(os.getpid()) is None:  # no /proc: cannot tell who is alive
+        return []
+    try:
+        names = [n for n in os.listdir(shm_dir) if n.startswith(PREFIX)]
+    except OSError:
+        return []
+    gone = []
+    for name in names:
+        try:
+            with open(os.path.join(shm_dir, name), "rb") as f:
+                magic, _, _, pid, start, ns, _ = HEADER.unpack(f.read(HEADER.size))
+        except (OSError, struct.error):
+            continue
+        if magic == MAGIC and ns == me and start_time(pid) != start:
+            gone.append(name)
+    return gone
+
+
+def sweep_stale(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink the segments ``stale_segments`` names; returns those it removed. Thread-safe."""
+    return [n for n in stale_segments(shm_dir) if _remove(os.path.join(shm_dir, n))]
+
+
+@atexit.register
+def _unlink_owned() -> None:
+    for path, pid in list(_OWNED.items()):
+        if pid == os.getpid():  # not in a forked child: the names are the parent's
+            _remove(path)
+            del _OWNED[path]
 
 
 class ShmUnavailable(RuntimeError):
@@ -101,7 +190,7 @@ class _Shared:
                 fd, nbytes, access=mmap.ACCESS_WRITE if create else mmap.ACCESS_READ
             )
             if create:  # the magic last: a sweep that sees it sees the pid too (x86 TSO)
-                head = shm_lifecycle.header(kind, numel)
+                head = header(kind, numel)
                 self._mm[8 : HEADER.size], self._mm[:8] = head[8:], head[:8]
             got = HEADER.unpack_from(self._mm, 0)
             if (got[0], got[1], got[2], got[6]) != (MAGIC, LAYOUT, kind, numel):
@@ -129,7 +218,7 @@ class _Shared:
     def _create(self, shm_dir: str, limit_bytes: int | None) -> int:
         if not os.path.isdir(shm_dir):
             raise ShmUnavailable(f"{shm_dir} does not exist on this host; {_USE_IPC}")
-        shm_lifecycle.sweep_stale(shm_dir)
+        sweep_stale(shm_dir)
         st = os.statvfs(shm_dir)
         room = min(st.f_bavail * st.f_frsize, limit_bytes or float("inf"))
         no_room = ShmUnavailable(
@@ -141,7 +230,7 @@ class _Shared:
             raise no_room
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self.owner = True
-        shm_lifecycle.own(self.path)
+        own(self.path)
         try:
             os.posix_fallocate(fd, 0, self.nbytes)
         except OSError as exc:
@@ -158,8 +247,8 @@ class _Shared:
         new peers can no longer attach. Idempotent; blocks for unlink(2); not thread-safe."""
         if self.owner:
             self.owner = False
-            shm_lifecycle.disown(self.path)
-            shm_lifecycle.unlink(self.path)
+            disown(self.path)
+            _remove(self.path)
 
     def close(self) -> None:
         """Unlink (creator) and unmap. Arrays handed out keep the memory alive until the last

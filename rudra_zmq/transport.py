@@ -13,7 +13,7 @@ applied once (raw ZeroMQ figures: ``bench/RESULTS.md``, "Raw ZeroMQ reference"):
   its connection (a host that died, a cable) is dropped and reconnected to; not ZMTP
   heartbeats, whose timer aborts libzmq 4.3.5 on a connection whose peer left while its
   queue was full (docs/wire.md, "Liveness");
-- ``set_security``: CurveZMQ on every socket (``security.py``), applied in ``bind``/``connect``;
+- ``set_security``: CurveZMQ on every socket (``security/auth.py``), applied in ``bind``/``connect``;
 - ``ZMQ_MAXMSGSIZE`` (``max_bytes``): a peer sending a larger frame is disconnected before
   anything is allocated for it; clients use unpredictable routing ids and no ROUTER hands
   an id over, so no connection can take another's name;

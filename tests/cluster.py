@@ -140,7 +140,7 @@ def weights_difference(reference_dir, other_dir) -> tuple[float, float]:
     reference from its initial weights, and the other run's difference from the reference,
     both relative (L2). Asserts that training moved the weights, so that a small difference
     means something."""
-    from rudra_zmq.roles.ps_start import initial_model
+    from rudra_zmq.server.start import initial_model
 
     w_ref = np.load(reference_dir / "weights.npy")
     w_other = np.load(other_dir / "weights.npy")

@@ -4,7 +4,7 @@ the case in which libzmq 4.3.5 aborts the whole process with "Resource temporari
 
 Run as ``python tests/half_sent.py MODE [ROUNDS]``; prints ``survived`` and exits 0 unless
 libzmq aborts it. A learner's ``Channel`` pushes a 200 MiB gradient (``wire.chunk`` into
-``runtime.chunk_mib`` frames, as ``learner_exchange`` does) to a PS-like ROUTER that has stopped
+``runtime.chunk_mib`` frames, as ``learner/exchange.py`` does) to a PS-like ROUTER that has stopped
 reading (its one-message queue is full), so the push stays half-sent. Then:
 
 - ``close``: the ROUTER closes and the channel closes right after (``Channel.close``), as

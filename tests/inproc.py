@@ -13,7 +13,8 @@ import zmq
 
 from rudra_zmq import kernels, transport
 from rudra_zmq.config import load_config
-from rudra_zmq.launch.run_plan import learner_endpoints, learner_threads, make_plan, summary
+from rudra_zmq.devices import learner_threads
+from rudra_zmq.launch.run_plan import learner_endpoints, make_plan, summary
 
 JOIN_S = 300  # the longest a role may take to end after training did (a hang guard only)
 
@@ -24,11 +25,11 @@ def run_in_threads(config, overrides, run_dir):
     role does not end. Blocks."""
     import torch
 
-    from rudra_zmq.roles.data_server import DataServer
-    from rudra_zmq.roles.learner import Learner
-    from rudra_zmq.roles.ps import ParameterServer
-    from rudra_zmq.roles.stats_server import StatsServer
-    from rudra_zmq.roles.tree_node import TreeNode
+    from rudra_zmq.data.server import DataServer
+    from rudra_zmq.learner.learner import Learner
+    from rudra_zmq.server.ps import ParameterServer
+    from rudra_zmq.stats.server import StatsServer
+    from rudra_zmq.tree.node import TreeNode
 
     cfg = load_config(config, list(overrides))
     plan = make_plan(cfg, run_dir)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rudra_zmq import cli
 from rudra_zmq.launch import launcher
-from rudra_zmq.roles import ps, ps_checkpoint, ps_report, ps_weights
+from rudra_zmq.server import checkpointing, ps, report, weights
 
 POINTS = (
     "checkpoint",
@@ -99,14 +99,14 @@ def arm(point: str) -> None:
     if point == "checkpoint":  # training: the checkpoint at PS_CRASH_TS just written
         ts = int(os.environ["PS_CRASH_TS"])
         after(
-            ps_checkpoint.CheckpointSchedule,
+            checkpointing.CheckpointSchedule,
             "save",
             lambda _schedule, state: state.engine.timestamp >= ts,
         )
     elif point == "part-ahead":  # training, wire.parts: parts of a round just sent ahead, the
         ts = int(os.environ["PS_CRASH_TS"])  # round open (at timestamp PS_CRASH_TS or later)
         after(
-            ps_weights.ReplyWeights,
+            weights.ReplyWeights,
             "ahead",
             lambda out, ready: bool(ready) and out.state.engine.timestamp >= ts,
         )
@@ -114,18 +114,18 @@ def arm(point: str) -> None:
         calls, k = [], int(os.environ.get("PS_CRASH_STOP", "1"))
         before(ps.ParameterServer, "_stop", lambda: calls.append(1) or len(calls) >= k)
     elif point == "stopping-unsent":  # as stopping (the first STOP), its final EVAL and
-        unsent(ps_report.PSReport, "done")  # "done" lost whatever their order: the statistics
-        unsent(ps_report.PSReport, "evaluate", lambda _report, state: state.done)  # server
+        unsent(report.PSReport, "done")  # "done" lost whatever their order: the statistics
+        unsent(report.PSReport, "evaluate", lambda _report, state: state.done)  # server
         before(ps.ParameterServer, "_stop")  # cannot end the run by itself
     elif point == "finishing":  # every learner told; before the final checkpoint
         before(ps.ParameterServer, "_finish")
     elif point == "sending-done":  # the "done" record just handed to ZeroMQ
-        after(ps_report.PSReport, "done")
+        after(report.PSReport, "done")
     elif point == "after-final":  # ps_final.json written
         after(ps, "write_end_files")
     elif point == "after-final-unsent":  # as after-final, its final EVAL and "done" lost,
-        unsent(ps_report.PSReport, "done")  # and server 0 done first (so no server joins);
-        unsent(ps_report.PSReport, "evaluate", lambda _report, state: state.done)
+        unsent(report.PSReport, "done")  # and server 0 done first (so no server joins);
+        unsent(report.PSReport, "evaluate", lambda _report, state: state.done)
         wait_for_server_0(ps, "write_end_files")  # its STOPs, queued before, get 1 s to leave
         after(ps, "write_end_files", lambda *args: time.sleep(1.0) or True)
     else:

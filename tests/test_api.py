@@ -17,7 +17,7 @@ import yaml
 
 import rudra_zmq
 from cluster import gone
-from rudra_zmq.roles.ps_start import initial_model
+from rudra_zmq.server.start import initial_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,10 @@ import zmq
 
 from cluster import small_config
 from rudra_zmq import topology, wire
+from rudra_zmq.broadcast.link import default_window
+from rudra_zmq.broadcast.member import BroadcastMember
+from rudra_zmq.broadcast.root import BroadcastRoot
 from rudra_zmq.config import ConfigError
-from rudra_zmq.roles.broadcast import BroadcastMember, BroadcastRoot, default_window
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(60)
@@ -381,7 +383,7 @@ class FakeNode:
 
 def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
     from cluster import running
-    from rudra_zmq.roles.ps import ParameterServer
+    from rudra_zmq.server.ps import ParameterServer
 
     w0 = np.arange(SMALL, dtype=np.float32)
     ps = ParameterServer(
@@ -422,7 +424,7 @@ def test_the_root_answers_relays_ack_and_broadcasts_every_new_version(ctx):
 
 def test_an_advstar_leaf_relays_pushes_answers_ack_and_serves_no_weights(ctx):
     from cluster import FakeLearner, running
-    from rudra_zmq.roles.tree_node import TreeNode
+    from rudra_zmq.tree.node import TreeNode
 
     parent = ctx.socket(zmq.ROUTER)
     parent.setsockopt(zmq.LINGER, 0)

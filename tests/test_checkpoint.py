@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 
-from rudra_zmq import checkpoint
-from rudra_zmq.checkpoint import CheckpointError, list_checkpoints, load_latest, save
+from rudra_zmq.server import checkpoint
+from rudra_zmq.server.checkpoint import CheckpointError, list_checkpoints, load_latest, save
 
 
 def _arrays(step):

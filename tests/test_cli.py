@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from rudra_zmq import cli, transport
+from rudra_zmq import cli, devices, transport
 from rudra_zmq.config import load_config
-from rudra_zmq.launch import role_process, run_plan
+from rudra_zmq.launch import role_process
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -113,12 +113,18 @@ def test_learner_ids_must_be_below_lambda_and_well_formed(tmp_path):
     assert res.returncode == 2 and "learner ids separated by commas" in res.stderr
 
 
+ROLE_MODULES = {  # what each role command runs
+    "ps": "rudra_zmq.server.ps",
+    "learner": "rudra_zmq.learner.learner",
+    "data_server": "rudra_zmq.data.server",
+    "stats_server": "rudra_zmq.stats.server",
+}
+
+
 @pytest.fixture
 def fake_roles(monkeypatch):
-    """Fake rudra_zmq.roles.* modules whose serve() records its arguments; no torch."""
+    """Fake role modules whose serve() records its arguments; no torch."""
     calls = {}
-    package = types.ModuleType("rudra_zmq.roles")
-    monkeypatch.setitem(sys.modules, "rudra_zmq.roles", package)
 
     def recorder(name):
         def serve(*args, **kwargs):
@@ -127,8 +133,8 @@ def fake_roles(monkeypatch):
 
         return serve
 
-    for name in ("ps", "learner", "data_server", "stats_server"):
-        module = types.ModuleType(f"rudra_zmq.roles.{name}")
+    for name, path in ROLE_MODULES.items():
+        module = types.ModuleType(path)
         module.serve = recorder(name)
         monkeypatch.setitem(sys.modules, module.__name__, module)
     threads = []
@@ -159,35 +165,33 @@ def test_role_commands_pass_their_endpoints_and_overrides_to_serve(tmp_path, fak
     assert calls["data_server"] == (expected, "tcp://h:2")
     assert calls["stats_server"] == (expected, "tcp://h:3", "r", False)
     assert calls["malloc"] is True
-    assert threads == [3, run_plan.learner_threads(expected, 2), 1, 1]  # --id 0,2: 2 here
+    assert threads == [3, devices.learner_threads(expected, 2), 1, 1]  # --id 0,2: 2 here
 
 
 def test_learner_threads_default_to_usable_cores_over_learners_here(monkeypatch):
-    monkeypatch.setattr(run_plan, "usable_cores", lambda: 12)
-    monkeypatch.delenv(run_plan.HOST_LEARNERS_ENV, raising=False)
+    monkeypatch.setattr(devices, "usable_cores", lambda: 12)
+    monkeypatch.delenv(devices.HOST_LEARNERS_ENV, raising=False)
     cfg = load_config(None, ["sync.learners=64"])
-    assert run_plan.learner_threads(cfg) == 1  # 64 learners here: at least 1
-    assert run_plan.learner_threads(cfg, 3) == 4  # 3 learners on this host
-    monkeypatch.setenv(run_plan.HOST_LEARNERS_ENV, "2")  # what a launcher says
-    assert run_plan.learner_threads(cfg) == 6
-    assert run_plan.host_learners(cfg, default=5) == 2
-    monkeypatch.delenv(run_plan.HOST_LEARNERS_ENV)
-    assert run_plan.host_learners(cfg, default=5) == 5  # a hand-started learner process
+    assert devices.learner_threads(cfg) == 1  # 64 learners here: at least 1
+    assert devices.learner_threads(cfg, 3) == 4  # 3 learners on this host
+    monkeypatch.setenv(devices.HOST_LEARNERS_ENV, "2")  # what a launcher says
+    assert devices.learner_threads(cfg) == 6
+    assert devices.host_learners(cfg, default=5) == 2
+    monkeypatch.delenv(devices.HOST_LEARNERS_ENV)
+    assert devices.host_learners(cfg, default=5) == 5  # a hand-started learner process
     cfg = load_config(None, ["sync.learners=1"])
-    assert run_plan.learner_threads(cfg) == 12
+    assert devices.learner_threads(cfg) == 12
     cfg = load_config(None, ["runtime.threads_per_learner=3"])
-    assert run_plan.learner_threads(cfg) == 3
+    assert devices.learner_threads(cfg) == 3
 
 
 def test_usable_cores_follow_the_cpu_affinity():
-    from rudra_zmq.launch import run_plan
-
-    assert run_plan.usable_cores() == len(os.sched_getaffinity(0))
+    assert devices.usable_cores() == len(os.sched_getaffinity(0))
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to narrow the affinity")
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-        "from rudra_zmq.launch import run_plan; print(run_plan.usable_cores())"
+        "from rudra_zmq import devices; print(devices.usable_cores())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -201,12 +205,11 @@ def test_sigterm_stops_a_role_command_with_exit_code_143(tmp_path):
     ready = tmp_path / "ready"
     driver = textwrap.dedent(f"""
         import sys, time, types
-        mod = types.ModuleType("rudra_zmq.roles.data_server")
+        mod = types.ModuleType({ROLE_MODULES["data_server"]!r})
         def serve(cfg, bind):
             open({str(ready)!r}, "w").close()
             time.sleep(60)
         mod.serve = serve
-        sys.modules["rudra_zmq.roles"] = types.ModuleType("rudra_zmq.roles")
         sys.modules[mod.__name__] = mod
         from rudra_zmq.cli import main
         sys.exit(main(["data", "--config", {cfg!r}, "--bind", "tcp://127.0.0.1:1"]))

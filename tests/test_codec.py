@@ -8,11 +8,12 @@ import pytest
 
 import oracles
 from cluster import small_config
-from rudra_zmq import codec, update, wire
+from rudra_zmq import codec, wire
 from rudra_zmq.config import OptimizerConfig
-from rudra_zmq.node_state import NodeState
+from rudra_zmq.server import update
+from rudra_zmq.server.update import Updater
 from rudra_zmq.sync import Update
-from rudra_zmq.update import Updater
+from rudra_zmq.tree.state import NodeState
 from rudra_zmq.wire import Kind
 
 N = 1001

@@ -15,8 +15,8 @@ from rudra_zmq import transport, wire
 from rudra_zmq.channel import ServerError
 from rudra_zmq.config import load_config
 from rudra_zmq.data.data_order import SampleStream, load_data
-from rudra_zmq.roles.data_client import DataClient
-from rudra_zmq.roles.data_server import DataServer
+from rudra_zmq.data.server import DataServer
+from rudra_zmq.learner.data_client import DataClient
 from rudra_zmq.wire import Kind
 
 N_TRAIN = 100
@@ -303,7 +303,7 @@ def test_data_client_asks_again_for_lost_steps_and_drops_late_duplicates():
 def test_serve_prints_its_endpoint_and_exits_cleanly_on_sigterm():
     code = (
         "from rudra_zmq.config import load_config\n"
-        "from rudra_zmq.roles.data_server import serve\n"
+        "from rudra_zmq.data.server import serve\n"
         "cfg = load_config(overrides=['data.dataset=synthetic', 'data.synthetic_train=64',"
         " 'data.synthetic_test=8', 'data.synthetic_shape=[1,4,4]'])\n"
         "raise SystemExit(serve(cfg, 'tcp://127.0.0.1:0'))\n"

@@ -125,7 +125,7 @@ def test_the_sbatch_example_trains_under_srun(tmp_path):
 def test_the_mpirun_mpmd_example_trains_with_curve_and_a_server_on_a_rank_of_its_own(tmp_path):
     """Two servers (architecture.servers=2): server 1 on a rank of its own registers with
     rank 0's directory (CURVE: the ps key) and the learners find it there."""
-    from rudra_zmq import keys
+    from rudra_zmq.security import keys
 
     env = _shim(tmp_path, "mpirun", FAKE_MPIRUN)
     env.update(LEARNERS="2", SERVERS="2")

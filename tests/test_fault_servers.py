@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fault_runs import FAST, ROOT, Run, records
-from rudra_zmq.checkpoint import list_checkpoints
+from rudra_zmq.server.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from cluster import small_config
-from rudra_zmq import checkpoint, wire
-from rudra_zmq.server_state import ServerState
+from rudra_zmq import wire
+from rudra_zmq.server import checkpoint
+from rudra_zmq.server.state import ServerState
 from rudra_zmq.sync import LRSchedule, ProtocolViolation, Rejoin, SyncEngine
 from rudra_zmq.wire import Kind
 
@@ -177,7 +178,7 @@ def test_a_checkpoint_of_another_model_is_refused_naming_both():
 
 
 def test_a_tree_node_hands_each_learner_its_data_step_from_the_root_plus_its_own():
-    from rudra_zmq.node_state import NodeState
+    from rudra_zmq.tree.state import NodeState
 
     cfg = small_config(
         "sync.protocol=softsync",

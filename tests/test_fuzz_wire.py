@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from cluster import small_config
 from rudra_zmq import wire
-from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.server.ps import ParameterServer
 from rudra_zmq.wire import Kind, WireError
 
 FUZZ = settings(

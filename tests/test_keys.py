@@ -1,4 +1,4 @@
-"""`rudra_zmq.keys`: the CurveZMQ key directory, its sender rules, `rudra-zmq keys`, and a
+"""`rudra_zmq.security.keys`: the CurveZMQ key directory, its sender rules, `rudra-zmq keys`, and a
 CURVE handshake made with its keys."""
 
 import argparse
@@ -9,7 +9,8 @@ import pytest
 import zmq
 import zmq.auth.thread
 
-from rudra_zmq import keys, wire
+from rudra_zmq import wire
+from rudra_zmq.security import keys
 
 pytestmark = pytest.mark.timeout(60)
 

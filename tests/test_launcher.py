@@ -14,8 +14,9 @@ import pytest
 
 from cluster import gone
 from rudra_zmq import config as config_mod
+from rudra_zmq import devices
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.launch import launcher, run_plan, server_join
+from rudra_zmq.launch import launcher, run_plan
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -374,7 +375,7 @@ def test_role_env_gives_the_ps_the_cores_the_learners_leave(monkeypatch):
     from rudra_zmq.config import load_config
     from rudra_zmq.launch.launcher import role_env
 
-    monkeypatch.setattr(run_plan, "usable_cores", lambda: 8)
+    monkeypatch.setattr(devices, "usable_cores", lambda: 8)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     cfg = load_config(None, ["sync.learners=2", "runtime.threads_per_learner=2"])
     env = role_env(cfg, "ps")
@@ -389,7 +390,7 @@ def test_role_env_gives_the_ps_the_cores_the_learners_leave(monkeypatch):
     # a host of a multi-host run: 2 of the 8 learners here share its 8 cores, and a PS alone
     # on its host gets the cap of 4
     assert role_env(busy, "learner", learners_here=2)["OMP_NUM_THREADS"] == "4"
-    assert role_env(busy, "learner", learners_here=2)[run_plan.HOST_LEARNERS_ENV] == "2"
+    assert role_env(busy, "learner", learners_here=2)[devices.HOST_LEARNERS_ENV] == "2"
     assert role_env(busy, "ps", learners_here=0)["OMP_NUM_THREADS"] == "4"
 
 
@@ -436,7 +437,7 @@ def test_with_a_server_elsewhere_the_data_server_serves_until_the_stats_server_e
     """`worker` rank 0 with server 1 on a rank of its own: server 0 finishing is not the end
     of training (server 1 may count a few gradients more); the stats server's end is."""
     fake({"stats": "after_ps:1.5", "data": "mark_term"})
-    monkeypatch.setattr(server_join, "ELSEWHERE_FILES_S", 0.2)  # server 1's files never come
+    monkeypatch.setattr(launcher, "ELSEWHERE_FILES_S", 0.2)  # server 1's files never come
     cfg = load_config(write_config(tmp_path, "sync: {learners: 2}"), ["architecture.servers=2"])
     plan = run_plan.make_plan(cfg)
     config_mod.save(cfg, plan.run_dir / "config.yaml")

@@ -1,5 +1,14 @@
-"""The package's layering: no import circles, counting imports inside functions too (an
-import moved into a function to dodge a circle is still a circle)."""
+"""The package's floor plan and layering (docs/architecture.md, "Where the code is"), checked
+on the import graph, imports inside functions counted too (an import moved into a function to
+dodge a circle or a layer is still there):
+
+- no import circles;
+- at most 25 modules flat at the top of rudra_zmq/: the rest lives in its wing;
+- the sync protocol is pure: sync/ imports nothing else of the package;
+- the library below the roles (the modules at the top, sync/, security/, data/ but its server,
+  results/) imports no role's wing, nor launch/, sim/ or benchmarks/;
+- a role's wing imports another wing only where the floor plan says (ALLOWED below);
+- nothing outside launch/ imports launch/ but the front doors, cli.py and api.py."""
 
 import ast
 from pathlib import Path
@@ -64,6 +73,104 @@ def test_the_package_has_no_import_circles():
     graph = import_graph()
     assert "rudra_zmq.sync" in graph and "rudra_zmq.config" in graph["rudra_zmq.cli"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+MAX_TOP_MODULES = 25
+FRONT_DOORS = {"rudra_zmq.cli", "rudra_zmq.api", "rudra_zmq.__main__"}
+WINGS = ("server", "tree", "learner", "stats", "broadcast")  # one role each (broadcast: adv*)
+ROLE_MODULES = {"rudra_zmq.data.server"}  # a role that lives beside what it serves
+ABOVE = ("launch", "sim", "benchmarks")  # what starts, simulates or measures the roles
+# wing -> the modules of other wings it may import, and why
+ALLOWED = {
+    "tree": {
+        "rudra_zmq.server.serving",  # a node serves its children through the PS's request path
+        "rudra_zmq.server.throttled_log",  # ... and warns about its peers as the PS does
+    },
+    "server": {
+        "rudra_zmq.broadcast.root",  # Rudra-adv*: the root PS publishes into the broadcast
+        "rudra_zmq.stats.client",  # every role reports to the statistics server
+    },
+    "learner": {
+        "rudra_zmq.broadcast.member",  # Rudra-adv*: a learner is a member of the broadcast
+        "rudra_zmq.stats.client",
+    },
+    "stats": {"rudra_zmq.server.end_files"},  # the final weights as the PS left them
+    "broadcast": set(),
+}
+
+
+def _wing(module: str) -> str | None:
+    """The wing (or the layer above the roles) ``module`` belongs to; None for the library."""
+    if module in ROLE_MODULES:
+        return "data-server"
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in WINGS + ABOVE:
+        return parts[1]
+    return None
+
+
+def test_at_most_25_modules_sit_flat_at_the_top_of_the_package():
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top: {top}"
+
+
+def test_the_sync_protocol_imports_nothing_else_of_the_package():
+    graph = import_graph()
+    outside = {
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith("rudra_zmq.sync")
+        for d in deps
+        if not d.startswith("rudra_zmq.sync")
+    }
+    assert not outside, outside
+
+
+def test_the_library_below_the_roles_imports_no_role_and_nothing_above_them():
+    graph = import_graph()
+    wrong = {
+        (m, d)
+        for m, deps in graph.items()
+        if _wing(m) is None and m not in FRONT_DOORS
+        for d in deps
+        if _wing(d) is not None
+    }
+    assert not wrong, wrong
+
+
+def test_a_role_imports_another_roles_wing_only_where_the_floor_plan_says():
+    graph = import_graph()
+    wrong = set()
+    for m, deps in graph.items():
+        wing = _wing(m)
+        if wing is None or wing in ABOVE:
+            continue
+        for d in deps:
+            other = _wing(d)
+            if other is not None and other != wing and d not in ALLOWED.get(wing, set()):
+                wrong.add((m, d))
+    assert not wrong, wrong
+
+
+def test_nothing_outside_launch_imports_launch_but_the_front_doors():
+    graph = import_graph()
+    wrong = {
+        (m, d)
+        for m, deps in graph.items()
+        if not m.startswith("rudra_zmq.launch") and m not in FRONT_DOORS
+        for d in deps
+        if d.startswith("rudra_zmq.launch")
+    }
+    assert not wrong, wrong
+
+
+def test_the_floor_plan_checks_catch_what_they_forbid():
+    assert _wing("rudra_zmq.server.ps") == "server" and _wing("rudra_zmq.data.server") == (
+        "data-server"
+    )
+    assert _wing("rudra_zmq.wire") is None and _wing("rudra_zmq.data.datasets") is None
+    assert _wing("rudra_zmq.launch.launcher") == "launch"
+    assert "rudra_zmq.learner.learner" not in ALLOWED["server"]
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from cluster import FakeLearner, running, small_config
-from rudra_zmq import shm, shm_lifecycle, topology, wire
+from rudra_zmq import shm, topology, wire
 from rudra_zmq.config import ConfigError
-from rudra_zmq.roles.leaf_shm import LeafShm, NoShm, make_shared
-from rudra_zmq.roles.ps import ParameterServer
-from rudra_zmq.roles.tree_node import TreeNode
+from rudra_zmq.server.ps import ParameterServer
+from rudra_zmq.tree.leaf_shm import LeafShm, NoShm, make_shared
+from rudra_zmq.tree.node import TreeNode
 from rudra_zmq.wire import Kind, WireError
 from test_ps import expected_step
 from test_system import DIGITS, ROOT, threaded_run
@@ -35,11 +35,11 @@ def leaked(before: set[str]) -> set[str]:
     for name in ours() - before:
         try:
             with open(os.path.join(shm.SHM_DIR, name), "rb") as f:
-                if shm_lifecycle.HEADER.unpack(f.read(shm_lifecycle.HEADER.size))[3] == os.getpid():
+                if shm.HEADER.unpack(f.read(shm.HEADER.size))[3] == os.getpid():
                     mine.add(name)
         except (OSError, ValueError):
             continue
-    return mine | (set(shm_lifecycle.stale_segments()) - before)
+    return mine | (set(shm.stale_segments()) - before)
 
 
 def tree_config(*overrides, depth=1):
@@ -55,7 +55,7 @@ def tree_config(*overrides, depth=1):
 
 
 class ShmLearner:
-    """A FakeLearner that offers shared gradient slots in its HELLO, as roles/learner.py does."""
+    """A FakeLearner that offers shared gradient slots in its HELLO, as learner/learner.py does."""
 
     def __init__(self, ctx, endpoint, learner, leaf, numel):
         self.fake, self.leaf, self.numel = FakeLearner(ctx, endpoint, learner), leaf, numel

@@ -8,9 +8,9 @@ import numpy as np
 import oracles
 from cluster import FakeLearner, running, small_config
 from rudra_zmq import wire
-from rudra_zmq.roles.ps import ParameterServer
-from rudra_zmq.roles.ps_weights import ReplyWeights
-from rudra_zmq.server_state import ServerState
+from rudra_zmq.server.ps import ParameterServer
+from rudra_zmq.server.state import ServerState
+from rudra_zmq.server.weights import ReplyWeights
 from rudra_zmq.sync import NOW, Reply
 from rudra_zmq.wire import Kind
 

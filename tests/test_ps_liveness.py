@@ -1,4 +1,4 @@
-"""When the parameter server stops waiting for learners (roles/ps_liveness.Liveness), driven
+"""When the parameter server stops waiting for learners (server/liveness.Liveness), driven
 directly with made-up times and a stand-in state: no sockets, no clock."""
 
 import logging
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rudra_zmq.roles.ps_liveness import EVICT_CHECK_S, WAIT_NOTE_S, Liveness
+from rudra_zmq.server.liveness import EVICT_CHECK_S, WAIT_NOTE_S, Liveness
 
 
 def runtime(learner_timeout_s=2.0, timeout_s=20.0):

@@ -1,9 +1,9 @@
 """Which updates' weights the parameter server sends to be evaluated
-(roles/ps_report.EvalSchedule), driven directly."""
+(server/report.EvalSchedule), driven directly."""
 
 from types import SimpleNamespace
 
-from rudra_zmq.roles.ps_report import EvalSchedule
+from rudra_zmq.server.report import EvalSchedule
 
 
 def train(every_updates=0, every_epochs=0):

@@ -11,9 +11,9 @@ import zmq
 
 from cluster import FakeLearner, running, small_config
 from rudra_zmq import transport, wire
-from rudra_zmq.roles.data_server import DataServer
-from rudra_zmq.roles.learner import Learner
-from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.data.server import DataServer
+from rudra_zmq.learner.learner import Learner
+from rudra_zmq.server.ps import ParameterServer
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(120)

@@ -1,4 +1,4 @@
-"""A sharded run's files (roles/ps_shard_files.py): the run's weights.npy and ps_final.json
+"""A sharded run's files (server/end_files.py): the run's weights.npy and ps_final.json
 are joined from every server's only once all K have finished this period's epochs."""
 
 import json
@@ -8,10 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rudra_zmq.roles import ps_report
-from rudra_zmq.roles.ps_report import write_end_files
-from rudra_zmq.roles.ps_shard_files import assemble
 from rudra_zmq.run_files import server_dir
+from rudra_zmq.server import end_files
+from rudra_zmq.server.end_files import assemble, write_end_files
 
 
 def finish(run_dir, i, w, ts, epoch, incarnation=1):
@@ -35,7 +34,7 @@ def test_a_server_killed_while_writing_its_weights_leaves_no_final_of_another_pe
     are written, so a crash between the two leaves old weights without a final (resume trains
     on), never new weights under the old period's final (a result line for the wrong epoch)."""
     write_end_files(tmp_path, _state([1, 2], ts=10, epoch=2.0))
-    assert ps_report.read_final(tmp_path)["epoch"] == 2.0
+    assert end_files.read_final(tmp_path)["epoch"] == 2.0
 
     def dies(file, arr, *args, **kwargs):  # writes a little, then the process is killed
         if isinstance(file, (str, os.PathLike)):
@@ -44,15 +43,15 @@ def test_a_server_killed_while_writing_its_weights_leaves_no_final_of_another_pe
         file.flush()
         raise KeyboardInterrupt("killed while writing")
 
-    monkeypatch.setattr(ps_report.np, "save", dies)
+    monkeypatch.setattr(end_files.np, "save", dies)
     with pytest.raises(KeyboardInterrupt):
         write_end_files(tmp_path, _state([5, 6], ts=20, epoch=4.0))
-    assert ps_report.read_final(tmp_path) is None
+    assert end_files.read_final(tmp_path) is None
     np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2])  # whole
     monkeypatch.undo()
     write_end_files(tmp_path, _state([5, 6], ts=20, epoch=4.0))
     np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [5, 6])
-    assert ps_report.read_final(tmp_path)["timestamp"] == 20
+    assert end_files.read_final(tmp_path)["timestamp"] == 20
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ps_final.json", "weights.npy"]
 
 
@@ -74,7 +73,7 @@ def test_resume_joins_servers_files_copied_in_afterwards_and_says_nothing_to_do(
     """No shared file system (servers on ranks of their own): each server's folder copied
     into the run directory afterwards; `run --resume` joins them and trains nothing."""
     from rudra_zmq.config import load_config
-    from rudra_zmq.resume import finished_note
+    from rudra_zmq.launch.resume import finished_note
 
     cfg = load_config(None, ["architecture.servers=2", "train.epochs=3"])
     finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)
@@ -86,21 +85,21 @@ def test_resume_joins_servers_files_copied_in_afterwards_and_says_nothing_to_do(
 
 
 def test_the_launcher_joins_once_and_leaves_a_join_already_made_alone(tmp_path, monkeypatch):
-    """launch/server_join: the first call joins; once the run's ps_final.json says training
+    """launcher.join_server_files: the first call joins; once the run's ps_final.json says training
     ended at train.epochs, a later call (the run's end) reads and writes nothing again."""
-    from rudra_zmq.launch import server_join
+    from rudra_zmq.launch import launcher
 
     cfg = SimpleNamespace(
         architecture=SimpleNamespace(servers=2), train=SimpleNamespace(epochs=3.0)
     )
     finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)
     finish(tmp_path, 1, [3], ts=10, epoch=3.0)
-    server_join.join_servers(cfg, tmp_path)
+    launcher.join_server_files(cfg, tmp_path)
     np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2, 3])
     calls = []
-    monkeypatch.setattr(server_join, "assemble", lambda *a: calls.append(a))
-    server_join.join_servers(cfg, tmp_path)
+    monkeypatch.setattr(launcher, "assemble", lambda *a: calls.append(a))
+    launcher.join_server_files(cfg, tmp_path)
     assert calls == []
     (tmp_path / "ps_final.json").unlink()  # not joined for this end: joined again
-    server_join.join_servers(cfg, tmp_path)
+    launcher.join_server_files(cfg, tmp_path)
     assert len(calls) == 1

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from fault_runs import ROOT, records
-from rudra_zmq import security
-from rudra_zmq.roles.ps_checkpoint import ToldRecord
 from rudra_zmq.run_files import TOLD_FILE
+from rudra_zmq.security import auth
+from rudra_zmq.server.checkpointing import ToldRecord
 
 pytestmark = pytest.mark.timeout(300)
 BOUND_S = 240  # far below runtime.timeout_s (600): a stall fails the run's wait
@@ -76,7 +76,7 @@ def test_a_ps_killed_during_its_shutdown_is_restarted_and_the_run_ends(tmp_path,
     final = json.loads((run_dir / "ps_final.json").read_text())
     assert final["done"] and final["epoch"] >= 2 and final["incarnation"] == 2
     # the PS's "done", or ps_final.json standing for it where the killed PS's "done" was lost
-    # and the statistics server finished before the restarted PS's came (stats_end)
+    # and the statistics server finished before the restarted PS's came (stats/run_end.py)
     assert records(run_dir, "done"), "the metrics do not record the end of training"
     assert np.isfinite(np.load(run_dir / "weights.npy")).all()
 
@@ -116,17 +116,17 @@ def told_state(ts=45, done=True, stopped=()):
 
 
 def test_the_told_record_holds_only_for_the_same_launch_and_the_same_end(tmp_path, monkeypatch):
-    monkeypatch.setenv(security.RUN_TOKEN_ENV, "a" * 32)
+    monkeypatch.setenv(auth.RUN_TOKEN_ENV, "a" * 32)
     ToldRecord(tmp_path).save(told_state(stopped={1, 2}))
     assert "a" * 32 not in (tmp_path / TOLD_FILE).read_text()  # a hash, not the token
     st = told_state()
     assert ToldRecord(tmp_path).restore(st) == {1, 2} and st.stopped == {1, 2}
     for other in (told_state(ts=46), told_state(done=False)):  # trained on / not over
         assert ToldRecord(tmp_path).restore(other) == set() and not other.stopped
-    monkeypatch.setenv(security.RUN_TOKEN_ENV, "b" * 32)  # another launch (--resume)
+    monkeypatch.setenv(auth.RUN_TOKEN_ENV, "b" * 32)  # another launch (--resume)
     assert ToldRecord(tmp_path).restore(told_state()) == set()
-    monkeypatch.delenv(security.RUN_TOKEN_ENV)  # roles by hand
+    monkeypatch.delenv(auth.RUN_TOKEN_ENV)  # roles by hand
     assert ToldRecord(tmp_path).restore(told_state()) == set()
     (tmp_path / TOLD_FILE).write_text("{not json")
-    monkeypatch.setenv(security.RUN_TOKEN_ENV, "a" * 32)
+    monkeypatch.setenv(auth.RUN_TOKEN_ENV, "a" * 32)
     assert ToldRecord(tmp_path).restore(told_state()) == set()

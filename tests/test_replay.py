@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fault_runs import ROOT
-from rudra_zmq import arrival_log
+from rudra_zmq.server import arrival_log
 from rudra_zmq.sim.replay import ReplayError, replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

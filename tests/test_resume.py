@@ -8,7 +8,7 @@ import pytest
 from rudra_zmq import cli
 from rudra_zmq import config as config_mod
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.resume import resumable, resume_config
+from rudra_zmq.launch.resume import resumable, resume_config
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_the_run_command_needs_a_config_or_resume_and_not_both_dirs(capsys):
 
 
 def test_a_finished_run_has_nothing_to_do_unless_it_trains_longer(run_dir):
-    from rudra_zmq.resume import finished_note
+    from rudra_zmq.launch.resume import finished_note
 
     cfg = resume_config(run_dir)
     assert finished_note(run_dir, cfg) is None  # no final state: resume

@@ -11,7 +11,7 @@ import pytest
 
 from fault_runs import Run, records
 from rudra_zmq.results.compare import run_summary
-from rudra_zmq.roles.stats_progress import duration
+from rudra_zmq.stats.progress import duration
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -1,4 +1,4 @@
-"""Who may change the weights, end the run or name its result (``security.py``, ``keys.py``).
+"""Who may change the weights, end the run or name its result (``security/auth.py``, ``security/keys.py``).
 
 What it proves, each against the real role in this process and real ZeroMQ sockets:
 
@@ -34,15 +34,16 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from cluster import running, small_config
-from rudra_zmq import keys, security, transport, wire
+from rudra_zmq import transport, wire
 from rudra_zmq.channel import Channel
 from rudra_zmq.data.data_order import load_data
+from rudra_zmq.data.server import DataServer
 from rudra_zmq.results import compare
 from rudra_zmq.results.compare import result_line
-from rudra_zmq.roles.data_server import DataServer
-from rudra_zmq.roles.ps import ParameterServer
-from rudra_zmq.roles.stats_end import DONE_QUIET_S
-from rudra_zmq.roles.stats_server import StatsServer
+from rudra_zmq.security import auth, keys
+from rudra_zmq.server.ps import ParameterServer
+from rudra_zmq.stats.run_end import DONE_QUIET_S
+from rudra_zmq.stats.server import StatsServer
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(90)
@@ -109,7 +110,7 @@ def curve_ps(tmp_path):
     """(key dir, ctx, PS) with CURVE on; set_security and the ZAP handler undone after."""
     d = tmp_path / "keys"
     keys.make_run_keys(d, ["learner-0", "learner-1"])
-    curve, ctx = security.Curve(d), zmq.Context()
+    curve, ctx = auth.Curve(d), zmq.Context()
     transport.set_security(curve)
     try:
         yield d, ctx, make_ps(ctx)
@@ -137,7 +138,7 @@ def test_curve_admits_only_allow_listed_keys_speaking_as_their_own_learner(curve
         assert reply(one).kind == Kind.WELCOME
         # (c) ... until revoked: its open connection is refused, a new one not admitted
         keys.revoke(d, "learner-1")
-        time.sleep(security.RELOAD_S + 0.5)
+        time.sleep(auth.RELOAD_S + 0.5)
         send(one, Kind.PUSH, 1, 0, [GRAD])
         assert codes([reply(one)]) == [(Kind.ERROR, "forbidden")]
         assert attack(dealer(ctx, ps.endpoint, as_1), 1) == []
@@ -157,7 +158,7 @@ def test_curve_admits_only_allow_listed_keys_speaking_as_their_own_learner(curve
 def test_with_curve_the_data_server_gives_a_key_only_its_own_learners_minibatches(tmp_path):
     d = tmp_path / "keys"
     keys.make_run_keys(d, ["learner-0", "learner-1"])
-    curve, ctx = security.Curve(d), zmq.Context()
+    curve, ctx = auth.Curve(d), zmq.Context()
     transport.set_security(curve)
     try:
         cfg = small_config(
@@ -234,7 +235,7 @@ def test_a_live_learner_keeps_its_id_until_its_connection_is_gone(ctx):
 # ------------------------------------------------------------------ 3. statistics server
 @pytest.fixture
 def stats(ctx, tmp_path, monkeypatch):
-    monkeypatch.setenv(security.RUN_TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(auth.RUN_TOKEN_ENV, TOKEN)
     cfg = small_config()
     server = StatsServer(
         cfg, "tcp://127.0.0.1:0", tmp_path / "run", ctx, dataset=load_data(cfg), out=io.StringIO()

@@ -6,22 +6,24 @@ import logging
 import pytest
 import zmq
 
-from rudra_zmq import security, throttled_log, transport
+from rudra_zmq import transport
+from rudra_zmq.security import auth
+from rudra_zmq.server import throttled_log
 
 
 def test_a_libzmq_older_than_4_3_5_is_refused_saying_how_to_upgrade(monkeypatch):
     monkeypatch.setattr(zmq, "zmq_version_info", lambda: (4, 3, 4))
     monkeypatch.setattr(zmq, "zmq_version", lambda: "4.3.4")
-    with pytest.raises(security.SecurityError, match=r"4\.3\.5 or newer.*libzmq 4\.3\.4.*pip"):
-        security.check_libzmq()
+    with pytest.raises(auth.SecurityError, match=r"4\.3\.5 or newer.*libzmq 4\.3\.4.*pip"):
+        auth.check_libzmq()
 
 
 def test_a_key_name_that_is_not_a_name_is_refused(tmp_path):
-    from rudra_zmq import keys
+    from rudra_zmq.security import keys
 
     keys.init(tmp_path / "k")
-    with pytest.raises(security.SecurityError, match="not a key name"):
-        security.Curve(tmp_path / "k", "../etc/passwd")
+    with pytest.raises(auth.SecurityError, match="not a key name"):
+        auth.Curve(tmp_path / "k", "../etc/passwd")
 
 
 def test_repeated_warnings_are_logged_once_per_interval_with_a_count(monkeypatch, caplog):

@@ -15,7 +15,8 @@ import stat
 import numpy as np
 import pytest
 
-from rudra_zmq import keys, security, transport
+from rudra_zmq import transport
+from rudra_zmq.security import auth, keys
 from test_system import DIGITS, ROOT, rudra_run, threaded_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -83,7 +84,7 @@ class Counting:
 def test_tree_and_broadcast_runs_use_curve_on_every_socket(tmp_path, arch, config, extra):
     names = [f"learner-{i}" for i in range(4)] + ["ps", "node-0", "node-1"]
     keys.make_run_keys(tmp_path / "keys", names)
-    curve = security.Curve(tmp_path / "keys")
+    curve = auth.Curve(tmp_path / "keys")
     seen = Counting(curve)
     transport.set_security(curve)
     try:

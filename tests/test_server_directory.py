@@ -189,29 +189,27 @@ def test_the_advertised_address_is_the_one_that_reaches_the_master():
 
 @pytest.mark.timeout(30)
 def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
-    from rudra_zmq import keys, security
+    from rudra_zmq.security import auth, keys
 
     keys.make_run_keys(tmp_path / "keys", ["learner-0", "ps"])
-    curve = security.Curve(tmp_path / "keys")
+    curve = auth.Curve(tmp_path / "keys")
     cfg = load_config(None, ["architecture.servers=2"])
     ep = free_tcp_endpoint()
     d = server_directory.Directory(cfg, ep, "tcp://n1:1", "/runs/r", "tok", curve).start()
 
     def as_learner_0(req):  # with learner 0's key
-        server_directory._ask(ep, req, 5, security.Curve(tmp_path / "keys"), 0, lambda r: True)
+        server_directory._ask(ep, req, 5, auth.Curve(tmp_path / "keys"), 0, lambda r: True)
 
     try:
         with pytest.raises(
             ConfigError, match="only the ps key may send 'register', not 'learner-0'"
         ):
             as_learner_0({"op": "register", "server": 1, "endpoint": "tcp://h1:7"})
-        assert server_directory.register(
-            ep, 1, "tcp://h1:7", 5, security.Curve(tmp_path / "keys")
-        ) == (
+        assert server_directory.register(ep, 1, "tcp://h1:7", 5, auth.Curve(tmp_path / "keys")) == (
             "/runs/r",
             "tok",
         )
-        found = server_directory.lookup(ep, 2, 5, security.Curve(tmp_path / "keys"), sender=0)
+        found = server_directory.lookup(ep, 2, 5, auth.Curve(tmp_path / "keys"), sender=0)
         assert found == ["tcp://n1:1", "tcp://h1:7"]
         with pytest.raises(ConfigError, match="only the ps key may send 'failed', not 'learner-0'"):
             as_learner_0({"op": "failed", "server": 1, "why": "a learner says so"})
@@ -219,7 +217,7 @@ def test_with_curve_only_the_ps_key_registers_and_gets_the_token(tmp_path):
         with pytest.raises(ConfigError, match="only the ps key may send 'alive'"):
             as_learner_0({"op": "alive", "server": 1})
         said = d.heard[1]  # the ps key's heartbeat is heard
-        server_directory.Heartbeat(ep, 1, security.Curve(tmp_path / "keys")).stop()  # its bye
+        server_directory.Heartbeat(ep, 1, auth.Curve(tmp_path / "keys")).stop()  # its bye
         assert d.heard[1] > said and 1 in d.gone
     finally:
         d.stop()

@@ -7,8 +7,8 @@ import pytest
 
 from cluster import small_config
 from rudra_zmq import wire
-from rudra_zmq.server_parts import PartRound
-from rudra_zmq.server_state import ServerState
+from rudra_zmq.server.parts import PartRound
+from rudra_zmq.server.state import ServerState
 from rudra_zmq.span import part_bounds
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
@@ -274,7 +274,7 @@ def recording_serving(*overrides):
     import logging
 
     from rudra_zmq import codec
-    from rudra_zmq.roles.serving import Serving
+    from rudra_zmq.server.serving import Serving
 
     cfg, st, _ = state("wire.parts=4", *overrides)
     did = []
@@ -347,7 +347,7 @@ def test_the_last_stop_reaches_a_learner_slow_to_read_behind_the_weights_sent_ah
     from cluster import FakeLearner, running
     from rudra_zmq.benchmarks.synthetic_roles import overrides
     from rudra_zmq.config import load_config
-    from rudra_zmq.roles.ps import ParameterServer
+    from rudra_zmq.server.ps import ParameterServer
 
     n = 4_000_000  # 16 MB of weights: a part is more than the kernel's socket buffers hold
     sets = overrides("base", "hardsync", 2, 2, parts=2, retry_s=3, chunk_mib=64)  # one frame

@@ -5,9 +5,9 @@ import pytest
 
 from cluster import small_config
 from rudra_zmq import wire
-from rudra_zmq.node_state import NodeState
-from rudra_zmq.server_state import ServerState
+from rudra_zmq.server.state import ServerState
 from rudra_zmq.sync import NOW, ProtocolViolation, Reply
+from rudra_zmq.tree.state import NodeState
 from rudra_zmq.wire import Kind
 from test_ps import expected_step
 

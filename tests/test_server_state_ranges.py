@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from cluster import small_config
-from rudra_zmq import checkpoint, wire
-from rudra_zmq.roles.ps_checkpoint import checkpoint_dir, restore_latest
-from rudra_zmq.server_state import ServerState
+from rudra_zmq import wire
+from rudra_zmq.server import checkpoint
+from rudra_zmq.server.checkpointing import checkpoint_dir, restore_latest
+from rudra_zmq.server.state import ServerState
 from rudra_zmq.span import Span, split
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
@@ -39,7 +40,7 @@ def state(span=None, *overrides, cfg=None):
 
 def hello(st, learner, seq=1, numel=N, **fields):
     """A learner's HELLO: the model's size, and (a range server's learner) the range it
-    expects, as ``learner_shards`` says it."""
+    expects, as ``learner/shards.py`` says it."""
     if not st.span.is_whole and "range" not in fields:
         fields["range"] = [st.span.lo, st.span.hi]
     st.register(

@@ -1,4 +1,4 @@
-"""The servers' one request path (roles/serving.py) on its own: a real ServerState, recorded
+"""The servers' one request path (server/serving.py) on its own: a real ServerState, recorded
 handlers and replies, no sockets."""
 
 import logging
@@ -8,8 +8,8 @@ import numpy as np
 
 from cluster import small_config
 from rudra_zmq import wire
-from rudra_zmq.roles.serving import Serving
-from rudra_zmq.server_state import ServerState
+from rudra_zmq.server.serving import Serving
+from rudra_zmq.server.state import ServerState
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
 

@@ -188,16 +188,16 @@ def test_a_frozen_learner_is_evicted_by_each_server_then_rejoins_each(tmp_path):
 
 
 def test_the_model_size_comes_from_a_child_process_when_it_is_not_cached(monkeypatch):
-    from rudra_zmq import initial_weights
     from rudra_zmq.config import ConfigError, load_config
-    from rudra_zmq.launch import server_count
+    from rudra_zmq.launch import preflight
+    from rudra_zmq.server import initial_weights
 
     cfg = load_config(ROOT / "configs" / "quickstart.yaml")
     monkeypatch.setattr(initial_weights, "read", lambda *a: None)
-    assert server_count.model_numel(cfg) == 9930  # built in a child process
-    monkeypatch.setattr(server_count, "_SIZE", "import sys; sys.exit('no torch here')")
+    assert preflight.model_numel(cfg) == 9930  # built in a child process
+    monkeypatch.setattr(preflight, "_SIZE", "import sys; sys.exit('no torch here')")
     with pytest.raises(ConfigError, match="could not build model.name='digits_cnn': no torch"):
-        server_count.model_numel(cfg)
+        preflight.model_numel(cfg)
 
 
 @pytest.mark.parametrize("point", ["after-final", "after-final-unsent"])

@@ -1,6 +1,6 @@
 """Sharded parameter servers (issue 24, item 1; the core, in one process): K servers each
 serving one range of the flat vector (``span.split``), learners pushing each its slice and
-loading each server's weights into that range (``roles/learner_shards.py``).
+loading each server's weights into that range (``learner/shards.py``).
 
 - hardsync with K = 2 and 3 servers ends with the one server's weights (each element's
   update is the same; only the gradient sums' float order may differ), every server at the
@@ -21,9 +21,9 @@ import zmq
 from cluster import small_config
 from rudra_zmq import codec, transport
 from rudra_zmq.channel import Channel, ServerError
-from rudra_zmq.roles.data_server import DataServer
-from rudra_zmq.roles.learner import Learner
-from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.data.server import DataServer
+from rudra_zmq.learner.learner import Learner
+from rudra_zmq.server.ps import ParameterServer
 from rudra_zmq.span import split
 from rudra_zmq.wire import Kind
 
@@ -83,7 +83,7 @@ def run_sharded(cfg, k, ctx):
 
 
 def initial_weights(cfg):
-    from rudra_zmq.roles.ps_start import initial_model
+    from rudra_zmq.server.start import initial_model
 
     return initial_model(cfg)[0]
 
@@ -168,7 +168,7 @@ def test_what_sharding_does_not_serve_yet_is_refused_up_front(ctx, tmp_path):
 def test_a_learner_that_fails_half_built_closes_the_sockets_it_made(monkeypatch, servers):
     """The exchange fails after the server, data and statistics sockets exist: the learner
     closes them, so its (shared) context's term() returns instead of waiting forever."""
-    from rudra_zmq.roles import learner
+    from rudra_zmq.learner import learner
 
     def broken(*args, **kwargs):
         raise OSError("address already in use (made up)")
@@ -190,7 +190,7 @@ def test_a_learner_that_fails_half_built_closes_the_sockets_it_made(monkeypatch,
 
 
 class ScriptedShards:
-    """``learner_shards.Shards`` without sockets: records what is sent to which server and
+    """``learner.shards.Shards`` without sockets: records what is sent to which server and
     answers ``gather`` from a script (one dict of replies per call)."""
 
     def __init__(self, spans, script):
@@ -214,7 +214,7 @@ class ScriptedShards:
 
 
 def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_a_finished_one_is_left():
-    from rudra_zmq.roles.learner_shards import ShardedPushPull
+    from rudra_zmq.learner.shards import ShardedPushPull
     from rudra_zmq.wire import Message
 
     spans = split(10, 2)
@@ -265,7 +265,7 @@ def test_a_refused_slice_takes_its_error_feedback_residual_with_it():
     was never applied and its rounding residual is dropped; server 0's, applied, is kept."""
     from types import SimpleNamespace
 
-    from rudra_zmq.roles.learner_shards import ShardedPushPull
+    from rudra_zmq.learner.shards import ShardedPushPull
     from rudra_zmq.wire import Message
 
     flat = SimpleNamespace(
@@ -298,7 +298,7 @@ def test_one_server_asking_to_rejoin_drops_the_refused_gradients_residual_too():
     and the next gradient after the WELCOME starts a new one."""
     from types import SimpleNamespace
 
-    from rudra_zmq.roles.learner_exchange import Frames, PushPull
+    from rudra_zmq.learner.exchange import Frames, PushPull
     from rudra_zmq.wire import Message
 
     class Channel:
@@ -344,7 +344,7 @@ def _flat10():
 
 
 def _two_servers_learner(script):
-    from rudra_zmq.roles.learner_shards import ShardedPushPull
+    from rudra_zmq.learner.shards import ShardedPushPull
 
     return ShardedPushPull(small_config(), 0, _flat10(), ScriptedShards(split(10, 2), script))
 
@@ -356,7 +356,7 @@ def test_a_server_silent_after_another_said_stop_ends_the_learner_without_failin
     """Server 0 said STOP (a step before, or in the same step) and server 1, dead after
     training ended with its STOP lost, says nothing: the learner ends (no error) and names
     it. While every server is still training, silence stays a failure."""
-    from rudra_zmq.roles.learner_shards import ServersSilent
+    from rudra_zmq.learner.shards import ServersSilent
     from rudra_zmq.wire import Message
 
     def msg(kind, ts, **fields):

@@ -1,4 +1,4 @@
-"""Shipped configs, grids and examples are found by name from any folder (rudra_zmq.launch.shipped);
+"""Shipped configs, grids and examples are found by name from any folder (rudra_zmq.shipped);
 the installed-wheel side of the same is in test_packaging.py."""
 
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from rudra_zmq import shipped
 from rudra_zmq.config import ConfigError, load_config
-from rudra_zmq.launch import shipped
 from rudra_zmq.launch.sweep import load_grid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def test_an_unknown_grid_name_is_refused_with_the_shipped_names(tmp_path, monkey
     with pytest.raises(
         ConfigError,
         match=r"grid 'tabel2' is not a file and not a built-in "
-        r"grid; .*figure3, hardsync, lag, table2",
+        r"grid; .*figure3, hardsync, lag, step_size, table2",
     ):
         load_grid("tabel2")
     with pytest.raises(FileNotFoundError, match="grid file 'elsewhere/table2.yaml' does not exist"):

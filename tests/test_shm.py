@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from rudra_zmq import kernels, shm, shm_lifecycle
+from rudra_zmq import kernels, shm
 
 pytestmark = pytest.mark.timeout(60)
 N = 1000
@@ -250,24 +250,22 @@ def test_segments_of_a_killed_or_replaced_creator_are_swept_and_live_ones_kept(t
         fake = os.path.join(shm.SHM_DIR, shm.segment_name(token, 0, 1))
         with open(fake, "wb") as f:  # our pid, another start time: pid reused
             f.write(
-                shm_lifecycle.HEADER.pack(
+                shm.HEADER.pack(
                     shm.MAGIC,
                     shm.LAYOUT,
                     shm.KIND_SLOTS,
                     os.getpid(),
-                    shm_lifecycle.start_time(os.getpid()) + 1,
-                    shm_lifecycle.pid_ns(),
+                    shm.start_time(os.getpid()) + 1,
+                    shm.pid_ns(),
                     N,
                 )
             )
         alien = os.path.join(shm.SHM_DIR, shm.segment_name(token, 0, 2))
         with open(alien, "wb") as f:  # another pid namespace: not ours to judge
             f.write(
-                shm_lifecycle.HEADER.pack(
-                    shm.MAGIC, shm.LAYOUT, shm.KIND_SLOTS, 1, 0, shm_lifecycle.pid_ns() + 1, N
-                )
+                shm.HEADER.pack(shm.MAGIC, shm.LAYOUT, shm.KIND_SLOTS, 1, 0, shm.pid_ns() + 1, N)
             )
-        assert os.path.basename(fake) in shm_lifecycle.sweep_stale()
+        assert os.path.basename(fake) in shm.sweep_stale()
         assert segments(token) == sorted([live.name, os.path.basename(alien)])
 
 

@@ -15,9 +15,9 @@ from rudra_zmq import transport
 from rudra_zmq.config import load_config
 from rudra_zmq.data import data_order, datasets
 from rudra_zmq.launch.children import accepting
-from rudra_zmq.roles import ps as ps_module
-from rudra_zmq.roles import ps_start
-from rudra_zmq.roles.stats_server import StatsServer
+from rudra_zmq.server import ps as ps_module
+from rudra_zmq.server import start
+from rudra_zmq.stats.server import StatsServer
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(60)
@@ -75,7 +75,7 @@ def test_the_digits_split_is_cached_and_read_back_without_scikit_learn(tmp_path,
     # a data server of another process: the split from the cache, no torch, no sklearn
     code = (
         "from rudra_zmq.config import load_config\n"
-        "from rudra_zmq.roles.data_server import DataServer\n"
+        "from rudra_zmq.data.server import DataServer\n"
         "s = DataServer(load_config(overrides=['data.dataset=digits']), 'tcp://127.0.0.1:0')\n"
         "s.close()"
     )
@@ -119,7 +119,7 @@ def test_the_ps_accepts_connections_before_it_builds_its_model_and_answers_what_
     ctx, monkeypatch
 ):
     endpoint = transport.free_tcp_endpoint("127.0.0.1")
-    real = ps_start.initial_model
+    real = start.initial_model
     seen, early = [], []
 
     def initial_model(cfg):
@@ -129,7 +129,7 @@ def test_the_ps_accepts_connections_before_it_builds_its_model_and_answers_what_
         early[0].send(Kind.HELLO, model=built[2], numel=built[0].size)
         return built
 
-    monkeypatch.setattr(ps_start, "initial_model", initial_model)
+    monkeypatch.setattr(start, "initial_model", initial_model)
     ps = ps_module.ParameterServer(small_config(), endpoint, ctx=ctx)
     assert seen == [True]
     with running(ps) as errors:
@@ -142,14 +142,14 @@ def test_the_ps_accepts_connections_before_it_builds_its_model_and_answers_what_
 
 def test_a_resumed_ps_builds_its_state_before_it_binds(ctx, monkeypatch, tmp_path):
     endpoint = transport.free_tcp_endpoint("127.0.0.1")
-    real = ps_start.initial_model
+    real = start.initial_model
     seen = []
 
     def initial_model(cfg):
         seen.append(accepting(endpoint))
         return real(cfg)
 
-    monkeypatch.setattr(ps_start, "initial_model", initial_model)
+    monkeypatch.setattr(start, "initial_model", initial_model)
     ps = ps_module.ParameterServer(
         small_config(), endpoint, ctx=ctx, run_dir=str(tmp_path), resume=True
     )
@@ -196,19 +196,19 @@ def test_a_ps_process_listens_before_it_imports_torch(tmp_path):
 def test_the_ps_initial_weights_are_cached_bit_identical_and_read_back_without_torch(
     tmp_path, monkeypatch
 ):
-    from rudra_zmq import initial_weights
+    from rudra_zmq.server import initial_weights
 
     monkeypatch.setenv(datasets.CACHE_ENV, str(tmp_path))
     cfg = load_config(overrides=["data.dataset=digits", "model.name=digits_cnn"])
-    built = ps_start.initial_model(cfg)  # built with torch, then cached
+    built = start.initial_model(cfg)  # built with torch, then cached
     (cached,) = (tmp_path / "initial").glob("digits_cnn-*.npz")
-    again = ps_start.initial_model(cfg)
+    again = start.initial_model(cfg)
     np.testing.assert_array_equal(again[0], built[0])
     assert again[0].dtype == np.float32 and again[1:] == built[1:]
     # another process: the same weights from the cache, torch never imported
     code = (
         "import numpy as np\nfrom rudra_zmq.config import load_config\n"
-        "from rudra_zmq.roles.ps_start import initial_model\n"
+        "from rudra_zmq.server.start import initial_model\n"
         "w = initial_model(load_config(overrides=['data.dataset=digits', "
         "'model.name=digits_cnn']))[0]\n"
         f"assert np.array_equal(w, np.load({str(tmp_path / 'w.npy')!r}))"
@@ -221,5 +221,5 @@ def test_the_ps_initial_weights_are_cached_bit_identical_and_read_back_without_t
     assert initial_weights.read(other, built[3]) is None
     cached.write_bytes(b"not an npz")
     assert initial_weights.read(cfg, built[3]) is None
-    np.testing.assert_array_equal(ps_start.initial_model(cfg)[0], built[0])
+    np.testing.assert_array_equal(start.initial_model(cfg)[0], built[0])
     assert initial_weights.read(cfg, built[3]) is not None

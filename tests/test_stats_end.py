@@ -1,11 +1,11 @@
-"""When the statistics server may finish (roles/stats_end.RunEnd), driven directly with
+"""When the statistics server may finish (stats/run_end.RunEnd), driven directly with
 made-up times: no sockets, no clock."""
 
 import json
 import os
 
 from rudra_zmq import wire
-from rudra_zmq.roles.stats_end import (
+from rudra_zmq.stats.run_end import (
     DONE_QUIET_S,
     DONE_WAIT_S,
     FINAL_FILE_EVERY_S,

@@ -1,10 +1,10 @@
-"""What the statistics server takes in (roles/stats_intake), checked directly: who may send
+"""What the statistics server takes in (stats/server.py), checked directly: who may send
 what, and which records a METRIC may carry. No sockets."""
 
 from types import SimpleNamespace
 
 from rudra_zmq import wire
-from rudra_zmq.roles.stats_intake import batch_items, forged, record_refusal
+from rudra_zmq.stats.server import batch_items, forged, record_refusal
 from rudra_zmq.wire import Kind
 
 

@@ -1,10 +1,10 @@
-"""The statistics server's join of a sharded run's EVAL slices (roles/stats_join.py) and its
-end of a run of K servers (roles/stats_end.py): pure logic, no sockets."""
+"""The statistics server's join of a sharded run's EVAL slices (stats/eval_join.py) and its
+end of a run of K servers (stats/run_end.py): pure logic, no sockets."""
 
 import numpy as np
 
-from rudra_zmq.roles.stats_end import RunEnd
-from rudra_zmq.roles.stats_join import MAX_OPEN, EvalJoin
+from rudra_zmq.stats.eval_join import MAX_OPEN, EvalJoin
+from rudra_zmq.stats.run_end import RunEnd
 from rudra_zmq.wire import SENDER_PS, Kind, Message
 
 
@@ -62,7 +62,7 @@ def test_a_run_of_three_servers_ends_once_each_servers_done_came(tmp_path):
 def test_tensorboard_puts_other_servers_staleness_and_rates_under_their_own_tags():
     from types import SimpleNamespace
 
-    from rudra_zmq.roles.stats_tensorboard import TensorBoardLog
+    from rudra_zmq.stats.tensorboard_log import TensorBoardLog
 
     written = []
     tb = TensorBoardLog.__new__(TensorBoardLog)  # without TensorBoard: a writer that records

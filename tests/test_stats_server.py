@@ -22,11 +22,11 @@ from rudra_zmq.data.data_order import load_data
 from rudra_zmq.data.datasets import to_float
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.models import build_model
-from rudra_zmq.roles import stats_end
-from rudra_zmq.roles.stats_client import METRIC_HWM, StatsClient
-from rudra_zmq.roles.stats_progress import Progress, duration
-from rudra_zmq.roles.stats_server import StatsServer
-from rudra_zmq.roles.stats_tensorboard import MISSING, check_tensorboard
+from rudra_zmq.stats import run_end
+from rudra_zmq.stats.client import METRIC_HWM, StatsClient
+from rudra_zmq.stats.progress import Progress, duration
+from rudra_zmq.stats.server import StatsServer
+from rudra_zmq.stats.tensorboard_log import MISSING, check_tensorboard
 from rudra_zmq.wire import Kind
 
 
@@ -399,7 +399,7 @@ def test_the_client_never_blocks_when_no_server_listens():
 def test_serve_exits_cleanly_on_sigterm_and_writes_what_it_has(tmp_path):
     code = (
         "from rudra_zmq.config import load_config\n"
-        "from rudra_zmq.roles.stats_server import serve\n"
+        "from rudra_zmq.stats.server import serve\n"
         "cfg = load_config(overrides=['data.dataset=digits', 'model.name=digits_cnn'])\n"
         f"raise SystemExit(serve(cfg, 'tcp://127.0.0.1:0', {str(tmp_path)!r}))\n"
     )
@@ -666,7 +666,7 @@ def test_what_tensorboard_hears_before_training_is_stamped_with_its_start(tmp_pa
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rudra_zmq.roles.stats_tensorboard import TensorBoardLog
+    from rudra_zmq.stats.tensorboard_log import TensorBoardLog
 
     tb = TensorBoardLog(tmp_path, t0=1000.0, learners=2)
     for t in (5.0, 6.0, 7.0):  # the PS reports every second during start-up
@@ -742,7 +742,7 @@ def test_final_weights_whose_eval_never_came_are_evaluated_from_weights_npy(cfg,
 def test_a_stale_ps_final_is_not_taken_for_the_final_weights(cfg, digits, tmp_path, monkeypatch):
     """ps_final.json of another timestamp (a run resumed from it): not the final weights;
     after DONE_WAIT_S the server ends without them, saying so in its log."""
-    monkeypatch.setattr(stats_end, "DONE_WAIT_S", 1.0)
+    monkeypatch.setattr(run_end, "DONE_WAIT_S", 1.0)
     server = StatsServer(cfg, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
     np.save(tmp_path / "weights.npy", server.flat.weights)
     (tmp_path / "ps_final.json").write_text(

@@ -134,7 +134,7 @@ def test_a_sweep_runs_each_point_once_and_reruns_only_broken_ones(tmp_path):
 
 def test_every_shipped_grid_loads_and_names_its_points_as_the_paper_does():
     grids = sorted((ROOT / "configs/grids").glob("*.yaml"))
-    assert [g.stem for g in grids] == ["figure3", "hardsync", "lag", "table2"]
+    assert [g.stem for g in grids] == ["figure3", "hardsync", "lag", "step_size", "table2"]
     points = {g.stem: [p.name for p in load_grid(g).points] for g in grids}
     assert len(points["table2"]) == 1 + 23  # the baseline and Table 2's 23 rows
     assert {"baseline", "s1-mu4-l30", "s30-mu4-l30", "s1-mu32-l30"} <= set(points["table2"])

@@ -10,10 +10,10 @@ import zmq
 
 from cluster import FakeLearner, running, small_config
 from rudra_zmq import topology, wire
-from rudra_zmq.relay_clock import RelayClock
-from rudra_zmq.roles.ps import ParameterServer
-from rudra_zmq.roles.tree_node import TreeNode
+from rudra_zmq.server.ps import ParameterServer
 from rudra_zmq.sync import NOW, ProtocolViolation, Reply
+from rudra_zmq.sync.relay_clock import RelayClock
+from rudra_zmq.tree.node import TreeNode
 from rudra_zmq.wire import Kind, WireError
 from test_ps import expected_step
 

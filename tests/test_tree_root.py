@@ -8,7 +8,7 @@ import pytest
 
 from cluster import FakeLearner, running, small_config
 from rudra_zmq import wire
-from rudra_zmq.roles.ps import ParameterServer
+from rudra_zmq.server.ps import ParameterServer
 from rudra_zmq.wire import Kind
 from test_ps import expected_step
 from test_tree import adv, grads

@@ -191,8 +191,8 @@ def test_a_user_model_declares_its_input_transform_on_its_function(user_module):
 
 def test_a_learner_whose_user_model_differs_from_the_ps_is_refused_naming_both_sizes(user_module):
     from rudra_zmq import wire
-    from rudra_zmq.roles.ps_start import initial_model
-    from rudra_zmq.server_state import ProtocolViolation, ServerState
+    from rudra_zmq.server.start import initial_model
+    from rudra_zmq.server.state import ProtocolViolation, ServerState
     from rudra_zmq.wire import Kind
 
     ps_cfg = config(user_module, "mlp")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zmq
 
-from rudra_zmq.versions import WeightVersions
+from rudra_zmq.server.versions import WeightVersions
 
 
 @pytest.fixture

@@ -81,8 +81,8 @@ def _model(numel: int):
 
 def save_ms(numel: int, saves: int, directory: Path) -> list[float]:
     """Milliseconds of ``saves`` checkpoints of a PS state of ``numel`` parameters. Blocks."""
-    from ..roles.ps_checkpoint import CheckpointSchedule
-    from ..server_state import ServerState
+    from ..server.checkpointing import CheckpointSchedule
+    from ..server.state import ServerState
 
     cfg = _config(10.0, 2)
     st = ServerState(cfg, *_model(numel), epoch_size=1000)
@@ -116,7 +116,7 @@ def _learner(ctx, endpoint, i, numel, until, counts):
 def arm(numel: int, every_s: float, seconds: float, learners: int, directory: Path) -> dict:
     """One arm: an async PS (checkpoints every ``every_s`` s, 0 = none) and ``learners``
     threads pushing for ``seconds``. Returns updates/s and the checkpoints written. Blocks."""
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     cfg = _config(every_s, learners)
     ctx = zmq.Context()

@@ -79,9 +79,9 @@ def _learner(ctx, endpoint, i, numel, until, out):
 
 
 def arm(numel: int, curve, seconds: float, learners: int) -> dict:
-    """One arm (``curve``: a ``security.Curve``, or None for plaintext). Blocks."""
+    """One arm (``curve``: an ``auth.Curve``, or None for plaintext). Blocks."""
     from .. import transport
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     transport.set_security(curve)
     ctx = zmq.Context()
@@ -123,7 +123,8 @@ def arm(numel: int, curve, seconds: float, learners: int) -> dict:
 
 def run(args) -> int:
     """Print one line per size: round trips/s and p50, plain and curve, and their ratios."""
-    from .. import kernels, keys, security
+    from .. import kernels
+    from ..security import auth, keys
 
     if args.quick:
         args.seconds = 2.0
@@ -142,7 +143,7 @@ def run(args) -> int:
         for numel in args.sizes:
             arms = {"plain": [], "curve": []}
             for which in ("plain", "curve", "curve", "plain"):
-                curve = security.Curve(tmp) if which == "curve" else None
+                curve = auth.Curve(tmp) if which == "curve" else None
                 arms[which].append(arm(numel, curve, args.seconds, args.learners))
             r = {"size": numel, "label": fmt_count(numel)}
             for which, runs in arms.items():

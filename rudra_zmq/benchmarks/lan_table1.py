@@ -433,8 +433,7 @@ def run(a) -> int:
     )
     if "advstar-softsync" in cases and not sc.advstar_available():
         report.note(
-            "advstar-softsync skipped: rudra_zmq/roles/broadcast.py (Rudra-adv*) is "
-            "not available yet",
+            "advstar-softsync skipped: rudra_zmq/broadcast/ (Rudra-adv*) is not available yet",
             skipped="advstar-softsync",
         )
         cases.remove("advstar-softsync")

@@ -1,12 +1,12 @@
 """``rudra-zmq bench pushpull``: the PS's own path beside an echo server and raw ZeroMQ.
 
 The passive side (``--bind``; :mod:`.pushpull_server`) runs per case a real
-:class:`~rudra_zmq.roles.ps.ParameterServer` on a synthetic model of n float32 parameters (no
-torch), optionally under a tree of :class:`~rudra_zmq.roles.tree_node.TreeNode` processes
+:class:`~rudra_zmq.server.ps.ParameterServer` on a synthetic model of n float32 parameters (no
+torch), optionally under a tree of :class:`~rudra_zmq.tree.node.TreeNode` processes
 (``--arch adv``), an echo server (the PS's protocol, answering from a preallocated array with no
 update) and a raw ZeroMQ server (a ROUTER answering with a preallocated buffer, zero-copy). The
 measuring side (:mod:`.pushpull_client`) starts λ client processes that speak the wire protocol
-as ``roles/learner.py`` does (``channel.Channel``, zero-copy gradients, replies validated by
+as ``learner/learner.py`` does (``channel.Channel``, zero-copy gradients, replies validated by
 ``wire.decode``) to the PS and the echo server, and send the same bytes raw. Modes, as ps-lite's
 ``test_kv_app_benchmark``: ``push_then_pull``, ``pushpull``, ``push``, ``pull``. PS, echo and
 raw blocks alternate in every round, so load from other users hits all alike. Printed: goodput,

@@ -1,6 +1,6 @@
 """The measuring processes of ``rudra-zmq bench pushpull``: λ clients, driven over pipes.
 
-A client speaks to the parameter server exactly as ``roles/learner.py`` does (a
+A client speaks to the parameter server exactly as ``learner/learner.py`` does (a
 ``channel.Channel``: HELLO, then PUSHPULL / PUSH / PULL, the gradient sent zero-copy in
 ``chunk_bytes`` frames (``wire.chunk``, ``Channel.send``), replies received ``copy=False`` and
 validated by ``wire.decode``, the reply's frames held until the next operation), minus the

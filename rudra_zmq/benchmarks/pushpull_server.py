@@ -2,8 +2,8 @@
 
 Per case the agent (:mod:`.sides`) starts, each in a spawned process on its host:
 
-- **ps**: a real :class:`~rudra_zmq.roles.ps.ParameterServer` with a synthetic model of n float32
-  parameters (no torch), under a tree of :class:`~rudra_zmq.roles.tree_node.TreeNode` processes
+- **ps**: a real :class:`~rudra_zmq.server.ps.ParameterServer` with a synthetic model of n float32
+  parameters (no torch), under a tree of :class:`~rudra_zmq.tree.node.TreeNode` processes
   with ``--arch adv``;
 - **echo**: the PS's protocol without the PS: one ROUTER that decodes every request with
   ``wire.decode`` and answers it with ``wire.encode`` in the PS's messages (WELCOME, ACK,
@@ -71,7 +71,7 @@ def _ps_process(conn, stop, bind, n, overrides, ps_threads, io_threads):
     """The PS; a thread answers each message on ``conn`` with the engine's update count."""
     from .. import kernels
     from ..config import load_config
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     sides.exit_with_parent()
     transport.tune_malloc()
@@ -98,7 +98,7 @@ def _ps_process(conn, stop, bind, n, overrides, ps_threads, io_threads):
 def _node_process(conn, stop, node_id, bind, parent, overrides):
     from .. import kernels
     from ..config import load_config
-    from ..roles.tree_node import TreeNode
+    from ..tree.node import TreeNode
 
     sides.exit_with_parent()
     transport.tune_malloc()

@@ -270,7 +270,7 @@ def run(a) -> int:
     )
     if "advstar" in archs and not sc.advstar_available():
         report.note(
-            "advstar skipped: rudra_zmq/roles/broadcast.py (Rudra-adv*) is not available yet",
+            "advstar skipped: rudra_zmq/broadcast/ (Rudra-adv*) is not available yet",
             skipped="advstar",
         )
         archs.remove("advstar")

@@ -3,7 +3,7 @@
 A leaf (this process) and k learner processes on this machine run lock-step rounds: the leaf
 sends the weights to every learner, each takes them into its flat parameter buffer, writes its
 gradient and hands it back, and the leaf sums the k gradients with ``rudra_zmq.kernels`` as
-``roles/tree_node.py`` does (both sides: :mod:`.shm_exchange`). A round is timed at the leaf,
+``tree/node.py`` does (both sides: :mod:`.shm_exchange`). A round is timed at the leaf,
 from the start of sending the weights to the last gradient summed. Two ways, alternated in
 blocks of ``--rounds`` (order flipped every repeat) after an untimed warm-up of each:
 

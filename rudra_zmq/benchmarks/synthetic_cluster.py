@@ -261,9 +261,9 @@ def advstar_available() -> bool:
     import importlib.util
     import inspect
 
-    if importlib.util.find_spec("rudra_zmq.roles.broadcast") is None:
+    if importlib.util.find_spec("rudra_zmq.broadcast.root") is None:
         return False
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     return "broadcast" in inspect.signature(ParameterServer.__init__).parameters
 

@@ -11,7 +11,7 @@ import numpy as np
 import zmq
 
 from .. import codec, kernels, timeline, wire
-from ..roles.learner_shards import ShardedPushPull, Shards, server_channels
+from ..learner.shards import ShardedPushPull, Shards, server_channels
 from ..span import split
 from ..wire import Kind
 
@@ -37,7 +37,7 @@ class SyntheticLearner:
     ):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
         self.shards = None
-        if "+" in endpoint or cfg.wire.parts > 1:  # sharded servers, or parts (learner_shards)
+        if "+" in endpoint or cfg.wire.parts > 1:  # sharded servers, or parts (learner/shards.py)
             self._sharded(ctx, cfg, endpoint.split("+"))
             return
         self.ch = server_channels(ctx, cfg, [endpoint], learner_id)[0]
@@ -59,14 +59,14 @@ class SyntheticLearner:
             "compute_s": 0.0,
         }
         self.member = None
-        if cfg.architecture.kind == "advstar":  # Rudra-adv*: as roles/learner.py
-            from ..roles.learner_exchange import broadcast_member
+        if cfg.architecture.kind == "advstar":  # Rudra-adv*: as learner/learner.py
+            from ..learner.exchange import broadcast_member
 
             self.member = broadcast_member(cfg, ctx, bcast, numel, learner_id)
             self._sendbuf = np.empty_like(self.grad)
 
     def _sharded(self, ctx, cfg, endpoints) -> None:
-        """Push each server its slice through ``learner_shards``, as roles/learner.py does."""
+        """Push each server its slice through ``learner/shards.py``, as learner/learner.py does."""
         from types import SimpleNamespace
 
         channels = server_channels(ctx, cfg, endpoints, self.id)
@@ -173,7 +173,7 @@ class SyntheticLearner:
         return s
 
     def _run_advstar(self, welcome) -> dict:
-        """Rudra-adv*, as ``roles/learner.py``: adopt the newest broadcast version, compute,
+        """Rudra-adv*, as ``learner/learner.py``: adopt the newest broadcast version, compute,
         collect the previous PUSH's ACK, PUSH the gradient without waiting for the reply."""
         s, in_flight, finished = self.stats, False, False
         self._load(welcome)

@@ -4,18 +4,18 @@ Three roles, each a process started as ``python -m rudra_zmq.benchmarks.syntheti
 (by :mod:`.synthetic_cluster`, optionally inside a network namespace), all loading the same
 config overrides (``--set``) so that they plan the same tree:
 
-- ``ps``: the real :class:`~rudra_zmq.roles.ps.ParameterServer` on a synthetic model of
+- ``ps``: the real :class:`~rudra_zmq.server.ps.ParameterServer` on a synthetic model of
   ``--params`` float32 parameters (``model=``, no torch), subclassed as :class:`CountingPS` to
   count what reaches the root's handler: every frame after the routing id, the gradient
   payloads of PUSH/PUSHPULL/RELAY, and the payloads it sends; one record per update.
-- ``node``: the real :class:`~rudra_zmq.roles.tree_node.TreeNode` (it never imports torch).
+- ``node``: the real :class:`~rudra_zmq.tree.node.TreeNode` (it never imports torch).
 - ``learners``: :class:`~.synthetic_learner.SyntheticLearner` threads, one per ``--ids``
   entry: HELLO, then (after a start barrier, ``--go``) until STOP: "compute" (sleep
   ``--compute-ms``, ±10 % seeded jitter, standing in for forward and backward), PUSHPULL of a
-  fixed gradient (zero-copy, as ``roles/learner.py``), and the copy of new weights into its
+  fixed gradient (zero-copy, as ``learner/learner.py``), and the copy of new weights into its
   own buffer (as its ``_load``). With ``architecture.kind: advstar`` it does what
-  ``roles/learner.py`` does for Rudra-adv*: weights come by its
-  :class:`~rudra_zmq.roles.broadcast.BroadcastMember` (adopted between steps), gradients go to
+  ``learner/learner.py`` does for Rudra-adv*: weights come by its
+  :class:`~rudra_zmq.broadcast.member.BroadcastMember` (adopted between steps), gradients go to
   its leaf as PUSH without waiting for the reply (collected before the next push).
 
 Servers print ``listening on ENDPOINT`` once bound (an advstar root first prints ``broadcast
@@ -102,7 +102,7 @@ def _usage() -> dict:
 # ----------------------------------------------------------------------------- the root
 def counting_ps_class():
     """:class:`CountingPS`, defined on first use so that importing this module stays light."""
-    from ..roles.ps import ParameterServer
+    from ..server.ps import ParameterServer
 
     class CountingPS(ParameterServer):
         """A ParameterServer that counts the bytes reaching (and leaving) its handler.
@@ -224,7 +224,7 @@ def main_ps(args) -> dict:
     kernels.set_num_threads(1)
     weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}  # advstar only
-    if args.range:  # a sharded server: one range of the vector (learner_shards)
+    if args.range:  # a sharded server: one range of the vector (learner/shards.py)
         from ..span import Span
 
         lo, hi = (int(x) for x in args.range.split(":"))
@@ -242,7 +242,7 @@ def main_ps(args) -> dict:
 
 
 def main_node(args) -> dict:
-    from ..roles.tree_node import TreeNode
+    from ..tree.node import TreeNode
 
     transport.tune_malloc()
     kernels.set_num_threads(1)  # as `rudra-zmq node` does

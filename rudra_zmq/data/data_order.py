@@ -10,7 +10,7 @@ permutation of epoch ``e`` seeded by ``(train.seed, e)``. Learner ``i``'s miniba
 
 So λ learners of µ each see exactly the batches one learner of λ·µ would, whatever their
 timing, and no two batches overlap. The data server serves it over ZeroMQ
-(``roles/data_server.py``); the simulator reads it directly. No sockets here.
+(``data/server.py``); the simulator reads it directly. No sockets here.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Launching runs: the CLI's commands that start roles, on one host or many (launcher, cluster plans, workers, hostfiles, ranks, child processes, sweeps, preflight checks, shipped configs)."""
+"""Launching runs: the CLI's commands that start roles, on one host or many (launcher, cluster plans, workers, hostfiles, ranks, child processes, sweeps, preflight checks, what a resumed run may change)."""

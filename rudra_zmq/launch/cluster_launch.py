@@ -210,7 +210,7 @@ class ClusterLauncher(Launcher):
         """Bring the run directory home from the parameter servers' hosts, then the server
         host's (it wins where both wrote), where they do not share our file system; a
         sharded run's weights.npy and ps_final.json are then joined here if no host could
-        (``ps_shard_files``). Best effort, as ``copy_back``."""
+        (``end_files``). Best effort, as ``copy_back``."""
         cp, cfg = self.cp, self.cp.plan.cfg
         ps_hosts = {cp.placement[label] for label in ps_labels(cfg)} - {cp.server_host}
         for host in sorted(ps_hosts):

@@ -40,16 +40,17 @@ import time
 from collections.abc import Callable
 
 from .. import config as config_mod
-from .. import security
 from ..notices import LogNotices
-from ..roles.stats_final import final_done
 from ..run_files import (
     PROCESSES_FILE,
+    PS_FINAL_FILE,
     checkpoints_root,
     log_path,
     server_dir,
 )
-from . import console, preflight, server_join, startup
+from ..security import auth
+from ..server.end_files import assemble, final_done
+from . import console, preflight, startup
 from .children import Child, echo_lines, kill_tree
 from .restarts import on_failure
 from .run_plan import Plan, make_plan, ps_labels, role_env, run_keys, summary
@@ -58,6 +59,8 @@ POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
 STATS_EXIT_TIMEOUT_S = 60.0  # after training, how long the stats server may take to finish
 LEARNER_EXIT_S = 10.0  # after the PS finished, how long learners may take to exit
+ELSEWHERE_FILES_S = 10.0  # how long rank 0 waits for servers elsewhere to write their files
+FILES_POLL_S = 0.2  # ... looking for them this often
 
 
 def _role_command(role: str, args: list[str]) -> list[str]:
@@ -92,9 +95,9 @@ class Launcher:
         self.notices: dict[str, LogNotices] = {}  # label -> its log's notices, followed
         # the run's token (the stats server knows the PS's records by it) and, with
         # security.curve, the per-run key directory every role uses
-        self.secrets = {security.RUN_TOKEN_ENV: security.new_run_token()}
+        self.secrets = {auth.RUN_TOKEN_ENV: auth.new_run_token()}
         if plan.cfg.security.curve:  # keys_dir: the user's (worker), else per-run keys
-            self.secrets[security.KEYS_ENV] = keys_dir or str(run_keys(plan))
+            self.secrets[auth.KEYS_ENV] = keys_dir or str(run_keys(plan))
 
     # -- signals -----------------------------------------------------------------------
     def _on_signal(self, signum, frame):
@@ -299,9 +302,9 @@ class Launcher:
         return 0
 
     def join_servers(self) -> None:
-        """A sharded run: join the servers' files where no server could (``server_join``)."""
+        """A sharded run: join the servers' files where no server could (:func:`join_server_files`)."""
         elsewhere = self._servers_elsewhere() and "stats" in (self.local or ())
-        server_join.join_servers(self.plan.cfg, self.plan.run_dir, elsewhere)
+        join_server_files(self.plan.cfg, self.plan.run_dir, elsewhere)
 
     def interrupt(self) -> int:
         print("interrupted", file=sys.stderr)
@@ -351,6 +354,39 @@ class Launcher:
                 signal.signal(s, handler)
 
 
+def join_server_files(cfg, run_dir, elsewhere: bool = False) -> None:
+    """A sharded run's end where no server could join the K servers' files into the run's
+    ``weights.npy`` and ``ps_final.json`` (the last one died between writing its own and joining
+    them, or the servers ran on ranks or hosts of their own): join the servers' files of the
+    run of ``cfg`` in ``run_dir`` (``end_files.assemble``) once every server's are
+    there, unless the run's ``ps_final.json`` already says training ended at
+    ``train.epochs`` (a server, or an earlier call, joined them: the K files are not read and
+    written again). ``elsewhere``: some servers ran on ranks of their own and write just
+    after their ``done``, so wait up to ``ELSEWHERE_FILES_S`` for them, then say how to join
+    them later. Best effort: says why it could not. Blocks for the files."""
+    if cfg.architecture.servers <= 1 or final_done(run_dir, cfg.train.epochs) is not None:
+        return
+    deadline = time.monotonic() + (ELSEWHERE_FILES_S if elsewhere else 0)
+    while True:
+        try:
+            joined = assemble(run_dir, cfg.architecture.servers, cfg.train.epochs)
+        except (OSError, ValueError) as exc:
+            print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
+            return
+        joined = joined or (run_dir / PS_FINAL_FILE).exists()  # here, or by a server
+        if joined or time.monotonic() > deadline:
+            break
+        time.sleep(FILES_POLL_S)
+    if not joined and elsewhere:
+        print(
+            f"rudra-zmq: the servers on ranks of their own left their weights on their "
+            f"hosts ({server_dir(run_dir, 1).parent}/server-I there, not shared here): "
+            f"copy those folders here, then `rudra-zmq run --resume {run_dir}` joins "
+            "them into weights.npy",
+            file=sys.stderr,
+        )
+
+
 # ----------------------------------------------------------------------------- entry point
 def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     """Launch a whole run on this machine; blocks until it ends. Returns the exit code: 0
@@ -360,7 +396,7 @@ def run(config_path, overrides=(), run_dir=None, resume=None) -> int:
     run directory is made) for a bad config, data (:mod:`rudra_zmq.launch.preflight`, which also
     decodes image data once for every role), run directory or endpoint."""
     if resume is not None:
-        from ..resume import finished_note, resume_config
+        from .resume import finished_note, resume_config
 
         cfg = resume_config(resume, config_path, list(overrides))
         note = finished_note(resume, cfg)

@@ -14,7 +14,7 @@ fraction of a second instead of each decoding it (at the same time, on the same 
 also does CIFAR-10's download when ``data.download`` asks for it.
 
 ``run(cfg)`` is both, with the warnings printed and ``architecture.servers`` checked against the
-model's size (``server_count``): what ``rudra-zmq run`` and ``rudra_zmq.train``
+model's size (:func:`check_servers`): what ``rudra-zmq run`` and ``rudra_zmq.train``
 call before they create the run directory. ``rudra-zmq launch`` calls it when the servers run
 on this host (``check(cfg, local=False)`` otherwise: the data are on another host), and
 ``rudra-zmq worker`` may on the servers' rank. Everything blocks; nothing here starts a role.
@@ -23,15 +23,25 @@ on this host (``check(cfg, local=False)`` otherwise: the data are on another hos
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from .. import config as config_mod
 from ..config import ConfigError, DataConfig
+from ..config_architecture import check_servers_fit
 from ..data import dataset_cache, datasets, images
+from ..devices import usable_cores
+from ..server import initial_weights
 from ..user_code import is_import_path
-from .run_plan import usable_cores
-from .server_count import check_servers
+
+# model_numel: the model built in a child process, which fills the initial-weights cache
+_SIZE = (
+    "import sys; from rudra_zmq import config; from rudra_zmq.server.start import "
+    "initial_model; print(initial_model(config.load_config(sys.argv[1]))[0].shape[0])"
+)
 
 TENSORBOARD_MISSING = (
     "logging.tensorboard: true needs the tensorboard package, which is not "
@@ -234,6 +244,37 @@ def _check_classes(d: DataConfig, classes: int | None) -> None:
         )
 
 
+def model_numel(cfg) -> int:
+    """How many parameters the configured model has: from the initial-weights cache
+    (``initial_weights``: no torch) or, when the model is not cached yet, from building it
+    once in a child process, which fills the cache the PS then reads (the launcher itself
+    never imports torch). Blocks (seconds, for that child); raises ConfigError when the
+    model cannot be built (its error in the message)."""
+
+    cached = initial_weights.read(cfg, datasets.dataset_shape(cfg.data))
+    if cached is not None:
+        return int(cached[0].shape[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        config_mod.save(cfg, path)
+        out = subprocess.run(
+            [sys.executable, "-c", _SIZE, str(path)], capture_output=True, text=True
+        )
+    last = (out.stdout.strip().splitlines() or [""])[-1]  # a user model may print first
+    if out.returncode != 0 or not last.isdigit():
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"could not build model.name={cfg.model.name!r}: {tail}")
+    return int(last)
+
+
+def check_servers(cfg) -> None:
+    """Raise ConfigError when ``architecture.servers`` exceeds the model's parameter count:
+    each of the K parameter servers serves one range of the flat vector and needs at least
+    one parameter. Nothing to do (and nothing built) for one server."""
+    if cfg.architecture.servers > 1:
+        check_servers_fit(cfg.architecture.servers, model_numel(cfg))
+
+
 def run(cfg, local: bool = True, decode: bool = True) -> None:
     """``check``, its warnings printed on stderr, then, with ``decode`` and ``local``,
     ``prepare`` (its lines on stdout). What a launcher calls before it creates anything.
@@ -249,7 +290,9 @@ __all__ = [
     "check",
     "check_data",
     "check_extras",
+    "check_servers",
     "ignored_keys",
+    "model_numel",
     "prepare",
     "run",
     "TENSORBOARD_MISSING",

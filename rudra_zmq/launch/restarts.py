@@ -52,7 +52,7 @@ def on_failure(
     """What to do about the role ``label`` (``role``, started with ``args``) of the run of
     ``cfg`` in ``run_dir``, which failed after ``restarts`` restarts. ``others_going``:
     another learner is still training or finished well. ``final``: the ``done`` record that
-    ``ps_final.json`` stands for (``stats_final.final_done``), None if it says no such. Pure."""
+    ``ps_final.json`` stands for (``end_files.final_done``), None if it says no such. Pure."""
     runtime, kind = cfg.runtime, cfg.architecture.kind
     if role == "ps" and final is not None and not runtime.restart:
         return Verdict(

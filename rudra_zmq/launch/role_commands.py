@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 from ..config import ConfigError, load_config
+from ..devices import host_learners, learner_threads, ps_threads
 from . import role_process
-from .run_plan import host_learners, learner_threads, ps_threads
 
 
 class UsageError(Exception):
@@ -31,11 +31,11 @@ def config_of(args):
         raise UsageError(str(exc)) from None
     transport.set_heartbeat(cfg.runtime.heartbeat_s)  # every socket this role makes
     if hasattr(args, "keys") and cfg.security.curve:  # a role: CURVE on every socket
-        from .. import security
+        from ..security import auth
 
         try:
-            transport.set_security(security.for_role(cfg, args.keys, args.key))
-        except (security.SecurityError, OSError, ValueError) as exc:
+            transport.set_security(auth.for_role(cfg, args.keys, args.key))
+        except (auth.SecurityError, OSError, ValueError) as exc:
             raise UsageError(str(exc)) from None
     return cfg
 
@@ -71,7 +71,7 @@ def cmd_ps(args) -> int:
     # torch is imported later, after the PS binds (``ParameterServer``), for its initial
     # weights only: its thread count does not matter, and learners start meanwhile
     return role_process.serve(
-        "ps",
+        "rudra_zmq.server.ps",
         ps_threads(cfg),
         False,
         lambda m: m.serve(cfg, args.bind, args.stats, args.run_dir, resume=args.resume, **extra),
@@ -131,7 +131,7 @@ def cmd_learner(args) -> int:
     # this process's own learners)
     threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
     return role_process.serve(
-        "learner",
+        "rudra_zmq.learner.learner",
         threads,
         True,
         lambda m: m.serve(cfg, args.id, ps, args.data, args.stats, **extra),
@@ -170,19 +170,22 @@ def cmd_node(args) -> int:
         raise UsageError(f"--id {args.id}: {exc}") from None
     shard = _shard(cfg, args.shard, "tree node")
     return role_process.serve(
-        "tree_node", 1, False, lambda m: m.serve(cfg, args.id, args.bind, args.parent, shard)
+        "rudra_zmq.tree.node",
+        1,
+        False,
+        lambda m: m.serve(cfg, args.id, args.bind, args.parent, shard),
     )
 
 
 def cmd_data(args) -> int:
     cfg = config_of(args)
-    return role_process.serve("data_server", 1, False, lambda m: m.serve(cfg, args.bind))
+    return role_process.serve("rudra_zmq.data.server", 1, False, lambda m: m.serve(cfg, args.bind))
 
 
 def cmd_stats(args) -> int:
     cfg = config_of(args)
     return role_process.serve(
-        "stats_server",
+        "rudra_zmq.stats.server",
         1,
         False,
         lambda m: m.serve(cfg, args.bind, args.run_dir, resume=args.resume),
@@ -198,14 +201,12 @@ def config_args(p: argparse.ArgumentParser, positional: bool = False) -> None:
         p.add_argument(
             "--keys",
             metavar="DIR",
-            help="security.curve: the key directory "
-            "(`rudra-zmq keys init DIR`; default: security.keys)",
+            help="security.curve: the key directory (`rudra-zmq keys init DIR`; default: security.keys)",
         )
         p.add_argument(
             "--key",
             metavar="NAME",
-            help="security.curve: the client key to use "
-            "(default: learner-N, node-N or ps, by role)",
+            help="security.curve: the client key to use (default: learner-N, node-N or ps, by role)",
         )
     p.add_argument(
         "--set",

@@ -90,8 +90,20 @@ def _exit_when_orphaned(launcher_pid: int, grace_s: float) -> None:
         os._exit(1)
 
 
+# The role a trace names each process by (rudra-zmq run --timeline), from its module.
+TRACE_NAMES = {
+    "rudra_zmq.server.ps": "ps",
+    "rudra_zmq.learner.learner": "learner",
+    "rudra_zmq.tree.node": "tree_node",
+    "rudra_zmq.data.server": "data_server",
+    "rudra_zmq.stats.server": "stats_server",
+}
+
+
 def serve(role_module: str, threads: int, torch_too: bool, call):
-    """Prepare this process for a role and run ``call(module)``; blocks until it returns.
+    """Prepare this process for a role and run ``call(module)``, ``module`` being the role's
+    module ``role_module`` (a dotted name: ``rudra_zmq.server.ps``) imported; blocks until
+    it returns.
 
     SIGTERM raises KeyboardInterrupt here, like Ctrl-C, so the role's ``finally`` blocks close
     their sockets when a launcher stops it (a role may install its own handler instead).
@@ -104,11 +116,12 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
         stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s: %(message)s",
     )
-    module = importlib.import_module(f"rudra_zmq.roles.{role_module}")
+    module = importlib.import_module(role_module)
     set_threads(threads, torch_too=torch_too)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     follow_launcher()
-    timeline.start_from_env(role_module)  # rudra-zmq run --timeline: this role's part
+    # rudra-zmq run --timeline: this role's part
+    timeline.start_from_env(TRACE_NAMES.get(role_module, role_module))
     try:
         return call(module)
     finally:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import config as config_mod
-from .. import plan_endpoints, topology
+from .. import devices, plan_endpoints, topology
 from ..config import ConfigError
 from ..run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
 from ..sync import protocol_label
@@ -108,45 +108,6 @@ def learner_groups(cfg) -> list[list[int]]:
     return [list(range(i * k, min((i + 1) * k, n))) for i in range(math.ceil(n / k))]
 
 
-HOST_LEARNERS_ENV = "RUDRA_ZMQ_HOST_LEARNERS"  # learners the launcher placed on this host
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity (a SLURM cpuset, ``taskset``),
-    else every core."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
-
-
-def host_learners(cfg, default: int | None = None) -> int:
-    """How many learners share this host: what the launcher said (``RUDRA_ZMQ_HOST_LEARNERS``),
-    else ``default`` (a hand-started learner: its own ``--id`` count), else λ (every learner
-    here, as under ``rudra-zmq run``)."""
-    said = os.environ.get(HOST_LEARNERS_ENV, "")
-    if said.isdigit() and int(said) > 0:
-        return int(said)
-    return default or cfg.sync.learners
-
-
-def learner_threads(cfg, learners_here: int | None = None) -> int:
-    """Torch threads per learner: runtime.threads_per_learner, or the usable cores over the
-    learners on this host (:func:`host_learners`), at least 1."""
-    if cfg.runtime.threads_per_learner:
-        return cfg.runtime.threads_per_learner
-    return max(1, usable_cores() // (learners_here or host_learners(cfg)))
-
-
-def ps_threads(cfg) -> int:
-    """OpenMP threads for the parameter server's kernels: runtime.ps_threads, else what the
-    launcher chose for a PS sharing its machine with learners (RUDRA_ZMQ_PS_THREADS), else all
-    usable cores (a PS started by hand on its own host)."""
-    return (
-        cfg.runtime.ps_threads or int(os.environ.get("RUDRA_ZMQ_PS_THREADS", 0)) or usable_cores()
-    )
-
-
 def role_env(
     cfg, role: str, learners_here: int | None = None, base: dict | None = None
 ) -> dict[str, str]:
@@ -154,14 +115,14 @@ def role_env(
     ``learners_here``: learners on the role's host (default λ: all on this one); ``base``:
     the environment to extend (default ``os.environ``)."""
     here = cfg.sync.learners if learners_here is None else learners_here
-    cores = usable_cores()
-    busy = here * learner_threads(cfg, max(here, 1))
+    cores = devices.usable_cores()
+    busy = here * devices.learner_threads(cfg, max(here, 1))
     # The PS shares this machine with the learners: by default give its kernels the cores the
     # learners leave (at least 1, at most 4 — memory bandwidth saturates before that). Two
     # kernel threads on a box the learners keep busy were 1.7x slower than one and burned
     # 1.8-3.4x the CPU per update (bench/RESULTS.md, push+pull).
     ps = cfg.runtime.ps_threads or max(1, min(4, cores - busy))
-    threads = {"learner": learner_threads(cfg, max(here, 1)), "ps": ps}.get(role, 1)
+    threads = {"learner": devices.learner_threads(cfg, max(here, 1)), "ps": ps}.get(role, 1)
     env = dict(os.environ if base is None else base)
     env.update(
         MALLOC_ENV,
@@ -172,7 +133,7 @@ def role_env(
         # (role_process.follow_launcher)
         RUDRA_ZMQ_LAUNCHER_PID=str(os.getpid()),
     )
-    env[HOST_LEARNERS_ENV] = str(max(here, 1))
+    env[devices.HOST_LEARNERS_ENV] = str(max(here, 1))
     if busy + ps > cores:
         # Oversubscribed: OpenMP threads that spin while waiting steal the cores other
         # processes compute on (2 learners x 2 threads on 2 cores: 0.49x; passive: 1.15x).
@@ -375,7 +336,7 @@ def summary(plan: Plan) -> str:
 def run_keys(plan: Plan) -> Path:
     """Make (or, resumed, reuse) ``RUN_DIR/keys``: the servers' key pair and a client key per
     learner, per tree node and for the PS (``security.curve`` under ``rudra-zmq run``)."""
-    from .. import keys
+    from ..security import keys
 
     directory = plan.run_dir / KEYS_DIR
     if (directory / "server.key").exists():

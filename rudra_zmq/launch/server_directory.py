@@ -31,8 +31,9 @@ import time
 import msgpack
 import zmq
 
-from .. import security, wire
+from .. import wire
 from ..config import ConfigError
+from ..security import auth
 
 MAX_REQUEST = 1024  # bytes: a register request is about 60
 MAX_WHY = 400  # characters of a failed server's reason
@@ -173,7 +174,7 @@ class Directory:
                     self._sock.recv()
                 self._sock.send(msgpack.packb({"error": "one frame per request"}))
                 continue
-            reply = self.answer(frame.bytes, security.user_id(frame))
+            reply = self.answer(frame.bytes, auth.user_id(frame))
             self._sock.send(msgpack.packb(reply))
         self._sock.close()
 

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import yaml
 
+from .. import shipped
 from ..config import ConfigError, check_schedule_scale, load_config, scale_schedule
 from ..results.compare import CompareError, run_summary
 from ..run_files import POINT_FILE, SWEEP_FILE, SWEEP_LOG, sim_checkpoint_path
 from ..typed_yaml import read_mapping
-from . import shipped
 
 GRID_KEYS = ("base", "budget", "set", "points", "grid", "name")
 # Short names for the usual keys in generated point names ("softsync-n30-mu4-l30-staleness").

@@ -33,11 +33,11 @@ from pathlib import Path
 from .. import config as config_mod
 from .. import topology
 from ..config import ConfigError
+from ..devices import HOST_LEARNERS_ENV
 from ..run_files import config_path
 from . import preflight, ranks
 from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
 from .run_plan import (
-    HOST_LEARNERS_ENV,
     Plan,
     learner_endpoints,
     learner_groups,
@@ -187,15 +187,15 @@ def _keys_dir(cfg) -> str | None:
 
 def _curve(cfg):
     """This rank's CURVE settings (the key directory every rank reads), or None."""
-    from .. import security
+    from ..security import auth
 
-    return security.for_role(cfg, None, None) if cfg.security.curve else None
+    return auth.for_role(cfg, None, None) if cfg.security.curve else None
 
 
 def _servers(cfg, r, p, args, how: str, line) -> int:
     """Rank 0: stats, data, server 0 (every server when none has a rank of its own), tree
     nodes, and the directory where servers of their own register. Blocks."""
-    from .. import security
+    from ..security import auth
     from .launcher import Launcher
     from .server_directory import Directory
 
@@ -215,7 +215,7 @@ def _servers(cfg, r, p, args, how: str, line) -> int:
     if not server_ranks(cfg, r):
         return launcher.run()
     launcher.local = set(p.endpoints) - set(ps_labels(cfg)[1:])
-    token = launcher.secrets[security.RUN_TOKEN_ENV]
+    token = launcher.secrets[auth.RUN_TOKEN_ENV]
     d = Directory(
         cfg, p.bind("directory"), p.endpoints["ps"], p.run_dir, token, _curve(cfg)
     ).start()
@@ -229,7 +229,7 @@ def _servers(cfg, r, p, args, how: str, line) -> int:
 def _server(cfg, r, p, index: int, how: str) -> int:
     """Rank ``index`` of a sharded run: server ``index`` on this host, registered with rank
     0's directory, supervised (restarted from its checkpoints) as under ``run``. Blocks."""
-    from .. import security
+    from ..security import auth
     from .launcher import Launcher
     from .server_directory import Heartbeat, advertised_address, register, report_failed
 
@@ -250,7 +250,7 @@ def _server(cfg, r, p, index: int, how: str) -> int:
     )
     eps, binds = {**p.endpoints, label: mine}, {**(p.binds or {}), label: mine}
     launcher = Launcher(Plan(cfg, run_dir, eps, [], p.tree, binds), keys_dir=_keys_dir(cfg))
-    launcher.secrets[security.RUN_TOKEN_ENV] = token  # the stats server knows rank 0's
+    launcher.secrets[auth.RUN_TOKEN_ENV] = token  # the stats server knows rank 0's
     launcher.local, launcher.processes_file = {label}, f"processes-{label}.json"
 
     def give_up(why: str) -> None:  # rank 0 stops the run, rather than wait for this server

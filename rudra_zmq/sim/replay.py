@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import arrival_log
 from ..config import ConfigError, load_config
+from ..devices import learner_threads
 from ..run_files import WEIGHTS_FILE, config_path
+from ..server import arrival_log
+from ..server.update import Updater
 from ..sync import SyncEngine
-from ..update import Updater
 
 GRADIENT, LEAVE, JOIN = arrival_log.GRADIENT, arrival_log.LEAVE, arrival_log.JOIN
 
@@ -99,7 +100,6 @@ def replay(run_dir, until: int | None = None, threads: int | None = None) -> Rep
     Blocks (computes every gradient); raises ReplayError, ConfigError or FileNotFoundError."""
     import torch
 
-    from ..launch.run_plan import learner_threads
     from .sim_trainer import Trainer
 
     run_dir = Path(run_dir)

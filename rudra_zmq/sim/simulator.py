@@ -32,8 +32,8 @@ from .. import config as config_mod
 from .. import kernels
 from ..data.datasets import dataset_size
 from ..run_files import SUMMARY_FILE, config_path, metrics_path, sim_checkpoint_path
+from ..server.update import Updater
 from ..sync import Rejoin, SyncEngine, protocol_label
-from ..update import Updater
 from . import sim_batched, sim_checkpoint
 from .sim_trainer import Gradients, Trainer
 

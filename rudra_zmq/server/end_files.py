@@ -1,0 +1,177 @@
+"""The parameter server's end files in the run directory: ``weights.npy``, then
+``ps_final.json`` (where training ended, in the server's own words).
+
+- written by each server at the end of training (:func:`write_end_files`), every file
+  replaced atomically (:func:`write_atomically`), so a reader or a crash sees the old file or
+  the new one, never half of one;
+- read back by the statistics server (the final weights when their EVAL never reached it:
+  :func:`final_weights`), the launcher and ``--resume`` (:func:`read_final`,
+  :func:`final_done`); the PS writes ``weights.npy`` first, so once ``ps_final.json`` names a
+  timestamp, ``weights.npy`` holds the weights at it;
+- in a sharded run (``architecture.servers`` = K > 1) each server writes its range's files in
+  ``RUN/servers/server-I/``, and the run's own ``RUN/weights.npy`` and ``RUN/ps_final.json``
+  (what the launcher, the statistics server, ``--resume`` and ``report`` read) are assembled
+  from them once every server has finished training (:func:`assemble`). Each server calls
+  :func:`assemble` after writing its own files, so the last one to finish writes the run's;
+  two finishing together both write the same bytes (each through its own temporary file and
+  ``os.replace``). A server file at fewer epochs than ``train.epochs`` (a period of the run
+  before it was resumed to train on) does not count.
+
+Reads and writes files; blocks for them; no sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE, server_dir
+
+
+def write_end_files(files_dir: Path, state) -> None:
+    """The server's weights (``weights.npy``), then ``ps_final.json``, in ``files_dir``, each
+    replaced atomically; an older ``ps_final.json`` (a period before a resume) goes first, so
+    that a crash between the two never pairs these weights with another period's end. Blocks
+    for the writes."""
+    files_dir = Path(files_dir)
+    (files_dir / PS_FINAL_FILE).unlink(missing_ok=True)
+    write_atomically(files_dir / WEIGHTS_FILE, npy_writer(state.w))
+    write_final(files_dir, state)
+
+
+def write_atomically(path: Path, write) -> None:
+    """``write(tmp)`` to a hidden file beside ``path`` named by this process (two servers
+    may write the run's files at once), then rename it to ``path``: a reader or a crash sees
+    the old file or the new one, never half of one. Blocks for the write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def npy_writer(arr: np.ndarray):
+    """A ``write`` for :func:`write_atomically` saving ``arr`` as .npy (through a file
+    object: given a name, np.save would append ".npy" to the temporary one)."""
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as f:
+            np.save(f, arr)
+
+    return write
+
+
+def write_final(run_dir: Path, state) -> None:
+    """``RUN_DIR/ps_final.json``: where training ended, from the server's own ``state`` (the
+    launcher's result line reads it, not what the statistics server was told). Atomic;
+    blocks for a small write."""
+    eng = state.engine
+    final = {
+        "timestamp": eng.timestamp,
+        "epoch": eng.epoch,
+        "updates": eng.updates,
+        "done": state.done,
+        "incarnation": len(state.incarnations),
+    }
+    if state.parts is not None:  # wire.parts: how many went ahead of their update
+        final["parts"] = state.parts.record()
+    write_atomically(
+        Path(run_dir) / PS_FINAL_FILE, lambda p: p.write_text(json.dumps(final) + "\n")
+    )
+
+
+def read_final(run_dir) -> dict | None:
+    """``RUN_DIR/ps_final.json`` when it says training is done (``done`` true, an int
+    ``timestamp``, a number ``epoch``); None when it is missing, unreadable or says anything
+    else. Reads one small file."""
+    try:
+        final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(final, dict) or final.get("done") is not True:
+        return None
+    ts, epoch = final.get("timestamp"), final.get("epoch")
+    if (
+        not isinstance(ts, int)
+        or isinstance(ts, bool)
+        or isinstance(epoch, bool)
+        or not isinstance(epoch, (int, float))
+    ):
+        return None
+    return final
+
+
+def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
+    """The weights at timestamp ``ts`` from ``run_dir/weights.npy``, once ``ps_final.json``
+    says training ended there; None until then (or when either file is unreadable). Raises
+    ValueError when the file holds something other than ``numel`` float32 values."""
+    run_dir = Path(run_dir)
+    final = read_final(run_dir)
+    if final is None or final["timestamp"] != ts:
+        return None
+    try:
+        w = np.load(run_dir / WEIGHTS_FILE, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    if w.dtype != np.float32 or w.shape != (numel,):
+        raise ValueError(
+            f"{run_dir / WEIGHTS_FILE} holds {w.dtype} {w.shape}, not the model's "
+            f"{numel:,} float32 values (is it another run's?)"
+        )
+    return w
+
+
+def final_done(run_dir, epochs: float) -> dict | None:
+    """The ``done`` record (type, ts, t, epoch) that ``run_dir/ps_final.json`` stands for when
+    it says training is done at ``epochs`` or later (a finished run resumed to train on has an
+    older one, at fewer epochs), else None (also when it is missing or unreadable). A local
+    file the PS wrote, so trusted as the PS's word. Reads one small file."""
+    final = read_final(run_dir)
+    if final is None or not final["epoch"] >= epochs:
+        return None
+    try:
+        t = (Path(run_dir) / PS_FINAL_FILE).stat().st_mtime
+    except OSError:
+        return None
+    return {"type": "done", "ts": final["timestamp"], "t": t, "epoch": float(final["epoch"])}
+
+
+def finals(run_dir, servers: int, epochs: float) -> list[dict] | None:
+    """Every server's ``ps_final.json``, in server order, when each says training is done at
+    ``epochs`` or later; None otherwise. Reads K small files."""
+    out = []
+    for i in range(servers):
+        final = read_final(server_dir(run_dir, i))
+        if final is None or not final["epoch"] >= epochs:
+            return None
+        out.append(final)
+    return out
+
+
+def assemble(run_dir, servers: int, epochs: float) -> bool:
+    """Write ``RUN/weights.npy`` (the K ranges joined in order) and then ``RUN/ps_final.json``
+    (server 0's timestamp and updates, the least epoch, the greatest incarnation, and every
+    server's own final under ``"servers"``) once all K servers have finished; returns whether
+    it did. Raises ValueError when a server's weights file is not a 1-D float32 array."""
+    run_dir = Path(run_dir)
+    done = finals(run_dir, servers, epochs)
+    if done is None:
+        return False
+    parts = []
+    for i in range(servers):
+        w = np.load(server_dir(run_dir, i) / WEIGHTS_FILE, allow_pickle=False)
+        if w.dtype != np.float32 or w.ndim != 1:
+            raise ValueError(f"{server_dir(run_dir, i) / WEIGHTS_FILE} holds {w.dtype} {w.shape}")
+        parts.append(w)
+    write_atomically(run_dir / WEIGHTS_FILE, npy_writer(np.concatenate(parts)))
+    final = {
+        "timestamp": done[0]["timestamp"],
+        "epoch": min(f["epoch"] for f in done),
+        "updates": done[0].get("updates"),
+        "done": True,
+        "incarnation": max(f.get("incarnation", 1) for f in done),
+        "servers": done,
+    }
+    write_atomically(run_dir / PS_FINAL_FILE, lambda p: p.write_text(json.dumps(final) + "\n"))
+    return True
