@@ -139,6 +139,9 @@ class WireConfig:
     parts: int = 1  # hardsync: each server's range in P parts, each answered once every
     #                                    learner's part is in, while later parts still arrive
     #                                    (push and pull overlapped on the link; docs/wire.md)
+    bucket_mb: float = 25.0  # with parts: no part larger than this many MiB (more parts
+    #                                    where a range is larger; DDP's bucket_cap_mb). A
+    #                                    learner pushes each part as backward completes it
 
 
 @dataclass
@@ -291,7 +294,7 @@ REMOVED_KEYS = {
 KEPT_VALUES = {"optimizer.momentum_policy": "constant"}
 # Keys added since simulator checkpoints were fingerprinted, with the default that behaves as
 # before they came: at it they are left out of a fingerprint (sim_checkpoint.fingerprint).
-ADDED_DEFAULTS = {"architecture.servers": 1, "wire.parts": 1}
+ADDED_DEFAULTS = {"architecture.servers": 1, "wire.parts": 1, "wire.bucket_mb": 25.0}
 
 
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from .span import part_bounds
 from .sync import check_protocol
 from .typed_yaml import ConfigError, one_of
 
@@ -27,6 +28,11 @@ def check_parts(self) -> None:
     p, s, a = self.wire.parts, self.sync, self.architecture
     if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= MAX_PARTS:
         raise ConfigError(f"wire.parts must be a whole number from 1 to {MAX_PARTS}, got {p!r}")
+    b = self.wire.bucket_mb
+    if isinstance(b, bool) or not isinstance(b, int | float) or not b > 0:
+        raise ConfigError(
+            f"wire.bucket_mb must be a size in MiB > 0 (DDP's default is 25), got {b!r}"
+        )
     if p == 1:
         return
     why = None
@@ -42,6 +48,22 @@ def check_parts(self) -> None:
         why = f"architecture.kind={a.kind}: tree nodes and the broadcast send whole vectors"
     if why:
         raise ConfigError(f"wire.parts={p} needs hardsync rounds; {why}: set wire.parts=1")
+
+
+def range_parts(cfg, numel: int) -> list[int]:
+    """The offsets cutting a server's range of ``numel`` floats into its parts: one (whole
+    messages) with ``wire.parts`` 1, else ``wire.parts`` parts, more where a part would
+    exceed ``wire.bucket_mb`` (at most MAX_PARTS). Learner and server cut alike. Pure."""
+    p = cfg.wire.parts
+    if p > 1:
+        bucket = max(1, int(cfg.wire.bucket_mb * (1 << 20)) // 4)  # float32 elements
+        p = min(MAX_PARTS, max(p, -(-numel // bucket)))
+    return part_bounds(numel, p)
+
+
+def most_parts(cfg) -> int:
+    """The most parts any range may be cut in under ``cfg`` (for queue limits). Pure."""
+    return 1 if cfg.wire.parts == 1 else MAX_PARTS
 
 
 def validate_architecture(self) -> None:

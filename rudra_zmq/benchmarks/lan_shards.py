@@ -19,6 +19,7 @@ import statistics
 from .. import wire
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
+from .lan_ddp import FORWARD_SHARE
 from .lan_link import deadline_s, parse_rate, retries, row_head, traffic, wire_bytes
 
 PLACEMENTS = ("colocated", "extra")
@@ -72,7 +73,10 @@ def bound_s_per_epoch(
         return None
     pushes, replies, both = link_phases(a.hosts, a.per_host, k, placement)
     m = a.params * wire_bytes(wire_dtype) / parse_rate(a.rate)
-    per_update = max(both, pushes + replies / parts) * m + a.compute_ms / 1000
+    link, c = max(both, pushes + replies / parts) * m, a.compute_ms / 1000
+    per_update = link + c
+    if getattr(a, "learner", "sleep") == "model":  # pushes during backward: DDP's bound
+        per_update = c * FORWARD_SHARE + max(c * (1 - FORWARD_SHARE), link)
     return a.epoch_gradients / (a.hosts * a.per_host) * per_update
 
 
@@ -139,6 +143,8 @@ def run_case(
         hosts=lan.hosts[1 : 1 + a.hosts], workdir=workdir, compute_ms=a.compute_ms,
         per_process=a.per_host, servers=server_hosts(lan, a, k, placement),
         timeout_s=deadline_s(bound, a.epochs), timeline=timeline, local_ipc=a.local == "ipc",
+        layers=0 if getattr(a, "learner", "sleep") == "sleep" else a.layers,
+        push_after=getattr(a, "learner", "sleep") == "model-after",
     )  # fmt: skip
     servers = r["servers"]
     per = wire_bytes(wire_dtype)
@@ -154,6 +160,7 @@ def run_case(
     name += f"-p{parts}" if parts > 1 else ""
     name += f"-sb{a.sndbuf_kib}" if a.sndbuf_kib else ""
     name += "-ipc" if a.local == "ipc" and placement == "colocated" else ""
+    name += "" if getattr(a, "learner", "sleep") == "sleep" else f"-{a.learner}"
     row_traffic = traffic(timed, a.epoch_gradients * len(timed))  # summed over the servers
     share = max(ps["rx_grad_bytes"] for ps in servers) / sum(ps["rx_grad_bytes"] for ps in servers)
     return {

@@ -63,6 +63,7 @@ EPOCH_GRADIENTS = 128  # one "epoch" (8 gradients per learner)
 EPOCHS = 3  # the first is a warm-up
 RATE = "1gbit"
 CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
+LEARNERS = ["sleep", "model", "model-after"]  # --learner (lan_shards.run_case)
 DEFAULTS = dict(
     hosts=HOSTS,
     per_host=PER_HOST,
@@ -236,6 +237,16 @@ def add_arguments(p) -> None:
         help=f"{DDP}: the synthetic model's layers (default {LAYERS}; a third of the compute "
         "is their forward, the rest their backward)",
     )
+    p.add_argument(
+        "--learner",
+        nargs="+",
+        choices=LEARNERS,
+        default=["sleep"],
+        help="the PS cases' learners with K > 1 or parts, each side by side: sleep, then push "
+        "(default); model: train the synthetic model of --layers sleeping layers (the module "
+        "the ddp case runs) through the learner's exchange, each part pushed as backward "
+        "finishes it; model-after: the same, every part pushed after backward",
+    )
     p.add_argument("--epoch-gradients", type=int, help=f"default {EPOCH_GRADIENTS}")
     p.add_argument("--epochs", type=int, help=f"the first is a warm-up (default {EPOCHS})")
     p.add_argument("--rate", default=RATE, help="each host link's rate, both ways (tc units)")
@@ -333,15 +344,16 @@ def _variants(case: str, a) -> list[tuple]:
     ]  # fmt: skip
 
 
-def _transports(case: str, a, where) -> list[tuple[int, str]]:
-    """(runtime.sndbuf_kib, local) of each run of one variant: --sndbuf-kib for the PS
-    cases, each with every --local for servers beside the learners."""
+def _transports(case: str, a, where) -> list[tuple[int, str, str]]:
+    """(runtime.sndbuf_kib, local, learner) of each run of one variant: --sndbuf-kib for the
+    PS cases, each with every --local for servers beside the learners, and every --learner."""
     if case in BASELINES:
-        return [(0, "tcp")]
+        return [(0, "tcp", "sleep")]
     return [
-        (sb, local)
+        (sb, local, learner)
         for sb in a.sndbuf_kib
         for local in (a.local if where == "colocated" else ["tcp"])
+        for learner in a.learner
     ]
 
 
@@ -452,9 +464,9 @@ def run(a) -> int:
                         report.note(f"{case} bfloat16 skipped: DDP's hook is float16 here")
                         continue
                     for k, where, parts in _variants(case, a):
-                        for sb, local in _transports(case, a, where):
+                        for sb, local, learner in _transports(case, a, where):
                             b = copy.copy(a)
-                            b.sndbuf_kib, b.local = sb, local
+                            b.sndbuf_kib, b.local, b.learner = sb, local, learner
                             r = _sampled(b, lan, workdir, case, dtype, k, where, parts, traces)
                             report.case(r, line(r))
     except Exception:  # a case failed (Ctrl-C and SIGTERM leave nothing behind)

@@ -283,13 +283,17 @@ def run(
     servers: list[Host] | None = None,
     timeline: str | None = None,
     local_ipc: bool = False,
+    layers: int = 0,
+    push_after: bool = False,
 ) -> dict:
     """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
     "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
     ``servers`` (base, or adv with one tree per range), one sharded server per host listed
     there, over the ranges of ``span.split(params, len(servers))`` (``ps`` is then the
     first's report), instead of the root; with ``local_ipc`` a learner reaches a server on
-    its own host over ipc instead of tcp. ``timeline``: every role records its part of that
+    its own host over ipc instead of tcp; with ``layers`` the learners train the synthetic
+    model of that many sleeping layers (``synthetic_roles learners --layers``; ``push_after``:
+    every part after backward). ``timeline``: every role records its part of that
     timeline (``timeline.start_from_env``; the caller merges them). Blocks; stops every
     process it started before returning or raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
@@ -373,6 +377,9 @@ def run(
                         str(params),
                         "--compute-ms",
                         str(compute_ms),
+                        "--layers",
+                        str(layers),
+                        *(["--push-after"] if push_after else []),
                         *common,
                     ],
                     h,

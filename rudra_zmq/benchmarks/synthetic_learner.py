@@ -1,6 +1,11 @@
 """The torch-free learner of the Rudra-adv / adv* benchmarks (``synthetic_roles learners``):
 HELLO, then "compute" by sleeping, PUSHPULL (or, advstar, PUSH plus a broadcast member) of a
-fixed gradient and a copy of the new weights, until STOP, counting what it sent and received."""
+fixed gradient and a copy of the new weights, until STOP, counting what it sent and received.
+
+With ``layers`` (``--layers``; sharded servers or parts only) it is no stand-in: it trains the
+synthetic model of sleeping layers (``synthetic_model.py``, the module real DDP runs in
+``lan_ddp.py``) through the learner's own exchange (``learner/shards.py``), whose backward
+hooks push each part as backward finishes it (``learner/buckets.py``); that imports torch."""
 
 from __future__ import annotations
 
@@ -34,12 +39,19 @@ class SyntheticLearner:
         numel: int,
         compute_s: float,
         bcast: tuple[str, str | None] | None = None,
+        layers: int = 0,
+        push_after: bool = False,
     ):
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
         self.shards = None
         if "+" in endpoint or cfg.wire.parts > 1:  # sharded servers, or parts (learner/shards.py)
-            self._sharded(ctx, cfg, endpoint.split("+"))
+            self._sharded(ctx, cfg, endpoint.split("+"), layers)
+            if push_after and self.exchange.stream is not None:  # the learner before issue 42
+                self.exchange.stream.close()
+                self.exchange.stream = None
             return
+        if layers:
+            raise ValueError("--layers: the synthetic model runs with sharded servers or parts")
         self.ch = server_channels(ctx, cfg, [endpoint], learner_id)[0]
         self.grad = np.full(numel, 1e-3, np.float32)  # sent zero-copy, never written
         self.chunk_bytes = cfg.runtime.chunk_mib << 20
@@ -65,20 +77,25 @@ class SyntheticLearner:
             self.member = broadcast_member(cfg, ctx, bcast, numel, learner_id)
             self._sendbuf = np.empty_like(self.grad)
 
-    def _sharded(self, ctx, cfg, endpoints) -> None:
+    def _sharded(self, ctx, cfg, endpoints, layers: int) -> None:
         """Push each server its slice through ``learner/shards.py``, as learner/learner.py does."""
         from types import SimpleNamespace
 
         channels = server_channels(ctx, cfg, endpoints, self.id)
         self.shards = Shards(channels, split(self.numel, len(channels)))
-        self.w = np.zeros(self.numel, np.float32)
-        flat = SimpleNamespace(  # the exchange's view of a model: buffers and a name
-            weights=self.w,
-            grads=np.full(self.numel, 1e-3, np.float32),
-            signature=SIGNATURE,
-            numel=self.numel,
-            weights_to_device=lambda: None,
-        )
+        self.model = None
+        if layers:
+            flat = self._model(layers)
+            self.w = flat.weights
+        else:
+            self.w = np.zeros(self.numel, np.float32)
+            flat = SimpleNamespace(  # the exchange's view of a model: buffers and a name
+                weights=self.w,
+                grads=np.full(self.numel, 1e-3, np.float32),
+                signature=SIGNATURE,
+                numel=self.numel,
+                weights_to_device=lambda: None,
+            )
         self.exchange = ShardedPushPull(cfg, self.id, flat, self.shards)
         self.rng = random.Random(self.id)
         itemsize = wire.PAYLOAD_DTYPES[codec.dtypes(cfg).gradients].itemsize
@@ -86,7 +103,38 @@ class SyntheticLearner:
         self.stats = {"learner": self.id, "steps": 0, "up_bytes": 0, "comm_s": 0.0}
         self.stats["compute_s"] = 0.0
 
+    def _model(self, layers: int):
+        """The synthetic model of sleeping layers (its compute: ``compute_s``, a third of it
+        forward) in a FlatModel named as the synthetic PS expects; one torch thread."""
+        import torch
+
+        from ..flat import FlatModel
+        from .lan_ddp import FORWARD_SHARE
+        from .synthetic_model import SleepModel
+
+        class SleepFlat(FlatModel):
+            signature = SIGNATURE
+
+        torch.set_num_threads(1)
+        ms = self.compute_s * 1000
+        self.model = SleepModel(
+            10, self.numel, layers, ms * FORWARD_SHARE, ms * (1 - FORWARD_SHARE)
+        )
+        self._x = torch.ones(2, 3, 4, 4)
+        return SleepFlat(self.model)
+
+    def _model_step(self) -> None:
+        """Forward and backward of the synthetic model (its hooks push the parts). Blocks."""
+        c0 = timeline.now_us()
+        t0 = time.perf_counter()
+        self.exchange.flat.zero_grad()
+        self.model(self._x).sum().backward()
+        self.stats["compute_s"] += time.perf_counter() - t0
+        timeline.current().complete("compute", c0, timeline.now_us())
+
     def _run_sharded(self) -> dict:
+        if self.model is not None:
+            return self._run_model()
         s = self.stats
         s["t_start"] = time.time()
         alive, tl = True, timeline.current()
@@ -106,6 +154,25 @@ class SyntheticLearner:
             s["up_bytes"] += self._step_bytes
         s["t_end"] = time.time()
         s.update(channel_counts(self.shards.channels), rejoins=self.exchange.rejoins)
+        self.shards.close()
+        return s
+
+    def _run_model(self) -> dict:
+        """As ``_run_sharded``, the compute being the model's forward and backward inside the
+        exchange's step (``comm_s``: the rest of each step)."""
+        s = self.stats
+        s["t_start"] = time.time()
+        alive, tl = True, timeline.current()
+        while alive:
+            t0, c0, before = time.perf_counter(), timeline.now_us(), s["compute_s"]
+            alive = self.exchange.step(self._model_step)
+            s["comm_s"] += time.perf_counter() - t0 - (s["compute_s"] - before)
+            tl.complete("step", c0, timeline.now_us(), "wire")
+            s["steps"] += 1
+            s["up_bytes"] += self._step_bytes
+        s["t_end"] = time.time()
+        s.update(channel_counts(self.shards.channels), rejoins=self.exchange.rejoins)
+        self.exchange.close(True)
         self.shards.close()
         return s
 

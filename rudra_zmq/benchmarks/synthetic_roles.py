@@ -279,7 +279,17 @@ def main_learners(args) -> dict:
         else [None] * len(ids)
     )
     learners = [
-        SyntheticLearner(ctx, cfg, i, ep, args.params, args.compute_ms / 1000, bcast=(up, bind))
+        SyntheticLearner(
+            ctx,
+            cfg,
+            i,
+            ep,
+            args.params,
+            args.compute_ms / 1000,
+            (up, bind),
+            args.layers,
+            args.push_after,
+        )  # fmt: skip
         for i, ep, up, bind in zip(ids, eps, ups, binds)
     ]
     for learner in learners:
@@ -344,6 +354,18 @@ def main(argv=None) -> int:
         "endpoints in range order joined by +",
     )
     sub.choices["learners"].add_argument("--compute-ms", type=float, default=0.0)
+    sub.choices["learners"].add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="train the synthetic model of this many sleeping layers (the compute: "
+        "--compute-ms) through the learner's exchange, pushing during backward; 0: sleep",
+    )
+    sub.choices["learners"].add_argument(
+        "--push-after",
+        action="store_true",
+        help="--layers: push every part after backward (as the learner did before issue 42)",
+    )
     sub.choices["learners"].add_argument(
         "--bcast-up",
         help="advstar: each learner's broadcast upstream endpoint (comma-separated, as --ids)",

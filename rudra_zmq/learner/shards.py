@@ -32,8 +32,9 @@ import zmq
 
 from .. import codec, transport, wire
 from ..channel import Channel, ServerError
-from ..span import part_bounds
+from ..config_architecture import most_parts, range_parts
 from ..wire import Kind
+from . import buckets
 from .exchange import Frames
 
 log = logging.getLogger("rudra_zmq.learner")
@@ -63,7 +64,7 @@ def server_channels(ctx, cfg, endpoints, sender: int, max_bytes: int = -1) -> li
             sender,
             name="parameter server" + (f" {k}" if len(endpoints) > 1 else ""),
             timeout_ms=int(cfg.runtime.timeout_s * 1000),
-            hwm=4 + 2 * cfg.wire.parts,  # a request's parts queue without blocking
+            hwm=4 + 2 * most_parts(cfg),  # a request's parts queue without blocking
             retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=max_bytes,
             dtypes=codec.dtypes(cfg),
@@ -139,7 +140,13 @@ class ShardedPushPull:
         ]
         self.stamps = [-1] * len(shards.spans)  # each server's timestamp of our weights
         # wire.parts: each range's part offsets (one part: whole messages)
-        self.bounds = [part_bounds(s.numel, cfg.wire.parts) for s in shards.spans]
+        self.bounds = [range_parts(cfg, s.numel) for s in shards.spans]
+        # the parts leave as backward finishes them (learner/buckets.py), where it can
+        self.stream = (
+            buckets.StreamedPush(flat, shards.spans, self.bounds)
+            if buckets.enabled(flat, self.carriers)
+            else None
+        )
         self.active = list(range(len(shards.spans)))  # the servers still training
         self.rejoins = 0
         self.on_welcome = lambda step: None  # the learner repositions its data here
@@ -185,8 +192,32 @@ class ShardedPushPull:
 
     def step(self, backward) -> bool:
         """``backward()`` fills the gradient; push each server its slice and take the newer
-        weights of each range. Blocks for all K replies; False once a server said STOP."""
-        backward()
+        weights of each range. Blocks for all K replies; False once a server said STOP.
+        With ``stream``, each part leaves as backward finishes it."""
+        if self.stream is not None:
+            self.stream.push(backward, self._requests())
+        else:
+            backward()
+            self._send_all()
+        return self._gather()
+
+    def _requests(self) -> dict:
+        """Each active server's request, as ``buckets.request_calls``."""
+        grads, w = self.flat.grads, self.flat.weights
+        return {
+            k: buckets.request_calls(
+                self.shards.channels[k],
+                self.stamps[k],
+                self.carriers[k],
+                grads[self.shards.spans[k].lo : self.shards.spans[k].hi],
+                self.bounds[k],
+                w[self.shards.spans[k].lo : self.shards.spans[k].hi],
+            )
+            for k in self.active
+        }
+
+    def _send_all(self) -> None:
+        """Send every active server its slice after backward, part-major across servers."""
         grads = self.flat.grads
         queued = []  # in parts: the reply's parts come ahead into the weights
         for k in self.active:
@@ -202,6 +233,9 @@ class ShardedPushPull:
             for ch, msgs in queued:
                 if i < len(msgs):
                     ch.send_part(msgs[i])
+
+    def _gather(self) -> bool:
+        """The K replies: load the newer weights of each range. Blocks; False after STOP."""
         try:
             replies = self.shards.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
         except ServersSilent as exc:
@@ -263,6 +297,8 @@ class ShardedPushPull:
         return False
 
     def close(self, finished: bool) -> None:
-        """Release the carriers (the learner closes the channels)."""
+        """Release the carriers and the backward hooks (the learner closes the channels)."""
+        if self.stream is not None:
+            self.stream.close()
         for c in self.carriers:
             c.close()
