@@ -142,6 +142,9 @@ class WireConfig:
     bucket_mb: float = 25.0  # with parts: no part larger than this many MiB (more parts
     #                                    where a range is larger; DDP's bucket_cap_mb). A
     #                                    learner pushes each part as backward completes it
+    push_during_backward: bool = True  # with parts or K servers, a learner on CPU with
+    #                                    float32 gradients pushes each part the moment its
+    #                                    backward pass finished it (false: all after backward)
 
 
 @dataclass
@@ -294,7 +297,12 @@ REMOVED_KEYS = {
 KEPT_VALUES = {"optimizer.momentum_policy": "constant"}
 # Keys added since simulator checkpoints were fingerprinted, with the default that behaves as
 # before they came: at it they are left out of a fingerprint (sim_checkpoint.fingerprint).
-ADDED_DEFAULTS = {"architecture.servers": 1, "wire.parts": 1, "wire.bucket_mb": 25.0}
+ADDED_DEFAULTS = {
+    "architecture.servers": 1,
+    "wire.parts": 1,
+    "wire.bucket_mb": 25.0,
+    "wire.push_during_backward": True,
+}
 
 
 def load_config(path: str | os.PathLike | None = None, overrides=()) -> Config:

@@ -29,9 +29,10 @@ def check_parts(self) -> None:
     if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= MAX_PARTS:
         raise ConfigError(f"wire.parts must be a whole number from 1 to {MAX_PARTS}, got {p!r}")
     b = self.wire.bucket_mb
-    if isinstance(b, bool) or not isinstance(b, int | float) or not b > 0:
+    if isinstance(b, bool) or not isinstance(b, int | float) or not 0 < b < 1 << 20:
         raise ConfigError(
-            f"wire.bucket_mb must be a size in MiB > 0 (DDP's default is 25), got {b!r}"
+            f"wire.bucket_mb must be a size in MiB > 0 (below 1 TiB; DDP's default is 25), "
+            f"got {b!r}"
         )
     if p == 1:
         return

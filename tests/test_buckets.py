@@ -1,7 +1,9 @@
 """Gradients that leave during backward (``learner/buckets.py``): each part is reported the
 moment backward has finished every parameter it overlaps, the last layers' first, holding
 then exactly the bytes of the finished gradient; a server's part 0 (no x{more}) goes last;
-``wire.bucket_mb`` cuts a range into more parts, and a bucket of 0 stops at the config."""
+``wire.bucket_mb`` cuts a range into more parts, and a bucket of 0 stops at the config.
+Hardsync pushing during backward ends with the very weights of pushing after it (K = 1 in
+parts, K = 2 whole and in parts)."""
 
 import subprocess
 import sys
@@ -11,12 +13,14 @@ import pytest
 import torch
 from torch import nn
 
+from cluster import small_config
 from rudra_zmq.config import load_config
 from rudra_zmq.config_architecture import range_parts
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.learner.buckets import BackwardParts, StreamedPush
 from rudra_zmq.span import part_bounds, split
 from rudra_zmq.typed_yaml import ConfigError
+from test_shards import initial_weights, run_sharded, weights_of
 
 
 def model():
@@ -99,8 +103,11 @@ def test_bucket_mb_cuts_a_range_in_more_parts_and_zero_is_refused_in_one_line(tm
     assert len(range_parts(cfg, 1_000_000)) - 1 == 4  # 4 MB of float32 in parts of 1 MiB
     assert len(range_parts(cfg, 1000)) - 1 == 2
     assert len(range_parts(load_config(None, []), 10_000_000)) - 1 == 1  # parts=1: whole
-    with pytest.raises(ConfigError, match=r"wire.bucket_mb must be a size in MiB > 0 .* got 0"):
-        load_config(None, ["wire.bucket_mb=0"])
+    for bad in ("0", "-1", "2000000"):
+        with pytest.raises(
+            ConfigError, match=rf"wire.bucket_mb must be a size in MiB > 0 .* got {bad}"
+        ):
+            load_config(None, [f"wire.bucket_mb={bad}"])
     res = subprocess.run(
         [sys.executable, "-m", "rudra_zmq", "run", "configs/quickstart.yaml", "--run-dir",
          str(tmp_path / "r"), "--set", "wire.bucket_mb=0"],
@@ -109,3 +116,32 @@ def test_bucket_mb_cuts_a_range_in_more_parts_and_zero_is_refused_in_one_line(tm
     assert res.returncode != 0 and not (tmp_path / "r").exists()
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "wire.bucket_mb must be a size in MiB > 0" in res.stderr
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("k, parts", [(1, 4), (2, 1), (2, 3)])
+def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
+    ctx, monkeypatch, k, parts
+):
+    """σ = 0 and the same sums: the server sums each part's finished bytes, whenever they
+    left. Two learners: a sum of two is the same in either order of arrival."""
+    streams = []
+    init = StreamedPush.__init__
+
+    def spy(self, *args):
+        init(self, *args)
+        streams.append(self)
+
+    monkeypatch.setattr(StreamedPush, "__init__", spy)
+    common = ["sync.protocol=hardsync", "train.epochs=0.25", f"wire.parts={parts}"]
+    after = run_sharded(small_config(*common, "wire.push_during_backward=false"), k, ctx)
+    assert streams == []
+    during = run_sharded(small_config(*common), k, ctx)
+    assert len(streams) == 2  # each learner's
+    steps = during[0].state.engine.timestamp
+    assert steps > 10 and {s.state.engine.timestamp for s in after + during} == {steps}
+    for s in streams:  # every message of every step left from inside backward
+        assert (s.during, s.after) == (k * max(parts, 1) * steps, 0)
+    w = weights_of(during)
+    assert not np.array_equal(w, initial_weights(small_config(*common)))  # it trained
+    np.testing.assert_array_equal(w, weights_of(after))

@@ -115,7 +115,8 @@ class StreamedPush:
                 self.owner.append((k, i))
                 cuts.append((span.lo + b[i], span.lo + b[i + 1]))
         self.parts = BackwardParts(flat, cuts, self._ready)
-        self._sends: dict[int, object] = {}
+        self.during = self.after = 0  # messages sent inside backward, and after it
+        self._in_backward = False
 
     def push(self, backward, requests: dict[int, list]) -> None:
         """Run ``backward()`` and send each server's request as backward finishes its parts.
@@ -124,16 +125,25 @@ class StreamedPush:
         self._todo = {k: dict(enumerate(calls)) for k, calls in requests.items()}
         self._held: set[int] = set()  # servers whose part 0 is ready but waits for the rest
         self.parts.arm()
+        self._in_backward = True
         try:
             backward()
         finally:
+            self._in_backward = False
             left = self.parts.disarm()
         for j in left:
             self._ready(j)
         for k in list(self._todo):  # anything still held (nothing else was ready)
             for i in sorted(self._todo[k], reverse=True):
-                self._todo[k].pop(i)()
+                self._send(self._todo[k].pop(i))
         self._todo = {}
+
+    def _send(self, call) -> None:
+        call()
+        if self._in_backward:
+            self.during += 1
+        else:
+            self.after += 1
 
     def _ready(self, j: int) -> None:
         k, i = self.owner[j]
@@ -143,10 +153,10 @@ class StreamedPush:
         if i == 0 and len(todo) > 1:
             self._held.add(k)
             return
-        todo.pop(i)()
+        self._send(todo.pop(i))
         if k in self._held and len(todo) == 1:
             self._held.discard(k)
-            todo.pop(0)()
+            self._send(todo.pop(0))
 
     def close(self) -> None:
         """Remove the hooks."""

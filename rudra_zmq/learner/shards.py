@@ -144,7 +144,7 @@ class ShardedPushPull:
         # the parts leave as backward finishes them (learner/buckets.py), where it can
         self.stream = (
             buckets.StreamedPush(flat, shards.spans, self.bounds)
-            if buckets.enabled(flat, self.carriers)
+            if cfg.wire.push_during_backward and buckets.enabled(flat, self.carriers)
             else None
         )
         self.active = list(range(len(shards.spans)))  # the servers still training
