@@ -242,7 +242,7 @@ def add_arguments(p) -> None:
         nargs="+",
         choices=LEARNERS,
         default=["sleep"],
-        help="the PS cases' learners with K > 1 or parts, each side by side: sleep, then push "
+        help="the PS cases' learners with K > 1 servers, each side by side: sleep, then push "
         "(default); model: train the synthetic model of --layers sleeping layers (the module "
         "the ddp case runs) through the learner's exchange, each part pushed as backward "
         "finishes it; model-after: the same, every part pushed after backward",
@@ -344,22 +344,23 @@ def _variants(case: str, a) -> list[tuple]:
     ]  # fmt: skip
 
 
-def _transports(case: str, a, where) -> list[tuple[int, str, str]]:
+def _transports(case: str, a, k: int, where) -> list[tuple[int, str, str]]:
     """(runtime.sndbuf_kib, local, learner) of each run of one variant: --sndbuf-kib for the
-    PS cases, each with every --local for servers beside the learners, and every --learner."""
+    PS cases, each with every --local for servers beside the learners, and every --learner
+    with K > 1 servers (the root alone runs sleeping learners)."""
     if case in BASELINES:
         return [(0, "tcp", "sleep")]
     return [
         (sb, local, learner)
         for sb in a.sndbuf_kib
         for local in (a.local if where == "colocated" else ["tcp"])
-        for learner in a.learner
+        for learner in (a.learner if k > 1 else ["sleep"])
     ]
 
 
 def _n_runs(a) -> int:
     return len(a.wire_dtypes) * sum(
-        len(_transports(c, a, where)) for c in a.cases for _, where, _ in _variants(c, a)
+        len(_transports(c, a, k, where)) for c in a.cases for k, where, _ in _variants(c, a)
     )
 
 
@@ -464,7 +465,7 @@ def run(a) -> int:
                         report.note(f"{case} bfloat16 skipped: DDP's hook is float16 here")
                         continue
                     for k, where, parts in _variants(case, a):
-                        for sb, local, learner in _transports(case, a, where):
+                        for sb, local, learner in _transports(case, a, k, where):
                             b = copy.copy(a)
                             b.sndbuf_kib, b.local, b.learner = sb, local, learner
                             r = _sampled(b, lan, workdir, case, dtype, k, where, parts, traces)
