@@ -24,11 +24,13 @@ MAX_SAMPLES = 200_000  # about an hour at 50 a second
 MIN_JIFFIES = 50  # the least CPU time (1/100 s each, all cores) an idle share is told over
 
 
-def read_cpu() -> tuple[int, int]:
-    """(idle, total) jiffies of every core so far (``/proc/stat``; idle counts iowait)."""
+def read_cpu() -> tuple[int, int, int]:
+    """(idle, niced, total) jiffies of every core so far (``/proc/stat``; idle counts
+    iowait; niced: user time of processes at a positive nice, such as the machine's nice-19
+    background work, which yields the cores to the benchmark's)."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
-    return fields[3] + fields[4], sum(fields[:8])
+    return fields[3] + fields[4], fields[1], sum(fields[:8])
 
 
 def read_dev(path: str) -> dict[str, tuple[int, int]]:
@@ -125,11 +127,20 @@ class LinkSampler:
     def cpu_idle(self, t0_us: int, t1_us: int) -> float | None:
         """The share of the machine's CPU time that was idle between ``t0_us`` and
         ``t1_us`` (every core; None over less than MIN_JIFFIES of CPU time). Pure."""
+        return self._cpu_share(t0_us, t1_us, 0)
+
+    def cpu_niced(self, t0_us: int, t1_us: int) -> float | None:
+        """As ``cpu_idle``, the share spent in niced processes (background work that the
+        benchmark's processes, at nice 0, would have had at once had they asked). Pure."""
+        return self._cpu_share(t0_us, t1_us, 1)
+
+    def _cpu_share(self, t0_us: int, t1_us: int, which: int) -> float | None:
         s = [x for x in self.samples if t0_us <= x[0] <= t1_us]
         if len(s) < 2:
             return None
-        (i0, n0), (i1, n1) = s[0][2], s[-1][2]
-        return (i1 - i0) / (n1 - n0) if n1 - n0 >= MIN_JIFFIES else None
+        a, b = s[0][2], s[-1][2]
+        n = b[2] - a[2]
+        return (b[which] - a[which]) / n if n >= MIN_JIFFIES else None
 
     def counter_events(self, names: list[str], pid: int) -> list[dict]:
         """The samples as trace counters (Mbit/s sent and received per host, named by

@@ -24,6 +24,8 @@ def links_text(r: dict) -> str:
         )
     if r.get("cpu_idle") is not None:
         said.append(f"cpu idle {r['cpu_idle']:.2f}")
+        if r.get("cpu_niced"):  # nice-19 background work, which yields to the benchmark
+            said[-1] += f" (+{r['cpu_niced']:.2f} niced)"
     return f"  [{'; '.join(said)}]" if said else ""
 
 

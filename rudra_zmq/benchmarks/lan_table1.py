@@ -388,7 +388,7 @@ def _sampled(a, lan, workdir, case, dtype, k, where, parts, traces) -> dict:
     r.update(
         lan_links.summary(busy, list(range(1, 1 + a.hosts)), [] if case in BASELINES else servers)
     )
-    r["cpu_idle"] = sampler.cpu_idle(t0, t1)
+    r["cpu_idle"], r["cpu_niced"] = sampler.cpu_idle(t0, t1), sampler.cpu_niced(t0, t1)
     tcp1 = lan_links.tcp_counters(namespaces)  # the whole case's, warm-up included
     r.update({f"tcp_{key}": tcp1[key] - tcp0[key] for key in tcp0})
     if traces is not None:
