@@ -145,3 +145,21 @@ def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
     w = weights_of(during)
     assert not np.array_equal(w, initial_weights(small_config(*common)))  # it trained
     np.testing.assert_array_equal(w, weights_of(after))
+
+
+def test_a_straggler_of_runtime_compute_times_pushes_after_its_sleep(ctx, monkeypatch):
+    """``runtime.compute_times`` makes a learner sleep after its backward: its parts must
+    wait for that sleep, or the straggler would be one only in its next forward."""
+    streams = []
+    init = StreamedPush.__init__
+
+    def spy(self, *args):
+        init(self, *args)
+        streams.append(self)
+
+    monkeypatch.setattr(StreamedPush, "__init__", spy)
+    cfg = ["sync.protocol=hardsync", "train.epochs=0.1", "wire.parts=2"]
+    run_sharded(small_config(*cfg, "runtime.compute_times=[1,1.5]"), 1, ctx)
+    assert len(streams) == 2
+    assert sorted(s.during > 0 for s in streams) == [False, True]  # the straggler's unused
+    assert all(s.after == 0 for s in streams)

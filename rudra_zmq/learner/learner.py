@@ -145,6 +145,10 @@ class Learner:
             self.stats = StatsClient(self.ctx, stats, learner_id)
         if isinstance(self.ps, Shards):
             self.exchange = ShardedPushPull(cfg, learner_id, self.flat, self.ps)
+            if self._slowdown and self.exchange.stream is not None:
+                # a straggler's gradient leaves after its extra sleep, not during backward
+                self.exchange.stream.close()
+                self.exchange.stream = None
         else:
             self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
         self.exchange.on_welcome = self._start_data_at
