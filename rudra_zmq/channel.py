@@ -173,6 +173,19 @@ class Channel:
             f"on this channel {self.resent} resends, {self.late} late answers dropped"
         )
 
+    def silence(self, timeout_ms: int) -> str:
+        """What a timeout says of this channel: no reply within ``timeout_ms``, what to check
+        and what the request awaited (``waiting``). Pure."""
+        hint = (
+            ""
+            if transport.security() is None
+            else "; with security.curve, is this key allow-listed there and the server key the same?"
+        )
+        return (
+            f"no reply from the {self.name} at {self.endpoint} within {timeout_ms / 1000:g} s "
+            f"(is it running?{hint}); {self.waiting()}"
+        )
+
     def drop_late(self) -> int:
         """Drop what is queued while no request is outstanding (late answers to a request
         sent twice); returns how many. Never blocks."""
@@ -195,19 +208,7 @@ class Channel:
                 frames = self.sock.recv_multipart(copy=False)
             except zmq.Again:  # WAKE_MS passed: signal handlers have run; wait on or give up
                 if self.timeout_ms >= 0 and time.monotonic() - t0 >= self.timeout_ms / 1000:
-                    hint = (
-                        ""
-                        if transport.security() is None
-                        else (
-                            "; with security.curve, is this key allow-listed there and the "
-                            "server key the same?"
-                        )
-                    )
-                    raise TimeoutError(
-                        f"no reply from the {self.name} at {self.endpoint} "
-                        f"within {self.timeout_ms / 1000:g} s (is it "
-                        f"running?{hint}); {self.waiting()}"
-                    ) from None
+                    raise TimeoutError(self.silence(self.timeout_ms)) from None
                 self.tick()
                 continue
             msg = self._take(frames, kinds, numel)

@@ -133,7 +133,7 @@ class Half:
 
 def encode_parts(wire_codec, vector: np.ndarray, bounds, chunk_bytes: int) -> list[tuple]:
     """``vector`` encoded once by ``wire_codec`` (a half codec narrows the whole, its error
-    feedback included, in one pass) and cut at ``bounds`` (``span.part_bounds``): one
+    feedback included, in one pass) and cut at ``bounds`` (``shape.part_bounds``): one
     ``(offset, frames)`` per part, the frames views of at most ``chunk_bytes``."""
     whole = wire_codec.narrowed(vector)
     return [(a, wire.chunk(whole[a:b], chunk_bytes)) for a, b in zip(bounds, bounds[1:])]

@@ -3,21 +3,8 @@
 
 from __future__ import annotations
 
-from .span import part_bounds
 from .sync import check_protocol
 from .typed_yaml import ConfigError, one_of
-
-
-def check_servers_fit(servers: int, numel: int) -> None:
-    """Raise ConfigError unless ``architecture.servers`` can split a model of ``numel``
-    parameters: each server serves at least one. Pure; the launcher calls it before anything
-    starts (``launch/preflight.check_servers``), a PS when it computes its range (``server/start.py``)."""
-    if servers > numel:
-        raise ConfigError(
-            f"architecture.servers={servers} is more than the model's {numel:,} parameters; "
-            "give each server at least one"
-        )
-
 
 MAX_PARTS = 256  # parts of one server's range (each one message each way per round)
 
@@ -49,17 +36,6 @@ def check_parts(self) -> None:
         why = f"architecture.kind={a.kind}: tree nodes and the broadcast send whole vectors"
     if why:
         raise ConfigError(f"wire.parts={p} needs hardsync rounds; {why}: set wire.parts=1")
-
-
-def range_parts(cfg, numel: int) -> list[int]:
-    """The offsets cutting a server's range of ``numel`` floats into its parts: one (whole
-    messages) with ``wire.parts`` 1, else ``wire.parts`` parts, more where a part would
-    exceed ``wire.bucket_mb`` (at most MAX_PARTS). Learner and server cut alike. Pure."""
-    p = cfg.wire.parts
-    if p > 1:
-        bucket = max(1, int(cfg.wire.bucket_mb * (1 << 20)) // 4)  # float32 elements
-        p = min(MAX_PARTS, max(p, -(-numel // bucket)))
-    return part_bounds(numel, p)
 
 
 def most_parts(cfg) -> int:

@@ -65,7 +65,7 @@ def sim_checkpoint_path(run_dir) -> Path:
 
 def checkpoints_root(run_dir) -> Path:
     """``RUN/checkpoints``: where a run keeps its checkpoints (a server of a range of the
-    vector in a folder below it: ``server.checkpointing.checkpoint_dir``)."""
+    vector in a folder below it: ``shape.Server.checkpoint_dir``)."""
     return Path(run_dir) / CHECKPOINT_DIR
 
 

@@ -207,27 +207,14 @@ def learner_groups(tree: Tree, per_process: int) -> list[list[int]]:
     return out
 
 
-def node_label(node_id: int, shard: int = 0) -> str:
-    """The launcher's label of tree node ``node_id`` of server ``shard``'s tree: ``node3``,
-    and with ``architecture.servers`` > 1 ``node3s1`` for the trees of ranges 1, 2, ..."""
-    return f"node{node_id}" if shard == 0 else f"node{node_id}s{shard}"
-
-
-def tree_processes(cfg, tree: Tree) -> list[tuple[str, NodeSpec, int]]:
-    """(label, node, shard) of every tree node process: one tree per server's range (one
-    tree with ``architecture.servers`` = 1), each in ``tree.nodes`` order. Pure."""
-    return [
-        (node_label(n.id, k), n, k) for k in range(cfg.architecture.servers) for n in tree.nodes
-    ]
-
-
-def node_endpoints(cfg, tree: Tree, run_dir: Path) -> dict[str, str]:
-    """``{"nodeK": endpoint}`` (and ``nodeKsI`` for range I's tree) for ``rudra-zmq run``:
-    leaves on ipc sockets in the run directory (their learners are on the same host), inner
-    nodes on a free tcp port of runtime.host (or ipc when runtime.transport is ipc). Raises
-    ConfigError."""
+def node_endpoints(cfg, processes, run_dir: Path) -> dict[str, str]:
+    """``{"nodeK": endpoint}`` (and ``nodeKsI`` for range I's tree) for ``rudra-zmq run``, of
+    the tree node ``processes`` ((label, node, server) each: ``shape.ClusterShape.
+    tree_processes``): leaves on ipc sockets in the run directory (their learners are on the
+    same host), inner nodes on a free tcp port of runtime.host (or ipc when
+    runtime.transport is ipc). Raises ConfigError."""
     eps = {}
-    for label, n, _ in tree_processes(cfg, tree):  # a leaf's learners share its host: ipc
+    for label, n, _ in processes:  # a leaf's learners share its host: ipc
         ipc = n.is_leaf or cfg.runtime.transport == "ipc"
         eps[label] = plan_endpoints.server_endpoint(cfg, run_dir, label, ipc)
     return eps

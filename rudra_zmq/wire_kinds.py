@@ -80,7 +80,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
         "subtree": (_LIST, False),
         "shm": (_STR, False),
         "had": (_INT, False),
-        "range": (_LIST, False),  # [lo, hi]: the span a learner of a sharded run expects
+        "range": (_LIST, False),  # [lo, hi]: the range a learner (or node) expects (none: all)
     },
     Kind.WELCOME: {
         "learners": (_INT, True),
@@ -122,7 +122,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.EVAL: {
         "epoch": (_FLOAT, True),
         "token": (_STR, False),
-        "range": (_LIST, False),  # [lo, hi]: a sharded run's server sends its range
+        "range": (_LIST, False),  # [lo, hi]: the range of the server that sent it
         "final": (_BOOL, False),  # ... and whether these are its final weights
     },
     Kind.BYE: {},

@@ -15,10 +15,9 @@ from torch import nn
 
 from cluster import small_config
 from rudra_zmq.config import load_config
-from rudra_zmq.config_architecture import range_parts
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.learner.buckets import BackwardParts, StreamedPush
-from rudra_zmq.span import part_bounds, split
+from rudra_zmq.shape import ClusterShape, part_bounds
 from rudra_zmq.typed_yaml import ConfigError
 from test_shards import initial_weights, run_sharded, weights_of
 
@@ -79,9 +78,8 @@ def test_weights_shared_in_one_pass_count_once_and_a_second_pass_in_a_step_raise
 
 def test_two_servers_parts_go_during_backward_each_servers_part_0_last():
     flat = model()
-    spans = split(flat.numel, 2)
-    bounds = [part_bounds(s.numel, 3) for s in spans]
-    stream = StreamedPush(flat, spans, bounds)
+    cfg = load_config(None, ["sync.protocol=hardsync", "wire.parts=3", "architecture.servers=2"])
+    stream = StreamedPush(flat, ClusterShape.of(cfg, flat.numel).servers)
     sent, in_backward = [], [False]
 
     def run():
@@ -100,9 +98,9 @@ def test_two_servers_parts_go_during_backward_each_servers_part_0_last():
 
 def test_bucket_mb_cuts_a_range_in_more_parts_and_zero_is_refused_in_one_line(tmp_path):
     cfg = load_config(None, ["sync.protocol=hardsync", "wire.parts=2", "wire.bucket_mb=1"])
-    assert len(range_parts(cfg, 1_000_000)) - 1 == 4  # 4 MB of float32 in parts of 1 MiB
-    assert len(range_parts(cfg, 1000)) - 1 == 2
-    assert len(range_parts(load_config(None, []), 10_000_000)) - 1 == 1  # parts=1: whole
+    assert len(ClusterShape.of(cfg, 1_000_000).parts) == 4  # 4 MB of float32 in 1 MiB parts
+    assert len(ClusterShape.of(cfg, 1000).parts) == 2
+    assert len(ClusterShape.of(load_config(None, []), 10_000_000).parts) == 1  # parts=1: whole
     for bad in ("0", "-1", "2000000"):
         with pytest.raises(
             ConfigError, match=rf"wire.bucket_mb must be a size in MiB > 0 .* got {bad}"

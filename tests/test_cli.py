@@ -160,8 +160,9 @@ def test_role_commands_pass_their_endpoints_and_overrides_to_serve(tmp_path, fak
     assert cli.main(["stats", *common, "--bind", "tcp://h:3", "--run-dir", "r"]) == 0
 
     expected = load_config(cfg, ["optimizer.lr=0.5", "runtime.ps_threads=3"])
-    assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r", False)  # resume=False
-    assert calls["learner"] == (expected, [0, 2], "tcp://h:1", "tcp://h:2", None)
+    # resume=False, server 0 (the one server of the config's shape)
+    assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r", False, 0)
+    assert calls["learner"] == (expected, [0, 2], ["tcp://h:1"], "tcp://h:2", None)
     assert calls["data_server"] == (expected, "tcp://h:2")
     assert calls["stats_server"] == (expected, "tcp://h:3", "r", False)
     assert calls["malloc"] is True

@@ -11,6 +11,7 @@ import pytest
 from rudra_zmq.run_files import server_dir
 from rudra_zmq.server import end_files
 from rudra_zmq.server.end_files import assemble, write_end_files
+from rudra_zmq.shape import ClusterShape
 
 
 def finish(run_dir, i, w, ts, epoch, incarnation=1):
@@ -56,17 +57,25 @@ def test_a_server_killed_while_writing_its_weights_leaves_no_final_of_another_pe
 
 
 def test_the_run_files_are_joined_once_every_server_finished_this_periods_epochs(tmp_path):
+    dirs = ClusterShape(2).joined_dirs(tmp_path)
     finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)
-    assert not assemble(tmp_path, 2, 3.0)  # server 1 has not finished
+    assert not assemble(tmp_path, dirs, 3.0)  # server 1 has not finished
     finish(tmp_path, 1, [3], ts=11, epoch=2.0)  # an earlier period's end (resumed since)
-    assert not assemble(tmp_path, 2, 3.0) and not (tmp_path / "weights.npy").exists()
+    assert not assemble(tmp_path, dirs, 3.0) and not (tmp_path / "weights.npy").exists()
     finish(tmp_path, 1, [3], ts=12, epoch=3.01, incarnation=2)
-    assert assemble(tmp_path, 2, 3.0)
+    assert assemble(tmp_path, dirs, 3.0)
     np.testing.assert_array_equal(np.load(tmp_path / "weights.npy"), [1, 2, 3])
     final = json.loads((tmp_path / "ps_final.json").read_text())
     assert (final["timestamp"], final["epoch"], final["incarnation"]) == (10, 3.0, 2)
     assert [f["timestamp"] for f in final["servers"]] == [10, 12] and final["done"]
     assert not list(tmp_path.glob(".*.tmp"))  # written through temporary files, renamed
+
+
+def test_one_servers_files_are_the_runs_own_and_nothing_is_joined(tmp_path):
+    write_end_files(tmp_path, _state([1, 2], ts=10, epoch=3.0))
+    before = (tmp_path / "ps_final.json").read_text()
+    assert not assemble(tmp_path, ClusterShape(1).joined_dirs(tmp_path), 3.0)
+    assert (tmp_path / "ps_final.json").read_text() == before
 
 
 def test_resume_joins_servers_files_copied_in_afterwards_and_says_nothing_to_do(tmp_path):
@@ -87,11 +96,10 @@ def test_resume_joins_servers_files_copied_in_afterwards_and_says_nothing_to_do(
 def test_the_launcher_joins_once_and_leaves_a_join_already_made_alone(tmp_path, monkeypatch):
     """launcher.join_server_files: the first call joins; once the run's ps_final.json says training
     ended at train.epochs, a later call (the run's end) reads and writes nothing again."""
+    from rudra_zmq.config import load_config
     from rudra_zmq.launch import launcher
 
-    cfg = SimpleNamespace(
-        architecture=SimpleNamespace(servers=2), train=SimpleNamespace(epochs=3.0)
-    )
+    cfg = load_config(None, ["architecture.servers=2", "train.epochs=3"])
     finish(tmp_path, 0, [1, 2], ts=10, epoch=3.0)
     finish(tmp_path, 1, [3], ts=10, epoch=3.0)
     launcher.join_server_files(cfg, tmp_path)

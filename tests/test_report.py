@@ -173,6 +173,18 @@ def test_a_budget_cuts_the_evals_after_it(sweep, tmp_path):
     assert report.table_row(runs[0], budget=0.5)["error_at_budget"] is None
 
 
+def test_records_kept_as_evaluations_only_still_count_the_eval_that_reached_the_budget(tmp_path):
+    # docs/reproduction keeps a run's evaluations without its updates: the run stopped at the
+    # update a little past 3 epochs, whose eval is the final one; the next would be a whole
+    # interval later and must not count.
+    run = tmp_path / "evals-only"
+    make_run(run, [], evals=[(0, 0.9), (10, 0.5), (20, 0.4), (31, 0.3)], updates=0)
+    assert EPOCHS_PER_UPDATE * 31 > 3.0 > EPOCHS_PER_UPDATE * 20
+    row = report.table_row(report.load_runs([run])[0])
+    assert (row["error_at_budget"], row["best_error"]) == (0.3, 0.3)
+    assert report.table_row(report.load_runs([run])[0], budget=2.5)["error_at_budget"] == 0.4
+
+
 def test_runs_without_a_sweep_are_ordered_by_name_and_typed_by_processes_json(tmp_path):
     parent = tmp_path / "runs"
     make_run(parent / "b-real", ["sync.protocol=hardsync"], [(31, 0.4)], real=True)

@@ -9,7 +9,7 @@ from cluster import small_config
 from rudra_zmq import wire
 from rudra_zmq.server.parts import PartRound
 from rudra_zmq.server.state import ServerState
-from rudra_zmq.span import part_bounds
+from rudra_zmq.shape import part_bounds
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
 from test_ps import expected_step

@@ -6,12 +6,23 @@ import pytest
 
 from cluster import small_config
 from rudra_zmq import wire
+from rudra_zmq.run_files import checkpoints_root
 from rudra_zmq.server import checkpoint
-from rudra_zmq.server.checkpointing import checkpoint_dir, restore_latest
+from rudra_zmq.server.checkpointing import restore_latest
 from rudra_zmq.server.state import ServerState
-from rudra_zmq.span import Span, split
+from rudra_zmq.shape import ClusterShape, Span, split
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
+
+
+def checkpoint_dir(run_dir, span=None):
+    """Where the server of ``span`` (None: the only one) of a split in two keeps its
+    checkpoints, as the cluster's shape says."""
+    k = 1 if span is None or span.is_whole else 2
+    shape = ClusterShape(k).sized(N)
+    (server,) = [s for s in shape.servers if span is None or s.span == span]
+    return server.checkpoint_dir(run_dir)
+
 
 N, SIG = 12, "sig"
 # per-layer multipliers whose segments cross the ranges below
@@ -40,7 +51,7 @@ def state(span=None, *overrides, cfg=None):
 
 def hello(st, learner, seq=1, numel=N, **fields):
     """A learner's HELLO: the model's size, and (a range server's learner) the range it
-    expects, as ``learner/shards.py`` says it."""
+    expects, as ``learner/exchange.py`` says it."""
     if not st.span.is_whole and "range" not in fields:
         fields["range"] = [st.span.lo, st.span.hi]
     st.register(
@@ -132,8 +143,7 @@ def test_a_checkpoint_of_a_range_round_trips_and_continues_identically(tmp_path)
     span = Span(3, 10, N)
     a = state(span, "sync.protocol=async")
     train([a], rounds=2)
-    directory = checkpoint_dir(tmp_path, span)
-    assert directory == tmp_path / "checkpoints" / "range-3-10"
+    directory = tmp_path / "checkpoints" / "range-3-10"  # a range's (test_shape.py)
     checkpoint.save(directory, *a.snapshot())
     b = state(span, "sync.protocol=async")
     assert restore_latest(b, directory) is not None
@@ -187,4 +197,4 @@ def test_a_server_with_no_checkpoints_of_its_range_refuses_other_ranges_checkpoi
         restore_latest(state(), checkpoint_dir(tmp_path))
     checkpoint.save(checkpoint_dir(tmp_path), *state().snapshot())
     with pytest.raises(ValueError, match=r"whole vector, \[0, 6\) but none of range \[6, 12\)"):
-        restore_latest(state(second), checkpoint_dir(tmp_path, second))
+        restore_latest(state(second), checkpoint_dir(tmp_path, second), checkpoints_root(tmp_path))

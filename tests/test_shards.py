@@ -1,17 +1,20 @@
 """Sharded parameter servers (issue 24, item 1; the core, in one process): K servers each
-serving one range of the flat vector (``span.split``), learners pushing each its slice and
-loading each server's weights into that range (``learner/shards.py``).
+serving one range of the flat vector (``shape.ClusterShape``), learners pushing each its slice
+and loading each server's weights into that range (``learner/exchange.py``'s PushPull, which
+takes one server as a set of one).
 
 - hardsync with K = 2 and 3 servers ends with the one server's weights (each element's
   update is the same; only the gradient sums' float order may differ), every server at the
   same timestamp with σ = 0; so do one and two servers with their ranges in parts;
 - 2-softsync with K = 2: each server keeps its own timestamp and staleness;
-- a learner that expects another range is refused at HELLO, naming both; a sharded learner
-  outside Rudra-base and a server of a part asked for run files are refused up front;
+- a learner that expects another range is refused at HELLO, naming both; a learner given
+  another number of endpoints than the shape has servers is refused up front;
 - the exchange alone (scripted replies, no sockets): a server that says ``rejoin`` gets a
-  HELLO alone while the others' replies are taken; STOP from any server ends the learner.
+  HELLO alone while the others' replies are taken (one server too); STOP from any server
+  ends the learner.
 """
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -19,30 +22,30 @@ import pytest
 import zmq
 
 from cluster import small_config
-from rudra_zmq import codec, transport
+from rudra_zmq import transport
 from rudra_zmq.channel import Channel, ServerError
 from rudra_zmq.data.server import DataServer
 from rudra_zmq.learner.learner import Learner
 from rudra_zmq.server.ps import ParameterServer
-from rudra_zmq.span import split
+from rudra_zmq.shape import ClusterShape, split
 from rudra_zmq.wire import Kind
 
 pytestmark = pytest.mark.timeout(180)
 
 
+def with_servers(cfg, k):
+    """``cfg`` with ``architecture.servers`` = ``k``."""
+    return dataclasses.replace(cfg, architecture=dataclasses.replace(cfg.architecture, servers=k))
+
+
 def run_sharded(cfg, k, ctx):
-    """Train ``cfg`` with ``k`` servers (k = 1: one unsharded server) and its learners as
-    threads; returns the servers once every role ended. Blocks."""
+    """Train ``cfg`` with ``k`` servers (k = 1: one server, the whole vector) and its learners
+    as threads; returns the servers once every role ended. Blocks."""
+    cfg = with_servers(cfg, k)
     data = DataServer(cfg, "tcp://127.0.0.1:0", ctx)
     stop_data, failed, errors = threading.Event(), threading.Event(), []
     threads = [threading.Thread(target=data.serve_forever, args=(stop_data,), daemon=True)]
-    if k == 1:
-        servers = [ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx)]
-    else:
-        numel = _numel(cfg)
-        servers = [
-            ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx, span=s) for s in split(numel, k)
-        ]
+    servers = [ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx, server=i) for i in range(k)]
     endpoints = [s.endpoint for s in servers]
 
     def guard(fn):
@@ -60,9 +63,9 @@ def run_sharded(cfg, k, ctx):
         threading.Thread(
             target=guard,
             args=(
-                lambda i=i: Learner(
-                    cfg, i, endpoints if k > 1 else endpoints[0], data.endpoint, None, ctx
-                ).run(stop_event=failed),
+                lambda i=i: Learner(cfg, i, endpoints, data.endpoint, None, ctx).run(
+                    stop_event=failed
+                ),
             ),
             daemon=True,
         )
@@ -129,10 +132,10 @@ def test_sharded_softsync_keeps_a_timestamp_and_staleness_per_server(ctx):
 
 
 def test_a_learner_expecting_another_range_is_refused_at_hello(ctx):
-    cfg = small_config("sync.protocol=async")
+    cfg = small_config("sync.protocol=async", "architecture.servers=2")
     numel = _numel(cfg)
     a, b = split(numel, 2)
-    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx, span=b)
+    ps = ParameterServer(cfg, "tcp://127.0.0.1:0", ctx=ctx, server=1)
     stop = threading.Event()
     t = threading.Thread(target=ps.serve_forever, args=(stop,), daemon=True)
     t.start()
@@ -153,15 +156,13 @@ def test_a_learner_expecting_another_range_is_refused_at_hello(ctx):
         t.join(10)
 
 
-def test_what_sharding_does_not_serve_yet_is_refused_up_front(ctx, tmp_path):
-    cfg = small_config()
-    part = split(_numel(cfg), 2)[1]
-    with pytest.raises(ValueError, match="writes no run files"):
-        ParameterServer(cfg, "tcp://127.0.0.1:0", run_dir=str(tmp_path), ctx=ctx, span=part)
+def test_a_learner_given_another_number_of_servers_than_the_shape_has_is_refused(ctx):
     adv = small_config("architecture.kind=advstar", "sync.protocol=softsync")
     eps = [transport.free_tcp_endpoint(), transport.free_tcp_endpoint()]
-    with pytest.raises(ValueError, match="serve Rudra-base and Rudra-adv only"):
+    with pytest.raises(ValueError, match="2 parameter server endpoints for the 1 servers"):
         Learner(adv, 0, eps, transport.free_tcp_endpoint(), None, ctx)
+    with pytest.raises(ValueError, match="1 parameter server endpoints for the 3 servers"):
+        Learner(with_servers(small_config(), 3), 0, eps[:1], transport.free_tcp_endpoint())
 
 
 @pytest.mark.parametrize("servers", [1, 2])
@@ -174,13 +175,13 @@ def test_a_learner_that_fails_half_built_closes_the_sockets_it_made(monkeypatch,
         raise OSError("address already in use (made up)")
 
     monkeypatch.setattr(learner, "make_exchange", broken)
-    monkeypatch.setattr(learner, "ShardedPushPull", broken)
     c = zmq.Context()
     eps = [transport.free_tcp_endpoint() for _ in range(servers)]
     stats = transport.free_tcp_endpoint()
+    cfg = with_servers(small_config(), servers)
     # the error kept, as learner.serve keeps it to report: its traceback holds the learner
     with pytest.raises(OSError, match="made up") as failed:
-        Learner(small_config(), 0, eps, transport.free_tcp_endpoint(), stats, c)
+        Learner(cfg, 0, eps, transport.free_tcp_endpoint(), stats, c)
     ender = threading.Thread(target=c.term, daemon=True)
     ender.start()
     ender.join(20)
@@ -189,20 +190,20 @@ def test_a_learner_that_fails_half_built_closes_the_sockets_it_made(monkeypatch,
     assert not ender.is_alive(), f"the half-built learner left sockets open ({failed.value})"
 
 
-class ScriptedShards:
-    """``learner.shards.Shards`` without sockets: records what is sent to which server and
+class ScriptedLinks:
+    """``learner.links.ServerLinks`` without sockets: records what is sent to which server and
     answers ``gather`` from a script (one dict of replies per call)."""
 
-    def __init__(self, spans, script):
-        self.spans, self.script, self.sent = spans, list(script), []
-        self.channels = [self.Recorder(self, k) for k in range(len(spans))]
+    def __init__(self, shape, script):
+        self.script, self.sent = list(script), []
+        self.channels = [self.Recorder(self, k) for k in range(len(shape.servers))]
 
     class Recorder:
-        def __init__(self, shards, k):
-            self.shards, self.k = shards, k
+        def __init__(self, links, k):
+            self.links, self.k = links, k
 
         def send(self, kind, ts=0, payloads=(), **fields):
-            self.shards.sent.append((self.k, kind, ts, fields))
+            self.links.sent.append((self.k, kind, ts, fields))
 
     def gather(self, which, kinds, timeout_ms=None):
         replies = self.script.pop(0)
@@ -213,11 +214,19 @@ class ScriptedShards:
         return replies
 
 
+def scripted(cfg, flat, k, script):
+    """The learner's exchange over ``k`` servers whose replies come from ``script``, and
+    its links."""
+    from rudra_zmq.learner.exchange import make_exchange
+
+    shape = ClusterShape.of(with_servers(cfg, k), flat.numel)
+    links = ScriptedLinks(shape, script)
+    return make_exchange(cfg, shape, 0, flat, links, None), links
+
+
 def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_a_finished_one_is_left():
-    from rudra_zmq.learner.shards import ShardedPushPull
     from rudra_zmq.wire import Message
 
-    spans = split(10, 2)
     flat = _flat10()
 
     def msg(kind, ts, value, **fields):
@@ -231,9 +240,8 @@ def test_a_server_that_asks_to_rejoin_gets_a_hello_alone_and_a_finished_one_is_l
         {0: msg(Kind.WEIGHTS, 6, 5.0)},  # server 0 alone: server 1 has finished
         {0: msg(Kind.STOP, 6, 0.0, reason="done")},
     ]
-    shards = ScriptedShards(spans, script)
     steps = []
-    ex = ShardedPushPull(small_config(), 0, flat, shards)
+    ex, shards = scripted(small_config(), flat, 2, script)
     ex.on_welcome = steps.append
     assert ex.start() and ex.stamps == [3, 4] and steps == [7]
     assert [s[3]["range"] for s in shards.sent] == [[0, 5], [5, 10]]
@@ -265,7 +273,6 @@ def test_a_refused_slice_takes_its_error_feedback_residual_with_it():
     was never applied and its rounding residual is dropped; server 0's, applied, is kept."""
     from types import SimpleNamespace
 
-    from rudra_zmq.learner.shards import ShardedPushPull
     from rudra_zmq.wire import Message
 
     flat = SimpleNamespace(
@@ -284,9 +291,7 @@ def test_a_refused_slice_takes_its_error_feedback_residual_with_it():
         {0: msg(Kind.WEIGHTS, 2), 1: ServerError("rejoin", "evicted")},
         {1: msg(Kind.WELCOME, 3)},
     ]
-    ex = ShardedPushPull(
-        small_config("wire.gradient_dtype=float16"), 0, flat, ScriptedShards(split(10, 2), script)
-    )
+    ex, _ = scripted(small_config("wire.gradient_dtype=float16"), flat, 2, script)
     assert ex.start() and ex.step(lambda: None) and ex.rejoins == 1
     kept, dropped = (c.codec.residual for c in ex.carriers)
     assert kept is not None and np.abs(kept).max() > 0  # applied: carried into the next
@@ -294,25 +299,14 @@ def test_a_refused_slice_takes_its_error_feedback_residual_with_it():
 
 
 def test_one_server_asking_to_rejoin_drops_the_refused_gradients_residual_too():
-    """The same for one server (PushPull): the refused push's float16 residual is dropped,
-    and the next gradient after the WELCOME starts a new one."""
+    """The same for one server (a set of one, the same exchange): the refused push's float16
+    residual is dropped, and the next gradient after the WELCOME starts a new one."""
     from types import SimpleNamespace
 
-    from rudra_zmq.learner.exchange import Frames, PushPull
     from rudra_zmq.wire import Message
 
-    class Channel:
-        def __init__(self):
-            self.sent = []
-
-        def send(self, kind, ts=0, payloads=(), **fields):
-            self.sent.append(kind)
-
-        def recv(self, kinds, numel=None):
-            return Message(Kind.WELCOME, -1, 0, 7, 0, {}, [np.zeros(4, np.float32)])
-
-        def request(self, kind, ts, payloads, **fields):
-            raise ServerError("rejoin", "evicted")
+    def welcome(ts):
+        return {0: Message(Kind.WELCOME, -1, 0, ts, 0, {}, [np.zeros(4, np.float32)])}
 
     flat = SimpleNamespace(
         weights=np.zeros(4, np.float32),
@@ -321,13 +315,14 @@ def test_one_server_asking_to_rejoin_drops_the_refused_gradients_residual_too():
         numel=4,
         weights_to_device=lambda: None,
     )
-    carrier = Frames(
-        4, 1 << 20, wire_codec=codec.for_gradients(small_config("wire.gradient_dtype=float16"))
-    )
-    ex = PushPull(small_config(), 0, flat, Channel(), carrier)
+    cfg = small_config("wire.gradient_dtype=float16")
+    script = [welcome(7), {0: ServerError("rejoin", "evicted")}, welcome(8)]
+    ex, links = scripted(cfg, flat, 1, script)
     assert ex.start() and ex.ts == 7
-    assert ex.step(lambda: None) and ex.rejoins == 1 and ex.ps.sent == [Kind.HELLO, Kind.HELLO]
-    assert carrier.codec.residual is None  # refused: gone with its gradient
+    assert ex.step(lambda: None) and ex.rejoins == 1 and ex.ts == 8
+    assert [kind for _, kind, *_ in links.sent] == [Kind.HELLO, Kind.PUSHPULL, Kind.HELLO]
+    assert links.sent[0][3]["range"] == [0, 4]  # one server: its range is the whole vector
+    assert ex.carriers[0].codec.residual is None  # refused: gone with its gradient
 
 
 def _flat10():
@@ -344,9 +339,7 @@ def _flat10():
 
 
 def _two_servers_learner(script):
-    from rudra_zmq.learner.shards import ShardedPushPull
-
-    return ShardedPushPull(small_config(), 0, _flat10(), ScriptedShards(split(10, 2), script))
+    return scripted(small_config(), _flat10(), 2, script)[0]
 
 
 @pytest.mark.parametrize("stop_first", [True, False])
@@ -356,7 +349,7 @@ def test_a_server_silent_after_another_said_stop_ends_the_learner_without_failin
     """Server 0 said STOP (a step before, or in the same step) and server 1, dead after
     training ended with its STOP lost, says nothing: the learner ends (no error) and names
     it. While every server is still training, silence stays a failure."""
-    from rudra_zmq.learner.shards import ServersSilent
+    from rudra_zmq.learner.links import ServersSilent
     from rudra_zmq.wire import Message
 
     def msg(kind, ts, **fields):

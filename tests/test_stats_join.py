@@ -3,6 +3,7 @@ end of a run of K servers (stats/run_end.py): pure logic, no sockets."""
 
 import numpy as np
 
+from rudra_zmq.shape import ClusterShape
 from rudra_zmq.stats.eval_join import MAX_OPEN, EvalJoin
 from rudra_zmq.stats.run_end import RunEnd
 from rudra_zmq.wire import SENDER_PS, Kind, Message
@@ -16,7 +17,7 @@ def eval_msg(lo, hi, ts, epoch, final=False, value=None, n=None):
 
 
 def test_the_slices_of_one_epoch_join_in_range_order_whatever_their_arrival():
-    join = EvalJoin(10, 3)  # ranges [0, 4), [4, 7), [7, 10)
+    join = EvalJoin(ClusterShape(3).sized(10))  # ranges [0, 4), [4, 7), [7, 10)
     assert join.add(eval_msg(7, 10, ts=5, epoch=1.0)) is None
     assert join.add(eval_msg(0, 4, ts=4, epoch=1.0)) is None
     whole = join.add(eval_msg(4, 7, ts=6, epoch=1.0))
@@ -26,7 +27,7 @@ def test_the_slices_of_one_epoch_join_in_range_order_whatever_their_arrival():
 
 
 def test_final_slices_join_whatever_their_epochs_and_other_epochs_stay_apart():
-    join = EvalJoin(4, 2)
+    join = EvalJoin(ClusterShape(2).sized(4))
     assert join.add(eval_msg(0, 2, 9, 2.0, final=True)) is None
     assert join.add(eval_msg(2, 4, 9, 1.0)) is None  # epoch 1 of server 1: not the final
     whole = join.add(eval_msg(2, 4, 7, 2.01, final=True))  # a restarted server's end
@@ -35,7 +36,7 @@ def test_final_slices_join_whatever_their_epochs_and_other_epochs_stay_apart():
 
 
 def test_a_slice_of_another_range_or_size_is_refused_and_old_incomplete_ones_dropped():
-    join = EvalJoin(10, 2)
+    join = EvalJoin(ClusterShape(2).sized(10))
     assert "this run's 2 servers serve [[0, 5], [5, 10]]" in join.refusal(eval_msg(0, 4, 1, 0.0))
     assert "with 3 floats, not 5" in join.refusal(eval_msg(0, 5, 1, 0.0, n=3))
     assert join.refusal(eval_msg(5, 10, 1, 0.0)) is None
@@ -45,7 +46,7 @@ def test_a_slice_of_another_range_or_size_is_refused_and_old_incomplete_ones_dro
 
 
 def test_a_run_of_three_servers_ends_once_each_servers_done_came(tmp_path):
-    end = RunEnd(tmp_path, epochs=2.0, servers=3)
+    end = RunEnd(tmp_path, epochs=2.0, shape=ClusterShape(3))
     done = {"type": "done", "ts": 40, "epoch": 2.0}
     end.done_received({**done, "server": 1, "ts": 41}, 1.0, SENDER_PS)
     end.done_received({**done, "server": 1}, 1.5, SENDER_PS)  # again: still one server
@@ -77,3 +78,13 @@ def test_tensorboard_puts_other_servers_staleness_and_rates_under_their_own_tags
         "server-2/throughput/updates_per_s",
     ]
     assert tb._ts == 5  # server 0's clock only
+
+
+def test_one_servers_eval_is_a_whole_evaluation_at_once():
+    join = EvalJoin(ClusterShape(1).sized(4))
+    msg = Message(Kind.EVAL, SENDER_PS, 1, 3, 1, {"epoch": 1.0}, [np.ones(4, np.float32)])
+    assert join.refusal(msg) is None
+    whole = join.add(msg)
+    assert whole.ts == 3 and whole.fields == {"epoch": 1.0} and join.open == {}
+    short = Message(Kind.EVAL, SENDER_PS, 1, 3, 1, {"epoch": 1.0}, [np.ones(3, np.float32)])
+    assert "with 3 floats, not 4" in join.refusal(short)

@@ -290,14 +290,16 @@ def test_malformed_relay_clocks_are_refused_by_the_wire(clock, match):
 
 
 # ----------------------------------------------------------------------------- the root
-def test_a_leaf_says_hello_upstream_with_its_learners_and_welcomes_its_children(ctx):
+def test_a_leaf_says_hello_upstream_with_its_learners_and_its_range_and_welcomes_its_children(
+    ctx,
+):
     parent, node, (l0, l1) = welcome_leaf(ctx, adv())
     with running(node) as errors:
         ident, hello = parent.recv()
         assert (hello.kind, hello.sender, hello.fields) == (
             Kind.HELLO,
-            -100,
-            {"model": SIG, "numel": NUMEL, "subtree": [0, 1]},
+            -100,  # its range: the plan's for one server, the whole vector
+            {"model": SIG, "numel": NUMEL, "range": [0, NUMEL], "subtree": [0, 1]},
         )
         l1.send(Kind.HELLO, model=SIG, numel=NUMEL)
         w = np.arange(NUMEL, dtype=np.float32)
@@ -318,7 +320,7 @@ def test_a_leaf_of_range_1s_tree_relays_only_that_range_and_refuses_another(ctx)
     it says that range upstream, sums 6 floats, and refuses a learner sending range 0."""
     cfg = adv("architecture.servers=2", "sync.protocol=hardsync")
     parent = FakeParent(ctx)
-    node = TreeNode(cfg, 0, "tcp://127.0.0.1:0", parent.endpoint, ctx=ctx, shard=1)
+    node = TreeNode(cfg, 0, "tcp://127.0.0.1:0", parent.endpoint, ctx=ctx, server=1)
     l0, l1 = (FakeLearner(ctx, node.endpoint, i) for i in (0, 1))
     l0.send(Kind.HELLO, model=SIG, numel=NUMEL, range=[6, 12])
     with running(node) as errors:

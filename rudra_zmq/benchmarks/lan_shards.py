@@ -1,7 +1,7 @@
 """Sharded parameter servers on the emulated LAN (``bench lan-table1 --servers K``): Rudra-base
-with K servers, each over one range of ``span.split(params, K)``, placed beside the learners
+with K servers, each over one range of ``shape.split(params, K)``, placed beside the learners
 (server k on learner host k mod HOSTS, ``colocated``) or on K hosts of their own (``extra``),
-the synthetic learners pushing each server its slice (``learner/shards.py``).
+the synthetic learners pushing each server its slice (``learner/exchange.py``).
 
 An epoch ends when its last gradient's update is applied on the slowest server; the bytes
 are the sum over the servers. The link bound of a hardsync update (``link_phases``): whole

@@ -27,6 +27,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from ..config import load_config
+from ..shape import ClusterShape
 from ..timeline import ENV as TIMELINE_ENV
 
 MODULE = "rudra_zmq.benchmarks.synthetic_roles"
@@ -176,22 +178,15 @@ def _field(text: str, key: str) -> str:
     return text.split(key, 1)[1].split()[0]
 
 
-def _tree(overrides, procs, where, root_ep, workdir, shard=None) -> dict[int, str]:
-    """Start the tree nodes (parents first); return each learner's endpoint (its leaf).
-    ``shard``: the tree of that range of a sharded run (``--shard``; ``overrides`` then set
-    ``architecture.servers``)."""
-    from ..config import load_config
-    from ..topology import node_label, plan
-
-    tree = plan(load_config(None, overrides))
+def _tree(shape, server, procs, where, root_ep, workdir, common) -> dict[int, str]:
+    """Start the tree nodes of ``server``'s range (``shape.ClusterShape``: one tree per
+    range), parents first; return each learner's endpoint (its leaf)."""
+    tree = shape.tree
     ep = {None: root_ep}
-    common = [f"--set={o}" for o in overrides]
-    if shard is not None:
-        common += ["--shard", str(shard)]
     for node in sorted(tree.nodes, key=lambda nd: -nd.level):
         first = min(node.subtree)
         host = where[first]
-        label = node_label(node.id, shard or 0)
+        label = shape.node_label(node.id, server.index)
         bind = f"ipc://{workdir}/{label}.sock" if node.is_leaf else f"tcp://{host.addr}:0"
         if node.is_leaf and any(where[i] != host for i in node.learners):
             raise ValueError(
@@ -201,7 +196,8 @@ def _tree(overrides, procs, where, root_ep, workdir, shard=None) -> dict[int, st
         out = procs.start(
             label,
             "node",
-            ["--id", str(node.id), "--bind", bind, "--parent", ep[node.parent], *common],
+            ["--id", str(node.id), "--bind", bind, "--parent", ep[node.parent], *server.args]
+            + common,
             host,
             server=True,
         )
@@ -237,25 +233,6 @@ def _advstar(overrides, where, bcast_root, first_port=21000):
     return {i: (ups[i], binds[i]) for i in range(len(where))}
 
 
-def _sharded(servers: list[Host], params: int, common: list[str], procs, local_ipc=()) -> list:
-    """Start one server per host of ``servers`` over ``span.split(params, K)``; returns
-    each one's (tcp endpoint, ipc endpoint or None), in range order. A server on a host of
-    ``local_ipc`` also binds an ipc endpoint for the learners of its own host."""
-    from ..span import split
-
-    eps = []
-    for k, (host, span) in enumerate(zip(servers, split(params, len(servers)))):
-        args = ["--bind", f"tcp://{host.addr}:0", "--range", f"{span.lo}:{span.hi}"]
-        if host in local_ipc:
-            args += ["--local-bind", f"ipc://{procs.workdir}/ps{k}.sock"]
-        out = procs.start(
-            f"ps{k}", "ps", [*args, "--params", str(params), *common], host, server=True
-        )
-        local = _field(out, "local on ") if host in local_ipc else None
-        eps.append((_field(out, "listening on "), local))
-    return eps
-
-
 def advstar_available() -> bool:
     """Whether Rudra-adv* can run here: its module and the PS's broadcast exist."""
     import importlib.util
@@ -288,62 +265,51 @@ def run(
 ) -> dict:
     """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
     "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
-    ``servers`` (base, or adv with one tree per range), one sharded server per host listed
-    there, over the ranges of ``span.split(params, len(servers))`` (``ps`` is then the
-    first's report), instead of the root; with ``local_ipc`` a learner reaches a server on
-    its own host over ipc instead of tcp; with ``layers`` the learners train the synthetic
-    model of that many sleeping layers (``synthetic_roles learners --layers``; ``push_after``:
-    every part after backward). ``timeline``: every role records its part of that
-    timeline (``timeline.start_from_env``; the caller merges them). Blocks; stops every
-    process it started before returning or raising."""
+    ``servers`` (base, or adv with one tree per range), one server per host listed there
+    (``architecture.servers`` = their number; each serves its range of the run's
+    ``shape.ClusterShape``; ``ps`` is then the first's report), instead of one on ``root``;
+    with ``local_ipc`` (base) a learner reaches a server on its own host over ipc instead of
+    tcp; with ``layers`` the learners train the synthetic model of that many sleeping layers
+    (``synthetic_roles learners --layers``; ``push_after``: every part after backward).
+    ``timeline``: every role records its part of that timeline (``timeline.start_from_env``;
+    the caller merges them). Blocks; stops every process it started before returning or
+    raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
     procs = Processes(workdir, {TIMELINE_ENV: timeline} if timeline else None)
     t0 = time.time()
     try:
         if arch not in ("base", "adv", "advstar"):
             raise ValueError(f"unknown architecture {arch!r}: base, adv or advstar")
+        homes = servers or [root]  # each server's host, in range order
+        overrides = [*overrides, f"architecture.servers={len(homes)}"]
+        shape = ClusterShape.of(load_config(None, overrides))  # (advstar refuses K > 1)
         common = [f"--set={o}" for o in overrides]
-        if servers:
-            if arch == "advstar":
-                raise ValueError("sharded servers serve Rudra-base and Rudra-adv, not advstar")
-            where = _learner_hosts(learners, hosts)
-            shards = _sharded(servers, params, common, procs, set(where) if local_ipc else ())
-            root_ep = "+".join(tcp for tcp, _ in shards)
-        else:
-            bcast = ["--bcast-bind", f"tcp://{root.addr}:0"] if arch == "advstar" else []
-            out = procs.start(
-                "ps",
-                "ps",
-                ["--bind", f"tcp://{root.addr}:0", *bcast, "--params", str(params), *common],
-                root,
-                server=True,
-            )
-            root_ep = _field(out, "listening on ")
         where = _learner_hosts(learners, hosts)
+        local = set(where) if servers and local_ipc and arch == "base" else set()
+        server_eps, local_eps = [], []
+        for srv, host in zip(shape.servers, homes):
+            bcast = ["--bcast-bind", f"tcp://{host.addr}:0"] if arch == "advstar" else []
+            args = ["--bind", f"tcp://{host.addr}:0", *bcast, *srv.args]
+            if host in local:  # also an ipc endpoint for the learners of its own host
+                args += ["--local-bind", f"ipc://{workdir}/{srv.label}.sock"]
+            out = procs.start(
+                srv.label, "ps", [*args, "--params", str(params), *common], host, server=True
+            )
+            server_eps.append(_field(out, "listening on "))
+            local_eps.append(_field(out, "local on ") if host in local else None)
         members = {}
-        if arch == "base" and servers and local_ipc:  # a learner reaches its host's server by ipc
+        if shape.tree is None:  # Rudra-base: every learner to every server
             eps = {
-                i: "+".join(ipc if ipc and s == where[i] else tcp
-                            for (tcp, ipc), s in zip(shards, servers))
+                i: "+".join(ipc if ipc and h == where[i] else tcp
+                            for tcp, ipc, h in zip(server_eps, local_eps, homes))
                 for i in range(learners)
             }  # fmt: skip
-        elif arch == "base":
-            eps = {i: root_ep for i in range(learners)}
-        elif servers:  # adv, sharded: one tree per range, to its server
+        else:  # adv and advstar: one tree per range carries the gradients, to its server
             per = [
-                _tree(
-                    [*overrides, f"architecture.servers={len(servers)}"],
-                    procs,
-                    where,
-                    ep,
-                    workdir,
-                    shard=k,
-                )  # fmt: skip
-                for k, ep in enumerate(root_ep.split("+"))
+                _tree(shape, srv, procs, where, ep, workdir, common)
+                for srv, ep in zip(shape.servers, server_eps)
             ]
             eps = {i: "+".join(leaves[i] for leaves in per) for i in range(learners)}
-        else:  # adv and advstar: the same tree of nodes carries the gradients
-            eps = _tree(overrides, procs, where, root_ep, workdir)
         if arch == "advstar":  # ... and the weights go down the learners' broadcast
             members = _advstar(overrides, where, _field(out, "broadcast on "))
         go, firsts = os.path.join(workdir, "go"), []
@@ -388,7 +354,7 @@ def run(
         reports = procs.wait(timeout_s)
     finally:
         procs.close()
-    ps_names = [f"ps{k}" for k in range(len(servers))] if servers else ["ps"]
+    ps_names = shape.labels
     return {
         "ps": reports[ps_names[0]],
         "servers": [reports[n] for n in ps_names],

@@ -1,11 +1,12 @@
-"""The torch-free learner of the Rudra-adv / adv* benchmarks (``synthetic_roles learners``):
-HELLO, then "compute" by sleeping, PUSHPULL (or, advstar, PUSH plus a broadcast member) of a
-fixed gradient and a copy of the new weights, until STOP, counting what it sent and received.
+"""The torch-free learner of the cluster benchmarks (``synthetic_roles learners``): HELLO,
+then "compute" by sleeping, PUSHPULL through the learner's own exchange (or, advstar, PUSH
+plus a broadcast member) of a fixed gradient and a copy of the new weights, until STOP,
+counting what it sent and received.
 
-With ``layers`` (``--layers``; sharded servers or parts only) it is no stand-in: it trains the
-synthetic model of sleeping layers (``synthetic_model.py``, the module real DDP runs in
-``lan_ddp.py``) through the learner's own exchange (``learner/shards.py``), whose backward
-hooks push each part as backward finishes it (``learner/buckets.py``); that imports torch."""
+With ``layers`` (``--layers``; not advstar) it is no stand-in: it trains the synthetic model
+of sleeping layers (``synthetic_model.py``, the module real DDP runs in ``lan_ddp.py``)
+through the learner's own exchange, whose backward hooks push each part as backward
+finishes it (``learner/buckets.py``); that imports torch."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import numpy as np
 import zmq
 
 from .. import codec, kernels, timeline, wire
-from ..learner.shards import ShardedPushPull, Shards, server_channels
-from ..span import split
+from ..channel import Channel
+from ..learner.exchange import broadcast_member, make_exchange
+from ..learner.links import ServerLinks, server_channels
+from ..shape import ClusterShape
 from ..wire import Kind
 
 SIGNATURE = "bench-synthetic"  # the synthetic model's name, on the PS's side too
@@ -25,9 +28,12 @@ SIGNATURE = "bench-synthetic"  # the synthetic model's name, on the PS's side to
 
 class SyntheticLearner:
     """One learner without a model: sleeps ``compute_s`` (±10 %), pushes a fixed gradient of
-    ``numel`` float32 and copies any new weights into its own buffer, until STOP.
+    ``numel`` float32 and copies any new weights into its own buffer, until STOP. Rudra-base
+    and Rudra-adv go through the learner's own exchange (``learner/exchange.py``: every
+    server of the cluster's shape its range, in its parts); Rudra-adv* is written out here
+    (PUSH without waiting, weights by its broadcast member).
 
-    ``run()`` blocks; owns its socket (not thread-safe), shares the thread-safe ``ctx``.
+    ``run()`` blocks; owns its sockets (not thread-safe), shares the thread-safe ``ctx``.
     """
 
     def __init__(
@@ -42,48 +48,33 @@ class SyntheticLearner:
         layers: int = 0,
         push_after: bool = False,
     ):
+        """``endpoint``: each server's (or its leaf in each range's tree), in range order,
+        joined by ``+``. ``layers``: train the synthetic model of that many sleeping layers
+        (``push_after``: every part after backward, as ``wire.push_during_backward`` false)."""
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
-        self.shards = None
-        if "+" in endpoint or cfg.wire.parts > 1:  # sharded servers, or parts (learner/shards.py)
-            self._sharded(ctx, cfg, endpoint.split("+"), layers)
+        self.rng = random.Random(learner_id)
+        self.exchange = self.member = self.model = None
+        if cfg.architecture.kind == "advstar":
+            if layers:
+                raise ValueError(
+                    "--layers: the synthetic model runs through the exchange, not advstar"
+                )
+            self._advstar(ctx, cfg, endpoint, bcast)
+        else:
+            self._exchange(ctx, cfg, endpoint.split("+"), layers)
             if push_after and self.exchange.stream is not None:  # the learner before issue 42
                 self.exchange.stream.close()
                 self.exchange.stream = None
-            return
-        if layers:
-            raise ValueError("--layers: the synthetic model runs with sharded servers or parts")
-        self.ch = server_channels(ctx, cfg, [endpoint], learner_id)[0]
-        self.grad = np.full(numel, 1e-3, np.float32)  # sent zero-copy, never written
-        self.chunk_bytes = cfg.runtime.chunk_mib << 20
-        self.codec = codec.for_gradients(cfg)  # as the learner's: narrowed each step if half
-        # one weight version's bytes on the wire (advstar counts versions, not frames)
-        self._version_bytes = numel * wire.PAYLOAD_DTYPES[codec.dtypes(cfg).weights].itemsize
-        self.w = np.zeros(numel, np.float32)
-        self.rng = random.Random(learner_id)
-        self.ts = 0
-        self.stats = {
-            "learner": learner_id,
-            "steps": 0,
-            "weights": 0,
-            "up_bytes": 0,
-            "down_bytes": 0,
-            "comm_s": 0.0,
-            "compute_s": 0.0,
-        }
-        self.member = None
-        if cfg.architecture.kind == "advstar":  # Rudra-adv*: as learner/learner.py
-            from ..learner.exchange import broadcast_member
 
-            self.member = broadcast_member(cfg, ctx, bcast, numel, learner_id)
-            self._sendbuf = np.empty_like(self.grad)
-
-    def _sharded(self, ctx, cfg, endpoints, layers: int) -> None:
-        """Push each server its slice through ``learner/shards.py``, as learner/learner.py does."""
+    def _exchange(self, ctx, cfg, endpoints, layers: int) -> None:
+        """Push each server its slice through ``learner/exchange.py``, as learner/learner.py
+        does."""
         from types import SimpleNamespace
 
-        channels = server_channels(ctx, cfg, endpoints, self.id)
-        self.shards = Shards(channels, split(self.numel, len(channels)))
-        self.model = None
+        shape = ClusterShape.of(cfg, self.numel)
+        self.links = ServerLinks(
+            server_channels(ctx, cfg, shape, endpoints, self.id), shape.servers
+        )
         if layers:
             flat = self._model(layers)
             self.w = flat.weights
@@ -96,12 +87,42 @@ class SyntheticLearner:
                 numel=self.numel,
                 weights_to_device=lambda: None,
             )
-        self.exchange = ShardedPushPull(cfg, self.id, flat, self.shards)
-        self.rng = random.Random(self.id)
+        self.exchange = make_exchange(cfg, shape, self.id, flat, self.links, ctx)
         itemsize = wire.PAYLOAD_DTYPES[codec.dtypes(cfg).gradients].itemsize
         self._step_bytes = self.numel * itemsize
         self.stats = {"learner": self.id, "steps": 0, "up_bytes": 0, "comm_s": 0.0}
         self.stats["compute_s"] = 0.0
+
+    def _advstar(self, ctx, cfg, endpoint, bcast) -> None:
+        """Rudra-adv*: one leaf, a broadcast member, as learner/learner.py."""
+        self.ch = Channel(
+            ctx,
+            endpoint,
+            self.id,
+            name="parameter server",
+            timeout_ms=int(cfg.runtime.timeout_s * 1000),
+            hwm=4 + 2 * cfg.wire.parts,  # as the learner's
+            retry_ms=int(cfg.runtime.retry_s * 1000),
+            dtypes=codec.dtypes(cfg),
+        )
+        self.grad = np.full(self.numel, 1e-3, np.float32)  # sent zero-copy, never written
+        self.chunk_bytes = cfg.runtime.chunk_mib << 20
+        self.codec = codec.for_gradients(cfg)  # as the learner's: narrowed each step if half
+        # one weight version's bytes on the wire (advstar counts versions, not frames)
+        self._version_bytes = self.numel * wire.PAYLOAD_DTYPES[codec.dtypes(cfg).weights].itemsize
+        self.w = np.zeros(self.numel, np.float32)
+        self.ts = 0
+        self.stats = {
+            "learner": self.id,
+            "steps": 0,
+            "weights": 0,
+            "up_bytes": 0,
+            "down_bytes": 0,
+            "comm_s": 0.0,
+            "compute_s": 0.0,
+        }
+        self.member = broadcast_member(cfg, ctx, bcast, self.numel, self.id)
+        self._sendbuf = np.empty_like(self.grad)
 
     def _model(self, layers: int):
         """The synthetic model of sleeping layers (its compute: ``compute_s``, a third of it
@@ -132,7 +153,7 @@ class SyntheticLearner:
         self.stats["compute_s"] += time.perf_counter() - t0
         timeline.current().complete("compute", c0, timeline.now_us())
 
-    def _run_sharded(self) -> dict:
+    def _run_exchange(self) -> dict:
         if self.model is not None:
             return self._run_model()
         s = self.stats
@@ -153,13 +174,14 @@ class SyntheticLearner:
             s["steps"] += 1
             s["up_bytes"] += self._step_bytes
         s["t_end"] = time.time()
-        s.update(channel_counts(self.shards.channels), rejoins=self.exchange.rejoins)
-        self.shards.close()
+        s.update(channel_counts(self.links.channels), rejoins=self.exchange.rejoins)
+        self.exchange.close(True)
+        self.links.close()
         return s
 
     def _run_model(self) -> dict:
-        """As ``_run_sharded``, the compute being the model's forward and backward inside the
-        exchange's step (``comm_s``: the rest of each step)."""
+        """As ``_run_exchange``, the compute being the model's forward and backward inside
+        the exchange's step (``comm_s``: the rest of each step)."""
         s = self.stats
         s["t_start"] = time.time()
         alive, tl = True, timeline.current()
@@ -171,16 +193,16 @@ class SyntheticLearner:
             s["steps"] += 1
             s["up_bytes"] += self._step_bytes
         s["t_end"] = time.time()
-        s.update(channel_counts(self.shards.channels), rejoins=self.exchange.rejoins)
+        s.update(channel_counts(self.links.channels), rejoins=self.exchange.rejoins)
         self.exchange.close(True)
-        self.shards.close()
+        self.links.close()
         return s
 
     def _gradient(self) -> list:
         """The push's frames, encoded as the learner's are (float32: views; an advstar learner
         copies first, as its send buffer; half: narrowed, with error feedback)."""
         grad = self.grad
-        if self.member is not None and not self.codec.copies:
+        if not self.codec.copies:
             kernels.copy_into(self._sendbuf, grad)
             grad = self._sendbuf
         parts = self.codec.encode(grad, self.chunk_bytes)
@@ -195,7 +217,7 @@ class SyntheticLearner:
 
     def hello(self) -> None:
         """Say HELLO and wait for WELCOME (the first weights). Blocks."""
-        if self.shards is not None:
+        if self.exchange is not None:
             if not self.exchange.start():
                 raise RuntimeError(f"learner {self.id}: the servers said STOP at HELLO")
             return
@@ -204,40 +226,11 @@ class SyntheticLearner:
 
     def run(self) -> dict:
         """Train until STOP (after ``hello``); returns the learner's counters. Blocks."""
-        if self.shards is not None:
-            return self._run_sharded()
-        s, msg = self.stats, self._welcome
-        self._welcome = None
-        s["t_start"] = time.time()
-        if self.member is not None:
-            return self._run_advstar(msg)
-        tl = timeline.current()
-        while msg.kind != Kind.STOP:
-            if msg.kind in (Kind.WELCOME, Kind.WEIGHTS):
-                self._load(msg)
-            t0 = time.perf_counter()
-            c0 = timeline.now_us()
-            if self.compute_s > 0:
-                time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
-            t1 = time.perf_counter()
-            c1 = timeline.now_us()
-            tl.complete("compute", c0, c1)
-            msg = None  # release the previous reply's frames before the next round trip
-            msg = self.ch.request(
-                Kind.PUSHPULL,
-                self.ts,
-                self._gradient(),
-                numel=self.numel,
-                reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
-            )
-            tl.complete("exchange", c1, timeline.now_us(), "wire")
-            s["compute_s"] += t1 - t0
-            s["comm_s"] += time.perf_counter() - t1
-            s["steps"] += 1
-        s["t_end"] = time.time()
-        s.update(channel_counts([self.ch]))
-        self.ch.close()
-        return s
+        if self.exchange is not None:
+            return self._run_exchange()
+        msg, self._welcome = self._welcome, None
+        self.stats["t_start"] = time.time()
+        return self._run_advstar(msg)
 
     def _run_advstar(self, welcome) -> dict:
         """Rudra-adv*, as ``learner/learner.py``: adopt the newest broadcast version, compute,

@@ -224,13 +224,12 @@ def main_ps(args) -> dict:
     kernels.set_num_threads(1)
     weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}  # advstar only
-    if args.range:  # a sharded server: one range of the vector (learner/shards.py)
-        from ..span import Span
-
-        lo, hi = (int(x) for x in args.range.split(":"))
-        extra["span"] = Span(lo, hi, args.params)
     ps = counting_ps_class()(
-        _cfg(args), args.bind, model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE), **extra
+        _cfg(args),
+        args.bind,
+        model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE),
+        server=args.shard,  # its range: the shape's (architecture.servers in --set)
+        **extra,
     )
     if ps.weights_out.endpoint is not None:  # advstar: before "listening on"
         print(f"broadcast on {ps.weights_out.endpoint}", flush=True)
@@ -246,7 +245,7 @@ def main_node(args) -> dict:
 
     transport.tune_malloc()
     kernels.set_num_threads(1)  # as `rudra-zmq node` does
-    node = TreeNode(_cfg(args), args.id, args.bind, args.parent, shard=args.shard)
+    node = TreeNode(_cfg(args), args.id, args.bind, args.parent, server=args.shard)
     print(f"listening on {node.endpoint}", flush=True)
     node.serve_forever()
     st = node.state
@@ -338,7 +337,9 @@ def main(argv=None) -> int:
         q.add_argument("--params", type=int, required=role != "node")
     sub.choices["ps"].add_argument("--bind", required=True)
     sub.choices["ps"].add_argument("--bcast-bind", help="advstar: the broadcast root's endpoint")
-    sub.choices["ps"].add_argument("--range", metavar="LO:HI", help="serve elements [LO, HI)")
+    sub.choices["ps"].add_argument(
+        "--shard", type=int, default=0, help="which of architecture.servers (its range)"
+    )
     sub.choices["ps"].add_argument(
         "--local-bind", metavar="EP", help="also bind EP (ipc) for the learners of its host"
     )

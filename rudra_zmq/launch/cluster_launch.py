@@ -41,7 +41,7 @@ from .children import Child, echo_lines
 from .launcher import Launcher
 from .remote_commands import Commands
 from .run_dirs import LaunchError, RemoteRunDirs, missing_dirs, remove_made
-from .run_plan import ps_labels, role_env
+from .run_plan import role_env
 
 SSH_FAILED = 255  # ssh's exit code for its own errors (not the remote command's)
 
@@ -211,8 +211,8 @@ class ClusterLauncher(Launcher):
         host's (it wins where both wrote), where they do not share our file system; a
         sharded run's weights.npy and ps_final.json are then joined here if no host could
         (``end_files``). Best effort, as ``copy_back``."""
-        cp, cfg = self.cp, self.cp.plan.cfg
-        ps_hosts = {cp.placement[label] for label in ps_labels(cfg)} - {cp.server_host}
+        cp = self.cp
+        ps_hosts = {cp.placement[label] for label in cp.plan.shape.labels} - {cp.server_host}
         for host in sorted(ps_hosts):
             self.dirs.copy_back(host)
         self.dirs.copy_back(cp.server_host)

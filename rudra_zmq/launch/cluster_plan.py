@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ipaddress
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,13 +34,13 @@ from .. import config as config_mod
 from .. import topology
 from ..config import ConfigError
 from ..run_files import KEYS_DIR, config_path
+from ..shape import ClusterShape
 from . import hostfile
 from .run_plan import (
     Plan,
     learner_groups,
     learner_label,
     make_run_dir,
-    ps_labels,
     role_steps,
 )
 
@@ -142,16 +141,6 @@ def _place_groups(groups: list[list[int]], hosts: list[hostfile.Host]) -> list[s
     return out
 
 
-def _ps_hosts(ps_hosts, server: str, learner_hosts: list[str]):
-    """The host of each parameter server, cycling through ``ps_hosts`` (``["learners"]``: the
-    learners' hosts in order; None: the server host)."""
-    if not ps_hosts:
-        return itertools.cycle([server])
-    if ps_hosts == ["learners"]:
-        return itertools.cycle(dict.fromkeys(learner_hosts))  # each learner host once, in order
-    return itertools.cycle(ps_hosts)
-
-
 def place(
     cfg,
     hosts: list[hostfile.Host],
@@ -184,13 +173,14 @@ def place(
     )
     placement = {"stats": server, "data": server}
     learner_hosts = _place_groups(groups, hosts)
-    for label, host in zip(ps_labels(cfg), _ps_hosts(ps_hosts, server, learner_hosts)):
-        placement[label] = host
+    shape = ClusterShape.of(cfg).placed(ps_hosts, server, learner_hosts)
+    for s in shape.servers:
+        placement[s.label] = s.host
     for ids, host in zip(groups, learner_hosts):
         placement[learner_label(ids)] = host
     host_of_learner = {i: placement[learner_label(ids)] for ids in groups for i in ids}
 
-    servers = [*ps_labels(cfg), "data", "stats"]
+    servers = [*shape.labels, "data", "stats"]
     if cfg.architecture.kind == "advstar":
         placement["bcast"] = server
         servers.append("bcast")
@@ -199,10 +189,8 @@ def place(
                 placement[f"bcast{i}"] = host_of_learner[i]
                 servers.append(f"bcast{i}")
     if tree is not None:
-        for label, n, k in topology.tree_processes(cfg, tree):  # inner: beside its server
-            placement[label] = (
-                host_of_learner[n.learners[0]] if n.is_leaf else placement[ps_labels(cfg)[k]]
-            )
+        for label, n, k in shape.tree_processes():  # inner: beside its server
+            placement[label] = host_of_learner[n.learners[0]] if n.is_leaf else shape.server(k).host
             servers.append(label)
 
     endpoints, binds, next_port = {}, {}, {}

@@ -46,14 +46,14 @@ from ..run_files import (
     PS_FINAL_FILE,
     checkpoints_root,
     log_path,
-    server_dir,
 )
 from ..security import auth
 from ..server.end_files import assemble, final_done
+from ..shape import ClusterShape
 from . import console, preflight, startup
 from .children import Child, echo_lines, kill_tree
 from .restarts import on_failure
-from .run_plan import Plan, make_plan, ps_labels, role_env, run_keys, summary
+from .run_plan import Plan, make_plan, role_env, run_keys, summary
 
 POLL_S = 0.2  # how often the supervisor looks at its children
 TERM_GRACE_S = 5.0  # SIGTERM -> SIGKILL of the process tree
@@ -223,9 +223,9 @@ class Launcher:
         n = self.restarts.get(c.label, 0)
         cfg, run_dir = self.plan.cfg, self.plan.run_dir
         final = None
-        if c.role == "ps":  # its own ps_final.json (a sharded run's server: in its folder)
-            shard = ps_labels(cfg).index(c.label) if cfg.architecture.servers > 1 else None
-            final = final_done(server_dir(run_dir, shard), cfg.train.epochs)
+        if c.role == "ps":  # its own ps_final.json (one of several servers: in its folder)
+            files = self.plan.shape.by_label(c.label).files_dir(run_dir)
+            final = final_done(files, cfg.train.epochs)
         verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final)
         if verdict.message:
             print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)
@@ -247,7 +247,7 @@ class Launcher:
 
     def _servers_elsewhere(self) -> bool:
         """Whether some of the run's parameter servers run outside this launcher."""
-        return self.local is not None and not self.local.issuperset(ps_labels(self.plan.cfg))
+        return self.local is not None and not self.local.issuperset(self.plan.shape.labels)
 
     def _others_learning(self) -> bool:
         """Whether the run can go on without a failed learner: another learner is still
@@ -302,7 +302,7 @@ class Launcher:
         return 0
 
     def join_servers(self) -> None:
-        """A sharded run: join the servers' files where no server could (:func:`join_server_files`)."""
+        """Join the servers' files where no server could (:func:`join_server_files`)."""
         elsewhere = self._servers_elsewhere() and "stats" in (self.local or ())
         join_server_files(self.plan.cfg, self.plan.run_dir, elsewhere)
 
@@ -355,21 +355,23 @@ class Launcher:
 
 
 def join_server_files(cfg, run_dir, elsewhere: bool = False) -> None:
-    """A sharded run's end where no server could join the K servers' files into the run's
-    ``weights.npy`` and ``ps_final.json`` (the last one died between writing its own and joining
-    them, or the servers ran on ranks or hosts of their own): join the servers' files of the
-    run of ``cfg`` in ``run_dir`` (``end_files.assemble``) once every server's are
+    """The end of a run of several servers where none could join their files into the run's
+    ``weights.npy`` and ``ps_final.json`` (the last one died between writing its own and
+    joining them, or the servers ran on ranks or hosts of their own): join the servers'
+    files of the run of ``cfg`` in ``run_dir`` (``end_files.assemble`` over the shape's
+    ``joined_dirs``; none for one server, whose files are the run's) once every server's are
     there, unless the run's ``ps_final.json`` already says training ended at
     ``train.epochs`` (a server, or an earlier call, joined them: the K files are not read and
     written again). ``elsewhere``: some servers ran on ranks of their own and write just
     after their ``done``, so wait up to ``ELSEWHERE_FILES_S`` for them, then say how to join
     them later. Best effort: says why it could not. Blocks for the files."""
-    if cfg.architecture.servers <= 1 or final_done(run_dir, cfg.train.epochs) is not None:
+    dirs = ClusterShape.of(cfg).joined_dirs(run_dir)
+    if not dirs or final_done(run_dir, cfg.train.epochs) is not None:
         return
     deadline = time.monotonic() + (ELSEWHERE_FILES_S if elsewhere else 0)
     while True:
         try:
-            joined = assemble(run_dir, cfg.architecture.servers, cfg.train.epochs)
+            joined = assemble(run_dir, dirs, cfg.train.epochs)
         except (OSError, ValueError) as exc:
             print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
             return
@@ -380,7 +382,7 @@ def join_server_files(cfg, run_dir, elsewhere: bool = False) -> None:
     if not joined and elsewhere:
         print(
             f"rudra-zmq: the servers on ranks of their own left their weights on their "
-            f"hosts ({server_dir(run_dir, 1).parent}/server-I there, not shared here): "
+            f"hosts ({dirs[-1].parent}/server-I there, not shared here): "
             f"copy those folders here, then `rudra-zmq run --resume {run_dir}` joins "
             "them into weights.npy",
             file=sys.stderr,

@@ -31,10 +31,10 @@ from pathlib import Path
 
 from .. import config as config_mod
 from ..config import ConfigError, DataConfig
-from ..config_architecture import check_servers_fit
 from ..data import dataset_cache, datasets, images
 from ..devices import usable_cores
 from ..server import initial_weights
+from ..shape import ClusterShape
 from ..user_code import is_import_path
 
 # model_numel: the model built in a child process, which fills the initial-weights cache
@@ -268,11 +268,10 @@ def model_numel(cfg) -> int:
 
 
 def check_servers(cfg) -> None:
-    """Raise ConfigError when ``architecture.servers`` exceeds the model's parameter count:
-    each of the K parameter servers serves one range of the flat vector and needs at least
-    one parameter. Nothing to do (and nothing built) for one server."""
-    if cfg.architecture.servers > 1:
-        check_servers_fit(cfg.architecture.servers, model_numel(cfg))
+    """Raise ConfigError when the run has more parameter servers than the model has
+    parameters: each serves one range of the flat vector and needs at least one
+    (``ClusterShape.check_size``; nothing is built for one server)."""
+    ClusterShape.of(cfg).check_size(lambda: model_numel(cfg))
 
 
 def run(cfg, local: bool = True, decode: bool = True) -> None:

@@ -17,6 +17,7 @@ from .. import config as config_mod
 from ..config import ConfigError
 from ..run_files import CONFIG_FILE, PS_FINAL_FILE
 from ..server.end_files import assemble
+from ..shape import ClusterShape
 
 # Keys (or whole sections, ending in ".") a resumed run may change with --set.
 RESUMABLE = (
@@ -69,14 +70,15 @@ def resume_config(run_dir, config_path=None, overrides=()):
 def finished_note(run_dir, cfg) -> str | None:
     """The one line to print instead of resuming when the run in ``run_dir`` already trained
     ``cfg.train.epochs`` (its PS wrote ``ps_final.json`` saying training was done, at that
-    epoch or later), else None. Reads one small file. A sharded run whose servers all finished
-    but whose own files were never joined (no shared file system: each server's
-    ``servers/server-I`` copied here afterwards) is joined first
-    (``end_files.assemble``), and the line says so."""
+    epoch or later), else None. Reads one small file. A run of several servers that all
+    finished but whose own files were never joined (no shared file system: each server's
+    ``servers/server-I`` copied here afterwards) is joined first (``end_files.assemble``
+    over the shape's ``joined_dirs``), and the line says so."""
     joined = ""
-    if cfg.architecture.servers > 1 and not (Path(run_dir) / PS_FINAL_FILE).exists():
-        if assemble(run_dir, cfg.architecture.servers, cfg.train.epochs):
-            joined = f"joined the {cfg.architecture.servers} servers' weights into weights.npy; "
+    if not (Path(run_dir) / PS_FINAL_FILE).exists():
+        dirs = ClusterShape.of(cfg).joined_dirs(run_dir)
+        if assemble(run_dir, dirs, cfg.train.epochs):
+            joined = f"joined the {len(dirs)} servers' weights into weights.npy; "
     try:
         final = json.loads((Path(run_dir) / PS_FINAL_FILE).read_text())
         done, epoch = final["done"], float(final["epoch"])

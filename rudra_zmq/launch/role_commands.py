@@ -14,6 +14,7 @@ import argparse
 
 from ..config import ConfigError, load_config
 from ..devices import host_learners, learner_threads, ps_threads
+from ..shape import ClusterShape
 from . import role_process
 
 
@@ -65,9 +66,7 @@ def cmd_ps(args) -> int:
             f"{cfg.architecture.kind!r})"
         )
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}
-    shard = _shard(cfg, args.shard, "server")
-    if cfg.architecture.servers > 1:
-        extra["shard"] = shard
+    extra["server"] = _server(cfg, args.shard, "server")
     # torch is imported later, after the PS binds (``ParameterServer``), for its initial
     # weights only: its thread count does not matter, and learners start meanwhile
     return role_process.serve(
@@ -119,14 +118,13 @@ def cmd_learner(args) -> int:
         )
     ups, binds = _bcast_args(cfg, args)
     extra = {} if ups is None else {"bcast_upstream": ups, "bcast_bind": binds}
-    servers = args.ps.split(",")
-    if len(servers) != cfg.architecture.servers and cfg.architecture.kind != "advstar":
+    ps, k = args.ps.split(","), len(ClusterShape.of(cfg).servers)
+    if len(ps) != k:
         raise UsageError(
-            f"--ps names {len(servers)} parameter servers; the config has "
-            f"architecture.servers={cfg.architecture.servers}: give each server's endpoint "
+            f"--ps names {len(ps)} parameter servers; the config has "
+            f"architecture.servers={k}: give each server's endpoint "
             "(Rudra-adv: the leaf of each range's tree), in range order, separated by commas"
         )
-    ps = servers[0] if len(servers) == 1 else servers
     # threads: the usable cores over the learners on this host (as the launcher said, else
     # this process's own learners)
     threads = learner_threads(cfg, host_learners(cfg, default=len(args.id)))
@@ -138,21 +136,14 @@ def cmd_learner(args) -> int:
     )
 
 
-def _shard(cfg, shard: int | None, what: str) -> int:
-    """The ``--shard`` of a server or tree node: 0..K-1 of ``architecture.servers`` = K
-    (required when K > 1; 0 or absent otherwise). Raises UsageError naming the value."""
-    servers = cfg.architecture.servers
-    if servers > 1 and (shard is None or not 0 <= shard < servers):
-        raise UsageError(
-            f"architecture.servers={servers}: give --shard I, the range this {what} "
-            f"serves, 0..{servers - 1} (got {shard})"
-        )
-    if servers == 1 and shard not in (None, 0):
-        raise UsageError(
-            f"--shard {shard}: the config has one parameter server "
-            "(architecture.servers=1); --shard is 0 or absent"
-        )
-    return shard or 0
+def _server(cfg, shard: int | None, what: str) -> int:
+    """The server (or the range of a tree node) ``--shard`` names: 0..K-1 of the run's K
+    servers, required when K > 1, 0 or absent otherwise (``ClusterShape.pick``). Raises
+    UsageError naming the value."""
+    try:
+        return ClusterShape.of(cfg).pick(shard, what).index
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def cmd_node(args) -> int:
@@ -168,7 +159,7 @@ def cmd_node(args) -> int:
         plan(cfg).node(args.id)
     except ValueError as exc:
         raise UsageError(f"--id {args.id}: {exc}") from None
-    shard = _shard(cfg, args.shard, "tree node")
+    shard = _server(cfg, args.shard, "tree node")
     return role_process.serve(
         "rudra_zmq.tree.node",
         1,

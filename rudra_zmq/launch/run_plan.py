@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ from .. import config as config_mod
 from .. import devices, plan_endpoints, topology
 from ..config import ConfigError
 from ..run_files import CONFIG_FILE, KEYS_DIR, config_path, log_dir
+from ..shape import ClusterShape
 from ..sync import protocol_label
 
 # glibc would give each large ZeroMQ buffer a fresh mmap (~16k page faults per 40 MB
@@ -48,6 +50,11 @@ class Plan:
     def bind(self, label: str) -> str:
         """The endpoint the server ``label`` binds (its endpoint, unless ``binds`` says)."""
         return (self.binds or {}).get(label, self.endpoints[label])
+
+    @cached_property
+    def shape(self) -> ClusterShape:
+        """The cluster's shape: the parameter servers, their labels and tree plan."""
+        return ClusterShape.of(self.cfg)
 
 
 def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
@@ -87,18 +94,12 @@ def make_run_dir(cfg, run_dir=None, resume: bool = False) -> Path:
     return path
 
 
-def ps_labels(cfg) -> list[str]:
-    """The parameter servers' labels: ``ps``, then ``ps1`` .. ``psK-1`` for the other servers
-    of ``architecture.servers`` = K (server I serves the I-th range of ``span.split``)."""
-    return ["ps"] + [f"ps{i}" for i in range(1, cfg.architecture.servers)]
-
-
 def endpoints(cfg, run_dir: Path | None) -> dict[str, str]:
     """Endpoints for ps (and ps1.. of a sharded run), data and stats: free tcp ports on
     runtime.host (``run_dir`` unused: None plans them before the directory exists), or ipc
     sockets in the run directory when runtime.transport is ipc. Raises ConfigError naming a
     bad runtime.host, a bad ``$RUDRA_ZMQ_PORTS`` or an ipc path too long."""
-    labels = [*SERVERS, *ps_labels(cfg)[1:]]
+    labels = [*SERVERS, *ClusterShape.of(cfg).labels[1:]]
     return {role: plan_endpoints.server_endpoint(cfg, run_dir, role) for role in labels}
 
 
@@ -120,7 +121,7 @@ def role_env(
     # The PS shares this machine with the learners: by default give its kernels the cores the
     # learners leave (at least 1, at most 4 — memory bandwidth saturates before that). Two
     # kernel threads on a box the learners keep busy were 1.7x slower than one and burned
-    # 1.8-3.4x the CPU per update (bench/RESULTS.md, push+pull).
+    # 1.8-3.4x the CPU per update (`git show ec5276f:bench/RESULTS.md`, push+pull).
     ps = cfg.runtime.ps_threads or max(1, min(4, cores - busy))
     threads = {"learner": devices.learner_threads(cfg, max(here, 1)), "ps": ps}.get(role, 1)
     env = dict(os.environ if base is None else base)
@@ -169,7 +170,7 @@ def _plan(cfg, path: Path, eps: dict[str, str]) -> Plan:
         eps.update(topology.broadcast_endpoints(cfg, path))
     if tree is None:
         return Plan(cfg, path, eps, learner_groups(cfg))
-    eps.update(topology.node_endpoints(cfg, tree, path))
+    eps.update(topology.node_endpoints(cfg, ClusterShape.of(cfg).tree_processes(), path))
     return Plan(
         cfg, path, eps, topology.learner_groups(tree, cfg.runtime.learners_per_process), tree
     )
@@ -179,11 +180,7 @@ def learner_endpoints(plan: Plan, learner: int) -> dict:
     """Where learner ``learner`` connects: its PS (the root, or its leaf tree node), the data
     and stats servers, and (advstar) its broadcast (upstream, bind or None)."""
     ep, cfg = plan.endpoints, plan.cfg
-    if plan.tree is None:  # every server's endpoint, in range order
-        ps = ",".join(ep[label] for label in ps_labels(cfg))
-    else:  # its leaf in each range's tree, in range order
-        leaf = plan.tree.leaf_of(learner).id
-        ps = ",".join(ep[topology.node_label(leaf, k)] for k in range(cfg.architecture.servers))
+    ps = ",".join(ep[label] for label in plan.shape.first_hops(learner))  # in range order
     out = {"ps": ps, "data": ep["data"], "stats": ep["stats"], "bcast": None}
     if cfg.architecture.kind == "advstar":
         up = topology.broadcast_upstream(cfg, learner)
@@ -220,39 +217,39 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
     learners), each with the servers it waits for (``Start.after``): the PS for the stats
     server, a tree node for its parent, a learner for its PS or tree node, the data and the
     stats server. Roles whose servers listen start side by side."""
-    ep, bind = plan.endpoints, plan.bind
+    ep, bind, shape = plan.endpoints, plan.bind, plan.shape
     again = ["--resume"] if resume else []
-    servers = ps_labels(plan.cfg)
     starts = [
         Start(
             "stats", "stats", ["--bind", bind("stats"), "--run-dir", str(plan.run_dir), *again], ()
         ),
         Start("data", "data", ["--bind", bind("data")], ()),
     ]
-    for i, label in enumerate(servers):
+    for server in shape.servers:
         starts.append(
             Start(
-                label,
+                server.label,
                 "ps",
                 [
                     "--bind",
-                    bind(label),
+                    bind(server.label),
                     "--stats",
                     ep["stats"],
                     "--run-dir",
                     str(plan.run_dir),
                     *again,
                     *(["--bcast-bind", bind("bcast")] if "bcast" in ep else []),
-                    *(["--shard", str(i)] if len(servers) > 1 else []),
+                    *server.args,
                 ],
                 ("stats",),
             )
         )
     tree = plan.tree
     for level in range(max((n.level for n in tree.nodes), default=0) if tree else 0, 0, -1):
-        for label, n, k in topology.tree_processes(plan.cfg, tree):
+        for label, n, k in shape.tree_processes():
             if n.level == level:  # range k's tree relays to server k
-                parent = servers[k] if n.parent is None else topology.node_label(n.parent, k)
+                server = shape.server(k)
+                parent = server.label if n.parent is None else shape.node_label(n.parent, k)
                 starts.append(
                     Start(
                         label,
@@ -264,7 +261,7 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
                             bind(label),
                             "--parent",
                             ep[parent],
-                            *(["--shard", str(k)] if len(servers) > 1 else []),
+                            *server.args,
                         ],
                         (parent,),
                     )
@@ -289,10 +286,7 @@ def role_steps(plan: Plan, resume: bool = False) -> list[Start]:
                 "--bcast-bind",
                 ",".join(b or "none" for _, b in eps),
             ]
-        parents = servers
-        if plan.tree is not None:  # its leaf in each range's tree
-            leaf = plan.tree.leaf_of(ids[0]).id
-            parents = [topology.node_label(leaf, k) for k in range(len(servers))]
+        parents = shape.first_hops(ids[0])  # the servers, or its leaf in each range's tree
         starts.append(Start(learner_label(ids), "learner", args, (*parents, "data", "stats")))
     return starts
 
@@ -310,24 +304,16 @@ def summary(plan: Plan) -> str:
         + ", ".join(
             f"{r} {ep}"
             for r, ep in plan.endpoints.items()
-            if r in (*ps_labels(cfg), "data", "stats")
+            if r in (*plan.shape.labels, "data", "stats")
         ),
     ]
-    if cfg.architecture.servers > 1:
-        lines.append(
-            f"  {cfg.architecture.servers} parameter servers (ps, ps1, ...), each serving one "
-            "range of the flat vector with its own timestamp"
-        )
+    lines += [f"  {line}" for line in plan.shape.describe()]
     if plan.tree is not None:
         lines += [
             f"  {line}, {plan.endpoints[f'node{n.id}']}"
             for n, line in zip(plan.tree.nodes, plan.tree.describe())
         ]
-        if cfg.architecture.servers > 1:
-            lines.append(
-                f"  the same tree for each server's range: node0s1 ... relay range 1 to ps1, "
-                f"and so on ({len(plan.tree.nodes) * cfg.architecture.servers} tree nodes)"
-            )
+        lines += [f"  {line}" for line in plan.shape.describe_trees()]
     if cfg.architecture.kind == "advstar":
         lines += [f"  {line}" for line in topology.describe_broadcast(cfg)]
     return "\n".join(lines)

@@ -34,6 +34,7 @@ import zmq
 from .. import wire
 from ..config import ConfigError
 from ..security import auth
+from ..shape import ClusterShape
 
 MAX_REQUEST = 1024  # bytes: a register request is about 60
 MAX_WHY = 400  # characters of a failed server's reason
@@ -88,7 +89,7 @@ class Directory:
     ``failure`` from the launcher's thread, the rest on the directory's."""
 
     def __init__(self, cfg, bind: str, first: str, run_dir, token: str, curve=None):
-        self.servers = cfg.architecture.servers
+        self.servers = len(ClusterShape.of(cfg).servers)
         self.endpoints: dict[int, str] = {0: first}
         self.reply_register = {"run_dir": str(run_dir), "token": token}
         self.failed: dict[int, str] = {}  # server -> why it cannot go on (written here only)

@@ -35,6 +35,7 @@ from .. import topology
 from ..config import ConfigError
 from ..devices import HOST_LEARNERS_ENV
 from ..run_files import config_path
+from ..shape import ClusterShape
 from . import preflight, ranks
 from .cluster_plan import DEFAULT_PORT, bind_address, is_loopback_host
 from .run_plan import (
@@ -42,7 +43,6 @@ from .run_plan import (
     learner_endpoints,
     learner_groups,
     make_run_dir,
-    ps_labels,
 )
 
 REPORT_FAILED_S = 10.0  # a server rank tells rank 0 its server gave up, for at most this long
@@ -56,9 +56,9 @@ def _groups(cfg, tree) -> list[list[int]]:
 def server_ranks(cfg, r: ranks.Ranks) -> int:
     """How many ranks run one server each (ranks 1 .. K-1 of ``architecture.servers`` = K):
     K - 1 when the world has K + (learner processes) ranks, else 0 (rank 0 runs them all)."""
-    k, world = cfg.architecture.servers, r.value("world_size")
+    k, world = len(ClusterShape.of(cfg).servers), r.value("world_size")
     n = len(_groups(cfg, topology.tree_of(cfg)))
-    return k - 1 if k > 1 and world == n + k else 0
+    return k - 1 if world == n + k else 0
 
 
 def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
@@ -73,10 +73,11 @@ def part(cfg, r: ranks.Ranks) -> tuple[str, int | None]:
         )
     tree = topology.tree_of(cfg)
     n = len(_groups(cfg, tree))
-    k = cfg.architecture.servers
+    servers = ClusterShape.of(cfg).servers
+    k, others = len(servers), [s.index for s in servers[1:]]  # those a rank of their own may run
     world, rank = r.value("world_size"), r.value("rank")
-    if world is not None and world != n + 1 and not (k > 1 and world == n + k):
-        also = f", or {n + k} to give servers 1..{k - 1} ranks of their own" if k > 1 else ""
+    if world is not None and world not in (n + 1, n + k):
+        also = f", or {n + k} to give servers 1..{k - 1} ranks of their own" if others else ""
         raise ConfigError(
             f"{world} ranks (from {r.world_size.source}) for a config with {n} learner "
             f"processes: start {n + 1} ranks (rank 0 runs the servers){also}, or change "
@@ -138,9 +139,10 @@ def plan(cfg, r: ranks.Ranks, run_dir=None, create: bool = False) -> Plan:
     elif r.master_port.source == "MASTER_PORT":
         port += 1  # torchrun's rendezvous store may listen on MASTER_PORT itself
     tree = topology.tree_of(cfg)
+    shape = ClusterShape.of(cfg)
     labels = ["ps", "data", "stats"]
-    labels += [label for label, _, _ in topology.tree_processes(cfg, tree)] if tree else []
-    labels += ps_labels(cfg)[1:]  # a sharded run's other servers (on rank 0 or their own)
+    labels += [label for label, _, _ in shape.tree_processes()]
+    labels += shape.labels[1:]  # the other servers (on rank 0 or ranks of their own)
     labels.append("directory")  # where ranks of their own register (server_directory.py)
     host = f"[{master}]" if ":" in master else master
     endpoints = {label: f"tcp://{host}:{port + i}" for i, label in enumerate(labels)}
@@ -214,7 +216,7 @@ def _servers(cfg, r, p, args, how: str, line) -> int:
     launcher.learners_here = max(0, local - 1) if local else 0
     if not server_ranks(cfg, r):
         return launcher.run()
-    launcher.local = set(p.endpoints) - set(ps_labels(cfg)[1:])
+    launcher.local = set(p.endpoints) - set(p.shape.labels[1:])
     token = launcher.secrets[auth.RUN_TOKEN_ENV]
     d = Directory(
         cfg, p.bind("directory"), p.endpoints["ps"], p.run_dir, token, _curve(cfg)
@@ -233,7 +235,7 @@ def _server(cfg, r, p, index: int, how: str) -> int:
     from .launcher import Launcher
     from .server_directory import Heartbeat, advertised_address, register, report_failed
 
-    label = ps_labels(cfg)[index]
+    label = p.shape.server(index).label
     address = advertised_address(r.value("master_addr"))
     port = p.endpoints[label].rsplit(":", 1)[1]
     mine = f"tcp://{bind_address(address)}:{port}"  # an IP address: bound as itself
@@ -294,7 +296,7 @@ def run(args, environ=None) -> int:
 
         found = lookup(
             p.endpoints["directory"],
-            cfg.architecture.servers,
+            len(p.shape.servers),
             cfg.runtime.timeout_s,
             _curve(cfg),
             ids[0],

@@ -1,9 +1,9 @@
 """Gradients that leave during backward: each part of the flat gradient is pushed the moment
 the backward pass has finished it, as PyTorch DDP's reducer launches a bucket's allreduce.
 
-The parts are the servers' (``config_architecture.range_parts``: each server's range cut in
-``wire.parts`` parts of at most ``wire.bucket_mb``; with ``wire.parts`` 1 a server's whole
-range is one). A hook on every parameter (``register_post_accumulate_grad_hook``) counts
+The parts are the servers' (the cluster's shape, ``shape.ClusterShape``: each server's
+range cut in ``wire.parts`` parts of at most ``wire.bucket_mb``, ``shape.parts_in``; with
+``wire.parts`` 1 a server's whole range is one). A hook on every parameter (``register_post_accumulate_grad_hook``) counts
 down the parameters each part overlaps; a part whose count reaches 0 is sent at once, from
 inside ``loss.backward()``, on the learner's own thread and sockets. Backward produces the
 last layers' gradients first, so the last server's parts leave first and every server's
@@ -17,9 +17,11 @@ once per pass, weights shared between layers included); the server sums the same
 second backward pass in one step would add to parts already sent: it raises, naming the
 parameter.
 
-On CPU only, and float32 on the wire: on a GPU the gradient reaches the host in one transfer
-after backward, and a half codec narrows the whole range at once (with its error feedback);
-both push after backward as before (``enabled``).
+On CPU only, and float32 frames on the wire: on a GPU the gradient reaches the host in one
+transfer after backward, a half codec narrows the whole range at once (with its error
+feedback), and a send buffer or shared-memory slots copy the gradient when the request is
+made; all of them push after backward as before (``enabled``). So does a run with one part in
+all (one server, ``wire.parts`` 1): nothing to send early.
 
 Not thread-safe: the learner thread that runs backward owns it and the channels.
 """
@@ -30,12 +32,13 @@ from ..wire import Kind
 
 
 def enabled(flat, carriers) -> bool:
-    """Whether parts can leave during backward: a real model on CPU (not staged) and float32
-    payloads (views of the gradient, read when sent). Pure."""
+    """Whether parts can leave during backward: a real model on CPU (not staged) and
+    payload frames that are views of the gradient, read when sent (``Frames.views``: float32,
+    no send buffer; not shared-memory slots). Pure."""
     return (
         getattr(flat, "module", None) is not None
         and not flat.staged
-        and not any(c.codec.copies for c in carriers)
+        and all(getattr(c, "views", False) for c in carriers)
     )
 
 
@@ -104,16 +107,15 @@ class StreamedPush:
     """The sharded exchange's push during backward: each server's parts (or its whole
     slice) sent as ``BackwardParts`` reports them finished. Not thread-safe."""
 
-    def __init__(self, flat, spans, bounds):
-        """``spans``: the servers' ranges; ``bounds``: each range's part offsets
-        (``range_parts``)."""
+    def __init__(self, flat, servers):
+        """``servers``: the cluster shape's (``shape.Server``: each its range's parts)."""
         self.flat = flat
         self.owner: list[tuple[int, int]] = []  # global part -> (server, part)
         cuts = []
-        for k, (span, b) in enumerate(zip(spans, bounds)):
-            for i in range(len(b) - 1):
-                self.owner.append((k, i))
-                cuts.append((span.lo + b[i], span.lo + b[i + 1]))
+        for server in servers:
+            for i, part in enumerate(server.parts):
+                self.owner.append((server.index, i))
+                cuts.append((part.lo, part.hi))
         self.parts = BackwardParts(flat, cuts, self._ready)
         self.during = self.after = 0  # messages sent inside backward, and after it
         self._in_backward = False

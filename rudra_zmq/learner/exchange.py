@@ -1,30 +1,24 @@
-"""How a learner trades gradients for weights: one class per way, chosen once at start.
+"""How a learner trades gradients for weights: one class per way, chosen once at start
+(:func:`make_exchange`).
 
-Exchanges (what goes up and what comes back):
-
-- :class:`PushPull` (``base``, ``adv``): one PUSHPULL round trip per step, stamped with the
-  timestamp of the weights the gradient was computed on; the reply is WEIGHTS (copied into
-  the model) or UPTODATE, sent when the server's sync engine says: under hardsync after its
+- :class:`PushPull` (``base``, ``adv``): one PUSHPULL round trip per step to each server of
+  the cluster's shape (``shape.ClusterShape``; one server is a set of one), each carrying
+  that server's range of the gradient in that range's parts, stamped with that server's
+  timestamp of the weights it was computed on; each reply is WEIGHTS (copied into the
+  range) or UPTODATE, sent when the server's sync engine says: under hardsync after its
   update, so every learner starts the next step on the same weights.
 - :class:`BroadcastPush` (``advstar``): push without waiting; weights arrive by the learners'
   broadcast on a :class:`~rudra_zmq.broadcast.member.BroadcastMember` I/O thread, and the
   newest complete version is adopted between steps.
 
-Carriers (how the bytes travel to the first hop):
-
-- :class:`Frames`: ZeroMQ payload frames in the run's payload codec (``codec.py``; float32
-  views, zero-copy). Written again only after the reply to the push that carried them
-  (advstar: copied into a send buffer first, since the next backward pass starts before that
-  reply). Weights are decoded into the model's buffer: the one copy a load makes.
-- :class:`SharedSlots` (``architecture.leaf_shm``): two gradient slots in /dev/shm that the
-  leaf maps (alternating), and the leaf's weight board; the push names its slot and carries
-  no payload. Falls back to frames if the leaf declines or anything about shared memory fails.
+How the bytes of each range travel to the first hop is its carrier's (``carriers.py``:
+payload frames, or shared-memory slots with the leaf); what goes to which server, on which
+socket, is the links' (``links.py``).
 
 Rejoining: a server that answers ``rejoin`` (it restarted from a checkpoint, or evicted this
 learner for silence) gets a new HELLO with the newest timestamp this learner saw; the
 gradient it refused is dropped (at most once; with error feedback, its rounding residual
-too), and the WELCOME's weights and data step
-(``on_welcome``) are where the learner goes on.
+too), and the WELCOME's weights and data step (``on_welcome``) are where the learner goes on.
 
 Not thread-safe: one learner thread owns its exchange.
 """
@@ -34,226 +28,241 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
-
-from .. import codec, kernels, shm, topology, wire
-from ..channel import Channel, ServerError
+from .. import codec, topology, wire
+from ..channel import ServerError
 from ..wire import Kind
+from . import buckets
+from .carriers import make_carrier
+from .links import ServersSilent, said_stop
 
 log = logging.getLogger("rudra_zmq.learner")
 
 
-class Frames:
-    """Gradients and weights as ZeroMQ payload frames encoded by ``wire_codec``. ``own_buffer``:
-    copy each gradient into a send buffer first (for pushes still in flight during the next
-    step)."""
-
-    hello_fields: dict = {}
-
-    def __init__(
-        self, numel: int, chunk_bytes: int, own_buffer: bool = False, wire_codec=codec.FLOAT32
-    ):
-        self.chunk_bytes, self.codec = chunk_bytes, wire_codec
-        # a half codec narrows into a buffer of its own: no send buffer needed
-        self._sendbuf = (
-            np.empty(numel, np.float32) if own_buffer and not wire_codec.copies else None
-        )
-
-    def welcomed(self, welcome: wire.Message) -> Frames:
-        """The carrier to use after the server's WELCOME (frames stay frames)."""
-        return self
-
-    def gradient(self, grads: np.ndarray) -> tuple[list, dict]:
-        """The push's (payloads, fields) for ``grads``. Does not block."""
-        if self._sendbuf is not None:
-            kernels.copy_into(self._sendbuf, grads)
-            grads = self._sendbuf
-        return self.codec.encode(grads, self.chunk_bytes), {}
-
-    def parts(self, grads: np.ndarray, bounds) -> list[tuple]:
-        """The push's (offset, payloads) per part (``wire.parts``; ``span.part_bounds``),
-        encoded as ``gradient`` does, once for the whole."""
-        return codec.encode_parts(self.codec, grads, bounds, self.chunk_bytes)
-
-    def refused(self) -> None:
-        """The last gradient was refused (rejoin): the codec forgets what it kept of it."""
-        self.codec.forget()
-
-    def load(self, msg: wire.Message, weights: np.ndarray) -> int:
-        """Decode a WEIGHTS/WELCOME reply's frames into ``weights`` (from x{at}: the parts
-        before it came ahead); returns its timestamp."""
-        codec.load(weights[msg.fields.get("at", 0) :], msg.payloads)
-        return msg.ts
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-class SharedSlots:
-    """leaf_shm: gradients through two shared slots, weights from the leaf's board."""
-
-    def __init__(self, cfg, learner_id: int, numel: int, frames: Frames):
-        """``frames``: the carrier to fall back to (and to load frame replies with)."""
-        self.id, self.numel, self.timeout_s = learner_id, numel, cfg.runtime.timeout_s
-        self.advstar = cfg.architecture.kind == "advstar"  # no board: weights by broadcast
-        self.leaf = topology.plan(cfg).leaf_of(learner_id).id
-        self.frames = frames
-        self.slots = shm.GradientSlots.create(shm.new_token(), self.leaf, learner_id, numel)
-        self.hello_fields = {"shm": self.slots.token}
-        self.board = None
-        self._next = 0
-
-    def welcomed(self, welcome: wire.Message):
-        """Keep the slots (and map the leaf's board) if the leaf accepted them; else close
-        them and return the frames carrier."""
-        self.slots.unlink()  # the leaf has mapped them, or never will: no name to leak
-        token = welcome.fields.get("shm")
-        try:
-            if token is None:
-                raise shm.ShmUnavailable(f"tree node {self.leaf} declined (see its log)")
-            if token:
-                self.board = shm.WeightBoard.attach(token, self.leaf, self.numel)
-            elif not self.advstar:
-                raise shm.ShmUnavailable(f"tree node {self.leaf} has no weight board")
-            return self
-        except (shm.ShmUnavailable, OSError, ValueError) as exc:
-            log.warning("learner %d: pushing ZeroMQ payloads: %s", self.id, exc)
-            self.close()
-            return self.frames
-
-    def gradient(self, grads: np.ndarray) -> tuple[list, dict]:
-        """Copy ``grads`` into the next slot; the push names it and carries no payload."""
-        slot, self._next = self._next, self._next ^ 1
-        kernels.copy_into(self.slots.slot(slot), grads)
-        return [], {"slot": slot}
-
-    def refused(self) -> None:
-        """A slot's gradient is float32 as computed: nothing kept (the fallback's codec)."""
-        self.frames.refused()
-
-    def load(self, msg: wire.Message, weights: np.ndarray) -> int:
-        """Copy the weights a reply refers to (frames, or the board) into ``weights``."""
-        if not msg.in_shm:
-            return self.frames.load(msg, weights)
-        if self.board is None:
-            raise RuntimeError(
-                f"learner {self.id}: tree node {self.leaf} said to read its "
-                "weight board, but it never offered one in its WELCOME"
-            )
-        ts = self.board.read_into(weights, timeout_s=self.timeout_s)
-        if ts < msg.ts:
-            raise RuntimeError(
-                f"learner {self.id}: the weight board holds version {ts}, "
-                f"older than the {msg.ts} tree node {self.leaf} announced"
-            )
-        return ts
-
-    def close(self) -> None:
-        """Unmap the slots and the board."""
-        for seg in (self.slots, self.board):
-            if seg is not None:
-                seg.close()
-
-
-def make_carrier(cfg, learner_id: int, numel: int):
-    """Frames, or shared slots where ``architecture.leaf_shm`` asks and /dev/shm allows."""
-    # advstar pushes without waiting: the gradient must leave the model's buffer first
-    frames = Frames(
-        numel,
-        cfg.runtime.chunk_mib << 20,
-        own_buffer=cfg.architecture.kind == "advstar",
-        wire_codec=codec.for_gradients(cfg),
-    )
-    if cfg.architecture.leaf_shm:
-        try:
-            return SharedSlots(cfg, learner_id, numel, frames)
-        except (shm.ShmUnavailable, OSError) as exc:
-            log.warning(
-                "learner %d: no shared memory with its leaf, pushing ZeroMQ payloads: %s",
-                learner_id,
-                exc,
-            )
-    return frames
-
-
 class PushPull:
-    """One PUSHPULL round trip per step to the PS or the leaf tree node (base, adv)."""
+    """One PUSHPULL round trip per step to each server of the cluster's shape
+    (``shape.ClusterShape``; Rudra-base: the servers, Rudra-adv: its leaf in each range's
+    tree), each carrying the gradient's slice of that server's range, in that range's parts.
+    One server is a set of one: the same steps with one range, the whole vector.
 
-    def __init__(self, cfg, learner_id: int, flat, channel: Channel, carrier):
-        self.id, self.flat, self.ps, self.carrier = learner_id, flat, channel, carrier
-        self.ts = -1
+    Each server keeps its own timestamp: the slice sent to server k is stamped with server
+    k's timestamp of the weights it was computed on, so staleness stays exact per server
+    (docs/protocols.md). Every server's request is sent before any reply is awaited, so the
+    servers work at once; a range in several parts (``wire.parts``) sends its parts in the
+    order of :attr:`order` (every server's part 0, then every part 1, ...: the first parts
+    of every range complete early) and decodes the reply's parts that come ahead.
+
+    A server that answers ``rejoin`` (it restarted, or evicted this learner) gets a HELLO
+    alone with the newest timestamp this learner saw; the slice it refused is dropped (with
+    error feedback, its rounding residual too), the others' replies are taken, and the
+    WELCOME's weights and data step (``on_welcome``, from server 0) are where it goes on. A
+    server that says STOP has finished training; the learner goes on with the others (their
+    ranges trained on the finished ones' final weights) and ends once every server has said
+    STOP, or once the others stay silent for ``runtime.timeout_s`` after one said it (a
+    server that died after training ended, its STOP lost, with no restart to answer: the
+    learner ends with a warning, not a failure; the run's result is the servers' and the
+    statistics server's to report). The servers finish at the same count of gradients, but
+    under softsync the gradient that ends server 0 may be another learner's than the one
+    that ends server 1 (one step more), and a server restarted from a checkpoint counts
+    again the gradients it lost (as many steps more).
+    """
+
+    def __init__(self, learner_id: int, flat, links, shape, carriers):
+        """``links``: a ``links.ServerLinks`` (or anything with its ``channels`` and
+        ``gather``); ``shape``: the cluster's shape, sized to the model; ``carriers``: one
+        per server (``make_carrier``)."""
+        self.id, self.flat, self.links = learner_id, flat, links
+        self.servers, self.carriers = shape.servers, list(carriers)
+        self.stamps = [-1] * len(self.servers)  # each server's timestamp of our weights
+        self.active = list(range(len(self.servers)))  # the servers still training
+        # the parts' send order: every server's first part, then every second part, ...
+        self.order = sorted(
+            ((s.index, j) for s in self.servers for j in range(len(s.parts))),
+            key=lambda kj: (kj[1], kj[0]),
+        )
         self.rejoins = 0
         self.on_welcome = lambda step: None  # the learner repositions its data here
+        self.stream = None  # a buckets.StreamedPush: the parts leave during backward
 
-    def start(self) -> bool:
-        """Say HELLO and load the WELCOME's weights. Blocks; False if the run already ended."""
-        self.ps.send(
+    @property
+    def ts(self) -> int:
+        """The first server's timestamp of the weights held (for progress records)."""
+        return self.stamps[0]
+
+    def _slice(self, k: int, vector):
+        """Server ``k``'s range of ``vector`` (a view)."""
+        span = self.servers[k].span
+        return vector[span.lo : span.hi]
+
+    def _hello(self, k: int) -> None:
+        span = self.servers[k].span
+        had = {"had": self.stamps[k]} if self.stamps[k] >= 0 else {}
+        self.links.channels[k].send(
             Kind.HELLO,
             model=self.flat.signature,
             numel=self.flat.numel,
-            **({"had": self.ts} if self.ts >= 0 else {}),
-            **self.carrier.hello_fields,
+            range=[span.lo, span.hi],
+            **had,
+            **self.carriers[k].hello_fields,
         )
-        welcome = self.ps.recv({Kind.WELCOME}, numel=self.flat.numel)
-        if welcome.kind == Kind.STOP:
+
+    def start(self, which=None) -> bool:
+        """Say HELLO to the servers ``which`` (default all still training) and load their
+        WELCOMEs' ranges. Blocks; False once every server has said STOP."""
+        which = list(self.active if which is None else which)
+        for k in which:
+            self._hello(k)
+        replies = self.links.gather(which, {Kind.WELCOME})
+        if self._stopped(replies):
             return False
-        self._load(welcome)
-        self.carrier = self.carrier.welcomed(welcome)
-        self.on_welcome(welcome.fields.get("step"))
+        for k in sorted(replies):
+            msg = replies[k]
+            if isinstance(msg, ServerError):
+                raise msg
+            self._load(k, msg)
+            self.carriers[k] = self.carriers[k].welcomed(msg)
+        self.flat.weights_to_device()
+        if 0 in replies:  # the data order goes on where the first server says
+            self.on_welcome(replies[0].fields.get("step"))
         return True
 
-    def rejoin(self, why: Exception) -> bool:
-        """The server asked for a new HELLO: say it (see the module docstring). Blocks."""
-        self.rejoins += 1
-        log.warning("learner %d: rejoining (%s)", self.id, why)
-        self.carrier.refused()  # the refused gradient's error-feedback residual goes with it
-        return self.start()
+    def _load(self, k: int, msg: wire.Message) -> None:
+        self.stamps[k] = self.carriers[k].load(msg, self._slice(k, self.flat.weights))
 
-    def _load(self, msg: wire.Message) -> None:
-        self.ts = self.carrier.load(msg, self.flat.weights)
-        self.flat.weights_to_device()
+    def push(self) -> None:
+        """Send every server still training its slice of the gradient (a range in parts:
+        in the order of :attr:`order`). Does not block."""
+        grads, msgs = self.flat.grads, {}
+        for k in self.active:
+            server, ch = self.servers[k], self.links.channels[k]
+            if len(server.parts) > 1:
+                parts = self.carriers[k].parts(self._slice(k, grads), server.bounds)
+                msgs[k] = ch.parts(
+                    Kind.PUSHPULL, self.stamps[k], parts, self._slice(k, self.flat.weights)
+                )
+            else:  # a range in one part: one whole message
+                payloads, fields = self.carriers[k].gradient(self._slice(k, grads))
+                ch.send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
+        for k, j in self.order:
+            if k in msgs:
+                self.links.channels[k].send_part(msgs[k][j])
+
+    def _requests(self) -> dict:
+        """Each active server's request as send calls (``buckets.request_calls``), its
+        payloads views of the gradient read when sent. Does not block."""
+        grads, w = self.flat.grads, self.flat.weights
+        return {
+            k: buckets.request_calls(
+                self.links.channels[k],
+                self.stamps[k],
+                self.carriers[k],
+                self._slice(k, grads),
+                self.servers[k].bounds,
+                self._slice(k, w),
+            )
+            for k in self.active
+        }
 
     def step(self, backward) -> bool:
-        """``backward()`` fills the gradient; push it and take newer weights. Blocks for the
-        reply; False once the server said STOP."""
-        backward()
-        payloads, fields = self.carrier.gradient(self.flat.grads)
+        """``backward()`` fills the gradient; push each server its slice and take the newer
+        weights of each range. Blocks for every reply; False once every server said STOP.
+        With ``stream``, each part leaves as backward finishes it."""
+        if self.stream is not None:
+            self.stream.push(backward, self._requests())
+        else:
+            backward()
+            self.push()
         try:
-            reply = self.ps.request(
-                Kind.PUSHPULL,
-                self.ts,
-                payloads,
-                numel=self.flat.numel,
-                reply_kinds={Kind.WEIGHTS, Kind.UPTODATE},
-                **fields,
-            )
-        except ServerError as exc:
-            if exc.code != "rejoin":
-                raise
-            return self.rejoin(exc)
-        if reply.kind == Kind.STOP:
+            replies = self.links.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
+        except ServersSilent as exc:
+            return self._silent_after_stop(exc)
+        if self._stopped(replies):
             return False
-        if reply.kind == Kind.WEIGHTS:
-            self._load(reply)
+        loaded, rejoin = False, []
+        for k in sorted(replies):
+            msg = replies[k]
+            if isinstance(msg, ServerError):
+                if msg.code != "rejoin":
+                    raise msg
+                rejoin.append((k, msg))
+            elif msg.kind == Kind.WEIGHTS:
+                self._load(k, msg)
+                loaded = True
+        if loaded:
+            self.flat.weights_to_device()
+        if rejoin:
+            return self.rejoin(rejoin)
         return True
 
+    def rejoin(self, refused: list) -> bool:
+        """The servers in ``refused`` ((index, ServerError) pairs) asked for a new HELLO: say
+        it to each (see the class docstring). Blocks."""
+        for k, _ in refused:  # each refused slice's error-feedback residual goes with it
+            self.carriers[k].refused()
+        self.rejoins += len(refused)
+        log.warning(
+            "learner %d: rejoining servers %s (%s)",
+            self.id,
+            [k for k, _ in refused],
+            "; ".join(str(exc) for _, exc in refused),
+        )
+        return self.start([k for k, _ in refused])
+
+    def _stopped(self, replies: dict) -> bool:
+        """Take the servers in ``replies`` that said STOP (training over there) out of
+        ``active`` (their replies are removed); whether none is left."""
+        stop = said_stop(replies)
+        for k in stop:
+            del replies[k]
+            self.active.remove(k)
+        if stop and self.active:  # once per reply, not per server
+            log.info(
+                "learner %d: servers %s finished training; going on with %s",
+                self.id,
+                sorted(stop),
+                self.active,
+            )
+        return not self.active
+
+    def _silent_after_stop(self, exc: ServersSilent) -> bool:
+        """Servers silent for the whole timeout: a failure while every server is training;
+        once one has said STOP (before or among ``exc.replies``) training is over, and the
+        learner ends (False) with a warning naming the silent ones. Raises ``exc`` otherwise."""
+        said = said_stop(exc.replies)
+        if len(self.active) == len(self.servers) and not said:
+            raise exc
+        log.warning(
+            "learner %d: servers %s finished training and %s has said nothing since: %s; "
+            "ending here without its STOP",
+            self.id,
+            [k for k in range(len(self.servers)) if k not in self.active or k in said],
+            exc.silent,
+            exc,
+        )
+        self.active = []
+        return False
+
     def close(self, finished: bool) -> None:
-        """Release the carrier."""
-        self.carrier.close()
+        """Release the carriers and the backward hooks (the learner closes the links)."""
+        if self.stream is not None:
+            self.stream.close()
+        for c in self.carriers:
+            c.close()
 
 
 class BroadcastPush(PushPull):
-    """Rudra-adv*: PUSH without waiting; weights by the learners' broadcast."""
+    """Rudra-adv*: PUSH to the leaf without waiting; weights by the learners' broadcast.
+    One server (``architecture.kind=advstar`` refuses more): the shape's one range."""
 
-    def __init__(self, cfg, learner_id: int, flat, channel, carrier, ctx, bcast):
-        super().__init__(cfg, learner_id, flat, channel, carrier)
+    def __init__(self, cfg, learner_id: int, flat, links, shape, carriers, ctx, bcast):
+        super().__init__(learner_id, flat, links, shape, carriers)
+        (self.ps,) = links.channels  # its leaf
         self.member = broadcast_member(cfg, ctx, bcast, flat.numel, learner_id)
         self._in_flight = False
 
-    def start(self) -> bool:
+    def start(self, which=None) -> bool:
         """HELLO, then wait (bounded by runtime.timeout_s) until the first version came down
         the broadcast, so a learner whose upstream is not up yet does not train blind."""
-        if not super().start():
+        if not super().start(which):
             return False
         while self.member.latest_version() is None:
             self.member.check()
@@ -264,10 +273,11 @@ class BroadcastPush(PushPull):
         """Adopt the newest broadcast version, compute, collect the previous push's ACK and
         PUSH this gradient without waiting. Blocks only for that ACK; False after STOP."""
         self.member.check()  # the broadcast I/O thread failed: a silent upstream
-        ts, self.ts = self.ts, self.member.copy_latest_into(self.flat.weights, self.ts)
-        if self.ts != ts:
+        ts = self.stamps[0]
+        self.stamps[0] = self.member.copy_latest_into(self.flat.weights, ts)
+        if self.stamps[0] != ts:
             self.flat.weights_to_device()
-        grad_ts = self.ts
+        grad_ts = self.stamps[0]
         backward()
         if self._in_flight:
             self._in_flight = False
@@ -277,8 +287,8 @@ class BroadcastPush(PushPull):
             except ServerError as exc:
                 if exc.code != "rejoin":
                     raise
-                return self.rejoin(exc)
-        payloads, fields = self.carrier.gradient(self.flat.grads)
+                return self.rejoin([(0, exc)])
+        payloads, fields = self.carriers[0].gradient(self.flat.grads)
         self.ps.send(Kind.PUSH, grad_ts, payloads, **fields)
         self._in_flight = True
         return True
@@ -289,15 +299,27 @@ class BroadcastPush(PushPull):
         self.member.close(stop_reason="training finished" if finished else None)
 
 
-def make_exchange(cfg, learner_id: int, flat, channel, ctx, bcast=None):
-    """The exchange for ``architecture.kind``: BroadcastPush (advstar) or PushPull."""
-    carrier = make_carrier(cfg, learner_id, flat.numel)
+def make_exchange(cfg, shape, learner_id: int, flat, links, ctx, bcast=None):
+    """The learner's exchange, chosen once: BroadcastPush (``architecture.kind`` advstar) or
+    PushPull, over ``links`` to the servers of ``shape`` (sized to ``flat``), with one
+    carrier per server's range (``make_carrier``)."""
+    carriers = []
     try:
+        for server in shape.servers:
+            carriers.append(make_carrier(cfg, learner_id, server.span.numel))
         if cfg.architecture.kind == "advstar":
-            return BroadcastPush(cfg, learner_id, flat, channel, carrier, ctx, bcast)
-        return PushPull(cfg, learner_id, flat, channel, carrier)
+            return BroadcastPush(cfg, learner_id, flat, links, shape, carriers, ctx, bcast)
+        ex = PushPull(learner_id, flat, links, shape, carriers)
+        if (  # parts leave during backward where there are parts and they can
+            cfg.wire.push_during_backward
+            and len(shape.parts) > 1
+            and buckets.enabled(flat, carriers)
+        ):
+            ex.stream = buckets.StreamedPush(flat, shape.servers)
+        return ex
     except BaseException:
-        carrier.close()
+        for c in carriers:
+            c.close()
         raise
 
 

@@ -11,8 +11,9 @@ Loop (one learner)::
         UPTODATE, and the learner goes on with what it has)
     -> until the PS answers STOP.
 
-How gradients and weights travel (push/pull, Rudra-adv* push + broadcast, shared-memory
-slots with the leaf) is chosen once at start: ``exchange.py``.
+How gradients and weights travel (push/pull with each server of the cluster's shape,
+Rudra-adv* push + broadcast; payload frames or shared-memory slots with the leaf) is chosen
+once at start: ``exchange.py``.
 
 On a GPU (``runtime.device``, ``devices.py``) the model and its flat buffers live on the GPU:
 each minibatch goes there after augmentation, the flat gradient comes back to a pinned host
@@ -31,10 +32,10 @@ import torch
 import zmq
 
 from .. import timeline, transport
-from ..span import split
+from ..shape import ClusterShape
 from .data_client import DataClient
 from .exchange import make_exchange
-from .shards import ShardedPushPull, Shards, server_channels
+from .links import ServerLinks, server_channels
 
 log = logging.getLogger("rudra_zmq.learner")
 
@@ -74,8 +75,8 @@ class Learner:
         ctx: zmq.Context | None = None,
         bcast: tuple[str, str | None] | None = None,
     ):
-        """``ps``: the parameter server's endpoint, or (sharded, Rudra-base) the endpoints of
-        the servers of ``span.split(numel, K)``'s ranges in order (``shards.py``).
+        """``ps``: the endpoint of each server of the cluster's shape (``shape.ClusterShape``;
+        Rudra-adv: its leaf in each range's tree), in range order (one: a string will do).
         ``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
         children or None)."""
         from ..data.datasets import dataset_shape
@@ -92,11 +93,6 @@ class Learner:
         self.flat = FlatModel(self.model, device=self.device)
         self.loss_fn = torch.nn.CrossEntropyLoss()
         endpoints = [ps] if isinstance(ps, str) else list(ps)
-        if len(endpoints) > 1 and cfg.architecture.kind == "advstar":
-            raise ValueError(
-                f"learner {learner_id}: {len(endpoints)} parameter servers, but sharded "
-                "servers serve Rudra-base and Rudra-adv only (architecture.kind is advstar)"
-            )
         # augmentation is seeded per (seed, learner, step): a learner that resumes at a step
         # draws what it would have drawn there
         self.generator = torch.Generator()
@@ -116,21 +112,19 @@ class Learner:
             raise
 
     def _connect(self, endpoints: list[str], data: str, stats, bcast, shape) -> None:
-        """Make the sockets: to the servers (one channel, or one per range), the data and
-        statistics servers, and the exchange (adv*: its broadcast link). Blocks for none."""
+        """Make the sockets: to each server of the cluster's shape, the data and statistics
+        servers, and the exchange (adv*: its broadcast link). Blocks for none."""
         cfg, learner_id = self.cfg, self.id
+        cluster = ClusterShape.of(cfg, self.flat.numel)
         channels = server_channels(
             self.ctx,
             cfg,
+            cluster,
             endpoints,
             learner_id,
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
         )
-        self.ps = (  # parts (wire.parts) go through the sharded exchange, with one range
-            channels[0]
-            if len(channels) == 1 and cfg.wire.parts == 1
-            else Shards(channels, split(self.flat.numel, len(channels)))
-        )
+        self.ps = ServerLinks(channels, cluster.servers)
         self._data_args = (self.ctx, data, learner_id)
         self._data_kw = dict(
             prefetch=cfg.data.prefetch,
@@ -143,14 +137,11 @@ class Learner:
             from ..stats.client import StatsClient
 
             self.stats = StatsClient(self.ctx, stats, learner_id)
-        if isinstance(self.ps, Shards):
-            self.exchange = ShardedPushPull(cfg, learner_id, self.flat, self.ps)
-            if self._slowdown and self.exchange.stream is not None:
-                # a straggler's gradient leaves after its extra sleep, not during backward
-                self.exchange.stream.close()
-                self.exchange.stream = None
-        else:
-            self.exchange = make_exchange(cfg, learner_id, self.flat, self.ps, self.ctx, bcast)
+        self.exchange = make_exchange(cfg, cluster, learner_id, self.flat, self.ps, self.ctx, bcast)
+        if self._slowdown and getattr(self.exchange, "stream", None) is not None:
+            # a straggler's gradient leaves after its extra sleep, not during backward
+            self.exchange.stream.close()
+            self.exchange.stream = None
         self.exchange.on_welcome = self._start_data_at
 
     def _close_built(self) -> None:

@@ -19,6 +19,7 @@ import csv
 import json
 import logging
 import math
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +152,18 @@ def sigma_column(cfg: dict):
     )
 
 
+def _first_ts_past(evals: list[dict], budget: float) -> int:
+    """The ts of the first eval past ``budget`` epochs by less than half the median interval
+    between evals, or -1 (no such eval, or fewer than two evals to measure it by)."""
+    epochs = sorted(r["epoch"] for r in evals)
+    gaps = [b - a for a, b in zip(epochs, epochs[1:]) if b > a]
+    if not gaps:
+        return -1
+    half = statistics.median(gaps) / 2
+    past = [r for r in evals if isinstance(r["ts"], int) and budget < r["epoch"] < budget + half]
+    return min((r["ts"] for r in past), default=-1)
+
+
 def _at_budget(metrics, budget) -> tuple[dict | None, dict | None]:
     """(the last eval at or before ``budget`` epochs, the best of those) as ``summary_rows``
     rows; (None, None) without one. ``budget`` None: all evals count."""
@@ -170,6 +183,11 @@ def _at_budget(metrics, budget) -> tuple[dict | None, dict | None]:
             and u["epoch"] >= budget
         ]
         last_ts = min(reached, default=-1)
+        if not metrics["update"]:
+            # Records kept as evaluations only (docs/reproduction/*-evals.jsonl) cannot say
+            # which update reached the budget: the eval of that update is the one less than
+            # half an evaluation interval past it.
+            last_ts = _first_ts_past(evals, budget)
         evals = [r for r in evals if r["epoch"] <= budget or r["ts"] <= last_ts]
     if not evals:
         return None, None

@@ -10,9 +10,9 @@ restarted by the same launcher does not wait for learners that have already gone
 serving thread (the weights must not change while they are written): its cost is measured in
 ``bench/RESULTS.md`` (checkpoint cost).
 
-Each server keeps its own directory (``checkpoint_dir``): the one serving the whole vector
-``RUN_DIR/checkpoints/`` (as always), one serving a range ``[lo, hi)`` of a sharded run
-``RUN_DIR/checkpoints/range-LO-HI/``. A checkpoint records its range and restores only into a
+Each server keeps its own directory (``shape.Server.checkpoint_dir``): the one serving the
+whole vector ``RUN_DIR/checkpoints/`` (as always), one serving a range ``[lo, hi)`` of the
+vector ``RUN_DIR/checkpoints/range-LO-HI/``. A checkpoint records its range and restores only into a
 server of the same range (``ServerState.restore``); a server that finds none of its own but
 another range's refuses to start afresh (``restore_latest``).
 
@@ -29,22 +29,14 @@ import re
 import time
 from pathlib import Path
 
-from ..run_files import TOLD_FILE, checkpoints_root
+from ..run_files import TOLD_FILE
 from ..security import auth
-from ..span import Span
 from . import checkpoint
 
 log = logging.getLogger("rudra_zmq.ps")
 
 
 _RANGE_DIR = re.compile(r"range-(\d+)-(\d+)")
-
-
-def checkpoint_dir(run_dir, span: Span | None = None) -> Path:
-    """Where the server of ``span`` (None or the whole vector: the only server) keeps its
-    checkpoints in ``run_dir``."""
-    root = checkpoints_root(run_dir)
-    return root if span is None or span.is_whole else root / f"range-{span.lo}-{span.hi}"
 
 
 def saved_ranges(root: Path) -> list[tuple[int, int] | None]:
@@ -98,17 +90,18 @@ class CheckpointSchedule:
         return path
 
 
-def restore_latest(state, directory: Path) -> Path | None:
+def restore_latest(state, directory: Path, root: Path | None = None) -> Path | None:
     """Continue ``state`` from the newest valid checkpoint in ``directory`` (its range's
-    ``checkpoint_dir``); returns its path, or None if the run has no checkpoints. Raises
+    ``Server.checkpoint_dir``); returns its path, or None if the run has no checkpoints. Raises
     checkpoint.CheckpointError if none is valid, ValueError if it holds another model or
-    range, or if there are none for ``state.span`` but some for other ranges of the run (a
-    resumed run sharded otherwise would silently start afresh). Blocks (reads the files)."""
+    range, or if there are none for ``state.span`` but some for other ranges of the run under
+    ``root`` (the run's checkpoint directory, ``run_files.checkpoints_root``; None: ``directory``)
+    (a resumed run split otherwise would silently start afresh). Blocks (reads the files)."""
     ck = checkpoint.load_latest(directory)
     if ck is not None:
         state.restore(ck.arrays, ck.meta)
         return ck.path
-    root = directory if state.span.is_whole else directory.parent
+    root = directory if root is None else root
     others = saved_ranges(root)
     if others:
         names = ", ".join(

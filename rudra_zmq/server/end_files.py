@@ -8,10 +8,12 @@
   :func:`final_weights`), the launcher and ``--resume`` (:func:`read_final`,
   :func:`final_done`); the PS writes ``weights.npy`` first, so once ``ps_final.json`` names a
   timestamp, ``weights.npy`` holds the weights at it;
-- in a sharded run (``architecture.servers`` = K > 1) each server writes its range's files in
-  ``RUN/servers/server-I/``, and the run's own ``RUN/weights.npy`` and ``RUN/ps_final.json``
-  (what the launcher, the statistics server, ``--resume`` and ``report`` read) are assembled
-  from them once every server has finished training (:func:`assemble`). Each server calls
+- with several servers (``architecture.servers`` = K > 1) each server writes its range's
+  files in its own folder, ``RUN/servers/server-I/`` (``shape.Server.files_dir``), and the
+  run's own ``RUN/weights.npy`` and ``RUN/ps_final.json`` (what the launcher, the statistics
+  server, ``--resume`` and ``report`` read) are assembled from them once every server has
+  finished training (:func:`assemble`, over ``shape.ClusterShape.joined_dirs``; one server's
+  files are the run's own, nothing to join). Each server calls
   :func:`assemble` after writing its own files, so the last one to finish writes the run's;
   two finishing together both write the same bytes (each through its own temporary file and
   ``os.replace``). A server file at fewer epochs than ``train.epochs`` (a period of the run
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE, server_dir
+from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 
 
 def write_end_files(files_dir: Path, state) -> None:
@@ -137,32 +139,34 @@ def final_done(run_dir, epochs: float) -> dict | None:
     return {"type": "done", "ts": final["timestamp"], "t": t, "epoch": float(final["epoch"])}
 
 
-def finals(run_dir, servers: int, epochs: float) -> list[dict] | None:
-    """Every server's ``ps_final.json``, in server order, when each says training is done at
-    ``epochs`` or later; None otherwise. Reads K small files."""
+def finals(dirs, epochs: float) -> list[dict] | None:
+    """The ``ps_final.json`` in each of the servers' folders ``dirs``, in order, when each
+    says training is done at ``epochs`` or later; None otherwise. Reads K small files."""
     out = []
-    for i in range(servers):
-        final = read_final(server_dir(run_dir, i))
+    for d in dirs:
+        final = read_final(d)
         if final is None or not final["epoch"] >= epochs:
             return None
         out.append(final)
     return out
 
 
-def assemble(run_dir, servers: int, epochs: float) -> bool:
-    """Write ``RUN/weights.npy`` (the K ranges joined in order) and then ``RUN/ps_final.json``
-    (server 0's timestamp and updates, the least epoch, the greatest incarnation, and every
-    server's own final under ``"servers"``) once all K servers have finished; returns whether
-    it did. Raises ValueError when a server's weights file is not a 1-D float32 array."""
+def assemble(run_dir, dirs, epochs: float) -> bool:
+    """Write ``RUN/weights.npy`` (the ranges in the servers' folders ``dirs`` joined in
+    order: ``shape.ClusterShape.joined_dirs``) and then ``RUN/ps_final.json`` (server 0's
+    timestamp and updates, the least epoch, the greatest incarnation, and every server's own
+    final under ``"servers"``) once every server has finished; returns whether it did (never
+    for no folders: one server's files are the run's own). Raises ValueError when a server's
+    weights file is not a 1-D float32 array."""
     run_dir = Path(run_dir)
-    done = finals(run_dir, servers, epochs)
-    if done is None:
+    done = finals(dirs, epochs)
+    if not done:
         return False
     parts = []
-    for i in range(servers):
-        w = np.load(server_dir(run_dir, i) / WEIGHTS_FILE, allow_pickle=False)
+    for d in dirs:
+        w = np.load(Path(d) / WEIGHTS_FILE, allow_pickle=False)
         if w.dtype != np.float32 or w.ndim != 1:
-            raise ValueError(f"{server_dir(run_dir, i) / WEIGHTS_FILE} holds {w.dtype} {w.shape}")
+            raise ValueError(f"{Path(d) / WEIGHTS_FILE} holds {w.dtype} {w.shape}")
         parts.append(w)
     write_atomically(run_dir / WEIGHTS_FILE, npy_writer(np.concatenate(parts)))
     final = {

@@ -22,7 +22,7 @@ drives it with the updater. Not thread-safe: owned by the server's thread.
 
 from __future__ import annotations
 
-from ..span import part_bounds
+from ..shape import part_bounds
 from ..sync import ProtocolViolation
 
 
@@ -31,7 +31,7 @@ class PartRound:
 
     Args:
         numel: the floats of the server's range.
-        parts: ``wire.parts`` (fewer when the range is smaller: ``span.part_bounds``).
+        parts: ``wire.parts`` (fewer when the range is smaller: ``shape.part_bounds``).
     """
 
     def __init__(self, numel: int, parts: int):

@@ -40,10 +40,10 @@ import zmq
 from .. import codec, kernels, transport, wire
 from ..config_architecture import most_parts
 from ..notices import notice
-from ..run_files import server_dir
+from ..shape import ClusterShape
 from ..wire import Kind
 from .arrival_log import ArrivalLog
-from .checkpointing import CheckpointSchedule, checkpoint_dir
+from .checkpointing import CheckpointSchedule
 from .end_files import assemble, write_end_files
 from .liveness import Liveness
 from .report import EvalSchedule, PSReport
@@ -71,13 +71,10 @@ class ParameterServer:
         broadcast: architecture.kind advstar only: the endpoint the broadcast root binds.
         resume: continue from the newest valid checkpoint in ``run_dir/checkpoints`` (if any)
             as a new incarnation.
-        span: the range of the flat vector this server serves (``span.Span``; None: the
-            whole). A server of a part serves learners that say HELLO with that range
-            (``learner/shards.py``); without ``shard`` it writes no run files and sends no
-            statistics: ``run_dir`` and ``stats`` must be None.
-        shard: server ``shard`` of ``architecture.servers`` (its range from the model's size,
-            ``start.shard_span``): its files go to ``RUN/servers/server-I/``
-            (``end_files``), its records and EVALs say ``server`` and range.
+        server: which of the run's parameter servers this is (``shape.ClusterShape``: 0 ..
+            ``architecture.servers`` - 1): it serves that server's range of the flat vector
+            (the whole vector when there is one), writes its files where the shape says
+            (``Server.files_dir``) and names itself in its records and EVALs as the shape says.
     Not thread-safe: construct and serve from one thread.
     """
 
@@ -91,21 +88,13 @@ class ParameterServer:
         model=None,
         broadcast: str | None = None,
         resume: bool = False,
-        span=None,
-        shard: int | None = None,
+        server: int = 0,
     ):
-        if span is not None and not span.is_whole and (run_dir or stats or broadcast):
-            raise ValueError(
-                f"a server of range {span} given without its shard index writes no run "
-                "files, sends no statistics and has no broadcast: run_dir, stats and "
-                "broadcast must be None"
-            )
-        if shard is not None and broadcast:
-            raise ValueError("a server of one range has no broadcast (architecture.kind=base)")
-        self.span, self.shard = span, shard
+        self.shape = ClusterShape.of(cfg)
+        self.place = self.shape.server(server)  # its range once the model is built (start)
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else None
-        self.files_dir = server_dir(self.run_dir, shard) if self.run_dir else None
+        self.files_dir = self.place.files_dir(self.run_dir) if self.run_dir else None
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         # A new server binds before it builds its model (the socket needs only the config):
@@ -139,10 +128,9 @@ class ParameterServer:
         """The state (the model built, or the newest checkpoint restored: ``start``) and
         the outputs; called with the socket bound. Blocks while torch is imported and the
         model built."""
-        self.state, self.told, self.resumed_from = start_state(
-            cfg, model, self.run_dir, resume, self.span, self.shard
+        self.state, self.told, self.resumed_from, self.place = start_state(
+            cfg, model, self.run_dir, resume, self.place.index
         )
-        self.span = self.state.span
         if self.files_dir is not None:
             self.files_dir.mkdir(parents=True, exist_ok=True)
         if self.run_dir is not None and self.state.tree is None:  # for `rudra-zmq replay`
@@ -153,7 +141,7 @@ class ParameterServer:
         self.checkpoints = None
         if self.run_dir is not None and (t.checkpoint_every_s or t.checkpoint_every_updates):
             self.checkpoints = CheckpointSchedule(
-                t, checkpoint_dir(self.run_dir, self.span), self.state.engine.timestamp
+                t, self.place.checkpoint_dir(self.run_dir), self.state.engine.timestamp
             )
         self.stats = None
         if stats:
@@ -166,7 +154,7 @@ class ParameterServer:
                 **({"done_wait_ms": OVER_STATS_WAIT_MS} if self.over_at_start else {}),
             )
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
-        self.metrics = PSReport(self.stats, self.shard, self.span)
+        self.metrics = PSReport(self.stats, self.place)
         self.warn = ThrottledLog(log)
         self.evals = EvalSchedule(cfg.train, self.state.engine.epoch)
         self.liveness = Liveness(cfg.runtime)  # whom to evict, when to give up
@@ -403,9 +391,10 @@ class ParameterServer:
             self.state.log.close()
         if self.run_dir is not None:
             write_end_files(self.files_dir, self.state)
-            if self.shard is not None and self.state.done:  # the last server writes the run's
+            if self.state.done:  # the last of several servers joins theirs into the run's
                 try:
-                    assemble(self.run_dir, self.cfg.architecture.servers, self.cfg.train.epochs)
+                    joined = self.shape.joined_dirs(self.run_dir)
+                    assemble(self.run_dir, joined, self.cfg.train.epochs)
                 except (OSError, ValueError) as exc:  # its own files are saved: say, go on
                     log.warning("could not join the servers' weights in %s: %s", self.run_dir, exc)
         self.weights_out.close()
@@ -424,14 +413,16 @@ def serve(
     run_dir: str | None = None,
     broadcast: str | None = None,
     resume: bool = False,
-    shard: int | None = None,
+    server: int = 0,
 ) -> int:
     """Entry point of ``rudra-zmq ps``: run one parameter server until training ends
-    (``resume``: from the newest valid checkpoint in ``run_dir``; ``shard``: server I of
-    ``architecture.servers``)."""
+    (``resume``: from the newest valid checkpoint in ``run_dir``; ``server``: which of the
+    run's servers, ``--shard``)."""
     threads = cfg.runtime.ps_threads or kernels.get_num_threads()
     kernels.set_num_threads(threads)
-    ps = ParameterServer(cfg, bind, stats, run_dir, broadcast=broadcast, resume=resume, shard=shard)
+    ps = ParameterServer(
+        cfg, bind, stats, run_dir, broadcast=broadcast, resume=resume, server=server
+    )
     if ps.resumed_from is not None:
         st = ps.state
         print(
@@ -443,9 +434,8 @@ def serve(
         ps.metrics.restart(ps)
     if ps.weights_out.endpoint is not None:
         print(f"broadcast root listening on {ps.weights_out.endpoint}", flush=True)
-    which = "" if shard is None else f" {shard} of {cfg.architecture.servers} (range {ps.span})"
     print(
-        f"parameter server{which} listening on {ps.endpoint} ({ps.state.numel:,} parameters, "
+        f"{ps.place.title()} listening on {ps.endpoint} ({ps.state.numel:,} parameters, "
         f"{cfg.sync.protocol}, λ={cfg.sync.learners}, {threads} kernel threads)",
         flush=True,
     )

@@ -26,14 +26,14 @@ BATCH_ITEMS = 200  # update records per message
 
 class PSReport:
     """The PS's metrics stream. ``stats``: a StatsClient, or None (then nothing is kept).
-    ``server``: this server's index in a sharded run (None: the only server): every record
-    then says ``"server": I`` and every EVAL its ``span``'s range, for the statistics server
-    to tell the servers apart and join the ranges."""
+    ``place``: which of the run's servers this is (``shape.Server``, its range known): every
+    record carries its ``record`` fields and every EVAL its
+    ``eval_fields`` (with several servers, ``"server": I`` and the range), for the
+    statistics server to tell the servers apart and join the ranges."""
 
-    def __init__(self, stats, server: int | None = None, span=None):
+    def __init__(self, stats, place):
         self.stats = stats
-        self._server = {} if server is None else {"server": server}
-        self._range = {} if server is None else {"range": [span.lo, span.hi]}
+        self._server, self._range = place.record, place.eval_fields
         self._pending: list[dict] = []
         self._last_flush = self._last_rate = time.time()
         self._counts = (0, 0)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..config import ConfigError
-from ..config_architecture import check_servers_fit
 from ..notices import notice
-from ..span import Span, split
-from .checkpointing import ToldRecord, checkpoint_dir, restore_latest
+from ..run_files import checkpoints_root
+from ..shape import ClusterShape, Server
+from .checkpointing import ToldRecord, restore_latest
 from .state import ServerState
 
 log = logging.getLogger("rudra_zmq.ps")
@@ -37,38 +36,27 @@ def initial_model(cfg):
     return flat.weights.copy(), segments, flat.signature, shape
 
 
-def shard_span(cfg, numel: int, shard: int) -> Span:
-    """The range server ``shard`` of ``architecture.servers`` serves in a model of ``numel``
-    floats (``span.split``). Raises ConfigError for a shard out of range or more servers than
-    parameters. Pure."""
-    k = cfg.architecture.servers
-    if not 0 <= shard < k:
-        raise ConfigError(f"server {shard}: architecture.servers={k} numbers them 0..{k - 1}")
-    check_servers_fit(k, numel)
-    return split(numel, k)[shard]
-
-
 def start_state(
-    cfg, model, run_dir: Path | None, resume: bool, span=None, shard: int | None = None
-) -> tuple[ServerState, ToldRecord | None, Path | None]:
-    """(state, told, resumed_from): the state of ``model`` (weights, segments, signature) or,
-    if None, of the configured model (``initial_model``); with ``resume`` and a ``run_dir``,
-    restored from the newest valid checkpoint there as a new incarnation. ``told``: the record
-    of who was told STOP (None without a ``run_dir``); ``resumed_from``: the checkpoint, or
-    None. ``span``: the range of the vector this server serves (None: the whole), or
-    ``shard``: its index among ``architecture.servers`` (``shard_span``). Blocks while torch
-    is imported and the model built, or the checkpoint read."""
+    cfg, model, run_dir: Path | None, resume: bool, server: int = 0
+) -> tuple[ServerState, ToldRecord | None, Path | None, Server]:
+    """(state, told, resumed_from, place): the state of server ``server`` of the run's
+    shape (``shape.ClusterShape``) over its range of ``model`` (weights, segments,
+    signature) or, if None, of the configured model (``initial_model``); with ``resume`` and
+    a ``run_dir``, restored from the newest valid checkpoint of its range there as a new
+    incarnation. ``told``: the record of who was told STOP (None without a ``run_dir``);
+    ``resumed_from``: the checkpoint, or None; ``place``: the server, its range known.
+    Raises ConfigError for more servers than the model has parameters. Blocks while torch is
+    imported and the model built, or the checkpoint read."""
     from ..data.datasets import dataset_size
 
     weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
-    if shard is not None:
-        span = shard_span(cfg, weights.shape[0], shard)
-    state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data), span=span)
+    place = ClusterShape.of(cfg, weights.shape[0]).server(server)
+    state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data), span=place.span)
     resumed_from = None
-    where = checkpoint_dir(run_dir, state.span) if run_dir else None
+    where = place.checkpoint_dir(run_dir) if run_dir else None
     told = ToldRecord(where) if run_dir else None
     if resume and run_dir is not None:
-        resumed_from = restore_latest(state, where)
+        resumed_from = restore_latest(state, where, checkpoints_root(run_dir))
         if resumed_from is None:  # it died before its first checkpoint
             notice(
                 log,
@@ -82,4 +70,4 @@ def start_state(
                 sorted(stopped),
                 told.path,
             )
-    return state, told, resumed_from
+    return state, told, resumed_from, place

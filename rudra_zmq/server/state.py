@@ -1,8 +1,8 @@
 """The parameter server's state: what a checkpoint saves and restores, and nothing else.
 
 Weights (immutable versions), momentum and gradient sum (``update.Updater``) of the range of
-the model's flat vector this server serves (``span.Span``: the whole vector unless sharded),
-the sync engine (timestamp, pending gradients, learning-rate schedule), who registered on
+the model's flat vector this server serves (``shape.Span``: the whole vector when the run has
+one server), the sync engine (timestamp, pending gradients, learning-rate schedule), who registered on
 which connection, the server's incarnation, who was told to stop, and counters. Pure data and
 the rules that change it: no sockets, no sends. The serving role (``server/ps.py``) decodes a
 message, calls one method here and sends what it returns.
@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import codec, topology, wire
-from ..config_architecture import range_parts
-from ..span import Span
+from ..shape import Span, parts_in
 from ..sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .parts import PartedUpdates
 from .update import Updater
@@ -86,7 +85,7 @@ class ServerState:
         self.counters = Counters()
         self.log = None  # an arrival_log.ArrivalLog: the engine's events, for replay
         # hardsync in parts (server/parts.py), if the range has two or more
-        p = len(range_parts(cfg, self.numel)) - 1
+        p = parts_in(self.numel, cfg.wire.parts, cfg.wire.bucket_mb)
         self.parts = PartedUpdates(self.updater, self.engine, p) if p > 1 else None
 
     @property

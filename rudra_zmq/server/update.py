@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import codec, kernels
-from ..span import Span
+from ..shape import Span
 from .versions import WeightVersions
 
 

@@ -29,6 +29,7 @@ from ..devices import learner_threads
 from ..run_files import WEIGHTS_FILE, config_path
 from ..server import arrival_log
 from ..server.update import Updater
+from ..shape import ClusterShape
 from ..sync import SyncEngine
 
 GRADIENT, LEAVE, JOIN = arrival_log.GRADIENT, arrival_log.LEAVE, arrival_log.JOIN
@@ -55,12 +56,6 @@ def _check(cfg) -> None:
         raise ReplayError(
             f"architecture.kind={cfg.architecture.kind}: replay takes Rudra-base runs (a "
             "tree node sums its learners' gradients before the root's engine sees them)"
-        )
-    if cfg.architecture.servers > 1:
-        raise ReplayError(
-            f"architecture.servers={cfg.architecture.servers}: replay takes runs of one "
-            "server (each server of a sharded run logs its own arrivals, in "
-            "servers/server-I/arrivals.bin, which replay does not join yet)"
         )
     if cfg.data.augment:
         raise ReplayError(
@@ -105,8 +100,15 @@ def replay(run_dir, until: int | None = None, threads: int | None = None) -> Rep
     run_dir = Path(run_dir)
     cfg = load_config(config_path(run_dir))
     _check(cfg)
+    logs = [s.files_dir(run_dir) for s in ClusterShape.of(cfg).servers]  # each server's own
+    if len(logs) != 1:  # what replay supports, not a layout: it recomputes one engine
+        raise ReplayError(
+            f"architecture.servers={len(logs)}: replay takes runs of one server (each "
+            f"server logs its own arrivals, in {logs[1].parent}/server-I/arrivals.bin, "
+            "which replay does not join yet)"
+        )
     try:
-        events = arrival_log.read(run_dir)
+        events = arrival_log.read(logs[0])
     except ValueError as exc:
         raise ReplayError(str(exc)) from None
     torch.set_num_threads(threads or learner_threads(cfg))

@@ -1,5 +1,6 @@
-"""The statistics server's join of a sharded run's EVALs: each of the K servers
-(``architecture.servers``) sends the weights of its range, and one evaluation needs all K.
+"""The statistics server's join of the servers' EVALs: each of the K servers of the cluster's
+shape (``shape.ClusterShape``) sends the weights of its range, and one evaluation needs all
+K (one server's EVAL is a whole evaluation, joined at once).
 
 The slices of one evaluation are those the servers send as they cross the same epoch
 boundary: every server receives every learner's gradient, so each counts the same epochs
@@ -13,8 +14,6 @@ Pure: no sockets, no clock; not thread-safe (the statistics server's thread).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from ..span import split
 
 MAX_OPEN = 8  # incomplete evaluations kept (a slice lost in a full queue never comes)
 
@@ -31,45 +30,50 @@ class Joined:
 
 
 class EvalJoin:
-    """Joins the EVAL slices of the K servers of a model of ``numel`` floats."""
+    """Joins the EVAL slices of the servers of ``shape`` (a ``ClusterShape`` sized to the
+    model)."""
 
-    def __init__(self, numel: int, servers: int):
-        self.ranges = [[s.lo, s.hi] for s in split(numel, servers)]
+    def __init__(self, shape):
+        self.shape = shape
         self.open: dict = {}  # key (epoch, or "final") -> {server index: EVAL}
         self.dropped = 0  # incomplete evaluations given up (MAX_OPEN newer ones came)
 
     def refusal(self, msg) -> str | None:
         """Why the EVAL ``msg`` cannot be a slice of this run, or None."""
-        rng = msg.fields.get("range")
-        if rng not in self.ranges:
+        i = self.shape.eval_server(msg.fields)
+        if i is None:
+            ranges = [[s.span.lo, s.span.hi] for s in self.shape.servers]
             return (
-                f"an EVAL of range {rng!r}; this run's {len(self.ranges)} servers serve "
-                f"{self.ranges}"
+                f"an EVAL of range {msg.fields.get('range')!r}; this run's "
+                f"{len(ranges)} servers serve {ranges}"
             )
-        want = rng[1] - rng[0]
-        if msg.payload_numel != want:
-            return f"an EVAL of range {rng} with {msg.payload_numel:,} floats, not {want:,}"
+        span = self.shape.servers[i].span
+        if msg.payload_numel != span.numel:
+            return (
+                f"an EVAL of range [{span.lo}, {span.hi}] with {msg.payload_numel:,} floats, "
+                f"not {span.numel:,}"
+            )
         return None
 
     def add(self, msg) -> Joined | None:
         """Take one slice (checked with :meth:`refusal` first); returns the whole evaluation
-        once its K slices are in, else None."""
-        i = self.ranges.index(msg.fields["range"])
+        once every server's slice is in, else None."""
+        i = self.shape.eval_server(msg.fields)
         key = "final" if msg.fields.get("final") else float(msg.fields["epoch"])
         slot = self.open.pop(key, {})
         slot[i] = msg
-        if len(slot) < len(self.ranges):
+        if len(slot) < len(self.shape.servers):
             self.open[key] = slot  # (re)inserted last: the newest
             while len(self.open) > MAX_OPEN:
                 del self.open[next(iter(self.open))]
                 self.dropped += 1
             return None
-        parts = [slot[k] for k in range(len(self.ranges))]
+        parts = [slot[k] for k in range(len(self.shape.servers))]
         return Joined(
             parts[0].ts,
             {
                 "epoch": min(float(m.fields["epoch"]) for m in parts),
-                "server_ts": [m.ts for m in parts],
+                **self.shape.eval_record([m.ts for m in parts]),
             },
             [p for m in parts for p in m.payloads],
         )

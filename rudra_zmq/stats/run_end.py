@@ -18,10 +18,12 @@ from pathlib import Path
 from .. import wire
 from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 from ..server.end_files import final_done
+from ..shape import ClusterShape
 from .progress import is_number
 
 log = logging.getLogger("rudra_zmq.stats")
 
+ONE_SERVER = ClusterShape(1)  # a run's default shape (immutable)
 DONE_QUIET_S = 0.2  # after "done", keep reading this long for stragglers (learner records)
 DONE_WAIT_S = 10.0  # ... and at most this long for the final weights (EVAL or file)
 FINAL_FILE_EVERY_S = 1.0  # without a "done": how often ps_final.json is looked at
@@ -30,14 +32,15 @@ FINAL_FILE_GRACE_S = 2.0  # ... and how old it must be: the PS sends its "done" 
 
 
 class RunEnd:
-    """What the statistics server of the run in ``run_dir`` (training ``epochs``, ``servers``
-    parameter servers) knows of the end of training: ``done``, the PS's ``done`` record with
-    its arrival time and sender (None until one came; a sharded run's: server 0's, once every
-    server's has come), and the EVALs received per sender."""
+    """What the statistics server of the run in ``run_dir`` (training ``epochs``, its
+    parameter servers those of ``shape``, a ``ClusterShape``: one by default) knows of the end
+    of training: ``done``, the PS's ``done`` record with its arrival time and sender (None
+    until one came; server 0's, once every server's has come), and the EVALs received per
+    sender."""
 
-    def __init__(self, run_dir, epochs: float, servers: int = 1):
-        self.run_dir, self.epochs, self.servers = Path(run_dir), epochs, servers
-        self._dones: dict[int, dict] = {}  # a sharded run: each server's first "done"
+    def __init__(self, run_dir, epochs: float, shape: ClusterShape = ONE_SERVER):
+        self.run_dir, self.epochs, self.shape = Path(run_dir), epochs, shape
+        self._dones: dict[int, dict] = {}  # each server's first "done"
         self.done: dict | None = None
         self.evals: dict[int, int] = {}
         self._looked = 0.0  # when ps_final.json was last looked at (no "done" yet)
@@ -47,18 +50,17 @@ class RunEnd:
         self.evals[sender] = self.evals.get(sender, 0) + 1
 
     def done_received(self, rec: dict, now: float, sender: int) -> None:
-        """The first ``done`` record counts (of each server, in a sharded run: the end is
-        known once all have come); later ones change nothing."""
+        """The first ``done`` record of each server counts (the end is known once every
+        server's has come); later ones change nothing."""
         if self.done is not None:
             return
-        if self.servers > 1:
-            server = rec.get("server")
-            if not isinstance(server, int) or not 0 <= server < self.servers:
-                return  # a sharded run's "done" that names no server of it: not counted
-            self._dones.setdefault(server, rec)
-            if len(self._dones) < self.servers:
-                return
-            rec = self._dones[0]
+        server = self.shape.record_server(rec)
+        if server is None:
+            return  # a "done" that names no server of this run: not counted
+        self._dones.setdefault(server, rec)
+        if len(self._dones) < len(self.shape.servers):
+            return
+        rec = self._dones[0]
         self.done = {**rec, "arrived": now, "sender": sender}
 
     def look_for_file(self, now: float, t0: float) -> bool:

@@ -51,6 +51,7 @@ from ..results.records import other_server
 from ..run_files import SUMMARY_FILE, WEIGHTS_FILE, metrics_path
 from ..security import auth
 from ..server.end_files import final_weights
+from ..shape import ClusterShape
 from ..wire import Kind
 from .eval_join import EvalJoin
 from .evaluator import Evaluator
@@ -159,9 +160,9 @@ class StatsServer:
         self.records = self.invalid = self.evals_done = self.evals_skipped = 0
         self._warned: set = set()
         self._pending: tuple[wire.Message, float] | None = None  # newest EVAL, arrival time
-        servers = cfg.architecture.servers
-        self.end = RunEnd(self.run_dir, cfg.train.epochs, servers)  # the "done"s, EVALs seen
-        self.join: EvalJoin | None = None  # a sharded run's EVAL slices (set once loaded)
+        shape = ClusterShape.of(cfg)
+        self.end = RunEnd(self.run_dir, cfg.train.epochs, shape)  # the "done"s, EVALs seen
+        self.join: EvalJoin | None = None  # the servers' EVAL slices (set once loaded)
         self._evaluated: set[int] = set()  # timestamps whose evaluation this server wrote
         self._last_update: tuple = (None, None)  # (ts, t) of the newest update record
         self._tb: TensorBoardLog | None = None
@@ -212,8 +213,7 @@ class StatsServer:
         """The test split and the model to evaluate (seconds: torch, the data). Blocks."""
         self.evaluator = Evaluator(cfg, dataset)
         self.flat = self.evaluator.flat
-        if cfg.architecture.servers > 1:
-            self.join = EvalJoin(self.flat.numel, cfg.architecture.servers)
+        self.join = EvalJoin(ClusterShape.of(cfg, self.flat.numel))
 
     # ------------------------------------------------------------------ receiving
     def _drain(self) -> int:
@@ -227,9 +227,8 @@ class StatsServer:
         """Process one message. Never raises for bad input (counts and logs it)."""
         now = time.time()
         try:
-            # a sharded run's EVALs are slices: the join checks their size against their range
-            numel = None if self.join is not None else self.flat.numel
-            msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL}, numel=numel)
+            # EVALs are the servers' slices: the join checks each one's size against its range
+            msg = wire.decode(frames, kinds={Kind.METRIC, Kind.EVAL})
         except wire.WireError as exc:
             self._refuse("an unknown sender", exc.code, str(exc))
             return
@@ -239,12 +238,11 @@ class StatsServer:
             return
         if msg.kind == Kind.EVAL:
             self.end.eval_received(msg.sender)
-            if self.join is not None:
-                if why := self.join.refusal(msg):
-                    self._refuse(who, "bad_eval", why)
-                    return
-                if (msg := self.join.add(msg)) is None:
-                    return  # waits for the other servers' slices
+            if why := self.join.refusal(msg):
+                self._refuse(who, "bad_eval", why)
+                return
+            if (msg := self.join.add(msg)) is None:
+                return  # waits for the other servers' slices
             if self._pending is not None:
                 self.evals_skipped += 1  # a newer one arrived before we got to it
             self._pending = (msg, now)

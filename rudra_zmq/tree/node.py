@@ -57,10 +57,10 @@ class TreeNode:
         bind: str,
         parent: str,
         ctx: zmq.Context | None = None,
-        shard: int = 0,
+        server: int = 0,
     ):
         self.cfg = cfg
-        self.state = NodeState(cfg, node_id, shard)
+        self.state = NodeState(cfg, node_id, server)
         self.spec, self.id = self.state.spec, node_id
         self.sender = wire.node_sender(node_id)
         self.lam = cfg.sync.learners
@@ -78,8 +78,7 @@ class TreeNode:
         )
         self.endpoint = transport.bind(self.sock, bind)
         up = "the root" if self.spec.parent is None else f"tree node {self.spec.parent}"
-        if cfg.architecture.servers > 1:
-            up += f" of server {shard}'s range"
+        up += self.state.place.of_range
         self.parent = Channel(
             self.ctx,
             parent,
@@ -161,14 +160,13 @@ class TreeNode:
             return
         if first:  # x{had}: what its first child saw (a restarted root)
             had = {"had": msg.fields["had"]} if "had" in msg.fields else {}
-            rng = {"range": st.range} if st.range is not None else {}
             self.parent.send(
                 Kind.HELLO,
                 model=st.signature,
                 numel=st.model_numel,
+                range=st.range,  # its range, from the plan
                 subtree=sorted(self.spec.subtree),
                 **had,
-                **rng,
             )
             self._asked = time.time()
         self.shared.hello(msg, st.numel, st.weights if st.welcome is not None else None, st.ts)
@@ -343,9 +341,9 @@ class TreeNode:
             transport.term(self.ctx)
 
 
-def serve(cfg, node_id: int, bind: str, parent: str, shard: int = 0) -> int:
-    """Entry point of ``rudra-zmq node``: run one tree node (of server ``shard``'s range's
+def serve(cfg, node_id: int, bind: str, parent: str, server: int = 0) -> int:
+    """Entry point of ``rudra-zmq node``: run one tree node (of server ``server``'s range's
     tree) until training ends."""
-    node = TreeNode(cfg, node_id, bind, parent, shard=shard)
+    node = TreeNode(cfg, node_id, bind, parent, server=server)
     print(f"{node.spec.describe()}; listening on {node.endpoint}, parent {parent}", flush=True)
     return node.serve_forever()

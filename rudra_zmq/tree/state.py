@@ -16,25 +16,20 @@ import secrets
 import numpy as np
 
 from .. import codec, topology, wire
-from ..config_architecture import check_servers_fit
-from ..span import split
+from ..shape import ClusterShape
 from ..sync import ProtocolViolation, Rejoin
 from ..sync.relay_clock import RelayClock
 from ..typed_yaml import ConfigError
 
 
 class NodeState:
-    """Tree node ``node_id`` of the config's tree (``topology.plan``); with
-    ``architecture.servers`` = K > 1, of the tree of server ``shard``'s range (one tree per
-    range, each relaying only its range)."""
+    """Tree node ``node_id`` of the tree of server ``server``'s range (``shape.ClusterShape``:
+    one tree per range, each relaying only its range; one server's tree relays the whole
+    vector). Raises ValueError for a server the shape does not have."""
 
-    def __init__(self, cfg, node_id: int, shard: int = 0):
-        self.servers, self.shard = cfg.architecture.servers, shard
-        if not 0 <= shard < self.servers:
-            raise ValueError(
-                f"tree node {node_id}: shard {shard}, but architecture.servers="
-                f"{self.servers} numbers the ranges 0..{self.servers - 1}"
-            )
+    def __init__(self, cfg, node_id: int, server: int = 0):
+        self.shape = ClusterShape.of(cfg)
+        self.place = self.shape.server(server)  # its range once the first child says the size
         self.tree = topology.plan(cfg)
         self.spec = self.tree.node(node_id)
         self.id = node_id
@@ -45,7 +40,7 @@ class NodeState:
         self.incarnation = secrets.randbits(62) + 1
         self.numel: int | None = None  # floats relayed: the range's (first child's HELLO)
         self.model_numel: int | None = None  # the model's (the same HELLO)
-        self.range: list[int] | None = None  # [lo, hi] of a sharded run's range, else None
+        self.range: list[int] | None = None  # [lo, hi]: its range (the first child's HELLO)
         self.signature: str | None = None
         self.welcome: dict | None = None  # the parent's WELCOME fields, once it answered
         self.weights: list = []  # the newest weights (parent's frames, read-only)
@@ -93,25 +88,22 @@ class NodeState:
                 f"tree node {self.id} relays {self.model_numel:,} ({self.signature}). Is {who} "
                 "running another model config?"
             )
-        wanted = f.get("range")
-        if self.servers > 1:
+        place = self.place
+        if first:  # the model's size is the first child's: the plan gives this node's range in it
             try:
-                check_servers_fit(self.servers, f["numel"])
-            except ConfigError as exc:
+                place = self.shape.sized(f["numel"]).server(place.index)
+            except ConfigError as exc:  # more servers than the model has parameters
                 raise ProtocolViolation(f"{who}: {exc}") from None
-            span = split(f["numel"], self.servers)[self.shard]
-            mine = [span.lo, span.hi]
-        else:
-            mine = None if wanted is None else [0, f["numel"]]
-        if wanted != mine:
+        wanted, mine = f.get("range"), [place.span.lo, place.span.hi]
+        if (wanted or [0, f["numel"]]) != mine:  # none: the whole vector
             raise ProtocolViolation(
                 f"{who} sends range {wanted} of the parameters; tree node {self.id} relays "
-                f"{'the whole vector' if mine is None else f'range {mine} (server {self.shard})'}"
-                ": does it run with the same architecture.servers, its leaves in range order?"
+                f"range {mine} (server {place.index}): does it run with the same "
+                "architecture.servers, its leaves in range order?"
             )
         if first:
-            self.signature, self.model_numel, self.range = f["model"], f["numel"], mine
-            self.numel = f["numel"] if mine is None else mine[1] - mine[0]
+            self.place, self.range, self.numel = place, mine, place.span.numel
+            self.signature, self.model_numel = f["model"], f["numel"]
         self.identities[msg.sender] = ident
         self.subtrees[msg.sender] = below
         return first
