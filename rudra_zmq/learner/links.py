@@ -55,6 +55,7 @@ def server_channels(ctx, cfg, shape, endpoints, sender: int, max_bytes: int = -1
             retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=max_bytes,
             dtypes=codec.dtypes(cfg),
+            sndbuf=cfg.runtime.sndbuf_kib << 10,  # each connection's kernel send buffer
         )
         for server, ep in zip(shape.servers, endpoints)
     ]
