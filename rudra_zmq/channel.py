@@ -26,7 +26,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from . import codec, transport, wire
+from . import codec, timeline, transport, wire
 from .notices import notice
 from .outbox import Outbox
 
@@ -60,6 +60,7 @@ class Channel:
         retry_ms: int = 5_000,
         max_bytes: int = -1,
         dtypes: wire.ModelDtypes = wire.FLOAT32,
+        sndbuf: int = 0,
     ):
         self.endpoint = endpoint
         self.dtypes = dtypes  # the run's wire dtypes, which replies are checked against
@@ -67,7 +68,12 @@ class Channel:
         self.name = name
         self.timeout_ms = timeout_ms
         self.sock = transport.make_socket(
-            ctx, zmq.DEALER, hwm=hwm, identity=transport.new_routing_id(), max_bytes=max_bytes
+            ctx,
+            zmq.DEALER,
+            hwm=hwm,
+            identity=transport.new_routing_id(),
+            max_bytes=max_bytes,
+            sndbuf=sndbuf,
         )
         # A receive timeout instead of poll() before each recv: Socket.poll builds a Poller
         # per call, Python work on every round trip of the hot path. At most WAKE_MS, so a
@@ -85,7 +91,7 @@ class Channel:
         self.checks = 0  # CHECKs sent (a header each)
         self.late = 0  # late answers to requests sent twice, dropped
         self._last: tuple[int, list] | None = None  # (seq, [frames]) awaiting its reply
-        self._ahead = None  # [weights view, filled up to, gap seen]: parts of its reply
+        self._ahead = None  # [weights view, floats come ahead, gap seen]: parts of its reply
         self._asked_at = 0.0  # when the request was last sent or asked about (monotonic)
         self._sent_at = 0.0  # when the request awaiting its reply was first sent (monotonic)
         self._checks_before = 0  # ``checks`` when it was sent: the rest asked about it
@@ -101,24 +107,28 @@ class Channel:
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
         self._begin(seq, [frames], None)
         self.out.send(frames)
+        timeline.sent(self.name, frames)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
         """Queue one request in parts (``wire.parts``; see ``parts``), all at once."""
         for frames in self.parts(kind, ts, parts, into):
             self.send_part(frames)
 
-    def parts(self, kind: wire.Kind, ts: int, parts, into) -> list:
+    def parts(self, kind: wire.Kind, ts: int, parts, into, last: int | None = None) -> list:
         """One request in parts (``wire.parts``): ``parts`` is (offset, payloads) per part,
         in order, each one message x{at, more} with the request's seq; returns the messages
-        for ``send_part``, in order (a caller with several servers sends part 0 to each,
-        then part 1...: every server's first part completes early). The parts of the reply
-        sent ahead (WEIGHTS x{at, more}) are decoded into ``into`` (the range's weights) as
-        they come; the reply carries the rest (x{at})."""
-        seq, last = next(self._seq), len(parts) - 1
+        for ``send_part``, in order. The caller sends them in any order, part ``last``
+        (default the final one: the one without x{more}) last: a caller with several
+        servers sends part 0 to each, then part 1...; one pushing during backward sends
+        each as it is computed. The payloads are read when sent, not here. The parts of the
+        reply sent ahead (WEIGHTS x{at, more}, in any order) are decoded into ``into`` (the
+        range's weights) as they come; the reply carries the rest (x{at})."""
+        seq = next(self._seq)
+        last = len(parts) - 1 if last is None else last
         more = {"more": True}
         msgs = [
             wire.encode(
-                kind, self.sender, seq, ts, self.inc, p, at=at, **(more if i < last else {})
+                kind, self.sender, seq, ts, self.inc, p, at=at, **(more if i != last else {})
             )
             for i, (at, p) in enumerate(parts)
         ]
@@ -135,6 +145,7 @@ class Channel:
     def send_part(self, frames) -> None:
         """Queue one message ``parts`` made (zero-copy)."""
         self.out.send(frames)
+        timeline.sent(self.name, frames)
 
     def resend(self) -> None:
         """Send the request awaiting its reply again, unchanged (every part of it)."""
@@ -253,6 +264,7 @@ class Channel:
         the server never got it) or a late answer."""
         msg = wire.decode(frames, numel=numel, dtypes=self.dtypes)
         self._heard()
+        timeline.received(self.name, msg)
         asked = None if self._last is None else self._last[0]
         if msg.kind == wire.Kind.RECEIPT:
             if msg.fields["re"] == asked:
@@ -299,20 +311,21 @@ class Channel:
         is checked to follow what came ahead (False). Raises ``ServerError`` code rejoin
         when parts were lost (a connection that dropped): the server's WELCOME brings the
         whole range again."""
-        at, ahead = msg.fields["at"], self._ahead
+        at, ahead, n = msg.fields["at"], self._ahead, msg.payload_numel
         if msg.fields.get("more"):
-            if ahead is not None and at == ahead[1]:
-                codec.load(ahead[0][at : at + msg.payload_numel], msg.payloads)
-                ahead[1] = at + msg.payload_numel
+            if ahead is not None and at + n <= ahead[0].shape[0]:
+                codec.load(ahead[0][at : at + n], msg.payloads)
+                ahead[1] += n
             elif ahead is not None:
                 ahead[2] = True
             return True
-        if ahead is None or ahead[2] or at > ahead[1]:
+        if ahead is None or ahead[2] or ahead[1] + n != ahead[0].shape[0]:
             self._last = self._ahead = None
             raise ServerError(
                 "rejoin",
                 f"{self.name}: parts of its weights sent ahead of its reply were lost "
-                f"(the reply starts at {at:,}, {0 if ahead is None else ahead[1]:,} came)",
+                f"(the reply carries {n:,} floats at {at:,}, "
+                f"{0 if ahead is None else ahead[1]:,} came ahead)",
             )
         return False
 

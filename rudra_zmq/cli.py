@@ -23,6 +23,7 @@ import signal
 import sys
 import time
 
+from . import timeline
 from .config import ConfigError, scale_schedule
 from .devices import usable_cores
 from .launch import role_process
@@ -44,9 +45,32 @@ def cmd_run(args) -> int:
                 "--run-dir starts a new run; --resume RUN_DIR continues the run "
                 "there: give one of them"
             )
-        return launcher.run(args.config, args.set, run_dir=args.run_dir, resume=args.resume)
-    except (ConfigError, FileNotFoundError, DamagedRecord) as exc:  # before any process starts
-        raise UsageError(str(exc)) from None
+        out = timeline.Output(args.timeline) if args.timeline else None
+
+        def start() -> int:
+            return launcher.run(args.config, args.set, run_dir=args.run_dir, resume=args.resume)
+
+        return start() if out is None else _with_timeline(out, start)
+    except (ConfigError, FileNotFoundError, DamagedRecord, timeline.TimelinePathError) as exc:
+        raise UsageError(str(exc)) from None  # raised before any process starts
+
+
+def _with_timeline(out, start) -> int:
+    """Run ``start()`` with every role it starts recording its part of the timeline
+    (``RUDRA_TIMELINE`` in their environment), then join the parts into ``out``'s file
+    (none is written if no role started)."""
+    base = out.base()
+    os.environ[timeline.ENV] = base
+    try:
+        return start()
+    finally:
+        del os.environ[timeline.ENV]
+        if timeline.parts_of(base):
+            path, other = out.finish(base, "run")
+            n, events = len(other["processes"]), other["events"]
+            print(f"timeline: {path} ({n} processes, {events:,} events)", flush=True)
+        else:
+            out.folder.rmdir()
 
 
 def cmd_simulate(args) -> int:
@@ -142,6 +166,12 @@ def _add_run(sub) -> None:
         help="continue the run in RUN_DIR from its newest valid checkpoint (CONFIG "
         "optional; --set may change only train.epochs, evaluation and "
         "checkpoint intervals and runtime.*)",
+    )
+    p.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="write a Chrome/Perfetto trace of the run to FILE (each learner's compute and "
+        "steps, every message and part it sent and received, per server; docs/benchmarks.md)",
     )
     p.set_defaults(func=cmd_run)
 

@@ -92,6 +92,8 @@ class RuntimeConfig:
     ps_threads: int = 0  # kernel OpenMP threads on the PS; 0 = all cores for a
     #                                    PS started by hand, what the learners leave under run
     chunk_mib: int = 8  # max payload frame size for model-sized messages
+    sndbuf_kib: int = 0  # the kernel send buffer of each learner-server TCP connection
+    #                                    (both ends); 0 = the kernel's autotuning (docs/wire.md)
     timeout_s: float = 120.0  # a peer silent this long is an error, not a hang
     learner_timeout_s: float = 60.0  # the PS evicts a learner silent this long (0 = never);
     #                                    set above the slowest step; it rejoins with a HELLO
@@ -137,6 +139,12 @@ class WireConfig:
     parts: int = 1  # hardsync: each server's range in P parts, each answered once every
     #                                    learner's part is in, while later parts still arrive
     #                                    (push and pull overlapped on the link; docs/wire.md)
+    bucket_mb: float = 25.0  # with parts: no part larger than this many MiB (more parts
+    #                                    where a range is larger; DDP's bucket_cap_mb). A
+    #                                    learner pushes each part as backward completes it
+    push_during_backward: bool = True  # with parts or K servers, a learner on CPU with
+    #                                    float32 gradients pushes each part the moment its
+    #                                    backward pass finished it (false: all after backward)
 
 
 @dataclass
@@ -207,6 +215,10 @@ class Config:
         ):
             if val < 1:
                 raise ConfigError(f"{key} must be >= 1, got {val}")
+        if r.sndbuf_kib < 0:
+            raise ConfigError(
+                f"runtime.sndbuf_kib must be >= 0 (0: the kernel sizes it), got {r.sndbuf_kib}"
+            )
         if not o.lr > 0:
             raise ConfigError(f"optimizer.lr must be > 0, got {o.lr}")
         if not 0 <= o.momentum < 1:
@@ -309,7 +321,12 @@ REMOVED_KEYS = {
 KEPT_VALUES = {"optimizer.momentum_policy": "constant"}
 # Keys added since simulator checkpoints were fingerprinted, with the default that behaves as
 # before they came: at it they are left out of a fingerprint (sim_checkpoint.fingerprint).
-ADDED_DEFAULTS = {"architecture.servers": 1, "wire.parts": 1}
+ADDED_DEFAULTS = {
+    "architecture.servers": 1,
+    "wire.parts": 1,
+    "wire.bucket_mb": 25.0,
+    "wire.push_during_backward": True,
+}
 
 
 def load_config(

@@ -15,6 +15,12 @@ def check_parts(self) -> None:
     p, s, a = self.wire.parts, self.sync, self.architecture
     if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= MAX_PARTS:
         raise ConfigError(f"wire.parts must be a whole number from 1 to {MAX_PARTS}, got {p!r}")
+    b = self.wire.bucket_mb
+    if isinstance(b, bool) or not isinstance(b, int | float) or not 0 < b < 1 << 20:
+        raise ConfigError(
+            f"wire.bucket_mb must be a size in MiB > 0 (below 1 TiB; DDP's default is 25), "
+            f"got {b!r}"
+        )
     if p == 1:
         return
     why = None
@@ -30,6 +36,11 @@ def check_parts(self) -> None:
         why = f"architecture.kind={a.kind}: tree nodes and the broadcast send whole vectors"
     if why:
         raise ConfigError(f"wire.parts={p} needs hardsync rounds; {why}: set wire.parts=1")
+
+
+def most_parts(cfg) -> int:
+    """The most parts any range may be cut in under ``cfg`` (for queue limits). Pure."""
+    return 1 if cfg.wire.parts == 1 else MAX_PARTS
 
 
 def validate_architecture(self) -> None:

@@ -2,7 +2,7 @@
 ``Postoffice``).
 
 A run has K = ``architecture.servers`` parameter servers. Server I serves the I-th range of
-the model's flat vector (:func:`split`: contiguous, sizes differing by at most one), each range travels in ``wire.parts`` parts, and a
+the model's flat vector (:func:`split`: contiguous, sizes differing by at most one), each range travels in ``wire.parts`` parts (more where one would pass ``wire.bucket_mb``: :func:`parts_in`), and a
 learner reaches each server directly (Rudra-base) or through the leaf of that range's tree
 (Rudra-adv: one tree per range). One server is a set of one: it serves the one range, the
 whole vector, the same way::
@@ -50,6 +50,7 @@ from functools import cached_property
 from pathlib import Path
 
 from . import topology
+from .config_architecture import MAX_PARTS
 from .run_files import checkpoints_root, server_dir
 from .typed_yaml import ConfigError
 
@@ -133,6 +134,17 @@ def part_bounds(numel: int, parts: int) -> list[int]:
     if not isinstance(parts, int) or parts < 1:
         raise ValueError(f"parts must be a whole number >= 1, got {parts!r}")
     return [s.lo for s in split(numel, min(parts, numel))] + [numel]
+
+
+def parts_in(numel: int, parts: int, bucket_mb: float) -> int:
+    """How many parts a range of ``numel`` floats travels in: 1 (whole messages) with
+    ``wire.parts`` 1, else ``wire.parts``, more where a part would pass ``wire.bucket_mb``
+    MiB of float32 (DDP's ``bucket_cap_mb``), at most ``MAX_PARTS``. Learner and server
+    count alike. Pure."""
+    if parts > 1:
+        bucket = max(1, int(bucket_mb * (1 << 20)) // 4)
+        parts = min(MAX_PARTS, max(parts, -(-numel // bucket)))
+    return parts
 
 
 # ---------------------------------------------------------------------- the shape
@@ -241,18 +253,21 @@ class ClusterShape:
     are not); ``hosts``: each server's host once placed (``rudra-zmq launch``)."""
 
     count: int
-    parts_per_range: int = 1
+    parts_per_range: int = 1  # wire.parts
     kind: str = "base"
     tree: topology.Tree | None = None
     numel: int | None = None
     hosts: tuple[str, ...] | None = None
+    bucket_mb: float = 25.0  # wire.bucket_mb: no part larger (``parts_in``)
 
     @classmethod
     def of(cls, cfg, numel: int | None = None) -> ClusterShape:
         """The shape ``cfg`` plans (``architecture``, ``wire.parts``), sized when ``numel``
         (the model's size) is given. Raises ConfigError as :meth:`sized`. Pure."""
         a = cfg.architecture
-        shape = cls(a.servers, cfg.wire.parts, a.kind, topology.tree_of(cfg))
+        shape = cls(
+            a.servers, cfg.wire.parts, a.kind, topology.tree_of(cfg), bucket_mb=cfg.wire.bucket_mb
+        )
         return shape if numel is None else shape.sized(numel)
 
     def sized(self, numel: int) -> ClusterShape:
@@ -282,7 +297,9 @@ class ClusterShape:
         for i, (span, host) in enumerate(zip(spans, hosts)):
             parts = ()
             if span is not None:
-                cuts = part_bounds(span.numel, self.parts_per_range)
+                cuts = part_bounds(
+                    span.numel, parts_in(span.numel, self.parts_per_range, self.bucket_mb)
+                )
                 parts = tuple(
                     Part(first + j, i, span.lo + a, span.lo + b, a)
                     for j, (a, b) in enumerate(itertools.pairwise(cuts))

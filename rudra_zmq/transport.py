@@ -335,11 +335,16 @@ def make_socket(
     identity: bytes | None = None,
     rcvtimeo: int = -1,
     max_bytes: int = -1,
+    sndbuf: int = 0,
 ) -> zmq.Socket:
     """A socket with LINGER, HWM, TCP keepalive, (for ROUTER) ROUTER_MANDATORY and, if
-    ``max_bytes`` >= 0, ZMQ_MAXMSGSIZE (a peer sending a larger frame is disconnected). Not
-    thread-safe: use a socket only from the thread that made it."""
+    ``max_bytes`` >= 0, ZMQ_MAXMSGSIZE (a peer sending a larger frame is disconnected);
+    ``sndbuf`` > 0: the kernel's send buffer of each of its TCP connections, in bytes
+    (``runtime.sndbuf_kib``; 0: the kernel sizes it). Not thread-safe: use a socket only from
+    the thread that made it."""
     sock = ctx.socket(kind)
+    if sndbuf > 0:
+        sock.setsockopt(zmq.SNDBUF, sndbuf)
     if max_bytes >= 0:
         sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
     sock.setsockopt(zmq.LINGER, LINGER_MS)

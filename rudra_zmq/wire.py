@@ -47,7 +47,8 @@ from .wire_kinds import node_id as node_id
 from .wire_kinds import node_sender as node_sender
 from .wire_kinds import sender_name as sender_name
 
-PROTOCOL_VERSION = 7  # 7: PUSHPULL and WEIGHTS x{at, more} (wire.parts);
+PROTOCOL_VERSION = 8  # 8: parts in any order (pushed as backward completes them);
+#                               7: PUSHPULL and WEIGHTS x{at, more} (wire.parts);
 #                               6: CHECK/RECEIPT (a slow reply is asked about, not resent);
 #                               5: no x{wait} (the server's engine decides when a reply goes);
 #                               4: METRIC/EVAL x{token}; 3: replies echo x{re}; HELLO x{had}
@@ -404,12 +405,13 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, dtypes):
 
 
 def _check_numel(kind: Kind, total: int, numel: int, fields: dict) -> None:
-    """A whole vector carries ``numel`` floats; a part (x{at}) elements at..end, or with
-    x{more} at least one of them, not past the end."""
+    """A whole vector carries ``numel`` floats; a part (x{at}) elements at.. of it, not past
+    the end, at least one with x{more} (parts come in any order: the last sent, without
+    x{more}, may lie anywhere; a reply whose parts all went ahead carries none)."""
     if _is_part(fields):
         at, more = fields.get("at", 0), fields.get("more", False)
         end = at + total
-        if at < 0 or end > numel or (end != numel and not more) or (more and total < 1):
+        if at < 0 or end > numel or (more and total < 1):
             raise WireError(
                 "bad_length",
                 f"{kind.name} carries a part of {total:,} floats at {at:,}"

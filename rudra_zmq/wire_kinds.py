@@ -94,10 +94,12 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
     Kind.ACK: {"sigma": (_INT, False), "re": (_INT, False)},
     Kind.PULL: {},
     # x{at, more}: one part of a gradient (wire.parts): its payload is elements at.. of the
-    # vector; ``more`` on every part but the last, which alone is answered
+    # vector; ``more`` on every part but the one sent last (parts go in any order: as
+    # backward completes them, the last layers' first); the request is answered once all are in
     Kind.PUSHPULL: {"slot": (_INT, False), "at": (_INT, False), "more": (_BOOL, False)},
-    # x{at}: the payload is elements at..end (the parts before went ahead); x{at, more}: one
-    # part of the reply ahead of the rest, to the request x{re} still awaiting it
+    # x{at}: the payload is the elements from at that did not go ahead (the rest went ahead;
+    # none if all did); x{at, more}: one part of the reply ahead of the rest, in any order,
+    # to the request x{re} still awaiting it
     Kind.WEIGHTS: {
         "sigma": (_INT, False),
         "board": (_BOOL, False),

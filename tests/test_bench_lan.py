@@ -454,3 +454,83 @@ def test_a_case_may_run_ten_times_its_link_bound_before_it_is_called_hung():
     assert deadline_s(None, 3) == 600  # no bound stated: the old fixed limit
     assert deadline_s(2.0, 3) == 600  # short runs keep it
     assert deadline_s(22.6, 30) == 6780  # 30 epochs of one server in parts: no false "hung"
+
+
+@needs_lan
+def test_table1_timeline_traces_every_part_each_link_and_real_ddp_beside(tmp_path):
+    """Issue 42 items 4 and 5: ``--timeline`` writes one trace and one PNG per case; the
+    PS case's trace has each learner's compute spans, every part pushed and received per
+    peer and each host link's counters; ``ddp`` (DistributedDataParallel on the synthetic
+    model of sleeping layers) runs on the same hosts with each bucket's allreduce traced.
+    Each row says how busy the links were and how idle the CPU, over its timed epochs."""
+    recs, pid = run_json(
+        "lan-table1",
+        "--quick",
+        *("--cases", "base-hardsync", "ddp", "--parts", "2"),
+        *("--timeline", str(tmp_path / "t.json")),
+        timeout=110,
+    )
+    cases = {r["case"]: r for r in recs if r["type"] == "case"}
+    assert sorted(cases) == ["base-hardsync-p2", "ddp"]
+    traces = {}
+    for name, r in cases.items():
+        assert r["timeline"] == str(tmp_path / f"t-{name}.json")
+        assert Path(r["timeline_png"]).read_bytes()[:8] == PNG_MAGIC
+        assert r["timeline_dropped"] == 0
+        assert 0 <= r["learner_links_sent"] <= 1.2 and 0 <= r["learner_links_received"] <= 1.2
+        assert len(r["link_busy"]) == 3  # the root's host and 2 learner hosts
+        assert "cpu_idle" in r  # None where the timed epochs were too short to tell
+        traces[name] = json.loads(Path(r["timeline"]).read_text())["traceEvents"]
+        procs = {e["args"]["name"] for e in traces[name] if e.get("name") == "process_name"}
+        assert "links" in procs
+        assert any(e["ph"] == "C" and e["name"] == "link host 1" for e in traces[name])
+    ps = traces["base-hardsync-p2"]
+    part_bytes = 10_000 // 2 * 4
+    pushed = [  # the learners' sends with a payload (the server's are to "learner N")
+        e
+        for e in ps
+        if e["ph"] == "i"
+        and e["name"] == "send"
+        and e["args"]["peer"] == "parameter server"
+        and e["args"]["bytes"]
+    ]
+    assert {e["args"]["bytes"] for e in pushed} == {part_bytes}
+    taken = [
+        e
+        for e in ps
+        if e["ph"] == "i" and e["name"] == "recv" and e["args"].get("kind") == "PUSHPULL"
+    ]
+    steps = cases["base-hardsync-p2"]["grads_total"]  # one per learner step
+    assert len(pushed) == len(taken) == 2 * steps  # every part, marked at both ends
+    assert {e["args"]["peer"] for e in taken} == {f"learner {i}" for i in range(4)}
+    assert len([e for e in ps if e["ph"] == "X" and e["name"] == "compute"]) == steps
+    ddp = traces["ddp"]
+    assert {e["args"]["bucket"] for e in ddp if e["name"] == "allreduce"}
+    assert {e["name"] for e in ddp if e["ph"] == "X"} >= {"forward", "backward", "optimizer"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "t-base-hardsync-p2.json", "t-base-hardsync-p2.png", "t-ddp.json", "t-ddp.png",
+    ]  # fmt: skip
+    assert namespaces(f"rzt{pid % 1_000_000}") == []
+
+
+def test_parts_lower_the_hardsync_bound_only_where_pushes_and_replies_use_different_directions():
+    """A server on a host of its own takes the pushes in and sends the replies out, so parts
+    overlap them: M(1 + 1/P). A server beside a learner sends its replies out of the link its
+    learner pushes out of: that direction carries both, 2(λ-1)/λ·M, with or without parts."""
+    from types import SimpleNamespace
+
+    from rudra_zmq.benchmarks.lan_shards import bound_s_per_epoch, link_phases
+
+    assert link_phases(8, 1, 8, "extra") == (1.0, 1.0, 1.0)
+    assert link_phases(8, 1, 8, "colocated") == (0.875, 0.875, 1.75)
+    assert link_phases(8, 1, 4, "colocated") == (1.75, 1.75, 2.5)  # 7 learners into M/4
+    a = SimpleNamespace(hosts=8, per_host=1, params=10_000_000, rate="250mbit", compute_ms=100,
+                        epoch_gradients=8)  # fmt: skip
+    m = 40e6 / 31.25e6  # one float32 model through a 250 Mbit/s link, s
+
+    def bound(placement, parts):
+        return bound_s_per_epoch("base-hardsync", a, 8, placement, "float32", parts)
+
+    assert bound("extra", 1) == pytest.approx(2 * m + 0.1)
+    assert bound("extra", 16) == pytest.approx(m * 17 / 16 + 0.1)
+    assert bound("colocated", 1) == bound("colocated", 16) == pytest.approx(1.75 * m + 0.1)

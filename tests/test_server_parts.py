@@ -31,9 +31,10 @@ def msg(kind, sender, ts=0, payloads=(), seq=1, **fields):
     return wire.decode(wire.encode(kind, sender, seq, ts, 0, list(payloads), **fields), numel=N)
 
 
-def parts_of(grad, parts, sender, ts=0, seq=1):
+def parts_of(grad, parts, sender, ts=0, seq=1, last=None):
+    """The request's parts in order; ``last``: the one sent last (without x{more})."""
     b = part_bounds(N, parts)
-    last = len(b) - 2
+    last = len(b) - 2 if last is None else last
     return [
         msg(
             Kind.PUSHPULL,
@@ -42,7 +43,7 @@ def parts_of(grad, parts, sender, ts=0, seq=1):
             [grad[lo:hi]],
             seq,
             at=lo,
-            **({"more": True} if i < last else {}),
+            **({"more": True} if i != last else {}),
         )
         for i, (lo, hi) in enumerate(zip(b, b[1:]))
     ]
@@ -139,20 +140,48 @@ def test_a_part_from_a_stale_or_unknown_learner_is_refused_before_it_is_summed()
     np.testing.assert_array_equal(st.updater.acc, 0)
 
 
-def test_a_resent_request_adds_nothing_twice_and_a_gap_waits_for_the_resend():
+def test_a_resent_request_adds_nothing_twice_and_a_lost_part_waits_for_the_resend():
     _, st, _ = state("wire.parts=4")
     g = np.ones(N, np.float32)
     a = parts_of(g, 4, 0)
     st.push_part(a[0]), st.push_part(a[1])
     assert st.push_part(a[0]) is None and st.push_part(a[1]) is None  # copies: not summed
     np.testing.assert_array_equal(st.updater.acc[:6], 1.0)
-    assert st.push_part(a[3]) is None  # part 2 lost: the last is not taken out of order
-    np.testing.assert_array_equal(st.updater.acc[6:], 0.0)
+    assert st.push_part(a[3]) is None  # part 2 lost: the request is not complete
+    np.testing.assert_array_equal(st.updater.acc[9:], 1.0)
     assert st.engine.pending == 0
-    for m in a:  # the request sent again whole
-        st.push_part(m)
+    for m in a[:3]:  # the request sent again whole: part 2 completes it (the server drops
+        st.push_part(m)  # the copies behind it: ps.py's is_sent_before / is_duplicate)
     assert st.engine.pending == 1 and st.engine.pending_learners == {0}
     np.testing.assert_array_equal(st.updater.acc, 1.0)
+
+
+def test_parts_sent_last_layer_first_end_bit_identical_and_the_reply_carries_part_0_only():
+    """As a learner pushing during backward sends them: the last part first, part 0 (no
+    x{more}) last. Parts 3, 2, 1 go ahead as both learners' are in; the reply is part 0."""
+    _, whole, _ = state()
+    _, parted, _ = state("wire.parts=4")
+    for t in range(3):
+        g = grads(seed=t)
+        for i in (1, 0):
+            whole.push(msg(Kind.PUSHPULL, i, t, [g[i]], seq=t + 1))
+        ms = [parts_of(g[s], 4, s, t, t + 1, last=0) for s in (0, 1)]
+        ahead = []
+        for k in (3, 2, 1, 0):
+            for m in (ms[0][k], ms[1][k]):
+                parted.push_part(m)
+                for i, _ in parted.parts_ahead():  # as ReplyWeights.ahead sends them
+                    ahead.append(i)
+                    assert parted.parts.round.ahead_to(i, parted.engine.members) == [
+                        (0, t + 1),
+                        (1, t + 1),
+                    ]
+        assert ahead == [3, 2, 1]
+        for s in (0, 1):
+            frames, fields = parted.weights_for(s)
+            assert fields == {"at": 0} and sum(f.shape[0] for f in frames) == 3
+    np.testing.assert_array_equal(parted.w, whole.w)
+    np.testing.assert_array_equal(parted.updater.v, whole.updater.v)
 
 
 def test_a_learner_evicted_mid_round_keeps_its_parts_and_each_part_is_averaged_over_its_own():
@@ -188,19 +217,22 @@ def test_a_learner_that_rejoins_mid_round_has_the_parts_stepped_without_it_dropp
     assert 2 in st.parts.round.contrib[1]
 
 
-def test_parts_complete_in_order_and_go_ahead_only_to_whom_has_every_part_before():
+def test_parts_complete_in_any_order_and_the_reply_carries_the_run_not_sent_ahead():
     r = PartRound(12, 4)
     for s in (0, 1):
-        assert r.arrive(s, 7, 0) == "add"
-    assert r.complete({0, 1}) == [0]
-    r.stepped[0] = True
-    assert r.ahead_to(0, {0, 1}) == [(0, 7), (1, 7)]
-    r.sent[1] = 0  # as if learner 1 had missed part 0: part 1 must not go ahead to it
-    r.stepped[1] = True
-    assert r.ahead_to(1, {0, 1}) == [(0, 7)]
+        assert r.arrive(s, 7, 2) == "add"
+    assert r.complete({0, 1}) == [2]
+    r.stepped[2] = True
+    assert r.ahead_to(2, {0, 1}) == [(0, 7), (1, 7)]
+    r.stepped[3] = True
+    assert r.ahead_to(3, {0}) == [(0, 7)]
     r.finished(5)
-    assert r.tail(0, 5) == 6 and r.tail(1, 5) == 0 and r.tail(0, 5) == 0
+    # learner 0 lacks parts 0-1 (one run: elements 0..6); learner 1 lacks 0, 1 and 3
+    assert r.tail(0, 5) == (0, 6) and r.tail(1, 5) == (0, 12) and r.tail(0, 5) == (0, 12)
     assert r.complete({0}) == [] and not any(r.contrib)
+    r.sent = {0: {0, 1, 2, 3}, 1: {0, 1}}
+    r.finished(6)
+    assert r.tail(0, 6) == (12, 12) and r.tail(1, 6) == (6, 12)
 
 
 def test_a_server_answers_each_part_ahead_and_a_check_mid_request_hears_not_got(ctx):

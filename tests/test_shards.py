@@ -375,3 +375,19 @@ def test_a_server_silent_after_another_said_stop_ends_the_learner_without_failin
     assert ex.start()
     with pytest.raises(ServersSilent, match="no reply from ps1"):
         ex.step(lambda: None)
+
+
+def test_a_learners_channel_to_each_server_takes_runtime_sndbuf_kib(ctx):
+    """The send buffer that keeps K flows from overflowing a switch port (docs/wire.md):
+    every learner-server connection asks the kernel for it (0: the kernel sizes it)."""
+    from rudra_zmq.learner.links import server_channels
+
+    for kib, want in ((32, 32 << 10), (0, -1)):
+        cfg = small_config("architecture.servers=2", f"runtime.sndbuf_kib={kib}")
+        shape = ClusterShape.of(cfg, 1000)
+        chans = server_channels(ctx, cfg, shape, ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], 0)
+        try:
+            assert [ch.sock.getsockopt(zmq.SNDBUF) for ch in chans] == [want, want]
+        finally:
+            for ch in chans:
+                ch.close()

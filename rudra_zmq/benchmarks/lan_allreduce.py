@@ -19,6 +19,7 @@ import json
 import random
 import time
 
+from .. import timeline
 from . import synthetic_cluster as sc
 
 MODULE = "rudra_zmq.benchmarks.lan_allreduce"
@@ -44,10 +45,13 @@ def _rank(a) -> None:
     grad = torch.full((a.params,), 1e-3, dtype=torch.float32)
     rng = random.Random(a.rank)
     dist.barrier()
-    t0 = time.perf_counter()
+    tl = timeline.start_from_env(f"rank{a.rank}")
+    t0, t0_unix = time.perf_counter(), time.time()
     ends = []
     for _ in range(a.steps):
+        c0 = timeline.now_us()
         time.sleep(a.compute_ms / 1000 * rng.uniform(0.9, 1.1))
+        c1 = timeline.now_us()
         if a.dtype == "float16":  # fp16_compress_hook: cast, divide, allreduce, cast back
             half = grad.to(torch.float16).div_(a.world)
             dist.all_reduce(half)
@@ -56,17 +60,22 @@ def _rank(a) -> None:
             grad.div_(a.world)
             dist.all_reduce(grad)
         ends.append(time.perf_counter() - t0)
+        tl.complete("compute", c0, c1)
+        tl.complete("allreduce", c1, timeline.now_us(), "wire")
     dist.barrier()
     dist.destroy_process_group()
+    timeline.stop()
     with open(a.report, "w") as f:
-        json.dump({"rank": a.rank, "step_ends": ends}, f)
+        json.dump({"rank": a.rank, "step_ends": ends, "t0_unix": t0_unix}, f)
 
 
-def run(hosts, per_host: int, params: int, steps: int, compute_ms: float, dtype, workdir):
-    """Run λ = len(hosts) x ``per_host`` ranks, rank 0 on ``hosts[0]``; returns rank 0's step
-    end times (seconds from the first step's start). Blocks; stops every rank on error."""
+def run(hosts, per_host: int, params: int, steps: int, compute_ms: float, dtype, workdir,
+        timeline: str | None = None):  # fmt: skip
+    """Run λ = len(hosts) x ``per_host`` ranks, rank 0 on ``hosts[0]``; returns rank 0's
+    report: ``step_ends`` (seconds from the first step's start) and ``t0_unix`` (that start).
+    ``timeline``: each rank records its part of it. Blocks; stops every rank on error."""
     world = len(hosts) * per_host
-    procs = sc.Processes(workdir)
+    procs = sc.Processes(workdir, {sc.TIMELINE_ENV: timeline} if timeline else None)
     try:
         for r in range(world):
             host = hosts[r // per_host]
@@ -80,7 +89,7 @@ def run(hosts, per_host: int, params: int, steps: int, compute_ms: float, dtype,
         reports = procs.wait(timeout_s=600)
     finally:
         procs.close()
-    return reports["rank0"]["step_ends"]
+    return reports["rank0"]
 
 
 def main(argv=None) -> None:

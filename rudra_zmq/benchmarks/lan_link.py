@@ -9,6 +9,8 @@ import statistics
 from .. import wire
 
 ALLREDUCE = "gloo-allreduce"  # what a user would run instead (lan_allreduce.py); not Table 1
+DDP = "ddp"  # ... and the real thing: DistributedDataParallel on the synthetic model (lan_ddp.py)
+BASELINES = (ALLREDUCE, DDP)  # cases without a parameter server
 MIB = 2**20
 
 

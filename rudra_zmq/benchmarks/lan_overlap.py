@@ -30,6 +30,15 @@ PORT = 23000
 ROLE = [sys.executable, "-m", "rudra_zmq.benchmarks.lan_overlap"]  # a server or learner
 
 
+def _buffers(sock, a, sndbuf: int) -> None:
+    """The kernel socket buffers asked for (``sndbuf``, ``--rcvbuf`` bytes; 0: the
+    kernel's autotuning, ZeroMQ's default)."""
+    if sndbuf:
+        sock.setsockopt(zmq.SNDBUF, sndbuf)
+    if a.rcvbuf:
+        sock.setsockopt(zmq.RCVBUF, a.rcvbuf)
+
+
 def server(a) -> None:
     """One server: sum each part, answer it once every learner's is in. Blocks."""
     import numpy as np
@@ -38,6 +47,7 @@ def server(a) -> None:
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
+    _buffers(sock, a, a.server_sndbuf)
     sock.bind(f"tcp://{a.addr}:{PORT}")
     n = a.numel // a.parts
     acc = np.zeros(n * a.parts, np.float32)
@@ -77,6 +87,7 @@ def learner(a) -> None:
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
+        _buffers(s, a, a.sndbuf)
         s.connect(ep)
         socks.append(s)
     k = len(socks)
@@ -136,7 +147,8 @@ def run(a) -> int:
                     procs.append(subprocess.Popen(
                         ["ip", "netns", "exec", ns, *ROLE, "server",
                          "--addr", addr, "--numel", str(numel), "--parts", str(parts),
-                         "--learners", str(learners), "--rounds", str(a.rounds)]))  # fmt: skip
+                         "--learners", str(learners), "--rounds", str(a.rounds),
+                         *_buffer_args(a)]))  # fmt: skip
                 time.sleep(1.5)
                 eps = ",".join(f"tcp://{addr}:{PORT}" for _, addr in srv)
                 start_at = time.time() + 4
@@ -146,7 +158,7 @@ def run(a) -> int:
                         ["ip", "netns", "exec", ns, *ROLE, "learner",
                          "--id", str(i), "--connect", eps, "--numel", str(numel), "--parts",
                          str(parts), "--rounds", str(a.rounds), "--compute-ms",
-                         str(a.compute_ms), "--start-at", str(start_at)],
+                         str(a.compute_ms), "--start-at", str(start_at), *_buffer_args(a)],
                         stdout=subprocess.PIPE, text=True))  # fmt: skip
                 rec = json.loads(outs[0].communicate(timeout=600)[0])
                 for p in outs + procs:
@@ -161,6 +173,11 @@ def run(a) -> int:
     return 0
 
 
+def _buffer_args(a) -> list[str]:
+    server = a.sndbuf if a.server_sndbuf is None else a.server_sndbuf
+    return ["--sndbuf", str(a.sndbuf), "--server-sndbuf", str(server), "--rcvbuf", str(a.rcvbuf)]
+
+
 def add_arguments(p) -> None:
     """``rudra-zmq bench lan-overlap``'s options."""
     p.add_argument("--learners", type=int, default=8, help="learner hosts (default 8)")
@@ -171,6 +188,14 @@ def add_arguments(p) -> None:
     p.add_argument("--compute-ms", type=float, default=100, help="default 100")
     p.add_argument("--rate", default="1gbit", help="each host link's rate, both ways")
     p.add_argument("--netns-sh", metavar="PATH", help="the LAN script (bench/lan/netns.sh)")
+    _buffer_options(p)
+
+
+def _buffer_options(p) -> None:
+    for opt in ("sndbuf", "rcvbuf"):
+        p.add_argument(f"--{opt}", type=int, default=0, help=f"ZeroMQ's {opt.upper()} in bytes "
+                       "on every socket (default 0: the kernel's autotuning)")  # fmt: skip
+    p.add_argument("--server-sndbuf", type=int, help="the servers' SNDBUF (default: --sndbuf)")
 
 
 def main() -> None:
@@ -182,6 +207,7 @@ def main() -> None:
     s = sub.add_parser("server")
     s.add_argument("--addr", required=True)
     for q in (s, sub.add_parser("learner")):
+        _buffer_options(q)
         q.add_argument("--numel", type=int, required=True)
         q.add_argument("--parts", type=int, required=True)
         q.add_argument("--rounds", type=int, required=True)

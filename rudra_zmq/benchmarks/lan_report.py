@@ -5,18 +5,40 @@ Pure but for ``write_png``, which writes its file."""
 from __future__ import annotations
 
 from . import common
-from .lan_link import ALLREDUCE, MIB, retries_text
+from .lan_link import BASELINES, MIB, retries_text
+
+
+def links_text(r: dict) -> str:
+    """The links' and the CPU's use over the timed epochs (``lan_links.summary``, ``cpu_idle``),
+    for a result line ("" where not measured). Pure."""
+    said = []
+    for who in ("learner", "server"):
+        if r.get(f"{who}_links_sent") is not None:
+            said.append(
+                f"{who} links busy {r[f'{who}_links_sent']:.2f} out {r[f'{who}_links_received']:.2f} in"
+            )
+    if r.get("tcp_OutSegs"):
+        said.append(
+            f"tcp retrans {r['tcp_RetransSegs'] / r['tcp_OutSegs']:.2%} of segments, "
+            f"{r['tcp_TCPTimeouts']} timeouts, {r['tcp_tbf_dropped']} tbf drops"
+        )
+    if r.get("cpu_idle") is not None:
+        said.append(f"cpu idle {r['cpu_idle']:.2f}")
+        if r.get("cpu_niced"):  # nice-19 background work, which yields to the benchmark
+            said[-1] += f" (+{r['cpu_niced']:.2f} niced)"
+    return f"  [{'; '.join(said)}]" if said else ""
 
 
 def line(r: dict) -> str:
     eps = " ".join(f"{x:.2f}" for x in r["epoch_s"])
     bound = "" if r["of_bound"] is None else f"  {r['of_bound']:.2f} of its bound"
+    bound += links_text(r)
     head = (
         f"table1 {r['case']:<17} λ={r['learners']} ({r['hosts']} hosts x {r['per_host']}) "
         f"n={common.fmt_count(r['params'])} {r['rate']}  {r['s_per_epoch']:7.2f} s/epoch "
         f"[epochs {eps}]"
     )
-    if r["case"].startswith(ALLREDUCE):
+    if r["case"].startswith(BASELINES):
         step = r["s_per_epoch"] * r["learners"] / r["epoch_gradients"]
         return f"{head}  {step:.3f} s/step{bound}"
     return (

@@ -4,10 +4,12 @@ with K servers, each over one range of ``shape.split(params, K)``, placed beside
 the synthetic learners pushing each server its slice (``learner/exchange.py``).
 
 An epoch ends when its last gradient's update is applied on the slowest server; the bytes
-are the sum over the servers. The link bound of a hardsync update, with no push/pull
-overlap (every push, then every reply): the busiest link carries, each way, the larger of a
-server's ingress (its range of every learner's gradient that is not on its host) and a
-learner host's egress (its learners' slices for other hosts' servers).
+are the sum over the servers. The link bound of a hardsync update (``link_phases``): whole
+messages (every push, then every reply) take the busiest link's pushes, then its replies; in
+P parts (wire.parts) the replies overlap the pushes, but a link direction that carries both
+(a host whose server answers remote learners while its learner pushes to remote servers:
+``colocated``) still carries both, so the bound is the larger of that direction's bytes and
+the pushes plus the last part's replies.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import statistics
 from .. import wire
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
+from .lan_ddp import FORWARD_SHARE
 from .lan_link import deadline_s, parse_rate, retries, row_head, traffic, wire_bytes
 
 PLACEMENTS = ("colocated", "extra")
@@ -38,23 +41,43 @@ def extra_hosts(a) -> int:
     return max(a.servers) if "extra" in a.server_placement else 0
 
 
+def link_phases(hosts: int, per_host: int, k: int, placement: str) -> tuple[float, float, float]:
+    """A hardsync update's busiest link loads, in models (M): (pushes, replies, both): the
+    most any link direction carries of the pushes, of the replies, and of the two together.
+    ``hosts`` learner hosts of ``per_host`` learners; ``k`` servers of M/k each, server i on
+    learner host i mod hosts (``colocated``) or on a host of its own (``extra``); a learner's
+    slice for a server on its own host does not cross a link. Pure."""
+    lam = hosts * per_host
+    on = [0] * hosts  # servers on each learner host
+    if placement == "colocated":
+        for i in range(k):
+            on[i % hosts] += 1
+    learner_out = [per_host * (k - on[h]) / k for h in range(hosts)]  # = its replies in
+    server_out = [on[h] * (lam - per_host) / k for h in range(hosts)]  # = its pushes in
+    if placement == "extra":
+        server_out += [lam / k] * k  # hosts with one server and no learner
+        learner_out += [0.0] * k
+    pushes = max(max(learner_out), max(server_out))
+    both = max(x + y for x, y in zip(learner_out, server_out))
+    return pushes, pushes, both
+
+
 def bound_s_per_epoch(
     case: str, a, k: int, placement: str, wire_dtype: str, parts: int = 1
 ) -> float | None:
-    """The link bound of one epoch of ``case`` (hardsync only; None otherwise, or where
-    servers share a host): per update twice the busiest link's one-way bytes (in P parts,
-    wire.parts: 1 + 1/P times, the replies overlapping the pushes but for the last part),
-    plus one compute (module docstring)."""
-    if case != "base-hardsync" or (placement == "colocated" and k > a.hosts):
+    """The link bound of one epoch of ``case`` (hardsync only; None otherwise): per update
+    the busiest link's pushes then its replies, or in P parts (wire.parts) the larger of the
+    busiest direction's pushes and replies together and the pushes plus 1/P of the replies
+    (module docstring), plus one compute."""
+    if case != "base-hardsync":
         return None
-    lam, p = a.hosts * a.per_host, a.per_host
+    pushes, replies, both = link_phases(a.hosts, a.per_host, k, placement)
     m = a.params * wire_bytes(wire_dtype) / parse_rate(a.rate)
-    if placement == "extra":
-        phase = max(lam / k, p) * m  # a server's ingress; a learner host's egress
-    else:  # a server's own host's learners are local; hosts without a server send all
-        own = p * (k - 1) / k if k == a.hosts else p
-        phase = max((lam - p) / k, own) * m
-    return a.epoch_gradients / lam * ((1 + 1 / parts) * phase + a.compute_ms / 1000)
+    link, c = max(both, pushes + replies / parts) * m, a.compute_ms / 1000
+    per_update = link + c
+    if getattr(a, "learner", "sleep") == "model":  # pushes during backward: DDP's bound
+        per_update = c * FORWARD_SHARE + max(c * (1 - FORWARD_SHARE), link)
+    return a.epoch_gradients / (a.hosts * a.per_host) * per_update
 
 
 def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
@@ -87,6 +110,7 @@ def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
             {
                 "epoch": e + 1,
                 "s": t - prev_t,
+                "t_end": t,
                 "rx_bytes": rx,
                 "tx_bytes": tx,
                 "updates": ends[0][e] - prev_k[0],
@@ -98,11 +122,12 @@ def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
 
 
 def run_case(
-    case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str, parts: int = 1
-) -> dict:
+    case: str, a, lan, workdir: str, wire_dtype: str, k: int, placement: str, parts: int = 1,
+    timeline: str | None = None,
+) -> dict:  # fmt: skip
     """One Rudra-base or Rudra-adv case (one tree per range) with ``k`` sharded servers
     placed by ``placement``: its row, as ``lan_table1.run_case``'s (the root's columns are
-    the servers' sums). Blocks."""
+    the servers' sums; ``timeline`` as there). Blocks."""
     arch, protocol = case.split("-")
     if arch not in ("base", "adv"):
         raise ValueError(f"--servers: sharded servers serve base and adv, not {case}")
@@ -110,13 +135,16 @@ def run_case(
     ov = sr.overrides(
         arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,
         fanout=a.per_host, depth=1, retry_s=a.retry_s, wire_dtype=wire_dtype, parts=parts,
+        sndbuf_kib=a.sndbuf_kib,
     )  # fmt: skip
     bound = bound_s_per_epoch(case, a, k, placement, wire_dtype, parts)
     r = sc.run(
         arch, ov, params=a.params, learners=lam, root=lan.hosts[0],
         hosts=lan.hosts[1 : 1 + a.hosts], workdir=workdir, compute_ms=a.compute_ms,
         per_process=a.per_host, servers=server_hosts(lan, a, k, placement),
-        timeout_s=deadline_s(bound, a.epochs),
+        timeout_s=deadline_s(bound, a.epochs), timeline=timeline, local_ipc=a.local == "ipc",
+        layers=0 if getattr(a, "learner", "sleep") == "sleep" else a.layers,
+        push_after=getattr(a, "learner", "sleep") == "model-after",
     )  # fmt: skip
     servers = r["servers"]
     per = wire_bytes(wire_dtype)
@@ -130,6 +158,9 @@ def run_case(
         "" if wire_dtype == "float32" else f"-{wire.WIRE_DTYPES[wire_dtype]}"
     )
     name += f"-p{parts}" if parts > 1 else ""
+    name += f"-sb{a.sndbuf_kib}" if a.sndbuf_kib else ""
+    name += "-ipc" if a.local == "ipc" and placement == "colocated" else ""
+    name += "" if getattr(a, "learner", "sleep") == "sleep" else f"-{a.learner}"
     row_traffic = traffic(timed, a.epoch_gradients * len(timed))  # summed over the servers
     share = max(ps["rx_grad_bytes"] for ps in servers) / sum(ps["rx_grad_bytes"] for ps in servers)
     return {
@@ -147,5 +178,9 @@ def run_case(
         "server_numel": [ps["numel"] for ps in servers],
         "server_cpu_s": [ps["cpu_s"] for ps in servers],
         "wall_s": r["wall_s"],
+        "timed_window": [
+            ep[0]["t_end"] if len(ep) > 1 else min(ps["t_first_grad"] for ps in servers),
+            ep[-1]["t_end"],
+        ],
         **retries(servers, r["learners"]),
     }

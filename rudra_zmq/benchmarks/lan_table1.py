@@ -23,22 +23,36 @@ Needs root and ``ip netns``.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import signal
 import statistics
 import sys
 import tempfile
+from functools import partial
 
-from .. import wire
+from .. import timeline, wire
 from ..config import RuntimeConfig
 from ..config_architecture import MAX_PARTS
-from . import common, lan_shards
+from . import common, lan_links, lan_shards
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
 from .lan_allreduce import run as run_allreduce
+from .lan_ddp import FORWARD_SHARE, LAYERS
+from .lan_ddp import run as run_ddp
 from .lan_hosts import NETNS_SH, Lan, find_netns_sh, lan_available
-from .lan_link import ALLREDUCE, deadline_s, parse_rate, retries, row_head, traffic, wire_bytes
+from .lan_link import (
+    ALLREDUCE,
+    BASELINES,
+    DDP,
+    deadline_s,
+    parse_rate,
+    retries,
+    row_head,
+    traffic,
+    wire_bytes,
+)
 from .lan_report import line, ordering, write_png
 
 HOSTS = 4  # learner hosts (the root is one more)
@@ -49,6 +63,7 @@ EPOCH_GRADIENTS = 128  # one "epoch" (8 gradients per learner)
 EPOCHS = 3  # the first is a warm-up
 RATE = "1gbit"
 CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
+LEARNERS = ["sleep", "model", "model-after"]  # --learner (lan_shards.run_case)
 DEFAULTS = dict(
     hosts=HOSTS,
     per_host=PER_HOST,
@@ -76,6 +91,7 @@ def epochs_of(ps: dict, n: int, epochs: int) -> list[dict]:
             {
                 "epoch": e,
                 "s": r["t"] - prev["t"],
+                "t_end": r["t"],
                 "grads": r["grads"] - prev["grads"],
                 "rx_bytes": r["rx_bytes"] - prev["rx_bytes"],
                 "tx_bytes": r["out_bytes"] - prev["out_bytes"],
@@ -104,14 +120,18 @@ def bound_s_per_epoch(case: str, a, wire_dtype: str, parts: int = 1) -> float | 
         return max(a.epoch_gradients * m, steps * (c + 2 * m * a.per_host))
     if case == ALLREDUCE:
         return steps * (2 * (lam - 1) / lam * m + c)
+    if case == DDP:  # the traffic overlaps backward but can end no sooner than it does
+        ring = 2 * (lam - 1) / lam * m
+        return steps * (c * FORWARD_SHARE + max(c * (1 - FORWARD_SHARE), ring))
     return None
 
 
-def run_allreduce_case(a, lan: Lan, workdir: str, wire_dtype: str) -> dict:
-    """The gloo allreduce on the learner hosts, as a row like run_case's (no root)."""
+def run_baseline_case(case, a, lan: Lan, workdir: str, wire_dtype: str, timeline=None) -> dict:
+    """The gloo allreduce or DDP on the learner hosts, as a row like run_case's (no root)."""
     lam = a.hosts * a.per_host
     steps = a.epoch_gradients // lam
-    ends = run_allreduce(
+    run_ranks = run_allreduce if case == ALLREDUCE else partial(run_ddp, layers=a.layers)
+    rank0 = run_ranks(
         lan.hosts[1 : 1 + a.hosts],
         a.per_host,
         a.params,
@@ -119,25 +139,32 @@ def run_allreduce_case(a, lan: Lan, workdir: str, wire_dtype: str) -> dict:
         a.compute_ms,
         wire_dtype,
         workdir,
+        timeline=timeline,
     )
+    ends, t0 = rank0["step_ends"], rank0["t0_unix"]
     marks = [0.0] + [ends[(e + 1) * steps - 1] for e in range(a.epochs)]
     epoch_s = [b - x for x, b in zip(marks, marks[1:])]
     timed = epoch_s[1:] or epoch_s
-    return _row(ALLREDUCE, a, wire_dtype, statistics.median(timed), epoch_s)
+    row = _row(case, a, wire_dtype, statistics.median(timed), epoch_s)
+    return {**row, "timed_window": [t0 + marks[1 if a.epochs > 1 else 0], t0 + marks[-1]]}
 
 
 def _row(case: str, a, wire_dtype: str, s: float, epoch_s: list, parts: int = 1) -> dict:
     name = case if wire_dtype == "float32" else f"{case}-{wire.WIRE_DTYPES[wire_dtype]}"
     name += f"-p{parts}" if parts > 1 else ""
+    name += f"-sb{a.sndbuf_kib}" if a.sndbuf_kib else ""
     bound = bound_s_per_epoch(case, a, wire_dtype, parts)
     return {**row_head(name, a, wire_dtype, s, epoch_s, bound), "parts": parts}
 
 
 def run_case(
-    case: str, a, lan: Lan, workdir: str, wire_dtype: str = "float32", parts: int = 1
-) -> dict:
-    if case == ALLREDUCE:
-        return run_allreduce_case(a, lan, workdir, wire_dtype)
+    case: str, a, lan: Lan, workdir: str, wire_dtype: str = "float32", parts: int = 1,
+    timeline: str | None = None,
+) -> dict:  # fmt: skip
+    """One case with the root alone: its row. ``timeline``: the roles record their parts of
+    it there (``timeline.start_from_env``). Blocks."""
+    if case in BASELINES:
+        return run_baseline_case(case, a, lan, workdir, wire_dtype, timeline)
     arch, protocol = case.split("-")
     lam = a.hosts * a.per_host
     ov = sr.overrides(
@@ -152,6 +179,7 @@ def run_case(
         retry_s=a.retry_s,
         wire_dtype=wire_dtype,
         parts=parts,
+        sndbuf_kib=a.sndbuf_kib,
     )
     r = sc.run(
         arch,
@@ -164,6 +192,7 @@ def run_case(
         compute_ms=a.compute_ms,
         per_process=a.per_host,
         timeout_s=deadline_s(bound_s_per_epoch(case, a, wire_dtype, parts), a.epochs),
+        timeline=timeline,
     )
     ps = r["ps"]
     per = wire_bytes(wire_dtype)
@@ -183,6 +212,7 @@ def run_case(
         "root_grad_bytes_total": ps["rx_grad_bytes"],
         "root_cpu_s": ps["cpu_s"],
         "wall_s": r["wall_s"],
+        "timed_window": [ep[0]["t_end"] if len(ep) > 1 else ps["t_first_grad"], ep[-1]["t_end"]],
         **retries([ps], r["learners"]),
     }
 
@@ -200,6 +230,23 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--params", type=common.parse_size, help=f"default {PARAMS:,}")
     p.add_argument("--compute-ms", type=float, help=f"default {COMPUTE_MS:g}")
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=LAYERS,
+        help=f"{DDP}: the synthetic model's layers (default {LAYERS}; a third of the compute "
+        "is their forward, the rest their backward)",
+    )
+    p.add_argument(
+        "--learner",
+        nargs="+",
+        choices=LEARNERS,
+        default=["sleep"],
+        help="the PS cases' learners with K > 1 servers, each side by side: sleep, then push "
+        "(default); model: train the synthetic model of --layers sleeping layers (the module "
+        "the ddp case runs) through the learner's exchange, each part pushed as backward "
+        "finishes it; model-after: the same, every part pushed after backward",
+    )
     p.add_argument("--epoch-gradients", type=int, help=f"default {EPOCH_GRADIENTS}")
     p.add_argument("--epochs", type=int, help=f"the first is a warm-up (default {EPOCHS})")
     p.add_argument("--rate", default=RATE, help="each host link's rate, both ways (tc units)")
@@ -207,8 +254,10 @@ def add_arguments(p) -> None:
         "--cases",
         nargs="+",
         default=CASES,
-        choices=[*CASES, ALLREDUCE],
-        help=f"default: Table 1's; {ALLREDUCE}: torch.distributed's ring allreduce (gloo) on "
+        choices=[*CASES, *BASELINES],
+        help=f"default: Table 1's; {DDP}: DistributedDataParallel (gloo, its default buckets) on "
+        "the synthetic model of sleeping layers (lan_ddp.py; float16: its fp16_compress_hook); "
+        f"{ALLREDUCE}: torch.distributed's ring allreduce (gloo) on "
         "the learner hosts, DDP's step (float16: its fp16_compress_hook's traffic)",
     )
     p.add_argument(
@@ -257,6 +306,30 @@ def add_arguments(p) -> None:
         help=f"the LAN script (default: {NETNS_SH} of the source tree or the current directory)",
     )
     p.add_argument("--quick", action="store_true", help="2 hosts x 2 learners, 10k, seconds")
+    p.add_argument(
+        "--sndbuf-kib",
+        nargs="+",
+        type=int,
+        default=[0],
+        metavar="KIB",
+        help="runtime.sndbuf_kib: run the PS cases with each of these kernel send buffers on "
+        "the learner-server connections, side by side (default 0: the kernel sizes them)",
+    )
+    p.add_argument(
+        "--local",
+        nargs="+",
+        default=["tcp"],
+        choices=["tcp", "ipc"],
+        help="servers beside the learners (colocated): how a learner reaches the server on "
+        "its own host, each side by side (default tcp, as launch does; ipc: rows ...-ipc)",
+    )
+    p.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="write each case's Chrome/Perfetto trace (compute spans, every part sent and "
+        "received, each host link's use) to FILE, and a PNG of the links beside it; with "
+        "several cases FILE-CASE.json and FILE-CASE.png",
+    )
     common.add_output_args(p)
 
 
@@ -269,6 +342,64 @@ def _variants(case: str, a) -> list[tuple]:
         (k, where, p) for k in ks for where in (a.server_placement if k > 1 else [None])
         for p in parts
     ]  # fmt: skip
+
+
+def _transports(case: str, a, k: int, where) -> list[tuple[int, str, str]]:
+    """(runtime.sndbuf_kib, local, learner) of each run of one variant: --sndbuf-kib for the
+    PS cases, each with every --local for servers beside the learners, and every --learner
+    with K > 1 servers (the root alone runs sleeping learners)."""
+    if case in BASELINES:
+        return [(0, "tcp", "sleep")]
+    return [
+        (sb, local, learner)
+        for sb in a.sndbuf_kib
+        for local in (a.local if where == "colocated" else ["tcp"])
+        for learner in (a.learner if k > 1 else ["sleep"])
+    ]
+
+
+def _n_runs(a) -> int:
+    return len(a.wire_dtypes) * sum(
+        len(_transports(c, a, k, where)) for c in a.cases for k, where, _ in _variants(c, a)
+    )
+
+
+def _sampled(a, lan, workdir, case, dtype, k, where, parts, traces) -> dict:
+    """One case's row, run with its links and the CPU sampled (``lan_links``): the row gets
+    each host's link use and the CPU's idle share over the timed epochs; with ``traces``
+    (``--timeline``) its trace and PNG are written. Blocks."""
+    trace = None if traces is None else traces.base()
+    namespaces = [h.ns for h in lan.hosts] + [f"{lan.prefix}-br"]
+    tcp0 = lan_links.tcp_counters(namespaces)
+    sampler = lan_links.LinkSampler(lan.prefix, len(lan.hosts)).start()
+    try:
+        r = (
+            run_case(case, a, lan, workdir, dtype, parts, trace)
+            if k == 1
+            else lan_shards.run_case(case, a, lan, workdir, dtype, k, where, parts, trace)
+        )
+    finally:
+        sampler.stop()
+    t0, t1 = (int(t * 1e6) for t in r["timed_window"])
+    servers = (
+        [0] if k == 1 else [lan.hosts.index(h) for h in lan_shards.server_hosts(lan, a, k, where)]
+    )
+    busy = sampler.busy(parse_rate(a.rate), t0, t1)
+    r.update(
+        lan_links.summary(busy, list(range(1, 1 + a.hosts)), [] if case in BASELINES else servers)
+    )
+    r["cpu_idle"], r["cpu_niced"] = sampler.cpu_idle(t0, t1), sampler.cpu_niced(t0, t1)
+    tcp1 = lan_links.tcp_counters(namespaces)  # the whole case's, warm-up included
+    r.update({f"tcp_{key}": tcp1[key] - tcp0[key] for key in tcp0})
+    if traces is not None:
+        names = [f"host {i}" for i in range(len(lan.hosts))]
+        path, other = traces.finish(trace, r["case"], sampler.counter_events(names, pid=0))
+        png = traces.paths(r["case"])[1]
+        title = f"{r['case']}: each host link's use ({a.rate}; host 0 the root)"
+        series = lan_links.series_of(sampler, names)
+        lan_links.write_png(str(png), series, parse_rate(a.rate), title, spans=[(t0, t1, "timed")])
+        r.update(timeline=str(path), timeline_png=str(png), timeline_dropped=other["dropped"])
+    return r
 
 
 def run(a) -> int:
@@ -286,6 +417,10 @@ def run(a) -> int:
         raise ValueError(f"--servers {a.servers}: each K must be 1 to --params")
     if min(a.parts) < 1 or max(a.parts) > MAX_PARTS:
         raise ValueError(f"--parts {a.parts}: each P must be 1 to {MAX_PARTS} (wire.parts)")
+    sndbufs = a.sndbuf_kib
+    if min(sndbufs) < 0:
+        raise ValueError(f"--sndbuf-kib {sndbufs}: each must be >= 0 (0: the kernel sizes it)")
+    traces = timeline.Output(a.timeline, _n_runs(a)) if a.timeline else None
     netns_sh = a.netns_sh or find_netns_sh()
     why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
     if why:
@@ -326,16 +461,15 @@ def run(a) -> int:
             os.chmod(workdir, 0o755)
             for case in cases:
                 for dtype in a.wire_dtypes:
-                    if case == ALLREDUCE and dtype == "bfloat16":
-                        report.note(f"{ALLREDUCE} bfloat16 skipped: DDP's hook is float16 here")
+                    if case in BASELINES and dtype == "bfloat16":
+                        report.note(f"{case} bfloat16 skipped: DDP's hook is float16 here")
                         continue
                     for k, where, parts in _variants(case, a):
-                        r = (
-                            run_case(case, a, lan, workdir, dtype, parts)
-                            if k == 1
-                            else lan_shards.run_case(case, a, lan, workdir, dtype, k, where, parts)
-                        )
-                        report.case(r, line(r))
+                        for sb, local, learner in _transports(case, a, k, where):
+                            b = copy.copy(a)
+                            b.sndbuf_kib, b.local, b.learner = sb, local, learner
+                            r = _sampled(b, lan, workdir, case, dtype, k, where, parts, traces)
+                            report.case(r, line(r))
     except Exception:  # a case failed (Ctrl-C and SIGTERM leave nothing behind)
         kept = True
         print(f"table1: the roles' logs of the failed case are kept in {workdir}", file=sys.stderr)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from ..config import load_config
 from ..shape import ClusterShape
+from ..timeline import ENV as TIMELINE_ENV
 
 MODULE = "rudra_zmq.benchmarks.synthetic_roles"
 
@@ -45,8 +46,9 @@ class Processes:
     """The processes of one run. ``start`` blocks until a server printed its endpoint;
     ``wait`` until all exited; ``close`` stops the rest (TERM, then KILL). Not thread-safe."""
 
-    def __init__(self, workdir: str):
-        self.workdir = workdir
+    def __init__(self, workdir: str, env: dict | None = None):
+        """``env``: variables added to every process's environment (``start`` adds more)."""
+        self.workdir, self.env = workdir, dict(env or {})
         self.procs: list[tuple[str, subprocess.Popen, str, str]] = []
 
     def start(
@@ -80,6 +82,7 @@ class Processes:
             OMP_NUM_THREADS="1",
             OMP_WAIT_POLICY="PASSIVE",
             PYTHONUNBUFFERED="1",
+            **self.env,
             **(env or {}),
         )
         with open(out, "w") as fo, open(log, "w") as fe:
@@ -255,15 +258,24 @@ def run(
     per_process: int = 1,
     timeout_s: float = 600,
     servers: list[Host] | None = None,
+    timeline: str | None = None,
+    local_ipc: bool = False,
+    layers: int = 0,
+    push_after: bool = False,
 ) -> dict:
     """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
     "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
     ``servers`` (base, or adv with one tree per range), one server per host listed there
     (``architecture.servers`` = their number; each serves its range of the run's
-    ``shape.ClusterShape``; ``ps`` is then the first's report), instead of one on ``root``.
-    Blocks; stops every process it started before returning or raising."""
+    ``shape.ClusterShape``; ``ps`` is then the first's report), instead of one on ``root``;
+    with ``local_ipc`` (base) a learner reaches a server on its own host over ipc instead of
+    tcp; with ``layers`` the learners train the synthetic model of that many sleeping layers
+    (``synthetic_roles learners --layers``; ``push_after``: every part after backward).
+    ``timeline``: every role records its part of that timeline (``timeline.start_from_env``;
+    the caller merges them). Blocks; stops every process it started before returning or
+    raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
-    procs = Processes(workdir)
+    procs = Processes(workdir, {TIMELINE_ENV: timeline} if timeline else None)
     t0 = time.time()
     try:
         if arch not in ("base", "adv", "advstar"):
@@ -272,18 +284,26 @@ def run(
         overrides = [*overrides, f"architecture.servers={len(homes)}"]
         shape = ClusterShape.of(load_config(None, overrides))  # (advstar refuses K > 1)
         common = [f"--set={o}" for o in overrides]
-        server_eps = []
+        where = _learner_hosts(learners, hosts)
+        local = set(where) if servers and local_ipc and arch == "base" else set()
+        server_eps, local_eps = [], []
         for srv, host in zip(shape.servers, homes):
             bcast = ["--bcast-bind", f"tcp://{host.addr}:0"] if arch == "advstar" else []
             args = ["--bind", f"tcp://{host.addr}:0", *bcast, *srv.args]
+            if host in local:  # also an ipc endpoint for the learners of its own host
+                args += ["--local-bind", f"ipc://{workdir}/{srv.label}.sock"]
             out = procs.start(
                 srv.label, "ps", [*args, "--params", str(params), *common], host, server=True
             )
             server_eps.append(_field(out, "listening on "))
-        where = _learner_hosts(learners, hosts)
+            local_eps.append(_field(out, "local on ") if host in local else None)
         members = {}
         if shape.tree is None:  # Rudra-base: every learner to every server
-            eps = {i: "+".join(server_eps) for i in range(learners)}
+            eps = {
+                i: "+".join(ipc if ipc and h == where[i] else tcp
+                            for tcp, ipc, h in zip(server_eps, local_eps, homes))
+                for i in range(learners)
+            }  # fmt: skip
         else:  # adv and advstar: one tree per range carries the gradients, to its server
             per = [
                 _tree(shape, srv, procs, where, ep, workdir, common)
@@ -323,6 +343,9 @@ def run(
                         str(params),
                         "--compute-ms",
                         str(compute_ms),
+                        "--layers",
+                        str(layers),
+                        *(["--push-after"] if push_after else []),
                         *common,
                     ],
                     h,

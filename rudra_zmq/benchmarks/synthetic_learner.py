@@ -1,7 +1,12 @@
 """The torch-free learner of the cluster benchmarks (``synthetic_roles learners``): HELLO,
 then "compute" by sleeping, PUSHPULL through the learner's own exchange (or, advstar, PUSH
 plus a broadcast member) of a fixed gradient and a copy of the new weights, until STOP,
-counting what it sent and received."""
+counting what it sent and received.
+
+With ``layers`` (``--layers``; not advstar) it is no stand-in: it trains the synthetic model
+of sleeping layers (``synthetic_model.py``, the module real DDP runs in ``lan_ddp.py``)
+through the learner's own exchange, whose backward hooks push each part as backward
+finishes it (``learner/buckets.py``); that imports torch."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import time
 import numpy as np
 import zmq
 
-from .. import codec, kernels, wire
+from .. import codec, kernels, timeline, wire
 from ..channel import Channel
 from ..learner.exchange import broadcast_member, make_exchange
 from ..learner.links import ServerLinks, server_channels
@@ -40,18 +45,28 @@ class SyntheticLearner:
         numel: int,
         compute_s: float,
         bcast: tuple[str, str | None] | None = None,
+        layers: int = 0,
+        push_after: bool = False,
     ):
         """``endpoint``: each server's (or its leaf in each range's tree), in range order,
-        joined by ``+``."""
+        joined by ``+``. ``layers``: train the synthetic model of that many sleeping layers
+        (``push_after``: every part after backward, as ``wire.push_during_backward`` false)."""
         self.id, self.numel, self.compute_s = learner_id, numel, compute_s
         self.rng = random.Random(learner_id)
-        self.exchange = self.member = None
+        self.exchange = self.member = self.model = None
         if cfg.architecture.kind == "advstar":
+            if layers:
+                raise ValueError(
+                    "--layers: the synthetic model runs through the exchange, not advstar"
+                )
             self._advstar(ctx, cfg, endpoint, bcast)
         else:
-            self._exchange(ctx, cfg, endpoint.split("+"))
+            self._exchange(ctx, cfg, endpoint.split("+"), layers)
+            if push_after and self.exchange.stream is not None:  # the learner before issue 42
+                self.exchange.stream.close()
+                self.exchange.stream = None
 
-    def _exchange(self, ctx, cfg, endpoints) -> None:
+    def _exchange(self, ctx, cfg, endpoints, layers: int) -> None:
         """Push each server its slice through ``learner/exchange.py``, as learner/learner.py
         does."""
         from types import SimpleNamespace
@@ -60,14 +75,18 @@ class SyntheticLearner:
         self.links = ServerLinks(
             server_channels(ctx, cfg, shape, endpoints, self.id), shape.servers
         )
-        self.w = np.zeros(self.numel, np.float32)
-        flat = SimpleNamespace(  # the exchange's view of a model: buffers and a name
-            weights=self.w,
-            grads=np.full(self.numel, 1e-3, np.float32),
-            signature=SIGNATURE,
-            numel=self.numel,
-            weights_to_device=lambda: None,
-        )
+        if layers:
+            flat = self._model(layers)
+            self.w = flat.weights
+        else:
+            self.w = np.zeros(self.numel, np.float32)
+            flat = SimpleNamespace(  # the exchange's view of a model: buffers and a name
+                weights=self.w,
+                grads=np.full(self.numel, 1e-3, np.float32),
+                signature=SIGNATURE,
+                numel=self.numel,
+                weights_to_device=lambda: None,
+            )
         self.exchange = make_exchange(cfg, shape, self.id, flat, self.links, ctx)
         itemsize = wire.PAYLOAD_DTYPES[codec.dtypes(cfg).gradients].itemsize
         self._step_bytes = self.numel * itemsize
@@ -105,18 +124,72 @@ class SyntheticLearner:
         self.member = broadcast_member(cfg, ctx, bcast, self.numel, self.id)
         self._sendbuf = np.empty_like(self.grad)
 
+    def _model(self, layers: int):
+        """The synthetic model of sleeping layers (its compute: ``compute_s``, a third of it
+        forward) in a FlatModel named as the synthetic PS expects; one torch thread."""
+        import torch
+
+        from ..flat import FlatModel
+        from .lan_ddp import FORWARD_SHARE
+        from .synthetic_model import SleepModel
+
+        class SleepFlat(FlatModel):
+            signature = SIGNATURE
+
+        torch.set_num_threads(1)
+        ms = self.compute_s * 1000
+        self.model = SleepModel(
+            10, self.numel, layers, ms * FORWARD_SHARE, ms * (1 - FORWARD_SHARE)
+        )
+        self._x = torch.ones(2, 3, 4, 4)
+        return SleepFlat(self.model)
+
+    def _model_step(self) -> None:
+        """Forward and backward of the synthetic model (its hooks push the parts). Blocks."""
+        c0 = timeline.now_us()
+        t0 = time.perf_counter()
+        self.exchange.flat.zero_grad()
+        self.model(self._x).sum().backward()
+        self.stats["compute_s"] += time.perf_counter() - t0
+        timeline.current().complete("compute", c0, timeline.now_us())
+
     def _run_exchange(self) -> dict:
+        if self.model is not None:
+            return self._run_model()
         s = self.stats
         s["t_start"] = time.time()
-        alive = True
+        alive, tl = True, timeline.current()
         while alive:
             t0 = time.perf_counter()
+            c0 = timeline.now_us()
             if self.compute_s > 0:
                 time.sleep(self.compute_s * self.rng.uniform(0.9, 1.1))
             t1 = time.perf_counter()
+            c1 = timeline.now_us()
             alive = self.exchange.step(lambda: None)
             s["compute_s"] += t1 - t0
             s["comm_s"] += time.perf_counter() - t1
+            tl.complete("compute", c0, c1)
+            tl.complete("exchange", c1, timeline.now_us(), "wire")
+            s["steps"] += 1
+            s["up_bytes"] += self._step_bytes
+        s["t_end"] = time.time()
+        s.update(channel_counts(self.links.channels), rejoins=self.exchange.rejoins)
+        self.exchange.close(True)
+        self.links.close()
+        return s
+
+    def _run_model(self) -> dict:
+        """As ``_run_exchange``, the compute being the model's forward and backward inside
+        the exchange's step (``comm_s``: the rest of each step)."""
+        s = self.stats
+        s["t_start"] = time.time()
+        alive, tl = True, timeline.current()
+        while alive:
+            t0, c0, before = time.perf_counter(), timeline.now_us(), s["compute_s"]
+            alive = self.exchange.step(self._model_step)
+            s["comm_s"] += time.perf_counter() - t0 - (s["compute_s"] - before)
+            tl.complete("step", c0, timeline.now_us(), "wire")
             s["steps"] += 1
             s["up_bytes"] += self._step_bytes
         s["t_end"] = time.time()

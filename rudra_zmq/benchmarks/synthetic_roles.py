@@ -36,7 +36,7 @@ import time
 import numpy as np
 import zmq
 
-from .. import kernels, transport
+from .. import kernels, timeline, transport
 from ..config import RuntimeConfig
 from .synthetic_learner import SIGNATURE, SyntheticLearner
 
@@ -59,6 +59,7 @@ def overrides(
     retry_s: float = RuntimeConfig.retry_s,
     wire_dtype: str = "float32",
     parts: int = 1,
+    sndbuf_kib: int = 0,
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
@@ -82,6 +83,7 @@ def overrides(
         f"wire.gradient_dtype={wire_dtype}",  # gradients and weights alike
         f"wire.weights_dtype={wire_dtype}",
         f"wire.parts={parts}",
+        f"runtime.sndbuf_kib={sndbuf_kib}",
     ]
     if arch != "base":
         out += [
@@ -137,6 +139,11 @@ def counting_ps_class():
             super().handle(frames)
 
         def on_gradient(self, ident, msg) -> None:
+            if timeline.current().enabled:
+                nbytes = sum(p.nbytes for p in msg.payloads)
+                at = msg.fields.get("at", 0)
+                timeline.mark("recv", peer=f"learner {msg.sender}", kind=msg.kind.name,
+                              bytes=nbytes, at=at, seq=msg.seq, ts=msg.ts)  # fmt: skip
             if self.t_first_grad is None:
                 self.t_first_grad = time.time()
             self.rx_grad_msgs += not msg.fields.get("more")  # a gradient in parts: once
@@ -146,8 +153,14 @@ def counting_ps_class():
         def send(self, ident, kind, payloads=(), **fields) -> None:
             self.tx_bytes += sum(p.nbytes for p in payloads)
             super().send(ident, kind, payloads, **fields)
+            if timeline.current().enabled and payloads:
+                peer = next((s for s, i in self.state.identities.items() if i == ident), "?")
+                timeline.mark("send", peer=f"learner {peer}", kind=kind.name,
+                              bytes=sum(p.nbytes for p in payloads), at=fields.get("at", 0),
+                              ts=fields.get("ts", self.state.engine.timestamp))  # fmt: skip
 
         def _after_update(self, update) -> None:
+            timeline.current().instant("update", "server", ts=update.timestamp)
             self.log.append(
                 (
                     time.time(),
@@ -220,6 +233,8 @@ def main_ps(args) -> dict:
     )
     if ps.weights_out.endpoint is not None:  # advstar: before "listening on"
         print(f"broadcast on {ps.weights_out.endpoint}", flush=True)
+    if args.local_bind:  # for the learners of its own host (before "listening on")
+        print(f"local on {transport.bind(ps.sock, args.local_bind)}", flush=True)
     print(f"listening on {ps.endpoint}", flush=True)
     ps.serve_forever()
     return ps.report()
@@ -263,7 +278,17 @@ def main_learners(args) -> dict:
         else [None] * len(ids)
     )
     learners = [
-        SyntheticLearner(ctx, cfg, i, ep, args.params, args.compute_ms / 1000, bcast=(up, bind))
+        SyntheticLearner(
+            ctx,
+            cfg,
+            i,
+            ep,
+            args.params,
+            args.compute_ms / 1000,
+            (up, bind),
+            args.layers,
+            args.push_after,
+        )  # fmt: skip
         for i, ep, up, bind in zip(ids, eps, ups, binds)
     ]
     for learner in learners:
@@ -286,7 +311,10 @@ def main_learners(args) -> dict:
         except BaseException as exc:  # re-raised by the main thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(ids))]
+    threads = [
+        threading.Thread(target=work, args=(k,), name=f"learner {i}", daemon=True)
+        for k, i in enumerate(ids)
+    ]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads) and not errors:
@@ -312,6 +340,9 @@ def main(argv=None) -> int:
     sub.choices["ps"].add_argument(
         "--shard", type=int, default=0, help="which of architecture.servers (its range)"
     )
+    sub.choices["ps"].add_argument(
+        "--local-bind", metavar="EP", help="also bind EP (ipc) for the learners of its host"
+    )
     sub.choices["node"].add_argument("--id", type=int, required=True)
     sub.choices["node"].add_argument("--bind", required=True)
     sub.choices["node"].add_argument("--parent", required=True)
@@ -325,6 +356,18 @@ def main(argv=None) -> int:
     )
     sub.choices["learners"].add_argument("--compute-ms", type=float, default=0.0)
     sub.choices["learners"].add_argument(
+        "--layers",
+        type=int,
+        default=0,
+        help="train the synthetic model of this many sleeping layers (the compute: "
+        "--compute-ms) through the learner's exchange, pushing during backward; 0: sleep",
+    )
+    sub.choices["learners"].add_argument(
+        "--push-after",
+        action="store_true",
+        help="--layers: push every part after backward (as the learner did before issue 42)",
+    )
+    sub.choices["learners"].add_argument(
         "--bcast-up",
         help="advstar: each learner's broadcast upstream endpoint (comma-separated, as --ids)",
     )
@@ -337,7 +380,11 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     exit_with_parent()
-    report = {"ps": main_ps, "node": main_node, "learners": main_learners}[args.role](args)
+    timeline.start_from_env(os.path.splitext(os.path.basename(args.report))[0])
+    try:
+        report = {"ps": main_ps, "node": main_node, "learners": main_learners}[args.role](args)
+    finally:
+        timeline.stop()  # this role's part of the timeline (lan-table1 --timeline)
     with open(args.report, "w") as f:
         json.dump(report, f)
     return 0

@@ -90,6 +90,16 @@ def _exit_when_orphaned(launcher_pid: int, grace_s: float) -> None:
         os._exit(1)
 
 
+# The role a trace names each process by (rudra-zmq run --timeline), from its module.
+TRACE_NAMES = {
+    "rudra_zmq.server.ps": "ps",
+    "rudra_zmq.learner.learner": "learner",
+    "rudra_zmq.tree.node": "tree_node",
+    "rudra_zmq.data.server": "data_server",
+    "rudra_zmq.stats.server": "stats_server",
+}
+
+
 def serve(role_module: str, threads: int, torch_too: bool, call):
     """Prepare this process for a role and run ``call(module)``, ``module`` being the role's
     module ``role_module`` (a dotted name: ``rudra_zmq.server.ps``) imported; blocks until
@@ -98,7 +108,7 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
     SIGTERM raises KeyboardInterrupt here, like Ctrl-C, so the role's ``finally`` blocks close
     their sockets when a launcher stops it (a role may install its own handler instead).
     """
-    from .. import transport
+    from .. import timeline, transport
 
     transport.tune_malloc()
     logging.basicConfig(
@@ -113,9 +123,12 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
     set_threads(threads, torch_too=torch_too)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     follow_launcher()
+    # rudra-zmq run --timeline: this role's part
+    timeline.start_from_env(TRACE_NAMES.get(role_module, role_module))
     try:
         return call(module)
     finally:
+        timeline.stop()
         signal.signal(signal.SIGTERM, previous)
 
 

@@ -39,6 +39,12 @@ class Frames:
             np.empty(numel, np.float32) if own_buffer and not wire_codec.copies else None
         )
 
+    @property
+    def views(self) -> bool:
+        """Whether a push's payloads are views of the gradient, read only when sent (float32,
+        no send buffer): they may be made before backward has filled it. Pure."""
+        return self._sendbuf is None and not self.codec.copies
+
     def welcomed(self, welcome: wire.Message) -> Frames:
         """The carrier to use after the server's WELCOME (frames stay frames)."""
         return self

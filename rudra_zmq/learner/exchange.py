@@ -31,6 +31,7 @@ import time
 from .. import codec, topology, wire
 from ..channel import ServerError
 from ..wire import Kind
+from . import buckets
 from .carriers import make_carrier
 from .links import ServersSilent, said_stop
 
@@ -80,6 +81,7 @@ class PushPull:
         )
         self.rejoins = 0
         self.on_welcome = lambda step: None  # the learner repositions its data here
+        self.stream = None  # a buckets.StreamedPush: the parts leave during backward
 
     @property
     def ts(self) -> int:
@@ -144,11 +146,31 @@ class PushPull:
             if k in msgs:
                 self.links.channels[k].send_part(msgs[k][j])
 
+    def _requests(self) -> dict:
+        """Each active server's request as send calls (``buckets.request_calls``), its
+        payloads views of the gradient read when sent. Does not block."""
+        grads, w = self.flat.grads, self.flat.weights
+        return {
+            k: buckets.request_calls(
+                self.links.channels[k],
+                self.stamps[k],
+                self.carriers[k],
+                self._slice(k, grads),
+                self.servers[k].bounds,
+                self._slice(k, w),
+            )
+            for k in self.active
+        }
+
     def step(self, backward) -> bool:
         """``backward()`` fills the gradient; push each server its slice and take the newer
-        weights of each range. Blocks for every reply; False once every server said STOP."""
-        backward()
-        self.push()
+        weights of each range. Blocks for every reply; False once every server said STOP.
+        With ``stream``, each part leaves as backward finishes it."""
+        if self.stream is not None:
+            self.stream.push(backward, self._requests())
+        else:
+            backward()
+            self.push()
         try:
             replies = self.links.gather(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
         except ServersSilent as exc:
@@ -220,7 +242,9 @@ class PushPull:
         return False
 
     def close(self, finished: bool) -> None:
-        """Release the carriers (the learner closes the links)."""
+        """Release the carriers and the backward hooks (the learner closes the links)."""
+        if self.stream is not None:
+            self.stream.close()
         for c in self.carriers:
             c.close()
 
@@ -285,7 +309,14 @@ def make_exchange(cfg, shape, learner_id: int, flat, links, ctx, bcast=None):
             carriers.append(make_carrier(cfg, learner_id, server.span.numel))
         if cfg.architecture.kind == "advstar":
             return BroadcastPush(cfg, learner_id, flat, links, shape, carriers, ctx, bcast)
-        return PushPull(learner_id, flat, links, shape, carriers)
+        ex = PushPull(learner_id, flat, links, shape, carriers)
+        if (  # parts leave during backward where there are parts and they can
+            cfg.wire.push_during_backward
+            and len(shape.parts) > 1
+            and buckets.enabled(flat, carriers)
+        ):
+            ex.stream = buckets.StreamedPush(flat, shape.servers)
+        return ex
     except BaseException:
         for c in carriers:
             c.close()

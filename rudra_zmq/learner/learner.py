@@ -34,7 +34,7 @@ import time
 import torch
 import zmq
 
-from .. import transport
+from .. import timeline, transport
 from ..shape import ClusterShape
 from .data_client import DataClient
 from .exchange import make_exchange
@@ -141,6 +141,10 @@ class Learner:
 
             self.stats = StatsClient(self.ctx, stats, learner_id)
         self.exchange = make_exchange(cfg, cluster, learner_id, self.flat, self.ps, self.ctx, bcast)
+        if self._slowdown and getattr(self.exchange, "stream", None) is not None:
+            # a straggler's gradient leaves after its extra sleep, not during backward
+            self.exchange.stream.close()
+            self.exchange.stream = None
         self.exchange.on_welcome = self._start_data_at
 
     def _close_built(self) -> None:
@@ -170,7 +174,8 @@ class Learner:
 
     def _backward(self) -> None:
         t0 = time.perf_counter()
-        self._compute()
+        with timeline.current().span("compute", learner=self.id):
+            self._compute()
         if self._slowdown:  # runtime.compute_times: a straggler sleeps the rest of its time
             time.sleep(self._slowdown * (time.perf_counter() - t0))
 
@@ -190,7 +195,8 @@ class Learner:
 
     def step(self) -> bool:
         """One minibatch: gradient, push, newer weights. Returns False once the PS said STOP."""
-        alive = self.exchange.step(self._backward)
+        with timeline.current().span("step", "wire", learner=self.id):
+            alive = self.exchange.step(self._backward)
         if alive:
             self.steps += 1
         return alive

@@ -15,6 +15,7 @@ import zmq
 
 from .. import codec, transport, wire
 from ..channel import Channel, ServerError
+from ..config_architecture import most_parts
 from ..wire import Kind
 
 
@@ -50,10 +51,11 @@ def server_channels(ctx, cfg, shape, endpoints, sender: int, max_bytes: int = -1
             sender,
             name=server.name,
             timeout_ms=int(cfg.runtime.timeout_s * 1000),
-            hwm=4 + 2 * cfg.wire.parts,  # a request's parts queue without blocking
+            hwm=4 + 2 * most_parts(cfg),  # a request's parts queue without blocking
             retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=max_bytes,
             dtypes=codec.dtypes(cfg),
+            sndbuf=cfg.runtime.sndbuf_kib << 10,  # each connection's kernel send buffer
         )
         for server, ep in zip(shape.servers, endpoints)
     ]

@@ -1,12 +1,13 @@
 """A hardsync round whose gradients and weights travel in parts (``wire.parts`` > 1).
 
-Each learner sends its gradient of a server's range as P messages in order (PUSHPULL x{at,
-more}, one sequence number). Part i is complete once every member's part i is in: the server
+Each learner sends its gradient of a server's range as P messages (PUSHPULL x{at, more}, one
+sequence number) in any order: as its backward pass completes them, the last layers' first
+(``learner/buckets.py``). Part i is complete once every member's part i is in: the server
 then updates those elements into the next version at once and sends each member that part
-(WEIGHTS x{at, more}) while later parts are still arriving, so both directions of every link
+(WEIGHTS x{at, more}) while other parts are still arriving, so both directions of every link
 carry data. The update the sync engine decides (the last member's last part) steps the parts
 still open and publishes the version; each member's reply then carries only the elements it
-was not sent ahead (x{at}).
+was not sent ahead (x{at}: one contiguous run of parts, else the whole range).
 
 Exactness: per element the arithmetic is the whole update's (the same sum, rate, momentum and
 decay). A part holds one copy per learner per round; a learner's part that comes after its
@@ -45,16 +46,15 @@ class PartRound:
         """A new round: nothing in, nothing stepped."""
         self.contrib = [set() for _ in range(self.parts)]
         self.stepped = [False] * self.parts
-        self.requests: dict[int, list[int]] = {}  # sender -> [seq, next part expected]
-        self.sent: dict[int, int] = {}  # sender -> end of the weights sent ahead to it
+        self.requests: dict[int, tuple[int, set]] = {}  # sender -> (seq, its parts in)
+        self.sent: dict[int, set] = {}  # sender -> the parts whose weights went ahead to it
         self.lr: float | None = None  # the rate the parts stepped ahead used
 
     def index(self, sender: int, at: int, count: int, more: bool) -> int:
         """The part a message with x{at, more} and ``count`` floats is; raises
         ProtocolViolation unless it is exactly one of this server's parts. Pure."""
         i = self._index.get(at)
-        ok = i is not None and self.bounds[i + 1] - at == count and more == (i < self.parts - 1)
-        if not ok:
+        if i is None or self.bounds[i + 1] - at != count:
             raise ProtocolViolation(
                 f"learner {sender} sent a part of {count:,} floats at {at:,}"
                 f"{' (more to come)' if more else ''}; this server cuts its range into "
@@ -65,19 +65,15 @@ class PartRound:
 
     def arrive(self, sender: int, seq: int, i: int) -> str:
         """Part ``i`` of request ``seq`` from ``sender``: ``"add"`` (sum it), ``"drop"`` (its
-        part was stepped, or this learner's copy of it is in already), ``"copy"`` (a resend
-        of a part already taken) or ``"gap"`` (an earlier part of the request is missing: the
-        request is sent again whole). The caller sums an ``"add"``."""
+        part was stepped, or this learner's copy of it is in already) or ``"copy"`` (a resend
+        of a part already taken). The caller sums an ``"add"``. A part lost on the way leaves
+        the request open: the learner asks (CHECK) and sends it again whole."""
         req = self.requests.get(sender)
         if req is None or req[0] != seq:
-            if i != 0:
-                return "gap"
-            req = self.requests[sender] = [seq, 0]
-        if i < req[1]:
+            req = self.requests[sender] = (seq, set())
+        if i in req[1]:
             return "copy"
-        if i > req[1]:
-            return "gap"
-        req[1] = i + 1
+        req[1].add(i)
         if self.stepped[i] or sender in self.contrib[i]:
             self.dropped += 1
             return "drop"
@@ -97,29 +93,43 @@ class PartRound:
         """1/(learners in part i): the part's mean (``default`` for a part nobody sent)."""
         return 1.0 / len(self.contrib[i]) if self.contrib[i] else default
 
+    def has_all(self, sender: int, seq: int) -> bool:
+        """Whether every part of ``sender``'s request ``seq`` is in. Pure."""
+        req = self.requests.get(sender)
+        return req is not None and req[0] == seq and len(req[1]) == self.parts
+
     def ahead_to(self, i: int, members) -> list[tuple[int, int]]:
         """(sender, seq) of the members to send stepped part ``i`` ahead: those whose
-        request is open and that have every part before it; marks it sent to them."""
-        lo, hi = self.bounds[i], self.bounds[i + 1]
+        request is open; marks it sent to them."""
         out = []
         for sender in sorted(members):
             req = self.requests.get(sender)
-            if req is not None and self.sent.get(sender, 0) == lo:
-                self.sent[sender] = hi
+            if req is not None:
+                self.sent.setdefault(sender, set()).add(i)
                 out.append((sender, req[0]))
         return out
 
     def finished(self, timestamp: int) -> None:
         """The round's update made version ``timestamp``: remember what went ahead (for the
         replies), and start a new round."""
-        self.tails = {s: (timestamp, end) for s, end in self.sent.items() if end > 0}
+        self.tails = {s: (timestamp, self._rest(sent)) for s, sent in self.sent.items() if sent}
         self.reset()
 
-    def tail(self, sender: int, timestamp: int) -> int:
-        """Where ``sender``'s reply with version ``timestamp`` starts: past what went ahead
-        to it (0: the whole range). Forgets it: a reply goes once."""
-        ts, end = self.tails.pop(sender, (None, 0))
-        return end if ts == timestamp else 0
+    def _rest(self, sent: set) -> tuple[int, int]:
+        """The run of elements [lo, hi) not in the parts ``sent``: (0, end) for the whole
+        range when they are not one contiguous run. Pure."""
+        rest = [i for i in range(self.parts) if i not in sent]
+        if not rest:
+            return (self.bounds[-1], self.bounds[-1])
+        if rest[-1] - rest[0] + 1 != len(rest):
+            return (0, self.bounds[-1])
+        return (self.bounds[rest[0]], self.bounds[rest[-1] + 1])
+
+    def tail(self, sender: int, timestamp: int) -> tuple[int, int]:
+        """The elements [lo, hi) ``sender``'s reply with version ``timestamp`` carries: what
+        did not go ahead to it ((0, end): the whole range). Forgets it: a reply goes once."""
+        ts, rest = self.tails.pop(sender, (None, (0, self.bounds[-1])))
+        return rest if ts == timestamp else (0, self.bounds[-1])
 
 
 class PartedUpdates:
@@ -149,13 +159,13 @@ class PartedUpdates:
 
     def take(self, sender: int, seq: int, at: int, payloads, more: bool, count: int) -> bool:
         """Sum one part of ``count`` floats (checked against this server's parts first:
-        ProtocolViolation, with nothing changed); True if it was the request's last part with
-        all before it in."""
+        ProtocolViolation, with nothing changed); True if it completed the request (every
+        part in, in whatever order they came)."""
         i = self.round.index(sender, at, count, more)
         what = self.round.arrive(sender, seq, i)
         if what == "add":
             self.updater.add_at(at, payloads)
-        return not more and what in ("add", "drop")
+        return what in ("add", "drop") and self.round.has_all(sender, seq)
 
     def ahead(self) -> list[tuple[int, object]]:
         """Step the parts every member has sent; returns (offset, the new weights there)

@@ -38,6 +38,7 @@ from pathlib import Path
 import zmq
 
 from .. import codec, kernels, transport, wire
+from ..config_architecture import most_parts
 from ..notices import notice
 from ..outbox import Outbox
 from ..shape import ClusterShape
@@ -108,8 +109,9 @@ class ParameterServer:
         self.sock = transport.make_socket(
             self.ctx,
             zmq.ROUTER,
-            hwm=max(64, 4 * cfg.sync.learners, 2 * cfg.wire.parts + 8),  # parts ahead queue
+            hwm=max(64, 4 * cfg.sync.learners, 2 * most_parts(cfg) + 8),  # parts ahead
             max_bytes=transport.frame_limit(cfg.runtime.chunk_mib << 20),
+            sndbuf=cfg.runtime.sndbuf_kib << 10,
         )
         self.out = Outbox(self.sock, head=2)  # replies; weights in chunks tracked (outbox)
         try:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import codec, topology, wire
 from ..results import record_fields as fields
-from ..shape import Span, part_bounds
+from ..shape import Span, parts_in
 from ..sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .parts import PartedUpdates
 from .update import Updater
@@ -180,12 +180,9 @@ class ServerState:
         self.done = False  # the last update reached train.epochs
         self.counters = Counters()
         self.log = None  # an arrival_log.ArrivalLog: the engine's events, for replay
-        p = cfg.wire.parts  # hardsync in parts (server/parts.py), if the range has two or more
-        self.parts = (
-            PartedUpdates(self.updater, self.engine, p)
-            if len(part_bounds(self.numel, p)) > 2
-            else None
-        )
+        # hardsync in parts (server/parts.py), if the range has two or more
+        p = parts_in(self.numel, cfg.wire.parts, cfg.wire.bucket_mb)
+        self.parts = PartedUpdates(self.updater, self.engine, p) if p > 1 else None
 
     @property
     def w(self) -> np.ndarray:
@@ -195,10 +192,12 @@ class ServerState:
     def weights_for(self, sender: int) -> tuple[list[np.ndarray], dict]:
         """The current weights for ``sender``'s reply: (frames, fields); only the elements
         not sent ahead to it this round (x{at}: ``parts``), else the whole range."""
-        at = self.parts.round.tail(sender, self.engine.timestamp) if self.parts else 0
-        if not at:
+        if self.parts is None:
             return self.weight_frames(), {}
-        return self.codec.encode(self.w[at:], self.chunk_bytes), {"at": at}
+        lo, hi = self.parts.round.tail(sender, self.engine.timestamp)
+        if (lo, hi) == (0, self.numel):
+            return self.weight_frames(), {}
+        return self.codec.encode(self.w[lo:hi], self.chunk_bytes), {"at": lo}
 
     def weight_frames(self) -> list[np.ndarray]:
         """The current weights as payload frames of at most ``runtime.chunk_mib`` in the run's

@@ -75,6 +75,7 @@ class TreeNode:
             zmq.ROUTER,
             hwm=max(64, 4 * len(self.spec.subtree)),
             max_bytes=transport.frame_limit(self.chunk_bytes),
+            sndbuf=cfg.runtime.sndbuf_kib << 10,
         )
         self.out = Outbox(self.sock, head=2)  # to its children; chunked sums tracked (outbox)
         self.endpoint = transport.bind(self.sock, bind)
@@ -90,6 +91,7 @@ class TreeNode:
             retry_ms=int(cfg.runtime.retry_s * 1000),
             max_bytes=transport.frame_limit(self.chunk_bytes),
             dtypes=codec.dtypes(cfg),
+            sndbuf=cfg.runtime.sndbuf_kib << 10,
         )
         # chosen once: slots and board (a leaf with architecture.leaf_shm) or payloads only
         self.shared = make_shared(cfg, self.spec, self.state.advstar)
