@@ -206,7 +206,9 @@ def test_a_run_with_a_timeline_traces_each_learners_steps_and_every_message_per_
     res = rudra(
         "run", "configs/quickstart.yaml", "--run-dir", str(tmp_path / "r"),
         "--set", "train.epochs=1", "--set", "sync.learners=2", "--set", "train.eval_every_epochs=0",
-        "--timeline", str(trace_path), timeout=170,
+        # hardsync: every update waits for both learners, so each has steps to trace (under
+        # softsync a learner still importing torch on a loaded machine could make none)
+        "--set", "sync.protocol=hardsync", "--timeline", str(trace_path), timeout=170,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"timeline: {trace_path} (" in res.stdout

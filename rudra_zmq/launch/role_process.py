@@ -118,10 +118,12 @@ def serve(role_module: str, threads: int, torch_too: bool, call):
     )
     from .. import kernels
 
-    kernels.log_choice()  # the variant in use, once: nothing could log it at import
     module = importlib.import_module(role_module)
     set_threads(threads, torch_too=torch_too)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # the variant in use, once (nothing could log it at import); after the handler, so that a
+    # role's first log line says a SIGTERM from then on stops it with its "stopped by" line
+    kernels.log_choice()
     follow_launcher()
     # rudra-zmq run --timeline: this role's part
     timeline.start_from_env(TRACE_NAMES.get(role_module, role_module))
