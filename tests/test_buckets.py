@@ -117,12 +117,8 @@ def test_bucket_mb_cuts_a_range_in_more_parts_and_zero_is_refused_in_one_line(tm
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("k, parts", [(1, 4), (2, 1), (2, 3)])
-def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
-    ctx, monkeypatch, k, parts
-):
-    """σ = 0 and the same sums: the server sums each part's finished bytes, whenever they
-    left. Two learners: a sum of two is the same in either order of arrival."""
+def spy_streams(monkeypatch) -> list:
+    """The list every StreamedPush made from now on is appended to (each learner's)."""
     streams = []
     init = StreamedPush.__init__
 
@@ -131,6 +127,16 @@ def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
         streams.append(self)
 
     monkeypatch.setattr(StreamedPush, "__init__", spy)
+    return streams
+
+
+@pytest.mark.parametrize("k, parts", [(1, 4), (2, 1), (2, 3)])
+def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
+    ctx, monkeypatch, k, parts
+):
+    """σ = 0 and the same sums: the server sums each part's finished bytes, whenever they
+    left. Two learners: a sum of two is the same in either order of arrival."""
+    streams = spy_streams(monkeypatch)
     common = ["sync.protocol=hardsync", "train.epochs=0.25", f"wire.parts={parts}"]
     after = run_sharded(small_config(*common, "wire.push_during_backward=false"), k, ctx)
     assert streams == []
@@ -148,14 +154,7 @@ def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
 def test_a_straggler_of_runtime_compute_times_pushes_after_its_sleep(ctx, monkeypatch):
     """``runtime.compute_times`` makes a learner sleep after its backward: its parts must
     wait for that sleep, or the straggler would be one only in its next forward."""
-    streams = []
-    init = StreamedPush.__init__
-
-    def spy(self, *args):
-        init(self, *args)
-        streams.append(self)
-
-    monkeypatch.setattr(StreamedPush, "__init__", spy)
+    streams = spy_streams(monkeypatch)
     cfg = ["sync.protocol=hardsync", "train.epochs=0.1", "wire.parts=2"]
     run_sharded(small_config(*cfg, "runtime.compute_times=[1,1.5]"), 1, ctx)
     assert len(streams) == 2

@@ -173,6 +173,11 @@ class SyntheticLearner:
             tl.complete("exchange", c1, timeline.now_us(), "wire")
             s["steps"] += 1
             s["up_bytes"] += self._step_bytes
+        return self._finish(s)
+
+    def _finish(self, s: dict) -> dict:
+        """End a run of the exchange: its end time and channel counts into ``s``, then the
+        exchange and links closed. Returns ``s``."""
         s["t_end"] = time.time()
         s.update(channel_counts(self.links.channels), rejoins=self.exchange.rejoins)
         self.exchange.close(True)
@@ -192,11 +197,7 @@ class SyntheticLearner:
             tl.complete("step", c0, timeline.now_us(), "wire")
             s["steps"] += 1
             s["up_bytes"] += self._step_bytes
-        s["t_end"] = time.time()
-        s.update(channel_counts(self.links.channels), rejoins=self.exchange.rejoins)
-        self.exchange.close(True)
-        self.links.close()
-        return s
+        return self._finish(s)
 
     def _gradient(self) -> list:
         """The push's frames, encoded as the learner's are (float32: views; an advstar learner
