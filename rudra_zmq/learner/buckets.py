@@ -165,12 +165,15 @@ class StreamedPush:
         self.parts.close()
 
 
-def request_calls(ch, ts: int, carrier, grads, bounds, weights) -> list:
+def request_calls(ch, ts: int, carrier, grads, server, weights) -> list:
     """One server's request as send calls in part order (part 0 to go last): PUSHPULL in
-    parts (``Channel.parts``), or whole when its range is one part. The payloads are views of
-    ``grads``, read when each call runs. Does not block."""
-    if len(bounds) > 2:
-        msgs = ch.parts(Kind.PUSHPULL, ts, carrier.parts(grads, bounds), weights, last=0)
+    parts (``Channel.parts``), or whole when its share is one part. ``grads``: the model's
+    whole flat gradient; ``server``: the shape's (``shape.Server``, its parts); ``weights``:
+    where its reply's weights are loaded. The payloads are views of ``grads``, read when each
+    call runs. Does not block."""
+    if len(server.parts) > 1:
+        parts = carrier.share_parts(grads, server)
+        msgs = ch.parts(Kind.PUSHPULL, ts, parts, weights, last=0)
         return [lambda m=m: ch.send_part(m) for m in msgs]
-    payloads, fields = carrier.gradient(grads)
+    payloads, fields = carrier.gradient(server.share.gather(grads))
     return [lambda: ch.send(Kind.PUSHPULL, ts, payloads, **fields)]
