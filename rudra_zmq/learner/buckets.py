@@ -1,13 +1,14 @@
 """Gradients that leave during backward: each part of the flat gradient is pushed the moment
 the backward pass has finished it, as PyTorch DDP's reducer launches a bucket's allreduce.
 
-The parts are the servers' (the cluster's shape, ``shape.ClusterShape``: each server's
-range cut in ``wire.parts`` parts of at most ``wire.bucket_mb``, ``shape.parts_in``; with
-``wire.parts`` 1 a server's whole range is one). A hook on every parameter (``register_post_accumulate_grad_hook``) counts
+The parts are the servers' (the cluster's shape, ``shape.ClusterShape``: the vector cut in
+K x ``wire.parts`` parts of at most ``wire.bucket_mb``, ``shape.parts_in``, part j to server j
+mod K; with ``wire.parts`` 1 a server's whole range is one). A hook on every parameter (``register_post_accumulate_grad_hook``) counts
 down the parameters each part overlaps; a part whose count reaches 0 is sent at once, from
 inside ``loss.backward()``, on the learner's own thread and sockets. Backward produces the
-last layers' gradients first, so the last server's parts leave first and every server's
-part 0 last; the part a request marks last (no x{more}) is held until its server's other
+last layers' gradients first; with the parts striped over the servers, the first ones ready
+go to every server (with ranges, the last server's parts left first and server 0 waited), and
+every server's part 0 last; the part a request marks last (no x{more}) is held until its server's other
 parts are out. What backward did not reach (a parameter without a gradient this pass, whose
 slice stays zero) goes after it.
 
