@@ -46,7 +46,7 @@ class EvalJoin:
         """Why the EVAL ``msg`` cannot be a slice of this run, or None."""
         i = self.shape.eval_server(msg.fields)
         if i is None:
-            ranges = [str(s.share) for s in self.shape.servers]
+            ranges = [s.share.key for s in self.shape.servers]
             return (
                 f"an EVAL of range {msg.fields.get('range')!r}; this run's "
                 f"{len(ranges)} servers serve {ranges}"
