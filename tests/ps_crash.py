@@ -9,7 +9,8 @@ The launcher is the real one with its PS command pointed at this file; the PS is
 with one method wrapped, in its first incarnation only (a restarted one has ``--resume``).
 ``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at;
 ``PS_CRASH_TS`` the timestamp whose checkpoint ``checkpoint`` dies right after (mid-training
-on any host, where a kill from outside can land after the end on a fast one), or from which
+on any host, where a kill from outside can land after the end on a fast one), whose update
+``update`` dies right after (with or without checkpoints), or from which
 ``part-ahead`` dies once parts of a round went ahead (``wire.parts``: the round half in);
 ``PS_CRASH_SHARD``, in a sharded run, the server (``--shard I``) that dies (default: each);
 ``PS_CRASH_PARENT=1``: its launcher (a worker rank: the whole rank) is killed first.
@@ -27,6 +28,7 @@ from rudra_zmq.server import checkpointing, ps, report, weights
 
 POINTS = (
     "checkpoint",
+    "update",
     "part-ahead",
     "stopping",
     "stopping-unsent",
@@ -102,6 +104,13 @@ def arm(point: str) -> None:
             checkpointing.CheckpointSchedule,
             "save",
             lambda _schedule, state: state.engine.timestamp >= ts,
+        )
+    elif point == "update":  # training: the update to PS_CRASH_TS just applied (its
+        ts = int(os.environ["PS_CRASH_TS"])  # replies queued, maybe not sent), no checkpoint
+        after(
+            ps.ParameterServer,
+            "_after_update",
+            lambda _server, update: update.timestamp >= ts,
         )
     elif point == "part-ahead":  # training, wire.parts: parts of a round just sent ahead, the
         ts = int(os.environ["PS_CRASH_TS"])  # round open (at timestamp PS_CRASH_TS or later)

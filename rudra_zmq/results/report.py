@@ -37,6 +37,8 @@ from .compare import (
     mean_sigma,
     protocol_name,
     read_config,
+    restarts_text,
+    server_restarts,
     server_sigmas,
 )
 
@@ -223,6 +225,8 @@ def table_row(run: Run, budget: float | None = None) -> dict:
         status.append("no metrics")
     elif not m["eval"]:
         status.append("no eval")
+    if is_run_dir(run.path) and (restarts := server_restarts(run.path)):
+        status.append(f"restarted: {restarts_text(restarts, bool(server_sigmas(m)))}")
     ref = paper.table2_row(mu, lam, sigma)
     return {
         "run": run.label,
