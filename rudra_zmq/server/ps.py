@@ -290,15 +290,16 @@ class ParameterServer:
             origin = got.origin
             notice(
                 log,
-                "took range %s back from %s's copy at timestamp %d (epoch %.2f; %s); the "
-                "newest timestamp a learner had seen is %d: %d updates lost in the restart",
+                "took range %s back from %s's copy at timestamp %d (epoch %.2f; %s); %s",
                 st.span,
                 got.origin,
                 got.ts,
                 eng.epoch,
                 "no checkpoint" if ckpt is None else f"newer than the checkpoint's {ckpt}",
-                got.newest,
-                got.lost,
+                f"the newest timestamp a learner had seen is {got.newest}: {got.lost} updates "
+                "lost in the restart"
+                if got.lost
+                else "no learner had seen a newer one",
             )
         elif ckpt is None:  # no copy, no checkpoint: the range starts over
             st.adopt(got)
@@ -325,8 +326,8 @@ class ParameterServer:
         self.history.record(self.place.index, origin, st.restored_ts, lost)
         self.metrics.restart(self, self.history.current)
         self.evals = EvalSchedule(self.cfg.train, eng.epoch)
-        if self.checkpoints is not None:
-            self.checkpoints.last_ts = eng.timestamp
+        if self.checkpoints is not None and origin != "checkpoint":
+            self.checkpoints.save(st)  # what it took back, and this incarnation, durable
         # the weights it goes on from: the evaluation of an epoch boundary it crossed as it
         # died may never have left it (with several servers, this slice joins the others')
         self.metrics.evaluate(st)

@@ -527,8 +527,8 @@ class ServerState:
     def adopt(self, recovered) -> None:
         """Resume from what the learners gave back (``recovery.Recovered``) after a restart:
         their freshest copy of the range at its timestamp, when it is newer than what was
-        restored (a checkpoint, or nothing) -- the updates and epoch follow from it and the
-        data steps they report; the momentum stays the checkpoint's (zero without one: no
+        restored (a checkpoint, or nothing) -- the updates and epoch follow from its timestamp,
+        each learner's data goes on at the step it reports; the momentum stays the checkpoint's (zero without one: no
         learner holds it) and the sum of a round of an older timestamp is dropped -- or, with
         no copy and no checkpoint, the initial weights at timestamp 0. The updates lost are
         those the freshest copy had not seen, counted from there as after a checkpoint."""
@@ -537,15 +537,14 @@ class ServerState:
             u.versions = WeightVersions(recovered.weights)
             u.acc[:] = 0.0
             d = self.engine.state_dict()
+            # c gradients per update since what was restored (exact for hardsync, softsync
+            # and async while λ does not change; the data steps the learners report may count
+            # a gradient in flight, dropped in the restart)
+            c = self.engine.gradients_per_update
+            d["gradients_received"] += (recovered.ts - d["timestamp"]) * c
             d["updates"] += recovered.ts - d["timestamp"]
             d["timestamp"] = recovered.ts
             d["pending"] = []
-            # the data the learners that reported consumed, and at least c per update (one
-            # that did not report within the window consumed its share as well)
-            made = recovered.ts * self.engine.gradients_per_update
-            d["gradients_received"] = max(
-                d["gradients_received"], sum(recovered.steps.values()), made
-            )
             self.engine.load_state(d)
             self.steps.update(recovered.steps)
             self.done = self.engine.epoch >= self.epochs
