@@ -107,3 +107,25 @@ def test_killed_servers_take_their_range_back_and_the_run_ends_with_its_result(
     header, row = out.stdout.splitlines()[:2]
     lost = sum(x["lost"] for x in restarts)
     assert "restarts" in header and f"{len(restarts)} ({lost} lost)" in row, out.stdout
+
+
+def test_under_softsync_a_restart_loses_at_most_the_freshest_learners_staleness(tmp_path):
+    """1-softsync, λ = 4, two servers, no checkpoints: server 1 killed mid-run resumes at
+    the freshest copy's timestamp, at most the largest staleness any gradient had behind
+    the timestamp it died at."""
+    crash = {"PS_CRASH_AT": "update", "PS_CRASH_PLAN": "1:20"}
+    r = Run(
+        tmp_path,
+        "soft",
+        [*BASE, "sync.protocol=softsync", "sync.n=1", "sync.learners=4"]
+        + ["architecture.servers=2", "train.checkpoint_every_updates=0"],
+        crash=crash,
+    )
+    assert r.finish(timeout=280) == 0, r.out
+    final = json.loads((r.dir / "ps_final.json").read_text())
+    (restart,) = final["restarts"]
+    assert restart["server"] == 1 and restart["from"].startswith("learner "), restart
+    sigmas = [s for u in records(r.dir, "update") if u["server"] == 1 for s in u["sigmas"]]
+    assert 0 <= restart["lost"] <= 20 - restart["ts"] <= max(sigmas) + 1, (restart, max(sigmas))
+    assert records(r.dir, "eval")[-1]["ts"] == final["timestamp"]
+    assert "restarted: server 1 from learner" in r.out

@@ -394,13 +394,13 @@ def cmd_report(args) -> int:
     try:
         run_dirs = expand_run_dirs(args.paths, RUN_MARKERS)  # all checked before any is read
         runs = load_runs(run_dirs)
+        rows = [table_row(run, args.budget) for run in runs]  # (ps_final.json's restarts)
     except (CompareError, fields.DamagedRecord) as exc:
         print(f"rudra-zmq report: error: {exc}", file=sys.stderr)
         return 2
     one_parent = len(args.paths) == 1 and not is_run_dir(args.paths[0], RUN_MARKERS)
     out = Path(args.out) if args.out else Path(args.paths[0]) if one_parent else Path(".")
     out.mkdir(parents=True, exist_ok=True)
-    rows = [table_row(run, args.budget) for run in runs]
     text = format_markdown(rows)
     figures = write_figures(runs, rows, out)
     gap_text, gap_files = gaps.write_gaps(runs, rows, out)
