@@ -47,7 +47,8 @@ from .wire_kinds import node_id as node_id
 from .wire_kinds import node_sender as node_sender
 from .wire_kinds import sender_name as sender_name
 
-PROTOCOL_VERSION = 8  # 8: parts in any order (pushed as backward completes them);
+PROTOCOL_VERSION = 9  # 9: a rejoining learner's HELLO carries its copy of the range, x{step};
+#                               8: parts in any order (pushed as backward completes them);
 #                               7: PUSHPULL and WEIGHTS x{at, more} (wire.parts);
 #                               6: CHECK/RECEIPT (a slow reply is asked about, not resent);
 #                               5: no x{wait} (the server's engine decides when a reply goes);
@@ -86,7 +87,7 @@ class ModelDtypes:
             return self.gradients
         if kind in WEIGHT_KINDS:
             return self.weights
-        return "f4" if kind in MODEL_SIZED else None
+        return "f4" if kind in MODEL_SIZED or kind == Kind.HELLO else None
 
 
 FLOAT32 = ModelDtypes()  # every run's default
@@ -399,7 +400,11 @@ def _check_payloads(kind: Kind, descr, frames, numel, fields, dtypes):
                 "(is the sender running other wire.gradient_dtype/weights_dtype?)",
             )
         out.append(np.frombuffer(buf, dtype=dtype))
-    if numel is not None and kind in MODEL_SIZED and not in_shm:
+    if (
+        numel is not None
+        and (kind in MODEL_SIZED or (kind == Kind.HELLO and frames))
+        and not in_shm
+    ):
         _check_numel(kind, sum(d[1] for d in descr), numel, fields)
     return out
 

@@ -43,7 +43,8 @@ def sender_name(sender: int) -> str:
 class Kind(enum.IntEnum):
     """Message kinds. Requests get exactly one reply from the server they were sent to."""
 
-    HELLO = 1  # learner/node -> PS: x{model, numel, subtree?, had?}; WELCOME or ERROR
+    HELLO = 1  # learner/node -> PS: x{model, numel, subtree?, had?, step?}; WELCOME or ERROR;
+    #            a rejoining learner's carries its copy of the range (float32, at ``had``)
     WELCOME = 2  # PS -> learner: weights payload; x{learners, protocol, step?}; to a tree
     #                  node x{steps?}: [learner, step] for each learner below it
     # Replies (WELCOME, ACK, WEIGHTS, UPTODATE, STOP, ERROR) may carry x{re}: the seq of the
@@ -81,6 +82,7 @@ KIND_FIELDS: dict[Kind, dict[str, tuple[tuple, bool]]] = {
         "shm": (_STR, False),
         "had": (_INT, False),
         "range": (_LIST, False),  # [lo, hi]: the range a learner (or node) expects (none: all)
+        "step": (_INT, False),  # a rejoining learner's next data step
     },
     Kind.WELCOME: {
         "learners": (_INT, True),
@@ -138,6 +140,9 @@ MODEL_SIZED = {Kind.WELCOME, Kind.PUSH, Kind.PUSHPULL, Kind.WEIGHTS, Kind.EVAL, 
 PAYLOAD_FRAMES = {k: (0, 0) for k in Kind}
 PAYLOAD_FRAMES.update({k: (1, MAX_FRAMES) for k in MODEL_SIZED})
 PAYLOAD_FRAMES[Kind.BATCH] = (2, 2)
+# a rejoining learner's copy of the range (none, or the whole range in float32): what a server
+# restarted without a checkpoint takes its range back from (docs/fault-tolerance.md)
+PAYLOAD_FRAMES[Kind.HELLO] = (0, MAX_FRAMES)
 PAYLOAD_FRAMES[Kind.BCAST] = (1, 1)
 # Model-sized payloads in the run's wire dtypes (``wire.gradient_dtype``, ``wire.weights_dtype``);
 # EVAL stays float32: the statistics server evaluates the PS's own (master) weights.

@@ -9,10 +9,12 @@ The launcher is the real one with its PS command pointed at this file; the PS is
 with one method wrapped, in its first incarnation only (a restarted one has ``--resume``).
 ``PS_CRASH_AT`` names the point; ``PS_CRASH_STOP`` the STOP (1-based) ``stopping`` dies at;
 ``PS_CRASH_TS`` the timestamp whose checkpoint ``checkpoint`` dies right after (mid-training
-on any host, where a kill from outside can land after the end on a fast one), or from which
+on any host, where a kill from outside can land after the end on a fast one), whose update
+``update`` dies right after (with or without checkpoints), or from which
 ``part-ahead`` dies once parts of a round went ahead (``wire.parts``: the round half in);
 ``PS_CRASH_SHARD``, in a sharded run, the server (``--shard I``) that dies (default: each);
-``PS_CRASH_PARENT=1``: its launcher (a worker rank: the whole rank) is killed first.
+``PS_CRASH_PARENT=1``: its launcher (a worker rank: the whole rank) is killed first;
+``PS_CRASH_PLAN``: several kills, of any server, in any incarnation (``planned``).
 """
 
 import os
@@ -27,6 +29,7 @@ from rudra_zmq.server import checkpointing, ps, report, weights
 
 POINTS = (
     "checkpoint",
+    "update",
     "part-ahead",
     "stopping",
     "stopping-unsent",
@@ -103,6 +106,13 @@ def arm(point: str) -> None:
             "save",
             lambda _schedule, state: state.engine.timestamp >= ts,
         )
+    elif point == "update":  # training: the update to PS_CRASH_TS just applied (its
+        ts = int(os.environ["PS_CRASH_TS"])  # replies queued, maybe not sent), no checkpoint
+        after(
+            ps.ParameterServer,
+            "_after_update",
+            lambda _server, update: update.timestamp >= ts,
+        )
     elif point == "part-ahead":  # training, wire.parts: parts of a round just sent ahead, the
         ts = int(os.environ["PS_CRASH_TS"])  # round open (at timestamp PS_CRASH_TS or later)
         after(
@@ -139,6 +149,25 @@ def shard_armed(args) -> bool:
     return want is None or want == mine
 
 
+def planned(args) -> bool:
+    """``PS_CRASH_PLAN`` (``SERVER:TS,SERVER:TS,...``): this server's k-th start (counted in
+    ``RUN/.crash-starts-I``) dies right after its update to the k-th TS listed for it, with
+    ``PS_CRASH_AT=update`` (with or without checkpoints; restarted ones too). Returns whether
+    a plan is given (then nothing else is armed)."""
+    plan = os.environ.get("PS_CRASH_PLAN")
+    if not plan:
+        return False
+    me = int(args[args.index("--shard") + 1]) if "--shard" in args else 0
+    mine = [int(ts) for s, ts in (e.split(":") for e in plan.split(",")) if int(s) == me]
+    count = Path(args[args.index("--run-dir") + 1]) / f".crash-starts-{me}"
+    k = int(count.read_text()) if count.exists() else 0
+    count.write_text(str(k + 1))
+    if k < len(mine):
+        os.environ["PS_CRASH_TS"] = str(mine[k])
+        arm("update")
+    return True
+
+
 def main(argv) -> int:
     role, args = argv[0], argv[1:]
     if role in ("run", "worker"):  # a launcher (a server rank's too): its PS is this file
@@ -147,6 +176,8 @@ def main(argv) -> int:
         launcher._role_command = lambda r, a: (
             [sys.executable, here, r, *a] if r == "ps" else real(r, a)
         )
+    elif planned(args):
+        pass
     elif "--resume" not in args and shard_armed(args):
         arm(os.environ["PS_CRASH_AT"])
     return cli.main([role, *args])

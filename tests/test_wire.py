@@ -84,7 +84,7 @@ GOOD_PAYLOAD = np.zeros(4, np.float32).tobytes()
         (
             [header(v=6, k=int(Kind.PUSHPULL)), GOOD_PAYLOAD],
             "version",
-            "protocol version 6 is not 8",
+            "protocol version 6 is not 9",
         ),  # a learner from before parts: it would take a part ahead for the whole reply
         (
             [header(k=int(Kind.RECEIPT), p=[], x={"re": 1})],

@@ -88,6 +88,11 @@ class PushPull:
         )
         self.rejoins = 0
         self.on_welcome = lambda step: None  # the learner repositions its data here
+        self.data_step = lambda: None  # the learner's next data step (said in a rejoin's HELLO)
+        # a rejoining HELLO carries this learner's copy of the range (Rudra-base: a server
+        # restarted without a checkpoint takes its range back from the freshest one), in
+        # frames of at most ``chunk_bytes``
+        self.send_copy, self.chunk_bytes = False, wire.DEFAULT_CHUNK_BYTES
         self.stream = None  # a buckets.StreamedPush: the parts leave during backward
 
     @property
@@ -107,9 +112,24 @@ class PushPull:
             self.servers[k].share.scatter(self.local[k], self.flat.weights)
 
     def _hello(self, k: int) -> None:
-        had = {"had": self.stamps[k]} if self.stamps[k] >= 0 else {}
+        """HELLO to server ``k``; rejoining (weights loaded from it before), with the
+        timestamp they had there (x{had}), the next data step (x{step}) and, with
+        ``send_copy``, this learner's copy of its range at that timestamp (a copy: the
+        weights may change before the request is done with)."""
+        had, copy = {}, ()
+        if self.stamps[k] >= 0:
+            had = {"had": self.stamps[k]}
+            step = self.data_step()
+            if step is not None:
+                had["step"] = int(step)
+            if self.send_copy:
+                copy = wire.chunk(
+                    self.servers[k].share.gather(self.flat.weights).copy(), self.chunk_bytes
+                )
         self.links.channels[k].send(
             Kind.HELLO,
+            0,
+            copy,
             model=self.flat.signature,
             numel=self.flat.numel,
             range=self.servers[k].share.key,
@@ -320,6 +340,8 @@ def make_exchange(cfg, shape, learner_id: int, flat, links, ctx, bcast=None):
         if cfg.architecture.kind == "advstar":
             return BroadcastPush(cfg, learner_id, flat, links, shape, carriers, ctx, bcast)
         ex = PushPull(learner_id, flat, links, shape, carriers)
+        ex.send_copy = cfg.architecture.kind == "base"  # a tree node keeps no copies
+        ex.chunk_bytes = cfg.runtime.chunk_mib << 20
         if (  # parts leave during backward where there are parts and they can
             cfg.wire.push_during_backward
             and len(shape.parts) > 1

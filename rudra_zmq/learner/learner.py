@@ -146,6 +146,7 @@ class Learner:
             self.exchange.stream.close()
             self.exchange.stream = None
         self.exchange.on_welcome = self._start_data_at
+        self.exchange.data_step = lambda: self.data.expected
 
     def _close_built(self) -> None:
         """The constructor failed: close what ``_connect`` made before it did (and the

@@ -38,6 +38,7 @@ COLUMNS = (
     "final_error",
     "best_error",
     "mean_sigma",
+    "restarts",
     "startup_s",
     "wall_s",
     "s_per_epoch",
@@ -175,6 +176,32 @@ def server_sigmas(metrics) -> list[float | None]:
     return [mean_sigma(metrics, k) for k in range(max(others) + 1)]
 
 
+def server_restarts(run_dir) -> list[dict]:
+    """The restarts ``ps_final.json`` lists (each ``{"server", "from", "ts", "lost"}``: a
+    server restarted during the run, from a checkpoint, its learners' copy of its range or
+    the initial weights, and the updates it lost); [] when there is no file or none.
+    Raises record_fields.DamagedRecord for a damaged ``ps_final.json``."""
+    final = load_final(run_dir)
+    return list(final.get("restarts", [])) if final is not None else []
+
+
+def restarts_text(restarts: list[dict], servers: bool) -> str:
+    """``server 1 from learner 0 at ts 40, 3 updates lost; ...`` (``servers``: a sharded
+    run; else ``the parameter server from ...``)."""
+    return "; ".join(
+        f"{'server ' + str(r['server']) if servers else 'the parameter server'} from "
+        f"{r['from']} at ts {r['ts']}, {r['lost']} updates lost"
+        for r in restarts
+    )
+
+
+def restarts_cell(restarts: list[dict]) -> str:
+    """The ``restarts`` cell: how many, and the updates they lost (``0``: none)."""
+    if not restarts:
+        return "0"
+    return f"{len(restarts)} ({sum(r['lost'] for r in restarts)} lost)"
+
+
 def ps_final(run_dir, metrics) -> dict | None:
     """Where training ended -- the PS's final timestamp and epoch, from ``ps_final.json`` (its
     own state), else from its ``done`` record -- with the test error of the evaluation of those
@@ -220,6 +247,7 @@ def run_summary(run_dir, label: str | None = None) -> dict:
     cfg = read_config(run_dir)
     rows = [r for r in plots.summary_rows(metrics) if r["test_error"] is not None]
     final = ps_final(run_dir, metrics)
+    restarts = server_restarts(run_dir)
     if final is not None:  # only what the PS itself says happened: nothing past its end
         rows = [r for r in rows if isinstance(r.get("ts"), int) and r["ts"] <= final["ts"]]
     last = rows[-1] if rows else {}
@@ -238,6 +266,8 @@ def run_summary(run_dir, label: str | None = None) -> dict:
         "final_error": error,
         "best_error": min(r["test_error"] for r in rows) if rows else None,
         "mean_sigma": mean_sigma(metrics),
+        "restarts": restarts_cell(restarts),
+        "restart_list": restarts,
         "server_sigmas": server_sigmas(metrics),
         "startup_s": plots.startup_s(metrics),
         "wall_s": wall,
@@ -281,10 +311,13 @@ def result_line(run_dir) -> str | None:
             f"error measured was {100 * r['last_error']:.2f}% at epoch "
             f"{r['last_epoch']:.2f}"
         )
+    restarts = ""
+    if r.get("restart_list"):  # which servers restarted, from what, what they lost
+        restarts = f"; restarted: {restarts_text(r['restart_list'], bool(r.get('server_sigmas')))}"
     return (
         f"result: {error} (best {100 * r['best_error']:.2f}%) after {r['epochs']:.2f} "
-        f"epochs in {r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the run; "
-        "`rudra-zmq compare` puts runs side by side"
+        f"epochs in {r['wall_s']:.1f} s of training{startup}; <σ> {sigma} over the "
+        f"run{restarts}; `rudra-zmq compare` puts runs side by side"
     )
 
 

@@ -104,6 +104,8 @@ RECORD_FIELDS = {
         "epoch": _EPOCH,
         "incarnation": fields.integer(1).optional(),
         "checkpoint": fields.text().or_null().optional(),
+        "from": fields.text().optional(),  # checkpoint, learner L or initial
+        "lost": fields.integer().optional(),
         **_SERVER,
     },
     "resume": {"t": _T},
@@ -226,7 +228,47 @@ FINAL_FIELDS = {
     "done": fields.flag(),
     "incarnation": fields.integer(1).optional(),
     "parts": fields.mapping().optional(),
+    "restarts": fields.Field(
+        "a list of restarts {server, from, ts, lost}",
+        lambda v: isinstance(v, list) and all(_restart_ok(r) for r in v),
+    ).optional(),
 }
+
+
+def _is_learner(v) -> bool:
+    word, _, n = v.partition(" ")
+    return word == "learner" and n.isdigit() and len(n) < 10
+
+
+# one restart of a server (``server/restart_record.py``), in ps_final.json's ``restarts``
+RESTART_FIELDS = {
+    "server": fields.integer(),
+    "from": fields.Field(
+        "checkpoint, initial or learner L",
+        lambda v: isinstance(v, str) and (v in ("checkpoint", "initial") or _is_learner(v)),
+    ),
+    "ts": fields.integer(),
+    "lost": fields.integer(),
+    "incarnation": fields.integer(1).optional(),
+}
+
+
+def _restart_ok(r) -> bool:
+    try:
+        fields.check(r, RESTART_FIELDS, "restart")
+    except fields.DamagedRecord:
+        return False
+    return True
+
+
+def check_restarts(value, where: str) -> list:
+    """``value`` when it is a list of restart records (``RESTART_FIELDS``); raises
+    record_fields.DamagedRecord naming ``where`` otherwise. Pure."""
+    if not isinstance(value, list):
+        raise fields.DamagedRecord(f"{where}: restarts is {fields.shown(value)}; expected a list")
+    for i, r in enumerate(value):
+        fields.check(r, RESTART_FIELDS, f"{where}, restarts[{i}]")
+    return value
 
 
 def load_final(run_dir) -> dict | None:

@@ -37,6 +37,8 @@ from .compare import (
     mean_sigma,
     protocol_name,
     read_config,
+    restarts_text,
+    server_restarts,
     server_sigmas,
 )
 
@@ -223,6 +225,8 @@ def table_row(run: Run, budget: float | None = None) -> dict:
         status.append("no metrics")
     elif not m["eval"]:
         status.append("no eval")
+    if is_run_dir(run.path) and (restarts := server_restarts(run.path)):
+        status.append(f"restarted: {restarts_text(restarts, bool(server_sigmas(m)))}")
     ref = paper.table2_row(mu, lam, sigma)
     return {
         "run": run.label,
@@ -390,13 +394,13 @@ def cmd_report(args) -> int:
     try:
         run_dirs = expand_run_dirs(args.paths, RUN_MARKERS)  # all checked before any is read
         runs = load_runs(run_dirs)
+        rows = [table_row(run, args.budget) for run in runs]  # (ps_final.json's restarts)
     except (CompareError, fields.DamagedRecord) as exc:
         print(f"rudra-zmq report: error: {exc}", file=sys.stderr)
         return 2
     one_parent = len(args.paths) == 1 and not is_run_dir(args.paths[0], RUN_MARKERS)
     out = Path(args.out) if args.out else Path(args.paths[0]) if one_parent else Path(".")
     out.mkdir(parents=True, exist_ok=True)
-    rows = [table_row(run, args.budget) for run in runs]
     text = format_markdown(rows)
     figures = write_figures(runs, rows, out)
     gap_text, gap_files = gaps.write_gaps(runs, rows, out)

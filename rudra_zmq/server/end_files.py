@@ -35,7 +35,7 @@ from ..results.records import load_final
 from ..run_files import PS_FINAL_FILE, WEIGHTS_FILE
 
 
-def write_end_files(files_dir: Path, state) -> None:
+def write_end_files(files_dir: Path, state, **extra) -> None:
     """The server's weights (``weights.npy``), then ``ps_final.json``, in ``files_dir``, each
     replaced atomically; an older ``ps_final.json`` (a period before a resume) goes first, so
     that a crash between the two never pairs these weights with another period's end. Blocks
@@ -43,7 +43,7 @@ def write_end_files(files_dir: Path, state) -> None:
     files_dir = Path(files_dir)
     (files_dir / PS_FINAL_FILE).unlink(missing_ok=True)
     write_atomically(files_dir / WEIGHTS_FILE, npy_writer(state.w))
-    write_final(files_dir, state)
+    write_final(files_dir, state, **extra)
 
 
 def write_atomically(path: Path, write) -> None:
@@ -66,17 +66,19 @@ def npy_writer(arr: np.ndarray):
     return write
 
 
-def write_final(run_dir: Path, state) -> None:
+def write_final(run_dir: Path, state, restarts=None, incarnation: int | None = None) -> None:
     """``RUN_DIR/ps_final.json``: where training ended, from the server's own ``state`` (the
-    launcher's result line reads it, not what the statistics server was told). Atomic;
-    blocks for a small write."""
+    launcher's result line reads it, not what the statistics server was told), with the
+    server's ``restarts`` (``restart_record``: from what, what each lost) and its
+    ``incarnation`` (default: the state's count). Atomic; blocks for a small write."""
     eng = state.engine
     final = {
         "timestamp": eng.timestamp,
         "epoch": eng.epoch,
         "updates": eng.updates,
         "done": state.done,
-        "incarnation": len(state.incarnations),
+        "incarnation": incarnation or len(state.incarnations),
+        "restarts": list(restarts or ()),
     }
     if state.parts is not None:  # wire.parts: how many went ahead of their update
         final["parts"] = state.parts.record()
@@ -168,6 +170,7 @@ def assemble(run_dir, dirs, epochs: float, join=np.concatenate) -> bool:
         "updates": done[0].get("updates"),
         "done": True,
         "incarnation": max(f.get("incarnation", 1) for f in done),
+        "restarts": [r for f in done for r in f.get("restarts", [])],
         "servers": done,
     }
     write_atomically(run_dir / PS_FINAL_FILE, lambda p: p.write_text(json.dumps(final) + "\n"))

@@ -44,10 +44,12 @@ from ..outbox import Outbox
 from ..shape import ClusterShape
 from ..wire import Kind
 from .arrival_log import ArrivalLog
-from .checkpointing import CheckpointSchedule
+from .checkpointing import CheckpointSchedule, launch_session
 from .end_files import assemble, write_end_files
 from .liveness import Liveness
+from .recovery import Recovery
 from .report import EvalSchedule, PSReport
+from .restart_record import RestartHistory
 from .serving import Serving
 from .start import start_state
 from .weights import make_weights_out
@@ -134,6 +136,17 @@ class ParameterServer:
         )
         if self.files_dir is not None:
             self.files_dir.mkdir(parents=True, exist_ok=True)
+        # restarted (Rudra-base, training not over): the range comes back from the freshest
+        # copy the learners hold when it is newer than the checkpoint, or there is none
+        # (``recovery.py``); their HELLOs are held until then
+        self.recovery = None
+        if resume and cfg.architecture.kind == "base" and not self.state.done:
+            window = 2 * cfg.runtime.retry_s + 1  # one round of rejoins, a CHECK's too
+            self.recovery = Recovery(self.state.learners, self.state.numel, window)
+        self.history = RestartHistory(self.files_dir, launch_session(), resume)
+        if self.recovery is None:
+            origin = "initial" if self.resumed_from is None else "checkpoint"
+            self.history.record(self.place.index, origin, self.state.engine.timestamp, 0)
         if self.run_dir is not None and self.state.tree is None:  # for `rudra-zmq replay`
             self.state.log = ArrivalLog(self.files_dir, self.state.incarnation)
         # restarted after training ended: the statistics server may have finished already
@@ -223,24 +236,94 @@ class ParameterServer:
         st = self.state
         lost = st.counters.lost_updates
         st.register(ident, msg)
+        if self.recovery is not None and msg.sender >= 0:  # held until the range is back
+            self.recovery.offer(ident, msg, time.time())
+            self._recover_if_due()
+            return
         if st.counters.lost_updates > lost:
             had = msg.fields["had"]
             notice(
                 log,
-                "%s had seen timestamp %d, the checkpoint this server restarted from "
-                "holds %d: %d updates lost in the restart",
+                "%s had seen timestamp %d, the state this server restarted from (a "
+                "checkpoint or a learner's copy) holds %d: %d updates lost in the restart",
                 wire.sender_name(msg.sender),
                 had,
                 st.restored_ts,
                 had - st.restored_ts,
             )
+        self._admit(ident, msg.sender, msg.seq)
+
+    def _admit(self, ident: bytes, sender: int, seq: int) -> None:
+        """A registered sender's HELLO: STOP after training, else it joins and is welcomed
+        when the engine says."""
+        st = self.state
         if st.done:  # after training: a planned sender with this model is told STOP
-            self._stop(ident, msg.sender, msg.seq)
+            self._stop(ident, sender, seq)
             return
-        if st.join(msg.sender, time.time()):
-            self._members_changed(msg.sender, "joined")
-        if st.admit(ident, msg.sender, msg.seq):  # else held until the engine says
-            self._welcome(ident, msg.sender, msg.seq)
+        if st.join(sender, time.time()):
+            self._members_changed(sender, "joined")
+        if st.admit(ident, sender, seq):  # else held until the engine says
+            self._welcome(ident, sender, seq)
+
+    def _recover_if_due(self) -> None:
+        """Once every learner said HELLO, or the window since the first passed, resume from
+        the freshest copy they gave back (``recovery.py``), say what was lost, and welcome
+        every HELLO held."""
+        rec = self.recovery
+        if rec is None or not rec.due(time.time()):
+            return
+        self.recovery, got, st = None, rec.result(), self.state
+        for learner, why in got.refused:
+            notice(log, "refused learner %d's copy of range %s: %s", learner, st.share, why)
+        eng, ckpt = st.engine, st.restored_ts
+        if got.weights is not None and (ckpt is None or got.ts > ckpt):
+            st.adopt(got)
+            origin = got.origin
+            notice(
+                log,
+                "took range %s back from %s's copy at timestamp %d (epoch %.2f; %s); %s",
+                st.share,
+                got.origin,
+                got.ts,
+                eng.epoch,
+                "no checkpoint" if ckpt is None else f"newer than the checkpoint's {ckpt}",
+                f"the newest timestamp a learner had seen is {got.newest}: {got.lost} updates "
+                "lost in the restart"
+                if got.lost
+                else "no learner had seen a newer one",
+            )
+        elif ckpt is None:  # no copy, no checkpoint: the range starts over
+            st.adopt(got)
+            origin = "initial"
+            notice(
+                log,
+                "no learner holds a copy of range %s and there is no checkpoint: it starts "
+                "over from the initial weights (%d updates lost)",
+                st.share,
+                got.lost,
+            )
+        else:  # the checkpoint is as fresh as any copy: it stands (it has the momentum)
+            origin = "checkpoint"
+            if st.lost_now:
+                notice(
+                    log,
+                    "the newest timestamp a learner had seen is %d, the checkpoint this "
+                    "server restarted from holds %d: %d updates lost in the restart",
+                    got.newest,
+                    ckpt,
+                    st.lost_now,
+                )
+        lost = st.lost_now
+        self.history.record(self.place.index, origin, st.restored_ts, lost)
+        self.metrics.restart(self, self.history.current)
+        self.evals = EvalSchedule(self.cfg.train, eng.epoch)
+        if self.checkpoints is not None and origin != "checkpoint":
+            self.checkpoints.save(st)  # what it took back, and this incarnation, durable
+        # the weights it goes on from: the evaluation of an epoch boundary it crossed as it
+        # died may never have left it (with several servers, this slice joins the others')
+        self.metrics.evaluate(st)
+        for h in rec.held:
+            self._admit(h.ident, h.sender, h.seq)
 
     def _welcome(self, ident: bytes, sender: int, seq: int) -> None:
         """WELCOME with the weights and where the data stream of the sender (a learner) or
@@ -324,7 +407,8 @@ class ParameterServer:
         # within runtime.retry_s; stay that long to tell it (``send`` stays so too)
         if self.over_at_start:
             self.serving.stay_until = started + self.cfg.runtime.retry_s + 1
-        self.metrics.evaluate(st)  # test error of the initial weights (epoch 0)
+        if self.recovery is None:  # (one recovering has no weights to evaluate yet)
+            self.metrics.evaluate(st)  # test error of the initial weights (epoch 0)
         # One blocking receive per message (libzmq waits with the GIL released, at most
         # WAIT_MS): no Poller and no zmq.Again per message.
         self.sock.setsockopt(zmq.RCVTIMEO, WAIT_MS)
@@ -338,6 +422,8 @@ class ParameterServer:
                 except zmq.Again:
                     if self.liveness.idle(st, time.time() - last_msg):
                         break
+                if self.recovery is not None:
+                    self._recover_if_due()
                 if self.liveness.due(now := time.time()):
                     self._evict_silent(now)
                     self.liveness.note_waiting(st, now)
@@ -382,8 +468,15 @@ class ParameterServer:
             self.stats.close()
         if self.state.log is not None:
             self.state.log.close()
+        self.history.lost(st.lost_now)
+        self.history.save()
         if self.run_dir is not None:
-            write_end_files(self.files_dir, self.state)
+            write_end_files(
+                self.files_dir,
+                self.state,
+                restarts=self.history.restarts,
+                incarnation=max(len(st.incarnations), self.history.starts),
+            )
             if self.state.done:  # the last of several servers joins theirs into the run's
                 try:
                     joined = self.shape.joined_dirs(self.run_dir)
@@ -422,7 +515,8 @@ def serve(
             f"{len(st.incarnations)})",
             flush=True,
         )
-        ps.metrics.restart(ps)
+        if ps.recovery is None:  # else said once the learners' copies are in
+            ps.metrics.restart(ps, ps.history.current)
     if ps.weights_out.endpoint is not None:
         print(f"broadcast root listening on {ps.weights_out.endpoint}", flush=True)
     print(

@@ -5,7 +5,8 @@
   update;
 - one ``ps`` record a second: updates/s, gradients/s, refused messages;
 - a ``members`` record whenever λ changes (a learner evicted or rejoining), with λ and c;
-- a ``restart`` record when a restarted server resumed from a checkpoint;
+- a ``restart`` record when a restarted server resumed (from a checkpoint or its learners'
+  copy of its range: ``from``, and the updates ``lost``);
 - a ``done`` record when training finished;
 - its weights, to be evaluated (an EVAL), at the start and when ``EvalSchedule`` says.
 
@@ -120,18 +121,22 @@ class PSReport:
                 }
             )
 
-    def restart(self, ps) -> None:
-        """This server resumed from a checkpoint; sent at once."""
+    def restart(self, ps, record: dict | None = None) -> None:
+        """This server resumed (from a checkpoint, or its learners' copy of its range:
+        ``record``, a ``restart_record`` entry, says from what and the updates lost so far);
+        sent at once."""
         if self.stats is not None:
             st = ps.state
+            said = {"from": record["from"], "lost": record["lost"]} if record else {}
             self._metric(
                 {
                     "type": "restart",
                     "t": time.time(),
                     "ts": st.engine.timestamp,
                     "epoch": st.engine.epoch,
-                    "incarnation": len(st.incarnations),
-                    "checkpoint": str(ps.resumed_from),
+                    "incarnation": record["incarnation"] if record else len(st.incarnations),
+                    "checkpoint": None if ps.resumed_from is None else str(ps.resumed_from),
+                    **said,
                 }
             )
 

@@ -65,7 +65,14 @@ def start_state(
     told = ToldRecord(where) if run_dir else None
     if resume and run_dir is not None:
         resumed_from = restore_latest(state, where, checkpoints_root(run_dir))
-        if resumed_from is None:  # it died before its first checkpoint
+        if resumed_from is None and state.tree is None:  # it died before its first one
+            notice(
+                log,
+                "no checkpoint in %s: taking this server's range back from the freshest copy "
+                "its learners hold (the initial weights if none holds one)",
+                where,
+            )  # the server's Recovery; restored_ts is set when it resumes
+        elif resumed_from is None:  # a tree's root: its learners' copies do not reach it
             notice(
                 log,
                 "no checkpoint in %s: starting from the initial weights",

@@ -269,6 +269,10 @@ class ServerState:
         last = self.applied.get(sender)
         if last is None or msg.seq > last[0]:
             self.applied[sender] = (msg.seq, None)
+        step = f.get("step")  # a rejoining learner's data step: kept where none is known
+        if self.restored_ts is not None and sender >= 0 and sender not in self.steps:
+            if isinstance(step, int) and 0 <= step < 2**53:  # (after a restart from copies)
+                self.steps[sender] = step
         had = f.get("had", -1)  # the newest timestamp this learner saw (a restarted PS)
         if self.restored_ts is not None and had - self.restored_ts > self.lost_now:
             self.lost_now = had - self.restored_ts
@@ -535,3 +539,31 @@ class ServerState:
             setattr(self.counters, k, int(v))
         self.restored_ts = self.engine.timestamp
         self.lost_base, self.lost_now = self.counters.lost_updates, 0
+
+    def adopt(self, recovered) -> None:
+        """Resume from what the learners gave back (``recovery.Recovered``) after a restart:
+        their freshest copy of the range at its timestamp, when it is newer than what was
+        restored (a checkpoint, or nothing) -- the updates and epoch follow from its timestamp,
+        each learner's data goes on at the step it reports; the momentum stays the checkpoint's (zero without one: no
+        learner holds it) and the sum of a round of an older timestamp is dropped -- or, with
+        no copy and no checkpoint, the initial weights at timestamp 0. The updates lost are
+        those the freshest copy had not seen, counted from there as after a checkpoint."""
+        if recovered.weights is not None:
+            u = self.updater
+            u.versions = WeightVersions(recovered.weights)
+            u.acc[:] = 0.0
+            d = self.engine.state_dict()
+            # c gradients per update since what was restored (exact for hardsync, softsync
+            # and async while λ does not change; the data steps the learners report may count
+            # a gradient in flight, dropped in the restart)
+            c = self.engine.gradients_per_update
+            d["gradients_received"] += (recovered.ts - d["timestamp"]) * c
+            d["updates"] += recovered.ts - d["timestamp"]
+            d["timestamp"] = recovered.ts
+            d["pending"] = []
+            self.engine.load_state(d)
+            self.steps.update(recovered.steps)
+            self.done = self.engine.epoch >= self.epochs
+        self.restored_ts = recovered.ts
+        self.lost_now = recovered.lost
+        self.counters.lost_updates = self.lost_base + self.lost_now

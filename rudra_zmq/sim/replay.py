@@ -155,6 +155,18 @@ def replay(run_dir, until: int | None = None, threads: int | None = None) -> Rep
             "which replay does not join yet)"
         )
     try:
+        restarts = (load_final(run_dir) or {}).get("restarts", [])
+    except DamagedRecord as exc:
+        raise ReplayError(str(exc)) from None
+    copied = [r for r in restarts if r["from"].startswith("learner")]
+    if copied:  # its weights came from a learner's copy, which the log does not hold
+        raise ReplayError(
+            f"{run_dir / PS_FINAL_FILE}: the parameter server restarted at ts "
+            f"{copied[0]['ts']} from {copied[0]['from']}'s copy of its weights, which the "
+            "arrivals log does not hold: replay recomputes runs whose restarts were from "
+            "checkpoints"
+        )
+    try:
         events = arrival_log.read(logs[0])
     except ValueError as exc:
         raise ReplayError(str(exc)) from None

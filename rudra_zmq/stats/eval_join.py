@@ -5,8 +5,12 @@ K (one server's EVAL is a whole evaluation, joined at once).
 The slices of one evaluation are those the servers send as they cross the same epoch
 boundary: every server receives every learner's gradient, so each counts the same epochs
 (under n-softsync and async with its own timestamp: the record keeps server 0's as ``ts`` and
-every server's in ``server_ts``). The final weights' slices are joined whatever their epochs
-(a server restarted from a checkpoint counts again what it lost). At most ``MAX_OPEN``
+every server's in ``server_ts``). With evaluations every ``train.eval_every_epochs`` (and none
+every so many updates), a slice is joined by the boundary it crossed (``every_epochs``), not
+its exact epoch: a server restarted from a checkpoint or from its learners' copy of its range
+counts its epochs from what it took back, and crosses each boundary a little apart from the
+others. A slice of a boundary already joined (a restarted server crossing it again) is
+ignored. The final weights' slices are joined whatever their epochs. At most ``MAX_OPEN``
 evaluations wait for their missing slices; an older incomplete one is dropped (counted).
 No sockets, no clock; not thread-safe (the statistics server's thread).
 """
@@ -37,10 +41,23 @@ class EvalJoin:
     """Joins the EVAL slices of the servers of ``shape`` (a ``ClusterShape`` sized to the
     model)."""
 
-    def __init__(self, shape):
+    def __init__(self, shape, every_epochs: float = 0.0):
         self.shape = shape
-        self.open: dict = {}  # key (epoch, or "final") -> {server index: EVAL}
+        self.every_epochs = every_epochs  # > 0: join by the boundary crossed
+        self.open: dict = {}  # key (epoch, boundary or "final") -> {server index: EVAL}
+        self.joined: dict = {}  # keys joined already (the newest MAX_OPEN * 4), insertion order
         self.dropped = 0  # incomplete evaluations given up (MAX_OPEN newer ones came)
+        self.again = 0  # slices of a boundary joined already (a restarted server's), ignored
+
+    def key(self, fields: dict):
+        """Which evaluation a slice belongs to: "final", the boundary its epoch crossed (a
+        multiple of ``every_epochs``), or its exact epoch."""
+        if fields.get("final"):
+            return "final"
+        epoch = float(fields["epoch"])
+        if self.every_epochs > 0:
+            return ("boundary", int(epoch / self.every_epochs + 1e-9))
+        return epoch
 
     def refusal(self, msg) -> str | None:
         """Why the EVAL ``msg`` cannot be a slice of this run, or None."""
@@ -62,7 +79,10 @@ class EvalJoin:
         """Take one slice (checked with :meth:`refusal` first); returns the whole evaluation
         once every server's slice is in, else None."""
         i = self.shape.eval_server(msg.fields)
-        key = "final" if msg.fields.get("final") else float(msg.fields["epoch"])
+        key = self.key(msg.fields)
+        if len(self.shape.servers) > 1 and key in self.joined:
+            self.again += 1
+            return None
         slot = self.open.pop(key, {})
         slot[i] = msg
         if len(slot) < len(self.shape.servers):
@@ -71,6 +91,10 @@ class EvalJoin:
                 del self.open[next(iter(self.open))]
                 self.dropped += 1
             return None
+        if len(self.shape.servers) > 1:
+            self.joined[key] = True
+            while len(self.joined) > 4 * MAX_OPEN:
+                del self.joined[next(iter(self.joined))]
         parts = [slot[k] for k in range(len(self.shape.servers))]
         return Joined(
             parts[0].ts,

@@ -74,6 +74,7 @@ class Progress:
         self._upto = -1  # ts of the newest update record
         self._waiting: list[tuple] = []  # evaluations whose line waits for update records
         self._first = self._newest = None  # (t, epoch) of updates seen by this server
+        self._since: list[str] = []  # restarts since the last evaluation's line
 
     def update(self, r: dict) -> list[str]:
         """Take one ``update`` record; returns the lines to print now (that training started,
@@ -116,15 +117,27 @@ class Progress:
         ]
 
     def restart(self, r: dict) -> list[str]:
-        """Take one ``restart`` record: the PS restarted from its checkpoint at ``ts`` (the
-        updates past it were lost); returns its line."""
-        ts = r.get("ts")
-        if isinstance(ts, int):
+        """Take one ``restart`` record: a server restarted at ``ts``, from its checkpoint or
+        its learners' copy of its range (``from``; the updates past ``ts`` were lost: ``lost``,
+        as far as known then); returns its line, and the next evaluation's line says it
+        too. Only server 0's restart moves the timestamps these lines count."""
+        ts, server = r.get("ts"), r.get("server")
+        if isinstance(ts, int) and not server:
             self._updates = [u for u in self._updates if u[0] <= ts]
             self._upto = min(self._upto, ts)
+        who = "parameter server" if server is None else f"server {server}"
+        origin = r.get("from")
+        if origin is None or origin == "checkpoint":
+            origin = f"checkpoint {r.get('checkpoint')}"
+        elif origin.startswith("learner"):
+            origin = f"{origin}'s copy of its range"
+        else:
+            origin = "the initial weights (no learner held a copy)"
+        lost = r.get("lost")
+        said = f": {lost} updates lost" if isinstance(lost, int) and lost > 0 else ""
+        self._since.append(f"{who} restarted at ts {ts}{said}")
         return [
-            f"parameter server restarted (incarnation {r.get('incarnation')}) at "
-            f"ts {r.get('ts')} from {r.get('checkpoint')}"
+            f"{who} restarted (incarnation {r.get('incarnation')}) at ts {ts} from {origin}{said}"
         ]
 
     def _at(self, t: float, epoch) -> None:
@@ -187,8 +200,10 @@ class Progress:
         if self._first is not None:  # the EVAL left the PS with the update that reached epoch
             self._at(t, epoch)
         eta = self.eta_s()
+        since = f"  ({'; '.join(self._since)})" if self._since else ""
+        self._since = []
         return (
             f"epoch {epoch:6.2f}  ts {ts:6d}  test error {100 * error:5.2f}%  loss "
             f"{loss:.4f}  <σ> {sigma}  samples/s {rate}  elapsed {elapsed}  "
-            f"ETA {'-' if eta is None else duration(eta)}"
+            f"ETA {'-' if eta is None else duration(eta)}{since}"
         )

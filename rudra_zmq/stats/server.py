@@ -220,7 +220,9 @@ class StatsServer:
         """The test split and the model to evaluate (seconds: torch, the data). Blocks."""
         self.evaluator = Evaluator(cfg, dataset)
         self.flat = self.evaluator.flat
-        self.join = EvalJoin(ClusterShape.of(cfg, self.flat.numel))
+        t = cfg.train
+        every = t.eval_every_epochs if not t.eval_every_updates else 0.0
+        self.join = EvalJoin(ClusterShape.of(cfg, self.flat.numel), every)
 
     # ------------------------------------------------------------------ receiving
     def _drain(self) -> int:

@@ -1,0 +1,94 @@
+"""Which restarts a server went through, from what, and what each lost: kept in its own files
+folder (``restarts.json`` beside its ``ps_final.json``), so that a server restarted without a
+checkpoint still knows the restarts before it, and written into ``ps_final.json``
+(``"restarts"``), where the result line, ``report`` and ``compare`` read them.
+
+A start with ``--resume`` by the same launch (``checkpointing.launch_session``) as the start
+before it is a restart (the launcher restarted the server); one by another launch is the run
+resumed (``rudra-zmq run --resume``), not a restart. Each restart is ``{"server": I, "from":
+"checkpoint" | "learner L" | "initial", "ts": T, "lost": N, "incarnation": n}``: the
+timestamp it resumed at and the updates it lost (those a learner had seen that the restored
+state lacked). A damaged file is ignored with a warning (the restarts before it are then not
+listed). Reads and writes one small file; blocks for it; not thread-safe (the server's thread).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from ..results import record_fields as fields
+from ..results.records import check_restarts
+from .end_files import write_atomically
+
+log = logging.getLogger("rudra_zmq.ps")
+
+FILE = "restarts.json"
+
+
+class RestartHistory:
+    """The restarts of the server whose files are in ``files_dir`` (None: nothing kept), of
+    this launch ``session``; ``resume``: this start continues from what it saved."""
+
+    def __init__(self, files_dir: Path | None, session: str | None, resume: bool):
+        self.path = Path(files_dir) / FILE if files_dir is not None else None
+        self.session = session
+        self.restarts: list[dict] = []
+        self.starts = 1
+        self.current: dict | None = None  # this start's record, when it is a restart
+        saved = self._read() if resume else None
+        self.restarted = saved is not None and saved.get("session") == session
+        if saved is not None:
+            self.restarts = list(saved["restarts"])
+            self.starts = int(saved.get("starts", 1)) + 1
+
+    def _read(self) -> dict | None:
+        if self.path is None:
+            return None
+        try:
+            saved = json.loads(self.path.read_text())
+            if not isinstance(saved, dict):
+                raise fields.DamagedRecord(f"{self.path} is not an object")
+            check_restarts(saved.get("restarts"), str(self.path))
+            if not fields.integer(1).ok(saved.get("starts", 1)):
+                raise fields.DamagedRecord(f"{self.path}: starts is {saved.get('starts')!r}")
+            return saved
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning(
+                "ignoring %s (%s): the restarts before this one are not listed", self.path, exc
+            )
+            return None
+
+    def record(self, server: int, origin: str, ts: int, lost: int) -> dict | None:
+        """This start resumed at ``ts`` from ``origin``, ``lost`` updates lost so far; kept
+        (and returned) when it is a restart, else None. Writes the file."""
+        if self.restarted:
+            self.current = {
+                "server": server,
+                "from": origin,
+                "ts": ts,
+                "lost": lost,
+                "incarnation": self.starts,
+            }
+            self.restarts.append(self.current)
+        self.save()
+        return self.current
+
+    def lost(self, n: int) -> None:
+        """This restart's updates lost, as counted by now (learners rejoin after it)."""
+        if self.current is not None:
+            self.current["lost"] = n
+
+    def save(self) -> None:
+        """Write the file (atomically). Never raises for a write error: it is logged."""
+        if self.path is None:
+            return
+        record = {"session": self.session, "starts": self.starts, "restarts": self.restarts}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, lambda p: p.write_text(json.dumps(record) + "\n"))
+        except OSError as exc:
+            log.warning("could not write %s: %s", self.path, exc)
