@@ -4,6 +4,7 @@ network message; the restarts are listed in ``restarts.json`` and ``ps_final.jso
 statistics server joins slices by the epoch boundary they crossed. No sockets, no clock."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -148,7 +149,8 @@ def test_ps_final_lists_the_restarts_and_a_damaged_list_is_refused(tmp_path):
 
 class _Shape:
     def __init__(self, k):
-        self.servers = [object()] * k
+        # ranges in order: EvalJoin puts their payloads end to end
+        self.servers = [SimpleNamespace(share=SimpleNamespace(contiguous=True))] * k
 
     def eval_server(self, fields):
         return fields["server"]
