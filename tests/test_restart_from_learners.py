@@ -49,10 +49,16 @@ def kills(servers: int, n: int) -> list[tuple[int, int]]:
     return [(i % servers, ts) for i, ts in enumerate(points)]
 
 
-@pytest.mark.parametrize("checkpoints", [False, True], ids=["no-checkpoints", "checkpoints"])
-@pytest.mark.parametrize("servers", [1, 2, 4], ids=["K1", "K2", "K4"])
+CASES = [  # (servers, checkpoints, extra): K = 2 with parts is striped (shape.Share)
+    pytest.param(k, c, [], id=f"K{k}-{'checkpoints' if c else 'no-checkpoints'}")
+    for k in (1, 2, 4)
+    for c in (False, True)
+] + [pytest.param(2, False, ["wire.parts=4"], id="K2-striped-no-checkpoints")]
+
+
+@pytest.mark.parametrize(("servers", "checkpoints", "extra"), CASES)
 def test_killed_servers_take_their_range_back_and_the_run_ends_with_its_result(
-    tmp_path, servers, checkpoints
+    tmp_path, servers, checkpoints, extra
 ):
     plan = sorted(kills(servers, total_updates()), key=lambda k: k[1])
     every = CKPT_EVERY if checkpoints else 0
@@ -61,7 +67,7 @@ def test_killed_servers_take_their_range_back_and_the_run_ends_with_its_result(
         tmp_path,
         "run",
         [*BASE, f"architecture.servers={servers}", f"train.checkpoint_every_updates={every}"]
-        + ["runtime.max_restarts=4"],
+        + ["runtime.max_restarts=4", *extra],
         crash=crash,
     )
     assert r.finish(timeout=280) == 0, r.out
