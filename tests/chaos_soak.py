@@ -1,0 +1,368 @@
+"""The chaos soak at scale: `rudra-zmq run` of the quickstart with four parameter servers
+(``architecture.servers=4``) and float16 on the wire, a role SIGKILLed every few seconds, drawn
+from a seed; and the same run without kills, to say what spread a fault-free run has.
+
+Two shapes, one per seed's parity (``wire.parts`` needs hardsync and whole-vector servers,
+the trees need softsync's relays, so no one run has both):
+
+- ``parts`` (even seeds): base, hardsync, ``wire.parts=2``, float16 gradients and weights;
+- ``adv`` (odd seeds): Rudra-adv, one tree of two leaves per range, 1-softsync, float16.
+
+Each kill picks a kind uniformly among those the shape has -- a server (any of the four), a
+tree node (adv: any of the eight), a learner process, the data server, the statistics
+server -- then one process of that kind. Servers checkpoint every ``CKPT_EVERY`` updates, so a
+restarted server resumes from its range's checkpoint (without one it would start its range
+over: issue 45 item 1). A chaos run passes when it exits 0 with at least 3 kills landed, its
+result line is the evaluation of the final weights (``ps_final.json``'s timestamp), the
+weights are finite, no process outlives it, every kill is in the records (the launcher's
+``processes.json`` holds the killed pid and a newer process of its label; a killed server's
+``restart`` record is in ``metrics.jsonl``), and its final test error and weights' norm lie
+within the spread of the fault-free runs of its shape (mean + 3 standard deviations for the
+error, mean +- 3 for the norm, over the fault-free runs of the same seeds).
+
+As a script (``bench/chaos_soak.sh`` runs the 20 seeds, 5 at a time)::
+
+    python tests/chaos_soak.py run 0-4 --out runs/soak          # chaos runs of seeds 0..4
+    python tests/chaos_soak.py run 0-4 --out runs/soak --calm   # the same seeds, no kills
+    python tests/chaos_soak.py summary runs/soak                # spread, verdict per seed
+
+Each run leaves ``OUT/{chaos,calm}-SEED.json`` (what was checked) beside its run directory.
+``tests/test_soak.py`` runs one seed of this as the suite's smoke test."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from fault_runs import newest_ts, pid_of, records, role_pids  # noqa: E402
+
+K = 4  # parameter servers
+EPOCHS = 30  # of the 1,437 digits at µλ = 64: ~675 updates per server
+CKPT_EVERY = 20  # updates between two checkpoints of a server's range
+GAP_S = (2.0, 5.0)  # seconds between two kills, uniform
+KILL_WINDOW_S = 90  # no kill later than this after training started
+RUN_LIMIT_S = 420  # the run must have ended this long after training started
+SPREAD_SIGMAS = 3.0
+COMMON = [
+    f"architecture.servers={K}",
+    "wire.gradient_dtype=float16",
+    "wire.weights_dtype=float16",
+    "train.eval_every_epochs=10",
+    f"train.checkpoint_every_updates={CKPT_EVERY}",
+    "runtime.learners_per_process=2",
+    "runtime.timeout_s=60",
+    "runtime.retry_s=1",
+    "runtime.restart=true",
+    "runtime.max_restarts=100",
+]
+SHAPES = {
+    "parts": ("quickstart.yaml", ["sync.protocol=hardsync", "wire.parts=2"]),
+    "adv": ("quickstart_adv.yaml", []),  # kind adv, two leaves of two learners per range
+}
+SERVERS = ["ps", *(f"ps{i}" for i in range(1, K))]
+NODES = [f"node{leaf}{f's{i}' if i else ''}" for i in range(K) for leaf in (0, 1)]
+LEARNERS = ["learner0-1", "learner2-3"]
+
+
+def shape_of(seed: int) -> str:
+    return "parts" if seed % 2 == 0 else "adv"
+
+
+def overrides(seed: int, epochs: float = EPOCHS) -> list[str]:
+    """The run's --set list: the shape's, the soak's, and the seed as model and data seed."""
+    seeds = [f"model.seed={seed}", f"train.seed={seed}", f"train.epochs={epochs}"]
+    return [*SHAPES[shape_of(seed)][1], *COMMON, *seeds]
+
+
+def kill_schedule(seed: int, count: int = 60) -> list[tuple[float, str]]:
+    """(gap in seconds, label) of each SIGKILL in turn: a kind uniformly among the shape's
+    (server, node, learner, data, stats), then one process of that kind. Pure."""
+    rng = random.Random(seed)
+    kinds = {"server": SERVERS, "learner": LEARNERS, "data": ["data"], "stats": ["stats"]}
+    if shape_of(seed) == "adv":
+        kinds["node"] = NODES
+    names = sorted(kinds)
+    return [
+        (round(rng.uniform(*GAP_S), 2), rng.choice(kinds[rng.choice(names)])) for _ in range(count)
+    ]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def leftovers(run_dir, seen: dict) -> list[int]:
+    """Pids still running of the run's processes: those in RUN_DIR/processes.json and those
+    in ``seen`` (pid -> create time, so a reused pid is not taken for ours)."""
+    try:
+        left = {p for p in role_pids(run_dir) if not gone(p)}
+    except (OSError, ValueError):  # the launcher wrote no processes.json
+        left = set()
+    for pid, created in seen.items():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).create_time() == created and not gone(pid):
+                left.add(pid)
+    return sorted(left)
+
+
+def result_line(out: str) -> tuple[str, str] | None:
+    """(test error %, epochs) of the launcher's result line, or None if it reports none."""
+    line = next((x for x in out.splitlines() if x.startswith("result: ")), "")
+    m = re.match(r"result: test error ([\d.]+)% \(best [\d.]+%\) after ([\d.]+) epochs", line)
+    return m.groups() if m else None
+
+
+def run_once(
+    seed: int, out_dir: Path, calm: bool = False, log=print, epochs: float = EPOCHS
+) -> dict:
+    """One run of ``seed`` (``calm``: no kills) of ``epochs`` under OUT_DIR; returns what was checked
+    (``problems`` empty when it passed everything but the spread). Blocks until it ended
+    (at most RUN_LIMIT_S after training started); kills whatever of it is left."""
+    name = f"{'calm' if calm else 'chaos'}-{seed}"
+    run_dir, out_file = out_dir / name, out_dir / f"{name}.out"
+    config = ROOT / "configs" / SHAPES[shape_of(seed)][0]
+    cmd = [sys.executable, "-m", "rudra_zmq", "run", str(config), "--run-dir", str(run_dir)]
+    cmd += [a for o in overrides(seed, epochs) for a in ("--set", o)]
+    schedule = [] if calm else kill_schedule(seed)
+    seen, done, problems = {}, [], []
+    began = time.monotonic()
+    with open(out_file, "w") as sink:  # a file, not a pipe: the launcher never blocks on us
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            while newest_ts(run_dir) < 1 and proc.poll() is None:
+                if time.monotonic() - began > 240:
+                    problems.append("training did not start in 240 s")
+                    break
+                time.sleep(0.2)
+            t0 = last = time.monotonic()
+            while proc.poll() is None and time.monotonic() - t0 < RUN_LIMIT_S:
+                with contextlib.suppress(psutil.Error):
+                    for p in psutil.Process(proc.pid).children(recursive=True):
+                        seen.setdefault(p.pid, p.create_time())
+                now = time.monotonic()
+                if schedule and now - t0 < KILL_WINDOW_S and now - last >= schedule[0][0]:
+                    _, label = schedule.pop(0)
+                    last = now
+                    try:
+                        pid = pid_of(run_dir, label)
+                    except (OSError, ValueError, IndexError):
+                        pid = None
+                    if pid is None or gone(pid):
+                        done.append((round(now - t0, 1), label, pid, None))
+                    else:
+                        ts = newest_ts(run_dir)
+                        os.kill(pid, signal.SIGKILL)
+                        done.append((round(now - t0, 1), label, pid, ts))
+                time.sleep(0.25)
+            if proc.poll() is None:
+                problems.append(f"still running {RUN_LIMIT_S} s after training started")
+                proc.terminate()
+            try:
+                rc = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+                problems.append("the launcher did not stop in 60 s after SIGTERM")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            left = leftovers(run_dir, seen)
+            for pid in left:
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+    out = out_file.read_text(errors="replace")
+    landed = [k for k in done if k[3] is not None]
+    res = {
+        "seed": seed,
+        "shape": shape_of(seed),
+        "calm": calm,
+        "rc": rc,
+        "wall_s": round(time.monotonic() - began, 1),
+        "kills": done,
+        "landed": len(landed),
+        "left": left,
+        "run_dir": str(run_dir),
+    }
+    if rc != 0:
+        problems.append(f"exit {rc}")
+    if not calm and len(landed) < 3:
+        problems.append(f"only {len(landed)} kills landed")
+    if left:
+        problems.append(f"processes left: {left}")
+    problems += check_result(run_dir, out, res)
+    if not calm:
+        problems += check_kills_recorded(run_dir, landed, res)
+    res["problems"] = problems
+    (out_dir / f"{name}.json").write_text(json.dumps(res, indent=1))
+    log(
+        f"{name} ({res['shape']}): rc {rc}, {len(landed)} kills landed, "
+        f"error {res.get('error')}, {res['wall_s']} s, "
+        + ("ok" if not problems else "PROBLEMS: " + "; ".join(problems))
+    )
+    return res
+
+
+def check_result(run_dir: Path, out: str, res: dict) -> list[str]:
+    """The run's end: the result line is the evaluation of the final weights. Fills ``res``
+    with the error, epochs and the weights' norm; returns the problems."""
+    problems = []
+    try:
+        final = json.loads((run_dir / "ps_final.json").read_text())
+        w = np.load(run_dir / "weights.npy")
+        evals = records(run_dir, "eval")
+    except (OSError, ValueError) as exc:
+        return [f"no final files: {exc}"]
+    if not final.get("done"):
+        problems.append("ps_final.json says not done")
+    at_end = [r for r in evals if r.get("ts") == final.get("timestamp")]
+    line = result_line(out)
+    res["epoch"] = final.get("epoch")
+    res["norm"] = float(np.linalg.norm(w.astype(np.float64)))
+    res["finite"] = bool(np.isfinite(w).all())
+    if not res["finite"]:
+        problems.append("weights not finite")
+    if not at_end:
+        problems.append(f"no evaluation at the final timestamp {final.get('timestamp')}")
+    if line is None:
+        problems.append("no result line with a test error")
+    if at_end and line:
+        res["error"] = float(line[0])
+        if line[0] != f"{100 * at_end[-1]['test_error']:.2f}":
+            problems.append(f"result {line[0]}% is not the final weights' evaluation")
+        if line[1] != f"{final['epoch']:.2f}":
+            problems.append(f"result after {line[1]} epochs, ps_final.json {final['epoch']}")
+    return problems
+
+
+def check_kills_recorded(run_dir: Path, landed: list, res: dict) -> list[str]:
+    """Every kill that landed is in the records: the launcher restarted the label (a newer
+    pid in processes.json) or training had ended; a killed server's restart is a ``restart``
+    record of that server in metrics.jsonl. Returns the problems."""
+    problems = []
+    try:
+        rows = json.loads((run_dir / "processes.json").read_text())
+        restarts = records(run_dir, "restart")
+    except (OSError, ValueError) as exc:
+        return [f"records unreadable: {exc}"]
+    index = {label: i for i, label in enumerate(SERVERS)}
+    res["restart_records"] = len(restarts)
+    for _, label, pid, _ in landed:
+        pids = [r["pid"] for r in rows if r["role"] == label]
+        if pid not in pids:
+            problems.append(f"{label} pid {pid} is not in processes.json")
+        elif pids[-1] == pid:
+            problems.append(f"{label} killed (pid {pid}) but never restarted")
+        if label in index:
+            server = index[label]
+            n = sum(1 for r in rows if r["role"] == label) - 1
+            got = sum(1 for r in restarts if r.get("server", 0) == server)
+            if got < n:
+                problems.append(f"{label} restarted {n} times, {got} restart records")
+    return problems
+
+
+def spread(calm: list[dict]) -> dict:
+    """Per shape: the fault-free runs' mean and standard deviation of the final test error
+    and the weights' norm, and the bounds a chaos run must keep."""
+    out = {}
+    for shape in SHAPES:
+        runs = [r for r in calm if r["shape"] == shape and "error" in r and not r["problems"]]
+        if len(runs) < 2:
+            continue
+        e = np.array([r["error"] for r in runs])
+        n = np.array([r["norm"] for r in runs])
+        out[shape] = {
+            "runs": len(runs),
+            "error_mean": float(e.mean()),
+            "error_sd": float(e.std(ddof=1)),
+            "error_max": float(e.mean() + SPREAD_SIGMAS * e.std(ddof=1)),
+            "norm_mean": float(n.mean()),
+            "norm_sd": float(n.std(ddof=1)),
+            "norm_lo": float(n.mean() - SPREAD_SIGMAS * n.std(ddof=1)),
+            "norm_hi": float(n.mean() + SPREAD_SIGMAS * n.std(ddof=1)),
+        }
+    return out
+
+
+def verdicts(out_dir: Path) -> tuple[dict, list[tuple[int, str, list[str]]]]:
+    """(spread per shape, [(seed, shape, problems)] of every chaos run in OUT_DIR)."""
+    load = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*-*.json"))]
+    bounds = spread([r for r in load if r["calm"]])
+    rows = []
+    for r in sorted((r for r in load if not r["calm"]), key=lambda r: r["seed"]):
+        problems = list(r["problems"])
+        b = bounds.get(r["shape"])
+        if b is None:
+            problems.append("no fault-free spread for its shape (run --calm)")
+        elif "error" in r:
+            if r["error"] > b["error_max"]:
+                problems.append(f"error {r['error']}% above the spread's {b['error_max']:.2f}%")
+            if not b["norm_lo"] <= r["norm"] <= b["norm_hi"]:
+                problems.append(
+                    f"weights' norm {r['norm']:.3f} outside [{b['norm_lo']:.3f}, "
+                    f"{b['norm_hi']:.3f}]"
+                )
+        rows.append((r["seed"], r["shape"], problems))
+    return bounds, rows
+
+
+def seeds_of(text: str) -> list[int]:
+    """``0-4`` or ``0,3,7`` or ``5``."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="chaos (or --calm) runs of some seeds")
+    r.add_argument("seeds", type=seeds_of)
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--calm", action="store_true", help="no kills: the fault-free runs")
+    s = sub.add_parser("summary", help="spread and verdict of every chaos run in OUT")
+    s.add_argument("out", type=Path)
+    a = ap.parse_args(argv)
+    if a.cmd == "run":
+        a.out.mkdir(parents=True, exist_ok=True)
+        for seed in a.seeds:
+            print(f"seed {seed} ({shape_of(seed)}): kills {kill_schedule(seed)[:12]} ...")
+            run_once(seed, a.out, calm=a.calm, log=lambda m: print(m, flush=True))
+        return 0
+    bounds, rows = verdicts(a.out)
+    for shape, b in bounds.items():
+        print(
+            f"{shape}: fault-free over {b['runs']} seeds: error {b['error_mean']:.2f} "
+            f"+- {b['error_sd']:.2f} % (bound {b['error_max']:.2f} %), norm "
+            f"{b['norm_mean']:.3f} +- {b['norm_sd']:.3f}"
+        )
+    for seed, shape, problems in rows:
+        print(f"seed {seed:2d} {shape:5s} " + ("pass" if not problems else "; ".join(problems)))
+    passed = sum(1 for *_, p in rows if not p)
+    print(f"{passed} of {len(rows)} seeds passed")
+    return 0 if rows and passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
