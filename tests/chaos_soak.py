@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from fault_runs import newest_ts, pid_of, records, role_pids  # noqa: E402
 
 K = 4  # parameter servers
-EPOCHS = 60  # of the 1,437 digits at µλ = 64: ~1,350 updates per server
+EPOCHS = 40  # of the 1,437 digits at µλ = 64: ~900 updates per server
 CKPT_EVERY = 20  # updates between two checkpoints of a server's range
 GAP_S = (2.0, 5.0)  # seconds between two kills, uniform
 KILL_WINDOW_S = 150  # no kill later than this after training started
