@@ -15,10 +15,10 @@ restarted server resumes from its range's checkpoint (without one it would start
 over: issue 45 item 1). A chaos run passes when it exits 0 with at least 3 kills landed, its
 result line is the evaluation of the final weights (``ps_final.json``'s timestamp), the
 weights are finite, no process outlives it, every kill is in the records (the launcher's
-``processes.json`` holds the killed pid and a newer process of its label; a killed server's
-``restart`` record is in ``metrics.jsonl``), and its final test error and weights' norm lie
-within the spread of the fault-free runs of its shape (mean + 3 standard deviations for the
-error, mean +- 3 for the norm, over the fault-free runs of the same seeds).
+``processes.json`` holds the killed pid with exit -9 and a newer process of its label; each
+restart of a server is a "resumed from CHECKPOINT" line in its log), and its final test
+error and weights' norm lie within the spread of the fault-free runs of its shape (mean + 3
+standard deviations for the error, mean +- 3 for the norm, over the same seeds' runs).
 
 As a script (``bench/chaos_soak.sh`` runs the 20 seeds, 5 at a time)::
 
