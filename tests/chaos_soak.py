@@ -266,7 +266,8 @@ def check_result(run_dir: Path, out: str, res: dict) -> list[str]:
 def check_kills_recorded(run_dir: Path, landed: list, res: dict) -> list[str]:
     """Every kill that landed is in the records: processes.json has the killed pid with exit
     -9 (SIGKILL) and, unless the role had finished its part, a newer process of its label; a
-    killed server's log says, for each of its restarts, which checkpoint it resumed from.
+    killed server's log says which checkpoints it resumed from, and never that it started
+    from the initial weights.
     Returns the problems."""
     problems = []
     try:
@@ -286,15 +287,17 @@ def check_kills_recorded(run_dir: Path, landed: list, res: dict) -> list[str]:
             problems.append(f"{label} pid {pid}: processes.json says exit {row.get('exit')}")
         if mine[-1] is row and not done_before(run_dir, label):
             problems.append(f"{label} killed (pid {pid}) but never restarted")
-    for label in SERVERS:  # each restart resumed from its range's checkpoint, said in its log
+    for label in SERVERS:  # its restarts resumed from its range's checkpoints, says its log
         n = sum(1 for r in rows if r["role"] == label) - 1
         try:
             log = (run_dir / "logs" / f"{label}.log").read_text(errors="replace")
         except OSError:
             log = ""
         resumed = log.count("parameter server: resumed from ")
-        if n and resumed < n:
-            problems.append(f"{label} restarted {n} times, resumed from a checkpoint {resumed}")
+        if "starting from the initial weights" in log:  # a restart that lost its range
+            problems.append(f"{label} restarted from the initial weights, not a checkpoint")
+        elif n and not resumed:  # one killed in its start-up says nothing: not counted
+            problems.append(f"{label} restarted {n} times, never said which checkpoint")
     return problems
 
 
@@ -332,9 +335,10 @@ def spread(calm: list[dict]) -> dict:
     return out
 
 
-def verdicts(out_dir: Path) -> tuple[dict, list[tuple[int, str, list[str]]]]:
-    """(spread per shape, [(seed, shape, problems)] of every chaos run in OUT_DIR)."""
-    load = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*-*.json"))]
+def verdicts(*out_dirs: Path) -> tuple[dict, list[tuple[int, str, list[str]]], list[dict]]:
+    """(spread per shape, [(seed, shape, problems)] of every chaos run in OUT_DIRS, every
+    run's record)."""
+    load = [json.loads(p.read_text()) for d in out_dirs for p in sorted(d.glob("*-*.json"))]
     rows = []
     for r in load:
         r["problems"] = evaluate(r)
@@ -352,8 +356,23 @@ def verdicts(out_dir: Path) -> tuple[dict, list[tuple[int, str, list[str]]]]:
                     f"weights' norm {r['norm']:.3f} outside [{b['norm_lo']:.3f}, "
                     f"{b['norm_hi']:.3f}]"
                 )
+        twin = next((c for c in load if c["calm"] and c["seed"] == r["seed"]), None)
+        r["twin"] = twin_distance(r, twin)
         rows.append((r["seed"], r["shape"], problems))
-    return bounds, rows
+    return bounds, rows, load
+
+
+def twin_distance(chaos: dict, calm: dict | None) -> dict:
+    """The chaos run's final error and weights beside its fault-free twin's (same seed):
+    the twin's error and ||w - w_twin|| / ||w_twin||. Informative, not a verdict."""
+    if calm is None or "error" not in chaos or "error" not in calm:
+        return {}
+    try:
+        w = np.load(Path(chaos["run_dir"]) / "weights.npy").astype(np.float64)
+        v = np.load(Path(calm["run_dir"]) / "weights.npy").astype(np.float64)
+    except (OSError, ValueError):
+        return {}
+    return {"error": calm["error"], "dist": float(np.linalg.norm(w - v) / np.linalg.norm(v))}
 
 
 def seeds_of(text: str) -> list[int]:
@@ -373,7 +392,7 @@ def main(argv=None) -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--calm", action="store_true", help="no kills: the fault-free runs")
     s = sub.add_parser("summary", help="spread and verdict of every chaos run in OUT")
-    s.add_argument("out", type=Path)
+    s.add_argument("out", type=Path, nargs="+", help="folders of chaos and --calm runs")
     a = ap.parse_args(argv)
     if a.cmd == "run":
         a.out.mkdir(parents=True, exist_ok=True)
@@ -381,7 +400,8 @@ def main(argv=None) -> int:
             print(f"seed {seed} ({shape_of(seed)}): kills {kill_schedule(seed)[:12]} ...")
             run_once(seed, a.out, calm=a.calm, log=lambda m: print(m, flush=True))
         return 0
-    bounds, rows = verdicts(a.out)
+    bounds, rows, load = verdicts(*a.out)
+    chaos = {r["seed"]: r for r in load if not r["calm"]}
     for shape, b in bounds.items():
         print(
             f"{shape}: fault-free over {b['runs']} seeds: error {b['error_mean']:.2f} "
@@ -389,7 +409,19 @@ def main(argv=None) -> int:
             f"{b['norm_mean']:.3f} +- {b['norm_sd']:.3f}"
         )
     for seed, shape, problems in rows:
-        print(f"seed {seed:2d} {shape:5s} " + ("pass" if not problems else "; ".join(problems)))
+        r, kinds = chaos[seed], {}
+        for k in r["kills"]:
+            if k[3] is not None:
+                kind = re.sub(r"\d.*", "", k[1]).replace("ps", "server")
+                kinds[kind] = kinds.get(kind, 0) + 1
+        twin = r.get("twin") or {}
+        print(
+            f"seed {seed:2d} {shape:5s} kills {r['landed']:2d} "
+            f"({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}); error "
+            f"{r.get('error')}% (fault-free {twin.get('error')}%), weights {twin.get('dist', 0):.3f} "
+            f"from the fault-free run's, {r['wall_s']} s: "
+            + ("pass" if not problems else "; ".join(dict.fromkeys(problems)))
+        )
     passed = sum(1 for *_, p in rows if not p)
     print(f"{passed} of {len(rows)} seeds passed")
     return 0 if rows and passed == len(rows) else 1
