@@ -283,6 +283,9 @@ def check_kills_recorded(run_dir: Path, landed: list, res: dict) -> list[str]:
         if row is None:
             problems.append(f"{label} pid {pid} is not in processes.json")
             continue
+        if row.get("exit") == 0 and done_before(run_dir, label):  # it was ending as the
+            res.setdefault("raced", []).append([label, pid])  # kill came: it never landed
+            continue
         if row.get("exit") != -9:
             problems.append(f"{label} pid {pid}: processes.json says exit {row.get('exit')}")
         if mine[-1] is row and not done_before(run_dir, label):
