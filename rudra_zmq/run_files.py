@@ -12,8 +12,9 @@ What a run directory holds (``RUN`` below), and who writes it:
   run's ``weights.npy`` and ``ps_final.json`` from them (``server/end_files.py``);
 - ``checkpoints/``: the PS's checkpoints, and ``checkpoints/told.json``: the learners told
   STOP once training was over (``server/checkpointing.py``);
-- ``logs/ROLE.log``: each role's output, and ``processes.json``: every pid and command line
-  (the launchers);
+- ``logs/ROLE.log``: each role's output, and ``processes.json``: every pid and command line,
+  and how each process that exited ended (``exit``, ``signal``: a killed role's row stays
+  beside its restarted successor's) (the launchers);
 - ``keys/``: the run's own CurveZMQ keys (``run_plan.run_keys``); ``tensorboard/``: the
   TensorBoard events (``logging.tensorboard``);
 - a sweep point's ``point.json`` and ``sweep.log``, and the sweep parent's ``sweep.yaml``

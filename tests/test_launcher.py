@@ -306,6 +306,17 @@ def test_a_stats_server_killed_after_the_ps_exited_is_restarted_and_the_run_ends
     assert all(gone(p) for p in all_pids(tmp_path))
 
 
+def test_processes_json_says_how_each_process_ended_a_killed_one_by_its_signal(tmp_path, fake):
+    """A role killed and restarted stays in the run's records (the chaos soak checks every
+    kill there): its row keeps its pid with exit -9 and SIGKILL, its successor's its own."""
+    fake({"stats": "killed_after_end"})
+    assert launcher.run(write_config(tmp_path, "sync: {learners: 1}")) == 0
+    rows = json.loads((only_run_dir(tmp_path) / "processes.json").read_text())
+    stats = [r for r in rows if r["role"] == "stats"]
+    assert [(r["exit"], r.get("signal")) for r in stats] == [(-9, "SIGKILL"), (0, None)]
+    assert all("exit" in r for r in rows)  # the end: every process's exit is known
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupting_the_launcher_stops_everything_and_returns_130(tmp_path, signum):

@@ -31,6 +31,7 @@ commands started by hand across machines: ``docs/multihost.md``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -149,10 +150,20 @@ class Launcher:
         return child
 
     def _write_processes(self) -> None:
-        rows = [
-            {"role": c.label, "pid": c.proc.pid, "command": c.command, "log": str(c.log)}
-            for c in self.children
-        ]
+        """RUN/processes.json: every process started, oldest first, and how each one that
+        has exited ended (``exit``: its code, negative for a signal, named in ``signal``),
+        so a killed and restarted role stays in the run's records. Written at each start,
+        each failure and the end; atomic (a temporary file renamed)."""
+        rows = []
+        for c in self.children:
+            row = {"role": c.label, "pid": c.proc.pid, "command": c.command, "log": str(c.log)}
+            rc = c.proc.returncode
+            if rc is not None:
+                row["exit"] = rc
+                if rc < 0:
+                    with contextlib.suppress(ValueError):
+                        row["signal"] = signal.Signals(-rc).name
+            rows.append(row)
         tmp = self.plan.run_dir / (self.processes_file + ".tmp")
         tmp.write_text(json.dumps(rows, indent=1) + "\n")
         tmp.replace(self.plan.run_dir / self.processes_file)
@@ -222,6 +233,7 @@ class Launcher:
         it out (a learner, without restarts), or stop the run (its exit code), as
         ``restarts.on_failure`` says. Blocks only for the fork/exec."""
         self._report(c, early=(c.role == "data" and c.proc.returncode == 0))
+        self._write_processes()  # its exit, whatever comes next
         others = self._others_learning()
         n = self.restarts.get(c.label, 0)
         cfg, run_dir = self.plan.cfg, self.plan.run_dir
@@ -339,6 +351,9 @@ class Launcher:
             kill_tree(c)
             if c.echo is not None:  # it closes the pipe at EOF, which the kills ensure
                 c.echo.join(timeout=2)
+        if self.children:  # every exit, in the run's records
+            with contextlib.suppress(OSError):
+                self._write_processes()
         self.echo_notices()
 
     def run(self) -> int:
