@@ -9,8 +9,10 @@ is configured, else when a role process configures it, :func:`log_choice`). Ever
 the same bits (setup.py: ``-ffp-contract=off``); only the speed differs.
 
 ``RUDRA_ZMQ_KERNELS=baseline|avx2|avx512`` forces a variant (``auto`` or empty: the best). A
-forced variant this CPU cannot run, or that this build lacks, is an ``ImportError`` that says
-why and what runs here: never a silent fallback, so a forced benchmark measures what it names.
+value that is no variant, or names one this CPU cannot run or this build lacks, stops the
+process at import with one line on stderr (``rudra_zmq: error: RUDRA_ZMQ_KERNELS=VALUE: why;
+the choices``) and exit status 2: never a silent fallback, so a forced benchmark measures what
+it names. :func:`load_variant` (tests, ``bench kernels``) raises ``ImportError`` instead.
 
 There is no pure-Python fallback: the parameter server's speed rests on these one-pass,
 GIL-releasing loops, so a missing extension is an import error that says how to build it.
@@ -26,6 +28,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import sys
 
 from . import variants as kv
 
@@ -146,13 +149,22 @@ def _why_not(name: str) -> str:
     return f"CPU lacks {', '.join(lacking)}" if lacking else "not built"
 
 
+def _refuse_forced(value: str, why: ImportError) -> None:
+    """A forced variant that cannot load: one line on stderr naming the value, why and the
+    choices, then exit status 2 (as CPython's own refusal of a bad ``PYTHONHASHSEED``): the
+    variable configures the process, not one call, so no caller could recover, and a
+    traceback through the package's imports would bury the line that matters."""
+    sys.stderr.write(f"rudra_zmq: error: {kv.ENV}={value}: {why}\n")
+    raise SystemExit(2)
+
+
 VARIANT, _reason = _choose()
 """The variant in use (its name)."""
 try:
     _module = load_variant(VARIANT)
 except ImportError as exc:
     if _reason.startswith("forced"):
-        raise ImportError(f"{kv.ENV}={VARIANT}: {exc}") from None
+        _refuse_forced(os.environ.get(kv.ENV, ""), exc)
     raise
 _logged = False
 
