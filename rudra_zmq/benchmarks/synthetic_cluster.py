@@ -88,8 +88,13 @@ class Processes:
         with open(out, "w") as fo, open(log, "w") as fe:
             proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, start_new_session=True)
         self.procs.append((name, proc, log, report))
-        if not server:
-            return None
+        return self.listening(name, timeout_s) if server else None
+
+    def listening(self, name: str, timeout_s: float = 60) -> str:
+        """Wait until the server ``name`` (started) printed ``listening on EP``: its output
+        so far. Raises RuntimeError if it ended or took over ``timeout_s``."""
+        _, proc, log, _ = next(p for p in self.procs if p[0] == name)
+        out = os.path.join(self.workdir, f"{name}.out")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with open(out) as f:
@@ -298,15 +303,15 @@ def run(
         where = _learner_hosts(learners, hosts)
         local = set(where) if servers and local_ipc and arch == "base" else set()
         server_eps, local_eps = [], []
-        for srv, host in zip(shape.servers, homes):
+        for srv, host in zip(shape.servers, homes):  # all started, then each waited for
             bcast = ["--bcast-bind", f"tcp://{host.addr}:0"] if arch == "advstar" else []
             args = ["--bind", f"tcp://{host.addr}:0", *bcast, *srv.args]
             args += ["--built-model"] if model is not None else []
             if host in local:  # also an ipc endpoint for the learners of its own host
                 args += ["--local-bind", f"ipc://{workdir}/{srv.label}.sock"]
-            out = procs.start(
-                srv.label, "ps", [*args, "--params", str(params), *common], host, server=True
-            )
+            procs.start(srv.label, "ps", [*args, "--params", str(params), *common], host)
+        for srv, host in zip(shape.servers, homes):
+            out = procs.listening(srv.label, 60 if model is None else 180)
             server_eps.append(_field(out, "listening on "))
             local_eps.append(_field(out, "local on ") if host in local else None)
         members = {}
