@@ -145,6 +145,10 @@ class WireConfig:
     push_during_backward: bool = True  # with parts or K servers, a learner on CPU with
     #                                    float32 gradients pushes each part the moment its
     #                                    backward pass finished it (false: all after backward)
+    stripes: bool = True  # with parts and K servers: the vector cut in K x P parts, part j to
+    #                                    server j mod K, so every link starts with backward's
+    #                                    first buckets (false: server I one contiguous range,
+    #                                    the layout of checkpoints written before stripes)
 
 
 @dataclass
@@ -326,6 +330,7 @@ ADDED_DEFAULTS = {
     "wire.parts": 1,
     "wire.bucket_mb": 25.0,
     "wire.push_during_backward": True,
+    "wire.stripes": True,
 }
 
 

@@ -1,29 +1,41 @@
 """The cluster's shape: the one object that knows a run's parameter servers (ps-lite's
 ``Postoffice``).
 
-A run has K = ``architecture.servers`` parameter servers. Server I serves the I-th range of
-the model's flat vector (:func:`split`: contiguous, sizes differing by at most one), each range travels in ``wire.parts`` parts (more where one would pass ``wire.bucket_mb``: :func:`parts_in`), and a
-learner reaches each server directly (Rudra-base) or through the leaf of that range's tree
-(Rudra-adv: one tree per range). One server is a set of one: it serves the one range, the
-whole vector, the same way::
+A run has K = ``architecture.servers`` parameter servers, each serving a *share* of the
+model's flat vector (:class:`Share`). Without parts (``wire.parts`` 1) server I's share is the
+I-th contiguous range (:func:`split`: sizes differing by at most one). With parts the vector is
+cut in K x P parts (P = ``wire.parts``, more where one would pass ``wire.bucket_mb``:
+:func:`parts_in`) and part j goes to server j mod K (``wire.stripes``, BytePS's layout): every
+layer is spread over every server, so the buckets backward finishes first (the last layers')
+reach every server's link at once, and the first layers' (finished last, needed first) too. A
+server keeps its stripes end to end (its *local* vector); a part's ``at`` is its offset there::
 
-        the model's flat vector, numel floats, K = 2 servers, wire.parts = 3
+        striped, K = 2 servers, wire.parts = 3: numel floats in 6 parts
+    | s0 p0 | s1 p0 | s0 p1 | s1 p1 | s0 p2 | s1 p2 |      the flat vector
+    server 0's local vector: | s0 p0 | s0 p1 | s0 p2 |     (at = 0, |p0|, |p0|+|p1|)
+
+        wire.stripes false (runs before stripes; their checkpoints restore under it)
     |<------------- server 0 ------------->|<------------- server 1 ------------->|
     | part 0     | part 1     | part 2     | part 3     | part 4     | part 5     |
-    lo = 0                                                                 hi = numel
+
+A learner reaches each server directly (Rudra-base) or through the leaf of that range's tree
+(Rudra-adv, one tree per range; trees carry no parts, so their shares are ranges). One server
+is a set of one: its share is the whole vector, the same way either layout.
 
 Built once from the config (:meth:`ClusterShape.of`); what depends on the model's size (the
 ranges and the parts) once that size is known (:meth:`ClusterShape.sized`: the learner and the
 statistics server build the model, the PS its initial weights, a tree node hears it in its
 first child's HELLO). What it answers:
 
-- the ranges: a server's ``[lo, hi)`` of the flat vector is a :class:`Span`. The optimizer's
-  parameter segments (per-layer learning-rate and weight-decay multipliers) are per element,
-  so a segment that crosses a range's boundary is clipped to it (:meth:`Span.clip`): each
-  server updates its elements exactly as one server of the whole vector would;
+- the shares: a server's stripes (each ``[lo, hi)`` of the flat vector, a :class:`Span`) as a
+  :class:`Share`. The optimizer's parameter segments (per-layer learning-rate and weight-decay
+  multipliers) are per element, so a segment that crosses a stripe's boundary is clipped to
+  it (:meth:`Share.clip`): each server updates its elements exactly as one server of the
+  whole vector would (hardsync's weights are the same bit for bit in either layout);
 - the servers (:attr:`ClusterShape.servers`, each a :class:`Server`: index, launcher label,
-  range, parts, host) and every part (:attr:`ClusterShape.parts`, each a :class:`Part`:
-  global index, server, ``[lo, hi)`` in the flat vector; :meth:`ClusterShape.parts_of`,
+  share, parts, host) and every part (:attr:`ClusterShape.parts`, each a :class:`Part`:
+  index in the vector's order, server, ``[lo, hi)`` in the flat vector, ``at`` in the
+  server's local vector; :meth:`ClusterShape.parts_of`,
   :meth:`ClusterShape.covering`);
 - where each server's files go in a run directory (:meth:`Server.files_dir`,
   :meth:`Server.checkpoint_dir`) and which of them are joined into the run's own end files
@@ -48,6 +60,8 @@ import itertools
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+
+import numpy as np
 
 from . import topology
 from .config_architecture import MAX_PARTS
@@ -147,10 +161,142 @@ def parts_in(numel: int, parts: int, bucket_mb: float) -> int:
     return parts
 
 
+@dataclass(frozen=True)
+class Share:
+    """A server's share of a flat vector of ``total`` floats: its ``stripes`` (disjoint
+    :class:`Span` s, in the vector's order). The server keeps them end to end in one buffer of
+    :attr:`numel` floats (its *local* vector: offset 0 is the first stripe's ``lo``); one
+    stripe is a contiguous range, the layout of every run before stripes (and of every run
+    without parts)."""
+
+    stripes: tuple[Span, ...]
+
+    def __post_init__(self):
+        s = self.stripes
+        if not s or any(a.total != s[0].total or a.hi > b.lo for a, b in itertools.pairwise(s)):
+            raise ValueError(
+                f"stripes {[x.astuple() for x in s]!r}: disjoint, in order, of one vector"
+            )
+
+    @classmethod
+    def of(cls, lo: int, hi: int, total: int) -> Share:
+        """The contiguous share ``[lo, hi)``."""
+        return cls((Span(lo, hi, total),))
+
+    @classmethod
+    def whole(cls, numel: int) -> Share:
+        """The whole vector of ``numel`` floats (what the one server of a run serves)."""
+        return cls((Span.whole(numel),))
+
+    @classmethod
+    def from_key(cls, value, total: int) -> Share:
+        """The share a :attr:`key` (a HELLO's, an EVAL's or a checkpoint's ``range``) names in a
+        vector of ``total`` floats; None (a checkpoint written before servers had ranges) is the
+        whole vector. Raises ValueError for anything else."""
+        if value is None:
+            return cls.whole(total)
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"range {value!r}: expected [lo, hi] or [[lo, hi], ...]")
+        pairs = value if isinstance(value[0], list) else [value]
+        if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            raise ValueError(f"range {value!r}: expected [lo, hi] or [[lo, hi], ...]")
+        return cls(tuple(Span(a, b, total) for a, b in pairs))
+
+    @property
+    def key(self) -> list:
+        """How messages and checkpoints name it: ``[lo, hi]`` for a contiguous share (as
+        before stripes), ``[[lo, hi], ...]`` for stripes. JSON-able, compared as it comes back."""
+        if len(self.stripes) == 1:
+            return [self.lo, self.stripes[0].hi]
+        return [[s.lo, s.hi] for s in self.stripes]
+
+    @property
+    def total(self) -> int:
+        return self.stripes[0].total
+
+    @property
+    def lo(self) -> int:
+        """Where its first stripe begins."""
+        return self.stripes[0].lo
+
+    @property
+    def numel(self) -> int:
+        """How many floats it holds (its local vector's size)."""
+        return sum(s.numel for s in self.stripes)
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether it is one range of the vector (its local vector is a view of the flat one)."""
+        return len(self.stripes) == 1
+
+    @property
+    def is_whole(self) -> bool:
+        """Whether it is the whole vector."""
+        return self.contiguous and self.stripes[0].is_whole
+
+    def placed(self) -> list[tuple[int, int, int]]:
+        """(local offset, lo, hi) of each stripe. Pure."""
+        out, at = [], 0
+        for s in self.stripes:
+            out.append((at, s.lo, s.hi))
+            at += s.numel
+        return out
+
+    def clip(self, segments) -> list[tuple]:
+        """The (start, stop, lr_mult, decay_mult) ``segments`` of the whole vector that overlap
+        its stripes, clipped to each and shifted to offsets in the local vector."""
+        out = []
+        for at, lo, hi in self.placed():
+            out += [
+                (at + a, at + b, *rest) for a, b, *rest in Span(lo, hi, self.total).clip(segments)
+            ]
+        return out
+
+    def gather(self, vector):
+        """Its floats of the whole ``vector``, end to end: a view when contiguous, else a copy."""
+        if self.contiguous:
+            return vector[self.lo : self.stripes[0].hi]
+        return np.concatenate([vector[s.lo : s.hi] for s in self.stripes])
+
+    def scatter(self, local, vector) -> None:
+        """Write its local vector ``local`` into its places in the whole ``vector``."""
+        for at, lo, hi in self.placed():
+            vector[lo:hi] = local[at : at + hi - lo]
+
+    @property
+    def dirname(self) -> str:
+        """Its checkpoints' folder name: ``range-LO-HI``, ``stripes-LO-HI-xN`` (first stripe,
+        count)."""
+        first = self.stripes[0]
+        if self.contiguous:
+            return f"range-{first.lo}-{first.hi}"
+        return f"stripes-{first.lo}-{first.hi}-x{len(self.stripes)}"
+
+    def __str__(self) -> str:
+        if self.contiguous:
+            return str(self.stripes[0])
+        a, b = self.stripes[0], self.stripes[-1]
+        return (
+            f"{len(self.stripes)} stripes [{a.lo:,}, {a.hi:,}) .. [{b.lo:,}, {b.hi:,}) "
+            f"({self.numel:,} floats) of {self.total:,}"
+        )
+
+
 # ---------------------------------------------------------------------- the shape
 def _alone(count: int) -> bool:
     """Whether a run of ``count`` servers keeps the layout of one (the module docstring)."""
     return count == 1
+
+
+def _merged(pieces) -> list[tuple[int, int]]:
+    """``pieces`` ((lo, hi), in order) with touching ones joined: a range's parts are one."""
+    out: list[list[int]] = []
+    for lo, hi in pieces:
+        if out and out[-1][1] == lo:
+            out[-1][1] = hi
+        else:
+            out.append([lo, hi])
+    return [(a, b) for a, b in out]
 
 
 @dataclass(frozen=True)
@@ -172,13 +318,14 @@ class Part:
 
 @dataclass(frozen=True)
 class Server:
-    """Parameter server ``index`` of ``count``: its range of the flat vector (``span``, None
-    until the shape knows the model's size), the ``parts`` that range travels in (empty until
-    then) and its ``host`` (None until placed)."""
+    """Parameter server ``index`` of ``count``: its share of the flat vector (``share``, a
+    :class:`Share`: one range, or stripes; None until the shape knows the model's size), the
+    ``parts`` it travels in (empty until then; with stripes one per stripe) and its ``host``
+    (None until placed)."""
 
     index: int
     count: int
-    span: Span | None = None
+    share: Share | None = None
     parts: tuple[Part, ...] = ()
     host: str | None = None
 
@@ -206,7 +353,7 @@ class Server:
         """Its name with its range, for its own start line (``parameter server 1 of 2 (range
         [5, 10) of 10)``)."""
         return (
-            self.name if _alone(self.count) else f"{self.name} of {self.count} (range {self.span})"
+            self.name if _alone(self.count) else f"{self.name} of {self.count} (range {self.share})"
         )
 
     @property
@@ -216,8 +363,9 @@ class Server:
 
     @property
     def eval_fields(self) -> dict:
-        """What each of its EVALs adds: the range it holds, ``{"range": [lo, hi]}``."""
-        return {} if _alone(self.count) else {"range": [self._sized.lo, self._sized.hi]}
+        """What each of its EVALs adds: the share it holds, ``{"range": key}``
+        (:attr:`Share.key`)."""
+        return {} if _alone(self.count) else {"range": self._sized.key}
 
     @property
     def bounds(self) -> list[int]:
@@ -225,13 +373,13 @@ class Server:
         return [p.at for p in self.parts] + [self._sized.numel]
 
     @property
-    def _sized(self) -> Span:
-        if self.span is None:
+    def _sized(self) -> Share:
+        if self.share is None:
             raise ValueError(
                 f"server {self.index}'s range is not known before the model's size "
                 "(ClusterShape.sized)"
             )
-        return self.span
+        return self.share
 
     def files_dir(self, run_dir) -> Path:
         """Where it writes ``weights.npy``, ``ps_final.json`` and ``arrivals.bin``: ``RUN``
@@ -240,10 +388,11 @@ class Server:
 
     def checkpoint_dir(self, run_dir) -> Path:
         """Where it keeps its checkpoints: ``RUN/checkpoints`` for the whole vector,
-        ``RUN/checkpoints/range-LO-HI`` for a range of it."""
+        ``RUN/checkpoints/range-LO-HI`` for a range of it (``stripes-...``:
+        :attr:`Share.dirname`)."""
         root = checkpoints_root(run_dir)
-        span = self._sized
-        return root if span.is_whole else root / f"range-{span.lo}-{span.hi}"
+        share = self._sized
+        return root if share.is_whole else root / share.dirname
 
 
 @dataclass(frozen=True)
@@ -259,6 +408,7 @@ class ClusterShape:
     numel: int | None = None
     hosts: tuple[str, ...] | None = None
     bucket_mb: float = 25.0  # wire.bucket_mb: no part larger (``parts_in``)
+    stripes: bool = True  # wire.stripes: with parts, each server's parts spread over the vector
 
     @classmethod
     def of(cls, cfg, numel: int | None = None) -> ClusterShape:
@@ -266,7 +416,12 @@ class ClusterShape:
         (the model's size) is given. Raises ConfigError as :meth:`sized`. Pure."""
         a = cfg.architecture
         shape = cls(
-            a.servers, cfg.wire.parts, a.kind, topology.tree_of(cfg), bucket_mb=cfg.wire.bucket_mb
+            a.servers,
+            cfg.wire.parts,
+            a.kind,
+            topology.tree_of(cfg),
+            bucket_mb=cfg.wire.bucket_mb,
+            stripes=cfg.wire.stripes,
         )
         return shape if numel is None else shape.sized(numel)
 
@@ -288,25 +443,52 @@ class ClusterShape:
             self.sized(model_numel())
 
     # ------------------------------------------------------------------ servers and parts
+    @property
+    def striped(self) -> bool:
+        """Whether the servers' parts are stripes (``wire.stripes``, several servers, parts):
+        the vector cut in K x P parts, part j to server j mod K."""
+        return self.stripes and self.count > 1 and self.parts_per_range > 1
+
     @cached_property
     def servers(self) -> tuple[Server, ...]:
-        """Every server, in range order."""
-        spans = split(self.numel, self.count) if self.numel is not None else [None] * self.count
+        """Every server, in index order."""
         hosts = self.hosts or (None,) * self.count
-        out, first = [], 0
-        for i, (span, host) in enumerate(zip(spans, hosts)):
-            parts = ()
-            if span is not None:
-                cuts = part_bounds(
-                    span.numel, parts_in(span.numel, self.parts_per_range, self.bucket_mb)
+        if self.numel is None:
+            return tuple(Server(i, self.count, None, (), h) for i, h in enumerate(hosts))
+        if self.striped:
+            cuts = self._striped()
+        else:
+            cuts = []
+            for span in split(self.numel, self.count):
+                p = parts_in(span.numel, self.parts_per_range, self.bucket_mb)
+                cuts.append(
+                    [
+                        (span.lo + a, span.lo + b)
+                        for a, b in itertools.pairwise(part_bounds(span.numel, p))
+                    ]
                 )
-                parts = tuple(
-                    Part(first + j, i, span.lo + a, span.lo + b, a)
-                    for j, (a, b) in enumerate(itertools.pairwise(cuts))
-                )
-                first += len(parts)
-            out.append(Server(i, self.count, span, parts, host))
+        rank = {lo: j for j, lo in enumerate(sorted(lo for pieces in cuts for lo, _ in pieces))}
+        out = []
+        for i, (pieces, host) in enumerate(zip(cuts, hosts)):
+            parts, at = [], 0
+            for lo, hi in pieces:
+                parts.append(Part(rank[lo], i, lo, hi, at))
+                at += hi - lo
+            share = Share(tuple(Span(lo, hi, self.numel) for lo, hi in _merged(pieces)))
+            out.append(Server(i, self.count, share, tuple(parts), host))
         return tuple(out)
+
+    def _striped(self) -> list[list[tuple[int, int]]]:
+        """Each server's parts as (lo, hi): the vector cut in K x P parts (:func:`split`), P as
+        a range of numel / K would have (:func:`parts_in`), part j to server j mod K. Every
+        layer's gradient is spread over the servers: backward's first buckets reach each link.
+        A server's parts, end to end, cut as :func:`part_bounds` cuts its local vector (split
+        makes the first parts the larger), so the server counts them as before. Pure."""
+        k = self.count
+        p = parts_in(-(-self.numel // k), self.parts_per_range, self.bucket_mb)
+        p = max(1, min(p, self.numel // k))
+        chunks = split(self.numel, k * p)
+        return [[(c.lo, c.hi) for c in chunks[i::k]] for i in range(k)]
 
     def server(self, index: int) -> Server:
         """Server ``index``. Raises ValueError naming the servers there are."""
@@ -352,11 +534,11 @@ class ClusterShape:
 
     @cached_property
     def parts(self) -> tuple[Part, ...]:
-        """Every part of the flat vector, in its order (server 0's first). Raises ValueError
+        """Every part of the flat vector, in its order (``Part.index``). Raises ValueError
         before the model's size is known."""
         if self.numel is None:
             raise ValueError("the parts are not known before the model's size (sized)")
-        return tuple(p for s in self.servers for p in s.parts)
+        return tuple(sorted((p for s in self.servers for p in s.parts), key=lambda p: p.lo))
 
     def parts_of(self, server: int) -> tuple[Part, ...]:
         """The parts of server ``server``'s range, in order."""
@@ -404,6 +586,22 @@ class ClusterShape:
         if _alone(self.count):
             return ()
         return tuple(s.files_dir(run_dir) for s in self.servers)
+
+    def join(self, weights: list) -> np.ndarray:
+        """The whole flat vector from each server's local vector (``weights``, in index order):
+        end to end for ranges, stripes put in place. Sizes itself from them when the model's
+        size is not known. Raises ValueError when one has another size than its share."""
+        shape = self if self.numel is not None else self.sized(sum(w.shape[0] for w in weights))
+        if not shape.striped:
+            return np.concatenate(weights)
+        whole = np.empty(shape.numel, np.float32)
+        for s, w in zip(shape.servers, weights, strict=True):
+            if w.shape[0] != s.share.numel:
+                raise ValueError(
+                    f"{s.name}'s weights hold {w.shape[0]:,} floats; its share is {s.share}"
+                )
+            s.share.scatter(w, whole)
+        return whole
 
     # ------------------------------------------------------------------ trees and hosts
     @staticmethod

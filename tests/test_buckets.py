@@ -3,7 +3,8 @@ moment backward has finished every parameter it overlaps, the last layers' first
 then exactly the bytes of the finished gradient; a server's part 0 (no x{more}) goes last;
 ``wire.bucket_mb`` cuts a range into more parts, and a bucket of 0 stops at the config.
 Hardsync pushing during backward ends with the very weights of pushing after it (K = 1 in
-parts, K = 2 whole and in parts)."""
+parts, K = 2 whole and in parts); striped servers end with the very weights of ranges and of
+one server (K = 1, 2, 4)."""
 
 import subprocess
 import sys
@@ -76,9 +77,20 @@ def test_weights_shared_in_one_pass_count_once_and_a_second_pass_in_a_step_raise
         lin(x).sum().backward()
 
 
-def test_two_servers_parts_go_during_backward_each_servers_part_0_last():
+@pytest.mark.parametrize(
+    "stripes, order",
+    [  # stripes: the two servers' parts alternate, both links busy from the first one on
+        ("true", [(1, 2), (0, 2), (1, 1), (0, 1), (1, 0), (0, 0)]),
+        ("false", [(1, 2), (1, 1), (1, 0), (0, 2), (0, 1), (0, 0)]),  # server 0 waits
+    ],
+)
+def test_two_servers_parts_go_during_backward_each_servers_part_0_last(stripes, order):
     flat = model()
-    cfg = load_config(None, ["sync.protocol=hardsync", "wire.parts=3", "architecture.servers=2"])
+    cfg = load_config(
+        None,
+        ["sync.protocol=hardsync", "wire.parts=3", "architecture.servers=2"]
+        + [f"wire.stripes={stripes}"],
+    )
     stream = StreamedPush(flat, ClusterShape.of(cfg, flat.numel).servers)
     sent, in_backward = [], [False]
 
@@ -91,7 +103,7 @@ def test_two_servers_parts_go_during_backward_each_servers_part_0_last():
         k: [lambda k=k, i=i: sent.append((k, i, in_backward[0])) for i in range(3)] for k in (0, 1)
     }
     stream.push(run, calls)
-    assert [(k, i) for k, i, _ in sent] == [(1, 2), (1, 1), (1, 0), (0, 2), (0, 1), (0, 0)]
+    assert [(k, i) for k, i, _ in sent] == order
     assert all(during for _, _, during in sent)  # every part left inside backward
     stream.close()
 
@@ -159,6 +171,29 @@ def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
     w = weights_of(during)
     assert not np.array_equal(w, initial_weights(small_config(*common)))  # it trained
     np.testing.assert_array_equal(w, weights_of(after))
+
+
+@pytest.mark.timeout(300)
+def test_hardsync_over_stripes_ends_bit_identical_to_ranges_and_to_one_server(ctx):
+    """Striped servers (``wire.stripes``, part j to server j mod K), pushing during backward,
+    end with the very weights of contiguous ranges and of one server, K = 1, 2 and 4: each
+    element gets the same sums and the same update wherever it is served."""
+    common = ["sync.protocol=hardsync", "train.epochs=0.25", "wire.parts=3"]
+    cfg, ranges = small_config(*common), small_config(*common, "wire.stripes=false")
+    runs = {
+        "K=1": run_sharded(cfg, 1, ctx),
+        "K=2 stripes": run_sharded(cfg, 2, ctx),
+        "K=2 ranges": run_sharded(ranges, 2, ctx),
+        "K=4 stripes": run_sharded(cfg, 4, ctx),
+    }
+    for name in ("K=2 stripes", "K=4 stripes"):
+        assert not all(s.state.share.contiguous for s in runs[name])  # striped indeed
+    steps = {s.state.engine.timestamp for r in runs.values() for s in r}
+    assert len(steps) == 1 and steps.pop() > 10
+    w1 = weights_of(runs["K=1"])
+    assert not np.array_equal(w1, initial_weights(cfg))  # it trained
+    for name, servers in runs.items():
+        np.testing.assert_array_equal(weights_of(servers), w1, err_msg=name)
 
 
 def test_a_straggler_of_runtime_compute_times_pushes_after_its_sleep(ctx, monkeypatch):

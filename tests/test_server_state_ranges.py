@@ -10,7 +10,7 @@ from rudra_zmq.run_files import checkpoints_root
 from rudra_zmq.server import checkpoint
 from rudra_zmq.server.checkpointing import restore_latest
 from rudra_zmq.server.state import ServerState
-from rudra_zmq.shape import ClusterShape, Span, split
+from rudra_zmq.shape import ClusterShape, Share, Span, split
 from rudra_zmq.sync import ProtocolViolation
 from rudra_zmq.wire import Kind
 
@@ -20,7 +20,7 @@ def checkpoint_dir(run_dir, span=None):
     checkpoints, as the cluster's shape says."""
     k = 1 if span is None or span.is_whole else 2
     shape = ClusterShape(k).sized(N)
-    (server,) = [s for s in shape.servers if span is None or s.span == span]
+    (server,) = [s for s in shape.servers if span is None or s.share == as_share(span)]
     return server.checkpoint_dir(run_dir)
 
 
@@ -43,17 +43,22 @@ def message(kind, sender, seq, ts=0, payloads=(), **fields):
     return wire.decode(wire.encode(kind, sender, seq, ts, 0, list(payloads), **fields))
 
 
+def as_share(span):
+    """A Span as the contiguous Share it is (a Share as it is; None: the whole vector)."""
+    return Share((span,)) if isinstance(span, Span) else span
+
+
 def state(span=None, *overrides, cfg=None):
     cfg = cfg or small_config("sync.learners=3", *overrides)
     w0 = np.linspace(-1, 1, N, dtype=np.float32)
-    return ServerState(cfg, w0, SEGMENTS, SIG, epoch_size=64, span=span)
+    return ServerState(cfg, w0, SEGMENTS, SIG, epoch_size=64, share=as_share(span))
 
 
 def hello(st, learner, seq=1, numel=N, **fields):
     """A learner's HELLO: the model's size, and (a range server's learner) the range it
     expects, as ``learner/exchange.py`` says it."""
-    if not st.span.is_whole and "range" not in fields:
-        fields["range"] = [st.span.lo, st.span.hi]
+    if not st.share.is_whole and "range" not in fields:
+        fields["range"] = st.share.key
     st.register(
         str(learner).encode(),
         message(Kind.HELLO, learner, seq, model=SIG, numel=numel, **fields),
@@ -74,7 +79,7 @@ def train(states, rounds=5, seed=0):
         for learner in range(3):
             g = rng.standard_normal(N).astype(np.float32)
             for st in states:
-                part = g[st.span.lo : st.span.hi]
+                part = st.share.gather(g)
                 cut = len(part) // 2 + 1
                 arrival = st.push(
                     message(Kind.PUSHPULL, learner, seq, seen[learner], [part[:cut], part[cut:]])
@@ -130,6 +135,40 @@ def test_servers_over_the_ranges_of_a_split_together_hold_the_whole_vector_state
     assert np.concatenate(shards[1].weight_frames()).shape == (4,)
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_servers_over_stripes_together_hold_the_whole_vector_state_bit_for_bit(protocol):
+    """Stripes cut the segments (per-layer multipliers) in more places than ranges do: each
+    element is still updated as the whole vector's is."""
+    shape = ClusterShape(3, parts_per_range=2).sized(N)  # 6 stripes of 2, dealt in turn
+    assert [s.share.key for s in shape.servers][0] == [[0, 2], [6, 8]]
+    whole = state(None, *PROTOCOLS[protocol])
+    shards = [state(s.share, *PROTOCOLS[protocol]) for s in shape.servers]
+    answers = train([whole, *shards])
+    assert all(a == answers[0] for a in answers) and whole.engine.timestamp > 3
+    for name in ("w", "v", "acc"):
+        got = shape.join([getattr(s.updater, name) for s in shards])
+        np.testing.assert_array_equal(got, getattr(whole.updater, name), err_msg=name)
+
+
+def test_a_checkpoint_of_stripes_round_trips_and_refuses_the_ranges_layout(tmp_path):
+    shape = ClusterShape(2, parts_per_range=3).sized(N)
+    first = shape.server(0)
+    a = state(first.share, "sync.protocol=async")
+    train([a], rounds=2)
+    directory = first.checkpoint_dir(tmp_path)
+    assert directory.name == "stripes-0-2-x3"
+    checkpoint.save(directory, *a.snapshot())
+    b = state(first.share, "sync.protocol=async")
+    assert restore_latest(b, directory, checkpoints_root(tmp_path)) is not None
+    np.testing.assert_array_equal(b.w, a.w)
+    ranges = ClusterShape(2, parts_per_range=3, stripes=False).sized(N).server(0)
+    c = state(ranges.share, "sync.protocol=async")
+    with pytest.raises(ValueError, match=r"none of range \[0, 6\).*wire.stripes=false"):
+        restore_latest(c, ranges.checkpoint_dir(tmp_path), checkpoints_root(tmp_path))
+    with pytest.raises(ValueError, match=r"holds range 3 stripes .* serves range \[0, 6\)"):
+        c.restore(*a.snapshot())
+
+
 def test_a_range_server_accepts_the_models_learners_and_refuses_another_size():
     st = state(Span(3, 10, N))
     hello(st, 0)  # a learner says the model's size, not the range's
@@ -183,7 +222,7 @@ def test_a_checkpoint_written_before_ranges_loads_as_the_whole_vector(tmp_path):
     b = state(None, "sync.protocol=async")
     restore_latest(b, tmp_path)
     np.testing.assert_array_equal(b.w, a.w)
-    assert b.span == Span.whole(N) and b.engine.timestamp == a.engine.timestamp
+    assert b.share == Share.whole(N) and b.engine.timestamp == a.engine.timestamp
     ck = checkpoint.load_latest(tmp_path)
     with pytest.raises(ValueError, match=r"holds range \[0, 12\) of 12 \(the whole"):
         state(Span(0, 6, N)).restore(ck.arrays, ck.meta)

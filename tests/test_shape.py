@@ -4,23 +4,24 @@ one. Pure: no sockets, no files."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cluster import small_config
 from rudra_zmq.config import ConfigError
-from rudra_zmq.shape import ClusterShape, Span, split
+from rudra_zmq.shape import ClusterShape, Share, part_bounds, split
 
 
 def test_the_servers_ranges_are_the_split_of_the_vector_and_one_server_serves_it_whole():
     three = ClusterShape(3).sized(10)
-    assert [s.span for s in three.servers] == split(10, 3)
+    assert [s.share for s in three.servers] == [Share((x,)) for x in split(10, 3)]
     assert [s.label for s in three.servers] == ["ps", "ps1", "ps2"] == three.labels
     (one,) = ClusterShape(1).sized(10).servers
-    assert one.span == Span.whole(10) and one.label == "ps"
+    assert one.share == Share.whole(10) and one.label == "ps"
 
 
 def test_each_part_has_a_global_index_its_server_and_its_place_in_the_vector():
-    shape = ClusterShape(2, parts_per_range=3).sized(10)  # ranges [0, 5) and [5, 10)
+    shape = ClusterShape(2, parts_per_range=3, stripes=False).sized(10)  # [0, 5), [5, 10)
     parts = shape.parts
     assert [p.index for p in parts] == list(range(6))
     assert [p.server for p in parts] == [0, 0, 0, 1, 1, 1]
@@ -34,13 +35,13 @@ def test_each_part_has_a_global_index_its_server_and_its_place_in_the_vector():
 
 
 def test_a_range_smaller_than_its_parts_has_one_part_per_float():
-    shape = ClusterShape(2, parts_per_range=8).sized(5)  # ranges of 3 and 2 floats
+    shape = ClusterShape(2, parts_per_range=8, stripes=False).sized(5)  # 3 and 2 floats
     assert [len(s.parts) for s in shape.servers] == [3, 2]
     assert [(p.lo, p.hi) for p in shape.parts] == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
 
 
 def test_the_parts_covering_a_range_of_the_vector_are_found_across_servers():
-    shape = ClusterShape(2, parts_per_range=3).sized(10)
+    shape = ClusterShape(2, parts_per_range=3, stripes=False).sized(10)
     assert [p.index for p in shape.covering(0, 10)] == list(range(6))
     assert [p.index for p in shape.covering(3, 6)] == [1, 2, 3]  # across the servers' bound
     assert [p.index for p in shape.covering(4, 5)] == [2]
@@ -50,9 +51,73 @@ def test_the_parts_covering_a_range_of_the_vector_are_found_across_servers():
         shape.covering(8, 11)
 
 
+def test_striped_parts_deal_the_vector_to_the_servers_in_turn_each_holding_them_end_to_end():
+    shape = ClusterShape(2, parts_per_range=3).sized(10)  # 6 parts: 2, 2, 2, 2, 1, 1 floats
+    assert shape.striped
+    parts = shape.parts
+    assert [(p.lo, p.hi) for p in parts] == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 9), (9, 10)]
+    assert [p.index for p in parts] == list(range(6))
+    assert [p.server for p in parts] == [0, 1, 0, 1, 0, 1]  # part j to server j mod K
+    assert [p.at for p in shape.parts_of(0)] == [0, 2, 4]  # end to end in its local vector
+    assert shape.server(0).bounds == [0, 2, 4, 5] == shape.server(1).bounds
+    first = shape.server(0).share
+    assert first.key == [[0, 2], [4, 6], [8, 9]] and first.numel == 5
+    assert first.dirname == "stripes-0-2-x3" and not first.contiguous
+    assert shape.server(0).eval_fields == {"range": [[0, 2], [4, 6], [8, 9]]}
+    assert Share.from_key(first.key, 10) == first
+    assert shape.eval_server({"range": [[0, 2], [4, 6], [8, 9]]}) == 0
+    # the parts cut each server's local vector as the server cuts it (shape.part_bounds)
+    for k, n in [(3, 1000), (8, 10_000_019), (4, 37)]:
+        many = ClusterShape(k, parts_per_range=16).sized(n)
+        for s in many.servers:
+            assert s.bounds == [0, *[p.at for p in s.parts[1:]], s.share.numel]
+            assert s.bounds == part_bounds(s.share.numel, len(s.parts))
+        assert sum(s.share.numel for s in many.servers) == n
+
+
+def test_stripes_spread_every_layer_over_every_server_where_ranges_leave_it_to_one():
+    """What striping is for: backward finishes the last layer first, and its gradient must
+    reach every server's link. A 20-layer model, K = 8, 16 parts: each layer's floats go to
+    at least 6 servers; in ranges, to at most 2 (the layout the timeline showed idle)."""
+    layer, k = 500_000, 8
+    striped = ClusterShape(k, parts_per_range=16).sized(20 * layer)
+    ranges = ClusterShape(k, parts_per_range=16, stripes=False).sized(20 * layer)
+    for i in range(20):
+        lo, hi = i * layer, (i + 1) * layer
+        assert len({p.server for p in striped.covering(lo, hi)}) >= 6
+        assert len({p.server for p in ranges.covering(lo, hi)}) <= 2
+    # the last layer (backward's first bucket) reaches every server but at most two
+    assert len({p.server for p in striped.covering(19 * layer, 20 * layer)}) >= k - 2
+
+
+def test_a_shares_gather_and_the_shapes_join_put_every_float_back_in_its_place():
+    n = 1003
+    vector = np.arange(n, dtype=np.float32)
+    for shape in (
+        ClusterShape(3, parts_per_range=4).sized(n),
+        ClusterShape(3, parts_per_range=4, stripes=False).sized(n),
+        ClusterShape(1, parts_per_range=4).sized(n),
+    ):
+        local = [s.share.gather(vector) for s in shape.servers]
+        for s, w in zip(shape.servers, local):  # each part's floats at its offset
+            for p in s.parts:
+                np.testing.assert_array_equal(w[p.at : p.at + p.numel], vector[p.lo : p.hi])
+        np.testing.assert_array_equal(shape.join(local), vector)
+        unsized = ClusterShape(shape.count, shape.parts_per_range, stripes=shape.stripes)
+        np.testing.assert_array_equal(unsized.join(local), vector)  # sized from the files
+
+
+def test_one_server_and_whole_messages_keep_the_ranges_layout_under_stripes():
+    for k, parts in [(1, 4), (3, 1)]:
+        a = ClusterShape(k, parts_per_range=parts).sized(100)
+        b = ClusterShape(k, parts_per_range=parts, stripes=False).sized(100)
+        assert not a.striped and a.servers == b.servers
+        assert all(s.share.contiguous for s in a.servers)
+
+
 def test_ranges_and_parts_wait_for_the_models_size():
     shape = ClusterShape(2, parts_per_range=4)
-    assert [s.span for s in shape.servers] == [None, None] and shape.labels == ["ps", "ps1"]
+    assert [s.share for s in shape.servers] == [None, None] and shape.labels == ["ps", "ps1"]
     with pytest.raises(ValueError, match="model's size"):
         shape.parts  # noqa: B018
     with pytest.raises(ValueError, match="server 1's range is not known"):

@@ -96,7 +96,8 @@ def _numel(cfg):
 
 
 def weights_of(servers):
-    return np.concatenate([s.state.w for s in servers])
+    """The whole flat vector of the servers' weights (their stripes put in place)."""
+    return servers[0].shape.join([s.state.w for s in servers])
 
 
 @pytest.mark.parametrize("k, parts", [(2, 1), (3, 1), (1, 4), (2, 4)])
@@ -111,7 +112,10 @@ def test_sharded_hardsync_ends_with_the_one_servers_weights(ctx, k, parts):
         assert s.state.parts.stepped_ahead == (parts - 1) * s.state.engine.updates
     ts = {s.state.engine.timestamp for s in many}
     assert ts == {one[0].state.engine.timestamp} and ts.pop() > 10
-    assert [s.state.span.numel for s in many] == [x.numel for x in split(_numel(cfg), k)]
+    shares = [s.share for s in ClusterShape(k, parts).sized(_numel(cfg)).servers]
+    assert [s.state.share for s in many] == shares
+    if k == 1 or parts == 1:  # ranges: the split of the vector
+        assert [x.numel for x in shares] == [x.numel for x in split(_numel(cfg), k)]
     for s in many:  # hardsync per server: every gradient at staleness 0
         assert s.state.engine.gradients_received == one[0].state.engine.gradients_received
     w1, wk = weights_of(one), weights_of(many)

@@ -26,6 +26,22 @@ def test_the_slices_of_one_epoch_join_in_range_order_whatever_their_arrival():
     assert join.open == {}
 
 
+def test_striped_slices_join_with_every_stripe_in_its_place():
+    shape = ClusterShape(2, parts_per_range=3).sized(10)  # stripes [0,2) [4,6) [8,9) | the rest
+    join = EvalJoin(shape)
+    vector = np.arange(10, dtype=np.float32)
+    msgs = []
+    for s in shape.servers:
+        m = eval_msg(0, 0, ts=3, epoch=1.0, n=s.share.numel)
+        m.fields["range"] = s.share.key
+        m.payloads[0][:] = s.share.gather(vector)
+        assert join.refusal(m) is None
+        msgs.append(m)
+    assert join.add(msgs[1]) is None
+    whole = join.add(msgs[0])
+    np.testing.assert_array_equal(np.concatenate(whole.payloads), vector)
+
+
 def test_final_slices_join_whatever_their_epochs_and_other_epochs_stay_apart():
     join = EvalJoin(ClusterShape(2).sized(4))
     assert join.add(eval_msg(0, 2, 9, 2.0, final=True)) is None

@@ -313,6 +313,15 @@ def add_arguments(p) -> None:
         "learner's part is in (wire.parts; default 1: whole messages)",
     )
     p.add_argument(
+        "--stripes",
+        nargs="+",
+        default=["on"],
+        choices=["on", "off"],
+        help="K > 1 servers in P > 1 parts: each server's parts striped over the vector "
+        "(wire.stripes, on: the default), or one contiguous range each (off: rows ...-ranges), "
+        "side by side",
+    )
+    p.add_argument(
         "--netns-sh",
         metavar="PATH",
         help=f"the LAN script (default: {NETNS_SH} of the source tree or the current directory)",
@@ -356,23 +365,25 @@ def _variants(case: str, a) -> list[tuple]:
     ]  # fmt: skip
 
 
-def _transports(case: str, a, k: int, where) -> list[tuple[int, str, str]]:
-    """(runtime.sndbuf_kib, local, learner) of each run of one variant: --sndbuf-kib for the
-    PS cases, each with every --local for servers beside the learners, and every --learner
-    with K > 1 servers (the root alone runs sleeping learners)."""
+def _transports(case: str, a, k: int, where, parts: int = 1) -> list[tuple]:
+    """(runtime.sndbuf_kib, local, learner, stripes) of each run of one variant: --sndbuf-kib
+    for the PS cases, each with every --local for servers beside the learners, every --learner
+    with K > 1 servers or a base case (else sleeping learners), and every --stripes with K > 1
+    servers in parts."""
     if case in BASELINES:
-        return [(0, "tcp", "sleep")]
+        return [(0, "tcp", "sleep", "on")]
     return [
-        (sb, local, learner)
+        (sb, local, learner, st)
         for sb in a.sndbuf_kib
         for local in (a.local if where == "colocated" else ["tcp"])
         for learner in (a.learner if k > 1 or case.startswith("base-") else ["sleep"])
+        for st in (getattr(a, "stripes", ["on"]) if k > 1 and parts > 1 else ["on"])
     ]
 
 
 def _n_runs(a) -> int:
     return len(a.wire_dtypes) * sum(
-        len(_transports(c, a, k, where)) for c in a.cases for k, where, _ in _variants(c, a)
+        len(_transports(c, a, k, where, p)) for c in a.cases for k, where, p in _variants(c, a)
     )
 
 
@@ -496,9 +507,9 @@ def run(a) -> int:
                         report.note(f"{case} bfloat16 skipped: DDP's hook is float16 here")
                         continue
                     for k, where, parts in _variants(case, a):
-                        for sb, local, learner in _transports(case, a, k, where):
+                        for sb, local, learner, st in _transports(case, a, k, where, parts):
                             b = copy.copy(a)
-                            b.sndbuf_kib, b.local, b.learner = sb, local, learner
+                            b.sndbuf_kib, b.local, b.learner, b.stripes = sb, local, learner, st
                             r = _sampled(b, lan, workdir, case, dtype, k, where, parts, traces)
                             report.case(r, line(r))
     except Exception:  # a case failed (Ctrl-C and SIGTERM leave nothing behind)

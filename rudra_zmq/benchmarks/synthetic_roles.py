@@ -60,6 +60,7 @@ def overrides(
     wire_dtype: str = "float32",
     parts: int = 1,
     sndbuf_kib: int = 0,
+    stripes: bool = True,
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
@@ -84,6 +85,7 @@ def overrides(
         f"wire.weights_dtype={wire_dtype}",
         f"wire.parts={parts}",
         f"runtime.sndbuf_kib={sndbuf_kib}",
+        f"wire.stripes={str(stripes).lower()}",
     ]
     if arch != "base":
         out += [

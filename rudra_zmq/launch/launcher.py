@@ -368,13 +368,14 @@ def join_server_files(cfg, run_dir, elsewhere: bool = False) -> None:
     written again). ``elsewhere``: some servers ran on ranks of their own and write just
     after their ``done``, so wait up to ``ELSEWHERE_FILES_S`` for them, then say how to join
     them later. Best effort: says why it could not. Blocks for the files."""
-    dirs = ClusterShape.of(cfg).joined_dirs(run_dir)
+    shape = ClusterShape.of(cfg)
+    dirs = shape.joined_dirs(run_dir)
     if not dirs or final_done(run_dir, cfg.train.epochs) is not None:
         return
     deadline = time.monotonic() + (ELSEWHERE_FILES_S if elsewhere else 0)
     while True:
         try:
-            joined = assemble(run_dir, dirs, cfg.train.epochs)
+            joined = assemble(run_dir, dirs, cfg.train.epochs, shape.join)
         except (OSError, ValueError) as exc:
             print(f"rudra-zmq: could not join the servers' weights: {exc}", file=sys.stderr)
             return

@@ -94,7 +94,8 @@ def check_records(run_dir, cfg) -> None:
             f"{Path(run_dir) / CONFIG_FILE} says architecture.servers={k}, but {root} holds "
             f"checkpoints of {held}: the config is damaged, or not this run's"
         )
-    for directory in [root, *sorted(root.glob("range-*"))] if root.is_dir() else ():
+    shares = [*sorted(root.glob("range-*")), *sorted(root.glob("stripes-*"))]
+    for directory in [root, *shares] if root.is_dir() else ():
         check = meta_check(directory, cfg.sync.learners)
         try:
             checkpoint.load_latest(directory, check, ARRAYS, quiet=True)
@@ -113,10 +114,11 @@ def finished_note(run_dir, cfg) -> str | None:
     the run's or a server's."""
     joined = ""
     if not (Path(run_dir) / PS_FINAL_FILE).exists():
-        dirs = ClusterShape.of(cfg).joined_dirs(run_dir)
+        shape = ClusterShape.of(cfg)
+        dirs = shape.joined_dirs(run_dir)
         for d in dirs:
             load_final(d)  # a damaged one is refused, not skipped
-        if assemble(run_dir, dirs, cfg.train.epochs):
+        if assemble(run_dir, dirs, cfg.train.epochs, shape.join):
             joined = f"joined the {len(dirs)} servers' weights into weights.npy; "
     final = load_final(run_dir)
     if final is None:

@@ -1,13 +1,14 @@
 """Gradients that leave during backward: each part of the flat gradient is pushed the moment
 the backward pass has finished it, as PyTorch DDP's reducer launches a bucket's allreduce.
 
-The parts are the servers' (the cluster's shape, ``shape.ClusterShape``: each server's
-range cut in ``wire.parts`` parts of at most ``wire.bucket_mb``, ``shape.parts_in``; with
-``wire.parts`` 1 a server's whole range is one). A hook on every parameter (``register_post_accumulate_grad_hook``) counts
+The parts are the servers' (the cluster's shape, ``shape.ClusterShape``: the vector cut in
+K x ``wire.parts`` parts of at most ``wire.bucket_mb``, ``shape.parts_in``, part j to server j
+mod K; with ``wire.parts`` 1 a server's whole range is one). A hook on every parameter (``register_post_accumulate_grad_hook``) counts
 down the parameters each part overlaps; a part whose count reaches 0 is sent at once, from
 inside ``loss.backward()``, on the learner's own thread and sockets. Backward produces the
-last layers' gradients first, so the last server's parts leave first and every server's
-part 0 last; the part a request marks last (no x{more}) is held until its server's other
+last layers' gradients first; with the parts striped over the servers, the first ones ready
+go to every server (with ranges, the last server's parts left first and server 0 waited), and
+every server's part 0 last; the part a request marks last (no x{more}) is held until its server's other
 parts are out. What backward did not reach (a parameter without a gradient this pass, whose
 slice stays zero) goes after it.
 
@@ -165,12 +166,15 @@ class StreamedPush:
         self.parts.close()
 
 
-def request_calls(ch, ts: int, carrier, grads, bounds, weights) -> list:
+def request_calls(ch, ts: int, carrier, grads, server, weights) -> list:
     """One server's request as send calls in part order (part 0 to go last): PUSHPULL in
-    parts (``Channel.parts``), or whole when its range is one part. The payloads are views of
-    ``grads``, read when each call runs. Does not block."""
-    if len(bounds) > 2:
-        msgs = ch.parts(Kind.PUSHPULL, ts, carrier.parts(grads, bounds), weights, last=0)
+    parts (``Channel.parts``), or whole when its share is one part. ``grads``: the model's
+    whole flat gradient; ``server``: the shape's (``shape.Server``, its parts); ``weights``:
+    where its reply's weights are loaded. The payloads are views of ``grads``, read when each
+    call runs. Does not block."""
+    if len(server.parts) > 1:
+        parts = carrier.share_parts(grads, server)
+        msgs = ch.parts(Kind.PUSHPULL, ts, parts, weights, last=0)
         return [lambda m=m: ch.send_part(m) for m in msgs]
-    payloads, fields = carrier.gradient(grads)
+    payloads, fields = carrier.gradient(server.share.gather(grads))
     return [lambda: ch.send(Kind.PUSHPULL, ts, payloads, **fields)]

@@ -61,6 +61,16 @@ class Frames:
         encoded as ``gradient`` does, once for the whole."""
         return codec.encode_parts(self.codec, grads, bounds, self.chunk_bytes)
 
+    def share_parts(self, grads: np.ndarray, server) -> list[tuple]:
+        """The push's (offset, payloads) per part of ``server`` (``shape.Server``: its parts,
+        each a contiguous piece of the flat vector with its offset ``at`` in the server's
+        share) from the model's whole flat gradient ``grads``: float32 views of each part in
+        place (a striped share needs no copy); a half codec narrows the share, gathered (a
+        copy for stripes), in one pass (``parts``)."""
+        if self.views:
+            return [(p.at, wire.chunk(grads[p.lo : p.hi], self.chunk_bytes)) for p in server.parts]
+        return self.parts(server.share.gather(grads), server.bounds)
+
     def refused(self) -> None:
         """The last gradient was refused (rejoin): the codec forgets what it kept of it."""
         self.codec.forget()

@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 from .. import codec, topology, wire
 from ..channel import ServerError
 from ..wire import Kind
@@ -72,6 +74,11 @@ class PushPull:
         per server (``make_carrier``)."""
         self.id, self.flat, self.links = learner_id, flat, links
         self.servers, self.carriers = shape.servers, list(carriers)
+        # each striped server's weights land here first, then go to their places in the model
+        self.local = [
+            None if s.share.contiguous else np.empty(s.share.numel, np.float32)
+            for s in self.servers
+        ]
         self.stamps = [-1] * len(self.servers)  # each server's timestamp of our weights
         self.active = list(range(len(self.servers)))  # the servers still training
         # the parts' send order: every server's first part, then every second part, ...
@@ -88,19 +95,24 @@ class PushPull:
         """The first server's timestamp of the weights held (for progress records)."""
         return self.stamps[0]
 
-    def _slice(self, k: int, vector):
-        """Server ``k``'s range of ``vector`` (a view)."""
-        span = self.servers[k].span
-        return vector[span.lo : span.hi]
+    def _into(self, k: int):
+        """Where server ``k``'s weights are loaded: its range of the model's weights (a view),
+        or for stripes its local buffer (``_placed`` puts them in the model)."""
+        local = self.local[k]
+        return self.servers[k].share.gather(self.flat.weights) if local is None else local
+
+    def _placed(self, k: int) -> None:
+        """Server ``k``'s striped weights, loaded, to their places in the model (one copy)."""
+        if self.local[k] is not None:
+            self.servers[k].share.scatter(self.local[k], self.flat.weights)
 
     def _hello(self, k: int) -> None:
-        span = self.servers[k].span
         had = {"had": self.stamps[k]} if self.stamps[k] >= 0 else {}
         self.links.channels[k].send(
             Kind.HELLO,
             model=self.flat.signature,
             numel=self.flat.numel,
-            range=[span.lo, span.hi],
+            range=self.servers[k].share.key,
             **had,
             **self.carriers[k].hello_fields,
         )
@@ -126,7 +138,8 @@ class PushPull:
         return True
 
     def _load(self, k: int, msg: wire.Message) -> None:
-        self.stamps[k] = self.carriers[k].load(msg, self._slice(k, self.flat.weights))
+        self.stamps[k] = self.carriers[k].load(msg, self._into(k))
+        self._placed(k)
 
     def push(self) -> None:
         """Send every server still training its slice of the gradient (a range in parts:
@@ -135,12 +148,10 @@ class PushPull:
         for k in self.active:
             server, ch = self.servers[k], self.links.channels[k]
             if len(server.parts) > 1:
-                parts = self.carriers[k].parts(self._slice(k, grads), server.bounds)
-                msgs[k] = ch.parts(
-                    Kind.PUSHPULL, self.stamps[k], parts, self._slice(k, self.flat.weights)
-                )
+                parts = self.carriers[k].share_parts(grads, server)
+                msgs[k] = ch.parts(Kind.PUSHPULL, self.stamps[k], parts, self._into(k))
             else:  # a range in one part: one whole message
-                payloads, fields = self.carriers[k].gradient(self._slice(k, grads))
+                payloads, fields = self.carriers[k].gradient(server.share.gather(grads))
                 ch.send(Kind.PUSHPULL, self.stamps[k], payloads, **fields)
         for k, j in self.order:
             if k in msgs:
@@ -149,15 +160,14 @@ class PushPull:
     def _requests(self) -> dict:
         """Each active server's request as send calls (``buckets.request_calls``), its
         payloads views of the gradient read when sent. Does not block."""
-        grads, w = self.flat.grads, self.flat.weights
         return {
             k: buckets.request_calls(
                 self.links.channels[k],
                 self.stamps[k],
                 self.carriers[k],
-                self._slice(k, grads),
-                self.servers[k].bounds,
-                self._slice(k, w),
+                self.flat.grads,
+                self.servers[k],
+                self._into(k),
             )
             for k in self.active
         }
@@ -306,7 +316,7 @@ def make_exchange(cfg, shape, learner_id: int, flat, links, ctx, bcast=None):
     carriers = []
     try:
         for server in shape.servers:
-            carriers.append(make_carrier(cfg, learner_id, server.span.numel))
+            carriers.append(make_carrier(cfg, learner_id, server.share.numel))
         if cfg.architecture.kind == "advstar":
             return BroadcastPush(cfg, learner_id, flat, links, shape, carriers, ctx, bcast)
         ex = PushPull(learner_id, flat, links, shape, carriers)

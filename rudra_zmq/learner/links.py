@@ -91,7 +91,7 @@ class ServerLinks:
                 if ch.sock not in ready:
                     continue
                 try:
-                    msg = ch.poll_reply(kinds, self.servers[k].span.numel)
+                    msg = ch.poll_reply(kinds, self.servers[k].share.numel)
                 except ServerError as exc:
                     msg = exc
                 if msg is not None:

@@ -38,35 +38,51 @@ from .state import ARRAYS, check_meta
 log = logging.getLogger("rudra_zmq.ps")
 
 
-_RANGE_DIR = re.compile(r"range-(\d+)-(\d+)")
+# a share's folder (``shape.Share.dirname``): a range, or stripes (the first one's, how many)
+_RANGE_DIR = re.compile(r"(?:range-(\d+)-(\d+)|stripes-(\d+)-(\d+)-x(\d+))")
+
+
+def _dir_share(m) -> tuple[int, int, int | None]:
+    """(lo, hi, stripes or None) of a matched share folder name (lo, hi: its first stripe)."""
+    if m[1] is not None:
+        return int(m[1]), int(m[2]), None
+    return int(m[3]), int(m[4]), int(m[5])
 
 
 def meta_check(directory: Path, learners: int):
     """The check of a checkpoint's meta in ``directory`` for ``checkpoint.load_latest``:
     ``state.check_meta`` (λ = ``learners``), and its range the one the directory
-    holds (``range-LO-HI``, else the whole vector). Raises record_fields.DamagedRecord."""
+    holds (``range-LO-HI``, ``stripes-LO-HI-xN``, else the whole vector). Raises
+    record_fields.DamagedRecord."""
     named = _RANGE_DIR.fullmatch(Path(directory).name)
 
     def check(meta) -> None:
         check_meta(meta, learners)
-        held = [int(named[1]), int(named[2])] if named else [0, meta["numel"]]
+        lo, hi, n = _dir_share(named) if named else (0, meta["numel"], None)
         saved = meta.get("range") or [0, meta["numel"]]
-        if saved != held:
+        striped = bool(saved) and isinstance(saved[0], list)
+        ok = (
+            (striped and n == len(saved) and saved[0] == [lo, hi])
+            if n is not None
+            else (not striped and saved == [lo, hi])
+        )
+        if not ok:
             raise DamagedRecord(
                 f"meta.range is {saved}; {Path(directory).name} holds the checkpoints of "
-                f"range [{held[0]}, {held[1]})"
+                + (f"range [{lo}, {hi})" if n is None else f"{n} stripes from [{lo}, {hi})")
             )
 
     return check
 
 
 def saved_ranges(root: Path) -> list[tuple[int, int] | None]:
-    """The ranges (lo, hi) with checkpoints under the checkpoint directory ``root``, None for
-    the whole vector (checkpoints in ``root`` itself). Blocks (lists directories)."""
+    """The ranges (lo, hi) with checkpoints under the checkpoint directory ``root`` (a striped
+    share's first stripe), None for the whole vector (checkpoints in ``root`` itself). Blocks
+    (lists directories)."""
     found = [None] if checkpoint.list_checkpoints(root) else []
     if root.is_dir():
         found += sorted(
-            (int(m[1]), int(m[2]))
+            _dir_share(m)[:2]
             for p in root.iterdir()
             if (m := _RANGE_DIR.fullmatch(p.name)) and checkpoint.list_checkpoints(p)
         )
@@ -115,7 +131,7 @@ def restore_latest(state, directory: Path, root: Path | None = None) -> Path | N
     """Continue ``state`` from the newest valid checkpoint in ``directory`` (its range's
     ``Server.checkpoint_dir``); returns its path, or None if the run has no checkpoints. Raises
     checkpoint.CheckpointError if none is valid, ValueError if it holds another model or
-    range, or if there are none for ``state.span`` but some for other ranges of the run under
+    range, or if there are none for ``state.share`` but some for other ranges of the run under
     ``root`` (the run's checkpoint directory, ``run_files.checkpoints_root``; None: ``directory``)
     (a resumed run split otherwise would silently start afresh). Blocks (reads the files)."""
     ck = checkpoint.load_latest(directory, meta_check(directory, state.learners), ARRAYS)
@@ -133,8 +149,9 @@ def restore_latest(state, directory: Path, root: Path | None = None) -> Path | N
         )
         raise ValueError(
             f"{root} holds checkpoints of range {names} but none of range "
-            f"{state.span} that this server serves: restore each server from its "
-            "own range's checkpoints (was the number of servers changed?)"
+            f"{state.share} that this server serves: restore each server from its "
+            "own range's checkpoints (was the number of servers changed? checkpoints "
+            "written before stripes restore with wire.stripes=false)"
         )
     return None
 

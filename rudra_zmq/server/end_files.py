@@ -143,9 +143,10 @@ def finals(dirs, epochs: float) -> list[dict] | None:
     return out
 
 
-def assemble(run_dir, dirs, epochs: float) -> bool:
-    """Write ``RUN/weights.npy`` (the ranges in the servers' folders ``dirs`` joined in
-    order: ``shape.ClusterShape.joined_dirs``) and then ``RUN/ps_final.json`` (server 0's
+def assemble(run_dir, dirs, epochs: float, join=np.concatenate) -> bool:
+    """Write ``RUN/weights.npy`` (the weights in the servers' folders ``dirs``, in order:
+    ``shape.ClusterShape.joined_dirs``, joined by ``join``: ``ClusterShape.join`` puts
+    stripes in place) and then ``RUN/ps_final.json`` (server 0's
     timestamp and updates, the least epoch, the greatest incarnation, and every server's own
     final under ``"servers"``) once every server has finished; returns whether it did (never
     for no folders: one server's files are the run's own). Raises ValueError when a server's
@@ -160,7 +161,7 @@ def assemble(run_dir, dirs, epochs: float) -> bool:
         if w.dtype != np.float32 or w.ndim != 1:
             raise ValueError(f"{Path(d) / WEIGHTS_FILE} holds {w.dtype} {w.shape}")
         parts.append(w)
-    write_atomically(run_dir / WEIGHTS_FILE, npy_writer(np.concatenate(parts)))
+    write_atomically(run_dir / WEIGHTS_FILE, npy_writer(join(parts)))
     final = {
         "timestamp": done[0]["timestamp"],
         "epoch": min(f["epoch"] for f in done),

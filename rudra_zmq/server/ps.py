@@ -396,7 +396,7 @@ class ParameterServer:
             if self.state.done:  # the last of several servers joins theirs into the run's
                 try:
                     joined = self.shape.joined_dirs(self.run_dir)
-                    assemble(self.run_dir, joined, self.cfg.train.epochs)
+                    assemble(self.run_dir, joined, self.cfg.train.epochs, self.shape.join)
                 except (OSError, ValueError) as exc:  # its own files are saved: say, go on
                     log.warning("could not join the servers' weights in %s: %s", self.run_dir, exc)
         self.weights_out.close()

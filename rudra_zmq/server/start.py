@@ -51,7 +51,15 @@ def start_state(
 
     weights, segments, signature = model if model is not None else initial_model(cfg)[:3]
     place = ClusterShape.of(cfg, weights.shape[0]).server(server)
-    state = ServerState(cfg, weights, segments, signature, dataset_size(cfg.data), span=place.span)
+    state = ServerState(
+        cfg,
+        weights,
+        segments,
+        signature,
+        dataset_size(cfg.data),
+        share=place.share,
+        parts=len(place.parts),
+    )
     resumed_from = None
     where = place.checkpoint_dir(run_dir) if run_dir else None
     told = ToldRecord(where) if run_dir else None

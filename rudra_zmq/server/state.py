@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import codec, topology, wire
 from ..results import record_fields as fields
-from ..shape import Span, parts_in
+from ..shape import Share, parts_in
 from ..sync import Arrival, ProtocolViolation, Rejoin, Reply, SyncEngine
 from .parts import PartedUpdates
 from .update import Updater
@@ -78,10 +78,15 @@ def _by_sender(value_ok, what: str, nodes: bool = False) -> fields.Field:
     )
 
 
+def _pair(v) -> bool:
+    return fields.integers().ok(v) and len(v) == 2
+
+
 META_FIELDS = {
     "numel": fields.integer(1),
     "range": fields.Field(
-        "[lo, hi] with 0 <= lo < hi", lambda v: fields.integers().ok(v) and len(v) == 2
+        "[lo, hi] with 0 <= lo < hi, or stripes [[lo, hi], ...]",
+        lambda v: _pair(v) or (isinstance(v, list) and bool(v) and all(_pair(p) for p in v)),
     ).optional(),  # a checkpoint from before ranges: the whole vector
     "signature": fields.text(),
     "engine": fields.mapping(),
@@ -126,11 +131,15 @@ def check_meta(meta, learners: int | None = None) -> None:
                     f"{where} names learner {learner}; this run has λ={learners} "
                     f"(ids 0..{learners - 1})"
                 )
-    lo_hi = meta.get("range")
-    if lo_hi is not None and not lo_hi[0] < lo_hi[1] <= meta["numel"]:
-        raise fields.DamagedRecord(
-            f"meta: range is {lo_hi}; expected [lo, hi] with lo < hi <= numel ({meta['numel']})"
-        )
+    key = meta.get("range")
+    if key is not None:
+        try:
+            Share.from_key(key, meta["numel"])
+        except ValueError as exc:
+            raise fields.DamagedRecord(
+                f"meta: range is {key}; expected [lo, hi] with lo < hi <= numel "
+                f"({meta['numel']}), or such stripes in order ({exc})"
+            ) from None
 
 
 class ServerState:
@@ -141,8 +150,11 @@ class ServerState:
         weights, segments, signature: the model's initial flat weights, their (start, stop,
             lr_mult, decay_mult) segments and the model signature learners must match.
         epoch_size: samples in one epoch (for the engine's epoch count).
-        span: the range of the flat vector this server serves (None: the whole vector).
-            Gradients pushed to it, the weights it sends and its checkpoints are that slice.
+        share: the share of the flat vector this server serves (``shape.Share``: a range or
+            stripes; None: the whole vector). Gradients pushed to it, the weights it sends and
+            its checkpoints are its local vector (the stripes end to end).
+        parts: how many parts it travels in (``shape.Server.parts``); None: as
+            ``shape.parts_in`` counts for its size (one server, or ranges).
     """
 
     def __init__(
@@ -152,14 +164,15 @@ class ServerState:
         segments,
         signature: str,
         epoch_size: int,
-        span: Span | None = None,
+        share: Share | None = None,
+        parts: int | None = None,
     ):
         s = cfg.sync
-        self.updater = Updater(weights, segments, cfg.optimizer, span)
+        self.updater = Updater(weights, segments, cfg.optimizer, share)
         self.engine = SyncEngine.of(cfg, epoch_size)
-        self.span = self.updater.span
+        self.share = self.updater.share
         self.numel = self.updater.numel  # floats served: every payload's size
-        self.model_numel = self.span.total  # the learners' model (their HELLO's numel)
+        self.model_numel = self.share.total  # the learners' model (their HELLO's numel)
         self.chunk_bytes = cfg.runtime.chunk_mib << 20  # the frames weights go out in
         self.codec = codec.for_weights(cfg)  # ... and their encoding
         self.signature = signature
@@ -181,12 +194,12 @@ class ServerState:
         self.counters = Counters()
         self.log = None  # an arrival_log.ArrivalLog: the engine's events, for replay
         # hardsync in parts (server/parts.py), if the range has two or more
-        p = parts_in(self.numel, cfg.wire.parts, cfg.wire.bucket_mb)
+        p = parts_in(self.numel, cfg.wire.parts, cfg.wire.bucket_mb) if parts is None else parts
         self.parts = PartedUpdates(self.updater, self.engine, p) if p > 1 else None
 
     @property
     def w(self) -> np.ndarray:
-        """The current weights of ``span`` (never written again: safe to send zero-copy)."""
+        """The current weights of ``share`` (never written again: safe to send zero-copy)."""
         return self.updater.w
 
     def weights_for(self, sender: int) -> tuple[list[np.ndarray], dict]:
@@ -201,8 +214,8 @@ class ServerState:
 
     def weight_frames(self) -> list[np.ndarray]:
         """The current weights as payload frames of at most ``runtime.chunk_mib`` in the run's
-        codec (float32: views, no copy; half: narrowed once per version), in order: together they are ``span``, the first
-        starting at ``span.lo``."""
+        codec (float32: views, no copy; half: narrowed once per version), in order: together they are
+        ``share``'s local vector."""
         return self.codec.encode(self.w, self.chunk_bytes, key=self.engine.timestamp)
 
     @property
@@ -241,11 +254,12 @@ class ServerState:
                 f"Is {who} running another model config?"
             )
         wanted = f.get("range", [0, self.model_numel])  # none: the whole vector
-        if wanted != [self.span.lo, self.span.hi]:
+        if wanted != self.share.key:
             raise ProtocolViolation(
                 f"{who} expects range {wanted} of the parameters; this server serves "
-                f"{self.span}: does it run with the same number of servers, their "
-                "endpoints in the order of their ranges?"
+                f"{self.share}: does it run with the same number of servers, their "
+                "endpoints in the order of their ranges, the same wire.parts and "
+                "wire.stripes?"
             )
         self.identities[sender] = ident
         if wire.node_id(sender) is not None:
@@ -459,12 +473,13 @@ class ServerState:
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> tuple[dict, dict]:
         """(arrays, meta): everything a restarted server needs, for ``checkpoint.save``. The
-        arrays are the live buffers of ``span`` (no copy): save them before the next update;
-        meta ``numel`` is the model's size and ``range`` the span [lo, hi]. Pure."""
+        arrays are the live buffers of ``share`` (no copy): save them before the next update;
+        meta ``numel`` is the model's size and ``range`` the share's key ([lo, hi], or
+        [[lo, hi], ...] for stripes: ``shape.Share.key``). Pure."""
         u, c = self.updater, self.counters
         meta = {
             "numel": self.model_numel,
-            "range": [self.span.lo, self.span.hi],
+            "range": self.share.key,
             "signature": self.signature,
             "engine": self.engine.state_dict(),
             "incarnations": self.incarnations,
@@ -487,12 +502,13 @@ class ServerState:
                 f"{self.model_numel:,} ({self.signature}): was the model config "
                 "changed?"
             )
-        saved = Span.from_meta(meta.get("range"), meta["numel"])
-        if saved != self.span:
+        saved = Share.from_key(meta.get("range"), meta["numel"])
+        if saved != self.share:
             raise ValueError(
                 f"the checkpoint holds range {saved} of the model's parameters; "
-                f"this server serves range {self.span}: restore each server from "
-                "its own range's checkpoints (was the number of servers changed?)"
+                f"this server serves range {self.share}: restore each server from "
+                "its own range's checkpoints (was the number of servers changed? "
+                "checkpoints written before stripes restore with wire.stripes=false)"
             )
         for name in ARRAYS:
             if arrays[name].shape != (self.numel,) or arrays[name].dtype != np.float32:

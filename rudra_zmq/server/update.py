@@ -20,27 +20,29 @@ from __future__ import annotations
 import numpy as np
 
 from .. import codec, kernels
-from ..shape import Span
+from ..shape import Share
 from .versions import WeightVersions
 
 
 class Updater:
-    """Weights (as immutable versions), momentum ``v`` and gradient sum ``acc`` of the range
-    ``span`` of one model's flat vector (the whole vector by default).
+    """Weights (as immutable versions), momentum ``v`` and gradient sum ``acc`` of the share
+    ``share`` of one model's flat vector (``shape.Share``: a range or stripes; the whole
+    vector by default).
 
-    Every buffer, gradient and offset here is relative to the span: element 0 is the model's
-    element ``span.lo``. Per-element arithmetic with the segments clipped to the span makes
-    the update of a span identical to that slice of the whole-vector update.
+    Every buffer, gradient and offset here is relative to the share's local vector (its
+    stripes end to end): element 0 is the model's element ``share.lo``. Per-element arithmetic
+    with the segments clipped to each stripe makes the update of a share identical to those
+    elements of the whole-vector update.
 
     Args:
-        weights: the model's initial flat weights (only the span's slice is copied).
+        weights: the model's initial flat weights (only the share's elements are copied).
         segments: (start, stop, lr_mult, decay_mult) ranges covering the model's weights in
-            order; kept clipped to the span (``Span.clip``).
+            order; kept clipped to the share (``Share.clip``).
         optimizer: the config's OptimizerConfig (momentum, weight_decay).
-        span: the range this updater owns; None for the whole vector.
+        share: what this updater owns; None for the whole vector.
     """
 
-    def __init__(self, weights: np.ndarray, segments, optimizer, span: Span | None = None):
+    def __init__(self, weights: np.ndarray, segments, optimizer, share: Share | None = None):
         total = weights.shape[0]
         starts, stops = [a for a, *_ in segments], [b for _, b, *_ in segments]
         if starts != [0] + stops[:-1] or stops[-1] != total:
@@ -49,18 +51,18 @@ class Updater:
                 f"parameter segments {list(zip(starts, stops))[:4]}... must cover "
                 f"0..{total} in order without gaps"
             )
-        self.span = Span.whole(total) if span is None else span
-        if self.span.total != total:
+        self.share = Share.whole(total) if share is None else share
+        if self.share.total != total:
             raise ValueError(
-                f"range {self.span} is of another vector than the model's "
+                f"range {self.share} is of another vector than the model's "
                 f"{total:,} weights: was it planned for another model?"
             )
-        own = weights[self.span.lo : self.span.hi]
+        own = self.share.gather(weights)
         self.versions = WeightVersions(np.ascontiguousarray(own, dtype=np.float32).copy())
-        self.numel = self.span.numel
+        self.numel = self.share.numel
         self.v = np.zeros_like(self.w)
         self.acc = np.zeros_like(self.w)
-        self.segments = self.span.clip(segments)
+        self.segments = self.share.clip(segments)
         self.optimizer = optimizer
         self._next: np.ndarray | None = None  # the next version while parts are written
 
@@ -76,7 +78,7 @@ class Updater:
         codec.add(self.acc, payloads, scale)
 
     def step(self, sources, g_scale: float, lr: float, zero_acc: bool) -> None:
-        """One update from gradient ``sources`` (contiguous pieces covering the span, e.g.
+        """One update from gradient ``sources`` (contiguous pieces covering the share, e.g.
         ``[self.acc]`` with ``zero_acc``, or received frames): the new weights go to a free buffer, which then becomes the current
         version; one kernel call per piece and parameter segment they share. Does not block
         beyond the kernels."""

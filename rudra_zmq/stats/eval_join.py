@@ -8,12 +8,16 @@ boundary: every server receives every learner's gradient, so each counts the sam
 every server's in ``server_ts``). The final weights' slices are joined whatever their epochs
 (a server restarted from a checkpoint counts again what it lost). At most ``MAX_OPEN``
 evaluations wait for their missing slices; an older incomplete one is dropped (counted).
-Pure: no sockets, no clock; not thread-safe (the statistics server's thread).
+No sockets, no clock; not thread-safe (the statistics server's thread).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import codec
 
 MAX_OPEN = 8  # incomplete evaluations kept (a slice lost in a full queue never comes)
 
@@ -42,16 +46,15 @@ class EvalJoin:
         """Why the EVAL ``msg`` cannot be a slice of this run, or None."""
         i = self.shape.eval_server(msg.fields)
         if i is None:
-            ranges = [[s.span.lo, s.span.hi] for s in self.shape.servers]
+            ranges = [s.share.key for s in self.shape.servers]
             return (
                 f"an EVAL of range {msg.fields.get('range')!r}; this run's "
                 f"{len(ranges)} servers serve {ranges}"
             )
-        span = self.shape.servers[i].span
-        if msg.payload_numel != span.numel:
+        share = self.shape.servers[i].share
+        if msg.payload_numel != share.numel:
             return (
-                f"an EVAL of range [{span.lo}, {span.hi}] with {msg.payload_numel:,} floats, "
-                f"not {span.numel:,}"
+                f"an EVAL of range {share} with {msg.payload_numel:,} floats, not {share.numel:,}"
             )
         return None
 
@@ -75,5 +78,18 @@ class EvalJoin:
                 "epoch": min(float(m.fields["epoch"]) for m in parts),
                 **self.shape.eval_record([m.ts for m in parts]),
             },
-            [p for m in parts for p in m.payloads],
+            self._whole(parts),
         )
+
+    def _whole(self, parts) -> list:
+        """The servers' payloads as the whole vector's: end to end when their shares are
+        ranges in order (no copy); stripes are decoded and put in place (one float32 copy)."""
+        servers = self.shape.servers
+        if all(s.share.contiguous for s in servers):
+            return [p for m in parts for p in m.payloads]
+        whole = np.empty(self.shape.numel, np.float32)
+        for s, m in zip(servers, parts):
+            local = np.empty(s.share.numel, np.float32)
+            codec.load(local, m.payloads)
+            s.share.scatter(local, whole)
+        return [whole]

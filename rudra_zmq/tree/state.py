@@ -94,7 +94,7 @@ class NodeState:
                 place = self.shape.sized(f["numel"]).server(place.index)
             except ConfigError as exc:  # more servers than the model has parameters
                 raise ProtocolViolation(f"{who}: {exc}") from None
-        wanted, mine = f.get("range"), [place.span.lo, place.span.hi]
+        wanted, mine = f.get("range"), place.share.key
         if (wanted or [0, f["numel"]]) != mine:  # none: the whole vector
             raise ProtocolViolation(
                 f"{who} sends range {wanted} of the parameters; tree node {self.id} relays "
@@ -102,7 +102,7 @@ class NodeState:
                 "architecture.servers, its leaves in range order?"
             )
         if first:
-            self.place, self.range, self.numel = place, mine, place.span.numel
+            self.place, self.range, self.numel = place, mine, place.share.numel
             self.signature, self.model_numel = f["model"], f["numel"]
         self.identities[msg.sender] = ident
         self.subtrees[msg.sender] = below
