@@ -83,15 +83,20 @@ def test_sharded_hardsync_on_real_images_ends_with_the_one_servers_weights(ctx, 
 
 
 @pytest.mark.parametrize(
-    "k, wire", [(1, ["wire.parts=2", "wire.bucket_mb=0.1"]), (4, ["wire.parts=2"])]
+    "k, wire",
+    [
+        (1, ["wire.parts=2", "wire.bucket_mb=0.1"]),
+        (4, ["wire.parts=2"]),  # striped: part j to server j mod 4
+        (4, ["wire.parts=2", "wire.stripes=false"]),  # a contiguous range each
+    ],
 )
 def test_hardsync_with_buckets_during_backward_on_real_images_ends_with_the_same_weights(
     ctx, monkeypatch, k, wire
 ):
     """cifar10_full on 320 real images, λ = 2, µ = 32 (5 updates), K servers: each learner's
     buckets leave from inside backward (``learner/buckets.py``: one server in 4 buckets of at
-    most 0.1 MiB, or 4 servers in 2 parts each) and the servers end with the very weights of
-    pushing after backward, bit for bit (σ = 0; a sum of two gradients is the same in either
+    most 0.1 MiB, or 4 servers in 2 parts each, striped or in ranges) and the servers end with
+    the very weights of pushing after backward, bit for bit (σ = 0; a sum of two gradients is the same in either
     order of arrival). docs/architecture.md has a longer run's figures."""
     import numpy as np
 
