@@ -50,7 +50,6 @@ from .liveness import Liveness
 from .report import EvalSchedule, PSReport
 from .serving import Serving
 from .start import start_state
-from .throttled_log import ThrottledLog
 from .weights import make_weights_out
 
 log = logging.getLogger("rudra_zmq.ps")
@@ -157,7 +156,6 @@ class ParameterServer:
             )
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
         self.metrics = PSReport(self.stats, self.place)
-        self.warn = ThrottledLog(log)
         self.evals = EvalSchedule(cfg.train, self.state.engine.epoch)
         self.liveness = Liveness(cfg.runtime)  # whom to evict, when to give up
         self.serving = Serving(
@@ -197,15 +195,8 @@ class ParameterServer:
             payloads,
             **fields,
         )
-        try:
-            self.out.send([ident, *frames], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # EHOSTUNREACH: that peer is gone (ROUTER_MANDATORY)
+        if not self.serving.deliver(self.out, ident, frames, kind, self.cfg.runtime.retry_s):
             st.counters.undelivered += 1
-            if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
-                self.serving.not_queued(ident, self.cfg.runtime.retry_s)
-            self.warn.warning(
-                ("undelivered", ident), "could not reply %s to %r: %s", kind.name, ident, exc
-            )
 
     def _stop(self, ident: bytes, sender: int, seq: int) -> None:
         self.state.mark_stopped(sender)

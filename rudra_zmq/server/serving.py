@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import time
 
+import zmq
+
 from .. import transport, wire
 from ..sync import ProtocolViolation, Rejoin
 from ..wire import Kind
@@ -157,6 +159,23 @@ class Serving:
                 return
             self.refused_parts[msg.sender] = msg.seq
         self.refuse(ident, msg.sender, code, message, re=msg.seq)
+
+    def deliver(self, out, ident: bytes, frames, kind: Kind, retry_s: float) -> bool:
+        """Queue ``frames`` to ``ident`` on ``out`` (the server's Outbox) without blocking;
+        return whether it was queued. A peer that is gone (ROUTER_MANDATORY) or whose queue is
+        full (EAGAIN: ``not_queued``, its next CHECK hears "not got") loses the message, with a
+        throttled warning: each peer has at most one request in flight, so a full queue means
+        it misbehaves, and the server never stalls for it."""
+        try:
+            out.send([ident, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EAGAIN:
+                self.not_queued(ident, retry_s)
+            self.warn.warning(
+                ("undelivered", ident), "could not send %s to %r: %s", kind.name, ident, exc
+            )
+            return False
+        return True
 
     def not_queued(self, ident: bytes, retry_s: float) -> None:
         """A reply to ``ident`` found its queue full (EAGAIN): that connection's next CHECK

@@ -35,7 +35,6 @@ from .. import codec, transport, wire
 from ..channel import Channel, ServerError
 from ..outbox import Outbox
 from ..server.serving import Serving
-from ..server.throttled_log import ThrottledLog
 from ..wire import Kind
 from .leaf_shm import make_shared
 from .state import NodeState
@@ -98,7 +97,6 @@ class TreeNode:
         self.children_out = make_children_out(self.state, self._send, self.shared)
         self._asked: float | None = None  # when the request to the parent in flight was sent
         self._seq = 0
-        self.warn = ThrottledLog(log)
         self.serving = Serving(
             self.sock,
             self.sender,
@@ -134,14 +132,7 @@ class TreeNode:
             payloads,
             **fields,
         )
-        try:
-            self.out.send([ident, *frames], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # that child is gone (ROUTER_MANDATORY) or misbehaves
-            if exc.errno == zmq.EAGAIN:  # its queue is full: its next CHECK hears "not got"
-                self.serving.not_queued(ident, self.cfg.runtime.retry_s)
-            self.warn.warning(
-                ("undelivered", ident), "could not send %s to %r: %s", kind.name, ident, exc
-            )
+        self.serving.deliver(self.out, ident, frames, kind, self.cfg.runtime.retry_s)
 
     def _stop(self, ident: bytes, sender: int, re: int) -> None:
         self.state.mark_stopped(sender)
