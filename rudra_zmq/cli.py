@@ -65,12 +65,9 @@ def _with_timeline(out, start) -> int:
         return start()
     finally:
         del os.environ[timeline.ENV]
-        if timeline.parts_of(base):
-            path, other = out.finish(base, "run")
-            n, events = len(other["processes"]), other["events"]
-            print(f"timeline: {path} ({n} processes, {events:,} events)", flush=True)
-        else:
-            out.folder.rmdir()
+        said = out.close_run(base)
+        if said:
+            print(said, flush=True)
 
 
 def cmd_simulate(args) -> int:

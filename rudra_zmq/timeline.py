@@ -29,7 +29,7 @@ import json
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 DEFAULT_CAPACITY = 500_000  # events per process (about 150 MB at most, as tuples)
@@ -274,6 +274,18 @@ class Output:
         except OSError:
             pass
         return out, other
+
+    def close_run(self, base: str, label: str = "run") -> str | None:
+        """End run ``base`` of ``run``/``launch``: join its parts into the trace and return
+        the line that names it, or (no process wrote a part) remove the parts' folder and
+        return None. Blocks for the files."""
+        if not parts_of(base):
+            with suppress(OSError):
+                self.folder.rmdir()
+            return None
+        path, other = self.finish(base, label)
+        n, events = len(other["processes"]), other["events"]
+        return f"timeline: {path} ({n} processes, {events:,} events)"
 
 
 def parts_of(base) -> list[Path]:

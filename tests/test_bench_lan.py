@@ -534,3 +534,33 @@ def test_parts_lower_the_hardsync_bound_only_where_pushes_and_replies_use_differ
     assert bound("extra", 1) == pytest.approx(2 * m + 0.1)
     assert bound("extra", 16) == pytest.approx(m * 17 / 16 + 0.1)
     assert bound("colocated", 1) == bound("colocated", 16) == pytest.approx(1.75 * m + 0.1)
+
+
+@pytest.mark.timeout(400)
+def test_table1_runs_the_products_learner_on_the_ddp_module_k1_and_k2_beside_real_ddp():
+    """Issue 42 item 5: ``--learner product`` trains the very module real DDP runs (the
+    synthetic model of sleeping layers, given to every role as a user model) with the
+    product's learner (``learner/learner.py``: its data server, its exchange and backward
+    hooks), with the root alone in 2 parts and with 2 servers on hosts of their own, beside
+    DDP in one run: every gradient reaches the servers once (σ = 0), every message of every
+    step leaves from inside backward, each row beside its bound and the CPU's idle share."""
+    recs, pid = run_json(
+        "lan-table1",
+        *("--hosts", "2", "--per-host", "1", "--params", "20000", "--layers", "4"),
+        *("--rate", "100mbit", "--cases", "base-hardsync", "ddp", "--learner", "product"),
+        *("--epoch-gradients", "4", "--epochs", "2", "--compute-ms", "30"),
+        *("--servers", "1", "2", "--server-placement", "extra", "--parts", "2"),
+        timeout=380,
+    )
+    rows = {r["case"]: r for r in recs if r["type"] == "case"}
+    assert list(rows) == ["base-hardsync-p2-product", "base-hardsync-k2-extra-p2-product", "ddp"]
+    for name, k in (("base-hardsync-p2-product", 1), ("base-hardsync-k2-extra-p2-product", 2)):
+        r = rows[name]
+        assert r["grads_total"] == 8 and r["mean_sigma"] == 0, r
+        assert sum(r["server_numel"] if k > 1 else [r["numel"]]) == 20000
+        # 4 steps of 2 learners, each step k servers x 2 parts, all from inside backward
+        assert r["streamed"] and r["sent_after_backward"] == 0
+        assert r["sent_during_backward"] >= 2 * 4 * k * 2
+        assert r["bound_s_per_epoch"] > 0 and "cpu_idle" in r  # None: an epoch too short to sample
+    assert rows["ddp"]["bound_s_per_epoch"] > 0
+    assert namespaces(f"rzt{pid % 1_000_000}") == []

@@ -126,6 +126,16 @@ def test_bucket_mb_cuts_a_range_in_more_parts_and_zero_is_refused_in_one_line(tm
     assert res.returncode != 0 and not (tmp_path / "r").exists()
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "wire.bucket_mb must be a size in MiB > 0" in res.stderr
+    res = subprocess.run(  # launch: the same line, before any host is reached
+        [sys.executable, "-m", "rudra_zmq", "launch", "configs/quickstart.yaml", "-H",
+         "127.0.0.1:1", "--run-dir", str(tmp_path / "l"), "--set", "wire.bucket_mb=-1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2 and not (tmp_path / "l").exists()
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("rudra-zmq: error: ") and "wire.bucket_mb=-1: wire.bucket_mb " in line
+    assert "must be a size in MiB > 0" in line, line
+    assert line.endswith(("got -1", "got -1.0")), line
 
 
 @pytest.mark.timeout(240)

@@ -80,3 +80,58 @@ def test_sharded_hardsync_on_real_images_ends_with_the_one_servers_weights(ctx, 
     w1, wk = weights_of(one), weights_of(many)
     assert not np.array_equal(w1, initial_weights(cfg))  # it trained
     np.testing.assert_allclose(wk, w1, rtol=0, atol=1e-5 * np.abs(w1).max())
+
+
+@pytest.mark.parametrize(
+    "k, wire",
+    [
+        (1, ["wire.parts=2", "wire.bucket_mb=0.1"]),
+        (4, ["wire.parts=2"]),  # striped: part j to server j mod 4
+        (4, ["wire.parts=2", "wire.stripes=false"]),  # a contiguous range each
+    ],
+)
+def test_hardsync_with_buckets_during_backward_on_real_images_ends_with_the_same_weights(
+    ctx, monkeypatch, k, wire
+):
+    """cifar10_full on 320 real images, λ = 2, µ = 32 (5 updates), K servers: each learner's
+    buckets leave from inside backward (``learner/buckets.py``: one server in 4 buckets of at
+    most 0.1 MiB, or 4 servers in 2 parts each, striped or in ranges) and the servers end with
+    the very weights of pushing after backward, bit for bit (σ = 0; a sum of two gradients is the same in either
+    order of arrival). docs/architecture.md has a longer run's figures."""
+    import numpy as np
+
+    from rudra_zmq.config import load_config
+    from rudra_zmq.shape import ClusterShape
+    from test_buckets import spy_streams
+    from test_shards import initial_weights, run_sharded, weights_of
+
+    def cfg(*extra):
+        return load_config(
+            ROOT / "configs/cifar10_baseline.yaml",
+            [
+                f"data.root={TARBALL}",
+                "data.limit_per_class=32",
+                "sync.learners=2",
+                "sync.batch_size=32",
+                "train.epochs=1",
+                "train.eval_every_epochs=0",
+                "runtime.timeout_s=60",
+                *wire,
+                *extra,
+            ],
+        )
+
+    streams = spy_streams(monkeypatch)
+    after = run_sharded(cfg("wire.push_during_backward=false"), k, ctx)
+    assert streams == []
+    during = run_sharded(cfg(), k, ctx)
+    assert len(streams) == 2  # each learner's
+    parts = len(ClusterShape.of(cfg(f"architecture.servers={k}"), weights_of(after).size).parts)
+    assert parts == {1: 4, 4: 8}[k]  # k = 1: the 0.1 MiB cap cut 2 parts in 4; k = 4: 2 each
+    steps = {s.state.engine.timestamp for s in after + during}
+    assert steps == {5}
+    for s in streams:  # every bucket of every step left from inside backward
+        assert (s.during, s.after) == (parts * 5, 0)
+    w = weights_of(during)
+    assert not np.array_equal(w, initial_weights(cfg()))  # it trained
+    np.testing.assert_array_equal(w, weights_of(after))

@@ -269,6 +269,36 @@ def test_launch_trains_across_three_hosts(lan, tmp_path, config, extra):
     assert lan.leftovers() == {}
 
 
+def test_a_sharded_launch_across_hosts_writes_one_timeline_of_every_hosts_roles(lan, tmp_path):
+    """Issue 42 item 6: ``launch --timeline`` with three servers, one beside each host's
+    learners, each range in 2 parts pushed during backward: one trace holds every host's
+    roles (each its part, written beside the trace on the shared file system), each
+    learner's steps, and its parts sent to every server."""
+    run, trace_path = tmp_path / "run", tmp_path / "launch.json"
+    proc = lan.launch(
+        "quickstart.yaml", run, "--set", "train.epochs=1", "--set", "sync.protocol=hardsync",
+        "--set", "architecture.servers=3", "--ps-hosts", "learners", "--set", "wire.parts=2",
+        "--timeline", str(trace_path),
+    )  # fmt: skip
+    rc = _finish(proc)
+    out = Path(f"{run}.out").read_text()
+    assert rc == 0, out[-4000:]
+    assert f"timeline: {trace_path} (" in out
+    trace = json.loads(trace_path.read_text())
+    events = trace["traceEvents"]
+    names = [e["args"]["name"] for e in events if e.get("name") == "process_name"]
+    assert names.count("ps") == 3 and {"learner", "data_server", "stats_server"} <= set(names)
+    steps = [e for e in events if e["ph"] == "X" and e["name"] == "step"]
+    assert {e["args"]["learner"] for e in steps} == {0, 1, 2, 3}
+    sent = {e["args"]["peer"] for e in events if e["name"] == "send" and e["args"]["bytes"]}
+    parts = {e["args"]["peer"] for e in events if e["name"] == "recv" and e["args"].get("at")}
+    # each server's range in 2 parts: its second part's replies (x{at} > 0) reach the learners
+    assert len(parts) == 3 and parts <= sent, (parts, sent)
+    assert trace["otherData"]["dropped"] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["launch.json", "run", "run.out"]
+    assert lan.leftovers() == {}
+
+
 @contextlib.contextmanager
 def _private_sshd(lan, tmp_path, hosts=(0,)):
     """A second sshd on each of ``hosts`` (port 2222), each in a mount namespace of its own

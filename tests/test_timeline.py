@@ -200,6 +200,29 @@ def test_run_refuses_an_unwritable_timeline_with_one_line_and_starts_nothing(tmp
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        ("missing/t.json", "--timeline {bad}: the folder {parent} does not exist"),
+        ("", "--timeline {bad}: "),  # a folder, not a file
+    ],
+)
+def test_launch_refuses_an_unwritable_timeline_with_one_line_and_starts_nothing(
+    tmp_path, bad, said
+):
+    bad = tmp_path / bad if bad else tmp_path
+    res = rudra(
+        "launch", "configs/quickstart.yaml", "-H", "127.0.0.1:1", "--run-dir",
+        str(tmp_path / "r"), "--timeline", str(bad), timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "rudra-zmq: error: " + said.format(bad=bad, parent=bad.parent)
+    ), res.stderr
+    assert not (tmp_path / "r").exists() and res.stdout == ""
+
+
 @pytest.mark.timeout(180)
 def test_a_run_with_a_timeline_traces_each_learners_steps_and_every_message_per_server(tmp_path):
     trace_path = tmp_path / "t.json"

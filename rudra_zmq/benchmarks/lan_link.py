@@ -79,6 +79,19 @@ def retries(servers: list[dict], learners: list[dict]) -> dict:
     return out
 
 
+def pushed_in_backward(learners: list[dict]) -> dict:
+    """Messages the product's learners sent from inside backward and after it, summed
+    (``synthetic_roles learners --product``; {} for other learners). Pure."""
+    each = [s for proc in learners for s in proc["learners"] if s.get("product")]
+    if not each:
+        return {}
+    return {
+        "sent_during_backward": sum(s["sent_during_backward"] for s in each),
+        "sent_after_backward": sum(s["sent_after_backward"] or 0 for s in each),
+        "streamed": all(s["sent_after_backward"] is not None for s in each),
+    }
+
+
 def retries_text(r: dict) -> str:
     """``retries``' counts that are not 0, for a result line ("" when none). Pure."""
     said = [f"{k} {r[k]}" for k in ("undelivered", "duplicates", *RETRIES) if r.get(k)]

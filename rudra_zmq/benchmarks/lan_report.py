@@ -46,8 +46,19 @@ def line(r: dict) -> str:
         f"({r['root_rx_bytes_per_gradient'] / MIB:.2f} MiB/grad) out "
         f"{r['root_tx_bytes_per_epoch'] / MIB:8.1f} MiB/epoch  {r['updates_per_epoch']:.0f} "
         f"upd/epoch  <σ> {r['mean_sigma']:.2f}  root cpu {r['root_cpu_s']:.1f} s  "
-        f"wall {r['wall_s']:.1f} s{bound}{retries_text(r)}"
+        f"wall {r['wall_s']:.1f} s{bound}{retries_text(r)}{streamed_text(r)}"
     )
+
+
+def streamed_text(r: dict) -> str:
+    """The product learners' messages sent from inside backward, of all they sent
+    (``lan_link.pushed_in_backward``), for a result line ("" for other learners). Pure."""
+    if "sent_during_backward" not in r:
+        return ""
+    d, a = r["sent_during_backward"], r["sent_after_backward"]
+    if not r["streamed"]:
+        return "  [product learner: every push after backward]"
+    return f"  [product learner: {d} of {d + a} messages pushed during backward]"
 
 
 def ordering(rows: list[dict], cases: list[str]) -> tuple[str, bool]:

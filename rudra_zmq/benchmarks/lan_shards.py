@@ -20,9 +20,18 @@ from .. import wire
 from . import synthetic_cluster as sc
 from . import synthetic_roles as sr
 from .lan_ddp import FORWARD_SHARE
-from .lan_link import deadline_s, parse_rate, retries, row_head, traffic, wire_bytes
+from .lan_link import (
+    deadline_s,
+    parse_rate,
+    pushed_in_backward,
+    retries,
+    row_head,
+    traffic,
+    wire_bytes,
+)
 
 PLACEMENTS = ("colocated", "extra")
+MODEL_LEARNERS = ("model", "product")  # --learner: the synthetic model, pushing in backward
 
 
 def server_hosts(lan, a, k: int, placement: str) -> list:
@@ -69,15 +78,30 @@ def bound_s_per_epoch(
     the busiest link's pushes then its replies, or in P parts (wire.parts) the larger of the
     busiest direction's pushes and replies together and the pushes plus 1/P of the replies
     (module docstring), plus one compute."""
-    if case != "base-hardsync":
+    if case not in ("base-hardsync", "base-softsync"):
         return None
     pushes, replies, both = link_phases(a.hosts, a.per_host, k, placement)
     m = a.params * wire_bytes(wire_dtype) / parse_rate(a.rate)
     link, c = max(both, pushes + replies / parts) * m, a.compute_ms / 1000
+    if case == "base-softsync":  # a reply may be UPTODATE (no weights): the pushes alone
+        link = pushes * m
     per_update = link + c
-    if getattr(a, "learner", "sleep") == "model":  # pushes during backward: DDP's bound
+    if getattr(a, "learner", "sleep") in MODEL_LEARNERS:  # pushes during backward: DDP's
         per_update = c * FORWARD_SHARE + max(c * (1 - FORWARD_SHARE), link)
     return a.epoch_gradients / (a.hosts * a.per_host) * per_update
+
+
+def learner_args(a) -> dict:
+    """``synthetic_cluster.run``'s learner arguments for ``a.learner``: sleep, the synthetic
+    model through the exchange (model; model-after), or the product's learner on it (product:
+    ``a.model``, its model.name and folder). Pure."""
+    learner = getattr(a, "learner", "sleep")
+    if learner == "product":
+        return {"model": a.model}
+    return {
+        "layers": 0 if learner == "sleep" else a.layers,
+        "push_after": learner == "model-after",
+    }
 
 
 def epochs_across(servers: list[dict], n: int, epochs: int) -> list[dict]:
@@ -138,13 +162,13 @@ def run_case(
         sndbuf_kib=a.sndbuf_kib, stripes=getattr(a, "stripes", "on") == "on",
     )  # fmt: skip
     bound = bound_s_per_epoch(case, a, k, placement, wire_dtype, parts)
+    deadline = deadline_s(bound, a.epochs) + (120 if getattr(a, "learner", "") == "product" else 0)
     r = sc.run(
         arch, ov, params=a.params, learners=lam, root=lan.hosts[0],
         hosts=lan.hosts[1 : 1 + a.hosts], workdir=workdir, compute_ms=a.compute_ms,
         per_process=a.per_host, servers=server_hosts(lan, a, k, placement),
-        timeout_s=deadline_s(bound, a.epochs), timeline=timeline, local_ipc=a.local == "ipc",
-        layers=0 if getattr(a, "learner", "sleep") == "sleep" else a.layers,
-        push_after=getattr(a, "learner", "sleep") == "model-after",
+        timeout_s=deadline, timeline=timeline, local_ipc=a.local == "ipc",
+        **learner_args(a),
     )  # fmt: skip
     servers = r["servers"]
     per = wire_bytes(wire_dtype)
@@ -183,5 +207,6 @@ def run_case(
             ep[0]["t_end"] if len(ep) > 1 else min(ps["t_first_grad"] for ps in servers),
             ep[-1]["t_end"],
         ],
+        **pushed_in_backward(r["learners"]),
         **retries(servers, r["learners"]),
     }

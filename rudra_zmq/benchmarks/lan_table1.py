@@ -48,6 +48,7 @@ from .lan_link import (
     DDP,
     deadline_s,
     parse_rate,
+    pushed_in_backward,
     retries,
     row_head,
     traffic,
@@ -63,7 +64,7 @@ EPOCH_GRADIENTS = 128  # one "epoch" (8 gradients per learner)
 EPOCHS = 3  # the first is a warm-up
 RATE = "1gbit"
 CASES = ["base-hardsync", "base-softsync", "adv-softsync", "advstar-softsync"]
-LEARNERS = ["sleep", "model", "model-after"]  # --learner (lan_shards.run_case)
+LEARNERS = ["sleep", "model", "model-after", "product"]  # --learner (lan_shards.learner_args)
 DEFAULTS = dict(
     hosts=HOSTS,
     per_host=PER_HOST,
@@ -115,7 +116,10 @@ def bound_s_per_epoch(case: str, a, wire_dtype: str, parts: int = 1) -> float | 
     c = a.compute_ms / 1000
     steps = a.epoch_gradients / lam
     if case == "base-hardsync":
-        return steps * ((1 + 1 / parts) * lam * m + c)
+        link = (1 + 1 / parts) * lam * m
+        if getattr(a, "learner", "sleep") in lan_shards.MODEL_LEARNERS:  # pushes in backward
+            return steps * (c * FORWARD_SHARE + max(c * (1 - FORWARD_SHARE), link))
+        return steps * (link + c)
     if case == "base-softsync":
         return max(a.epoch_gradients * m, steps * (c + 2 * m * a.per_host))
     if case == ALLREDUCE:
@@ -153,6 +157,8 @@ def _row(case: str, a, wire_dtype: str, s: float, epoch_s: list, parts: int = 1)
     name = case if wire_dtype == "float32" else f"{case}-{wire.WIRE_DTYPES[wire_dtype]}"
     name += f"-p{parts}" if parts > 1 else ""
     name += f"-sb{a.sndbuf_kib}" if a.sndbuf_kib else ""
+    learner = getattr(a, "learner", "sleep")
+    name += "" if case in BASELINES or learner == "sleep" else f"-{learner}"
     bound = bound_s_per_epoch(case, a, wire_dtype, parts)
     return {**row_head(name, a, wire_dtype, s, epoch_s, bound), "parts": parts}
 
@@ -181,6 +187,7 @@ def run_case(
         parts=parts,
         sndbuf_kib=a.sndbuf_kib,
     )
+    learner = getattr(a, "learner", "sleep")
     r = sc.run(
         arch,
         ov,
@@ -191,8 +198,10 @@ def run_case(
         workdir=workdir,
         compute_ms=a.compute_ms,
         per_process=a.per_host,
-        timeout_s=deadline_s(bound_s_per_epoch(case, a, wire_dtype, parts), a.epochs),
+        timeout_s=deadline_s(bound_s_per_epoch(case, a, wire_dtype, parts), a.epochs)
+        + (120 if learner == "product" else 0),  # 2λ+1 processes import torch first
         timeline=timeline,
+        **lan_shards.learner_args(a),
     )
     ps = r["ps"]
     per = wire_bytes(wire_dtype)
@@ -213,6 +222,7 @@ def run_case(
         "root_cpu_s": ps["cpu_s"],
         "wall_s": r["wall_s"],
         "timed_window": [ep[0]["t_end"] if len(ep) > 1 else ps["t_first_grad"], ep[-1]["t_end"]],
+        **pushed_in_backward(r["learners"]),
         **retries([ps], r["learners"]),
     }
 
@@ -242,10 +252,12 @@ def add_arguments(p) -> None:
         nargs="+",
         choices=LEARNERS,
         default=["sleep"],
-        help="the PS cases' learners with K > 1 servers, each side by side: sleep, then push "
-        "(default); model: train the synthetic model of --layers sleeping layers (the module "
-        "the ddp case runs) through the learner's exchange, each part pushed as backward "
-        "finishes it; model-after: the same, every part pushed after backward",
+        help="the base cases' learners (and adv's with K > 1 servers), each side by side: "
+        "sleep, then push (default); model: train the synthetic model of --layers sleeping "
+        "layers (the module the ddp case runs) through the learner's exchange, each part "
+        "pushed as backward finishes it; model-after: the same, every part pushed after "
+        "backward; product: the product's own learner (learner/learner.py, its hooks and a "
+        "data server) on that module, given as a user model (model.name)",
     )
     p.add_argument("--epoch-gradients", type=int, help=f"default {EPOCH_GRADIENTS}")
     p.add_argument("--epochs", type=int, help=f"the first is a warm-up (default {EPOCHS})")
@@ -356,7 +368,7 @@ def _variants(case: str, a) -> list[tuple]:
 def _transports(case: str, a, k: int, where, parts: int = 1) -> list[tuple]:
     """(runtime.sndbuf_kib, local, learner, stripes) of each run of one variant: --sndbuf-kib
     for the PS cases, each with every --local for servers beside the learners, every --learner
-    with K > 1 servers (the root alone runs sleeping learners), and every --stripes with K > 1
+    with K > 1 servers or a base case (else sleeping learners), and every --stripes with K > 1
     servers in parts."""
     if case in BASELINES:
         return [(0, "tcp", "sleep", "on")]
@@ -364,7 +376,7 @@ def _transports(case: str, a, k: int, where, parts: int = 1) -> list[tuple]:
         (sb, local, learner, st)
         for sb in a.sndbuf_kib
         for local in (a.local if where == "colocated" else ["tcp"])
-        for learner in (a.learner if k > 1 else ["sleep"])
+        for learner in (a.learner if k > 1 or case.startswith("base-") else ["sleep"])
         for st in (getattr(a, "stripes", ["on"]) if k > 1 and parts > 1 else ["on"])
     ]
 
@@ -431,6 +443,9 @@ def run(a) -> int:
     sndbufs = a.sndbuf_kib
     if min(sndbufs) < 0:
         raise ValueError(f"--sndbuf-kib {sndbufs}: each must be >= 0 (0: the kernel sizes it)")
+    if "product" in a.learner and a.params // a.layers < 10:
+        raise ValueError(f"--learner product: --params {a.params} in --layers {a.layers} "
+                         "leave fewer than 10 parameters a layer")  # fmt: skip
     traces = timeline.Output(a.timeline, _n_runs(a)) if a.timeline else None
     netns_sh = a.netns_sh or find_netns_sh()
     why = lan_available() or (None if netns_sh else f"{NETNS_SH} not found (--netns-sh)")
@@ -445,6 +460,16 @@ def run(a) -> int:
             f"hosts: root on host 0; λ={lam} learners, {a.per_host} per host on {a.hosts} hosts; "
             f"each host link {a.rate} both ways (tc tbf); adv: fanout {a.per_host}, depth 1, "
             "leaves on their learners' host (ipc)",
+            *(
+                [
+                    f"learners --learner product: the product's learner (learner/learner.py, "
+                    f"pushing each part as backward finishes it) training the synthetic model "
+                    f"of {a.layers} layers sleeping {a.compute_ms:g} ms in all, a third forward "
+                    "(synthetic_model.py, given as model.name); the ddp case runs the same module"
+                ]
+                if "product" in a.learner
+                else []
+            ),
             f"learners: sleep {a.compute_ms:g} ms ±10 % then push {a.params:,} parameters as "
             f"{'/'.join(a.wire_dtypes)} (gradients and weights; PUSHPULL; "
             "advstar: PUSH, weights by broadcast); "
@@ -470,6 +495,12 @@ def run(a) -> int:
     try:
         with Lan(a.hosts + 1 + lan_shards.extra_hosts(a), a.rate, netns_sh) as lan:
             os.chmod(workdir, 0o755)
+            if "product" in a.learner:  # the module every role builds: a user model
+                from .synthetic_model import write_module  # torch: for this learner only
+
+                ms = a.compute_ms
+                fwd, bwd = ms * FORWARD_SHARE, ms * (1 - FORWARD_SHARE)
+                a.model = (write_module(workdir, a.params, a.layers, fwd, bwd), workdir)
             for case in cases:
                 for dtype in a.wire_dtypes:
                     if case in BASELINES and dtype == "bfloat16":

@@ -88,8 +88,13 @@ class Processes:
         with open(out, "w") as fo, open(log, "w") as fe:
             proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, start_new_session=True)
         self.procs.append((name, proc, log, report))
-        if not server:
-            return None
+        return self.listening(name, timeout_s) if server else None
+
+    def listening(self, name: str, timeout_s: float = 60) -> str:
+        """Wait until the server ``name`` (started) printed ``listening on EP``: its output
+        so far. Raises RuntimeError if it ended or took over ``timeout_s``."""
+        _, proc, log, _ = next(p for p in self.procs if p[0] == name)
+        out = os.path.join(self.workdir, f"{name}.out")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with open(out) as f:
@@ -262,6 +267,7 @@ def run(
     local_ipc: bool = False,
     layers: int = 0,
     push_after: bool = False,
+    model: tuple[str, str] | None = None,
 ) -> dict:
     """Run one cluster to the end; ``{"ps": report, "servers": [reports], "nodes": [...],
     "learners": [...], "wall_s": s, "workdir": its own directory under workdir}``. With
@@ -270,31 +276,42 @@ def run(
     ``shape.ClusterShape``; ``ps`` is then the first's report), instead of one on ``root``;
     with ``local_ipc`` (base) a learner reaches a server on its own host over ipc instead of
     tcp; with ``layers`` the learners train the synthetic model of that many sleeping layers
-    (``synthetic_roles learners --layers``; ``push_after``: every part after backward).
+    (``synthetic_roles learners --layers``; ``push_after``: every part after backward);
+    with ``model`` ((model.name, the folder to import it from)) the learners are the
+    product's own (``synthetic_roles learners --product``) on that model, and the servers
+    serve its weights.
     ``timeline``: every role records its part of that timeline (``timeline.start_from_env``;
     the caller merges them). Blocks; stops every process it started before returning or
     raising."""
     workdir = tempfile.mkdtemp(prefix=f"{arch}-", dir=workdir)  # fresh: logs, reports, go
-    procs = Processes(workdir, {TIMELINE_ENV: timeline} if timeline else None)
+    env = {TIMELINE_ENV: timeline} if timeline else {}
+    if model is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [model[1], os.environ.get("PYTHONPATH")]))
+    procs = Processes(workdir, env)
     t0 = time.time()
     try:
         if arch not in ("base", "adv", "advstar"):
             raise ValueError(f"unknown architecture {arch!r}: base, adv or advstar")
         homes = servers or [root]  # each server's host, in range order
         overrides = [*overrides, f"architecture.servers={len(homes)}"]
+        if model is not None:
+            overrides.append(f"model.name={model[0]}")
+            if model[1] not in sys.path:  # the config builds the model once to check it
+                sys.path.insert(0, model[1])
         shape = ClusterShape.of(load_config(None, overrides))  # (advstar refuses K > 1)
         common = [f"--set={o}" for o in overrides]
         where = _learner_hosts(learners, hosts)
         local = set(where) if servers and local_ipc and arch == "base" else set()
         server_eps, local_eps = [], []
-        for srv, host in zip(shape.servers, homes):
+        for srv, host in zip(shape.servers, homes):  # all started, then each waited for
             bcast = ["--bcast-bind", f"tcp://{host.addr}:0"] if arch == "advstar" else []
             args = ["--bind", f"tcp://{host.addr}:0", *bcast, *srv.args]
+            args += ["--built-model"] if model is not None else []
             if host in local:  # also an ipc endpoint for the learners of its own host
                 args += ["--local-bind", f"ipc://{workdir}/{srv.label}.sock"]
-            out = procs.start(
-                srv.label, "ps", [*args, "--params", str(params), *common], host, server=True
-            )
+            procs.start(srv.label, "ps", [*args, "--params", str(params), *common], host)
+        for srv, host in zip(shape.servers, homes):
+            out = procs.listening(srv.label, 60 if model is None else 180)
             server_eps.append(_field(out, "listening on "))
             local_eps.append(_field(out, "local on ") if host in local else None)
         members = {}
@@ -346,6 +363,7 @@ def run(
                         "--layers",
                         str(layers),
                         *(["--push-after"] if push_after else []),
+                        *(["--product"] if model is not None else []),
                         *common,
                     ],
                     h,

@@ -111,3 +111,28 @@ def lan_1s(num_classes: int, in_shape) -> SleepModel:
 def lan_100ms(num_classes: int, in_shape) -> SleepModel:
     """The same model with 100 ms of compute: forward 33.3 ms, backward 66.7 ms."""
     return SleepModel(num_classes, forward_ms=FORWARD_MS / 10, backward_ms=BACKWARD_MS / 10)
+
+
+MODULE_NAME = "lan_sleep_model"  # write_module's file, in the folder it is given
+
+
+def write_module(
+    folder: str, params: int, layers: int, forward_ms: float, backward_ms: float
+) -> str:
+    """Write ``folder/lan_sleep_model.py``, a user model (``models.py``'s import path) that
+    builds ``SleepModel`` with these sizes and times, and return its ``model.name``
+    (``lan_sleep_model:model``): with ``folder`` on the path (``PYTHONPATH``), ``rudra-zmq
+    run``/``launch`` and every role of the LAN bench build the very module real DDP runs.
+    Blocks on the file system only."""
+    import os
+
+    text = (
+        '"""Written by rudra_zmq.benchmarks.synthetic_model.write_module."""\n\n'
+        "from rudra_zmq.benchmarks.synthetic_model import SleepModel\n\n\n"
+        "def model(num_classes, in_shape):\n"
+        f"    return SleepModel(num_classes, {int(params)}, {int(layers)}, "
+        f"{float(forward_ms)!r}, {float(backward_ms)!r})\n"
+    )
+    with open(os.path.join(folder, f"{MODULE_NAME}.py"), "w") as f:
+        f.write(text)
+    return f"{MODULE_NAME}:model"

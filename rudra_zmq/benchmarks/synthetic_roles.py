@@ -224,12 +224,17 @@ def _cfg(args):
 def main_ps(args) -> dict:
     transport.tune_malloc()
     kernels.set_num_threads(1)
-    weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
+    cfg = _cfg(args)
+    if args.built_model:  # the configured model's own weights (the product learner's)
+        model = None
+    else:
+        weights = np.random.default_rng(0).standard_normal(args.params, dtype=np.float32) * 0.01
+        model = (weights, [(0, args.params, 1.0, 1.0)], SIGNATURE)
     extra = {"broadcast": args.bcast_bind} if args.bcast_bind else {}  # advstar only
     ps = counting_ps_class()(
-        _cfg(args),
+        cfg,
         args.bind,
-        model=(weights, [(0, args.params, 1.0, 1.0)], SIGNATURE),
+        model=model,
         server=args.shard,  # its range: the shape's (architecture.servers in --set)
         **extra,
     )
@@ -261,6 +266,94 @@ def main_node(args) -> dict:
     }
 
 
+def _wait_go(go: str, first: int, timeout_s: float, ids: str) -> None:
+    """A start barrier across processes (and namespaces): the launcher's file."""
+    open(go + f".ready{first}", "w").close()
+    deadline = time.time() + timeout_s
+    while not os.path.exists(go):
+        if time.time() > deadline:
+            raise TimeoutError(f"learners {ids}: no start signal {go} within {timeout_s:.0f} s")
+        time.sleep(0.01)
+
+
+def _run_threads(ids: list[int], work) -> list:
+    """``work(k)`` for each learner ``ids[k]`` in a thread of its own; their results. Blocks;
+    raises the first error."""
+    results, errors = [None] * len(ids), []
+
+    def one(k):
+        try:
+            results[k] = work(k)
+        except BaseException as exc:  # re-raised by the main thread
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=one, args=(k,), name=f"learner {i}", daemon=True)
+        for k, i in enumerate(ids)
+    ]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) and not errors:
+        time.sleep(0.05)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def product_learners(args, cfg, ids: list[int], eps: list[str]) -> dict:
+    """The product's learner (``learner/learner.py``'s ``Learner``, its exchange and backward
+    hooks) on the configured model (``model.name``: the synthetic model of sleeping layers,
+    ``synthetic_model.write_module``), one thread each, its minibatches from a real
+    ``DataServer`` in this process (inproc: no link traffic). ``Learner.run`` says HELLO
+    after the start barrier and trains until STOP. Blocks; the report as ``main_learners``'."""
+    import torch
+
+    from ..data.server import DataServer
+    from ..learner.learner import Learner
+    from .synthetic_learner import channel_counts
+
+    torch.set_num_threads(1)
+    ctx, stop, bound = zmq.Context(), threading.Event(), threading.Event()
+    data_ep = f"inproc://data-{ids[0]}"
+
+    def serve_data():
+        server = DataServer(cfg, data_ep, ctx)  # owned by this thread
+        bound.set()
+        server.serve_forever(stop)
+
+    data = threading.Thread(target=serve_data, name="data server", daemon=True)
+    data.start()
+    if not bound.wait(60):
+        raise RuntimeError(f"learners {args.ids}: the data server did not start")
+    learners = [Learner(cfg, i, ep.split("+"), data_ep, None, ctx) for i, ep in zip(ids, eps)]
+    if args.go:
+        _wait_go(args.go, ids[0], cfg.runtime.timeout_s, args.ids)
+
+    def work(k):
+        learner, t0 = learners[k], time.time()
+        learner.run()
+        stream = learner.exchange.stream
+        return {
+            "learner": learner.id,
+            "steps": learner.steps,
+            "t_start": t0,
+            "t_end": time.time(),
+            "product": True,
+            "sent_during_backward": stream.during if stream else 0,
+            "sent_after_backward": stream.after if stream else None,
+            **channel_counts(learner.ps.channels),
+            "rejoins": learner.exchange.rejoins,
+        }
+
+    try:
+        results = _run_threads(ids, work)
+    finally:
+        stop.set()
+        data.join(5)
+    ctx.destroy(linger=0)
+    return {"role": "learners", "ids": ids, "learners": results, **_usage()}
+
+
 def main_learners(args) -> dict:
     transport.tune_malloc()
     kernels.set_num_threads(1)
@@ -272,6 +365,8 @@ def main_learners(args) -> dict:
             f"--ps names {len(eps)} endpoints for {len(ids)} learners: give one, or one per learner"
         )
     eps = eps * len(ids) if len(eps) == 1 else eps
+    if args.product:
+        return product_learners(args, cfg, ids, eps)
     ctx = zmq.Context()
     ups = args.bcast_up.split(",") if args.bcast_up else [None] * len(ids)
     binds = (
@@ -295,34 +390,9 @@ def main_learners(args) -> dict:
     ]
     for learner in learners:
         learner.hello()
-    if args.go:  # a start barrier across processes (and namespaces): the launcher's file
-        open(args.go + f".ready{ids[0]}", "w").close()
-        deadline = time.time() + cfg.runtime.timeout_s
-        while not os.path.exists(args.go):
-            if time.time() > deadline:
-                raise TimeoutError(
-                    f"learners {args.ids}: no start signal {args.go} within "
-                    f"{cfg.runtime.timeout_s:.0f} s"
-                )
-            time.sleep(0.01)
-    results, errors = [None] * len(learners), []
-
-    def work(k):
-        try:
-            results[k] = learners[k].run()
-        except BaseException as exc:  # re-raised by the main thread
-            errors.append(exc)
-
-    threads = [
-        threading.Thread(target=work, args=(k,), name=f"learner {i}", daemon=True)
-        for k, i in enumerate(ids)
-    ]
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads) and not errors:
-        time.sleep(0.05)
-    if errors:
-        raise errors[0]
+    if args.go:
+        _wait_go(args.go, ids[0], cfg.runtime.timeout_s, args.ids)
+    results = _run_threads(ids, lambda k: learners[k].run())
     ctx.destroy(linger=0)
     return {"role": "learners", "ids": ids, "learners": results, **_usage()}
 
@@ -341,6 +411,11 @@ def main(argv=None) -> int:
     sub.choices["ps"].add_argument("--bcast-bind", help="advstar: the broadcast root's endpoint")
     sub.choices["ps"].add_argument(
         "--shard", type=int, default=0, help="which of architecture.servers (its range)"
+    )
+    sub.choices["ps"].add_argument(
+        "--built-model",
+        action="store_true",
+        help="serve the configured model's own weights (model.name), not --params of noise",
     )
     sub.choices["ps"].add_argument(
         "--local-bind", metavar="EP", help="also bind EP (ipc) for the learners of its host"
@@ -363,6 +438,12 @@ def main(argv=None) -> int:
         default=0,
         help="train the synthetic model of this many sleeping layers (the compute: "
         "--compute-ms) through the learner's exchange, pushing during backward; 0: sleep",
+    )
+    sub.choices["learners"].add_argument(
+        "--product",
+        action="store_true",
+        help="run the product's learner (learner/learner.py) on the configured model "
+        "(model.name), its minibatches from a data server in this process",
     )
     sub.choices["learners"].add_argument(
         "--push-after",

@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 from .. import config as config_mod
-from .. import transport
+from .. import timeline, transport
 from ..config import ConfigError
 from ..run_files import env_path, log_path
 from . import cluster_plan, hostfile, preflight, run_plan
@@ -251,7 +251,9 @@ def plaintext_warning(cp: cluster_plan.ClusterPlan) -> str | None:
 
 def launch(args) -> int:
     """``rudra-zmq launch``: plan, print, and (without ``--dry-run``) run. Returns the exit
-    code; raises ConfigError / HostfileError before anything starts (and creates nothing)."""
+    code; raises ConfigError / HostfileError / TimelinePathError before anything starts
+    (and creates nothing)."""
+    trace = timeline.Output(args.timeline) if args.timeline else None
     cfg = config_mod.load_config(args.config, list(args.set))
     hosts = hostfile.load(args.hostfile, args.hosts, args.include, args.exclude)
     if args.launcher == "pdsh" and shutil.which("pdsh") is None:
@@ -293,7 +295,9 @@ def launch(args) -> int:
         for host, label, role, role_args in cluster_plan.commands(cp):
             print(f"{host}:{label}$ {shlex.join(commands.argv(host, label, role, role_args))}")
         return 0
-    rc, launcher = 1, None
+    rc, launcher, base = 1, None, None
+    if trace is not None:  # every role, here or remote, writes its part beside the trace
+        base = forward[timeline.ENV] = trace.base()
     try:
         launcher = ClusterLauncher(
             cp,
@@ -306,6 +310,9 @@ def launch(args) -> int:
     finally:
         if rc != 0 and (launcher is None or not launcher.all_up):
             remove_made(cp.plan.run_dir, made, had)
+        said = trace.close_run(base) if trace is not None else None
+        if said:
+            print(said, flush=True)
     return rc
 
 
@@ -377,6 +384,13 @@ def add_parser(sub) -> None:
         help="print the plan and each host's exact commands; start nothing",
     )
     p.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="write a Chrome/Perfetto trace of the run to FILE, as `run --timeline`; every "
+        "host writes its roles' parts beside FILE, so its folder must be on a file system "
+        "the hosts share (as the run directory may be)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -389,6 +403,11 @@ def add_parser(sub) -> None:
 def _cmd_launch(args) -> int:
     try:
         return launch(args)
-    except (ConfigError, hostfile.HostfileError, FileNotFoundError) as exc:
+    except (
+        ConfigError,
+        hostfile.HostfileError,
+        FileNotFoundError,
+        timeline.TimelinePathError,
+    ) as exc:
         print(f"rudra-zmq: error: {exc}", file=sys.stderr)
         return 2
