@@ -255,6 +255,24 @@ def test_kernels_benchmark_reports_bytes_and_bandwidth_of_every_implementation(t
     assert {r["impl"] for r in rows} == {*variants, "numpy", "torch", "torch fused"}
 
 
+def test_kernel_timing_rounds_vary_which_implementation_runs_before_which():
+    # in a rotation of one order (A B C, B C A, ...) B always followed A within a round, and
+    # what the call before leaves in the cache counts (issue 43): each implementation must
+    # follow more than one other, and every round must run each once
+    from rudra_zmq.benchmarks.kernels import time_round_robin
+
+    log = []
+    names = ["a", "b", "c", "d"]
+    calls = {n: (log.append, n) for n in names}
+    res, reps = time_round_robin(calls, reps=40, seconds=0, warmup=1)
+    assert reps == 40 and set(res) == set(names)
+    rounds = [log[len(names) + i * 4 : len(names) + i * 4 + 4] for i in range(reps)]
+    assert all(sorted(r) == names for r in rounds)
+    for n in names:
+        before = {r[r.index(n) - 1] for r in rounds if r.index(n) > 0}
+        assert len(before) == len(names) - 1, (n, before)
+
+
 def test_a_bind_side_serves_a_connect_side_like_two_hosts(tmp_path):
     server = subprocess.Popen(
         [

@@ -28,7 +28,7 @@ FAKE_ROLE = textwrap.dedent("""
     behaviour, role, args = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3:]
     opt = lambda name: args[args.index(name) + 1] if name in args else None
     run_dir = pathlib.Path(opt("--config")).parent
-    label = role if role != "learner" else "learner" + opt("--id").replace(",", "-")
+    label = role if role not in ("learner", "node") else role + opt("--id").replace(",", "-")
     action = behaviour.get(label, "ok")
     print(f"{label} starting: {action}", file=sys.stderr)
     (run_dir / f"{label}.started").write_text(repr(time.time()))
@@ -41,8 +41,13 @@ FAKE_ROLE = textwrap.dedent("""
             time.sleep(60)
     if opt("--bind") and not action.startswith(("exit:", "signal:", "deaf")):
         time.sleep(0.2)  # a server takes a while to listen
-        host, port = opt("--bind")[len("tcp://"):].rsplit(":", 1)
-        server = socket.create_server((host, int(port)))
+        if opt("--bind").startswith("ipc://"):   # a tree node's leaf endpoint
+            server = socket.socket(socket.AF_UNIX)
+            server.bind(opt("--bind")[len("ipc://"):])
+            server.listen()
+        else:
+            host, port = opt("--bind")[len("tcp://"):].rsplit(":", 1)
+            server = socket.create_server((host, int(port)))
         (run_dir / f"{label}.listening").write_text(repr(time.time()))
     if action.startswith("exit:"):
         time.sleep(0.2)
@@ -87,8 +92,16 @@ FAKE_ROLE = textwrap.dedent("""
         while not any(run_dir.glob("learner*.started")):   # training needs learners
             time.sleep(0.05)
         time.sleep(0.5)
+        if action.startswith("final:"):   # training done at that epoch: ps_final.json
+            done = {"timestamp": 7, "epoch": float(action[6:]), "done": True}
+            (run_dir / "ps_final.json").write_text(json.dumps(done))
         (run_dir / "ps.state.done").write_text("")
         import atexit; atexit.register(lambda: (run_dir / "ps.exited").write_text(""))
+    elif action == "orphan":   # waits on a PS that never answers once it has exited
+        while not (run_dir / "ps.exited").exists():
+            time.sleep(0.05)
+        print(f"{label}: no reply from its parent", file=sys.stderr)
+        sys.exit(1)
     else:
         time.sleep(0.3)
 """)
@@ -248,6 +261,44 @@ def test_without_restarts_a_failing_learner_is_left_out_and_the_run_goes_on(tmp_
     )
     err = capsys.readouterr().err
     assert "learner1 is left out (runtime.restart is off); the run goes on" in err
+
+
+def test_a_tree_node_and_learner_failing_after_their_root_finished_end_the_run_not_restarted(
+    tmp_path, fake, capsys
+):
+    """Rudra-adv: the PS finished (ps_final.json says done), then the leaf node1 and learner2
+    below it fail for want of their parent (chaos soak seed 9): both have finished, so they
+    are not restarted, and the run ends well instead of restarting them until
+    runtime.max_restarts stops it (or, at 100, for ever)."""
+    fake({"ps": "final:2", "node1": "orphan", "learner2": "orphan", "learner3": "sleep"})
+    cfg = write_config(
+        tmp_path,
+        "sync: {protocol: softsync, n: 1, learners: 4}",
+        "architecture: {kind: adv, fanout: 2, depth: 1}",
+    )
+    assert launcher.run(cfg, ["train.epochs=2", "runtime.max_restarts=2"]) == 0
+    err = capsys.readouterr().err
+    assert "restarting node1" not in err and "restarting learner2" not in err, err
+    assert "node1 failed after training ended for ps (ps_final.json: done at epoch 2.00)" in err
+    rows = json.loads((only_run_dir(tmp_path) / "processes.json").read_text())
+    assert [r["role"] for r in rows].count("node1") == 1
+    assert all(gone(p) for p in all_pids(tmp_path))
+
+
+def test_a_tree_node_failing_before_its_root_finished_is_still_restarted(tmp_path, fake, capsys):
+    """The same failure with ps_final.json not saying done (the PS wrote none): node1 is
+    restarted, each time, until runtime.max_restarts stops the run."""
+    fake({"ps": "ok", "node1": "orphan", "learner3": "sleep"})
+    cfg = write_config(
+        tmp_path,
+        "sync: {protocol: softsync, n: 1, learners: 4}",
+        "architecture: {kind: adv, fanout: 2, depth: 1}",
+    )
+    assert launcher.run(cfg, ["runtime.max_restarts=2"]) == 1
+    err = capsys.readouterr().err
+    assert "restarting node1 (2 of at most 2)" in err
+    assert "node1 failed 3 times (runtime.max_restarts=2); stopping the run" in err
+    assert all(gone(p) for p in all_pids(tmp_path))
 
 
 def test_a_run_directory_that_holds_a_run_is_refused_without_resume(tmp_path, fake):

@@ -46,4 +46,16 @@ def test_without_restarts_a_ps_that_failed_after_saving_its_final_weights_ends_t
     assert v.action == "finished" and "done at timestamp 90, epoch 2.00" in v.message
     # with restarts the PS comes back as before (it finds training done and ends)
     assert verdict("ps", "runtime.restart=true", final=final).action == "restart"
-    assert verdict("learner", "runtime.restart=false", final=final).action == "leave_out"
+    assert verdict("learner", "runtime.restart=false").action == "leave_out"
+
+
+def test_a_node_or_learner_whose_servers_all_finished_has_finished_and_is_not_restarted():
+    """Chaos soak seed 9: a tree node whose range's root wrote ps_final.json (done) fails
+    asking that root, which has exited; restarting it would fail the same way for ever."""
+    final = {"type": "done", "ts": 90, "t": 0.0, "epoch": 2.0}
+    for restart in ("runtime.restart=true", "runtime.restart=false"):
+        over = (restart, "architecture.kind=adv", "sync.protocol=softsync")
+        v = verdict("node", *over, final=final)
+        assert v.action == "finished" and "(ps_final.json: done at epoch 2.00)" in v.message
+        assert verdict("learner", *over, final=final).action == "finished"
+        assert verdict("node", *over).action == ("restart" if restart[-4:] == "true" else "stop")

@@ -16,9 +16,9 @@ writes w, v: 20 bytes per element), is the floor time. STREAM's own triad writes
 (``a = b + s*c``) and so also pays for reading the lines it overwrites; it is printed per size
 for reference ("stream triad"), never used as the floor (it is the slower, easier one).
 
-Implementations are timed round-robin, the order rotated every round (A B C, B C A, ...),
-after a warm-up, so load from other users hits all alike and none always follows the same
-one; the number of rounds is calibrated to ``--seconds`` per case (``--reps`` fixes it). At
+Implementations are timed round-robin, in a fresh random order every round (seeded), after a
+warm-up, so load from other users hits all alike and each follows every other about equally
+often; the number of rounds is calibrated to ``--seconds`` per case (``--reps`` fixes it). At
 the end the issue's goals for 10M float32 on 2 threads are printed as PASS/MISS.
 
     rudra-zmq bench kernels                               # 1M 10M, 1 and 2 threads
@@ -30,6 +30,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import random
 import statistics
 import time
 
@@ -207,10 +208,14 @@ def time_round_robin(calls: dict, reps: int | None, seconds: float, warmup: int 
     """({name: (median s, min s, max s)}, rounds) per call of each fn(arg) in ``calls``.
 
     Each implementation gets ``warmup`` untimed calls; the number of timed rounds is ``reps``
-    or what fits ``seconds`` at the warm-up's pace (at least MIN_REPS). Rounds go A B C, B C A,
-    C A B, ...: load from other users of a shared box hits all implementations alike, and each
-    takes every place in a round equally often (what the call before leaves behind, torch's
-    OpenMP threads still spinning, caches, slowed whichever came first).
+    or what fits ``seconds`` at the warm-up's pace (at least MIN_REPS). Each round runs every
+    implementation once, in a fresh random order (seeded: the same rounds every run), so load
+    from other users hits all alike and each follows every other about equally often. A fixed
+    order rotated every round (A B C, B C A, ...) is not enough: A always follows C, and what
+    the call before leaves in the cache counts (32 MiB of L3 here against 60 MB passes). In
+    the rotated order the first variant always followed the floor's triad (other arrays) and
+    the --against build always followed the last variant (the same arrays), which ranked
+    identical loops in call order (bench/RESULTS.md, "Kernels").
     """
     t0 = time.perf_counter()
     for fn, arg in calls.values():
@@ -219,9 +224,11 @@ def time_round_robin(calls: dict, reps: int | None, seconds: float, warmup: int 
     per_round = (time.perf_counter() - t0) / warmup
     reps = reps or common.calibrate(per_round, seconds, lo=MIN_REPS, hi=10_000)
     times = {name: [] for name in calls}
-    names = list(calls)
-    for r in range(reps):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+    order = list(calls)
+    rng = random.Random(0)
+    for _ in range(reps):
+        rng.shuffle(order)
+        for name in order:
             fn, arg = calls[name]
             t = time.perf_counter()
             fn(arg)

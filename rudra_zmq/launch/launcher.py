@@ -237,11 +237,10 @@ class Launcher:
         others = self._others_learning()
         n = self.restarts.get(c.label, 0)
         cfg, run_dir = self.plan.cfg, self.plan.run_dir
-        final = None
-        if c.role == "ps":  # its own ps_final.json (one of several servers: in its folder)
-            files = self.plan.shape.by_label(c.label).files_dir(run_dir)
-            final = final_done(files, cfg.train.epochs)
-        verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final)
+        serves = self._serves(c)
+        final = self._finished(serves)
+        labels = tuple(s.label for s in serves)
+        verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final, labels)
         if verdict.message:
             print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)
         if verdict.action == "leave_out":
@@ -259,6 +258,26 @@ class Launcher:
         self.failure = f"{c.label} exited with code {c.proc.returncode}"
         self.stop_all()
         return 1
+
+    def _serves(self, c: Child) -> list:
+        """The parameter servers (``shape.Server``) whose training ``c`` takes part in: a PS
+        itself, a tree node its range's root, a learner every server; none for the rest."""
+        shape = self.plan.shape
+        if c.role == "ps":
+            return [shape.by_label(c.label)]
+        if c.role == "node":
+            return [shape.server(k) for label, _, k in shape.tree_processes() if label == c.label]
+        return list(shape.servers) if c.role == "learner" else []
+
+    def _finished(self, servers) -> dict | None:
+        """The newest ``done`` record (``end_files.final_done``) of ``servers`` when each one's
+        ``ps_final.json`` (in its folder) says training is done, else None. Reads K small
+        files."""
+        run_dir, epochs = self.plan.run_dir, self.plan.cfg.train.epochs
+        finals = [final_done(s.files_dir(run_dir), epochs) for s in servers]
+        if not finals or None in finals:
+            return None
+        return max(finals, key=lambda f: f["t"])
 
     def _servers_elsewhere(self) -> bool:
         """Whether some of the run's parameter servers run outside this launcher."""

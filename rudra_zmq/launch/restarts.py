@@ -4,10 +4,13 @@ With ``runtime.restart`` a role of ``RESTARTABLE[architecture.kind]`` is started
 ``runtime.max_restarts`` times per role: the PS from its newest checkpoint (``--resume``), the
 statistics server within the same run (without ``--resume``: no new period of the run begins).
 Rudra-adv*'s broadcast chain is not rebuilt, so under advstar only the data and statistics
-servers come back. Without restarts a failed learner is left out while another learner still
-trains (or finished: it was told STOP), a PS that failed after it wrote ``ps_final.json``
-saying training is done (its final weights saved) ends the run with them, and any other
-failure stops the run.
+servers come back. A tree node or learner that failed once every server it serves wrote
+``ps_final.json`` saying training is done (a node's range's root; a learner's every server)
+has finished: nothing waits for it, so it is not restarted (with restarts it would ask a root
+that has gone for ever). Without restarts a failed learner is left out while another learner
+still trains (or finished: it was told STOP), a PS that failed after it wrote
+``ps_final.json`` saying training is done (its final weights saved) ends the run with them,
+and any other failure stops the run.
 
 Pure: :func:`on_failure` says what to do and what to print; the launcher does it.
 """
@@ -47,13 +50,30 @@ def restart_args(role: str, args) -> tuple[str, ...]:
 
 
 def on_failure(
-    cfg, label: str, role: str, args, restarts: int, others_going: bool, run_dir, final=None
+    cfg,
+    label: str,
+    role: str,
+    args,
+    restarts: int,
+    others_going: bool,
+    run_dir,
+    final=None,
+    serves: tuple[str, ...] = (),
 ) -> Verdict:
     """What to do about the role ``label`` (``role``, started with ``args``) of the run of
     ``cfg`` in ``run_dir``, which failed after ``restarts`` restarts. ``others_going``:
     another learner is still training or finished well. ``final``: the ``done`` record that
-    ``ps_final.json`` stands for (``end_files.final_done``), None if it says no such. Pure."""
+    ``ps_final.json`` stands for (``end_files.final_done``) of the server(s) the role serves,
+    labelled ``serves`` (a PS: itself; a tree node: its range's root; a learner: every
+    server, the newest record), None unless each says training is done. Pure."""
     runtime, kind = cfg.runtime, cfg.architecture.kind
+    if role in ("node", "learner") and final is not None:
+        whom = ", ".join(serves) or "its server"
+        return Verdict(
+            "finished",
+            f"{label} failed after training ended for {whom} (ps_final.json: done at "
+            f"epoch {final['epoch']:.2f}); it has nothing left to do and is not restarted",
+        )
     if role == "ps" and final is not None and not runtime.restart:
         return Verdict(
             "finished",
