@@ -3,7 +3,7 @@ picture): its compute span (forward, then backward, whose hooks push the parts),
 queued to each server (``send`` marks: handed to ZeroMQ, not yet on the wire) and each part it
 received (``recv``).
 
-    python bench/lan/update_png.py TRACE.json OUT.png STEP "TITLE" [PROCESS]
+    python -m rudra_zmq.benchmarks.lan_update_png TRACE.json OUT.png STEP "TITLE" [PROCESS]
 
 STEP: the learner's step (0 = first); PROCESS: the trace's process name (default learners0).
 The forward share is the synthetic model's (a third of its compute).
