@@ -105,3 +105,21 @@ def test_the_setting_leaves_out_seeds_schedule_length_and_runtime_but_not_moment
     assert gaps.setting_key(a) == gaps.setting_key(b)
     m = {"optimizer": {"momentum": 0.9}}
     assert gaps.setting_key(m) != gaps.setting_key({"optimizer": {"momentum": 0.0}})
+
+
+def test_the_gap_over_training_is_read_at_the_epochs_both_sides_evaluated(tmp_path, capsys):
+    parent = tmp_path / "runs"
+    make_run(parent / "base", BASE, [(10, 0.5), (20, 0.4), (31, 0.3)], sigmas=((0,),))
+    make_run(parent / "s1-0", S1 + ["model.seed=0"], [(10, 0.6), (20, 0.5), (31, 0.32)])
+    make_run(parent / "s1-1", S1 + ["model.seed=1"], [(10, 0.7), (31, 0.34)])  # no eval at 20
+    assert cli.main(["report", str(parent)]) == 0
+    capsys.readouterr()
+    from rudra_zmq.results.report import load_runs, table_row
+
+    runs = load_runs(sorted(p for p in parent.iterdir() if p.is_dir()))
+    curves = gaps.gap_curves(gaps.group_runs(runs, [table_row(r, None) for r in runs]))
+    ((group, epochs, gap),) = curves
+    assert group.setting == "1-softsync, µ=4, λ=30" and len(group.curves) == 2
+    assert len(epochs) == 2  # epoch of ts 20 is left out: seed 1 did not evaluate there
+    assert gap == pytest.approx([15.0, 3.0])  # (0.6+0.7)/2-0.5, (0.32+0.34)/2-0.3
+    assert png_width(parent / "gap_over_training.png") > 0

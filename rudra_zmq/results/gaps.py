@@ -18,9 +18,12 @@ Two quantities explain a gap or rule a cause out (issue 44, docs/reproduction.md
   baseline's 18 % that its text gives).
 
 Writes ``gaps.md``, ``gaps.csv``, ``gap_vs_length.png`` (gap against epochs, one line per
-setting, the paper's points at its 140 epochs) and ``gap_vs_step.png`` (gap against λ and
-against the relative step per epoch, one panel each, a marker per scale). Reads only what
-``report`` read; blocks on file I/O only.
+setting, the paper's points at its 140 epochs), ``gap_vs_step.png`` (gap against λ and
+against the relative step per epoch, one panel each, a marker per scale) and
+``gap_over_training.png`` (the gap at every evaluation both sides made, against the fraction
+of the schedule run, one line per setting and length, the rate steps marked: where in a run
+the cost is paid and where it closes). Reads only what ``report`` read; blocks on file I/O
+only.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class Group:
     cfg: dict
     errors: list[float]
     sigmas: list[float]
+    curves: list[dict[float, float]]  # each seed's test error (fraction) by evaluated epoch
 
     @property
     def mean(self) -> float:
@@ -164,12 +168,93 @@ def group_runs(runs, rows) -> list[Group]:
         g = groups.get((key, scale))
         if g is None:
             g = groups[key, scale] = Group(
-                _label(row, run.cfg, base_lr), key, scale, row["budget"], row, run.cfg, [], []
+                _label(row, run.cfg, base_lr), key, scale, row["budget"], row, run.cfg, [], [], []
             )
         g.errors.append(row["error_at_budget"])
+        g.curves.append(_curve(run.metrics, config_value(run.cfg, "train", "eval_every_epochs")))
         if row["mean_sigma"] is not None:
             g.sigmas.append(row["mean_sigma"])
     return list(groups.values())
+
+
+def _curve(metrics, every) -> dict[float, float]:
+    """A run's test error (fraction) by the epoch of each evaluation, the epoch rounded to
+    the evaluation period ``every`` (``train.eval_every_epochs``; 0.01 without one): an
+    evaluation comes after the update that crosses its epoch, at 1.00096 for µ = 128 and
+    1.0008 for µ = 4, and those must meet. The later record wins a repeated epoch. Pure."""
+    step = float(every) if isinstance(every, (int, float)) and every > 0 else 0.01
+    out = {}
+    for r in metrics.get("eval", ()):
+        e, err = r.get("epoch"), r.get("test_error")
+        if isinstance(e, (int, float)) and isinstance(err, (int, float)):
+            out[round(round(float(e) / step) * step, 6)] = float(err)
+    return out
+
+
+def _mean_curve(g: Group) -> dict[float, float]:
+    """The mean over ``g``'s seeds at each epoch that every seed evaluated."""
+    common = set.intersection(*(set(c) for c in g.curves)) if g.curves else set()
+    return {e: statistics.fmean(c[e] for c in g.curves) for e in sorted(common)}
+
+
+def gap_curves(groups: list[Group]) -> list[tuple[Group, list[float], list[float]]]:
+    """For each non-baseline group with one baseline at its scale: (group, epochs, gap in
+    points) at the epochs both evaluated, seeds averaged on each side. Pure."""
+    bases: dict[float, list[Group]] = {}
+    for g in groups:
+        if is_baseline(g.cfg):
+            bases.setdefault(g.scale, []).append(g)
+    out = []
+    for g in groups:
+        found = bases.get(g.scale, [])
+        if len(found) != 1 or g is found[0]:
+            continue
+        mine, base = _mean_curve(g), _mean_curve(found[0])
+        epochs = [e for e in mine if e in base]
+        if epochs:
+            out.append((g, epochs, [100 * (mine[e] - base[e]) for e in epochs]))
+    return out
+
+
+def write_gap_curves(groups: list[Group], out_dir: Path) -> list[Path]:
+    """``gap_over_training.png``: each setting's gap to the baseline at every evaluation,
+    against the fraction of its schedule run (so that lengths line up), a colour per setting,
+    a line style per length; the rate steps of each length dotted. [] when no setting has a
+    baseline curve to be read against."""
+    curves = gap_curves(groups)
+    if not curves:
+        return []
+    settings = list(dict.fromkeys(g.setting for g, *_ in curves))
+    scales = sorted({g.scale for g, *_ in curves})
+    styles = ("-", "--", "-.", ":")
+    fig, ax = plots._figure(size=(8.0, 4.8))
+    a = ax[0, 0]
+    steps = set()
+    for g, epochs, gap in curves:
+        length = g.epochs or max(epochs)
+        i, k = settings.index(g.setting), scales.index(g.scale)
+        a.plot(
+            [e / length for e in epochs],
+            gap,
+            color=f"C{i % 10}",
+            linestyle=styles[k % len(styles)],
+            marker="o",
+            markersize=2.5,
+            label=f"{g.setting}, ×{g.scale:g} ({length:g} epochs, {len(g.curves)} seed"
+            + ("s)" if len(g.curves) > 1 else ")"),
+        )
+        for s in config_value(g.cfg, "optimizer", "lr_steps") or ():
+            if isinstance(s, (int, float)) and 0 < s < length:
+                steps.add(round(s / length, 4))
+    for s in sorted(steps):
+        a.axvline(s, color="0.4", linestyle=":", linewidth=1)
+    a.axhline(0, color="0.5", linewidth=0.8)
+    a.set_xlabel("fraction of the schedule run (dotted: the rate's ÷10 steps)")
+    a.set_ylabel("test error − baseline's (points)")
+    a.set_title("where the staleness cost is paid: the gap at each evaluation")
+    a.grid(True, alpha=0.3)
+    a.legend(fontsize="small")
+    return [plots._save(fig, out_dir / "gap_over_training.png")]
 
 
 def gap_rows(groups: list[Group]) -> list[dict]:
@@ -327,10 +412,11 @@ def write_figures(rows: list[dict], out_dir: Path) -> list[Path]:
 def write_gaps(runs, rows, out_dir: Path) -> tuple[str, list[Path]]:
     """Write ``gaps.md``, ``gaps.csv`` and the figures into ``out_dir`` when ``runs`` hold a
     baseline and another setting at one scale; returns (the markdown, paths), ('', []) else."""
-    gaps = gap_rows(group_runs(runs, rows))
+    groups = group_runs(runs, rows)
+    gaps = gap_rows(groups)
     if not any(r["learners"] != 1 for r in gaps):
         return "", []
     text = format_markdown(gaps)
     (out_dir / "gaps.md").write_text("# The gap to the baseline\n\n" + text)
     paths = [out_dir / "gaps.md", write_csv(gaps, out_dir / "gaps.csv")]
-    return text, paths + write_figures(gaps, out_dir)
+    return text, paths + write_figures(gaps, out_dir) + write_gap_curves(groups, out_dir)
