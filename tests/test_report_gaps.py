@@ -123,3 +123,37 @@ def test_the_gap_over_training_is_read_at_the_epochs_both_sides_evaluated(tmp_pa
     assert len(epochs) == 2  # epoch of ts 20 is left out: seed 1 did not evaluate there
     assert gap == pytest.approx([15.0, 3.0])  # (0.6+0.7)/2-0.5, (0.32+0.34)/2-0.3
     assert png_width(parent / "gap_over_training.png") > 0
+
+
+def test_a_setting_that_needs_twice_the_epochs_has_an_epoch_factor_of_two(tmp_path, capsys):
+    parent = tmp_path / "runs"
+    steps = ["train.epochs=3", "optimizer.lr_steps=[2.5]", "train.eval_every_epochs=0.1"]
+    # evaluations at ts 1..31 are at epochs ts x 0.0995 (test_report); the baseline's
+    # error falls as 1/epoch, the setting's is the baseline's at half its epoch
+    per = 0.0995
+    base = [(ts, 0.05 / (ts * per)) for ts in range(1, 32)]
+    slow = [(ts, min(1.0, 0.05 / (ts * per / 2))) for ts in range(1, 32)]
+    make_run(parent / "base", BASE + steps, base, sigmas=((0,),))
+    make_run(parent / "s1", S1 + steps, slow)
+    hs = [BASE[0], BASE[3], "sync.learners=30", "sync.batch_size=4"]
+    make_run(parent / "hs", hs + steps, base)
+    assert cli.main(["report", str(parent)]) == 0
+    capsys.readouterr()
+    rows = {r["setting"]: r for r in rows_of(parent / "gaps.csv")}
+    assert float(rows["1-softsync, µ=4, λ=30"]["epoch_factor"]) == pytest.approx(2.0, rel=0.05)
+    assert float(rows["hardsync, µ=4, λ=30"]["epoch_factor"]) == pytest.approx(1.0, rel=0.05)
+    assert rows["hardsync, µ=128, λ=1"]["epoch_factor"] == ""
+
+
+def test_a_setting_with_another_rate_or_momentum_has_no_paper_gap(tmp_path, capsys):
+    parent = tmp_path / "runs"
+    point(parent, "base", BASE, 0.27)
+    point(parent, "s2", S2 + ["optimizer.lr=0.001"], 0.28, sigmas=((1,),))
+    point(parent, "s2-eqstep", S2 + ["optimizer.lr=0.0005"], 0.29, sigmas=((1,),))
+    point(parent, "s2-m0", S2 + ["optimizer.lr=0.001", "optimizer.momentum=0"], 0.3, sigmas=((1,),))
+    assert cli.main(["report", str(parent)]) == 0
+    capsys.readouterr()
+    rows = {r["setting"]: r for r in rows_of(parent / "gaps.csv")}
+    assert float(rows["2-softsync, µ=64, λ=2"]["paper_gap_points"]) == pytest.approx(-0.04)
+    assert rows["2-softsync, µ=64, λ=2, α0=0.0005"]["paper_gap_points"] == ""
+    assert rows["2-softsync, µ=64, λ=2, momentum 0"]["paper_gap_points"] == ""
