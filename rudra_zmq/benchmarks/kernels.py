@@ -16,7 +16,7 @@ writes w, v: 20 bytes per element), is the floor time. STREAM's own triad writes
 (``a = b + s*c``) and so also pays for reading the lines it overwrites; it is printed per size
 for reference ("stream triad"), never used as the floor (it is the slower, easier one).
 
-Implementations are timed round-robin, in a fresh random order every round (seeded), after a
+Implementations are timed round-robin, in a fresh random order every round (``--seed``), after a
 warm-up, so load from other users hits all alike and each follows every other about equally
 often; the number of rounds is calibrated to ``--seconds`` per case (``--reps`` fixes it). At
 the end the issue's goals for 10M float32 on 2 threads are printed as PASS/MISS.
