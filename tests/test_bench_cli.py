@@ -273,6 +273,20 @@ def test_kernel_timing_rounds_vary_which_implementation_runs_before_which():
         assert len(before) == len(names) - 1, (n, before)
 
 
+def test_kernel_timing_seed_sets_the_rounds_order_so_repeats_can_differ():
+    # repeats of one comparison (--seed 1, 2, ...) must not replay one finite order
+    from rudra_zmq.benchmarks.kernels import time_round_robin
+
+    def order(seed):
+        log = []
+        calls = {n: (log.append, n) for n in "abcd"}
+        time_round_robin(calls, reps=10, seconds=0, warmup=1, seed=seed)
+        return log
+
+    assert order(1) == order(1)
+    assert order(1) != order(2)
+
+
 def test_a_bind_side_serves_a_connect_side_like_two_hosts(tmp_path):
     server = subprocess.Popen(
         [

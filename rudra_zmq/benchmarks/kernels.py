@@ -16,7 +16,7 @@ writes w, v: 20 bytes per element), is the floor time. STREAM's own triad writes
 (``a = b + s*c``) and so also pays for reading the lines it overwrites; it is printed per size
 for reference ("stream triad"), never used as the floor (it is the slower, easier one).
 
-Implementations are timed round-robin, in a fresh random order every round (seeded), after a
+Implementations are timed round-robin, in a fresh random order every round (``--seed``), after a
 warm-up, so load from other users hits all alike and each follows every other about equally
 often; the number of rounds is calibrated to ``--seconds`` per case (``--reps`` fixes it). At
 the end the issue's goals for 10M float32 on 2 threads are printed as PASS/MISS.
@@ -46,6 +46,7 @@ THREADS = [1, 2]
 SECONDS = 1.5  # timed seconds per case (all implementations), at least MIN_REPS rounds
 MIN_REPS = 5
 WARMUP = 2  # untimed calls per implementation
+SEED = 0  # of the rounds' order; repeats of one comparison pass --seed 1, 2, ...
 LR, MOMENTUM, WD, G_SCALE, S = 0.01, 0.9, 0.004, 0.25, 0.999
 TARGET_N, TARGET_THREADS = 10_000_000, 2
 # (kernel, what, want): the default variant's fraction of the floor, or its speed-up on
@@ -204,13 +205,16 @@ NOTES = [
 ]
 
 
-def time_round_robin(calls: dict, reps: int | None, seconds: float, warmup: int = WARMUP):
+def time_round_robin(
+    calls: dict, reps: int | None, seconds: float, warmup: int = WARMUP, seed: int = SEED
+):
     """({name: (median s, min s, max s)}, rounds) per call of each fn(arg) in ``calls``.
 
     Each implementation gets ``warmup`` untimed calls; the number of timed rounds is ``reps``
     or what fits ``seconds`` at the warm-up's pace (at least MIN_REPS). Each round runs every
-    implementation once, in a fresh random order (seeded: the same rounds every run), so load
-    from other users hits all alike and each follows every other about equally often. A fixed
+    implementation once, in a fresh random order (``seed``: the same rounds every run with the
+    same seed), so load from other users hits all alike and each follows every other about
+    equally often. A fixed
     order rotated every round (A B C, B C A, ...) is not enough: A always follows C, and what
     the call before leaves in the cache counts (32 MiB of L3 here against 60 MB passes). In
     the rotated order the first variant always followed the floor's triad (other arrays) and
@@ -225,7 +229,7 @@ def time_round_robin(calls: dict, reps: int | None, seconds: float, warmup: int 
     reps = reps or common.calibrate(per_round, seconds, lo=MIN_REPS, hi=10_000)
     times = {name: [] for name in calls}
     order = list(calls)
-    rng = random.Random(0)
+    rng = random.Random(seed)
     for _ in range(reps):
         rng.shuffle(order)
         for name in order:
@@ -313,6 +317,12 @@ def add_arguments(p) -> None:
         default=SECONDS,
         help=f"timed seconds per case, all implementations (default {SECONDS:g})",
     )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=SEED,
+        help=f"of the rounds' random order (default {SEED}); vary it across repeats",
+    )
     p.add_argument("--kernels", nargs="+", default=DEFAULT_KERNELS, choices=list(KERNELS))
     p.add_argument(
         "--variants",
@@ -382,6 +392,7 @@ def run(args) -> int:
                 {"stream": (lambda t_: torch.add(t_["v"], t_["acc"], alpha=S, out=t_["w2"]), t)},
                 args.reps,
                 args.seconds / 4,
+                seed=args.seed,
             )[0]["stream"][0]
             report.note(
                 f"n={common.fmt_count(n)} thr={nt}: stream triad a = b + s*c (torch) "
@@ -404,7 +415,7 @@ def run(args) -> int:
                     lambda a_: kernels.accumulate_scaled(a_["v"], a_["acc"], S),
                     a,
                 )
-                res, reps = time_round_robin(calls, args.reps, args.seconds)
+                res, reps = time_round_robin(calls, args.reps, args.seconds, seed=args.seed)
                 floor_gbs = max(12 * n / res[f][0] / 1e9 for f in FLOOR_IMPLS)
                 floor_s = nbytes / floor_gbs / 1e9
                 shown = {k: v for k, v in res.items() if k not in FLOOR_IMPLS}
