@@ -143,7 +143,9 @@ class ParameterServer:
         if resume and cfg.architecture.kind == "base" and not self.state.done:
             window = 2 * cfg.runtime.retry_s + 1  # one round of rejoins, a CHECK's too
             self.recovery = Recovery(self.state.learners, self.state.numel, window)
-        self.history = RestartHistory(self.files_dir, launch_session(), resume)
+        self.history = RestartHistory(
+            self.files_dir, launch_session(), resume, len(self.state.incarnations)
+        )
         if self.recovery is None:
             origin = "initial" if self.resumed_from is None else "checkpoint"
             self.history.record(self.place.index, origin, self.state.engine.timestamp, 0)
@@ -475,7 +477,7 @@ class ParameterServer:
                 self.files_dir,
                 self.state,
                 restarts=self.history.restarts,
-                incarnation=max(len(st.incarnations), self.history.starts),
+                incarnation=self.history.starts,
             )
             if self.state.done:  # the last of several servers joins theirs into the run's
                 try:
@@ -512,7 +514,7 @@ def serve(
         print(
             f"parameter server: resumed from {ps.resumed_from} at timestamp "
             f"{st.engine.timestamp}, epoch {st.engine.epoch:.2f} (incarnation "
-            f"{len(st.incarnations)})",
+            f"{ps.history.starts})",
             flush=True,
         )
         if ps.recovery is None:  # else said once the learners' copies are in
