@@ -253,6 +253,12 @@ class ParameterServer:
                 st.restored_ts,
                 had - st.restored_ts,
             )
+        if st.done and not st.share.is_whole and "had" not in msg.fields:
+            # a new learner (restarted, or the run resumed) holds none of this part of the
+            # vector: it needs these final weights to train the other servers' ranges on, not
+            # a STOP (it would train them on its initial ones); its next request is told STOP
+            self._welcome(ident, msg.sender, msg.seq)
+            return
         self._admit(ident, msg.sender, msg.seq)
 
     def _admit(self, ident: bytes, sender: int, seq: int) -> None:
