@@ -174,3 +174,43 @@ def test_slices_join_by_the_boundary_they_crossed_and_a_boundary_again_is_ignore
     assert not join.open
     assert join.add(_Slice(1, 2.9, 99, final=True)) is None
     assert join.add(_Slice(0, 3.0, 100, final=True)) is not None  # final: whatever the epochs
+
+
+def test_a_restart_killed_before_it_recorded_anything_still_uses_up_its_incarnation(tmp_path):
+    """Chaos soak seed 0: a restarted server killed before its first checkpoint (here: while
+    it held its learners' HELLOs, before it recorded where it resumed from) left no trace, so
+    the next restart said the same incarnation number again."""
+    RestartHistory(tmp_path, "s1", resume=False).record(0, "initial", 0, 0)
+    RestartHistory(tmp_path, "s1", resume=True)  # killed before it recorded anything
+    third = RestartHistory(tmp_path, "s1", resume=True)
+    assert third.starts == 3
+    assert third.record(0, "learner 1", 12, 0)["incarnation"] == 3
+
+
+def test_the_incarnation_count_of_a_checkpoint_stands_when_the_restarts_file_was_lost(tmp_path):
+    assert RestartHistory(tmp_path, "s1", resume=True, known=5).starts == 5
+
+
+def test_a_restarted_server_says_one_incarnation_number_on_its_line_record_and_final_file(
+    tmp_path, capsys
+):
+    """Through the real server: started, restarted and killed while it waited for its
+    learners' copies (no checkpoint yet), restarted again: the third start is incarnation 3
+    on the terminal, in its restart record and in ps_final.json."""
+    from cluster import small_config
+    from rudra_zmq.server import ps as ps_module
+
+    cfg = small_config("train.checkpoint_every_s=0", "train.checkpoint_every_updates=0")
+    first = ps_module.ParameterServer(cfg, "tcp://127.0.0.1:0", run_dir=tmp_path)
+    first._finish()  # a first run of the server that trained nothing
+    for start in (2, 3):
+        server = ps_module.ParameterServer(cfg, "tcp://127.0.0.1:0", run_dir=tmp_path, resume=True)
+        assert server.recovery is not None and server.history.starts == start
+        if start == 2:  # killed (SIGKILL) while it held the HELLOs: nothing more written
+            server.sock.close(linger=0)
+            server.ctx.term()
+    server.recovery.first_at = 0.0  # its window passed: no learner came back
+    server._recover_if_due()
+    assert server.history.current["incarnation"] == 3
+    server._finish()
+    assert json.loads((tmp_path / "ps_final.json").read_text())["incarnation"] == 3

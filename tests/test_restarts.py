@@ -1,7 +1,12 @@
-"""The launcher's restart policy (restarts.on_failure), driven directly: no processes."""
+"""The launcher's restart policy (restarts.on_failure), driven directly: no processes; and what a
+finished server of several tells a learner new to its range (one server in this process)."""
 
-from cluster import small_config
+import numpy as np
+
+from cluster import FakeLearner, running, small_config
 from rudra_zmq.launch.restarts import on_failure
+from rudra_zmq.server.ps import ParameterServer
+from rudra_zmq.wire import Kind
 
 RUN = "/runs/r"
 
@@ -59,3 +64,42 @@ def test_a_node_or_learner_whose_servers_all_finished_has_finished_and_is_not_re
         assert v.action == "finished" and "(ps_final.json: done at epoch 2.00)" in v.message
         assert verdict("learner", *over, final=final).action == "finished"
         assert verdict("node", *over).action == ("restart" if restart[-4:] == "true" else "stop")
+
+
+def test_a_learner_failing_after_some_of_its_servers_finished_is_left_out_not_restarted():
+    """K = 2, server 0 finished (its ps_final.json says done) and has exited, server 1 trains
+    on: a restarted learner would say HELLO to server 0, which is gone, and wait
+    runtime.timeout_s for its range's weights (then fail, and again); it is left out while
+    another learner trains, and the run stops when none does."""
+    cfg = small_config("runtime.restart=true", "architecture.servers=2")
+    args = (cfg, "learner0", "learner", ("--config", "c"), 0)
+    v = on_failure(*args, True, RUN, None, ("ps", "ps1"), ("ps",))
+    assert v.action == "leave_out", v
+    assert "learner0 failed after ps finished training (ps_final.json)" in v.message
+    assert "left out; the run goes on with the others" in v.message
+    v = on_failure(*args, False, RUN, None, ("ps", "ps1"), ("ps",))
+    assert v.action == "stop" and "no other learner trains" in v.message
+    # no server finished: restarted as before
+    assert on_failure(*args, True, RUN, None, ("ps", "ps1"), ()).action == "restart"
+
+
+def test_a_finished_server_of_two_welcomes_a_new_learner_with_its_final_weights(ctx):
+    """A learner new to a finished server's range (restarted, or the run resumed) gets that
+    range's final weights, to train the other server's range on, and is told STOP at its next
+    request; a learner that holds the range (x{had}) is told STOP at once, as with one server."""
+    ps = ParameterServer(small_config("architecture.servers=2"), "tcp://127.0.0.1:0", ctx=ctx)
+    st = ps.state
+    st.done = True  # training over for server 0
+    hello = {"model": st.signature, "numel": st.model_numel, "range": st.share.key}
+    with running(ps) as errors:
+        new, old = FakeLearner(ctx, ps.endpoint, 0), FakeLearner(ctx, ps.endpoint, 1)
+        new.send(Kind.HELLO, **hello)
+        got = new.recv()
+        assert got.kind == Kind.WELCOME, got
+        np.testing.assert_array_equal(np.concatenate(got.payloads), st.w)
+        new.send(Kind.PULL, got.ts)
+        assert new.recv().kind == Kind.STOP
+        old.send(Kind.HELLO, had=5, **hello)
+        assert old.recv().kind == Kind.STOP
+        new.close(), old.close()
+    assert not errors

@@ -240,7 +240,8 @@ class Launcher:
         serves = self._serves(c)
         final = self._finished(serves)
         labels = tuple(s.label for s in serves)
-        verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final, labels)
+        done = tuple(s.label for s in serves if self._final(s) is not None)
+        verdict = on_failure(cfg, c.label, c.role, c.args, n, others, run_dir, final, labels, done)
         if verdict.message:
             print(f"rudra-zmq: {verdict.message}", file=sys.stderr, flush=True)
         if verdict.action == "leave_out":
@@ -273,11 +274,14 @@ class Launcher:
         """The newest ``done`` record (``end_files.final_done``) of ``servers`` when each one's
         ``ps_final.json`` (in its folder) says training is done, else None. Reads K small
         files."""
-        run_dir, epochs = self.plan.run_dir, self.plan.cfg.train.epochs
-        finals = [final_done(s.files_dir(run_dir), epochs) for s in servers]
+        finals = [self._final(s) for s in servers]
         if not finals or None in finals:
             return None
         return max(finals, key=lambda f: f["t"])
+
+    def _final(self, server) -> dict | None:
+        """The ``done`` record that ``server``'s ``ps_final.json`` stands for, or None."""
+        return final_done(server.files_dir(self.plan.run_dir), self.plan.cfg.train.epochs)
 
     def _servers_elsewhere(self) -> bool:
         """Whether some of the run's parameter servers run outside this launcher."""

@@ -7,7 +7,11 @@ Rudra-adv*'s broadcast chain is not rebuilt, so under advstar only the data and 
 servers come back. A tree node or learner that failed once every server it serves wrote
 ``ps_final.json`` saying training is done (a node's range's root; a learner's every server)
 has finished: nothing waits for it, so it is not restarted (with restarts it would ask a root
-that has gone for ever). Without restarts a failed learner is left out while another learner
+that has gone for ever). A learner that failed once some of its servers (not all) wrote it is
+left out, not restarted: a new learner holds none of a finished server's range, which that
+server no longer serves (gone, or answering only STOP), so it would wait ``runtime.timeout_s``
+for it and fail again; the servers still training evict it and go on with the other learners
+(the run stops when none is left). Without restarts a failed learner is left out while another learner
 still trains (or finished: it was told STOP), a PS that failed after it wrote
 ``ps_final.json`` saying training is done (its final weights saved) ends the run with them,
 and any other failure stops the run.
@@ -59,13 +63,15 @@ def on_failure(
     run_dir,
     final=None,
     serves: tuple[str, ...] = (),
+    finished: tuple[str, ...] = (),
 ) -> Verdict:
     """What to do about the role ``label`` (``role``, started with ``args``) of the run of
     ``cfg`` in ``run_dir``, which failed after ``restarts`` restarts. ``others_going``:
     another learner is still training or finished well. ``final``: the ``done`` record that
     ``ps_final.json`` stands for (``end_files.final_done``) of the server(s) the role serves,
     labelled ``serves`` (a PS: itself; a tree node: its range's root; a learner: every
-    server, the newest record), None unless each says training is done. Pure."""
+    server, the newest record), None unless each says training is done; ``finished``: the
+    labels of those whose ``ps_final.json`` says so (some, or all). Pure."""
     runtime, kind = cfg.runtime, cfg.architecture.kind
     if role in ("node", "learner") and final is not None:
         whom = ", ".join(serves) or "its server"
@@ -74,6 +80,15 @@ def on_failure(
             f"{label} failed after training ended for {whom} (ps_final.json: done at "
             f"epoch {final['epoch']:.2f}); it has nothing left to do and is not restarted",
         )
+    if role == "learner" and finished:  # some servers finished: their ranges are gone
+        done = ", ".join(finished)
+        why = (
+            f"{label} failed after {done} finished training (ps_final.json); restarted, it "
+            f"would hold none of {done}'s final weights and wait runtime.timeout_s for them"
+        )
+        if others_going:
+            return Verdict("leave_out", f"{why}: left out; the run goes on with the others")
+        return Verdict("stop", f"{why}, and no other learner trains: stopping the run")
     if role == "ps" and final is not None and not runtime.restart:
         return Verdict(
             "finished",

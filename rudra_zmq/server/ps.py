@@ -143,7 +143,9 @@ class ParameterServer:
         if resume and cfg.architecture.kind == "base" and not self.state.done:
             window = 2 * cfg.runtime.retry_s + 1  # one round of rejoins, a CHECK's too
             self.recovery = Recovery(self.state.learners, self.state.numel, window)
-        self.history = RestartHistory(self.files_dir, launch_session(), resume)
+        self.history = RestartHistory(
+            self.files_dir, launch_session(), resume, len(self.state.incarnations)
+        )
         if self.recovery is None:
             origin = "initial" if self.resumed_from is None else "checkpoint"
             self.history.record(self.place.index, origin, self.state.engine.timestamp, 0)
@@ -251,6 +253,12 @@ class ParameterServer:
                 st.restored_ts,
                 had - st.restored_ts,
             )
+        if st.done and not st.share.is_whole and "had" not in msg.fields:
+            # a new learner (restarted, or the run resumed) holds none of this part of the
+            # vector: it needs these final weights to train the other servers' ranges on, not
+            # a STOP (it would train them on its initial ones); its next request is told STOP
+            self._welcome(ident, msg.sender, msg.seq)
+            return
         self._admit(ident, msg.sender, msg.seq)
 
     def _admit(self, ident: bytes, sender: int, seq: int) -> None:
@@ -475,7 +483,7 @@ class ParameterServer:
                 self.files_dir,
                 self.state,
                 restarts=self.history.restarts,
-                incarnation=max(len(st.incarnations), self.history.starts),
+                incarnation=self.history.starts,
             )
             if self.state.done:  # the last of several servers joins theirs into the run's
                 try:
@@ -512,7 +520,7 @@ def serve(
         print(
             f"parameter server: resumed from {ps.resumed_from} at timestamp "
             f"{st.engine.timestamp}, epoch {st.engine.epoch:.2f} (incarnation "
-            f"{len(st.incarnations)})",
+            f"{ps.history.starts})",
             flush=True,
         )
         if ps.recovery is None:  # else said once the learners' copies are in

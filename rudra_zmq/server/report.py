@@ -134,7 +134,7 @@ class PSReport:
                     "t": time.time(),
                     "ts": st.engine.timestamp,
                     "epoch": st.engine.epoch,
-                    "incarnation": record["incarnation"] if record else len(st.incarnations),
+                    "incarnation": ps.history.starts,
                     "checkpoint": None if ps.resumed_from is None else str(ps.resumed_from),
                     **said,
                 }

@@ -9,7 +9,14 @@ resumed (``rudra-zmq run --resume``), not a restart. Each restart is ``{"server"
 "checkpoint" | "learner L" | "initial", "ts": T, "lost": N, "incarnation": n}``: the
 timestamp it resumed at and the updates it lost (those a learner had seen that the restored
 state lacked). A damaged file is ignored with a warning (the restarts before it are then not
-listed). Reads and writes one small file; blocks for it; not thread-safe (the server's thread).
+listed).
+
+``starts`` is the server's incarnation number, the one its terminal line, its restart record and
+its ``ps_final.json`` say. It is written when the server starts, not when it has recovered: a
+restart killed before it took its range back (or wrote a checkpoint) still uses up its number,
+and the next restart says the next one (a restart missing from the list between two numbers
+is one that died before it recorded where it resumed from). Reads and writes one small file;
+blocks for it; not thread-safe (the server's thread).
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ FILE = "restarts.json"
 
 class RestartHistory:
     """The restarts of the server whose files are in ``files_dir`` (None: nothing kept), of
-    this launch ``session``; ``resume``: this start continues from what it saved."""
+    this launch ``session``; ``resume``: this start continues from what it saved; ``known``:
+    the incarnations its restored checkpoint lists, this one included (the count when the
+    file was lost). Writes the file: this start is counted from now on."""
 
-    def __init__(self, files_dir: Path | None, session: str | None, resume: bool):
+    def __init__(self, files_dir: Path | None, session: str | None, resume: bool, known: int = 1):
         self.path = Path(files_dir) / FILE if files_dir is not None else None
         self.session = session
         self.restarts: list[dict] = []
@@ -42,6 +51,8 @@ class RestartHistory:
         if saved is not None:
             self.restarts = list(saved["restarts"])
             self.starts = int(saved.get("starts", 1)) + 1
+        self.starts = max(self.starts, known)
+        self.save()
 
     def _read(self) -> dict | None:
         if self.path is None:
