@@ -127,9 +127,7 @@ class Gathering:
             links.channels[k].tick()  # CHECK a slow request; resend one that was lost
         if self.pending and 0 <= self.timeout_ms <= (time.monotonic() - self.t0) * 1000:
             raise ServersSilent(
-                "; ".join(
-                    links.channels[k].silence(self.timeout_ms) for k in sorted(self.pending)
-                ),
+                "; ".join(links.channels[k].silence(self.timeout_ms) for k in sorted(self.pending)),
                 sorted(self.pending),
                 self.out,
             )

@@ -122,9 +122,7 @@ class EarlyWeights:
         names = {id(p): n for n, p in flat.module.named_parameters()}
         for module in flat.module.modules():
             own = [names[id(p)] for p in module.parameters(recurse=False) if id(p) in names]
-            needs = sorted(
-                {p.index for n in own for p in shape.covering(*spans[n])}
-            )
+            needs = sorted({p.index for n in own for p in shape.covering(*spans[n])})
             if needs:
                 self._handles.append(
                     module.register_forward_pre_hook(lambda _m, _a, n=needs: self.wait(n))
