@@ -344,6 +344,8 @@ def product_learners(args, cfg, ids: list[int], eps: list[str]) -> dict:
             "product": True,
             "sent_during_backward": stream.during if stream else 0,
             "sent_after_backward": stream.after if stream else None,
+            # wire.priority: modules whose forward ran before the whole reply was in
+            "layers_ahead": getattr(learner.exchange.early, "ran_ahead", None),
             **channel_counts(learner.ps.channels),
             "rejoins": learner.exchange.rejoins,
         }

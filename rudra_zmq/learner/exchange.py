@@ -241,14 +241,10 @@ class PushPull:
             return self._silent_after_stop(exc)
         if self._stopped(replies):
             return False
-        loaded, rejoin = False, []
+        rejoin, loaded = self._refusals(replies), False
         for k in sorted(replies):
             msg = replies[k]
-            if isinstance(msg, ServerError):
-                if msg.code != "rejoin":
-                    raise msg
-                rejoin.append((k, msg))
-            elif msg.kind == Kind.WEIGHTS:
+            if isinstance(msg, wire.Message) and msg.kind == Kind.WEIGHTS:
                 self._load(k, msg)
                 loaded = True
         if loaded:
@@ -311,6 +307,16 @@ class PushPull:
         replies, self.gathering = self.gathering.out, None
         if self._stopped(replies):
             raise _Abandoned(False)
+        rejoin = self._refusals(replies)
+        self.flat.weights_to_device()
+        if rejoin:
+            raise _Abandoned(self.rejoin(rejoin))
+        self.prio.begin(self.active)
+
+    @staticmethod
+    def _refusals(replies: dict) -> list:
+        """The servers in ``replies`` that asked for a new HELLO, as (index, ServerError)
+        pairs for ``rejoin``; any other refusal is raised."""
         rejoin = []
         for k in sorted(replies):
             msg = replies[k]
@@ -318,10 +324,7 @@ class PushPull:
                 if msg.code != "rejoin":
                     raise msg
                 rejoin.append((k, msg))
-        self.flat.weights_to_device()
-        if rejoin:
-            raise _Abandoned(self.rejoin(rejoin))
-        self.prio.begin(self.active)
+        return rejoin
 
     def rejoin(self, refused: list) -> bool:
         """The servers in ``refused`` ((index, ServerError) pairs) asked for a new HELLO: say
@@ -373,7 +376,9 @@ class PushPull:
 
     def close(self, finished: bool) -> None:
         """Release the carriers and the backward hooks (the learner closes the links)."""
-        self.push_after_backward()  # the hooks off the model
+        for x in (self.stream, self.early):  # the hooks off the model (counts kept)
+            if x is not None:
+                x.close()
         for c in self.carriers:
             c.close()
 

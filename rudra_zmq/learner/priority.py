@@ -37,6 +37,9 @@ from __future__ import annotations
 
 import heapq
 
+from .. import timeline
+
+WAIT_MS = 50  # the longest one poll for the replies waits (1 ms while parts wait to go)
 DEPTH = 2  # parts per connection in libzmq's hands at once: the link never waits on us,
 #            and a first layer's part finds at most this many ahead of it on each connection
 
@@ -156,8 +159,9 @@ class EarlyWeights:
                 self.poll(0)  # keep the pushes going and take what came
             return
         self.waited += 1
-        while not all(self.loaded[i] for i in needs):
-            self.poll(1)
+        with timeline.current().span("weights", "wire"):  # what forward waited for
+            while not all(self.loaded[i] for i in needs):
+                self.poll(WAIT_MS)  # back at once when a reply's message comes
         if not all(self.loaded):
             self.ran_ahead += 1
 
