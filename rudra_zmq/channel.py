@@ -92,6 +92,8 @@ class Channel:
         self.late = 0  # late answers to requests sent twice, dropped
         self._last: tuple[int, list] | None = None  # (seq, [frames]) awaiting its reply
         self._ahead = None  # [weights view, floats come ahead, gap seen]: parts of its reply
+        self._final = None  # (kind, seq, ts, parts) of the request in parts: ``send_final``
+        self.on_part = None  # called (at, n) once a part of a reply came ahead and is loaded
         self._asked_at = 0.0  # when the request was last sent or asked about (monotonic)
         self._sent_at = 0.0  # when the request awaiting its reply was first sent (monotonic)
         self._checks_before = 0  # ``checks`` when it was sent: the rest asked about it
@@ -133,7 +135,20 @@ class Channel:
             for i, (at, p) in enumerate(parts)
         ]
         self._begin(seq, msgs, [into, 0, False])
+        self._final = (kind, seq, ts, parts)  # for ``send_final``
         return msgs
+
+    def send_final(self, i: int, track: bool = False):
+        """Queue part ``i`` of the request ``parts`` made with ``last=-1`` (every message
+        x{more}) as its final message, without x{more}: a sender that picks the last part
+        when it sends it (``learner/priority.py``, lowest offsets first). A resend then sends
+        it last. Returns ``send_part``'s tracker."""
+        kind, seq, ts, parts = self._final
+        at, payloads = parts[i]
+        frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, at=at)
+        if self._last is not None and self._last[0] == seq:
+            self._last = (seq, [m for j, m in enumerate(self._last[1]) if j != i] + [frames])
+        return self.send_part(frames, track)
 
     def _begin(self, seq: int, msgs: list, ahead) -> None:
         """A new request awaits its reply: its messages, its parts' ahead state, its clocks
@@ -142,10 +157,12 @@ class Channel:
         self._asked_at = self._sent_at = time.monotonic()
         self._checks_before, self.receipts = self.checks, [0, 0]
 
-    def send_part(self, frames) -> None:
-        """Queue one message ``parts`` made (zero-copy)."""
-        self.out.send(frames)
+    def send_part(self, frames, track: bool = False):
+        """Queue one message ``parts`` made (zero-copy); with ``track``, returns its
+        ``zmq.MessageTracker`` (done once libzmq has taken it whole), else None."""
+        tracker = self.out.send(frames, track=track)
         timeline.sent(self.name, frames)
+        return tracker
 
     def resend(self) -> None:
         """Send the request awaiting its reply again, unchanged (every part of it)."""
@@ -316,6 +333,8 @@ class Channel:
             if ahead is not None and at + n <= ahead[0].shape[0]:
                 codec.load(ahead[0][at : at + n], msg.payloads)
                 ahead[1] += n
+                if self.on_part is not None:
+                    self.on_part(at, n)
             elif ahead is not None:
                 ahead[2] = True
             return True

@@ -145,6 +145,9 @@ class WireConfig:
     push_during_backward: bool = True  # with parts or K servers, a learner on CPU with
     #                                    float32 gradients pushes each part the moment its
     #                                    backward pass finished it (false: all after backward)
+    priority: bool = False  # with parts pushed during backward: the lowest offsets (first
+    #                                    layers) go first, and the next forward runs each
+    #                                    layer once its weights are in (P3; learner/priority.py)
     stripes: bool = True  # with parts and K servers: the vector cut in K x P parts, part j to
     #                                    server j mod K, so every link starts with backward's
     #                                    first buckets (false: server I one contiguous range,
@@ -331,6 +334,7 @@ ADDED_DEFAULTS = {
     "wire.bucket_mb": 25.0,
     "wire.push_during_backward": True,
     "wire.stripes": True,
+    "wire.priority": False,
 }
 
 

@@ -49,13 +49,15 @@ class Outbox:
         self.sock, self.head = sock, head
         self._trackers: list[zmq.MessageTracker] = []
 
-    def send(self, frames, flags: int = 0) -> None:
+    def send(self, frames, flags: int = 0, track: bool = False) -> zmq.MessageTracker | None:
         """Send ``frames`` zero-copy as one message (``send_multipart(copy=False)``); one of
-        several payload frames is tracked. Blocks as ``send_multipart`` with ``flags``
-        (``zmq.NOBLOCK``: raises ``zmq.Again``, nothing sent)."""
-        if len(frames) - self.head < 2:  # taken whole by libzmq: nothing to track
+        several payload frames is tracked, and so is any with ``track`` (a sender that bounds
+        what it has in libzmq's queue: ``learner/priority.py``). Returns the tracker (done
+        once libzmq has taken the message whole), or None. Blocks as ``send_multipart`` with
+        ``flags`` (``zmq.NOBLOCK``: raises ``zmq.Again``, nothing sent)."""
+        if len(frames) - self.head < 2 and not track:  # taken whole by libzmq: not tracked
             self.sock.send_multipart(frames, flags, copy=False)
-            return
+            return None
         sock = self.sock
         for frame in frames[:-1]:  # only the first can raise Again: then nothing was sent
             sock.send(frame, flags | zmq.SNDMORE, copy=False)
@@ -68,6 +70,7 @@ class Outbox:
             sock.copy_threshold = zmq.COPY_THRESHOLD
         self.pending()
         self._trackers.append(tracker)
+        return tracker
 
     def pending(self) -> int:
         """Tracked messages libzmq has not taken whole yet. Never blocks."""

@@ -89,6 +89,8 @@ def pushed_in_backward(learners: list[dict]) -> dict:
         "sent_during_backward": sum(s["sent_during_backward"] for s in each),
         "sent_after_backward": sum(s["sent_after_backward"] or 0 for s in each),
         "streamed": all(s["sent_after_backward"] is not None for s in each),
+        # wire.priority: modules whose forward ran before their step's whole reply was in
+        "layers_ahead": sum(s.get("layers_ahead") or 0 for s in each),
     }
 
 

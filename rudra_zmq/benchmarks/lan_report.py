@@ -58,7 +58,9 @@ def streamed_text(r: dict) -> str:
     d, a = r["sent_during_backward"], r["sent_after_backward"]
     if not r["streamed"]:
         return "  [product learner: every push after backward]"
-    return f"  [product learner: {d} of {d + a} messages pushed during backward]"
+    ahead = r.get("layers_ahead")
+    early = f"; {ahead} layer forwards ran before their reply was whole" if ahead else ""
+    return f"  [product learner: {d} of {d + a} messages pushed during backward{early}]"
 
 
 def ordering(rows: list[dict], cases: list[str]) -> tuple[str, bool]:

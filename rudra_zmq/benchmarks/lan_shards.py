@@ -160,6 +160,7 @@ def run_case(
         arch, protocol, lam, a.epoch_gradients, epochs=a.epochs, softsync_n=1,
         fanout=a.per_host, depth=1, retry_s=a.retry_s, wire_dtype=wire_dtype, parts=parts,
         sndbuf_kib=a.sndbuf_kib, stripes=getattr(a, "stripes", "on") == "on",
+        priority=getattr(a, "priority", None),
     )  # fmt: skip
     bound = bound_s_per_epoch(case, a, k, placement, wire_dtype, parts)
     deadline = deadline_s(bound, a.epochs) + (120 if getattr(a, "learner", "") == "product" else 0)
@@ -184,6 +185,8 @@ def run_case(
     name += f"-p{parts}" if parts > 1 else ""
     name += f"-sb{a.sndbuf_kib}" if a.sndbuf_kib else ""
     name += "-ranges" if parts > 1 and getattr(a, "stripes", "on") == "off" else ""
+    prio = getattr(a, "priority", None)
+    name += {"on": "-prio", "off": "-noprio"}.get(prio, "") if parts > 1 else ""
     name += "-ipc" if a.local == "ipc" and placement == "colocated" else ""
     name += "" if getattr(a, "learner", "sleep") == "sleep" else f"-{a.learner}"
     row_traffic = traffic(timed, a.epoch_gradients * len(timed))  # summed over the servers

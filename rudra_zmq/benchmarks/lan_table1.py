@@ -322,6 +322,15 @@ def add_arguments(p) -> None:
         "side by side",
     )
     p.add_argument(
+        "--priority",
+        nargs="+",
+        default=[],
+        choices=["on", "off"],
+        help="K servers in P > 1 parts: the lowest offsets first and the next forward layer "
+        "by layer as its weights come (wire.priority; rows ...-prio / ...-noprio), side by "
+        "side (default: the config's default, no suffix)",
+    )
+    p.add_argument(
         "--netns-sh",
         metavar="PATH",
         help=f"the LAN script (default: {NETNS_SH} of the source tree or the current directory)",
@@ -366,18 +375,20 @@ def _variants(case: str, a) -> list[tuple]:
 
 
 def _transports(case: str, a, k: int, where, parts: int = 1) -> list[tuple]:
-    """(runtime.sndbuf_kib, local, learner, stripes) of each run of one variant: --sndbuf-kib
-    for the PS cases, each with every --local for servers beside the learners, every --learner
-    with K > 1 servers or a base case (else sleeping learners), and every --stripes with K > 1
-    servers in parts."""
+    """(runtime.sndbuf_kib, local, learner, stripes, priority) of each run of one variant:
+    --sndbuf-kib for the PS cases, each with every --local for servers beside the learners,
+    every --learner with K > 1 servers or a base case (else sleeping learners), every
+    --stripes with K > 1 servers in parts, and every --priority in parts (None: the
+    config's)."""
     if case in BASELINES:
-        return [(0, "tcp", "sleep", "on")]
+        return [(0, "tcp", "sleep", "on", None)]
     return [
-        (sb, local, learner, st)
+        (sb, local, learner, st, pr)
         for sb in a.sndbuf_kib
         for local in (a.local if where == "colocated" else ["tcp"])
         for learner in (a.learner if k > 1 or case.startswith("base-") else ["sleep"])
         for st in (getattr(a, "stripes", ["on"]) if k > 1 and parts > 1 else ["on"])
+        for pr in (getattr(a, "priority", None) or [None] if parts > 1 else [None])
     ]
 
 
@@ -507,9 +518,10 @@ def run(a) -> int:
                         report.note(f"{case} bfloat16 skipped: DDP's hook is float16 here")
                         continue
                     for k, where, parts in _variants(case, a):
-                        for sb, local, learner, st in _transports(case, a, k, where, parts):
+                        for sb, local, learner, st, pr in _transports(case, a, k, where, parts):
                             b = copy.copy(a)
                             b.sndbuf_kib, b.local, b.learner, b.stripes = sb, local, learner, st
+                            b.priority = pr
                             r = _sampled(b, lan, workdir, case, dtype, k, where, parts, traces)
                             report.case(r, line(r))
     except Exception:  # a case failed (Ctrl-C and SIGTERM leave nothing behind)

@@ -61,6 +61,7 @@ def overrides(
     parts: int = 1,
     sndbuf_kib: int = 0,
     stripes: bool = True,
+    priority: str | None = None,
 ) -> list[str]:
     """Config overrides shared by every role of one run: momentum SGD, µ = 1 and an epoch of
     ``epoch_gradients`` gradients (so the PS says STOP after ``epochs`` x that), no eval."""
@@ -87,6 +88,8 @@ def overrides(
         f"runtime.sndbuf_kib={sndbuf_kib}",
         f"wire.stripes={str(stripes).lower()}",
     ]
+    if priority is not None:  # "on" / "off"; None: the config's default
+        out.append(f"wire.priority={str(priority == 'on').lower()}")
     if arch != "base":
         out += [
             f"architecture.fanout={fanout}",
@@ -341,6 +344,8 @@ def product_learners(args, cfg, ids: list[int], eps: list[str]) -> dict:
             "product": True,
             "sent_during_backward": stream.during if stream else 0,
             "sent_after_backward": stream.after if stream else None,
+            # wire.priority: modules whose forward ran before the whole reply was in
+            "layers_ahead": getattr(learner.exchange.early, "ran_ahead", None),
             **channel_counts(learner.ps.channels),
             "rejoins": learner.exchange.rejoins,
         }

@@ -30,10 +30,10 @@ import time
 
 import numpy as np
 
-from .. import codec, topology, wire
+from .. import codec, topology, transport, wire
 from ..channel import ServerError
 from ..wire import Kind
-from . import buckets
+from . import buckets, priority
 from .carriers import make_carrier
 from .links import ServersSilent, said_stop
 
@@ -94,6 +94,8 @@ class PushPull:
         # frames of at most ``chunk_bytes``
         self.send_copy, self.chunk_bytes = False, wire.DEFAULT_CHUNK_BYTES
         self.stream = None  # a buckets.StreamedPush: the parts leave during backward
+        self.prio = self.early = None  # wire.priority (``priority.py``): see ``prioritize``
+        self.gathering = None  # the replies outstanding while the next forward runs
 
     @property
     def ts(self) -> int:
@@ -192,10 +194,42 @@ class PushPull:
             for k in self.active
         }
 
+    def prioritize(self, shape) -> None:
+        """``wire.priority``: the parts leave lowest offset first and the next forward runs
+        each layer once its weights are in (``priority.py``). Needs ``stream``."""
+        self.prio = priority.PriorityPush(
+            self.links.channels, [len(s.parts) for s in self.servers], self._parts_request
+        )
+        self.early = priority.EarlyWeights(self.flat, shape, self._poll_early, self._settle)
+        for k, ch in enumerate(self.links.channels):
+            ch.on_part = lambda at, n, k=k: self.early.arrived(k, at, n, self.local[k])
+
+    def push_after_backward(self) -> None:
+        """Every part leaves after backward (a straggler's sleep comes first): no stream,
+        no priority."""
+        for x in (self.stream, self.early):
+            if x is not None:
+                x.close()
+        self.stream = self.prio = self.early = None
+        for ch in self.links.channels:
+            ch.on_part = None
+
+    def _parts_request(self, k: int) -> list:
+        """Server ``k``'s request in parts, none of them yet marked last (``PriorityPush``
+        picks it when it sends it). Does not block."""
+        parts = self.carriers[k].share_parts(self.flat.grads, self.servers[k])
+        return self.links.channels[k].parts(
+            Kind.PUSHPULL, self.stamps[k], parts, self._into(k), last=-1
+        )
+
     def step(self, backward) -> bool:
         """``backward()`` fills the gradient; push each server its slice and take the newer
         weights of each range. Blocks for every reply; False once every server said STOP.
-        With ``stream``, each part leaves as backward finishes it."""
+        With ``stream``, each part leaves as backward finishes it. With ``early``
+        (``wire.priority``) the replies are taken by the next step's forward instead
+        (``_step_early``): this returns once the parts are queued."""
+        if self.early is not None:
+            return self._step_early(backward)
         if self.stream is not None:
             self.stream.push(backward, self._requests())
         else:
@@ -207,14 +241,10 @@ class PushPull:
             return self._silent_after_stop(exc)
         if self._stopped(replies):
             return False
-        loaded, rejoin = False, []
+        rejoin, loaded = self._refusals(replies), False
         for k in sorted(replies):
             msg = replies[k]
-            if isinstance(msg, ServerError):
-                if msg.code != "rejoin":
-                    raise msg
-                rejoin.append((k, msg))
-            elif msg.kind == Kind.WEIGHTS:
+            if isinstance(msg, wire.Message) and msg.kind == Kind.WEIGHTS:
                 self._load(k, msg)
                 loaded = True
         if loaded:
@@ -222,6 +252,79 @@ class PushPull:
         if rejoin:
             return self.rejoin(rejoin)
         return True
+
+    def _step_early(self, backward) -> bool:
+        """``step`` with ``wire.priority``: the forward inside ``backward()`` takes the
+        previous step's replies as its layers need them and settles them at its end; the
+        parts go lowest offset first, and this returns with them queued (the next step's
+        forward sends the rest as it waits). A previous reply that ends the step otherwise
+        (STOP, a rejoin) abandons this one before its backward: False once every server
+        said STOP."""
+        if self.gathering is None:
+            self.prio.begin(self.active)
+        try:
+            self.stream.push(backward, self.prio.calls())
+        except _Abandoned as end:
+            self.prio.drop()
+            return end.alive
+        if self.gathering is not None:  # a forward that never reached the model's root
+            raise RuntimeError(
+                "wire.priority: the model's forward did not return from its root module "
+                "before backward; run it with wire.priority=false"
+            )
+        self.gathering = self.links.gathering(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
+        self._taken = set()
+        self.early.expect()
+        return True
+
+    def _poll_early(self, wait_ms: int) -> None:
+        """Send what the push queues allow, wait up to ``wait_ms`` for the outstanding
+        replies, and load each that came (a part ahead is loaded as it comes)."""
+        g = self.gathering
+        busy = self.prio.pump()
+        if g is None:
+            return
+        try:
+            g.poll(min(wait_ms, 1) if busy else wait_ms)
+        except ServersSilent as exc:  # the forward waits no more: the step ends here
+            self.gathering = None
+            self.early.loaded = [True] * len(self.early.loaded)
+            raise _Abandoned(self._silent_after_stop(exc)) from None
+        for k in set(g.out) - self._taken:
+            self._taken.add(k)
+            msg = g.out[k]
+            if isinstance(msg, wire.Message) and msg.kind == Kind.WEIGHTS:
+                self._load(k, msg)
+            self.early.server_in(k)
+
+    def _settle(self) -> None:
+        """The forward ran (the model's root returned): take every outstanding reply; raise
+        ``_Abandoned`` when one ends the step otherwise (STOP, rejoin, silence)."""
+        if self.gathering is None:
+            return
+        while self.gathering.pending:
+            self._poll_early(transport.WAKE_MS)
+        replies, self.gathering = self.gathering.out, None
+        if self._stopped(replies):
+            raise _Abandoned(False)
+        rejoin = self._refusals(replies)
+        self.flat.weights_to_device()
+        if rejoin:
+            raise _Abandoned(self.rejoin(rejoin))
+        self.prio.begin(self.active)
+
+    @staticmethod
+    def _refusals(replies: dict) -> list:
+        """The servers in ``replies`` that asked for a new HELLO, as (index, ServerError)
+        pairs for ``rejoin``; any other refusal is raised."""
+        rejoin = []
+        for k in sorted(replies):
+            msg = replies[k]
+            if isinstance(msg, ServerError):
+                if msg.code != "rejoin":
+                    raise msg
+                rejoin.append((k, msg))
+        return rejoin
 
     def rejoin(self, refused: list) -> bool:
         """The servers in ``refused`` ((index, ServerError) pairs) asked for a new HELLO: say
@@ -273,10 +376,20 @@ class PushPull:
 
     def close(self, finished: bool) -> None:
         """Release the carriers and the backward hooks (the learner closes the links)."""
-        if self.stream is not None:
-            self.stream.close()
+        for x in (self.stream, self.early):  # the hooks off the model (counts kept)
+            if x is not None:
+                x.close()
         for c in self.carriers:
             c.close()
+
+
+class _Abandoned(Exception):
+    """The previous step's replies end this step before its backward (``_settle``):
+    ``alive`` is what ``step`` returns."""
+
+    def __init__(self, alive: bool):
+        super().__init__(alive)
+        self.alive = alive
 
 
 class BroadcastPush(PushPull):
@@ -348,6 +461,8 @@ def make_exchange(cfg, shape, learner_id: int, flat, links, ctx, bcast=None):
             and buckets.enabled(flat, carriers)
         ):
             ex.stream = buckets.StreamedPush(flat, shape.servers)
+            if cfg.wire.priority and all(len(s.parts) > 1 for s in shape.servers):
+                ex.prioritize(shape)
         return ex
     except BaseException:
         for c in carriers:

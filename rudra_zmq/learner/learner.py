@@ -143,8 +143,7 @@ class Learner:
         self.exchange = make_exchange(cfg, cluster, learner_id, self.flat, self.ps, self.ctx, bcast)
         if self._slowdown and getattr(self.exchange, "stream", None) is not None:
             # a straggler's gradient leaves after its extra sleep, not during backward
-            self.exchange.stream.close()
-            self.exchange.stream = None
+            self.exchange.push_after_backward()
         self.exchange.on_welcome = self._start_data_at
         self.exchange.data_step = lambda: self.data.expected
 
@@ -188,8 +187,11 @@ class Learner:
             xf = augment(xf, self.generator)
         if self.flat.staged:
             xf, y = xf.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        out = self.model(xf)  # (wire.priority: the previous step's replies taken here)
+        # zeroed after forward: with wire.priority the previous gradient's parts may be in
+        # flight (zero-copy views of it) until that forward has taken every reply
         self.flat.zero_grad()
-        loss = self.loss_fn(self.model(xf), y)
+        loss = self.loss_fn(out, y)
         loss.backward()
         self.flat.grads_to_host()
         self._loss_sum += loss.item()

@@ -76,37 +76,59 @@ class ServerLinks:
             self.poller.register(ch.sock, zmq.POLLIN)
         self.timeout_ms = max(ch.timeout_ms for ch in channels)
 
-    def gather(self, which, kinds, timeout_ms: int | None = None) -> dict:
+    def gather(self, which, kinds, timeout_ms: int | None = None, between=None) -> dict:
         """The reply to the request outstanding at each server in ``which`` (indices): a
         ``wire.Message``, or the ``ServerError`` that server answered. Blocks at most
         ``timeout_ms`` (default: the channels' timeout), then raises ``ServersSilent`` naming
-        the servers still silent."""
-        timeout_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        pending, out = set(which), {}
-        t0 = time.monotonic()
-        while pending:
-            ready = dict(self.poller.poll(transport.WAKE_MS))
-            for k in sorted(pending):
-                ch = self.channels[k]
-                if ch.sock not in ready:
-                    continue
-                try:
-                    msg = ch.poll_reply(kinds, self.servers[k].share.numel)
-                except ServerError as exc:
-                    msg = exc
-                if msg is not None:
-                    out[k] = msg
-                    pending.discard(k)
-            for k in pending:
-                self.channels[k].tick()  # CHECK a slow request; resend one that was lost
-            if pending and 0 <= timeout_ms <= (time.monotonic() - t0) * 1000:
-                raise ServersSilent(
-                    "; ".join(self.channels[k].silence(timeout_ms) for k in sorted(pending)),
-                    sorted(pending),
-                    out,
-                )
-        return out
+        the servers still silent. ``between()``, called between polls, says whether it has
+        sends still to make (``priority.PriorityPush.pump``): the polls are short then."""
+        g = self.gathering(which, kinds, timeout_ms)
+        while not g.poll(transport.WAKE_MS if between is None or not between() else 1):
+            pass
+        return g.out
+
+    def gathering(self, which, kinds, timeout_ms: int | None = None) -> Gathering:
+        """A ``gather`` taken one poll at a time (``Gathering.poll``). Does not block."""
+        return Gathering(self, which, kinds, self.timeout_ms if timeout_ms is None else timeout_ms)
 
     def close(self) -> None:
         for ch in self.channels:
             ch.close()
+
+
+class Gathering:
+    """The replies to the requests outstanding at the servers ``which``, taken as they come:
+    ``out`` (server -> ``wire.Message`` or the ``ServerError`` it answered) grows with each
+    ``poll``; ``pending`` are the servers still to answer. Not thread-safe (the links')."""
+
+    def __init__(self, links: ServerLinks, which, kinds, timeout_ms: int):
+        self.links, self.kinds, self.timeout_ms = links, kinds, timeout_ms
+        self.pending, self.out = set(which), {}
+        self.t0 = time.monotonic()
+
+    def poll(self, wait_ms: int) -> bool:
+        """Wait up to ``wait_ms`` for replies and take those that came (a part of a reply
+        ahead is loaded as it comes: ``Channel.on_part``); whether every one is in. Raises
+        ``ServersSilent`` once the timeout passed with some still silent."""
+        links = self.links
+        ready = dict(links.poller.poll(wait_ms)) if self.pending else {}
+        for k in sorted(self.pending):
+            ch = links.channels[k]
+            if ch.sock not in ready:
+                continue
+            try:
+                msg = ch.poll_reply(self.kinds, links.servers[k].share.numel)
+            except ServerError as exc:
+                msg = exc
+            if msg is not None:
+                self.out[k] = msg
+                self.pending.discard(k)
+        for k in self.pending:
+            links.channels[k].tick()  # CHECK a slow request; resend one that was lost
+        if self.pending and 0 <= self.timeout_ms <= (time.monotonic() - self.t0) * 1000:
+            raise ServersSilent(
+                "; ".join(links.channels[k].silence(self.timeout_ms) for k in sorted(self.pending)),
+                sorted(self.pending),
+                self.out,
+            )
+        return not self.pending

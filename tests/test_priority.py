@@ -1,0 +1,158 @@
+"""Weights before forward needs them (``wire.priority``, ``learner/priority.py``): the parts
+backward finished go lowest offset first, at most ``depth`` per connection in libzmq's
+hands, the request's last one sent without x{more}; the next forward runs a layer once its
+parts are in. Hardsync ends with the very weights of ``wire.priority=false`` (K = 1, 2, 4);
+a bad value stops at the config in one line."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cluster import small_config
+from rudra_zmq.config import load_config
+from rudra_zmq.flat import FlatModel
+from rudra_zmq.learner.priority import EarlyWeights, PriorityPush
+from rudra_zmq.shape import ClusterShape
+from rudra_zmq.typed_yaml import ConfigError
+from test_shards import initial_weights, run_sharded, weights_of
+
+
+class Tracker:
+    def __init__(self):
+        self.done = False
+
+
+class FakeChannel:
+    """What ``PriorityPush`` asks of a channel: its sends, each with a tracker."""
+
+    def __init__(self, log, k):
+        self.log, self.k, self.trackers = log, k, []
+
+    def send_part(self, frames, track=False):
+        self.log.append((self.k, frames, "more"))
+        self.trackers.append(Tracker())
+        return self.trackers[-1]
+
+    def send_final(self, i, track=False):
+        self.log.append((self.k, i, "last"))
+        self.trackers.append(Tracker())
+        return self.trackers[-1]
+
+
+def test_ready_parts_go_lowest_first_at_most_depth_in_flight_and_the_last_sent_ends_it():
+    log = []
+    chans = [FakeChannel(log, 0)]
+    push = PriorityPush(chans, [5], lambda k: list(range(5)), depth=2)
+    push.begin([0])
+    calls = push.calls()[0]
+    for i in (4, 3, 2):  # backward: the last layers first
+        calls[i]()
+    assert log == [(0, 4, "more"), (0, 3, "more")]  # two in libzmq's hands, 2 held here
+    calls[1]()
+    calls[0]()  # the first layers' parts overtake part 2
+    assert push.pump() and len(log) == 2  # nothing taken whole yet: nothing more goes
+    chans[0].trackers[0].done = True
+    push.pump()
+    assert log[2] == (0, 0, "more")
+    for t in chans[0].trackers:
+        t.done = True
+    push.pump()
+    assert log[3] == (0, 1, "more")
+    for t in chans[0].trackers:
+        t.done = True
+    assert not push.pump()
+    assert log[4:] == [(0, 2, "last")]  # the one sent last carries no x{more}
+
+
+def test_the_final_part_waits_until_backward_finished_every_part():
+    log = []
+    push = PriorityPush([FakeChannel(log, 0)], [3], lambda k: list(range(3)), depth=4)
+    push.begin([0])
+    calls = push.calls()[0]
+    calls[0]()
+    calls[2]()
+    assert [x[2] for x in log] == ["more", "more"]  # part 1 not finished: none is last
+    calls[1]()
+    assert log[-1] == (0, 1, "last")
+
+
+def flat_model():
+    torch.manual_seed(0)
+    return FlatModel(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 4), nn.Linear(4, 3)))
+
+
+def test_a_layer_runs_once_its_parts_are_in_and_the_root_settles_the_rest():
+    flat = flat_model()
+    shape = ClusterShape.of(load_config(None, ["sync.protocol=hardsync", "wire.parts=4"]))
+    shape = shape.sized(flat.numel)
+    events, arrivals = [], iter(range(len(shape.parts)))
+
+    def poll(_ms):  # one part of the reply comes per poll, in layer order
+        i = next(arrivals)
+        p = shape.parts[i]
+        early.arrived(p.server, p.at, p.numel, None)
+        events.append(("part", i))
+
+    early = EarlyWeights(flat, shape, poll, lambda: events.append(("settle",)))
+    for i, m in enumerate(flat.module):
+        m.register_forward_pre_hook(lambda *_, i=i: events.append(("layer", i)))
+    early.expect()
+    flat.module(torch.zeros(1, 6))
+    first = flat.layout[0][2]  # the first layer's parameters end here
+    needed = [p.index for p in shape.parts if p.lo < first]
+    assert events[: len(needed)] == [("part", i) for i in needed]
+    assert events[len(needed)] == ("layer", 0)  # before the later parts came
+    assert events[-1] == ("settle",) and early.waited >= 1
+    early.close()
+
+
+def spy_early(monkeypatch) -> list:
+    """The list every EarlyWeights made from now on is appended to (each learner's)."""
+    made = []
+    init = EarlyWeights.__init__
+
+    def spy(self, *args):
+        init(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(EarlyWeights, "__init__", spy)
+    return made
+
+
+@pytest.mark.timeout(300)
+def test_hardsync_with_priority_ends_bit_identical_to_without_k_1_2_4(ctx, monkeypatch):
+    """The parts reordered and the forward started on partly arrived replies, the servers
+    end with the very weights of ``wire.priority=false``: a layer runs on the version each of
+    its parts belongs to, and the sums are per part."""
+    common = ["sync.protocol=hardsync", "train.epochs=0.25", "wire.parts=3"]
+    early = spy_early(monkeypatch)
+    for k in (1, 2, 4):
+        off = run_sharded(small_config(*common, "wire.priority=false"), k, ctx)
+        assert early == []
+        on = run_sharded(small_config(*common, "wire.priority=true"), k, ctx)
+        assert len(early) == 2  # each learner's
+        # the forwards waited for parts, or ran while replies were still coming
+        assert sum(e.waited + e.ran_ahead for e in early) > 0, k
+        early.clear()
+        steps = {s.state.engine.timestamp for s in off + on}
+        assert len(steps) == 1 and steps.pop() > 10, k
+        w = weights_of(on)
+        assert not np.array_equal(w, initial_weights(small_config(*common))), k  # it trained
+        np.testing.assert_array_equal(w, weights_of(off), err_msg=f"K={k}")
+
+
+def test_a_bad_priority_value_stops_at_the_config_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="wire.priority"):
+        load_config(None, ["wire.priority=maybe"])
+    res = subprocess.run(
+        [sys.executable, "-m", "rudra_zmq", "run", "configs/quickstart.yaml", "--run-dir",
+         str(tmp_path / "r"), "--set", "wire.priority=maybe"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode != 0 and not (tmp_path / "r").exists()
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "wire.priority" in res.stderr and "maybe" in res.stderr
