@@ -10,22 +10,22 @@ import pytest
 import torch
 from torch import nn
 
-from cluster import small_config
 from rudra_zmq import codec
 from rudra_zmq.config import load_config
 from rudra_zmq.flat import FlatModel
 from rudra_zmq.learner.buckets import StreamedPush, enabled, request_calls
 from rudra_zmq.learner.carriers import Frames
 from rudra_zmq.shape import ClusterShape
-from test_buckets import spy_streams
-from test_shards import initial_weights, run_sharded, weights_of
+from test_buckets import assert_pushing_during_backward_ends_as_after
 
 CHUNK_BYTES = 64  # a part in several frames: 32 halves a frame
 
 
 def model():
     torch.manual_seed(0)
-    return FlatModel(nn.Sequential(nn.Linear(37, 29), nn.Tanh(), nn.Linear(29, 23), nn.Linear(23, 7)))
+    return FlatModel(
+        nn.Sequential(nn.Linear(37, 29), nn.Tanh(), nn.Linear(29, 23), nn.Linear(23, 7))
+    )
 
 
 def backward(flat, step: int):
@@ -131,19 +131,8 @@ def test_hardsync_on_float16_pushing_during_backward_ends_bit_identical_to_pushi
 ):
     """σ = 0 and the same float16 bytes: each server sums what narrowing after backward would
     have sent. Every message of every step leaves from inside backward."""
-    streams = spy_streams(monkeypatch)
     common = [
         "sync.protocol=hardsync", "train.epochs=0.25", f"wire.parts={parts}",
         f"wire.stripes={stripes}", "wire.gradient_dtype=float16", "wire.weights_dtype=float16",
     ]  # fmt: skip
-    after = run_sharded(small_config(*common, "wire.push_during_backward=false"), k, ctx)
-    assert streams == []
-    during = run_sharded(small_config(*common), k, ctx)
-    assert len(streams) == 2  # each learner's
-    steps = during[0].state.engine.timestamp
-    assert steps > 10 and {s.state.engine.timestamp for s in after + during} == {steps}
-    for s in streams:
-        assert (s.during, s.after) == (k * parts * steps, 0)
-    w = weights_of(during)
-    assert not np.array_equal(w, initial_weights(small_config(*common)))  # it trained
-    np.testing.assert_array_equal(w, weights_of(after))
+    assert_pushing_during_backward_ends_as_after(ctx, monkeypatch, k, parts, common)
