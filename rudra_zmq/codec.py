@@ -25,10 +25,10 @@ float16, bfloat16; :func:`for_gradients`, :func:`for_weights`, :func:`dtypes`). 
 error feedback on the gradient side: the rounding error of one gradient is added to the next,
 so nothing is lost over time, only delayed by a step. A push made before its gradient is final
 (parts leaving during backward) takes its frames from :meth:`Half.parts_later`: each part is
-narrowed when ready, with its own slice of the residual, into the same bits. The PS and tree nodes still sum and
-update in float32 (master weights). Copies on the f4 path: none when sending; one when a learner
-loads weights (frame -> its model buffer, which it must own and write); none when a server sums
-or applies gradients (kernels read the frames).
+narrowed when ready, with its own slice of the residual, into the same bits. The PS and tree
+nodes still sum and update in float32 (master weights). Copies on the f4 path: none when
+sending; one when a learner loads weights (frame -> its model buffer, which it must own and
+write); none when a server sums or applies gradients (kernels read the frames).
 
 Functions do not block beyond the kernels, which release the GIL. Thread-safe as long as two
 threads do not write one destination at once.
