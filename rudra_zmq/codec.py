@@ -23,10 +23,12 @@ A run picks its codes with ``wire.gradient_dtype`` and ``wire.weights_dtype`` (f
 float16, bfloat16; :func:`for_gradients`, :func:`for_weights`, :func:`dtypes`). A half codec
 (:class:`Half`) narrows into a buffer of its own per message (ZeroMQ holds it until sent), with
 error feedback on the gradient side: the rounding error of one gradient is added to the next,
-so nothing is lost over time, only delayed by a step. The PS and tree nodes still sum and
-update in float32 (master weights). Copies on the f4 path: none when sending; one when a learner
-loads weights (frame -> its model buffer, which it must own and write); none when a server sums
-or applies gradients (kernels read the frames).
+so nothing is lost over time, only delayed by a step. A push made before its gradient is final
+(parts leaving during backward) takes its frames from :meth:`Half.parts_later`: each part is
+narrowed when ready, with its own slice of the residual, into the same bits. The PS and tree
+nodes still sum and update in float32 (master weights). Copies on the f4 path: none when
+sending; one when a learner loads weights (frame -> its model buffer, which it must own and
+write); none when a server sums or applies gradients (kernels read the frames).
 
 Functions do not block beyond the kernels, which release the GIL. Thread-safe as long as two
 threads do not write one destination at once.
@@ -34,6 +36,7 @@ threads do not write one destination at once.
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import numpy as np
@@ -70,6 +73,17 @@ class Float32:
 
     def forget(self) -> None:
         """Nothing kept between encodes."""
+
+    def parts_later(self, pieces, numel: int, chunk_bytes: int) -> list[tuple]:
+        """One message's parts before their values are final: ``pieces`` is (at, piece) per
+        part, ``piece`` a float32 view of the live vector that goes at offset ``at`` of a
+        message of ``numel`` floats. Returns (at, frames, fill) per part: the frames are views
+        of the piece itself, read when sent, so ``fill`` has nothing to do. Does not copy."""
+        return [(at, wire.chunk(piece, chunk_bytes), _nothing) for at, piece in pieces]
+
+
+def _nothing() -> None:
+    """A float32 part's fill: its frames are the vector's own floats."""
 
 
 FLOAT32 = Float32()
@@ -120,15 +134,44 @@ class Half:
         if key is not None and key == last_key and ref() is vector:
             return last
         out = np.empty(vector.shape[0], self._dtype)
-        if self.feedback:
-            if self.residual is None or self.residual.shape != vector.shape:
-                self.residual = np.zeros(vector.shape[0], np.float32)
-            self._narrow(out, vector, self.residual)
-        else:
-            self._narrow(out, vector)
+        self._narrow_at(out, vector, 0)
         if key is not None:
             self._last = (key, weakref.ref(vector), out)
         return out
+
+    def parts_later(self, pieces, numel: int, chunk_bytes: int) -> list[tuple]:
+        """One message's parts before their values are final (a gradient during backward):
+        ``pieces`` is (at, piece) per part, ``piece`` a float32 view of the live vector that
+        goes at offset ``at`` of a message of ``numel`` floats. Returns (at, frames, fill) per
+        part: the frames are views of one new half buffer of ``numel``; ``fill()`` narrows the
+        piece, as it is then, into its place, with feedback from (and into) its own slice
+        ``residual[at : at + len]``. Once every part is filled, in any order, the buffer and
+        the residual hold the bits :meth:`narrowed` gives for the pieces end to end: the
+        kernels work element by element. Allocates the buffer; each fill blocks for one pass
+        over its piece (the kernel releases the GIL)."""
+        out = np.empty(numel, self._dtype)
+        parts = []
+        for at, piece in pieces:
+            _check_vector(self.code, piece)
+            n = piece.shape[0]
+            if at < 0 or at + n > numel:
+                raise ValueError(
+                    f"a part of {n:,} floats at {at:,} does not fit a message of {numel:,}"
+                )
+            frames = wire.chunk(out[at : at + n], chunk_bytes)
+            parts.append((at, frames, functools.partial(self._narrow_at, out, piece, at)))
+        return parts
+
+    def _narrow_at(self, out: np.ndarray, piece: np.ndarray, at: int) -> None:
+        """out[at : at + len(piece)] = piece narrowed, with feedback from its slice of the
+        residual (one of ``out``'s size: made, or remade for a new size, here)."""
+        dst = out[at : at + piece.shape[0]]
+        if not self.feedback:
+            self._narrow(dst, piece)
+            return
+        if self.residual is None or self.residual.shape != out.shape:
+            self.residual = np.zeros(out.shape[0], np.float32)
+        self._narrow(dst, piece, self.residual[at : at + piece.shape[0]])
 
 
 def encode_parts(wire_codec, vector: np.ndarray, bounds, chunk_bytes: int) -> list[tuple]:

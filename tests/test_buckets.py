@@ -158,8 +158,15 @@ def test_hardsync_pushing_during_backward_ends_bit_identical_to_pushing_after(
 ):
     """σ = 0 and the same sums: the server sums each part's finished bytes, whenever they
     left. Two learners: a sum of two is the same in either order of arrival."""
-    streams = spy_streams(monkeypatch)
     common = ["sync.protocol=hardsync", "train.epochs=0.25", f"wire.parts={parts}"]
+    assert_pushing_during_backward_ends_as_after(ctx, monkeypatch, k, parts, common)
+
+
+def assert_pushing_during_backward_ends_as_after(ctx, monkeypatch, k, parts, common) -> None:
+    """Hardsync ``common`` with ``k`` servers, ``parts`` parts a range, run pushing after
+    backward and then during it: every message of every step of the second left from inside
+    backward, and both end with the very same weights."""
+    streams = spy_streams(monkeypatch)
     after = run_sharded(small_config(*common, "wire.push_during_backward=false"), k, ctx)
     assert streams == []
     during = run_sharded(small_config(*common), k, ctx)

@@ -16,30 +16,35 @@ Exactness: the bytes pushed are the finished gradient's, as after backward (a pa
 only once every parameter it overlaps is accumulated: autograd accumulates each parameter
 once per pass, weights shared between layers included); the server sums the same parts. A
 second backward pass in one step would add to parts already sent: it raises, naming the
-parameter.
+parameter. On a half wire (``wire.gradient_dtype`` float16 or bfloat16) each part is narrowed
+the moment it is ready, with its own slice of the error-feedback residual
+(``Frames.share_parts_later``), into the bits that narrowing the finished range at once gives
+after backward: the narrowing kernels work element by element.
 
-On CPU only, and float32 frames on the wire: on a GPU the gradient reaches the host in one
-transfer after backward, a half codec narrows the whole range at once (with its error
-feedback), and a send buffer or shared-memory slots copy the gradient when the request is
-made; all of them push after backward as before (``enabled``). So does a run with one part in
-all (one server, ``wire.parts`` 1): nothing to send early.
+On CPU only: on a GPU the gradient reaches the host in one transfer after backward, and a
+send buffer (advstar) or shared-memory slots copy the gradient when the request is made; all
+of them push after backward as before (``enabled``). So does a run with one part in all (one
+server, ``wire.parts`` 1): nothing to send early.
 
 Not thread-safe: the learner thread that runs backward owns it and the channels.
 """
 
 from __future__ import annotations
 
+import functools
+
 from ..wire import Kind
 
 
 def enabled(flat, carriers) -> bool:
     """Whether parts can leave during backward: a real model on CPU (not staged) and
-    payload frames that are views of the gradient, read when sent (``Frames.views``: float32,
-    no send buffer; not shared-memory slots). Pure."""
+    payload frames that can be made before backward and filled part by part
+    (``Frames.streams``: float32 views or a half codec, no send buffer; not shared-memory
+    slots). Pure."""
     return (
         getattr(flat, "module", None) is not None
         and not flat.staged
-        and all(getattr(c, "views", False) for c in carriers)
+        and all(getattr(c, "streams", False) for c in carriers)
     )
 
 
@@ -170,11 +175,21 @@ def request_calls(ch, ts: int, carrier, grads, server, weights) -> list:
     """One server's request as send calls in part order (part 0 to go last): PUSHPULL in
     parts (``Channel.parts``), or whole when its share is one part. ``grads``: the model's
     whole flat gradient; ``server``: the shape's (``shape.Server``, its parts); ``weights``:
-    where its reply's weights are loaded. The payloads are views of ``grads``, read when each
-    call runs. Does not block."""
+    where its reply's weights are loaded. Each call encodes its part from ``grads`` as it is
+    when the call runs (``Frames.share_parts_later``: float32 views, or a half codec's
+    narrowing of that part), then sends it. Does not block."""
     if len(server.parts) > 1:
-        parts = carrier.share_parts(grads, server)
-        msgs = ch.parts(Kind.PUSHPULL, ts, parts, weights, last=0)
-        return [lambda m=m: ch.send_part(m) for m in msgs]
-    payloads, fields = carrier.gradient(server.share.gather(grads))
-    return [lambda: ch.send(Kind.PUSHPULL, ts, payloads, **fields)]
+        parts = carrier.share_parts_later(grads, server)
+        msgs = ch.parts(Kind.PUSHPULL, ts, [(at, f) for at, f, _ in parts], weights, last=0)
+
+        def send(msg, fill) -> None:
+            fill()
+            ch.send_part(msg)
+
+        return [functools.partial(send, m, fill) for m, (_, _, fill) in zip(msgs, parts)]
+
+    def whole() -> None:
+        payloads, fields = carrier.gradient(server.share.gather(grads))
+        ch.send(Kind.PUSHPULL, ts, payloads, **fields)
+
+    return [whole]

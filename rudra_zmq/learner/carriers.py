@@ -4,7 +4,9 @@ the model: one carrier per server's range, chosen once at start (:func:`make_car
 - :class:`Frames`: ZeroMQ payload frames in the run's payload codec (``codec.py``; float32
   views, zero-copy). Written again only after the reply to the push that carried them
   (advstar: copied into a send buffer first, since the next backward pass starts before that
-  reply). Weights are decoded into the model's buffer: the one copy a load makes.
+  reply). Parts pushed during backward (``buckets.py``) are made before the gradient is
+  final and filled as backward finishes each (``share_parts_later``: a half codec narrows
+  each part then). Weights are decoded into the model's buffer: the one copy a load makes.
 - :class:`SharedSlots` (``architecture.leaf_shm``): two gradient slots in /dev/shm that the
   leaf maps (alternating), and the leaf's weight board; the push names its slot and carries
   no payload. Falls back to frames if the leaf declines or anything about shared memory fails.
@@ -42,8 +44,15 @@ class Frames:
     @property
     def views(self) -> bool:
         """Whether a push's payloads are views of the gradient, read only when sent (float32,
-        no send buffer): they may be made before backward has filled it. Pure."""
+        no send buffer). Pure."""
         return self._sendbuf is None and not self.codec.copies
+
+    @property
+    def streams(self) -> bool:
+        """Whether a push's parts can be made before backward has filled the gradient and
+        each filled as backward finishes it (:meth:`share_parts_later`): float32 views, or a
+        half codec narrowing part by part; not through a send buffer. Pure."""
+        return self._sendbuf is None
 
     def welcomed(self, welcome: wire.Message) -> Frames:
         """The carrier to use after the server's WELCOME (frames stay frames)."""
@@ -70,6 +79,16 @@ class Frames:
         if self.views:
             return [(p.at, wire.chunk(grads[p.lo : p.hi], self.chunk_bytes)) for p in server.parts]
         return self.parts(server.share.gather(grads), server.bounds)
+
+    def share_parts_later(self, grads: np.ndarray, server) -> list[tuple]:
+        """As :meth:`share_parts`, made before backward has finished ``grads``: the push's
+        (offset, payloads, fill) per part of ``server``; calling ``fill()`` once the part's
+        floats are final makes its payloads hold them (float32: the views themselves, nothing
+        to do; a half codec: narrows that part alone with its slice of the error-feedback
+        residual, the bits :meth:`share_parts` would give after backward). Only where
+        :attr:`streams`. Does not block; allocates a half codec's buffer."""
+        pieces = [(p.at, grads[p.lo : p.hi]) for p in server.parts]
+        return self.codec.parts_later(pieces, server.share.numel, self.chunk_bytes)
 
     def refused(self) -> None:
         """The last gradient was refused (rejoin): the codec forgets what it kept of it."""
