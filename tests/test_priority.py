@@ -46,7 +46,7 @@ class FakeChannel:
 def test_ready_parts_go_lowest_first_at_most_depth_in_flight_and_the_last_sent_ends_it():
     log = []
     chans = [FakeChannel(log, 0)]
-    push = PriorityPush(chans, [5], lambda k: list(range(5)), depth=2)
+    push = PriorityPush(chans, [5], lambda k: (list(range(5)), [lambda: None] * 5), depth=2)
     push.begin([0])
     calls = push.calls()[0]
     for i in (4, 3, 2):  # backward: the last layers first
@@ -70,7 +70,9 @@ def test_ready_parts_go_lowest_first_at_most_depth_in_flight_and_the_last_sent_e
 
 def test_the_final_part_waits_until_backward_finished_every_part():
     log = []
-    push = PriorityPush([FakeChannel(log, 0)], [3], lambda k: list(range(3)), depth=4)
+    push = PriorityPush(
+        [FakeChannel(log, 0)], [3], lambda k: (list(range(3)), [lambda: None] * 3), depth=4
+    )
     push.begin([0])
     calls = push.calls()[0]
     calls[0]()
@@ -123,12 +125,18 @@ def spy_early(monkeypatch) -> list:
     return made
 
 
-@pytest.mark.timeout(300)
-def test_hardsync_with_priority_ends_bit_identical_to_without_k_1_2_4(ctx, monkeypatch):
+WIRE_FLOAT16 = ["wire.gradient_dtype=float16", "wire.weights_dtype=float16"]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("dtype", [[], WIRE_FLOAT16], ids=["float32", "float16"])
+def test_hardsync_with_priority_ends_bit_identical_to_without_k_1_2_4(ctx, monkeypatch, dtype):
     """The parts reordered and the forward started on partly arrived replies, the servers
     end with the very weights of ``wire.priority=false``: a layer runs on the version each of
-    its parts belongs to, and the sums are per part."""
-    common = ["sync.protocol=hardsync", "train.epochs=0.25", "wire.parts=3"]
+    its parts belongs to, and the sums are per part. On a float16 wire each part is narrowed
+    (with its slice of the error feedback) when it is handed to libzmq, after backward
+    finished it, as without priority."""
+    common = ["sync.protocol=hardsync", "train.epochs=0.25", "wire.parts=3", *dtype]
     early = spy_early(monkeypatch)
     for k in (1, 2, 4):
         off = run_sharded(small_config(*common, "wire.priority=false"), k, ctx)

@@ -214,13 +214,15 @@ class PushPull:
         for ch in self.links.channels:
             ch.on_part = None
 
-    def _parts_request(self, k: int) -> list:
+    def _parts_request(self, k: int) -> tuple[list, list]:
         """Server ``k``'s request in parts, none of them yet marked last (``PriorityPush``
-        picks it when it sends it). Does not block."""
-        parts = self.carriers[k].share_parts(self.flat.grads, self.servers[k])
-        return self.links.channels[k].parts(
-            Kind.PUSHPULL, self.stamps[k], parts, self._into(k), last=-1
+        picks it when it sends it), and each part's ``fill()``, which encodes it from the
+        gradient as it is then (``Frames.share_parts_later``). Does not block."""
+        parts = self.carriers[k].share_parts_later(self.flat.grads, self.servers[k])
+        msgs = self.links.channels[k].parts(
+            Kind.PUSHPULL, self.stamps[k], [(at, f) for at, f, _ in parts], self._into(k), last=-1
         )
+        return msgs, [fill for _, _, fill in parts]
 
     def step(self, backward) -> bool:
         """``backward()`` fills the gradient; push each server its slice and take the newer

@@ -29,7 +29,8 @@ summed per part by the server. The one requirement: a module reads only its own 
 parameter without calling it (weights tied by hand) must run with ``wire.priority=false``.
 Parts need hardsync (``wire.parts``), so softsync keeps whole-vector waiting.
 
-On CPU only, with float32 frames (``buckets.enabled``). Not thread-safe: the learner thread
+On CPU only, where parts can leave during backward (``buckets.enabled``: float32 views, or a
+half codec narrowing each part as it goes). Not thread-safe: the learner thread
 owns both, its channels and its model.
 """
 
@@ -49,8 +50,10 @@ class PriorityPush:
     ``depth`` per connection in libzmq's queue. Not thread-safe.
 
     ``channels``: one ``Channel`` per server; ``sizes``: each server's parts; ``request(k)``:
-    server ``k``'s messages (``Channel.parts`` with ``last=-1``), made when its first part
-    goes (the stamp and the payload views are then the step's).
+    server ``k``'s messages (``Channel.parts`` with ``last=-1``) and each part's ``fill()``
+    (``Frames.share_parts_later``: nothing for float32 views, a half codec narrows that part
+    into its frames), made when its first part goes (the stamp is then the step's); a part
+    is filled just before it is handed to libzmq, once backward has finished it.
     """
 
     def __init__(self, channels, sizes, request, depth: int = DEPTH):
@@ -58,6 +61,7 @@ class PriorityPush:
         self._queue: dict[int, list[int]] = {}  # server -> heap of its parts ready, not sent
         self._left: dict[int, int] = {}  # server -> its parts backward has not finished
         self._msgs: dict[int, list] = {}  # server -> the request's messages, once made
+        self._fills: dict[int, list] = {}  # server -> each part's fill(), once made
         self._flying: dict[int, list] = {}  # server -> trackers of parts libzmq still holds
 
     def begin(self, servers) -> None:
@@ -65,7 +69,7 @@ class PriorityPush:
         must all be sent (its replies are in)."""
         self._queue = {k: [] for k in servers}
         self._left = {k: self.sizes[k] for k in servers}
-        self._msgs, self._flying = {}, {k: [] for k in servers}
+        self._msgs, self._fills, self._flying = {}, {}, {k: [] for k in servers}
 
     def calls(self) -> dict[int, list]:
         """Each server's send calls for ``buckets.StreamedPush``, in part order: each marks
@@ -91,7 +95,8 @@ class PriorityPush:
             while queue and len(flying) < self.depth:
                 i = heapq.heappop(queue)
                 if k not in self._msgs:
-                    self._msgs[k] = self.request(k)
+                    self._msgs[k], self._fills[k] = self.request(k)
+                self._fills[k][i]()
                 ch = self.channels[k]
                 if not queue and self._left[k] == 0:
                     flying.append(ch.send_final(i, track=True))
