@@ -244,19 +244,25 @@ def epoch_factor(g: Group, base: Group) -> float | None:
     return statistics.median(ratios) if len(ratios) >= 2 else None
 
 
-def gap_curves(groups: list[Group]) -> list[tuple[Group, list[float], list[float]]]:
-    """For each non-baseline group with one baseline at its scale: (group, epochs, gap in
-    points) at the epochs both evaluated, seeds averaged on each side. Pure."""
+def with_baselines(groups: list[Group]) -> list[tuple[Group, Group]]:
+    """Each group paired with the baseline group of its schedule scale (the baseline with
+    itself), in order; groups whose scale has no baseline, or more than one baseline
+    setting, are left out. Pure."""
     bases: dict[float, list[Group]] = {}
     for g in groups:
         if is_baseline(g.cfg):
             bases.setdefault(g.scale, []).append(g)
+    return [(g, bases[g.scale][0]) for g in groups if len(bases.get(g.scale, [])) == 1]
+
+
+def gap_curves(groups: list[Group]) -> list[tuple[Group, list[float], list[float]]]:
+    """For each non-baseline group with one baseline at its scale: (group, epochs, gap in
+    points) at the epochs both evaluated, seeds averaged on each side. Pure."""
     out = []
-    for g in groups:
-        found = bases.get(g.scale, [])
-        if len(found) != 1 or g is found[0]:
+    for g, base_group in with_baselines(groups):
+        if g is base_group:
             continue
-        mine, base = _mean_curve(g), _mean_curve(found[0])
+        mine, base = _mean_curve(g), _mean_curve(base_group)
         epochs = [e for e in mine if e in base]
         if epochs:
             out.append((g, epochs, [100 * (mine[e] - base[e]) for e in epochs]))
@@ -307,16 +313,8 @@ def write_gap_curves(groups: list[Group], out_dir: Path) -> list[Path]:
 def gap_rows(groups: list[Group]) -> list[dict]:
     """One ``CSV_FIELDS`` row per group that has a baseline at its scale (the baseline's own
     rows included, gap 0). Empty when no scale has exactly one baseline setting."""
-    bases: dict[float, list[Group]] = {}
-    for g in groups:
-        if is_baseline(g.cfg):
-            bases.setdefault(g.scale, []).append(g)
     out = []
-    for g in groups:
-        found = bases.get(g.scale, [])
-        if len(found) != 1:
-            continue
-        base = found[0]
+    for g, base in with_baselines(groups):
         gap = 100 * (g.mean - base.mean)
         se = None
         if g is not base and g.sd is not None and base.sd is not None:
