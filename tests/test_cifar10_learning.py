@@ -97,12 +97,15 @@ def test_hardsync_with_buckets_during_backward_on_real_images_ends_with_the_same
     buckets leave from inside backward (``learner/buckets.py``: one server in 4 buckets of at
     most 0.1 MiB, or 4 servers in 2 parts each, striped or in ranges) and the servers end with
     the very weights of pushing after backward, bit for bit (σ = 0; a sum of two gradients is the same in either
-    order of arrival). docs/architecture.md has a longer run's figures."""
+    order of arrival), and so do they with ``wire.priority`` (parts sent lowest offset first,
+    the next forward run layer by layer as the replies come). docs/architecture.md has a
+    longer run's figures."""
     import numpy as np
 
     from rudra_zmq.config import load_config
     from rudra_zmq.shape import ClusterShape
     from test_buckets import spy_streams
+    from test_priority import spy_early
     from test_shards import initial_weights, run_sharded, weights_of
 
     def cfg(*extra):
@@ -135,3 +138,8 @@ def test_hardsync_with_buckets_during_backward_on_real_images_ends_with_the_same
     w = weights_of(during)
     assert not np.array_equal(w, initial_weights(cfg()))  # it trained
     np.testing.assert_array_equal(w, weights_of(after))
+    # wire.priority: parts lowest offset first, each layer's forward once its weights are in
+    early = spy_early(monkeypatch)
+    prio = run_sharded(cfg("wire.priority=true"), k, ctx)
+    assert len(early) == 2 and {s.state.engine.timestamp for s in prio} == {5}
+    np.testing.assert_array_equal(weights_of(prio), weights_of(after))
