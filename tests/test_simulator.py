@@ -108,11 +108,25 @@ def test_gradients_computed_ahead_on_worker_threads_change_nothing(overrides, pa
 
 # Batched gradients (one forward/backward per weights version per update) against the
 # per-gradient path on the same seed. Float summation order differs: after 10 updates the
-# weights agree to 1e-5 of their largest magnitude (seen: <= 1e-7), where a wrong scale, a
-# gradient on the wrong version or a dropped one is off by more than 1e-4. Later, a ReLU or
-# max-pool tie that rounding tips the other way makes the runs drift apart (seen: 3e-5 after
-# 16 updates at lr 0.05), as two thread counts do: tolerances hold for the first updates.
+# weights agree to 1e-5 of their largest magnitude (seen: <= 1e-7 on a Zen 4 VM), where a
+# wrong scale, a gradient on the wrong version or a dropped one is off by more than 1e-4
+# nearly everywhere (a 1 % larger rate: 93 % of the weights off by more than 1e-5, the 99th
+# percentile at 1e-3). A ReLU or max-pool tie that rounding tips the other way moves a few
+# units' weights further (seen: 3e-5 after 16 updates at lr 0.05; on an AVX2-only Zen 3 VM,
+# 0.3 % of the weights past 1e-5 after 10 updates, at most 4.2e-5), as two thread counts do.
+# So: at most 1 % of the weights past BATCHED_TOLERANCE, none past BATCHED_BOUND.
 BATCHED_TOLERANCE = 1e-5
+BATCHED_BOUND = 1e-4
+
+
+def assert_batched_close(new, old) -> None:
+    """``new`` weights as the per-gradient path's ``old`` up to float summation order (the
+    comment above): at most 1 % of them off by more than BATCHED_TOLERANCE of the largest
+    magnitude, none by more than BATCHED_BOUND."""
+    scale = np.abs(old).max()
+    off = np.abs(np.asarray(new, np.float64) - old) / scale
+    assert (off > BATCHED_TOLERANCE).mean() <= 0.01, f"{(off > BATCHED_TOLERANCE).mean():.2%}"
+    assert off.max() <= BATCHED_BOUND, f"max {off.max():.2e} of the largest weight"
 
 
 @pytest.mark.parametrize(
@@ -160,8 +174,7 @@ def test_batched_gradients_give_the_per_gradient_weights(overrides):
         assert max(s for u in new.updates for s in u["sigmas"]) > 1
     if "sync.n=2" in overrides:  # an update drew on two weights versions
         assert any(len(set(np.subtract(u["ts"] - 1, u["sigmas"]))) > 1 for u in new.updates)
-    scale = np.abs(old.weights).max()
-    np.testing.assert_allclose(new.weights, old.weights, rtol=0, atol=BATCHED_TOLERANCE * scale)
+    assert_batched_close(new.weights, old.weights)
     np.testing.assert_array_equal(ahead.weights, new.weights)
     assert [e["ts"] for e in new.evals] == [e["ts"] for e in old.evals]
 
@@ -206,9 +219,7 @@ def test_cifar10_full_batched_matches_per_gradient_on_synthetic_images():
     old = simulate(c, train=True, jitter=0.3, max_updates=8, gradients="per-gradient")
     new = simulate(c, train=True, jitter=0.3, max_updates=8, gradients="batched")
     assert new.updates == old.updates
-    np.testing.assert_allclose(
-        new.weights, old.weights, rtol=0, atol=BATCHED_TOLERANCE * np.abs(old.weights).max()
-    )
+    assert_batched_close(new.weights, old.weights)
 
 
 def test_batched_gradients_are_refused_for_a_model_with_dropout_and_auto_avoids_them():
