@@ -138,18 +138,18 @@ def test_bucket_mb_cuts_a_range_in_more_parts_and_zero_is_refused_in_one_line(tm
     assert line.endswith(("got -1", "got -1.0")), line
 
 
-@pytest.mark.timeout(240)
-def spy_streams(monkeypatch) -> list:
-    """The list every StreamedPush made from now on is appended to (each learner's)."""
-    streams = []
-    init = StreamedPush.__init__
+def spy_instances(monkeypatch, cls) -> list:
+    """The list every ``cls`` made from now on is appended to (each learner's StreamedPush
+    or EarlyWeights, say)."""
+    made = []
+    init = cls.__init__
 
     def spy(self, *args):
         init(self, *args)
-        streams.append(self)
+        made.append(self)
 
-    monkeypatch.setattr(StreamedPush, "__init__", spy)
-    return streams
+    monkeypatch.setattr(cls, "__init__", spy)
+    return made
 
 
 @pytest.mark.parametrize("k, parts", [(1, 4), (2, 1), (2, 3)])
@@ -166,7 +166,7 @@ def assert_pushing_during_backward_ends_as_after(ctx, monkeypatch, k, parts, com
     """Hardsync ``common`` with ``k`` servers, ``parts`` parts a range, run pushing after
     backward and then during it: every message of every step of the second left from inside
     backward, and both end with the very same weights."""
-    streams = spy_streams(monkeypatch)
+    streams = spy_instances(monkeypatch, StreamedPush)
     after = run_sharded(small_config(*common, "wire.push_during_backward=false"), k, ctx)
     assert streams == []
     during = run_sharded(small_config(*common), k, ctx)
@@ -206,7 +206,7 @@ def test_hardsync_over_stripes_ends_bit_identical_to_ranges_and_to_one_server(ct
 def test_a_straggler_of_runtime_compute_times_pushes_after_its_sleep(ctx, monkeypatch):
     """``runtime.compute_times`` makes a learner sleep after its backward: its parts must
     wait for that sleep, or the straggler would be one only in its next forward."""
-    streams = spy_streams(monkeypatch)
+    streams = spy_instances(monkeypatch, StreamedPush)
     cfg = ["sync.protocol=hardsync", "train.epochs=0.1", "wire.parts=2"]
     run_sharded(small_config(*cfg, "runtime.compute_times=[1,1.5]"), 1, ctx)
     assert len(streams) == 2

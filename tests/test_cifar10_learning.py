@@ -103,9 +103,10 @@ def test_hardsync_with_buckets_during_backward_on_real_images_ends_with_the_same
     import numpy as np
 
     from rudra_zmq.config import load_config
+    from rudra_zmq.learner.buckets import StreamedPush
+    from rudra_zmq.learner.priority import EarlyWeights
     from rudra_zmq.shape import ClusterShape
-    from test_buckets import spy_streams
-    from test_priority import spy_early
+    from test_buckets import spy_instances
     from test_shards import initial_weights, run_sharded, weights_of
 
     def cfg(*extra):
@@ -124,7 +125,7 @@ def test_hardsync_with_buckets_during_backward_on_real_images_ends_with_the_same
             ],
         )
 
-    streams = spy_streams(monkeypatch)
+    streams = spy_instances(monkeypatch, StreamedPush)
     after = run_sharded(cfg("wire.push_during_backward=false"), k, ctx)
     assert streams == []
     during = run_sharded(cfg(), k, ctx)
@@ -139,7 +140,7 @@ def test_hardsync_with_buckets_during_backward_on_real_images_ends_with_the_same
     assert not np.array_equal(w, initial_weights(cfg()))  # it trained
     np.testing.assert_array_equal(w, weights_of(after))
     # wire.priority: parts lowest offset first, each layer's forward once its weights are in
-    early = spy_early(monkeypatch)
+    early = spy_instances(monkeypatch, EarlyWeights)
     prio = run_sharded(cfg("wire.priority=true"), k, ctx)
     assert len(early) == 2 and {s.state.engine.timestamp for s in prio} == {5}
     np.testing.assert_array_equal(weights_of(prio), weights_of(after))

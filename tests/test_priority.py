@@ -18,6 +18,7 @@ from rudra_zmq.flat import FlatModel
 from rudra_zmq.learner.priority import EarlyWeights, PriorityPush
 from rudra_zmq.shape import ClusterShape
 from rudra_zmq.typed_yaml import ConfigError
+from test_buckets import spy_instances
 from test_shards import initial_weights, run_sharded, weights_of
 
 
@@ -112,19 +113,6 @@ def test_a_layer_runs_once_its_parts_are_in_and_the_root_settles_the_rest():
     early.close()
 
 
-def spy_early(monkeypatch) -> list:
-    """The list every EarlyWeights made from now on is appended to (each learner's)."""
-    made = []
-    init = EarlyWeights.__init__
-
-    def spy(self, *args):
-        init(self, *args)
-        made.append(self)
-
-    monkeypatch.setattr(EarlyWeights, "__init__", spy)
-    return made
-
-
 WIRE_FLOAT16 = ["wire.gradient_dtype=float16", "wire.weights_dtype=float16"]
 
 
@@ -137,7 +125,7 @@ def test_hardsync_with_priority_ends_bit_identical_to_without_k_1_2_4(ctx, monke
     (with its slice of the error feedback) when it is handed to libzmq, after backward
     finished it, as without priority."""
     common = ["sync.protocol=hardsync", "train.epochs=0.25", "wire.parts=3", *dtype]
-    early = spy_early(monkeypatch)
+    early = spy_instances(monkeypatch, EarlyWeights)
     for k in (1, 2, 4):
         off = run_sharded(small_config(*common, "wire.priority=false"), k, ctx)
         assert early == []
