@@ -66,21 +66,28 @@ def test_a_node_or_learner_whose_servers_all_finished_has_finished_and_is_not_re
         assert verdict("node", *over).action == ("restart" if restart[-4:] == "true" else "stop")
 
 
-def test_a_learner_failing_after_some_of_its_servers_finished_is_left_out_not_restarted():
+def test_a_learner_failing_after_some_of_its_servers_finished_is_restarted_with_their_weights():
     """K = 2, server 0 finished (its ps_final.json says done) and has exited, server 1 trains
-    on: a restarted learner would say HELLO to server 0, which is gone, and wait
-    runtime.timeout_s for its range's weights (then fail, and again); it is left out while
-    another learner trains, and the run stops when none does."""
+    on: a learner restarted as before would say HELLO to server 0, which is gone, and wait
+    runtime.timeout_s for its range's weights (then fail, and again: chaos soak seed 10); it
+    is restarted with --finished-in RUN, which takes server 0's range from its final weights,
+    whether another learner trains or not."""
     cfg = small_config("runtime.restart=true", "architecture.servers=2")
     args = (cfg, "learner0", "learner", ("--config", "c"), 0)
-    v = on_failure(*args, True, RUN, None, ("ps", "ps1"), ("ps",))
-    assert v.action == "leave_out", v
-    assert "learner0 failed after ps finished training (ps_final.json)" in v.message
-    assert "left out; the run goes on with the others" in v.message
-    v = on_failure(*args, False, RUN, None, ("ps", "ps1"), ("ps",))
-    assert v.action == "stop" and "no other learner trains" in v.message
+    for others in (True, False):
+        v = on_failure(*args, others, RUN, None, ("ps", "ps1"), ("ps",))
+        assert v.action == "restart", v
+        assert v.args == ("--config", "c", "--finished-in", RUN), v.args
+        assert "restarting learner0 with ps's final weights (ps finished)" in v.message
+    # restarted again: --finished-in once
+    again = on_failure(cfg, "learner0", "learner", v.args, 1, True, RUN, None, (), ("ps",))
+    assert again.args == v.args
     # no server finished: restarted as before
-    assert on_failure(*args, True, RUN, None, ("ps", "ps1"), ()).action == "restart"
+    v = on_failure(*args, True, RUN, None, ("ps", "ps1"), ())
+    assert v.action == "restart" and v.args == ("--config", "c")
+    # past runtime.max_restarts it stops the run, as any role does
+    v = on_failure(cfg, "learner0", "learner", (), 100, True, RUN, None, (), ("ps",))
+    assert v.action == "stop" and "runtime.max_restarts" in v.message
 
 
 def test_a_finished_server_of_two_welcomes_a_new_learner_with_its_final_weights(ctx):

@@ -8,10 +8,11 @@ servers come back. A tree node or learner that failed once every server it serve
 ``ps_final.json`` saying training is done (a node's range's root; a learner's every server)
 has finished: nothing waits for it, so it is not restarted (with restarts it would ask a root
 that has gone for ever). A learner that failed once some of its servers (not all) wrote it is
-left out, not restarted: a new learner holds none of a finished server's range, which that
-server no longer serves (gone, or answering only STOP), so it would wait ``runtime.timeout_s``
-for it and fail again; the servers still training evict it and go on with the other learners
-(the run stops when none is left). Without restarts a failed learner is left out while another learner
+restarted with ``--finished-in RUN_DIR``: a new learner holds none of a finished server's
+range, which that server no longer serves (gone, or answering only STOP), so it takes those
+ranges from the finished servers' final weights and trains the others' (without them it
+would wait ``runtime.timeout_s`` for a server that has gone, fail, and be restarted again:
+chaos soak seed 10). Without restarts a failed learner is left out while another learner
 still trains (or finished: it was told STOP), a PS that failed after it wrote
 ``ps_final.json`` saying training is done (its final weights saved) ends the run with them,
 and any other failure stops the run.
@@ -41,15 +42,19 @@ class Verdict:
     args: tuple[str, ...] = ()
 
 
-def restart_args(role: str, args) -> tuple[str, ...]:
+def restart_args(role: str, args, finished_in=None) -> tuple[str, ...]:
     """The command-line arguments a restarted ``role`` gets: the PS resumes from its newest
     checkpoint; a statistics server always appends to the run's metrics, on the run's clock,
-    and goes on in this run (no ``--resume``: no new period begins)."""
+    and goes on in this run (no ``--resume``: no new period begins); a learner restarted
+    after some servers finished takes their ranges from their files in ``finished_in`` (the
+    run directory)."""
     args = list(args)
     if role == "ps" and "--resume" not in args:
         args.append("--resume")
     if role == "stats":
         args = [a for a in args if a != "--resume"]
+    if role == "learner" and finished_in is not None and "--finished-in" not in args:
+        args += ["--finished-in", str(finished_in)]
     return tuple(args)
 
 
@@ -80,15 +85,6 @@ def on_failure(
             f"{label} failed after training ended for {whom} (ps_final.json: done at "
             f"epoch {final['epoch']:.2f}); it has nothing left to do and is not restarted",
         )
-    if role == "learner" and finished:  # some servers finished: their ranges are gone
-        done = ", ".join(finished)
-        why = (
-            f"{label} failed after {done} finished training (ps_final.json); restarted, it "
-            f"would hold none of {done}'s final weights and wait runtime.timeout_s for them"
-        )
-        if others_going:
-            return Verdict("leave_out", f"{why}: left out; the run goes on with the others")
-        return Verdict("stop", f"{why}, and no other learner trains: stopping the run")
     if role == "ps" and final is not None and not runtime.restart:
         return Verdict(
             "finished",
@@ -104,10 +100,12 @@ def on_failure(
                 f"{runtime.max_restarts}); stopping the run",
             )
         how = " from its newest checkpoint" if role == "ps" else ""
+        if role == "learner" and finished:  # their ranges: their final weights, in run_dir
+            how = f" with {', '.join(finished)}'s final weights ({', '.join(finished)} finished)"
         return Verdict(
             "restart",
             f"restarting {label}{how} ({restarts + 1} of at most {runtime.max_restarts})",
-            restart_args(role, args),
+            restart_args(role, args, run_dir if role == "learner" and finished else None),
         )
     if role == "learner" and not runtime.restart:
         if others_going:

@@ -132,7 +132,9 @@ def cmd_learner(args) -> int:
         "rudra_zmq.learner.learner",
         threads,
         True,
-        lambda m: m.serve(cfg, args.id, ps, args.data, args.stats, **extra),
+        lambda m: m.serve(
+            cfg, args.id, ps, args.data, args.stats, finished_in=args.finished_in, **extra
+        ),
     )
 
 
@@ -273,6 +275,13 @@ def add_learner(sub) -> None:
         metavar="EP[,EP...]",
         help="advstar: per --id, the endpoint it binds for its broadcast children, "
         "or none (default: none for all)",
+    )
+    p.add_argument(
+        "--finished-in",
+        metavar="RUN_DIR",
+        help="architecture.servers > 1: the servers whose ps_final.json in this run directory "
+        "says training is done are left out, their ranges taken from their final weights (the "
+        "launcher gives it to a learner it restarts after some servers finished)",
     )
     p.set_defaults(func=cmd_learner)
 

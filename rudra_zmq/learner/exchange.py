@@ -56,7 +56,8 @@ class PushPull:
     A server that answers ``rejoin`` (it restarted, or evicted this learner) gets a HELLO
     alone with the newest timestamp this learner saw; the slice it refused is dropped (with
     error feedback, its rounding residual too), the others' replies are taken, and the
-    WELCOME's weights and data step (``on_welcome``, from server 0) are where it goes on. A
+    WELCOME's weights and data step (``on_welcome``, from the first server still training) are
+    where it goes on. A
     server that says STOP has finished training; the learner goes on with the others (their
     ranges trained on the finished ones' final weights) and ends once every server has said
     STOP, or once the others stay silent for ``runtime.timeout_s`` after one said it (a
@@ -139,6 +140,27 @@ class PushPull:
             **self.carriers[k].hello_fields,
         )
 
+    def take_finished(self, finished: dict) -> None:
+        """Before :meth:`start`: the servers in ``finished`` ({k: (timestamp, weights of its
+        range)}, ``end_files.finished_ranges``) ended training before this learner started (it
+        was restarted) and may be gone: their ranges are loaded from those final weights and
+        they are left out of every request, as if they had said STOP. Does not block."""
+        for k, (ts, w) in sorted(finished.items()):
+            if k not in self.active:
+                continue
+            self._into(k)[:] = w
+            self._placed(k)
+            self.stamps[k] = ts
+            self.active.remove(k)
+        if finished:
+            log.info(
+                "learner %d: servers %s finished training before it started: their ranges "
+                "are their final weights; going on with %s",
+                self.id,
+                sorted(finished),
+                self.active,
+            )
+
     def start(self, which=None) -> bool:
         """Say HELLO to the servers ``which`` (default all still training) and load their
         WELCOMEs' ranges. Blocks; False once every server has said STOP."""
@@ -155,8 +177,9 @@ class PushPull:
             self._load(k, msg)
             self.carriers[k] = self.carriers[k].welcomed(msg)
         self.flat.weights_to_device()
-        if 0 in replies:  # the data order goes on where the first server says
-            self.on_welcome(replies[0].fields.get("step"))
+        lead = self.active[0]  # the data order goes on where the first server training says
+        if lead in replies:
+            self.on_welcome(replies[lead].fields.get("step"))
         return True
 
     def _load(self, k: int, msg: wire.Message) -> None:

@@ -35,6 +35,7 @@ import torch
 import zmq
 
 from .. import timeline, transport
+from ..server.end_files import finished_ranges
 from ..shape import ClusterShape
 from .data_client import DataClient
 from .exchange import make_exchange
@@ -77,11 +78,14 @@ class Learner:
         stats: str | None = None,
         ctx: zmq.Context | None = None,
         bcast: tuple[str, str | None] | None = None,
+        finished_in=None,
     ):
         """``ps``: the endpoint of each server of the cluster's shape (``shape.ClusterShape``;
         Rudra-adv: its leaf in each range's tree), in range order (one: a string will do).
         ``bcast`` (advstar only): (upstream endpoint, endpoint to bind for its broadcast
-        children or None)."""
+        children or None). ``finished_in``: the run directory of a learner restarted after
+        some of several servers finished training: their ranges come from their final weights
+        there (``end_files.finished_ranges``), and it trains the others'."""
         from ..data.datasets import dataset_shape
         from ..devices import learner_device
         from ..flat import FlatModel
@@ -109,14 +113,16 @@ class Learner:
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         try:
-            self._connect(endpoints, data, stats, bcast, shape)
+            self._connect(endpoints, data, stats, bcast, shape, finished_in)
         except BaseException:  # a socket left open would keep the context's term() waiting
             self._close_built()
             raise
 
-    def _connect(self, endpoints: list[str], data: str, stats, bcast, shape) -> None:
+    def _connect(self, endpoints: list[str], data: str, stats, bcast, shape, finished_in) -> None:
         """Make the sockets: to each server of the cluster's shape, the data and statistics
-        servers, and the exchange (adv*: its broadcast link). Blocks for none."""
+        servers, and the exchange (adv*: its broadcast link), which leaves out the servers
+        that finished in ``finished_in`` (a run directory, or None). Blocks for none (reads
+        their small end files)."""
         cfg, learner_id = self.cfg, self.id
         cluster = ClusterShape.of(cfg, self.flat.numel)
         channels = server_channels(
@@ -146,6 +152,8 @@ class Learner:
             self.exchange.push_after_backward()
         self.exchange.on_welcome = self._start_data_at
         self.exchange.data_step = lambda: self.data.expected
+        if finished_in is not None:
+            self.exchange.take_finished(finished_ranges(finished_in, cluster, cfg.train.epochs))
 
     def _close_built(self) -> None:
         """The constructor failed: close what ``_connect`` made before it did (and the
@@ -255,11 +263,13 @@ def serve(
     stats: str | None = None,
     bcast_upstream: list[str] | None = None,
     bcast_bind: list | None = None,
+    finished_in=None,
 ) -> int:
     """Entry point of ``rudra-zmq learner``: run these learners (one thread each) to the end.
 
     ``bcast_upstream``/``bcast_bind`` (advstar): per learner id, its broadcast upstream and
-    the endpoint it binds for its broadcast children (None: it has none).
+    the endpoint it binds for its broadcast children (None: it has none). ``finished_in``:
+    see ``Learner``.
 
     If one learner fails, the error is logged and raised at once: waiting for the others
     could hang (hardsync waits for every learner), and the launcher stops the run.
@@ -276,7 +286,14 @@ def serve(
     ctx, threads, stopping = zmq.Context(), [], threading.Event()
     try:
         return _serve_in(
-            ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind, threads, stopping
+            ctx,
+            cfg,
+            learner_ids,
+            (ps, data, stats, finished_in),
+            bcast_upstream,
+            bcast_bind,
+            threads,
+            stopping,
         )
     finally:
         if transport.security() is not None:
@@ -340,20 +357,24 @@ def _exit_unfinalized(exc: BaseException | None) -> None:
     os._exit(code)
 
 
-def _serve_in(
-    ctx, cfg, learner_ids, ps, data, stats, bcast_upstream, bcast_bind, threads, stopping
-) -> int:
+def _serve_in(ctx, cfg, learner_ids, peers, bcast_upstream, bcast_bind, threads, stopping) -> int:
     """Run the learners: in this thread if one, else one thread each (added to ``threads``;
-    ``stopping`` set: they are being stopped, an error is not a failure)."""
+    ``stopping`` set: they are being stopped, an error is not a failure). ``peers``: ``serve``'s
+    (ps, data, stats, finished_in)."""
+    ps, data, stats, finished_in = peers
     bcast = dict(zip(learner_ids, zip(bcast_upstream or [], bcast_bind or [])))
+
+    def learner(i):
+        return Learner(cfg, i, ps, data, stats, ctx, bcast.get(i), finished_in)
+
     if len(learner_ids) == 1:
-        return Learner(cfg, learner_ids[0], ps, data, stats, ctx, bcast.get(learner_ids[0])).run()
+        return learner(learner_ids[0]).run()
     errors: list[BaseException] = []
     failed = threading.Event()
 
     def work(i):
         try:
-            Learner(cfg, i, ps, data, stats, ctx, bcast.get(i)).run(stop_event=failed)
+            learner(i).run(stop_event=failed)
         except BaseException as exc:  # reported by the main thread
             if stopping.is_set():
                 return

@@ -6,7 +6,8 @@
   the new one, never half of one;
 - read back by the statistics server (the final weights when their EVAL never reached it:
   :func:`final_weights`), the launcher and ``--resume`` (:func:`read_final`,
-  :func:`final_done`); the PS writes ``weights.npy`` first, so once ``ps_final.json`` names a
+  :func:`final_done`), a learner restarted after some of several servers finished (their
+  ranges' final weights: :func:`finished_ranges`); the PS writes ``weights.npy`` first, so once ``ps_final.json`` names a
   timestamp, ``weights.npy`` holds the weights at it;
 - with several servers (``architecture.servers`` = K > 1) each server writes its range's
   files in its own folder, ``RUN/servers/server-I/`` (``shape.Server.files_dir``), and the
@@ -131,6 +132,28 @@ def final_done(run_dir, epochs: float) -> dict | None:
     except OSError:
         return None
     return {"type": "done", "ts": final["timestamp"], "t": t, "epoch": float(final["epoch"])}
+
+
+def finished_ranges(run_dir, shape, epochs: float) -> dict[int, tuple[int, np.ndarray]]:
+    """{k: (timestamp, final weights of its range)} of the servers of ``shape`` (several:
+    ``shape.ClusterShape``, sized to the model) whose ``ps_final.json`` in ``run_dir`` says
+    training is done at ``epochs`` or later: what a learner restarted after they finished
+    trains the other ranges on (``weights.npy`` is written first, so it holds the weights at
+    that timestamp). Skips a server whose weights file is unreadable or another size than
+    its share. Reads 2K small files."""
+    out = {}
+    for s in shape.servers if shape.count > 1 else ():
+        d = s.files_dir(run_dir)
+        final = read_final(d)
+        if final is None or not final["epoch"] >= epochs:
+            continue
+        try:
+            w = np.load(d / WEIGHTS_FILE, allow_pickle=False)
+        except (OSError, ValueError, EOFError):
+            continue
+        if w.dtype == np.float32 and w.shape == (s.share.numel,):
+            out[s.index] = (int(final["timestamp"]), w)
+    return out
 
 
 def finals(dirs, epochs: float) -> list[dict] | None:
