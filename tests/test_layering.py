@@ -93,6 +93,7 @@ ALLOWED = {
     "learner": {
         "rudra_zmq.broadcast.member",  # Rudra-adv*: a learner is a member of the broadcast
         "rudra_zmq.stats.client",
+        "rudra_zmq.server.end_files",  # restarted: finished servers' ranges, as they left them
     },
     "stats": {
         "rudra_zmq.server.end_files",  # the final weights as the PS left them
