@@ -300,7 +300,8 @@ def check_kills_recorded(run_dir: Path, landed: list, res: dict) -> list[str]:
         except OSError:
             log = ""
         resumed = log.count("parameter server: resumed from ")
-        if "starting from the initial weights" in log:  # a restart that lost its range
+        # a restart that lost its range (a tree's root said the first up to 3eb0059)
+        if any(w in log for w in ("starting from the initial", "starts over from the initial")):
             problems.append(f"{label} restarted from the initial weights, not a checkpoint")
         elif n and not resumed:  # one killed in its start-up says nothing: not counted
             problems.append(f"{label} restarted {n} times, never said which checkpoint")

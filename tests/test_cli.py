@@ -166,11 +166,16 @@ def test_role_commands_pass_their_endpoints_and_overrides_to_serve(tmp_path, fak
     expected = load_config(cfg, ["optimizer.lr=0.5", "runtime.ps_threads=3"])
     # resume=False, server 0 (the one server of the config's shape)
     assert calls["ps"] == (expected, "tcp://h:1", "tcp://h:3", "r", False, 0)
-    assert calls["learner"] == (expected, [0, 2], ["tcp://h:1"], "tcp://h:2", None)
+    # stats None, finished_in None
+    assert calls["learner"] == (expected, [0, 2], ["tcp://h:1"], "tcp://h:2", None, None)
     assert calls["data_server"] == (expected, "tcp://h:2")
     assert calls["stats_server"] == (expected, "tcp://h:3", "r", False)
     assert calls["malloc"] is True
     assert threads == [3, devices.learner_threads(expected, 2), 1, 1]  # --id 0,2: 2 here
+    # restarted after some servers finished: where their final weights are
+    learner = ["learner", *common, "--id", "1", "--ps", "tcp://h:1", "--data", "tcp://h:2"]
+    assert cli.main([*learner, "--finished-in", "r"]) == 0
+    assert calls["learner"][-1] == "r"
 
 
 def test_learner_threads_default_to_usable_cores_over_learners_here(monkeypatch):
