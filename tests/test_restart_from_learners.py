@@ -135,3 +135,34 @@ def test_under_softsync_a_restart_loses_at_most_the_freshest_learners_staleness(
     assert 0 <= restart["lost"] <= 20 - restart["ts"] <= max(sigmas) + 1, (restart, max(sigmas))
     assert records(r.dir, "eval")[-1]["ts"] == final["timestamp"]
     assert "restarted: server 1 from learner" in r.out
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_a_tree_root_restarted_without_a_checkpoint_takes_its_range_back_through_its_nodes(
+    tmp_path, servers
+):
+    """Rudra-adv (a tree of two leaves of two learners per range), 1-softsync, no
+    checkpoints: the root of range 0 killed mid-run resumes at the freshest copy its leaves
+    pass up from their first rejoining learners (each leaf fails on the new root's "rejoin" and
+    is restarted), not at the initial weights: it loses at most the largest staleness a
+    gradient had, plus the update in flight."""
+    crash_ts = total_updates() // 4  # mid-run: µλ = 64 here, twice BASE's
+    r = Run(
+        tmp_path,
+        "adv",
+        [*BASE, "sync.protocol=softsync", "sync.n=1", "sync.learners=4"]
+        + [f"architecture.servers={servers}", "train.checkpoint_every_updates=0"]
+        + ["runtime.restart=true", "runtime.max_restarts=4"],
+        config="quickstart_adv.yaml",
+        crash={"PS_CRASH_AT": "update", "PS_CRASH_PLAN": f"0:{crash_ts}"},
+    )
+    assert r.finish(timeout=280) == 0, r.out
+    final = json.loads((r.dir / "ps_final.json").read_text())
+    (restart,) = final["restarts"]
+    assert restart["server"] == 0 and restart["from"].startswith("tree node "), restart
+    sigmas = [s for u in records(r.dir, "update") if u.get("server", 0) == 0 for s in u["sigmas"]]
+    assert 0 <= crash_ts - restart["ts"] <= max(sigmas) + 1, (restart, max(sigmas))
+    assert 0 <= restart["lost"] <= crash_ts - restart["ts"], restart
+    evals = records(r.dir, "eval")
+    assert evals[-1]["ts"] == final["timestamp"] and final["epoch"] >= EPOCHS, evals[-1]
+    assert "from tree node" in next(x for x in r.out.splitlines() if x.startswith("result:"))

@@ -478,7 +478,9 @@ def make_exchange(cfg, shape, learner_id: int, flat, links, ctx, bcast=None):
         if cfg.architecture.kind == "advstar":
             return BroadcastPush(cfg, learner_id, flat, links, shape, carriers, ctx, bcast)
         ex = PushPull(learner_id, flat, links, shape, carriers)
-        ex.send_copy = cfg.architecture.kind == "base"  # a tree node keeps no copies
+        # a restarted server (Rudra-base) or tree root (Rudra-adv: through the new leaf)
+        # takes its range back from the freshest copy a rejoining learner sends
+        ex.send_copy = cfg.architecture.kind in ("base", "adv")
         ex.chunk_bytes = cfg.runtime.chunk_mib << 20
         if (  # parts leave during backward where there are parts and they can
             cfg.wire.push_during_backward

@@ -104,7 +104,7 @@ RECORD_FIELDS = {
         "epoch": _EPOCH,
         "incarnation": fields.integer(1).optional(),
         "checkpoint": fields.text().or_null().optional(),
-        "from": fields.text().optional(),  # checkpoint, learner L or initial
+        "from": fields.text().optional(),  # checkpoint, learner L, tree node N or initial
         "lost": fields.integer().optional(),
         **_SERVER,
     },
@@ -235,17 +235,18 @@ FINAL_FIELDS = {
 }
 
 
-def _is_learner(v) -> bool:
-    word, _, n = v.partition(" ")
-    return word == "learner" and n.isdigit() and len(n) < 10
+def _is_copy_holder(v) -> bool:
+    """``learner L`` or ``tree node N``: whose copy a restarted server took its range from."""
+    word, _, n = v.rpartition(" ")
+    return word in ("learner", "tree node") and n.isdigit() and len(n) < 10
 
 
 # one restart of a server (``server/restart_record.py``), in ps_final.json's ``restarts``
 RESTART_FIELDS = {
     "server": fields.integer(),
     "from": fields.Field(
-        "checkpoint, initial or learner L",
-        lambda v: isinstance(v, str) and (v in ("checkpoint", "initial") or _is_learner(v)),
+        "checkpoint, initial, learner L or tree node N",
+        lambda v: isinstance(v, str) and (v in ("checkpoint", "initial") or _is_copy_holder(v)),
     ),
     "ts": fields.integer(),
     "lost": fields.integer(),

@@ -136,13 +136,16 @@ class ParameterServer:
         )
         if self.files_dir is not None:
             self.files_dir.mkdir(parents=True, exist_ok=True)
-        # restarted (Rudra-base, training not over): the range comes back from the freshest
-        # copy the learners hold when it is newer than the checkpoint, or there is none
+        # restarted (Rudra-base, or a Rudra-adv tree's root; training not over): the range
+        # comes back from the freshest copy the learners hold (a root: the one each of its
+        # nodes passes up) when it is newer than the checkpoint, or there is none
         # (``recovery.py``); their HELLOs are held until then
         self.recovery = None
-        if resume and cfg.architecture.kind == "base" and not self.state.done:
+        if resume and cfg.architecture.kind in ("base", "adv") and not self.state.done:
             window = 2 * cfg.runtime.retry_s + 1  # one round of rejoins, a CHECK's too
-            self.recovery = Recovery(self.state.learners, self.state.numel, window)
+            tree = self.state.tree
+            peers = self.state.learners if tree is None else len(tree.children_of(None))
+            self.recovery = Recovery(peers, self.state.numel, window)
         self.history = RestartHistory(
             self.files_dir, launch_session(), resume, len(self.state.incarnations)
         )
@@ -238,7 +241,8 @@ class ParameterServer:
         st = self.state
         lost = st.counters.lost_updates
         st.register(ident, msg)
-        if self.recovery is not None and msg.sender >= 0:  # held until the range is back
+        # a learner's (a root: a tree node's) HELLO is held until the range is back
+        if self.recovery is not None and (msg.sender >= 0) == (st.tree is None):
             self.recovery.offer(ident, msg, time.time())
             self._recover_if_due()
             return

@@ -59,8 +59,8 @@ class Recovered:
 
     @property
     def origin(self) -> str:
-        """Where the range came from: ``learner L`` or ``initial``."""
-        return "initial" if self.source is None else f"learner {self.source}"
+        """Where the range came from: ``learner L``, ``tree node N`` or ``initial``."""
+        return "initial" if self.source is None else wire.sender_name(self.source)
 
 
 class Recovery:
@@ -96,7 +96,7 @@ class Recovery:
             self.refused.append((sender, why))
             return
         self._newest = max(self._newest, had)
-        if step is not None:
+        if step is not None and sender >= 0:  # (a tree node's HELLO carries no step)
             self._steps[sender] = step
         if not msg.payloads or had < 0:
             return

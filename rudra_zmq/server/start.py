@@ -65,20 +65,14 @@ def start_state(
     told = ToldRecord(where) if run_dir else None
     if resume and run_dir is not None:
         resumed_from = restore_latest(state, where, checkpoints_root(run_dir))
-        if resumed_from is None and state.tree is None:  # it died before its first one
+        if resumed_from is None:  # it died before its first one
             notice(
                 log,
                 "no checkpoint in %s: taking this server's range back from the freshest copy "
-                "its learners hold (the initial weights if none holds one)",
+                "its %s (the initial weights if none holds one)",
                 where,
+                "learners hold" if state.tree is None else "tree nodes pass up from their learners",
             )  # the server's Recovery; restored_ts is set when it resumes
-        elif resumed_from is None:  # a tree's root: its learners' copies do not reach it
-            notice(
-                log,
-                "no checkpoint in %s: starting from the initial weights",
-                where,
-            )
-            state.restored_ts = 0  # what learners saw is all lost (and reported)
         elif stopped := told.restore(state):
             log.info(
                 "training was over; learners %s were told STOP already (%s)",

@@ -129,7 +129,7 @@ class Progress:
         origin = r.get("from")
         if origin is None or origin == "checkpoint":
             origin = f"checkpoint {r.get('checkpoint')}"
-        elif origin.startswith("learner"):
+        elif origin.startswith(("learner", "tree node")):  # a tree node's: a learner's below
             origin = f"{origin}'s copy of its range"
         else:
             origin = "the initial weights (no learner held a copy)"

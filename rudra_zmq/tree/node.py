@@ -151,10 +151,12 @@ class TreeNode:
         if st.done:  # after training: a planned child is told STOP
             self._stop(ident, msg.sender, msg.seq)
             return
-        if first:  # x{had}: what its first child saw (a restarted root)
+        if first:  # x{had} and its copy of the range: what its first child saw and holds
             had = {"had": msg.fields["had"]} if "had" in msg.fields else {}
-            self.parent.send(
+            self.parent.send(  # (a restarted root takes its range back from the freshest)
                 Kind.HELLO,
+                0,
+                msg.payloads if had else (),
                 model=st.signature,
                 numel=st.model_numel,
                 range=st.range,  # its range, from the plan
