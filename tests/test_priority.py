@@ -88,6 +88,22 @@ def test_the_final_part_waits_until_backward_finished_every_part():
     assert log[-1] == (0, 1, "last")
 
 
+def test_a_server_that_said_stop_while_forward_settled_is_sent_nothing():
+    """The calls are made before backward, from the servers then training; the forward
+    settles the previous replies, where server 1 says STOP, and the request begins again
+    without it: its parts finished by backward are not sent (KeyError before)."""
+    log = []
+    chans = [FakeChannel(log, 0), FakeChannel(log, 1)]
+    push = PriorityPush(chans, [2, 2], lambda k: (list(range(2)), [lambda: None] * 2))
+    push.begin([0, 1])
+    calls = push.calls()
+    push.begin([0])  # the forward's settle: server 1 finished training
+    for k in (1, 0):
+        for i in (1, 0):
+            calls[k][i]()
+    assert log == [(0, 1, "more"), (0, 0, "last")]
+
+
 def test_a_resend_sends_the_parts_sent_and_those_not_sent_yet_go_once_after_it(ctx):
     """The server restarts with a request half sent (the connection drops and comes back):
     the channel sends again the parts it had sent, in the order sent, and the parts not sent

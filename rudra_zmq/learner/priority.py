@@ -80,7 +80,11 @@ class PriorityPush:
         }
 
     def ready(self, k: int, i: int) -> None:
-        """Backward finished part ``i`` of server ``k``: queue it, then ``pump``."""
+        """Backward finished part ``i`` of server ``k``: queue it, then ``pump``. A server
+        the request no longer goes to (it said STOP in the replies this step's forward
+        settled, after ``calls``) is sent nothing."""
+        if k not in self._queue:
+            return
         heapq.heappush(self._queue[k], i)
         self._left[k] -= 1
         self.pump()
