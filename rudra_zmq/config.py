@@ -145,7 +145,7 @@ class WireConfig:
     push_during_backward: bool = True  # with parts or K servers, a learner on CPU with
     #                                    float32 gradients pushes each part the moment its
     #                                    backward pass finished it (false: all after backward)
-    priority: bool = True  # with parts pushed during backward: the lowest offsets (first
+    priority: bool = False  # with parts pushed during backward: the lowest offsets (first
     #                                    layers) go first, and the next forward runs each
     #                                    layer once its weights are in (P3; learner/priority.py)
     stripes: bool = True  # with parts and K servers: the vector cut in K x P parts, part j to
@@ -336,10 +336,6 @@ ADDED_DEFAULTS = {
     "wire.stripes": True,
     "wire.priority": False,
 }
-# Keys that change how the bytes travel, never the weights (bit for bit, tests/test_priority.py)
-# and that the simulator does not read: left out of a fingerprint at any value, so that a
-# changed default (wire.priority: false before issue 42's runs) keeps checkpoints resuming.
-NOT_TRAINING = ("wire.priority",)
 
 
 def load_config(

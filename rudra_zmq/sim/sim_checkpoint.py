@@ -54,14 +54,13 @@ def fingerprint(cfg, *, seed: int, jitter: float, speeds, path: str) -> str:
     the timing ``seed``, ``jitter``, ``speeds`` and the gradient ``path`` (batched or
     per-gradient). A key removed since (``config.KEPT_VALUES``) counts at the value every
     run now behaves as, and a key added since (``config.ADDED_DEFAULTS``) is left out at its
-    default, so checkpoints written before either still resume; one that never changes the
-    weights (``config.NOT_TRAINING``) is left out at any value. Pure."""
+    default, so checkpoints written before either still resume. Pure."""
     data = config_mod.to_dict(cfg)
     data.pop("runtime", None)
     for key, default in config_mod.ADDED_DEFAULTS.items():
         section, name = key.split(".", 1)
-        if key in config_mod.NOT_TRAINING or data.get(section, {}).get(name) == default:
-            data.get(section, {}).pop(name, None)
+        if data.get(section, {}).get(name) == default:
+            del data[section][name]
     for key, value in config_mod.KEPT_VALUES.items():  # a removed key, as checkpoints hold it
         section, name = key.split(".", 1)
         data.setdefault(section, {}).setdefault(name, value)
