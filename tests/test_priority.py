@@ -104,6 +104,27 @@ def test_a_server_that_said_stop_while_forward_settled_is_sent_nothing():
     assert log == [(0, 1, "more"), (0, 0, "last")]
 
 
+def test_a_forward_waits_for_no_part_of_a_server_that_finished_training():
+    """Two servers, striped (every layer on both); server 1 said STOP, so the request went
+    to server 0 alone: once server 0's reply is in, the forward runs (before: it waited for
+    server 1's parts for ever, test_restart_from_learners K2 striped with priority on)."""
+    flat = flat_model()
+    cfg = load_config(None, ["sync.protocol=hardsync", "wire.parts=2", "architecture.servers=2"])
+    shape = ClusterShape.of(cfg).sized(flat.numel)
+    polls = []
+
+    def poll(_ms):
+        polls.append(1)
+        assert len(polls) < 50, "the forward waits for a server that was sent nothing"
+        early.server_in(0)
+
+    early = EarlyWeights(flat, shape, poll, lambda: None)
+    early.expect([0])
+    flat.module(torch.zeros(1, 6))
+    assert all(early.loaded) and len(polls) >= 1
+    early.close()
+
+
 def test_a_resend_sends_the_parts_sent_and_those_not_sent_yet_go_once_after_it(ctx):
     """The server restarts with a request half sent (the connection drops and comes back):
     the channel sends again the parts it had sent, in the order sent, and the parts not sent
@@ -174,7 +195,7 @@ def test_a_layer_runs_once_its_parts_are_in_and_the_root_settles_the_rest():
     early = EarlyWeights(flat, shape, poll, lambda: events.append(("settle",)))
     for i, m in enumerate(flat.module):
         m.register_forward_pre_hook(lambda *_, i=i: events.append(("layer", i)))
-    early.expect()
+    early.expect([0])
     flat.module(torch.zeros(1, 6))
     first = flat.layout[0][2]  # the first layer's parameters end here
     needed = [p.index for p in shape.parts if p.lo < first]
