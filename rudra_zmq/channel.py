@@ -90,9 +90,11 @@ class Channel:
         self.resent = 0  # requests sent again (for tests and logs)
         self.checks = 0  # CHECKs sent (a header each)
         self.late = 0  # late answers to requests sent twice, dropped
-        self._last: tuple[int, list] | None = None  # (seq, [frames]) awaiting its reply
+        # (seq, [frames] sent so far, in the order sent): the request awaiting its reply
+        self._last: tuple[int, list] | None = None
         self._ahead = None  # [weights view, floats come ahead, gap seen]: parts of its reply
         self._final = None  # (kind, seq, ts, parts) of the request in parts: ``send_final``
+        self._parts = 0  # how many messages the request awaiting its reply is in
         self.on_part = None  # called (at, n) once a part of a reply came ahead and is loaded
         self._asked_at = 0.0  # when the request was last sent or asked about (monotonic)
         self._sent_at = 0.0  # when the request awaiting its reply was first sent (monotonic)
@@ -107,9 +109,8 @@ class Channel:
         """Queue one request (zero-copy payloads: do not modify them until the reply)."""
         seq = next(self._seq)
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, **fields)
-        self._begin(seq, [frames], None)
-        self.out.send(frames)
-        timeline.sent(self.name, frames)
+        self._begin(seq, 1, None)
+        self.send_part(frames)
 
     def send_parts(self, kind: wire.Kind, ts: int, parts, into) -> None:
         """Queue one request in parts (``wire.parts``; see ``parts``), all at once."""
@@ -122,7 +123,8 @@ class Channel:
         for ``send_part``, in order. The caller sends them in any order, part ``last``
         (default the final one: the one without x{more}) last: a caller with several
         servers sends part 0 to each, then part 1...; one pushing during backward sends
-        each as it is computed. The payloads are read when sent, not here. The parts of the
+        each as it is computed. The payloads are read when sent, not here; a resend sends
+        those sent by then, in the order sent (``resend``). The parts of the
         reply sent ahead (WEIGHTS x{at, more}, in any order) are decoded into ``into`` (the
         range's weights) as they come; the reply carries the rest (x{at})."""
         seq = next(self._seq)
@@ -134,38 +136,42 @@ class Channel:
             )
             for i, (at, p) in enumerate(parts)
         ]
-        self._begin(seq, msgs, [into, 0, False])
+        self._begin(seq, len(msgs), [into, 0, False])
         self._final = (kind, seq, ts, parts)  # for ``send_final``
         return msgs
 
     def send_final(self, i: int, track: bool = False):
         """Queue part ``i`` of the request ``parts`` made with ``last=-1`` (every message
         x{more}) as its final message, without x{more}: a sender that picks the last part
-        when it sends it (``learner/priority.py``, lowest offsets first). A resend then sends
-        it last. Returns ``send_part``'s tracker."""
+        when it sends it (``learner/priority.py``, lowest offsets first). Returns
+        ``send_part``'s tracker."""
         kind, seq, ts, parts = self._final
         at, payloads = parts[i]
         frames = wire.encode(kind, self.sender, seq, ts, self.inc, payloads, at=at)
-        if self._last is not None and self._last[0] == seq:
-            self._last = (seq, [m for j, m in enumerate(self._last[1]) if j != i] + [frames])
         return self.send_part(frames, track)
 
-    def _begin(self, seq: int, msgs: list, ahead) -> None:
-        """A new request awaits its reply: its messages, its parts' ahead state, its clocks
-        and counts (for ``tick`` and ``waiting``)."""
-        self._last, self._ahead = (seq, msgs), ahead
+    def _begin(self, seq: int, n: int, ahead) -> None:
+        """A new request in ``n`` messages awaits its reply, none sent yet: its parts' ahead
+        state, its clocks and counts (for ``tick`` and ``waiting``)."""
+        self._last, self._parts, self._ahead = (seq, []), n, ahead
         self._asked_at = self._sent_at = time.monotonic()
         self._checks_before, self.receipts = self.checks, [0, 0]
 
     def send_part(self, frames, track: bool = False):
-        """Queue one message ``parts`` made (zero-copy); with ``track``, returns its
-        ``zmq.MessageTracker`` (done once libzmq has taken it whole), else None."""
+        """Queue one message of the request awaiting its reply (one ``parts`` made; zero-copy),
+        and keep it for a ``resend``; with ``track``, returns its ``zmq.MessageTracker``
+        (done once libzmq has taken it whole), else None."""
+        if self._last is not None:
+            self._last[1].append(frames)
         tracker = self.out.send(frames, track=track)
         timeline.sent(self.name, frames)
         return tracker
 
     def resend(self) -> None:
-        """Send the request awaiting its reply again, unchanged (every part of it)."""
+        """Send the request awaiting its reply again, unchanged: the messages sent of it so
+        far, in the order sent. The parts of a request in parts not sent yet are its sender's
+        to send, once (``learner/priority.py`` holds them in its queue: sent here too, they
+        would reach the server twice, and a half codec's before they are narrowed)."""
         if self._last is not None:
             self.resent += 1  # first: whoever sees the copy arrive sees it counted
             self._asked_at = time.monotonic()
@@ -208,10 +214,12 @@ class Channel:
         come ahead, the CHECKs and what their RECEIPTs said. Pure."""
         if self._last is None:
             return "no request outstanding"
-        seq, msgs = self._last
+        seq, sent = self._last
         text = f"request {seq} sent {time.monotonic() - self._sent_at:.1f} s ago"
-        if len(msgs) > 1:
-            text += f" in {len(msgs)} parts"
+        if self._parts > 1:
+            text += f" in {self._parts} parts"
+            if len(sent) < self._parts:
+                text += f" ({len(sent)} sent)"
             if self._ahead is not None:
                 text += f", {self._ahead[1]:,} floats of its reply came ahead"
                 text += " (with a gap)" if self._ahead[2] else ""

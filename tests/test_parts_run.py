@@ -28,14 +28,16 @@ def test_hardsync_in_parts_ends_with_the_weights_of_whole_messages(tmp_path):
     assert "result: test error" in out
 
 
-def test_a_server_killed_with_a_round_half_in_restarts_and_the_run_ends(tmp_path):
+@pytest.mark.parametrize("priority", ["false", "true"])
+def test_a_server_killed_with_a_round_half_in_restarts_and_the_run_ends(tmp_path, priority):
     """Parts of the round went ahead (some learners hold part of the next version): after
     the restart the server takes the freshest learner's copy (newer than the checkpoint at
-    20), every learner rejoins at it and training goes on."""
+    20), every learner rejoins at it and training goes on. With ``wire.priority`` the parts
+    still queued at the learner when its channel resends go once, not also in the resend."""
     r = Run(
         tmp_path,
         "killed",
-        [*FAST, *HARDSYNC, "train.epochs=2", "wire.parts=4"]
+        [*FAST, *HARDSYNC, "train.epochs=2", "wire.parts=4", f"wire.priority={priority}"]
         + ["train.checkpoint_every_updates=10", "train.eval_every_epochs=1"],
         crash={"PS_CRASH_AT": "part-ahead", "PS_CRASH_TS": "25"},
     )

@@ -324,8 +324,12 @@ def recording_serving(*overrides):
     )
     g = np.ones(N, np.float32)
 
-    def push(ident: bytes, seq: int, upto: int = 4) -> None:
-        for m in parts_of(g, 4, 0, seq=seq)[:upto]:
+    def push(ident: bytes, seq: int, upto: int = 4, last: int | None = None) -> None:
+        """``last``: the part sent last, without x{more} (default the final one)."""
+        parts = parts_of(g, 4, 0, seq=seq, last=last)
+        if last is not None:  # wire.priority's order: backward's, the first layers last
+            parts = parts[::-1]
+        for m in parts[:upto]:
             serving.handle(
                 [ident, *wire.encode(Kind.PUSHPULL, 0, seq, 0, 0, m.payloads, **m.fields)]
             )
@@ -423,10 +427,23 @@ def test_the_last_stop_reaches_a_learner_slow_to_read_behind_the_weights_sent_ah
 def test_a_request_refused_at_a_part_gets_one_error_and_its_resend_one_more():
     """A learner this server does not know (a restarted server: "rejoin") sends a gradient in
     4 parts: one ERROR and one refusal counted for the request, not one per part; the same
-    request sent again (from part 0, as Channel.resend does) is answered again."""
+    request sent again (as Channel.resend does: the parts in the order sent) is answered again."""
     st, did, push = recording_serving()
     push(b"7", 9)
     push(b"7", 9)  # sent again
     push(b"7", 10)  # its next request
+    assert did == [(Kind.ERROR, "rejoin", 9)] * 2 + [(Kind.ERROR, "rejoin", 10)]
+    assert st.counters.invalid == 3
+
+
+def test_a_request_refused_that_sends_part_0_last_gets_one_error_per_copy():
+    """``wire.priority`` sends the parts backward finished lowest offset first, so part 0
+    (the first layers) goes last: a copy refused at its first part (part 3) drops the rest
+    up to the one without x{more} (part 0), and the copy sent again gets one ERROR more."""
+    st, did, push = recording_serving()
+    push(b"7", 9, last=0)
+    assert did == [(Kind.ERROR, "rejoin", 9)]  # part 0 is the copy's end, not a new copy
+    push(b"7", 9, last=0)  # sent again
+    push(b"7", 10, last=0)  # its next request
     assert did == [(Kind.ERROR, "rejoin", 9)] * 2 + [(Kind.ERROR, "rejoin", 10)]
     assert st.counters.invalid == 3

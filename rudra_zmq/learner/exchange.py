@@ -299,7 +299,7 @@ class PushPull:
             )
         self.gathering = self.links.gathering(list(self.active), {Kind.WEIGHTS, Kind.UPTODATE})
         self._taken = set()
-        self.early.expect()
+        self.early.expect(self.active)
         return True
 
     def _poll_early(self, wait_ms: int) -> None:

@@ -80,7 +80,11 @@ class PriorityPush:
         }
 
     def ready(self, k: int, i: int) -> None:
-        """Backward finished part ``i`` of server ``k``: queue it, then ``pump``."""
+        """Backward finished part ``i`` of server ``k``: queue it, then ``pump``. A server
+        the request no longer goes to (it said STOP in the replies this step's forward
+        settled, after ``calls``) is sent nothing."""
+        if k not in self._queue:
+            return
         heapq.heappush(self._queue[k], i)
         self._left[k] -= 1
         self.pump()
@@ -137,9 +141,13 @@ class EarlyWeights:
                 )
         self._handles.append(flat.module.register_forward_hook(lambda *_: self.settle()))
 
-    def expect(self) -> None:
-        """A request went out: its reply's parts are not in yet."""
-        self.loaded = [False] * len(self.parts)
+    def expect(self, servers) -> None:
+        """Requests went out to ``servers``: their replies' parts are not in yet. A server
+        that finished training (STOP) is sent none: its parts stay in, or the next forward
+        would wait for them for ever."""
+        for k in servers:
+            for p in self._of_server[k]:
+                self.loaded[p.index] = False
 
     def arrived(self, k: int, at: int, n: int, local) -> None:
         """``n`` floats of server ``k``'s reply came ahead at ``at`` in its share, decoded

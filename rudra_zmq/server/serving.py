@@ -75,7 +75,7 @@ class Serving:
         self.warn = ThrottledLog(log)
         self.security = transport.security()
         self.seen: dict[int, int] = {}  # sender -> the seq of its newest request received
-        self.refused_parts: dict[int, int] = {}  # sender -> its request refused at a part
+        self.refused_parts: dict[int, int] = {}  # sender -> its request refused within a copy
         self.lost: set[bytes] = set()  # connections a reply could not be queued to (EAGAIN)
         self.stay_until = 0.0  # the server serves at least until then (time.time())
 
@@ -151,13 +151,18 @@ class Serving:
             self._refuse_request(ident, msg, code, str(exc))
 
     def _refuse_request(self, ident: bytes, msg: wire.Message, code: str, message: str) -> None:
-        """``refuse`` once per request: the later parts of a request refused at an earlier
-        part are dropped (one ERROR and one count, not one per part); a resend starts again
-        at part 0 and is answered again."""
+        """``refuse`` once per copy of a request: the parts after the one refused, up to the
+        copy's last (the one without x{more}, whatever its offset: ``wire.priority`` sends
+        part 0 last), are dropped (one ERROR and one count, not one per part); a copy sent
+        again (``Channel.resend``) is answered again."""
         if msg.is_part:
-            if msg.fields.get("at", 0) and self.refused_parts.get(msg.sender) == msg.seq:
+            more = msg.fields.get("more", False)
+            if self.refused_parts.get(msg.sender) == msg.seq:  # within a copy refused
+                if not more:  # its last part: a copy sent again is a new one
+                    del self.refused_parts[msg.sender]
                 return
-            self.refused_parts[msg.sender] = msg.seq
+            if more:
+                self.refused_parts[msg.sender] = msg.seq
         self.refuse(ident, msg.sender, code, message, re=msg.seq)
 
     def deliver(self, out, ident: bytes, frames, kind: Kind, retry_s: float) -> bool:
