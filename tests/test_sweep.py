@@ -2,18 +2,18 @@
 
 The sweeps here simulate the digits with a tiny budget (a few seconds a point)."""
 
-import functools
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
+from cluster import gone
 from rudra_zmq.config import ConfigError
 from rudra_zmq.launch.sweep import load_grid, select
 from rudra_zmq.run_files import SWEEP_LOG, sim_checkpoint_path
@@ -204,32 +204,6 @@ def test_the_command_line_refuses_a_bad_schedule_scale_in_one_line(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie waits only to be reaped: not running)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def gone(pids) -> bool:
-    return not any(map(running, pids))
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except OSError:
-                pass
-    return out
-
-
 def wait_for(what, timeout_s: float):
     deadline = time.monotonic() + timeout_s
     while not (got := what()) and time.monotonic() < deadline:
@@ -238,7 +212,6 @@ def wait_for(what, timeout_s: float):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigterm_and_sighup_stop_the_points_child_and_the_point_resumes_from_its_checkpoint(
     tmp_path,
 ):
@@ -255,19 +228,19 @@ def test_sigterm_and_sighup_stop_the_points_child_and_the_point_resumes_from_its
         ]:
             cmd = sweep_command(tmp_path, grid)
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            owned.append(proc.pid)
-            child = wait_for(functools.partial(children, proc.pid), 60)
+            owned.append(psutil.Process(proc.pid))
+            child = wait_for(owned[-1].children, 60)
             assert child, "the sweep started no child"
             owned += child
             assert wait_for(started, 120), (run_dir / SWEEP_LOG).read_text()
             proc.send_signal(sig)
             out, err = proc.communicate(timeout=60)
-            assert wait_for(functools.partial(gone, child), 30), f"{child} still running"
+            assert not psutil.wait_procs(child, timeout=30)[1], f"{child} still running"
             assert proc.returncode == 128 + sig, (out, err)
             assert f"stopped by {sig.name}" in err, err
             assert sim_checkpoint.describe(checkpoint) is not None  # intact, for the next sweep
             assert not (run_dir / "point.json").exists()
     finally:
-        for pid in owned:
-            if running(pid):
-                os.kill(pid, signal.SIGKILL)
+        for p in owned:
+            if not gone(p.pid):
+                p.kill()
