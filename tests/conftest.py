@@ -4,6 +4,10 @@ import sys
 # Keep the test oracles importable as `oracles` and never oversubscribe the 2-core CI box.
 sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The two xdist workers share the cores, but each run's roles (and each `worker` rank) plan
+# their threads as if they owned them: OpenMP threads that spin while waiting then steal the
+# cores the other worker computes on (run_plan.role_env makes the same choice when it knows).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _worker_ports() -> None:

@@ -3,15 +3,21 @@
 The sweeps here simulate the digits with a tiny budget (a few seconds a point)."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
+from cluster import gone
 from rudra_zmq.config import ConfigError
 from rudra_zmq.launch.sweep import load_grid, select
+from rudra_zmq.run_files import SWEEP_LOG, sim_checkpoint_path
+from rudra_zmq.sim import sim_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(300)
@@ -73,8 +79,8 @@ def test_a_bad_grid_is_refused_before_anything_runs_naming_the_value(tmp_path, g
         load_grid(write_grid(tmp_path, **grid))
 
 
-def sweep(tmp_path, grid_path, *args):
-    cmd = [
+def sweep_command(tmp_path, grid_path, *args):
+    return [
         sys.executable,
         "-m",
         "rudra_zmq",
@@ -85,6 +91,10 @@ def sweep(tmp_path, grid_path, *args):
         str(tmp_path / "out"),
         *args,
     ]
+
+
+def sweep(tmp_path, grid_path, *args):
+    cmd = sweep_command(tmp_path, grid_path, *args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
 
 
@@ -192,3 +202,45 @@ def test_the_command_line_refuses_a_bad_schedule_scale_in_one_line(tmp_path):
         assert r.returncode == 2 and "--schedule-scale must be a fraction" in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "p").exists()
+
+
+def wait_for(what, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while not (got := what()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return got
+
+
+@pytest.mark.slow
+def test_sigterm_and_sighup_stop_the_points_child_and_the_point_resumes_from_its_checkpoint(
+    tmp_path,
+):
+    """The point's simulation runs in a session of its own, so `timeout` (SIGTERM) or a closed
+    terminal (SIGHUP) reaches only the sweep: it must stop the child and keep its checkpoint."""
+    grid = write_grid(tmp_path, budget=500, points=[{"name": "a"}])  # far from done when stopped
+    run_dir = tmp_path / "out/a"
+    checkpoint = sim_checkpoint_path(run_dir)
+    owned = []
+    try:
+        for sig, started in [
+            (signal.SIGTERM, lambda: checkpoint.exists()),  # after its first evaluation
+            (signal.SIGHUP, lambda: "resumed from" in (run_dir / SWEEP_LOG).read_text()),
+        ]:
+            cmd = sweep_command(tmp_path, grid)
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            owned.append(psutil.Process(proc.pid))
+            child = wait_for(owned[-1].children, 60)
+            assert child, "the sweep started no child"
+            owned += child
+            assert wait_for(started, 120), (run_dir / SWEEP_LOG).read_text()
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+            assert not psutil.wait_procs(child, timeout=30)[1], f"{child} still running"
+            assert proc.returncode == 128 + sig, (out, err)
+            assert f"stopped by {sig.name}" in err, err
+            assert sim_checkpoint.describe(checkpoint) is not None  # intact, for the next sweep
+            assert not (run_dir / "point.json").exists()
+    finally:
+        for p in owned:
+            if not gone(p.pid):
+                p.kill()

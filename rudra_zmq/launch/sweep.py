@@ -24,6 +24,7 @@ line per point is printed as it finishes; ``rudra-zmq report PARENT`` tabulates 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
 import itertools
@@ -216,8 +217,9 @@ def _line(i: int, total: int, point: Point, status: dict) -> str:
 
 def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: float) -> dict:
     """Run one point in a child process (blocks until it ends) and write its point.json.
-    A KeyboardInterrupt stops the child and leaves the point unfinished (re-run next time;
-    a simulated one continues from its checkpoint, ``sim/sim_checkpoint.py``)."""
+    A KeyboardInterrupt (Ctrl-C; SIGTERM or SIGHUP under ``main``) stops the child and leaves
+    the point unfinished (re-run next time; a simulated one continues from its checkpoint,
+    ``sim/sim_checkpoint.py``); a second one while the child stops kills it."""
     run_dir = parent / point.name
     checkpoint = sim_checkpoint_path(run_dir)
     resume = simulate and checkpoint.exists()
@@ -245,7 +247,7 @@ def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: fl
             child.send_signal(signal.SIGINT)  # the launcher stops its roles on SIGINT
             try:
                 child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):  # stuck, or told again
                 child.kill()
                 child.wait()
             raise
@@ -383,8 +385,28 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signum)
+
+
+@contextlib.contextmanager
+def _interrupted_by_term_and_hup():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as Ctrl-C does, while the block runs: a
+    point's child runs in a session of its own, so `timeout` or a closed terminal reaches only
+    the sweep, and ``run_point`` must pass the stop on (else the child runs on, orphaned).
+    Call on the main thread."""
+    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def main(args) -> int:
-    """Handler of ``rudra-zmq sweep``: exit 0 all done, 1 a point failed, 2 a bad grid."""
+    """Handler of ``rudra-zmq sweep``: exit 0 all done, 1 a point failed, 2 a bad grid;
+    stopped by SIGINT, SIGTERM or SIGHUP, it stops the running point (a simulated one keeps its
+    checkpoint for the next sweep) and ``rudra-zmq`` exits 128 + the signal."""
     try:
         grid = load_grid(args.grid, args.budget, args.set, args.schedule_scale)
         if args.only:
@@ -394,7 +416,8 @@ def main(args) -> int:
                 print(f"{p.name}: {' '.join(p.overrides)}")
             return 0
         parent = args.parent or f"runs/{grid.name}{'-sim' if args.simulate else ''}"
-        return sweep(grid, parent, simulate=args.simulate, jitter=args.jitter)
+        with _interrupted_by_term_and_hup():
+            return sweep(grid, parent, simulate=args.simulate, jitter=args.jitter)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"rudra-zmq: error: {exc}", file=sys.stderr)
         return 2
