@@ -57,15 +57,14 @@ class PushPull:
     alone with the newest timestamp this learner saw; the slice it refused is dropped (with
     error feedback, its rounding residual too), the others' replies are taken, and the
     WELCOME's weights and data step (``on_welcome``, from the first server still training) are
-    where it goes on. A
-    server that says STOP has finished training; the learner goes on with the others (their
-    ranges trained on the finished ones' final weights) and ends once every server has said
-    STOP, or once the others stay silent for ``runtime.timeout_s`` after one said it (a
-    server that died after training ended, its STOP lost, with no restart to answer: the
-    learner ends with a warning, not a failure; the run's result is the servers' and the
-    statistics server's to report). The servers finish at the same count of gradients, but
-    under softsync the gradient that ends server 0 may be another learner's than the one
-    that ends server 1 (one step more), and a server restarted from a checkpoint counts
+    where it goes on. A server that says STOP has finished training; the learner goes on
+    with the others (their ranges trained on the finished ones' final weights) and ends once
+    every server has said STOP, or once the others stay silent for ``runtime.timeout_s``
+    after one said it (a server that died after training ended, its STOP lost, with no
+    restart to answer: the learner ends with a warning, not a failure; the run's result is the
+    servers' and the statistics server's to report). The servers finish at the same count of
+    gradients, but under softsync the gradient that ends server 0 may be another learner's than
+    the one that ends server 1 (one step more), and a server restarted from a checkpoint counts
     again the gradients it lost (as many steps more).
     """
 

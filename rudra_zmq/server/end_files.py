@@ -7,8 +7,8 @@
 - read back by the statistics server (the final weights when their EVAL never reached it:
   :func:`final_weights`), the launcher and ``--resume`` (:func:`read_final`,
   :func:`final_done`), a learner restarted after some of several servers finished (their
-  ranges' final weights: :func:`finished_ranges`); the PS writes ``weights.npy`` first, so once ``ps_final.json`` names a
-  timestamp, ``weights.npy`` holds the weights at it;
+  ranges' final weights: :func:`finished_ranges`); the PS writes ``weights.npy`` first, so
+  once ``ps_final.json`` names a timestamp, ``weights.npy`` holds the weights at it;
 - with several servers (``architecture.servers`` = K > 1) each server writes its range's
   files in its own folder, ``RUN/servers/server-I/`` (``shape.Server.files_dir``), and the
   run's own ``RUN/weights.npy`` and ``RUN/ps_final.json`` (what the launcher, the statistics
@@ -99,6 +99,23 @@ def read_final(run_dir) -> dict | None:
     return final if final is not None and final["done"] else None
 
 
+def _done_at(files_dir, epochs: float) -> dict | None:
+    """``files_dir``'s ``ps_final.json`` when it says training is done at ``epochs`` or later
+    (a finished run resumed to train on has an older one, at fewer epochs), else None (also
+    when it is missing or unreadable). Reads one small file."""
+    final = read_final(files_dir)
+    return final if final is not None and final["epoch"] >= epochs else None
+
+
+def _weights_file(files_dir) -> np.ndarray | None:
+    """``files_dir/weights.npy`` as written (any dtype and shape: the caller checks them),
+    None when it is missing or unreadable. Never unpickles. Reads one file."""
+    try:
+        return np.load(Path(files_dir) / WEIGHTS_FILE, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+
+
 def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
     """The weights at timestamp ``ts`` from ``run_dir/weights.npy``, once ``ps_final.json``
     says training ended there; None until then (or when either file is unreadable). Raises
@@ -107,9 +124,8 @@ def final_weights(run_dir, ts: int, numel: int) -> np.ndarray | None:
     final = read_final(run_dir)
     if final is None or final["timestamp"] != ts:
         return None
-    try:
-        w = np.load(run_dir / WEIGHTS_FILE, allow_pickle=False)
-    except (OSError, ValueError, EOFError):
+    w = _weights_file(run_dir)
+    if w is None:
         return None
     if w.dtype != np.float32 or w.shape != (numel,):
         raise ValueError(
@@ -124,8 +140,8 @@ def final_done(run_dir, epochs: float) -> dict | None:
     it says training is done at ``epochs`` or later (a finished run resumed to train on has an
     older one, at fewer epochs), else None (also when it is missing or unreadable). A local
     file the PS wrote, so trusted as the PS's word. Reads one small file."""
-    final = read_final(run_dir)
-    if final is None or not final["epoch"] >= epochs:
+    final = _done_at(run_dir, epochs)
+    if final is None:
         return None
     try:
         t = (Path(run_dir) / PS_FINAL_FILE).stat().st_mtime
@@ -144,14 +160,9 @@ def finished_ranges(run_dir, shape, epochs: float) -> dict[int, tuple[int, np.nd
     out = {}
     for s in shape.servers if shape.count > 1 else ():
         d = s.files_dir(run_dir)
-        final = read_final(d)
-        if final is None or not final["epoch"] >= epochs:
-            continue
-        try:
-            w = np.load(d / WEIGHTS_FILE, allow_pickle=False)
-        except (OSError, ValueError, EOFError):
-            continue
-        if w.dtype == np.float32 and w.shape == (s.share.numel,):
+        final = _done_at(d, epochs)
+        w = None if final is None else _weights_file(d)
+        if w is not None and w.dtype == np.float32 and w.shape == (s.share.numel,):
             out[s.index] = (int(final["timestamp"]), w)
     return out
 
@@ -161,8 +172,8 @@ def finals(dirs, epochs: float) -> list[dict] | None:
     says training is done at ``epochs`` or later; None otherwise. Reads K small files."""
     out = []
     for d in dirs:
-        final = read_final(d)
-        if final is None or not final["epoch"] >= epochs:
+        final = _done_at(d, epochs)
+        if final is None:
             return None
         out.append(final)
     return out
