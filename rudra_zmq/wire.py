@@ -43,6 +43,7 @@ from .wire_kinds import (
 from .wire_kinds import SENDER_DATA as SENDER_DATA
 from .wire_kinds import SENDER_PS as SENDER_PS
 from .wire_kinds import WIRE_DTYPES as WIRE_DTYPES
+from .wire_kinds import copy_holder_sender as copy_holder_sender
 from .wire_kinds import node_id as node_id
 from .wire_kinds import node_sender as node_sender
 from .wire_kinds import sender_name as sender_name

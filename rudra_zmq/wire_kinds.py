@@ -40,6 +40,16 @@ def sender_name(sender: int) -> str:
     }.get(sender, f"sender {sender}")
 
 
+def copy_holder_sender(name: str) -> int | None:
+    """The sender id behind ``"learner L"`` or ``"tree node N"`` as :func:`sender_name`
+    writes them (the roles whose copy a restarted server takes its range from), or None for
+    any other text. Pure."""
+    word, _, n = name.rpartition(" ")
+    if word not in ("learner", "tree node") or not (n.isascii() and n.isdigit()) or len(n) > 9:
+        return None
+    return int(n) if word == "learner" else node_sender(int(n))
+
+
 class Kind(enum.IntEnum):
     """Message kinds. Requests get exactly one reply from the server they were sent to."""
 

@@ -147,6 +147,23 @@ def test_ps_final_lists_the_restarts_and_a_damaged_list_is_refused(tmp_path):
         check_restarts([{**restarts[0], "from": "elsewhere"}], "x")
 
 
+@pytest.mark.parametrize("sender", [0, 7, 123456789, wire.node_sender(0), wire.node_sender(5)])
+def test_the_copy_holders_name_a_restart_record_carries_reads_back_as_its_sender(sender):
+    name = wire.sender_name(sender)
+    assert wire.copy_holder_sender(name) == sender
+    assert check_restarts([{"server": 0, "from": name, "ts": 1, "lost": 0}], "x")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["parameter server", "learner", "learner -1", "learner ²", "tree node 1234567890", "x 1"],
+)
+def test_a_name_that_is_no_copy_holder_is_refused(name):
+    assert wire.copy_holder_sender(name) is None
+    with pytest.raises(DamagedRecord, match="from"):
+        check_restarts([{"server": 0, "from": name, "ts": 1, "lost": 0}], "x")
+
+
 class _Shape:
     def __init__(self, k):
         # ranges in order: EvalJoin puts their payloads end to end

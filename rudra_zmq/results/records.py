@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..config import ConfigError, load_config, to_dict
 from ..run_files import METRICS_FILE, PS_FINAL_FILE, config_path
+from ..wire_kinds import copy_holder_sender
 from . import record_fields as fields
 
 log = logging.getLogger(__name__)
@@ -235,18 +236,15 @@ FINAL_FIELDS = {
 }
 
 
-def _is_copy_holder(v) -> bool:
-    """``learner L`` or ``tree node N``: whose copy a restarted server took its range from."""
-    word, _, n = v.rpartition(" ")
-    return word in ("learner", "tree node") and n.isdigit() and len(n) < 10
-
-
 # one restart of a server (``server/restart_record.py``), in ps_final.json's ``restarts``
 RESTART_FIELDS = {
     "server": fields.integer(),
     "from": fields.Field(
         "checkpoint, initial, learner L or tree node N",
-        lambda v: isinstance(v, str) and (v in ("checkpoint", "initial") or _is_copy_holder(v)),
+        lambda v: (
+            isinstance(v, str)
+            and (v in ("checkpoint", "initial") or copy_holder_sender(v) is not None)
+        ),
     ),
     "ts": fields.integer(),
     "lost": fields.integer(),
