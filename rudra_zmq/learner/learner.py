@@ -285,16 +285,12 @@ def serve(
     )
     ctx, threads, stopping = zmq.Context(), [], threading.Event()
     try:
-        return _serve_in(
-            ctx,
-            cfg,
-            learner_ids,
-            (ps, data, stats, finished_in),
-            bcast_upstream,
-            bcast_bind,
-            threads,
-            stopping,
-        )
+        bcast = dict(zip(learner_ids, zip(bcast_upstream or [], bcast_bind or [])))
+
+        def make(i):
+            return Learner(cfg, i, ps, data, stats, ctx, bcast.get(i), finished_in)
+
+        return _serve_in(learner_ids, make, threads, stopping)
     finally:
         if transport.security() is not None:
             transport.security().release(ctx)
@@ -357,24 +353,18 @@ def _exit_unfinalized(exc: BaseException | None) -> None:
     os._exit(code)
 
 
-def _serve_in(ctx, cfg, learner_ids, peers, bcast_upstream, bcast_bind, threads, stopping) -> int:
-    """Run the learners: in this thread if one, else one thread each (added to ``threads``;
-    ``stopping`` set: they are being stopped, an error is not a failure). ``peers``: ``serve``'s
-    (ps, data, stats, finished_in)."""
-    ps, data, stats, finished_in = peers
-    bcast = dict(zip(learner_ids, zip(bcast_upstream or [], bcast_bind or [])))
-
-    def learner(i):
-        return Learner(cfg, i, ps, data, stats, ctx, bcast.get(i), finished_in)
-
+def _serve_in(learner_ids, make, threads, stopping) -> int:
+    """Run the learners ``make(i)`` builds: in this thread if one, else one thread each (added
+    to ``threads``; ``stopping`` set: they are being stopped, an error is not a failure).
+    Blocks until they end; raises the first learner's error."""
     if len(learner_ids) == 1:
-        return learner(learner_ids[0]).run()
+        return make(learner_ids[0]).run()
     errors: list[BaseException] = []
     failed = threading.Event()
 
     def work(i):
         try:
-            learner(i).run(stop_event=failed)
+            make(i).run(stop_event=failed)
         except BaseException as exc:  # reported by the main thread
             if stopping.is_set():
                 return
