@@ -278,8 +278,10 @@ def check_kills_recorded(run_dir: Path, landed: list, res: dict) -> list[str]:
         restarts = records(run_dir, "restart")
     except (OSError, ValueError) as exc:
         return [f"records unreadable: {exc}"]
-    res["restart_records"] = len(restarts)  # informative: one sent while the statistics
-    # server was down is lost (docs/fault-tolerance.md), so they are not counted against it
+    # informative: a restart whose record never came is read from its server's restarts.json
+    # (stats/restarts.py), but one after the statistics server finished (a server killed in
+    # its shutdown) is in ps_final.json only, so they are not counted against the run
+    res["restart_records"] = len(restarts)
     for _, label, pid, _ in landed:
         mine = [r for r in rows if r["role"] == label]
         row = next((r for r in mine if r["pid"] == pid), None)
@@ -414,6 +416,9 @@ def main(argv=None) -> int:
     s.add_argument("out", type=Path, nargs="+", help="folders of chaos and --calm runs")
     a = ap.parse_args(argv)
     if a.cmd == "run":
+        # SIGTERM (bench/chaos_soak.sh's LIMIT) ends the run in progress through run_once's
+        # `finally`, which kills the launcher and whatever of the run is left
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         a.out.mkdir(parents=True, exist_ok=True)
         for seed in a.seeds:
             print(f"seed {seed} ({shape_of(seed)}): kills {kill_schedule(seed)[:12]} ...")

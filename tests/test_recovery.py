@@ -4,6 +4,7 @@ network message; the restarts are listed in ``restarts.json`` and ``ps_final.jso
 statistics server joins slices by the epoch boundary they crossed. No sockets, no clock."""
 
 import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -114,8 +115,17 @@ def test_restart_history_tells_a_restart_from_a_resume(tmp_path):
     first = RestartHistory(tmp_path, "s1", resume=False)
     assert first.record(0, "initial", 0, 0) is None  # a first start is no restart
     again = RestartHistory(tmp_path, "s1", resume=True)  # the same launch: a restart
-    rec = again.record(1, "learner 0", 40, 2)
-    assert rec == {"server": 1, "from": "learner 0", "ts": 40, "lost": 2, "incarnation": 2}
+    rec = again.record(1, "learner 0", 40, 2, epoch=1.6)
+    assert rec == {
+        "server": 1,
+        "from": "learner 0",
+        "ts": 40,
+        "lost": 2,
+        "incarnation": 2,
+        "t": pytest.approx(time.time(), abs=60),  # when: the statistics server may read it
+        "epoch": 1.6,
+        "checkpoint": None,
+    }
     again.lost(3)
     again.save()
     later = RestartHistory(tmp_path, "s2", resume=True)  # `run --resume`: not a restart

@@ -249,6 +249,9 @@ RESTART_FIELDS = {
     "ts": fields.integer(),
     "lost": fields.integer(),
     "incarnation": fields.integer(1).optional(),
+    "t": fields.number().optional(),  # Unix time (the statistics server makes it its record's)
+    "epoch": _EPOCH,
+    "checkpoint": fields.text().or_null().optional(),
 }
 
 

@@ -151,7 +151,10 @@ class ParameterServer:
         )
         if self.recovery is None:
             origin = "initial" if self.resumed_from is None else "checkpoint"
-            self.history.record(self.place.index, origin, self.state.engine.timestamp, 0)
+            eng = self.state.engine
+            self.history.record(
+                self.place.index, origin, eng.timestamp, 0, eng.epoch, self.resumed_from
+            )
         if self.run_dir is not None and self.state.tree is None:  # for `rudra-zmq replay`
             self.state.log = ArrivalLog(self.files_dir, self.state.incarnation)
         # restarted after training ended: the statistics server may have finished already
@@ -326,7 +329,9 @@ class ParameterServer:
                     st.lost_now,
                 )
         lost = st.lost_now
-        self.history.record(self.place.index, origin, st.restored_ts, lost)
+        self.history.record(
+            self.place.index, origin, st.restored_ts, lost, eng.epoch, self.resumed_from
+        )
         self.metrics.restart(self, self.history.current)
         self.evals = EvalSchedule(self.cfg.train, eng.epoch)
         if self.checkpoints is not None and origin != "checkpoint":

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import time
 
+from .restart_record import as_record
+
 FLUSH_S = 0.5  # update records are batched this long
 RATE_EVERY_S = 1.0  # a "ps" record this often
 BATCH_ITEMS = 200  # update records per message
@@ -122,23 +124,26 @@ class PSReport:
             )
 
     def restart(self, ps, record: dict | None = None) -> None:
-        """This server resumed (from a checkpoint, or its learners' copy of its range:
-        ``record``, a ``restart_record`` entry, says from what and the updates lost so far);
-        sent at once."""
-        if self.stats is not None:
-            st = ps.state
-            said = {"from": record["from"], "lost": record["lost"]} if record else {}
-            self._metric(
-                {
-                    "type": "restart",
-                    "t": time.time(),
-                    "ts": st.engine.timestamp,
-                    "epoch": st.engine.epoch,
-                    "incarnation": ps.history.starts,
-                    "checkpoint": None if ps.resumed_from is None else str(ps.resumed_from),
-                    **said,
-                }
-            )
+        """This server resumed: restarted (``record``, its ``restart_record`` entry: from a
+        checkpoint or its learners' copy of its range, the updates lost so far; the record is
+        that entry, which the statistics server also reads from the server's files if this
+        one never reaches it), or the run resumed from a checkpoint; sent at once."""
+        if self.stats is None:
+            return
+        if record is not None:
+            self._metric(as_record(record))
+            return
+        st = ps.state
+        self._metric(
+            {
+                "type": "restart",
+                "t": time.time(),
+                "ts": st.engine.timestamp,
+                "epoch": st.engine.epoch,
+                "incarnation": ps.history.starts,
+                "checkpoint": None if ps.resumed_from is None else str(ps.resumed_from),
+            }
+        )
 
 
 class EvalSchedule:

@@ -8,8 +8,11 @@ before it is a restart (the launcher restarted the server); one by another launc
 resumed (``rudra-zmq run --resume``), not a restart. Each restart is ``{"server": I, "from":
 "checkpoint" | "learner L" | "initial", "ts": T, "lost": N, "incarnation": n}``: the
 timestamp it resumed at and the updates it lost (those a learner had seen that the restored
-state lacked). A damaged file is ignored with a warning (the restarts before it are then not
-listed).
+state lacked), with when (``"t"``, Unix time), at which ``epoch`` and from which
+``checkpoint`` (its path, or None), so that the entry is its ``restart`` record
+(:func:`as_record`): the statistics server writes the record of an entry it never received
+(``stats/restarts.py``). A damaged file is ignored with a warning (the restarts before it are
+then not listed).
 
 ``starts`` is the server's incarnation number, the one its terminal line, its restart record and
 its ``ps_final.json`` say. It is written when the server starts, not when it has recovered: a
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 from ..results import record_fields as fields
@@ -58,24 +62,25 @@ class RestartHistory:
         if self.path is None:
             return None
         try:
-            saved = json.loads(self.path.read_text())
-            if not isinstance(saved, dict):
-                raise fields.DamagedRecord(f"{self.path} is not an object")
-            check_restarts(saved.get("restarts"), str(self.path))
-            if not fields.integer(1).ok(saved.get("starts", 1)):
-                raise fields.DamagedRecord(f"{self.path}: starts is {saved.get('starts')!r}")
-            return saved
-        except FileNotFoundError:
-            return None
+            return read(self.path.parent)
         except (OSError, ValueError) as exc:
             log.warning(
                 "ignoring %s (%s): the restarts before this one are not listed", self.path, exc
             )
             return None
 
-    def record(self, server: int, origin: str, ts: int, lost: int) -> dict | None:
-        """This start resumed at ``ts`` from ``origin``, ``lost`` updates lost so far; kept
-        (and returned) when it is a restart, else None. Writes the file."""
+    def record(
+        self,
+        server: int,
+        origin: str,
+        ts: int,
+        lost: int,
+        epoch: float | None = None,
+        checkpoint: Path | None = None,
+    ) -> dict | None:
+        """This start resumed at ``ts`` (``epoch``) from ``origin`` (``checkpoint``: the one
+        it restored, if any), ``lost`` updates lost so far; kept (and returned) when it is a
+        restart, else None. Writes the file."""
         if self.restarted:
             self.current = {
                 "server": server,
@@ -83,6 +88,9 @@ class RestartHistory:
                 "ts": ts,
                 "lost": lost,
                 "incarnation": self.starts,
+                "t": time.time(),
+                **({} if epoch is None else {"epoch": float(epoch)}),
+                "checkpoint": None if checkpoint is None else str(checkpoint),
             }
             self.restarts.append(self.current)
         self.save()
@@ -103,3 +111,27 @@ class RestartHistory:
             write_atomically(self.path, lambda p: p.write_text(json.dumps(record) + "\n"))
         except OSError as exc:
             log.warning("could not write %s: %s", self.path, exc)
+
+
+def read(files_dir) -> dict | None:
+    """The restarts file of the server whose files are in ``files_dir`` (``{"session",
+    "starts", "restarts": [entry, ...]}``), checked; None when there is none. Raises
+    OSError (unreadable) or ValueError (not JSON; a damaged entry: record_fields.DamagedRecord,
+    naming the file, the field and its value). Reads one small file."""
+    path = Path(files_dir) / FILE
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    if not isinstance(saved, dict):
+        raise fields.DamagedRecord(f"{path} is not an object")
+    check_restarts(saved.get("restarts"), str(path))
+    if not fields.integer(1).ok(saved.get("starts", 1)):
+        raise fields.DamagedRecord(f"{path}: starts is {saved.get('starts')!r}")
+    return saved
+
+
+def as_record(entry: dict) -> dict:
+    """The ``restart`` record (``metrics.jsonl``) of the restart ``entry``, but for which server
+    it names: the sender adds its ``Server.record`` (none for a run's only server). Pure."""
+    return {"type": "restart", **{k: v for k, v in entry.items() if k != "server"}}

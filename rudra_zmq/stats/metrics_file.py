@@ -12,7 +12,7 @@ import math
 import time
 from pathlib import Path
 
-from ..results.records import TrainingClock, read_metrics
+from ..results.records import Metrics, TrainingClock, read_metrics
 from .progress import is_number
 
 FLUSH_S = 0.5  # metrics.jsonl is flushed at least this often
@@ -25,15 +25,18 @@ class MetricsFile:
     ``t0``: the run's start (Unix time): the given one, else the existing file's, else ``now``
     (default: the time of the call). On the run's clock, from the existing file: ``begun``,
     when this period of the run began (0, or its resume); ``started``, when training started
-    in it (None if it had not); ``trained_s``, seconds of training in the earlier periods.
-    Not thread-safe; ``close()`` when done.
+    in it (None if it had not); ``trained_s``, seconds of training in the earlier periods;
+    ``restarts``, the ``restart`` records it holds (each restart is written once:
+    ``stats/restarts.py``). Not thread-safe; ``close()`` when done.
     """
 
     def __init__(
         self, path, t0: float | None = None, *, now: float | None = None, resume: bool = False
     ):
         self.path = Path(path)
-        start, clock = run_clock(self.path)
+        start, earlier = earlier_records(self.path)
+        clock = TrainingClock(earlier) if earlier is not None else None
+        self.restarts = list(earlier["restart"]) if earlier is not None else []
         self.t0 = (
             float(t0)
             if t0 is not None
@@ -78,6 +81,14 @@ def run_clock(path: Path) -> tuple[float | None, TrainingClock | None]:
     """(the run's start as Unix time, from the ``start`` record that opens an existing metrics
     file; the ``TrainingClock`` of its records), each None for a new file or one written
     before start records existed."""
+    start, earlier = earlier_records(path)
+    return start, TrainingClock(earlier) if earlier is not None else None
+
+
+def earlier_records(path: Path) -> tuple[float | None, Metrics | None]:
+    """(the run's start as Unix time, from the ``start`` record that opens an existing metrics
+    file; its records, ``read_metrics``), each None for a new file or one written before
+    start records existed. Raises record_fields.DamagedRecord for a damaged record."""
     try:
         with open(path) as f:
             first = json.loads(f.readline() or "null")
@@ -87,7 +98,7 @@ def run_clock(path: Path) -> tuple[float | None, TrainingClock | None]:
         isinstance(first, dict) and first.get("type") == "start" and is_number(first.get("unix"))
     ):
         return None, None
-    return float(first["unix"]), TrainingClock(read_metrics(path))
+    return float(first["unix"]), read_metrics(path)
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -120,9 +120,10 @@ class Progress:
         """Take one ``restart`` record: a server restarted at ``ts``, from its checkpoint or
         its learners' copy of its range (``from``; the updates past ``ts`` were lost: ``lost``,
         as far as known then); returns its line, and the next evaluation's line says it
-        too. Only server 0's restart moves the timestamps these lines count."""
-        ts, server = r.get("ts"), r.get("server")
-        if isinstance(ts, int) and not server:
+        too. Only server 0's restart moves the timestamps these lines count, and not one read
+        late from its files (``source``: the updates since came after it)."""
+        ts, server, late = r.get("ts"), r.get("server"), r.get("source")
+        if isinstance(ts, int) and not server and late is None:
             self._updates = [u for u in self._updates if u[0] <= ts]
             self._upto = min(self._upto, ts)
         who = "parameter server" if server is None else f"server {server}"
@@ -136,8 +137,10 @@ class Progress:
         lost = r.get("lost")
         said = f": {lost} updates lost" if isinstance(lost, int) and lost > 0 else ""
         self._since.append(f"{who} restarted at ts {ts}{said}")
+        seen = "" if late is None else f" (its record read from {late})"
         return [
             f"{who} restarted (incarnation {r.get('incarnation')}) at ts {ts} from {origin}{said}"
+            f"{seen}"
         ]
 
     def _at(self, t: float, epoch) -> None:

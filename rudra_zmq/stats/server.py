@@ -20,6 +20,10 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   long enough (``run_end``); then it writes ``summary.csv`` and the plots
   (``rudra_zmq.results.plots``), prints ``run directory: RUN`` and returns.
 
+Each server restart is written once: one whose ``restart`` record never came (sent while this
+server was down, say) is read from the server's ``restarts.json`` (``restarts``), and a
+record that comes again is not written twice.
+
 It prints a line when training starts (the PS's first update, with the start-up time) and one
 per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
 training so far and an ETA (``progress``). With ``logging.tensorboard`` every record
@@ -60,6 +64,7 @@ from .eval_join import EvalJoin
 from .evaluator import Evaluator
 from .metrics_file import MetricsFile, finite, json_line
 from .progress import Progress, is_number
+from .restarts import Restarts
 from .run_end import RunEnd, final_record
 from .tensorboard_log import TensorBoardLog, check_tensorboard
 
@@ -138,7 +143,8 @@ class StatsServer:
         out: where progress lines go (default stdout).
         announce: say "statistics server listening on ..." there once bound.
     Construct in any thread, then use only from the thread that runs ``serve_forever``.
-    Counters: ``records``, ``invalid``, ``evals_done``, ``evals_skipped``.
+    Counters: ``records``, ``invalid``, ``evals_done``, ``evals_skipped``, ``repeated`` (a
+    restart's record that came after it was written: ``restarts``).
     """
 
     def __init__(
@@ -161,7 +167,7 @@ class StatsServer:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.out = out if out is not None else sys.stdout
-        self.records = self.invalid = self.evals_done = self.evals_skipped = 0
+        self.records = self.invalid = self.evals_done = self.evals_skipped = self.repeated = 0
         self._warned: set = set()  # what was said once: "diverged", "final_file"
         self.warn = ThrottledLog(log)
         self._pending: tuple[wire.Message, float] | None = None  # newest EVAL, arrival time
@@ -190,6 +196,7 @@ class StatsServer:
             self._file = MetricsFile(self.metrics_path, t0, now=now, resume=resume)
             self.t0 = self._file.t0  # a restart goes on with the run's clock
             f = self._file
+            self.restarts = Restarts(self.run_dir, shape, f.restarts)
             self.progress = Progress(
                 cfg.train.epochs,
                 cfg.sync.batch_size,
@@ -287,6 +294,9 @@ class StatsServer:
         elif kind == "members":
             self._print(*self.progress.members(r))
         elif kind == "restart":
+            if not self.restarts.first(r):  # written already (from the server's files)
+                self.repeated += 1
+                return
             self._print(*self.progress.restart(r))
         elif kind == "done":
             self.end.done_received(r, now, sender)
@@ -398,6 +408,7 @@ class StatsServer:
                 if self._pending is not None:
                     self._evaluate_pending(stop_event)
                     continue  # look for more messages before deciding anything else
+                self._missed_restarts()
                 if self._finished(stop_event):
                     reason = "done"
                     break
@@ -436,7 +447,16 @@ class StatsServer:
             return True
         return False
 
+    def _missed_restarts(self, force: bool = False) -> None:
+        """Write the restarts the servers' files list and no record said (``restarts``);
+        ``force``: every one, now (the run is over). Reads a few small files, at most every
+        ``restarts.LOOK_EVERY_S`` unless ``force``."""
+        now = time.time()
+        for rec in self.restarts.missed(now, force):
+            self._record(rec, now, wire.SENDER_PS)
+
     def _finish(self) -> None:
+        self._missed_restarts(force=True)  # the last look: every restart listed is recorded
         self._print(*self.progress.flush())
         self._file.close()
         if self._tb is not None:
