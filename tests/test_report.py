@@ -185,6 +185,31 @@ def test_records_kept_as_evaluations_only_still_count_the_eval_that_reached_the_
     assert report.table_row(report.load_runs([run])[0], budget=2.5)["error_at_budget"] == 0.4
 
 
+def test_records_with_every_nth_update_still_count_the_eval_that_reached_the_budget(tmp_path):
+    # docs/reproduction keeps every 50th update record: the update a little past the budget
+    # (ts 31) may be among those left out, and its eval is still the final one.
+    run = make_run(tmp_path / "thinned", [], evals=[(0, 0.9), (10, 0.5), (20, 0.4), (31, 0.3)])
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    kept = [x for x in lines if json.loads(x)["type"] == "eval" or json.loads(x)["ts"] % 10 == 0]
+    (run / "metrics.jsonl").write_text("".join(x + "\n" for x in kept))
+    row = report.table_row(report.load_runs([run])[0])
+    assert row["error_at_budget"] == 0.3
+
+
+def test_a_run_whose_servers_restarted_says_so_in_its_status(tmp_path):
+    from types import SimpleNamespace
+
+    from rudra_zmq.server.end_files import write_final
+
+    run = make_run(tmp_path / "restarted", ["architecture.servers=2"], evals=EVALS, real=True)
+    engine = SimpleNamespace(timestamp=31, epoch=3.08, updates=31)
+    state = SimpleNamespace(engine=engine, done=True, incarnations=[1], parts=None)
+    restart = {"server": 1, "from": "learner 2", "ts": 12, "lost": 3, "incarnation": 2}
+    write_final(run, state, restarts=[restart], incarnation=1)
+    row = report.table_row(report.load_runs([run])[0])
+    assert row["status"] == "restarted: server 1 from learner 2 at ts 12, 3 updates lost"
+
+
 def test_runs_without_a_sweep_are_ordered_by_name_and_typed_by_processes_json(tmp_path):
     parent = tmp_path / "runs"
     make_run(parent / "b-real", ["sync.protocol=hardsync"], [(31, 0.4)], real=True)

@@ -117,6 +117,9 @@ def test_run_on_a_network_address_plans_curve_unless_told_false_and_then_says_so
     assert "security: CurveZMQ on every socket" in summary(lan)
     saved = yaml.safe_load((tmp_path / "lan" / "config.yaml").read_text())
     assert saved["security"]["curve"] is True  # what --resume goes on with
+    sharded = ["runtime.host=0.0.0.0", "architecture.servers=2"]
+    two = make_plan(load_config(quickstart, sharded), tmp_path / "two")
+    assert two.cfg.security.curve is True and plaintext_warning("run", two) is None
     local = make_plan(load_config(quickstart), tmp_path / "local")
     assert not local.cfg.security.curve and plaintext_warning("run", local) is None
     told = ["runtime.host=0.0.0.0", "security.curve=false"]

@@ -187,7 +187,9 @@ def server_restarts(run_dir) -> list[dict]:
 
 def restarts_text(restarts: list[dict], servers: bool) -> str:
     """``server 1 from learner 0 at ts 40, 3 updates lost; ...`` (``servers``: a sharded
-    run; else ``the parameter server from ...``)."""
+    run, as is one whose restarts name a server other than 0 though its records hold no
+    other server's updates; else ``the parameter server from ...``). Pure."""
+    servers = servers or any(r.get("server") for r in restarts)
     return "; ".join(
         f"{'server ' + str(r['server']) if servers else 'the parameter server'} from "
         f"{r['from']} at ts {r['ts']}, {r['lost']} updates lost"

@@ -198,10 +198,10 @@ def _at_budget(metrics, budget) -> tuple[dict | None, dict | None]:
             and u["epoch"] >= budget
         ]
         last_ts = min(reached, default=-1)
-        if not metrics["update"]:
-            # Records kept as evaluations only (docs/reproduction/*-evals.jsonl) cannot say
-            # which update reached the budget: the eval of that update is the one less than
-            # half an evaluation interval past it.
+        if last_ts < 0:
+            # Records kept as evaluations only (docs/reproduction/*-evals.jsonl), or with
+            # every Nth update only, may not hold the update that reached the budget: the
+            # eval of that update is the one less than half an evaluation interval past it.
             last_ts = _first_ts_past(evals, budget)
         evals = [r for r in evals if r["epoch"] <= budget or r["ts"] <= last_ts]
     if not evals:
