@@ -803,3 +803,18 @@ def test_a_server_started_after_the_ps_ended_evaluates_the_final_weights_and_fin
             )
         else:
             assert evals == []
+
+
+@pytest.mark.parametrize(
+    "origin, said",
+    [
+        ("learner 3", "from learner 3's copy of its range"),
+        ("tree node 1", "from tree node 1's copy of its range"),
+        ("checkpoint", "from checkpoint ck"),
+        ("initial", "from the initial weights (no learner held a copy)"),
+    ],
+)
+def test_a_restarts_line_says_whose_copy_the_range_came_from(origin, said):
+    r = {"type": "restart", "ts": 7, "incarnation": 2, "from": origin, "checkpoint": "ck"}
+    (line,) = Progress(epochs=10.0, batch_size=32).restart({**r, "server": 1, "lost": 0})
+    assert line == f"server 1 restarted (incarnation 2) at ts 7 {said}"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 from ..results.records import sigma_sum
+from ..wire_kinds import copy_holder_sender
 
 
 def is_number(x) -> bool:
@@ -130,7 +131,7 @@ class Progress:
         origin = r.get("from")
         if origin is None or origin == "checkpoint":
             origin = f"checkpoint {r.get('checkpoint')}"
-        elif origin.startswith(("learner", "tree node")):  # a tree node's: a learner's below
+        elif copy_holder_sender(origin) is not None:  # a tree node's: a learner's below
             origin = f"{origin}'s copy of its range"
         else:
             origin = "the initial weights (no learner held a copy)"
