@@ -216,18 +216,31 @@ def test_sigterm_and_sighup_stop_the_points_child_and_the_point_resumes_from_its
     tmp_path,
 ):
     """The point's simulation runs in a session of its own, so `timeout` (SIGTERM) or a closed
-    terminal (SIGHUP) reaches only the sweep: it must stop the child and keep its checkpoint."""
+    terminal (SIGHUP) reaches only the sweep: it must stop the child and keep its checkpoint.
+    The sweep starts as a script's background job does (`rudra-zmq sweep ... &`: SIGINT
+    ignored), and the child still stops itself on the sweep's SIGINT (its "stopped by
+    SIGINT" line) instead of being killed 30 s later: it inherited the ignored SIGINT before
+    the sweep set it back to its default for the child."""
     grid = write_grid(tmp_path, budget=500, points=[{"name": "a"}])  # far from done when stopped
     run_dir = tmp_path / "out/a"
     checkpoint = sim_checkpoint_path(run_dir)
     owned = []
     try:
-        for sig, started in [
-            (signal.SIGTERM, lambda: checkpoint.exists()),  # after its first evaluation
-            (signal.SIGHUP, lambda: "resumed from" in (run_dir / SWEEP_LOG).read_text()),
-        ]:
+        for stops, (sig, started) in enumerate(
+            [
+                (signal.SIGTERM, lambda: checkpoint.exists()),  # after its first evaluation
+                (signal.SIGHUP, lambda: "resumed from" in (run_dir / SWEEP_LOG).read_text()),
+            ],
+            start=1,
+        ):
             cmd = sweep_command(tmp_path, grid)
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+            )
             owned.append(psutil.Process(proc.pid))
             child = wait_for(owned[-1].children, 60)
             assert child, "the sweep started no child"
@@ -238,6 +251,8 @@ def test_sigterm_and_sighup_stop_the_points_child_and_the_point_resumes_from_its
             assert not psutil.wait_procs(child, timeout=30)[1], f"{child} still running"
             assert proc.returncode == 128 + sig, (out, err)
             assert f"stopped by {sig.name}" in err, err
+            said = (run_dir / SWEEP_LOG).read_text()
+            assert said.count("rudra-zmq simulate: stopped by SIGINT") == stops, said
             assert sim_checkpoint.describe(checkpoint) is not None  # intact, for the next sweep
             assert not (run_dir / "point.json").exists()
     finally:

@@ -240,11 +240,13 @@ def run_point(grid: Grid, point: Point, parent: Path, simulate: bool, jitter: fl
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_stoppable_by_sigint,
         )
         try:
             code = child.wait()
         except BaseException:
-            child.send_signal(signal.SIGINT)  # the launcher stops its roles on SIGINT
+            # the launcher stops its roles on SIGINT, the simulator keeps its checkpoint
+            child.send_signal(signal.SIGINT)
             try:
                 child.wait(timeout=30)
             except (subprocess.TimeoutExpired, KeyboardInterrupt):  # stuck, or told again
@@ -387,6 +389,16 @@ def add_parser(sub) -> None:
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
+
+
+def _stoppable_by_sigint():
+    """In a point's child, between fork and exec: SIGINT back to its default, so that Python
+    turns it into KeyboardInterrupt there. A sweep started in the background of a script
+    (``rudra-zmq sweep ... &``: the shell ignores SIGINT for it) would otherwise hand its
+    child an ignored SIGINT, and ``run_point``'s stop would wait 30 s and kill the child
+    instead of stopping it (a simulation then loses what it did since its last checkpoint).
+    The child runs in a session of its own: no terminal's Ctrl-C reaches it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
