@@ -1,4 +1,4 @@
-"""Every restart of a parameter server is in the records, once (``stats/restarts.py``): one
+"""Every restart of a parameter server is in the records, once (``stats/missed_records.py``): one
 whose ``restart`` record never reached the statistics server (it was down) is read from the
 server's ``restarts.json``; a record that comes again is not written twice."""
 
@@ -15,7 +15,7 @@ from rudra_zmq import wire
 from rudra_zmq.data.data_order import load_data
 from rudra_zmq.server import ps as ps_module
 from rudra_zmq.server.restart_record import RestartHistory, as_record
-from rudra_zmq.stats import restarts
+from rudra_zmq.stats import missed_records
 from rudra_zmq.stats.server import StatsServer
 from rudra_zmq.wire import Kind
 
@@ -93,12 +93,14 @@ def test_a_server_restarted_while_the_statistics_server_was_down_is_in_the_recor
         third = restarted_ps(cfg, tmp_path, endpoint)  # incarnation 3, its record arrives
         third._finish()
         wait_for(lambda: len(restart_records(tmp_path)) == 2)
-        time.sleep(restarts.LOOK_EVERY_S + restarts.GRACE_S)  # its entry is looked at too
+        time.sleep(
+            missed_records.LOOK_EVERY_S + missed_records.GRACE_S
+        )  # its entry is looked at too
     assert "server restarted (incarnation 2) at ts 0 from the initial weights" in (
         stats.out.getvalue()
     )
     with stats_up(cfg, endpoint, tmp_path, digits):  # a statistics server restarted later
-        time.sleep(restarts.LOOK_EVERY_S)
+        time.sleep(missed_records.LOOK_EVERY_S)
     got = restart_records(tmp_path)
     assert [(r["incarnation"], r["from"], r["ts"], r.get("source")) for r in got] == [
         (2, "initial", 0, "restarts.json"),
@@ -120,7 +122,7 @@ def test_a_restart_record_that_comes_after_its_entry_was_read_is_not_written_twi
     stopped = threading.Event()
     stopped.set()
     try:
-        server._missed_restarts(force=True)
+        server._missed_records(force=True)
         for seq in (1, 2):
             rec = {**as_record(entry), "server": 1}
             frames = wire.encode(Kind.METRIC, wire.SENDER_PS, seq, metric=rec)

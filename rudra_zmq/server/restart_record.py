@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..results import record_fields as fields
 from ..results.records import check_restarts
-from .end_files import write_atomically
+from .end_files import save_json
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -106,11 +106,7 @@ class RestartHistory:
         if self.path is None:
             return
         record = {"session": self.session, "starts": self.starts, "restarts": self.restarts}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, lambda p: p.write_text(json.dumps(record) + "\n"))
-        except OSError as exc:
-            log.warning("could not write %s: %s", self.path, exc)
+        save_json(self.path, record, log)
 
 
 def read(files_dir) -> dict | None:
