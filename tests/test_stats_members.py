@@ -3,25 +3,19 @@
 (it was down) is read from the server's ``members.json``; a record that comes again is not
 written twice, nor one a restarted statistics server finds in ``metrics.jsonl``."""
 
-import io
 import json
 import logging
-import threading
 import time
 
 import pytest
 
 from cluster import small_config
-from rudra_zmq import wire
 from rudra_zmq.data.data_order import load_data
 from rudra_zmq.server import ps as ps_module
 from rudra_zmq.server.journal import Journal
 from rudra_zmq.shape import ClusterShape
-from rudra_zmq.stats import missed_records
-from rudra_zmq.stats.missed_records import GRACE_S, MissedRecords
-from rudra_zmq.stats.server import StatsServer
-from rudra_zmq.wire import Kind
-from test_stats_restarts import restarted_ps, stats_up, wait_for
+from rudra_zmq.stats.missed_records import GRACE_S, LOOK_EVERY_S, MissedRecords
+from stats_outage import read_then_sent_twice, records_of, restarted_ps, stats_up, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -36,12 +30,6 @@ def cfg():
 @pytest.fixture(scope="module")
 def digits(cfg):
     return load_data(cfg)
-
-
-def members_records(run_dir) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in map(json.loads, lines) if r["type"] == "members"]
 
 
 def evicted(learner: int, ts: int = 7) -> dict:
@@ -60,8 +48,8 @@ def test_a_kept_change_no_record_said_is_written_once_after_its_grace(tmp_path):
     entry = kept.add(evicted(0))
     missed = MissedRecords(tmp_path, shape)
     assert missed.missed(T0 + GRACE_S / 2) == []  # its record may be in flight
-    assert missed.missed(T0 + GRACE_S / 2 + missed_records.LOOK_EVERY_S / 2) == []  # no look
-    (got,) = missed.missed(T0 + GRACE_S + missed_records.LOOK_EVERY_S)
+    assert missed.missed(T0 + GRACE_S / 2 + LOOK_EVERY_S / 2) == []  # no look
+    (got,) = missed.missed(T0 + GRACE_S + LOOK_EVERY_S)
     assert got == {**entry, "server": 1, "source": "members.json"}
     assert missed.first(got)
     late = {**entry, "server": 1}  # its record, delivered late
@@ -109,20 +97,10 @@ def test_a_damaged_journal_is_skipped_with_one_warning_and_the_restarts_still_re
 def test_a_change_read_from_the_journal_then_its_record_twice_is_one_record(tmp_path, digits):
     """The statistics server reads server 1's eviction from its file first (the record was
     late), then the record comes, twice: one record, its line saying where it was read."""
-    cfg2 = small_config("architecture.servers=2")
-    shape, kept = two_servers(tmp_path)
+    _, kept = two_servers(tmp_path)
     entry = kept.add({**evicted(0), "t": time.time() - 10, "learners": 1, "c": 1})
-    server = StatsServer(cfg2, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
-    stopped = threading.Event()
-    stopped.set()
-    try:
-        server._missed_records(force=True)
-        for seq in (1, 2):
-            frames = wire.encode(Kind.METRIC, wire.SENDER_PS, seq, metric={**entry, "server": 1})
-            server.handle([bytes(f) for f in frames])
-    finally:
-        server.serve_forever(stopped)  # stopped: it only finishes (and looks once more)
-    got = members_records(tmp_path)
+    server = read_then_sent_twice(tmp_path, digits, entry)
+    got = records_of(tmp_path, "members")
     assert [(r["server"], r["learner"], r["n"], r["source"]) for r in got] == [
         (1, 0, 1, "members.json")
     ]
@@ -149,19 +127,19 @@ def test_an_eviction_while_the_statistics_server_was_down_is_in_the_records_once
     first._members_changed(0, "evicted")  # the statistics server down
     first.ctx.destroy(linger=0)  # SIGKILL: its queued members record is gone with it
     with stats_up(cfg, endpoint, tmp_path, digits) as stats:
-        wait_for(lambda: len(members_records(tmp_path)) == 1)  # read in the run
+        wait_for(lambda: len(records_of(tmp_path, "members")) == 1)  # read in the run
         second = restarted_ps(cfg, tmp_path, endpoint)  # incarnation 2, its record arrives
         assert second.state.evict(1) is None
         second._members_changed(1, "evicted")
         second._finish()
-        wait_for(lambda: len(members_records(tmp_path)) == 2)
-        time.sleep(missed_records.LOOK_EVERY_S + GRACE_S)  # its entry is looked at too
+        wait_for(lambda: len(records_of(tmp_path, "members")) == 2)
+        time.sleep(LOOK_EVERY_S + GRACE_S)  # its entry is looked at too
     assert "learner 0 evicted at ts 0), c = 1 (its record read from members.json)" in (
         stats.out.getvalue()
     )
     with stats_up(cfg, endpoint, tmp_path, digits):  # a statistics server restarted later
-        time.sleep(missed_records.LOOK_EVERY_S)
-    got = members_records(tmp_path)
+        time.sleep(LOOK_EVERY_S)
+    got = records_of(tmp_path, "members")
     assert [(r["incarnation"], r["n"], r["learner"], r.get("source")) for r in got] == [
         (1, 1, 0, "members.json"),
         (2, 1, 1, None),
