@@ -11,8 +11,8 @@ timestamp it resumed at and the updates it lost (those a learner had seen that t
 state lacked), with when (``"t"``, Unix time), at which ``epoch`` and from which
 ``checkpoint`` (its path, or None), so that the entry is its ``restart`` record
 (:func:`as_record`): the statistics server writes the record of an entry it never received
-(``stats/restarts.py``). A damaged file is ignored with a warning (the restarts before it are
-then not listed).
+(``stats/missed_records.py``). A damaged file is ignored with a warning (the restarts before
+it are then not listed).
 
 ``starts`` is the server's incarnation number, the one its terminal line, its restart record and
 its ``ps_final.json`` say. It is written when the server starts, not when it has recovered: a
