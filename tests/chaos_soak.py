@@ -279,7 +279,7 @@ def check_kills_recorded(run_dir: Path, landed: list, res: dict) -> list[str]:
     except (OSError, ValueError) as exc:
         return [f"records unreadable: {exc}"]
     # informative: a restart whose record never came is read from its server's restarts.json
-    # (stats/restarts.py), but one after the statistics server finished (a server killed in
+    # (stats/missed_records.py), but one after the statistics server finished (a server killed in
     # its shutdown) is in ps_final.json only, so they are not counted against the run
     res["restart_records"] = len(restarts)
     for _, label, pid, _ in landed:

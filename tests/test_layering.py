@@ -98,6 +98,7 @@ ALLOWED = {
     "stats": {
         "rudra_zmq.server.end_files",  # the final weights as the PS left them
         "rudra_zmq.server.restart_record",  # the restarts each server listed (records lost)
+        "rudra_zmq.server.journal",  # the λ changes each server kept (records lost)
         "rudra_zmq.server.throttled_log",  # it warns about its senders as the PS does
     },
     "data-server": {"rudra_zmq.server.throttled_log"},  # ... and so does the data server

@@ -1,23 +1,17 @@
-"""Every restart of a parameter server is in the records, once (``stats/restarts.py``): one
-whose ``restart`` record never reached the statistics server (it was down) is read from the
-server's ``restarts.json``; a record that comes again is not written twice."""
+"""Every restart of a parameter server is in the records, once (``stats/missed_records.py``):
+one whose ``restart`` record never reached the statistics server (it was down) is read from
+the server's ``restarts.json``; a record that comes again is not written twice."""
 
-import contextlib
-import io
-import json
-import threading
 import time
 
 import pytest
 
 from cluster import small_config
-from rudra_zmq import wire
 from rudra_zmq.data.data_order import load_data
 from rudra_zmq.server import ps as ps_module
 from rudra_zmq.server.restart_record import RestartHistory, as_record
-from rudra_zmq.stats import restarts
-from rudra_zmq.stats.server import StatsServer
-from rudra_zmq.wire import Kind
+from rudra_zmq.stats.missed_records import GRACE_S, LOOK_EVERY_S
+from stats_outage import read_then_sent_twice, records_of, restarted_ps, stats_up, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,45 +24,6 @@ def cfg():
 @pytest.fixture(scope="module")
 def digits(cfg):
     return load_data(cfg)
-
-
-@contextlib.contextmanager
-def stats_up(cfg, bind, run_dir, dataset):
-    """A statistics server bound at ``bind``, served by a thread until the block ends."""
-    stop = threading.Event()
-    server = StatsServer(cfg, bind, run_dir, dataset=dataset, out=io.StringIO())
-    thread = threading.Thread(target=server.serve_forever, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-        assert not thread.is_alive(), "statistics server thread did not stop"
-
-
-def restart_records(run_dir) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for r in map(json.loads, lines) if r["type"] == "restart"]
-
-
-def wait_for(cond, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
-
-
-def restarted_ps(cfg, run_dir, stats):
-    """The parameter server of ``run_dir`` restarted (``--resume``), its window for the
-    learners' copies over with none come back: it resumes and sends its restart record."""
-    server = ps_module.ParameterServer(
-        cfg, "tcp://127.0.0.1:0", stats=stats, run_dir=run_dir, resume=True
-    )
-    server.recovery.first_at = 0.0
-    server._recover_if_due()
-    return server
 
 
 def test_a_server_restarted_while_the_statistics_server_was_down_is_in_the_records_once(
@@ -89,17 +44,18 @@ def test_a_server_restarted_while_the_statistics_server_was_down_is_in_the_recor
     assert second.history.current["incarnation"] == 2
     second.ctx.destroy(linger=0)  # SIGKILL: its queued restart record is gone with it
     with stats_up(cfg, endpoint, tmp_path, digits) as stats:
-        wait_for(lambda: len(restart_records(tmp_path)) == 1)  # read in the run, not at its end
+        # read in the run, not at its end
+        wait_for(lambda: len(records_of(tmp_path, "restart")) == 1)
         third = restarted_ps(cfg, tmp_path, endpoint)  # incarnation 3, its record arrives
         third._finish()
-        wait_for(lambda: len(restart_records(tmp_path)) == 2)
-        time.sleep(restarts.LOOK_EVERY_S + restarts.GRACE_S)  # its entry is looked at too
+        wait_for(lambda: len(records_of(tmp_path, "restart")) == 2)
+        time.sleep(LOOK_EVERY_S + GRACE_S)  # its entry is looked at too
     assert "server restarted (incarnation 2) at ts 0 from the initial weights" in (
         stats.out.getvalue()
     )
     with stats_up(cfg, endpoint, tmp_path, digits):  # a statistics server restarted later
-        time.sleep(restarts.LOOK_EVERY_S)
-    got = restart_records(tmp_path)
+        time.sleep(LOOK_EVERY_S)
+    got = records_of(tmp_path, "restart")
     assert [(r["incarnation"], r["from"], r["ts"], r.get("source")) for r in got] == [
         (2, "initial", 0, "restarts.json"),
         (3, "initial", 0, None),
@@ -112,22 +68,11 @@ def test_a_restart_record_that_comes_after_its_entry_was_read_is_not_written_twi
     """Server 1 of two lists a restart; the statistics server reads it from the file first
     (the record was late), then the record comes (and comes again): one record, and the
     progress line says where it was read."""
-    cfg2 = small_config("architecture.servers=2")
     files = tmp_path / "servers" / "server-1"
     RestartHistory(files, "s1", resume=False)
     entry = RestartHistory(files, "s1", resume=True).record(1, "learner 0", 44, 1, 2.5)
-    server = StatsServer(cfg2, "tcp://127.0.0.1:0", tmp_path, dataset=digits, out=io.StringIO())
-    stopped = threading.Event()
-    stopped.set()
-    try:
-        server._missed_restarts(force=True)
-        for seq in (1, 2):
-            rec = {**as_record(entry), "server": 1}
-            frames = wire.encode(Kind.METRIC, wire.SENDER_PS, seq, metric=rec)
-            server.handle([bytes(f) for f in frames])
-    finally:
-        server.serve_forever(stopped)  # stopped: it only finishes (and looks once more)
-    got = restart_records(tmp_path)
+    server = read_then_sent_twice(tmp_path, digits, as_record(entry))
+    got = records_of(tmp_path, "restart")
     assert [(r["server"], r["incarnation"], r["lost"], r["source"]) for r in got] == [
         (1, 2, 1, "restarts.json")
     ]

@@ -7,7 +7,8 @@ The statistics server appends one JSON object per line, each with a ``"type"``:
     learner  {"learner", "t", "step", "samples_per_s", "loss"}
     ps       {"t", "ts", "updates_per_s", "gradients_per_s", "invalid", "duplicates",
               "evictions", "lost_updates"}
-    members  {"t", "ts", "epoch", "learner", "event" (evicted | joined), "learners" (λ), "c"}
+    members  {"t", "ts", "epoch", "learner", "event" (evicted | joined), "learners" (λ), "c",
+              "incarnation", "n" (its server's n-th λ change in it), "source" (read from a file)}
     restart  {"t", "ts", "epoch", "incarnation", "checkpoint"}   (a PS resumed a checkpoint)
     resume   {"t"}                                  (``rudra-zmq run --resume``)
     start    {"t": 0, "unix"}                       (the run's clock: the first line)

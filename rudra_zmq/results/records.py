@@ -97,6 +97,10 @@ RECORD_FIELDS = {
         "event": fields.text("evicted", "joined"),
         "learners": _INT,
         "c": _INT,
+        # which of its server's λ changes (server.journal; absent in runs before they were kept)
+        "incarnation": fields.integer(1).optional(),
+        "n": fields.integer(1).optional(),
+        "source": fields.text().optional(),  # read from the server's file: its record was lost
         **_SERVER,
     },
     "restart": {

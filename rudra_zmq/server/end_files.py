@@ -56,6 +56,17 @@ def write_atomically(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def save_json(path: Path, obj, log) -> None:
+    """``obj`` as one JSON line in ``path`` (its folder made), replaced atomically: a server's
+    small files it keeps as it goes (``restarts.json``, ``members.json``). Never raises for
+    a write error: it is logged as a warning on ``log``. Blocks for the write."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda p: p.write_text(json.dumps(obj) + "\n"))
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
+
+
 def npy_writer(arr: np.ndarray):
     """A ``write`` for :func:`write_atomically` saving ``arr`` as .npy (through a file
     object: given a name, np.save would append ".npy" to the temporary one)."""

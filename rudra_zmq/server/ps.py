@@ -46,6 +46,7 @@ from ..wire import Kind
 from .arrival_log import ArrivalLog
 from .checkpointing import CheckpointSchedule, launch_session
 from .end_files import assemble, write_end_files
+from .journal import Journal
 from .liveness import Liveness
 from .recovery import Recovery
 from .report import EvalSchedule, PSReport
@@ -176,7 +177,8 @@ class ParameterServer:
                 **({"done_wait_ms": OVER_STATS_WAIT_MS} if self.over_at_start else {}),
             )
         self.weights_out = make_weights_out(cfg, self.state, self.send, self.ctx, broadcast)
-        self.metrics = PSReport(self.stats, self.place)
+        kept = Journal(self.files_dir, "members", self.history.starts, resume)
+        self.metrics = PSReport(self.stats, self.place, kept)
         self.evals = EvalSchedule(cfg.train, self.state.engine.epoch)
         self.liveness = Liveness(cfg.runtime)  # whom to evict, when to give up
         self.serving = Serving(

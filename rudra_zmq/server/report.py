@@ -4,7 +4,8 @@
   batched and sent every FLUSH_S so that a fast PS sends a few messages a second, not one per
   update;
 - one ``ps`` record a second: updates/s, gradients/s, refused messages;
-- a ``members`` record whenever λ changes (a learner evicted or rejoining), with λ and c;
+- a ``members`` record whenever λ changes (a learner evicted or rejoining), with λ and c,
+  numbered and kept in the server's ``members.json`` first (``journal.py``);
 - a ``restart`` record when a restarted server resumed (from a checkpoint or its learners'
   copy of its range: ``from``, and the updates ``lost``);
 - a ``done`` record when training finished;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import time
 
+from .journal import Journal
 from .restart_record import as_record
 
 FLUSH_S = 0.5  # update records are batched this long
@@ -32,10 +34,11 @@ class PSReport:
     ``place``: which of the run's servers this is (``shape.Server``, its range known): every
     record carries its ``record`` fields and every EVAL its
     ``eval_fields`` (with several servers, ``"server": I`` and the range), for the
-    statistics server to tell the servers apart and join the ranges."""
+    statistics server to tell the servers apart and join the ranges. ``journal``: where its
+    ``members`` records are kept before they are sent (``journal.Journal``)."""
 
-    def __init__(self, stats, place):
-        self.stats = stats
+    def __init__(self, stats, place, journal: Journal):
+        self.stats, self.journal = stats, journal
         self._server, self._range = place.record, place.eval_fields
         self._pending: list[dict] = []
         self._last_flush = self._last_rate = time.time()
@@ -108,20 +111,22 @@ class PSReport:
             )
 
     def members(self, learner: int, event: str, engine) -> None:
-        """λ changed: ``learner`` was ``event`` (evicted | joined); sent at once."""
-        if self.stats is not None:
-            self._metric(
-                {
-                    "type": "members",
-                    "t": time.time(),
-                    "ts": engine.timestamp,
-                    "epoch": engine.epoch,
-                    "learner": learner,
-                    "event": event,
-                    "learners": len(engine.members),
-                    "c": engine.gradients_per_update,
-                }
-            )
+        """λ changed: ``learner`` was ``event`` (evicted | joined); kept in the server's
+        ``members.json`` (``journal``: the statistics server reads it from there if the record
+        never reaches it), then sent at once."""
+        if self.stats is None:
+            return
+        rec = {
+            "type": "members",
+            "t": time.time(),
+            "ts": engine.timestamp,
+            "epoch": engine.epoch,
+            "learner": learner,
+            "event": event,
+            "learners": len(engine.members),
+            "c": engine.gradients_per_update,
+        }
+        self._metric(self.journal.add(rec))
 
     def restart(self, ps, record: dict | None = None) -> None:
         """This server resumed: restarted (``record``, its ``restart_record`` entry: from a

@@ -11,8 +11,8 @@ timestamp it resumed at and the updates it lost (those a learner had seen that t
 state lacked), with when (``"t"``, Unix time), at which ``epoch`` and from which
 ``checkpoint`` (its path, or None), so that the entry is its ``restart`` record
 (:func:`as_record`): the statistics server writes the record of an entry it never received
-(``stats/restarts.py``). A damaged file is ignored with a warning (the restarts before it are
-then not listed).
+(``stats/missed_records.py``). A damaged file is ignored with a warning (the restarts before
+it are then not listed).
 
 ``starts`` is the server's incarnation number, the one its terminal line, its restart record and
 its ``ps_final.json`` say. It is written when the server starts, not when it has recovered: a
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..results import record_fields as fields
 from ..results.records import check_restarts
-from .end_files import write_atomically
+from .end_files import save_json
 
 log = logging.getLogger("rudra_zmq.ps")
 
@@ -106,11 +106,7 @@ class RestartHistory:
         if self.path is None:
             return
         record = {"session": self.session, "starts": self.starts, "restarts": self.restarts}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, lambda p: p.write_text(json.dumps(record) + "\n"))
-        except OSError as exc:
-            log.warning("could not write %s: %s", self.path, exc)
+        save_json(self.path, record, log)
 
 
 def read(files_dir) -> dict | None:

@@ -26,8 +26,8 @@ class MetricsFile:
     (default: the time of the call). On the run's clock, from the existing file: ``begun``,
     when this period of the run began (0, or its resume); ``started``, when training started
     in it (None if it had not); ``trained_s``, seconds of training in the earlier periods;
-    ``restarts``, the ``restart`` records it holds (each restart is written once:
-    ``stats/restarts.py``). Not thread-safe; ``close()`` when done.
+    ``kept``, the ``restart`` and ``members`` records it holds (each is written once:
+    ``stats/missed_records.py``). Not thread-safe; ``close()`` when done.
     """
 
     def __init__(
@@ -36,7 +36,7 @@ class MetricsFile:
         self.path = Path(path)
         start, earlier = earlier_records(self.path)
         clock = TrainingClock(earlier) if earlier is not None else None
-        self.restarts = list(earlier["restart"]) if earlier is not None else []
+        self.kept = [*earlier["restart"], *earlier["members"]] if earlier is not None else []
         self.t0 = (
             float(t0)
             if t0 is not None

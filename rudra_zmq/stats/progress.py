@@ -111,10 +111,13 @@ class Progress:
         self._updates.insert(0, merged)
 
     def members(self, r: dict) -> list[str]:
-        """Take one ``members`` record (λ changed); returns its line."""
+        """Take one ``members`` record (λ changed); returns its line (which says the file it
+        was read from, ``source``, when its record was lost)."""
+        late = r.get("source")
+        seen = "" if late is None else f" (its record read from {late})"
         return [
             f"λ = {r.get('learners')} learners (learner {r.get('learner')} "
-            f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}"
+            f"{r.get('event')} at ts {r.get('ts')}), c = {r.get('c')}{seen}"
         ]
 
     def restart(self, r: dict) -> list[str]:

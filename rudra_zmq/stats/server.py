@@ -20,9 +20,10 @@ Everyone sends one-way to its PULL socket (``rudra_zmq.wire``):
   long enough (``run_end``); then it writes ``summary.csv`` and the plots
   (``rudra_zmq.results.plots``), prints ``run directory: RUN`` and returns.
 
-Each server restart is written once: one whose ``restart`` record never came (sent while this
-server was down, say) is read from the server's ``restarts.json`` (``restarts``), and a
-record that comes again is not written twice.
+Each server restart and each λ change is written once: one whose ``restart`` or ``members``
+record never came (sent while this server was down, say) is read from the server's
+``restarts.json`` or ``members.json`` (``missed_records``), and a record that comes again is
+not written twice.
 
 It prints a line when training starts (the PS's first update, with the start-up time) and one
 per evaluation, with ⟨σ⟩ and samples/s of the updates since the previous line, the seconds of
@@ -63,8 +64,8 @@ from ..wire import Kind
 from .eval_join import EvalJoin
 from .evaluator import Evaluator
 from .metrics_file import MetricsFile, finite, json_line
+from .missed_records import MissedRecords
 from .progress import Progress, is_number
-from .restarts import Restarts
 from .run_end import RunEnd, final_record
 from .tensorboard_log import TensorBoardLog, check_tensorboard
 
@@ -144,7 +145,7 @@ class StatsServer:
         announce: say "statistics server listening on ..." there once bound.
     Construct in any thread, then use only from the thread that runs ``serve_forever``.
     Counters: ``records``, ``invalid``, ``evals_done``, ``evals_skipped``, ``repeated`` (a
-    restart's record that came after it was written: ``restarts``).
+    restart's or λ change's record that came after it was written: ``missed_records``).
     """
 
     def __init__(
@@ -196,7 +197,7 @@ class StatsServer:
             self._file = MetricsFile(self.metrics_path, t0, now=now, resume=resume)
             self.t0 = self._file.t0  # a restart goes on with the run's clock
             f = self._file
-            self.restarts = Restarts(self.run_dir, shape, f.restarts)
+            self.missed = MissedRecords(self.run_dir, shape, f.kept)
             self.progress = Progress(
                 cfg.train.epochs,
                 cfg.sync.batch_size,
@@ -291,12 +292,12 @@ class StatsServer:
         if kind == "update" and not other_server(r):  # progress: server 0's clock
             self._last_update = (r.get("ts"), r["t"])
             self._print(*self.progress.update(r))
+        elif not self.missed.first(r):  # a restart or λ change written already (from files)
+            self.repeated += 1
+            return
         elif kind == "members":
             self._print(*self.progress.members(r))
         elif kind == "restart":
-            if not self.restarts.first(r):  # written already (from the server's files)
-                self.repeated += 1
-                return
             self._print(*self.progress.restart(r))
         elif kind == "done":
             self.end.done_received(r, now, sender)
@@ -408,7 +409,7 @@ class StatsServer:
                 if self._pending is not None:
                     self._evaluate_pending(stop_event)
                     continue  # look for more messages before deciding anything else
-                self._missed_restarts()
+                self._missed_records()
                 if self._finished(stop_event):
                     reason = "done"
                     break
@@ -447,16 +448,16 @@ class StatsServer:
             return True
         return False
 
-    def _missed_restarts(self, force: bool = False) -> None:
-        """Write the restarts the servers' files list and no record said (``restarts``);
-        ``force``: every one, now (the run is over). Reads a few small files, at most every
-        ``restarts.LOOK_EVERY_S`` unless ``force``."""
+    def _missed_records(self, force: bool = False) -> None:
+        """Write the restarts and λ changes the servers' files keep and no record said
+        (``missed_records``); ``force``: every one, now (the run is over). Reads a few small
+        files, at most every ``missed_records.LOOK_EVERY_S`` unless ``force``."""
         now = time.time()
-        for rec in self.restarts.missed(now, force):
+        for rec in self.missed.missed(now, force):
             self._record(rec, now, wire.SENDER_PS)
 
     def _finish(self) -> None:
-        self._missed_restarts(force=True)  # the last look: every restart listed is recorded
+        self._missed_records(force=True)  # the last look: every one the files keep is written
         self._print(*self.progress.flush())
         self._file.close()
         if self._tb is not None:
