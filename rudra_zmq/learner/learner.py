@@ -321,7 +321,8 @@ def _end_threads(ctx, stopping: threading.Event, threads) -> bool:
     if ender.is_alive():
         log.warning("the learners' sockets were not closed %.0f s after the stop", _END_THREADS_S)
     for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
+        if t.ident is not None:  # a stop during start-up leaves some never started
+            t.join(max(0.0, deadline - time.monotonic()))
     return not ender.is_alive() and not any(t.is_alive() for t in threads)
 
 
